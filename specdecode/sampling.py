@@ -1,0 +1,82 @@
+"""Logits → probabilities, and sampling from them.
+
+One function turns logits into the distribution a token is drawn from, for the drafter and the
+target alike. Rejection sampling is exact only if q is *exactly* the distribution the drafter
+sampled from and p the one the target would have sampled from, so both go through here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Exponential noise is clamped away from zero so that a zero-probability token can never win the
+# race through 0 / 0 = NaN.
+_TINY = 1e-30
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How a token is drawn: temperature 0 is greedy (one-hot argmax); top_k 0 and top_p 1 disable."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an int >= 0, got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Turn logits into the fp32 distribution a token is sampled from.
+
+    Args:
+        logits: `[..., V]` in any float dtype; `-inf` entries (a truncated-vocab drafter) are allowed.
+        params: temperature, top-k, top-p, applied in that order (as transformers does).
+
+    Returns:
+        `[..., V]` fp32 probabilities summing to 1; one-hot at the argmax when greedy.
+    """
+    # fp32 so that p(x)/q(x) and the residual max(0, p - q) are not computed from bf16 roundings.
+    logits = logits.float()
+    vocab_size = logits.shape[-1]
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(dim=-1), vocab_size).float()
+    logits = logits / params.temperature
+    if 0 < params.top_k < vocab_size:
+        kth_largest = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(dim=-1)
+        # Keep the smallest prefix whose mass reaches top_p: drop a token once the mass strictly
+        # before it already does. The most likely token is always kept.
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        sorted_logits = sorted_logits.masked_fill(mass_before >= params.top_p, float("-inf"))
+        logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+    return logits.softmax(dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one token per row of `probs` `[..., V]` → `[...]` (int64).
+
+    Uses the exponential race argmax(p / E), E ~ Exp(1), which samples exactly from p and, unlike
+    `torch.multinomial`, never synchronises with the host on CUDA.
+    """
+    noise = torch.empty_like(probs).exponential_(1.0, generator=generator).clamp_min_(_TINY)
+    return (probs / noise).argmax(dim=-1)
+
+
+def draw(probs: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
+    """Sample from `probs` `[..., V]`, skipping the noise when greedy (the distribution is one-hot)."""
+    return probs.argmax(dim=-1) if params.greedy else sample(probs, generator)

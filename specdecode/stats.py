@@ -1,0 +1,101 @@
+"""What a decode run did: calls, acceptance, throughput."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+
+class StepCounters:
+    """Running counts of a decode loop, kept on the device so recording a step never syncs."""
+
+    def __init__(self, gamma: int, device: torch.device) -> None:
+        self.gamma = gamma
+        self.target_calls = 0
+        self.drafter_calls = 0
+        # Target calls counted per row (a batched call of B rows counts B): tau's denominator.
+        self.row_calls = 0
+        self.drafted = 0
+        # histogram[n]: row-steps that accepted exactly n of the gamma drafts.
+        self.histogram = torch.zeros(gamma + 1, dtype=torch.long, device=device)
+
+    def record_target_call(self, batch_size: int) -> None:
+        self.target_calls += 1
+        self.row_calls += batch_size
+
+    def record_step(self, num_accepted: torch.Tensor, drafter_calls: int) -> None:
+        """Count one draft-verify step over the active rows; `num_accepted` `[B]`."""
+        self.record_target_call(num_accepted.shape[0])
+        self.drafter_calls += drafter_calls
+        self.drafted += self.gamma * num_accepted.shape[0]
+        self.histogram += torch.bincount(num_accepted, minlength=self.gamma + 1)
+
+
+@dataclass
+class DecodeStats:
+    """Summary of one `speculative_generate` / `autoregressive_generate` call.
+
+    alpha is the maximum-likelihood per-token acceptance rate A / (A + R), A accepted drafts and R
+    steps that ended in a rejection (under i.i.d. acceptance a step's count is a geometric number of
+    successes, truncated at gamma); accepted / drafted would understate it, because drafts after the
+    first rejection are never judged. tau is generated tokens per target call per row (prefill
+    included; a batched call over B rows counts B), 1 for autoregressive decoding.
+    position_acceptance[i] = P(draft i accepted | drafts before it accepted).
+    """
+
+    gamma: int
+    target_calls: int
+    drafter_calls: int
+    drafted: int
+    accepted: int
+    rejections: int
+    alpha: float | None
+    tau: float
+    position_acceptance: list[float | None]
+    accepted_length_histogram: list[int]
+    generated_tokens: int
+    wall_time_s: float
+    tokens_per_s: float
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass
+class GenerationResult:
+    """`sequences[i]`: the ids generated for prompt i (EOS included when hit), `stats`: see DecodeStats."""
+
+    sequences: list[list[int]]
+    stats: DecodeStats = field(repr=False)
+
+    @classmethod
+    def build(cls, sequences: list[list[int] | None], counters: StepCounters, wall_time_s: float) -> GenerationResult:
+        assert all(s is not None for s in sequences), "every row must finish"
+        histogram = counters.histogram.tolist()
+        gamma = counters.gamma
+        accepted = sum(n * count for n, count in enumerate(histogram))
+        rejections = sum(histogram[:gamma])
+        # reached[i]: steps whose drafts 0..i-1 were all accepted, so draft i was judged.
+        reached = [sum(histogram[i:]) for i in range(gamma)]
+        position_acceptance = [
+            (reached[i + 1] if i + 1 < gamma else histogram[gamma]) / reached[i] if reached[i] else None
+            for i in range(gamma)
+        ]
+        generated = sum(len(s) for s in sequences)  # type: ignore[arg-type]
+        stats = DecodeStats(
+            gamma=gamma,
+            target_calls=counters.target_calls,
+            drafter_calls=counters.drafter_calls,
+            drafted=counters.drafted,
+            accepted=accepted,
+            rejections=rejections,
+            alpha=accepted / (accepted + rejections) if gamma and accepted + rejections else None,
+            tau=generated / counters.row_calls if counters.row_calls else 0.0,
+            position_acceptance=position_acceptance,
+            accepted_length_histogram=histogram,
+            generated_tokens=generated,
+            wall_time_s=wall_time_s,
+            tokens_per_s=generated / wall_time_s if wall_time_s > 0 else 0.0,
+        )
+        return cls(sequences=sequences, stats=stats)  # type: ignore[arg-type]
