@@ -1,0 +1,247 @@
+"""The decode loops: exactness against transformers greedy, stub models with known acceptance,
+stopping rules, ragged batching, cache reuse, and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdecode import autoregressive_generate, speculative_generate
+from tests.models_for_tests import tiny_llama
+from tests.stubs import MarkovLM, successor_table
+
+V = 64
+
+
+@pytest.fixture(scope="module")
+def target() -> torch.nn.Module:
+    return tiny_llama(2, seed=0)
+
+
+@pytest.fixture(scope="module")
+def ragged_prompts() -> list[list[int]]:
+    generator = torch.Generator().manual_seed(5)
+    return [torch.randint(0, V, (n,), generator=generator).tolist() for n in (3, 7, 1, 12, 5, 9, 2, 4)]
+
+
+def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
+    out = model.generate(
+        torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("drafter_kind", ["self", "random", "derived"])
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_greedy_matches_transformers_greedy(target, ragged_prompts, drafter_kind, gamma) -> None:
+    if drafter_kind == "self":
+        drafter = target
+    elif drafter_kind == "random":
+        drafter = tiny_llama(1, seed=1)
+    else:
+        from specdecode.models import derive_drafter
+
+        drafter = derive_drafter(target, 1)
+    expected = [hf_greedy(target, p, 24) for p in ragged_prompts]
+
+    batched = speculative_generate(target, drafter, ragged_prompts, gamma=gamma, max_new_tokens=24, eos_token_ids=[])
+    single = speculative_generate(target, drafter, ragged_prompts[:1], gamma=gamma, max_new_tokens=24, eos_token_ids=[])
+
+    assert batched.sequences == expected
+    assert single.sequences == expected[:1]
+    if drafter_kind == "self":
+        assert batched.stats.alpha == 1.0
+        assert batched.stats.accepted_length_histogram[:gamma] == [0] * gamma
+    else:
+        assert batched.stats.alpha < 1.0
+
+
+def test_autoregressive_matches_transformers_greedy(target, ragged_prompts) -> None:
+    result = autoregressive_generate(target, ragged_prompts, max_new_tokens=17, eos_token_ids=[])
+    assert result.sequences == [hf_greedy(target, p, 17) for p in ragged_prompts]
+    assert result.stats.tau == 1.0
+    assert result.stats.target_calls == 17
+
+
+def test_batched_equals_per_row(target, ragged_prompts) -> None:
+    """Under fp32 greedy, a row's output must not depend on the rows batched with it."""
+    drafter = tiny_llama(1, seed=3)
+    batched = speculative_generate(target, drafter, ragged_prompts, gamma=3, max_new_tokens=20, eos_token_ids=[])
+    for prompt, sequence in zip(ragged_prompts, batched.sequences):
+        alone = speculative_generate(target, drafter, [prompt], gamma=3, max_new_tokens=20, eos_token_ids=[])
+        assert alone.sequences == [sequence]
+
+
+# --- stub models with fixed logits: acceptance is known exactly ---------------------------------
+
+
+def greedy_reference(target_next: list[int], drafter_next: list[int], start: int, n_tokens: int, gamma: int):
+    """Per-token reference of greedy speculative decoding on Markov stubs: (tokens, histogram, target calls)."""
+    tokens = [target_next[start]]  # the prefill's token
+    histogram = [0] * (gamma + 1)
+    calls = 1
+    while len(tokens) < n_tokens:
+        current, accepted = tokens[-1], 0
+        draft = []
+        for _ in range(gamma):
+            draft.append(drafter_next[current if not draft else draft[-1]])
+        previous = current
+        for d in draft:
+            if d != target_next[previous]:
+                break
+            accepted += 1
+            previous = d
+        histogram[accepted] += 1
+        calls += 1
+        tokens += draft[:accepted] + [target_next[previous]]
+    return tokens[:n_tokens], histogram, calls
+
+
+def stub_pair(drafter_steps: list[int]) -> tuple[MarkovLM, MarkovLM, list[int], list[int]]:
+    vocab = len(drafter_steps)
+    target = MarkovLM(successor_table(vocab, 1))
+    drafter = MarkovLM(successor_table(vocab, drafter_steps))
+    target_next = [(v + 1) % vocab for v in range(vocab)]
+    drafter_next = [(v + s) % vocab for v, s in enumerate(drafter_steps)]
+    return target, drafter, target_next, drafter_next
+
+
+@pytest.mark.parametrize(
+    "case, drafter_steps",
+    [
+        ("always", [1] * 16),
+        ("never", [2] * 16),
+        ("sometimes", [1 if v % 3 else 2 for v in range(16)]),
+    ],
+)
+def test_stub_acceptance_is_exact(case, drafter_steps) -> None:
+    target, drafter, target_next, drafter_next = stub_pair(drafter_steps)
+    gamma, n_tokens = 4, 30
+    tokens, histogram, calls = greedy_reference(target_next, drafter_next, 5, n_tokens, gamma)
+
+    result = speculative_generate(target, drafter, [[0, 5]], gamma=gamma, max_new_tokens=n_tokens, eos_token_ids=[])
+
+    assert result.sequences == [tokens]
+    assert result.stats.accepted_length_histogram == histogram
+    assert result.stats.target_calls == calls
+    assert result.stats.drafter_calls == 1 + (calls - 1) * gamma
+    if case == "always":
+        assert result.stats.alpha == 1.0 and histogram[:gamma] == [0] * gamma
+    elif case == "never":
+        assert result.stats.alpha == 0.0 and result.stats.tau == 1.0
+        assert result.stats.target_calls == n_tokens
+    else:
+        assert 0.0 < result.stats.alpha < 1.0
+        accepted = sum(n * c for n, c in enumerate(histogram))
+        assert result.stats.alpha == accepted / (accepted + sum(histogram[:gamma]))
+
+
+def test_rows_keep_their_own_accepted_length() -> None:
+    """A row that accepts everything must not be held back by a row that accepts nothing."""
+    steps = [1] * 8 + [2] * 8  # drafter right on tokens 0..7, wrong on 8..15
+    target, drafter, target_next, drafter_next = stub_pair(steps)
+    gamma, n_tokens = 4, 40
+    prompts = [[0], [8]]
+    per_row = [greedy_reference(target_next, drafter_next, p[0], n_tokens, gamma) for p in prompts]
+
+    result = speculative_generate(target, drafter, prompts, gamma=gamma, max_new_tokens=n_tokens, eos_token_ids=[])
+
+    assert result.sequences == [tokens for tokens, _, _ in per_row]
+    # The batch runs as long as its slowest row, not longer (no roll-back to the batch minimum) ...
+    assert result.stats.target_calls == max(calls for _, _, calls in per_row)
+    # ... and each row's acceptance is its own.
+    assert result.stats.accepted_length_histogram == [a + b for a, b in zip(per_row[0][1], per_row[1][1])]
+
+
+def test_eos_stops_row_and_is_included() -> None:
+    target, drafter, _, _ = stub_pair([1] * 16)
+    result = speculative_generate(target, drafter, [[0], [3]], gamma=4, max_new_tokens=20, eos_token_ids=6)
+    # Row 0 counts 1, 2, ... and stops at 6, even though 6 arrives mid-way through an accepted block.
+    assert result.sequences[0] == [1, 2, 3, 4, 5, 6]
+    assert result.sequences[1] == [4, 5, 6]
+
+
+def test_any_of_several_eos_ids_stops() -> None:
+    target, drafter, _, _ = stub_pair([1] * 16)
+    result = speculative_generate(target, drafter, [[0], [9]], gamma=3, max_new_tokens=20, eos_token_ids=[12, 4])
+    assert result.sequences == [[1, 2, 3, 4], [10, 11, 12]]
+    ar = autoregressive_generate(target, [[0], [9]], max_new_tokens=20, eos_token_ids=[12, 4])
+    assert ar.sequences == result.sequences
+
+
+def test_default_eos_comes_from_the_model() -> None:
+    target = MarkovLM(successor_table(16, 1), eos_token_id=3)
+    drafter = MarkovLM(successor_table(16, 1))
+    assert speculative_generate(target, drafter, [[0]], gamma=2, max_new_tokens=10).sequences == [[1, 2, 3]]
+
+
+def test_per_row_budgets_and_finished_rows_leave_the_batch() -> None:
+    target, drafter, _, _ = stub_pair([2] * 16)  # never accepted: one token per target call
+    result = speculative_generate(target, drafter, [[0], [0], [0]], gamma=2, max_new_tokens=[2, 9, 0], eos_token_ids=[])
+    assert [len(s) for s in result.sequences] == [2, 9, 0]
+    # Once row 0 (and the empty row 2) finish, the target only sees the last active row.
+    assert target.input_shapes[0][0] == 3
+    assert target.input_shapes[-1][0] == 1
+
+
+def test_zero_budget_returns_empty_without_model_calls() -> None:
+    target, drafter, _, _ = stub_pair([1] * 16)
+    result = speculative_generate(target, drafter, [[1, 2]], gamma=2, max_new_tokens=0)
+    assert result.sequences == [[]]
+    assert target.input_shapes == [] and drafter.input_shapes == []
+
+
+def test_caches_are_reused_never_recomputed(target, ragged_prompts) -> None:
+    """Each step feeds the target only the pending token and the gamma drafts; prompts are read once."""
+    drafter = tiny_llama(1, seed=1)
+    fed: list[tuple[int, int]] = []
+    handle = target.register_forward_pre_hook(lambda m, args, kwargs: fed.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    try:
+        gamma = 3
+        result = speculative_generate(target, drafter, ragged_prompts, gamma=gamma, max_new_tokens=16, eos_token_ids=[])
+    finally:
+        handle.remove()
+    longest = max(len(p) for p in ragged_prompts)
+    assert fed[0] == (len(ragged_prompts), longest)
+    assert all(width == gamma + 1 for _, width in fed[1:])
+    assert len(fed) == result.stats.target_calls
+
+
+# --- bad input ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, needle",
+    [
+        (dict(gamma=0), ValueError, "gamma"),
+        (dict(max_new_tokens=-1), ValueError, "-1"),
+        (dict(prompts=[]), ValueError, "empty"),
+        (dict(prompts=[[1], []]), ValueError, "prompt 1 is empty"),
+        (dict(prompts=[[1, 99]]), ValueError, "99"),
+        (dict(prompts=[[1, -2]]), ValueError, "-2"),
+        (dict(prompts=[[1] * 250], max_new_tokens=10), ValueError, "context of 256"),
+        (dict(temperature=-0.5), ValueError, "-0.5"),
+        (dict(top_p=0.0), ValueError, "top_p"),
+        (dict(top_p=1.5), ValueError, "1.5"),
+        (dict(top_k=-3), ValueError, "-3"),
+        (dict(prompts="hello"), TypeError, "str"),
+        (dict(eos_token_ids=[64]), ValueError, "64"),
+    ],
+)
+def test_bad_input_is_named_before_any_work(target, kwargs, error, needle) -> None:
+    drafter = tiny_llama(1, seed=1)
+    calls: list[int] = []
+    handle = target.register_forward_pre_hook(lambda *a: calls.append(1))
+    args = dict(prompts=[[1, 2, 3]], gamma=2, max_new_tokens=4) | kwargs
+    try:
+        with pytest.raises(error, match=needle):
+            speculative_generate(target, drafter, args.pop("prompts"), **args)
+    finally:
+        handle.remove()
+    assert calls == []
+
+
+def test_mismatched_vocabularies_are_rejected(target) -> None:
+    other = tiny_llama(1, seed=1, vocab_size=80)
+    with pytest.raises(ValueError, match="64.*80"):
+        speculative_generate(target, other, [[1, 2]], gamma=2, max_new_tokens=4)

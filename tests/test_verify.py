@@ -1,0 +1,156 @@
+"""Rejection sampling as a pure function, and a Monte-Carlo check that decoding follows the target.
+
+The distribution tests use a G-test at significance 0.001: a correct sampler fails one with
+probability 1/1000 per seed (they are seeded, so a pass is reproducible), and the planted-bug test
+shows the same test has the power to catch a realistic mistake.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from scipy.stats import chi2
+
+import specdecode.decode
+from specdecode import speculative_generate
+from specdecode.sampling import SamplingParams, logits_to_probs, sample
+from specdecode.verify import rejection_sample
+from tests.models_for_tests import tiny_llama
+
+SIGNIFICANCE = 1e-3
+
+
+def g_test_pvalue(observed: torch.Tensor, expected_probs: torch.Tensor, min_expected: float = 5.0) -> float:
+    """G-test of counts against exact probabilities; cells expected below `min_expected` are pooled.
+
+    Raises AssertionError if a zero-probability cell was observed (that is never sampling noise).
+    """
+    n = observed.sum()
+    assert observed[expected_probs == 0].sum() == 0, "sampled a token of zero target probability"
+    expected = expected_probs * n
+    small = expected < min_expected
+    obs = torch.cat([observed[~small], observed[small].sum().view(1)]).double()
+    exp = torch.cat([expected[~small], expected[small].sum().view(1)]).double()
+    keep = exp > 0
+    obs, exp = obs[keep], exp[keep]
+    g = 2 * torch.sum(torch.where(obs > 0, obs * torch.log(obs / exp), torch.zeros_like(obs)))
+    return float(chi2.sf(g.item(), df=len(obs) - 1))
+
+
+# --- the pure function ----------------------------------------------------------------------------
+
+
+def test_identical_distributions_accept_everything() -> None:
+    q = torch.softmax(torch.randn(5, 3, 10), -1)
+    p = torch.cat([q, torch.softmax(torch.randn(5, 1, 10), -1)], dim=1)
+    draft = sample(q, torch.Generator().manual_seed(0))
+    num_accepted, _ = rejection_sample(draft, q, p, torch.Generator().manual_seed(1))
+    assert num_accepted.tolist() == [3] * 5
+
+
+def test_greedy_accepts_exactly_the_matching_prefix() -> None:
+    vocab = 6
+    target_argmax = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4]])
+    draft = torch.tensor([[1, 2, 5], [0, 2, 3]])
+    p = torch.nn.functional.one_hot(target_argmax, vocab).float()
+    q = torch.nn.functional.one_hot(draft, vocab).float()
+    num_accepted, next_token = rejection_sample(draft, q, p)
+    assert num_accepted.tolist() == [2, 0]
+    assert next_token.tolist() == [3, 1]  # the target's own choice at the first mismatch
+
+
+def test_all_zero_residual_falls_back_to_p() -> None:
+    """p <= q everywhere yet p(x) < q(x): max(0, p - q) has no mass (in practice only through
+    rounding, when p and q agree almost to the last bit). The resample must still be a valid token."""
+    q = torch.tensor([[[0.5, 0.5]]]).expand(1000, 1, 2)
+    p = torch.tensor([[[0.1, 0.5], [0.5, 0.5]]]).expand(1000, 2, 2)
+    draft = torch.zeros(1000, 1, dtype=torch.long)
+    num_accepted, next_token = rejection_sample(draft, q, p, torch.Generator().manual_seed(0))
+    rejected = next_token[num_accepted == 0]
+    assert 700 < rejected.numel() < 900  # rejection probability 1 - 0.1 / 0.5
+    assert set(rejected.tolist()) <= {0, 1}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_one_step_output_follows_p(seed) -> None:
+    """Accepted-or-resampled token at position 0 is distributed as p_0, whatever q is."""
+    generator = torch.Generator().manual_seed(seed)
+    n, vocab = 200_000, 5
+    p0 = torch.tensor([0.1, 0.4, 0.0, 0.3, 0.2])
+    q0 = torch.tensor([0.3, 0.1, 0.2, 0.0, 0.4])
+    q = q0.expand(n, 1, vocab)
+    p = torch.stack([p0, torch.full((vocab,), 0.2)]).expand(n, 2, vocab)
+    draft = sample(q, generator)
+    num_accepted, next_token = rejection_sample(draft, q, p, generator)
+    first = torch.where(num_accepted > 0, draft[:, 0], next_token)
+    assert g_test_pvalue(torch.bincount(first, minlength=vocab), p0) > SIGNIFICANCE
+
+
+# --- end to end: the decode loop's samples follow the target --------------------------------------
+
+VOCAB, N_TOKENS, N_SAMPLES = 5, 3, 6000
+PROMPT = [1, 3, 2]
+
+
+@pytest.fixture(scope="module")
+def mc_models() -> tuple[torch.nn.Module, torch.nn.Module]:
+    return tiny_llama(2, seed=11, vocab_size=VOCAB, init=0.3), tiny_llama(1, seed=12, vocab_size=VOCAB, init=0.3)
+
+
+@torch.inference_mode()
+def exact_joint(target: torch.nn.Module, params: SamplingParams) -> torch.Tensor:
+    """P(first N_TOKENS generated tokens) `[V ** N_TOKENS]`, by enumerating every prefix."""
+    joint = torch.zeros([VOCAB] * N_TOKENS)
+    for prefix in itertools.product(range(VOCAB), repeat=N_TOKENS - 1):
+        logits = target(torch.tensor([PROMPT + list(prefix)])).logits[0, len(PROMPT) - 1 :]
+        probs = logits_to_probs(logits, params)
+        prob = 1.0
+        for i, token in enumerate(prefix):
+            prob *= probs[i, token].item()
+        joint[prefix] = prob * probs[N_TOKENS - 1]
+    return joint.flatten()
+
+
+def sampled_joint(target: torch.nn.Module, drafter: torch.nn.Module, params: SamplingParams, seed: int) -> torch.Tensor:
+    result = speculative_generate(
+        target,
+        drafter,
+        [PROMPT] * N_SAMPLES,
+        gamma=3,
+        max_new_tokens=N_TOKENS,
+        temperature=params.temperature,
+        top_k=params.top_k,
+        top_p=params.top_p,
+        eos_token_ids=[],
+        seed=seed,
+    )
+    codes = torch.tensor([sum(t * VOCAB ** (N_TOKENS - 1 - i) for i, t in enumerate(s)) for s in result.sequences])
+    return torch.bincount(codes, minlength=VOCAB**N_TOKENS)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(1.0), SamplingParams(0.7, top_k=3), SamplingParams(1.3, top_p=0.8), SamplingParams(1.0, top_k=4, top_p=0.9)],
+    ids=["t1.0", "t0.7-k3", "t1.3-p0.8", "t1.0-k4-p0.9"],
+)
+def test_sampled_output_follows_target(mc_models, params) -> None:
+    target, drafter = mc_models
+    observed = sampled_joint(target, drafter, params, seed=0)
+    assert g_test_pvalue(observed, exact_joint(target, params)) > SIGNIFICANCE
+
+
+def test_distribution_test_catches_resampling_from_p(mc_models, monkeypatch) -> None:
+    """Planted bug: at a rejection, resample from p instead of norm(max(0, p - q))."""
+
+    def buggy(draft_tokens, q, p, generator=None):
+        num_accepted, _ = rejection_sample(draft_tokens, q, p, generator)
+        at_n = num_accepted.view(-1, 1, 1).expand(-1, 1, p.shape[-1])
+        return num_accepted, sample(p.gather(1, at_n).squeeze(1), generator)
+
+    monkeypatch.setattr(specdecode.decode, "rejection_sample", buggy)
+    target, drafter = mc_models
+    params = SamplingParams(1.0)
+    observed = sampled_joint(target, drafter, params, seed=0)
+    assert g_test_pvalue(observed, exact_joint(target, params)) < SIGNIFICANCE
