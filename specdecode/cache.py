@@ -109,3 +109,24 @@ class RaggedKVCache(Cache):
     @property
     def is_compileable(self) -> bool:
         return False
+
+
+def cached_forward(
+    model: PreTrainedModel, cache: RaggedKVCache, input_ids: torch.Tensor, logits_to_keep: int | torch.Tensor = 0
+) -> torch.Tensor:
+    """Run `input_ids` `[B, T]` after each row's cached tokens → logits `[B, T', V]`.
+
+    `logits_to_keep` as in transformers: 0 = all T positions, n = the last n, a 1-D tensor = those
+    positions (the LM head is a large part of a small model's cost, so ask only for what is used).
+    """
+    position_ids, mask = cache.prepare(input_ids.shape[1], model.dtype)
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=mask,
+        position_ids=position_ids,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=logits_to_keep,
+    ).logits
+    cache.advance(input_ids.shape[1])
+    return logits

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from specdecode.cache import RaggedKVCache
+from specdecode.cache import RaggedKVCache, cached_forward
 from specdecode.sampling import SamplingParams, draw, logits_to_probs
 from specdecode.stats import DecodeStats, GenerationResult, StepCounters
 from specdecode.validation import validate_models, validate_request
@@ -94,34 +94,17 @@ class _Batch:
         self.rows = self.rows.index_select(0, keep)
 
 
-def _forward(
-    model: PreTrainedModel, cache: RaggedKVCache, input_ids: torch.Tensor, logits_to_keep: int | torch.Tensor = 0
-) -> torch.Tensor:
-    """Run `input_ids` `[B, T]` after each row's cached tokens → logits `[B, T', V]`."""
-    position_ids, mask = cache.prepare(input_ids.shape[1], model.dtype)
-    logits = model(
-        input_ids=input_ids,
-        attention_mask=mask,
-        position_ids=position_ids,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=logits_to_keep,
-    ).logits
-    cache.advance(input_ids.shape[1])
-    return logits
-
-
 def _prefill(model: PreTrainedModel, cache: RaggedKVCache, batch: _Batch, want_logits: bool) -> torch.Tensor | None:
     """Cache the right-padded prompts; return the logits at each row's last prompt token `[B, V]`."""
     longest = max(batch.prompt_lengths)
     last = batch.lengths - 1
     # Ask only for the positions some row ends at (a handful), not the whole prompt's logits.
     if not want_logits:
-        _forward(model, cache, batch.tokens[:, :longest], logits_to_keep=1)
+        cached_forward(model, cache, batch.tokens[:, :longest], logits_to_keep=1)
         cache.set_lengths(batch.lengths.clone(), longest)
         return None
     positions = torch.unique(last)
-    logits = _forward(model, cache, batch.tokens[:, :longest], logits_to_keep=positions)
+    logits = cached_forward(model, cache, batch.tokens[:, :longest], logits_to_keep=positions)
     cache.set_lengths(batch.lengths.clone(), longest)
     column = torch.searchsorted(positions, last)
     return logits[torch.arange(len(last), device=last.device), column]
@@ -206,14 +189,14 @@ def speculative_generate(
         draft_tokens, q = [], []
         drafter_input = batch.last(2)
         for _ in range(gamma):
-            q_i = logits_to_probs(_forward(drafter, drafter_cache, drafter_input, logits_to_keep=1)[:, -1], params)
+            q_i = logits_to_probs(cached_forward(drafter, drafter_cache, drafter_input, logits_to_keep=1)[:, -1], params)
             drafter_input = draw(q_i, params, generator).unsqueeze(1)
             draft_tokens.append(drafter_input)
             q.append(q_i)
         draft = torch.cat(draft_tokens, dim=1)
 
         # 2. verify in one target pass: the pending token and the gamma drafts
-        p = logits_to_probs(_forward(target, target_cache, torch.cat([batch.last(1), draft], dim=1)), params)
+        p = logits_to_probs(cached_forward(target, target_cache, torch.cat([batch.last(1), draft], dim=1)), params)
 
         # 3. accept / resample
         num_accepted, next_token = rejection_sample(draft, torch.stack(q, dim=1), p, generator)
@@ -261,7 +244,7 @@ def autoregressive_generate(
             if batch.rows.numel() == 0:
                 break
         cache.set_lengths(batch.lengths - 1, max_length - 1)
-        probs = logits_to_probs(_forward(cache=cache, model=target, input_ids=batch.last(1))[:, -1], params)
+        probs = logits_to_probs(cached_forward(target, cache, batch.last(1))[:, -1], params)
         finished = batch.commit(draw(probs, params, generator).unsqueeze(1), torch.ones_like(batch.lengths))
         counters.record_target_call(len(finished))
 

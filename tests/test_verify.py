@@ -71,6 +71,8 @@ def test_all_zero_residual_falls_back_to_p() -> None:
     rejected = next_token[num_accepted == 0]
     assert 700 < rejected.numel() < 900  # rejection probability 1 - 0.1 / 0.5
     assert set(rejected.tolist()) <= {0, 1}
+    # The fallback resamples from p = (0.1, 0.5): token 1 five times in six.
+    assert 0.75 < (rejected == 1).float().mean() < 0.9
 
 
 @pytest.mark.parametrize("seed", [0, 1])

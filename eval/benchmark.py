@@ -1,0 +1,17 @@
+"""Decode benchmark on the embedded default: `python eval/benchmark.py [overrides]` (run by `make demo`)."""
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from specdecode.benchmark import report_markdown, run
+from specdecode.config import BenchmarkConfig, from_dict
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="benchmark")
+def main(cfg: DictConfig) -> None:
+    results = run(from_dict(BenchmarkConfig, OmegaConf.to_container(cfg, resolve=True)))
+    print(report_markdown(results))
+
+
+if __name__ == "__main__":
+    main()

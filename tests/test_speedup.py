@@ -1,0 +1,43 @@
+"""The speedup model and the step-cost measurement."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdecode.speedup import expected_tokens_per_step, measure_step_costs, predicted_speedup
+from tests.models_for_tests import tiny_llama
+
+
+def test_expected_tokens_per_step_limits() -> None:
+    assert expected_tokens_per_step(0.0, 4) == 1.0
+    assert expected_tokens_per_step(1.0, 4) == 5.0
+    # Geometric sum 1 + a + a^2 for gamma = 2.
+    assert expected_tokens_per_step(0.5, 2) == pytest.approx(1.75)
+
+
+def test_predicted_speedup_matches_leviathan_when_verify_is_free() -> None:
+    # Leviathan et al. Thm 3.8: (1 - a^(g+1)) / ((1 - a)(g c + 1)).
+    alpha, gamma, c = 0.8, 4, 0.1
+    paper = (1 - alpha ** (gamma + 1)) / ((1 - alpha) * (gamma * c + 1))
+    assert predicted_speedup(alpha, gamma, c, verify_ratio=1.0) == pytest.approx(paper)
+    # A dearer verify pass can only lower the prediction.
+    assert predicted_speedup(alpha, gamma, c, verify_ratio=1.45) < paper
+
+
+def test_notes_figures() -> None:
+    """NOTES.md: with c = 0.1 and the CPU's verify cost, alpha 0.8 gives about 1.8x at gamma 4."""
+    assert predicted_speedup(0.8, 4, 0.1, verify_ratio=85 / 59) == pytest.approx(1.8, abs=0.05)
+
+
+def test_bad_alpha_is_named() -> None:
+    with pytest.raises(ValueError, match="1.5"):
+        expected_tokens_per_step(1.5, 3)
+
+
+def test_measure_step_costs_reports_positive_times() -> None:
+    target, drafter = tiny_llama(2, seed=0), tiny_llama(1, seed=1)
+    costs = measure_step_costs(target, drafter, list(range(20)), gamma=3, repeats=3)
+    assert costs.target_step_s > 0 and costs.target_verify_s > 0 and costs.drafter_step_s > 0
+    assert costs.cost_ratio == costs.drafter_step_s / costs.target_step_s
+    with pytest.raises(ValueError, match="gamma"):
+        measure_step_costs(target, drafter, [1, 2, 3], gamma=3)
