@@ -199,7 +199,7 @@ def speculative_generate(
         p = logits_to_probs(cached_forward(target, target_cache, torch.cat([batch.last(1), draft], dim=1)), params)
 
         # 3. accept / resample
-        num_accepted, next_token = rejection_sample(draft, torch.stack(q, dim=1), p, generator)
+        num_accepted, next_token = rejection_sample(draft, torch.stack(q, dim=1), p, generator, greedy=params.greedy)
         new_tokens = torch.cat([draft, draft[:, :1]], dim=1).scatter(1, num_accepted.unsqueeze(1), next_token.unsqueeze(1))
         finished = batch.commit(new_tokens, num_accepted + 1)
         counters.record_step(num_accepted, drafter_calls=gamma)

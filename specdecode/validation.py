@@ -6,22 +6,12 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedModel
 
+from specdecode.models import check_vocab_sizes
 from specdecode.sampling import SamplingParams
 
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def check_vocab_sizes(target: PreTrainedModel, drafter: PreTrainedModel) -> None:
-    """Target and drafter must score the same vocabulary, or p and q are not comparable."""
-    target_vocab, drafter_vocab = target.config.vocab_size, drafter.config.vocab_size
-    if target_vocab != drafter_vocab:
-        raise ValueError(
-            f"drafter and target vocabularies differ: target vocab_size={target_vocab}, "
-            f"drafter vocab_size={drafter_vocab}; a drafter must share the target's tokenizer "
-            "(resize a same-tokenizer drafter with drafter.resize_token_embeddings(target vocab_size))"
-        )
 
 
 def validate_models(target: PreTrainedModel, drafter: PreTrainedModel) -> None:

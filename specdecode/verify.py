@@ -16,6 +16,7 @@ def rejection_sample(
     q: torch.Tensor,
     p: torch.Tensor,
     generator: torch.Generator | None = None,
+    greedy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Accept a prefix of each row's drafts so that the output follows p exactly.
 
@@ -29,6 +30,7 @@ def rejection_sample(
         p: `[B, gamma + 1, V]` fp32, the target's distribution at each draft position, plus one
             position past the last draft (for the bonus token).
         generator: RNG for the uniforms and the resample; `None` uses torch's global RNG.
+        greedy: p and q are one-hot (temperature 0): the resample is the residual's argmax, no noise.
 
     Returns:
         `num_accepted` `[B]` int64 in [0, gamma] and `next_token` `[B]` int64 (the resampled or
@@ -57,5 +59,5 @@ def rejection_sample(
     # A rejection implies p(x) < q(x), so p > q somewhere and the residual has mass; it can only be
     # all zero through rounding when p and q agree to the last bit, where p itself is correct.
     residual = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny), p_n)
-    next_token = sample(residual, generator)
+    next_token = residual.argmax(dim=-1) if greedy else sample(residual, generator)
     return num_accepted, next_token

@@ -22,6 +22,7 @@ class MarkovLM(nn.Module):
         self.config = SimpleNamespace(
             vocab_size=vocab_size, num_hidden_layers=1, max_position_embeddings=4096, eos_token_id=eos_token_id
         )
+        self.config.get_text_config = lambda: self.config
         self.generation_config = SimpleNamespace(eos_token_id=eos_token_id)
         self.input_shapes: list[tuple[int, ...]] = []
 

@@ -58,6 +58,9 @@ def test_greedy_accepts_exactly_the_matching_prefix() -> None:
     q = torch.nn.functional.one_hot(draft, vocab).float()
     num_accepted, next_token = rejection_sample(draft, q, p)
     assert num_accepted.tolist() == [2, 0]
+    assert next_token.tolist() == [3, 1]
+    num_accepted, next_token = rejection_sample(draft, q, p, greedy=True)
+    assert num_accepted.tolist() == [2, 0]
     assert next_token.tolist() == [3, 1]  # the target's own choice at the first mismatch
 
 
@@ -146,8 +149,8 @@ def test_sampled_output_follows_target(mc_models, params) -> None:
 def test_distribution_test_catches_resampling_from_p(mc_models, monkeypatch) -> None:
     """Planted bug: at a rejection, resample from p instead of norm(max(0, p - q))."""
 
-    def buggy(draft_tokens, q, p, generator=None):
-        num_accepted, _ = rejection_sample(draft_tokens, q, p, generator)
+    def buggy(draft_tokens, q, p, generator=None, greedy=False):
+        num_accepted, _ = rejection_sample(draft_tokens, q, p, generator, greedy)
         at_n = num_accepted.view(-1, 1, 1).expand(-1, 1, p.shape[-1])
         return num_accepted, sample(p.gather(1, at_n).squeeze(1), generator)
 

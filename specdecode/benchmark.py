@@ -1,0 +1,269 @@
+"""The decode benchmark: target alone vs our speculative loop vs transformers assisted generation.
+
+One run measures, on a fixed prompt set: tokens/s of each method at batch 1, our loop against
+autoregressive decoding at batch B, the step costs (c and the verify cost), the speedup Leviathan's
+model predicts from them and the measured alpha, and loop efficiency = measured / predicted.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from specdecode.config import BenchmarkConfig, DrafterConfig
+from specdecode.data import DOMAINS, format_prompt, load_domain
+from specdecode.decode import autoregressive_generate, speculative_generate
+from specdecode.models import check_tokenizers, derive_drafter, load_model
+from specdecode.speedup import measure_step_costs, predicted_speedup
+from specdecode.stats import GenerationResult
+from specdecode.validation import default_eos
+
+
+def benchmark_prompts(tokenizer: PreTrainedTokenizerBase, num_prompts: int, max_tokens: int) -> list[tuple[str, list[int]]]:
+    """The first held-out prompts of each domain, interleaved, chat-formatted: [(domain, ids)].
+
+    Prompts longer than `max_tokens` are skipped, never truncated.
+    """
+    pools = {domain: iter(load_domain(domain, split="heldout")) for domain in DOMAINS}
+    chosen: list[tuple[str, list[int]]] = []
+    while len(chosen) < num_prompts and pools:
+        for domain in list(pools):
+            ids = next((ids for ex in pools[domain] if len(ids := format_prompt(tokenizer, ex.prompt)) <= max_tokens), None)
+            if ids is None:
+                del pools[domain]
+            elif len(chosen) < num_prompts:
+                chosen.append((domain, ids))
+    if len(chosen) < num_prompts:
+        raise ValueError(f"only {len(chosen)} held-out prompts fit max_prompt_tokens={max_tokens}; need {num_prompts}")
+    return chosen
+
+
+def vocab_corpus(tokenizer: PreTrainedTokenizerBase, docs_per_domain: int) -> list[list[int]]:
+    """Tokenised training text of every domain (prompts and responses): what a drafter must speak."""
+    corpus = []
+    for domain in DOMAINS:
+        for ex in load_domain(domain, split="train", limit=docs_per_domain):
+            corpus.append(tokenizer(ex.prompt + "\n" + (ex.response or ""))["input_ids"])
+    return corpus
+
+
+def build_drafter(
+    cfg: DrafterConfig, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, corpus: Callable[[], list[list[int]]]
+) -> PreTrainedModel:
+    """A derived drafter cut from `target`, or a pretrained one checked against the target's tokenizer."""
+    if cfg.kind == "derived":
+        vocab_docs = corpus() if cfg.draft_vocab is not None else None
+        return derive_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs)
+    drafter, drafter_tokenizer = load_model(cfg.path, dtype=target.dtype, device=target.device)
+    check_tokenizers(tokenizer, drafter_tokenizer)
+    return drafter
+
+
+def _hf_assisted(
+    target: PreTrainedModel, drafter: PreTrainedModel, prompt: list[int], gamma: int, max_new_tokens: int, eos: list[int]
+) -> tuple[list[int], float]:
+    """transformers assisted generation with a fixed gamma (constant schedule, no early stop on confidence)."""
+    drafter.generation_config = copy.deepcopy(drafter.generation_config)
+    drafter.generation_config.num_assistant_tokens = gamma
+    drafter.generation_config.num_assistant_tokens_schedule = "constant"
+    drafter.generation_config.assistant_confidence_threshold = 0.0
+    input_ids = torch.tensor([prompt], device=target.device)
+    start = time.perf_counter()
+    out = target.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        assistant_model=drafter,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=eos or None,
+        pad_token_id=eos[0] if eos else 0,
+    )
+    elapsed = time.perf_counter() - start
+    return out[0, len(prompt) :].tolist(), elapsed
+
+
+def _pooled(results: Sequence[GenerationResult]) -> dict[str, float | None]:
+    """Throughput and acceptance pooled over runs (tokens / seconds, accepts / judged)."""
+    tokens = sum(r.stats.generated_tokens for r in results)
+    seconds = sum(r.stats.wall_time_s for r in results)
+    accepted = sum(r.stats.accepted for r in results)
+    rejections = sum(r.stats.rejections for r in results)
+    row_calls = sum(r.stats.generated_tokens / r.stats.tau for r in results if r.stats.tau)
+    return {
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds if seconds else 0.0,
+        "alpha": accepted / (accepted + rejections) if accepted + rejections else None,
+        "tau": tokens / row_calls if row_calls else None,
+    }
+
+
+def run(cfg: BenchmarkConfig) -> dict:
+    """Run the benchmark; write `results.json` and `report.md` under `cfg.output_dir`; return the results."""
+    torch.manual_seed(cfg.seed)
+    steps = tqdm(total=7, desc="benchmark", unit="stage")
+
+    def stage(name: str) -> None:
+        steps.set_postfix_str(name)
+        steps.update(1)
+
+    target, tokenizer = load_model(cfg.target.name, dtype=cfg.target.dtype, device=cfg.target.device)
+    stage("target loaded")
+    drafter = build_drafter(cfg.drafter, target, tokenizer, lambda: vocab_corpus(tokenizer, cfg.vocab_corpus_docs))
+    stage("drafter built")
+    prompts = benchmark_prompts(tokenizer, cfg.num_prompts, cfg.max_prompt_tokens)
+    ids = [p for _, p in prompts]
+    eos = default_eos(target)
+    decode = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, eos_token_ids=eos, seed=cfg.seed)
+
+    # Warm-up: first calls pay one-off allocation and dispatch costs that would skew short runs.
+    speculative_generate(target, drafter, ids[:1], gamma=cfg.gamma, **decode | {"max_new_tokens": 8})
+    autoregressive_generate(target, ids[:1], **decode | {"max_new_tokens": 8})
+    costs = measure_step_costs(target, drafter, ids[0] + ids[1][: cfg.max_new_tokens // 2], cfg.gamma, cfg.cost_repeats)
+    stage("step costs measured")
+
+    batch1 = ids[: cfg.batch1_prompts]
+    ar1 = [autoregressive_generate(target, [p], **decode) for p in tqdm(batch1, desc="batch 1: target alone", leave=False)]
+    stage("batch 1 autoregressive")
+    sd1 = [speculative_generate(target, drafter, [p], gamma=cfg.gamma, **decode) for p in tqdm(batch1, desc="batch 1: ours", leave=False)]
+    stage("batch 1 speculative")
+    hf1: list[tuple[list[int], float]] = []
+    if cfg.hf_assisted and cfg.temperature == 0.0:
+        hf1 = [_hf_assisted(target, drafter, p, cfg.gamma, cfg.max_new_tokens, eos) for p in tqdm(batch1, desc="batch 1: transformers assisted", leave=False)]
+    stage("batch 1 transformers assisted")
+    batch = ids[: cfg.batch_size]
+    arb = autoregressive_generate(target, batch, **decode)
+    sdb = speculative_generate(target, drafter, batch, gamma=cfg.gamma, **decode)
+    stage(f"batch {cfg.batch_size}")
+    steps.close()
+
+    rows = []
+    ar1_pooled, sd1_pooled = _pooled(ar1), _pooled(sd1)
+    predicted = predicted_speedup(sd1_pooled["alpha"] or 0.0, cfg.gamma, costs.cost_ratio, costs.verify_ratio)
+    measured = sd1_pooled["tokens_per_s"] / ar1_pooled["tokens_per_s"]
+    reference = [r.sequences[0] for r in ar1]
+    rows.append({"method": "target alone", "batch_size": 1, **ar1_pooled, "speedup": 1.0, "exact_match": 1.0})
+    rows.append(
+        {
+            "method": "specdecode",
+            "batch_size": 1,
+            **sd1_pooled,
+            "speedup": measured,
+            "predicted_speedup": predicted,
+            "loop_efficiency": measured / predicted,
+            "exact_match": _match([r.sequences[0] for r in sd1], reference),
+        }
+    )
+    if hf1:
+        hf_tokens = sum(len(s) for s, _ in hf1)
+        hf_seconds = sum(t for _, t in hf1)
+        rows.append(
+            {
+                "method": "transformers assisted",
+                "batch_size": 1,
+                "tokens": hf_tokens,
+                "seconds": hf_seconds,
+                "tokens_per_s": hf_tokens / hf_seconds,
+                "speedup": hf_tokens / hf_seconds / ar1_pooled["tokens_per_s"],
+                "exact_match": _match([s for s, _ in hf1], reference),
+            }
+        )
+    arb_pooled, sdb_pooled = _pooled([arb]), _pooled([sdb])
+    rows.append({"method": "target alone", "batch_size": len(batch), **arb_pooled, "speedup": 1.0, "exact_match": 1.0})
+    rows.append(
+        {
+            "method": "specdecode",
+            "batch_size": len(batch),
+            **sdb_pooled,
+            "speedup": sdb_pooled["tokens_per_s"] / arb_pooled["tokens_per_s"],
+            "exact_match": _match(sdb.sequences, arb.sequences),
+        }
+    )
+    results = {
+        "config": asdict(cfg),
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
+                    "torch": torch.__version__, "device": str(target.device)},
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "prompts": [{"domain": d, "tokens": len(p)} for d, p in prompts],
+        "step_costs": costs.to_dict(),
+        "rows": rows,
+        "ours_vs_transformers_assisted": (sd1_pooled["tokens_per_s"] / rows[2]["tokens_per_s"]) if hf1 else None,
+    }
+    out = Path(cfg.output_dir)
+    write_atomic(out / "results.json", json.dumps(results, indent=2))
+    write_atomic(out / "report.md", report_markdown(results))
+    return results
+
+
+def _match(sequences: Sequence[list[int]], reference: Sequence[list[int]]) -> float:
+    """Fraction of rows identical to the reference (target-only greedy)."""
+    return sum(a == b for a, b in zip(sequences, reference)) / len(reference)
+
+
+def _fmt(value: object, digits: int = 2) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def report_markdown(results: dict) -> str:
+    """The results as the markdown tables the README quotes."""
+    cfg, costs = results["config"], results["step_costs"]
+    lines = [
+        f"# Decode benchmark — {results['date']}",
+        "",
+        f"Target `{cfg['target']['name']}` ({cfg['target']['dtype']}, {results['machine']['device']}, "
+        f"{results['machine']['cpus']} CPUs); drafter: {cfg['drafter']['kind']} "
+        f"({cfg['drafter']['num_layers']} layers, draft vocab {cfg['drafter']['draft_vocab'] or 'full'}); "
+        f"gamma {cfg['gamma']}, {cfg['max_new_tokens']} new tokens, temperature {cfg['temperature']}; "
+        f"prompts: {', '.join(p['domain'] for p in results['prompts'])}.",
+        "",
+        "| method | batch | tokens/s | speedup | alpha | tau | predicted | loop efficiency | exact match |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in results["rows"]:
+        lines.append(
+            f"| {row['method']} | {row['batch_size']} | {_fmt(row['tokens_per_s'])} | {_fmt(row['speedup'])}× | "
+            f"{_fmt(row.get('alpha'), 3)} | {_fmt(row.get('tau'))} | {_fmt(row.get('predicted_speedup'))} | "
+            f"{_fmt(row.get('loop_efficiency'))} | {_fmt(row['exact_match'])} |"
+        )
+    lines += [
+        "",
+        f"Step costs (batch 1, {costs['context_tokens']}-token context): target step {costs['target_step_s'] * 1e3:.1f} ms, "
+        f"verify of {costs['gamma'] + 1} tokens {costs['target_verify_s'] * 1e3:.1f} ms "
+        f"(verify cost {costs['verify_ratio']:.2f}× a step), drafter step {costs['drafter_step_s'] * 1e3:.1f} ms "
+        f"(c = {costs['cost_ratio']:.3f}).",
+    ]
+    if results.get("ours_vs_transformers_assisted"):
+        lines.append(f"Ours vs transformers assisted generation (same drafter, gamma): {results['ours_vs_transformers_assisted']:.2f}×.")
+    lines.append("")
+    lines.append("Predicted speedup: Leviathan et al. Thm 3.8 with the measured alpha, c and verify cost; "
+                 "loop efficiency = measured / predicted.")
+    return "\n".join(lines) + "\n"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` via a temp file in the same folder and a rename: never half-written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

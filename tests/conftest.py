@@ -1,0 +1,58 @@
+"""Shared fixtures: tiny random models and tokenizers built in-process (no hub), fp32, seeded."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import WhitespaceSplit
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from tests.models_for_tests import tiny_llama_config as tiny_llama_config_
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _single_thread_torch() -> None:
+    """Run torch single-threaded: the test models are tiny, so threads buy nothing, and on a
+    shared 2-core machine OpenMP oversubscription made the suite ~10x slower (3 s -> 30 s)."""
+    torch.set_num_threads(1)
+
+
+@pytest.fixture
+def tiny_llama_config() -> LlamaConfig:
+    """A fresh tiny LlamaConfig (see `tests.models_for_tests.tiny_llama_config`); tests may mutate it."""
+    return tiny_llama_config_()
+
+
+@pytest.fixture
+def make_tiny_llama() -> Callable[..., LlamaForCausalLM]:
+    """Factory `make_tiny_llama(seed=0, **config_overrides)` -> tiny LlamaForCausalLM in eval mode."""
+
+    def make(seed: int = 0, **overrides: Any) -> LlamaForCausalLM:
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(tiny_llama_config_(**overrides)).eval()
+
+    return make
+
+
+@pytest.fixture
+def make_tiny_tokenizer() -> Callable[..., PreTrainedTokenizerFast]:
+    """Factory `make_tiny_tokenizer(words=None)` -> whitespace WordLevel tokenizer.
+
+    Ids 0..2 are `<s>`, `</s>`, `<unk>`; then `words` (default `w3 .. w63`, 64 tokens in all).
+    """
+
+    def make(words: list[str] | None = None) -> PreTrainedTokenizerFast:
+        words = words if words is not None else [f"w{i}" for i in range(3, 64)]
+        vocab = {token: i for i, token in enumerate(["<s>", "</s>", "<unk>", *words])}
+        backend = Tokenizer(WordLevel(vocab=vocab, unk_token="<unk>"))
+        backend.pre_tokenizer = WhitespaceSplit()
+        return PreTrainedTokenizerFast(
+            tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="</s>"
+        )
+
+    return make
