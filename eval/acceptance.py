@@ -1,0 +1,25 @@
+"""Acceptance, tau, speedup and exact match per domain and method.
+
+    python eval/acceptance.py drafters.generic=... drafters.code=... router=...
+    accelerate launch eval/acceptance.py ...          # prompts split across processes
+    python eval/acceptance.py -m gamma=1,2,3,4,6,8    # gamma ablation (Hydra multirun)
+"""
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from specdecode.config import from_dict
+from specdecode.evaluation import EvalConfig, run_eval
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="eval")
+def main(cfg: DictConfig) -> None:
+    if HydraConfig.get().mode.name == "MULTIRUN":
+        # Each sweep job writes into its own folder (the sweep's subdir).
+        cfg.output_dir = HydraConfig.get().runtime.output_dir
+    run_eval(from_dict(EvalConfig, OmegaConf.to_container(cfg, resolve=True)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""report.md and PNG plots from evaluation results (one run, or a merged gamma multirun)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on servers and CI
+import matplotlib.pyplot as plt  # noqa: E402
+
+from specdecode.benchmark import write_atomic  # noqa: E402
+
+
+def _fmt(value: object, digits: int = 2) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def merge_results(paths: Iterable[Path]) -> dict:
+    """Rows of several results.json files (e.g. a Hydra multirun over gamma) as one result."""
+    merged: dict = {"rows": [], "sources": []}
+    for path in sorted(paths):
+        data = json.loads(Path(path).read_text())
+        merged["rows"] += data["rows"]
+        merged["sources"].append(str(path))
+        merged.setdefault("config", data.get("config"))
+        merged.setdefault("date", data.get("date"))
+    if not merged["sources"]:
+        raise ValueError("no results.json files to merge")
+    return merged
+
+
+def markdown_table(rows: list[dict]) -> str:
+    header = "| domain | method | gamma | T | batch | alpha | tau | tokens/s | speedup | exact match |"
+    lines = [header, "|" + "---|" * 10]
+    for r in rows:
+        lines.append(
+            f"| {r['domain']} | {r['method']} | {r['gamma']} | {r['temperature']} | {r['batch_size']} | "
+            f"{_fmt(r['alpha'], 3)} | {_fmt(r['tau'])} | {_fmt(r['tokens_per_s'])} | {_fmt(r['speedup'])}× | "
+            f"{_fmt(r['exact_match'])} |"
+        )
+    return "\n".join(lines)
+
+
+def plot_speedup(rows: list[dict], path: Path) -> None:
+    """Bars: speedup over autoregressive per domain and method (greedy, batch 1, one gamma)."""
+    chosen = [r for r in rows if r["temperature"] == 0.0 and r["batch_size"] == min(x["batch_size"] for x in rows)]
+    domains = sorted({r["domain"] for r in chosen})
+    methods = [m for m in dict.fromkeys(r["method"] for r in chosen) if m != "autoregressive"]
+    fig, ax = plt.subplots(figsize=(max(6, 1.5 * len(domains) * max(len(methods), 1) / 3), 4))
+    width = 0.8 / max(len(methods), 1)
+    for k, method in enumerate(methods):
+        values = [next((r["speedup"] or 0.0 for r in chosen if r["domain"] == d and r["method"] == method), 0.0) for d in domains]
+        ax.bar([i + k * width for i in range(len(domains))], values, width, label=method)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(domains))], domains)
+    ax.set_ylabel("speedup over autoregressive")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_acceptance_vs_gamma(rows: list[dict], path: Path) -> None:
+    """alpha against gamma per domain, for each speculative method (greedy, batch 1)."""
+    chosen = [r for r in rows if r["method"] != "autoregressive" and r["temperature"] == 0.0 and r["alpha"] is not None]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (domain, method) in sorted({(r["domain"], r["method"]) for r in chosen}):
+        points = sorted({(r["gamma"], r["alpha"]) for r in chosen if r["domain"] == domain and r["method"] == method})
+        ax.plot([g for g, _ in points], [a for _, a in points], marker="o", label=f"{domain} / {method}")
+    ax.set_xlabel("gamma")
+    ax.set_ylabel("alpha (per-token acceptance)")
+    ax.legend(fontsize="x-small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_position_acceptance(rows: list[dict], path: Path) -> None:
+    """P(draft i accepted | drafts before it accepted), per domain and method (greedy, batch 1)."""
+    chosen = [r for r in rows if r["method"] != "autoregressive" and r["temperature"] == 0.0 and r.get("position_acceptance")]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in chosen:
+        values = [v if v is not None else float("nan") for v in r["position_acceptance"]]
+        ax.plot(range(1, len(values) + 1), values, marker=".", label=f"{r['domain']} / {r['method']} (γ={r['gamma']}, B={r['batch_size']})")
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance given the previous drafts were accepted")
+    ax.legend(fontsize="xx-small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_report(results: dict, out_dir: Path) -> Path:
+    """Write report.md and its PNG plots into `out_dir`; return the report's path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = results["rows"]
+    plot_speedup(rows, out_dir / "speedup.png")
+    plot_acceptance_vs_gamma(rows, out_dir / "acceptance_vs_gamma.png")
+    plot_position_acceptance(rows, out_dir / "position_acceptance.png")
+    text = "\n".join(
+        [
+            f"# Evaluation report — {results.get('date', '')}",
+            "",
+            markdown_table(rows),
+            "",
+            "Speedup is tokens/s over `autoregressive` at the same domain, temperature and batch size; "
+            "exact match is the share of prompts whose output equals target-only greedy (greedy rows only).",
+            "",
+            "![speedup per domain and method](speedup.png)",
+            "![acceptance vs gamma](acceptance_vs_gamma.png)",
+            "![per-position acceptance](position_acceptance.png)",
+            "",
+        ]
+    )
+    path = out_dir / "report.md"
+    write_atomic(path, text)
+    return path

@@ -1,0 +1,121 @@
+"""The evaluation suite end to end on tiny models: every method, schema, exact match, oracle, report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdecode.config import DrafterConfig, TargetConfig
+from specdecode.evaluation import EvalConfig, RunRecord, merge_counts, pick_per_prompt, run_eval
+from specdecode.models import derive_drafter
+from specdecode.report import merge_results
+
+ROW_FIELDS = {"domain", "method", "gamma", "temperature", "batch_size", "alpha", "tau", "tokens_per_s", "speedup", "exact_match"}
+
+
+class FixedRouter:
+    """Routes every prompt whose text is longer than `cut` characters to `long`, the rest to `short`."""
+
+    def __init__(self, short: str, long: str, cut: int = 200) -> None:
+        self.short, self.long, self.cut = short, long, cut
+
+    def choose(self, texts: list[str]) -> list[str]:
+        return [self.long if len(t) > self.cut else self.short for t in texts]
+
+
+@pytest.fixture
+def tiny_setup(tmp_path, make_tiny_llama, make_tiny_tokenizer):
+    target = make_tiny_llama(num_hidden_layers=3)
+    tokenizer = make_tiny_tokenizer()
+    target.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    folders = {}
+    for name, layers in (("generic", 1), ("code", 2)):
+        folders[name] = str(tmp_path / name)
+        derive_drafter(target, layers).save_pretrained(folders[name])
+        tokenizer.save_pretrained(folders[name])
+    return tmp_path, folders
+
+
+def test_run_eval_writes_every_method_with_exact_greedy(tiny_setup) -> None:
+    tmp_path, folders = tiny_setup
+    cfg = EvalConfig(
+        target=TargetConfig(name=str(tmp_path / "target")),
+        undistilled=DrafterConfig(num_layers=1, draft_vocab=None),
+        drafters=folders,
+        router="unused-by-the-fake-loader",
+        domains=["code", "math"],
+        prompts_per_domain=3,
+        max_prompt_tokens=150,
+        max_new_tokens=6,
+        gamma=2,
+        temperatures=[0.0, 1.0],
+        batch_sizes=[1, 2],
+        output_dir=str(tmp_path / "eval"),
+    )
+    results = run_eval(cfg, router_loader=lambda path: FixedRouter("generic", "code"))
+
+    written = json.loads((tmp_path / "eval" / "results.json").read_text())
+    assert written["rows"] == results["rows"]
+    methods = {r["method"] for r in written["rows"]}
+    assert methods == {"autoregressive", "undistilled", "generic", "specialized:code", "routed", "oracle"}
+    assert len(written["rows"]) == 2 * 2 * 2 * len(methods)  # domains x temperatures x batch sizes x methods
+    for r in written["rows"]:
+        assert ROW_FIELDS <= set(r)
+        if r["temperature"] == 0.0:
+            assert r["exact_match"] == 1.0, r
+        else:
+            assert r["exact_match"] is None
+        if r["method"] == "autoregressive":
+            assert r["speedup"] == 1.0 and r["tau"] == 1.0
+    report = (tmp_path / "eval" / "report.md").read_text()
+    assert "| code | routed |" in report
+    for png in ("speedup.png", "acceptance_vs_gamma.png", "position_acceptance.png"):
+        assert (tmp_path / "eval" / png).stat().st_size > 1000
+
+
+def test_oracle_picks_the_best_tau_per_prompt() -> None:
+    from types import SimpleNamespace
+
+    def record(taus):
+        return RunRecord([SimpleNamespace(stats=SimpleNamespace(tau=t)) for t in taus])  # type: ignore[list-item]
+
+    choices = pick_per_prompt({"generic": record([1.0, 2.0, 1.5]), "specialized:code": record([1.2, 1.0, 1.5])})
+    assert choices == ["specialized:code", "generic", "generic"]
+
+
+def test_merged_counts_sum_work_and_take_the_slowest_process_time() -> None:
+    a = dict(tokens=10, seconds=2.0, accepted=3, rejections=1, row_calls=5.0, reached=[4, 3], passed=[3, 1], prompts=2, matches=2)
+    b = dict(tokens=6, seconds=3.0, accepted=1, rejections=1, row_calls=4.0, reached=[2, 1], passed=[1, 0], prompts=1, matches=1)
+    merged = merge_counts([a, b])
+    assert merged["tokens"] == 16 and merged["seconds"] == 3.0 and merged["matches"] == 3
+    assert merged["reached"] == [6, 4] and merged["passed"] == [4, 1]
+
+
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(methods=["autoregressive", "telepathy"]), "telepathy"),
+        (dict(methods=["generic"]), "autoregressive"),
+        (dict(methods=["autoregressive", "generic"]), "drafters.generic"),
+        (dict(methods=["autoregressive", "routed"]), "router"),
+        (dict(methods=["autoregressive"], domains=["poetry"]), "poetry"),
+        (dict(methods=["autoregressive"], drafters={"code": "/no/such/folder"}), "/no/such/folder"),
+        (dict(methods=["autoregressive"], batch_sizes=[0]), "batch_sizes"),
+    ],
+)
+def test_bad_eval_config_names_the_field(kwargs, needle) -> None:
+    with pytest.raises(ValueError, match=needle):
+        EvalConfig(**kwargs)
+
+
+def test_merge_results_of_a_gamma_sweep(tmp_path) -> None:
+    for gamma in (1, 2):
+        folder = tmp_path / f"gamma={gamma}"
+        folder.mkdir()
+        (folder / "results.json").write_text(json.dumps({"rows": [{"gamma": gamma}], "config": {}, "date": "d"}))
+    merged = merge_results(tmp_path.glob("*/results.json"))
+    assert [r["gamma"] for r in merged["rows"]] == [1, 2]
+    with pytest.raises(ValueError, match="no results"):
+        merge_results([])
