@@ -30,12 +30,12 @@ Generate = Callable[[list[list[int]]], GenerationResult]
 @dataclass
 class EvalConfig:
     """eval/acceptance.py. `drafters` maps a name (`generic`, or a domain for its specialised
-    drafter) to a drafter folder; `router` is a fitted router folder (enables `routed`)."""
+    drafter) to a drafter folder; `router_dir` is a fitted router folder (enables `routed`)."""
 
     target: TargetConfig = field(default_factory=TargetConfig)
     undistilled: DrafterConfig = field(default_factory=DrafterConfig)
     drafters: dict[str, str] = field(default_factory=dict)
-    router: str | None = None
+    router_dir: str | None = None
     domains: list[str] = field(default_factory=lambda: list(DOMAINS))
     methods: list[str] = field(
         default_factory=lambda: ["autoregressive", "undistilled", "generic", "specialized", "routed", "oracle"]
@@ -59,7 +59,7 @@ class EvalConfig:
         if "generic" in self.methods:
             _require("generic" in self.drafters, "drafters.generic", None, "method generic needs a drafter folder")
         if "routed" in self.methods:
-            _require(bool(self.router), "router", self.router, "method routed needs a fitted router folder")
+            _require(bool(self.router_dir), "router_dir", self.router_dir, "method routed needs a fitted router folder")
         for name, path in self.drafters.items():
             _require(name == "generic" or name in DOMAINS, "drafters", name, f"generic or one of {list(DOMAINS)}")
             _require(Path(path).exists(), f"drafters.{name}", path, "does not exist")
@@ -239,8 +239,10 @@ def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = No
     router = None
     if "routed" in cfg.methods:
         if router_loader is None:
-            from specdecode.router import load_router as router_loader  # type: ignore[no-redef]
-        router = router_loader(cfg.router)
+            from specdecode.router import Router
+
+            router_loader = Router.load
+        router = router_loader(cfg.router_dir)
     candidates = [n for n in drafters if n == "generic" or n.startswith("specialized:")]
     eos = default_eos(target)
 

@@ -1,0 +1,141 @@
+"""The main job on the embedded default: benchmark → distill per domain and on the mix → router
+labels → router fit → evaluation, each stage cached by its resolved config (`make demo`).
+
+Every stage's config is composed from the checked-in YAML under conf/ with the demo's overrides,
+so the demo runs exactly what the individual commands run, and its cache key is that config.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from specdecode.benchmark import write_atomic
+from specdecode.config import BenchmarkConfig, CollectConfig, FitRouterConfig, TrainJobConfig, _require, from_dict
+from specdecode.data import DOMAINS
+from specdecode.pipeline import Stage, run_stages
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+@dataclass
+class DemoConfig:
+    """conf/demo.yaml. `losses` picks each domain's distillation loss (and `mix`'s, the generic one)."""
+
+    output_dir: str = "outputs/demo"
+    domains: list[str] = field(default_factory=lambda: list(DOMAINS))
+    losses: dict[str, str] = field(default_factory=lambda: {d: "forward_kl" for d in (*DOMAINS, "mix")})
+    benchmark: list[str] = field(default_factory=list)
+    distill: list[str] = field(default_factory=list)
+    collect: list[str] = field(default_factory=list)
+    fit: list[str] = field(default_factory=list)
+    eval: list[str] = field(default_factory=list)
+    run_benchmark: bool = True
+
+    def __post_init__(self) -> None:
+        for domain in self.domains:
+            _require(domain in DOMAINS, "domains", domain, f"one of {list(DOMAINS)}")
+        for name in (*self.domains, "mix"):
+            _require(name in self.losses, f"losses.{name}", None, "each domain and mix needs a loss")
+
+
+def compose_config(config_name: str, overrides: list[str]) -> dict[str, Any]:
+    """The resolved config `python <app>.py <overrides>` would run with."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name=config_name, overrides=overrides)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved.pop("hydra", None)
+    return resolved  # type: ignore[return-value]
+
+
+def _benchmark(config: dict, out: Path) -> None:
+    from specdecode.benchmark import run
+
+    run(from_dict(BenchmarkConfig, config | {"output_dir": str(out)}))
+
+
+def _distill(config: dict, out: Path) -> None:
+    from specdecode.train import run_distill
+
+    run_distill(from_dict(TrainJobConfig, config | {"output_dir": str(out)}))
+
+
+def _collect(config: dict, out: Path) -> None:
+    from specdecode.labels import run_collect
+
+    run_collect(from_dict(CollectConfig, config | {"output": str(out / "labels.jsonl")}))
+
+
+def _fit(config: dict, out: Path) -> None:
+    from specdecode.router import run_fit
+
+    run_fit(from_dict(FitRouterConfig, config | {"output_dir": str(out)}))
+
+
+def _eval(config: dict, out: Path) -> None:
+    from specdecode.evaluation import EvalConfig, run_eval
+
+    run_eval(from_dict(EvalConfig, config | {"output_dir": str(out)}))
+
+
+def demo_stages(cfg: DemoConfig) -> list[Stage]:
+    """The stages in dependency order. Paths between stages point at final stage folders."""
+    root = Path(cfg.output_dir)
+    stages: list[Stage] = []
+    if cfg.run_benchmark:
+        stages.append(Stage("benchmark", compose_config("benchmark", cfg.benchmark), _benchmark))
+    drafter_dirs: dict[str, str] = {}
+    for name in (*cfg.domains, "mix"):
+        stage = f"distill-{name}"
+        overrides = [f"data={name}", f"loss={cfg.losses[name]}", f"cache_dir={root / 'teacher_cache'}", *cfg.distill]
+        stages.append(Stage(stage, compose_config("distill", overrides), _distill))
+        drafter_dirs["generic" if name == "mix" else name] = str(root / stage / "drafter")
+    distills = [s.name for s in stages if s.name.startswith("distill-")]
+    drafter_list = ",".join(f"{{name:{n},kind:pretrained,path:'{p}'}}" for n, p in drafter_dirs.items())
+    collect = compose_config("collect", [f"drafters=[{drafter_list}]", f"domains=[{','.join(cfg.domains)}]", *cfg.collect])
+    stages.append(Stage("collect", collect, _collect, after=distills))
+    fit = compose_config("fit_router", [f"labels={root / 'collect' / 'labels.jsonl'}", *cfg.fit])
+    stages.append(Stage("fit", fit, _fit, after=["collect"]))
+    eval_overrides = [f"+drafters.{n}='{p}'" for n, p in drafter_dirs.items()]
+    eval_overrides += [f"router_dir={root / 'fit'}", f"domains=[{','.join(cfg.domains)}]", *cfg.eval]
+    stages.append(Stage("eval", compose_config("eval", eval_overrides), _eval, after=[*distills, "fit"]))
+    return stages
+
+
+def run_demo(cfg: DemoConfig) -> Path:
+    """Run (or resume) the demo; publish results.json and report.md at the top of `output_dir`."""
+    root = Path(cfg.output_dir)
+    outputs = run_stages(demo_stages(cfg), root)
+    evaluation = outputs["eval"]
+    for png in evaluation.glob("*.png"):
+        shutil.copy2(png, root / png.name)
+    results = json.loads((evaluation / "results.json").read_text())
+    results["stages"] = {name: str(path) for name, path in outputs.items()}
+    write_atomic(root / "results.json", json.dumps(results, indent=2))
+    report = [(evaluation / "report.md").read_text()]
+    for name, title in (("benchmark", "Decode benchmark"), ("fit", "Router")):
+        if name in outputs and (outputs[name] / "report.md").is_file():
+            report += ["", f"## {title} (stage `{name}`)", "", (outputs[name] / "report.md").read_text()]
+    report += [
+        "",
+        "## Distillation (held-out expected acceptance, mean Σ min(p, q))",
+        "",
+        "| drafter | loss | before | best | gain | steps | train tokens/s | peak memory MB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, path in outputs.items():
+        metrics_path = path / "metrics.json"
+        if name.startswith("distill-") and metrics_path.is_file():
+            m = json.loads(metrics_path.read_text())
+            report.append(
+                f"| {m['data']} | {m['loss']} | {m['acceptance_before']:.3f} | {m['acceptance_best']:.3f} | "
+                f"{m['acceptance_gain']:+.3f} | {m['steps']} | {m['train_tokens_per_s']:.0f} | {m['peak_memory_mb']:.0f} |"
+            )
+    write_atomic(root / "report.md", "\n".join(report) + "\n")
+    return root
