@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-all demo clean
+.PHONY: install test test-all demo benchmark clean
 
 install: $(STAMP)
 
@@ -24,6 +24,9 @@ test-all: install
 	$(PY) -m pytest -q
 
 demo: install
+	$(PY) eval/demo.py
+
+benchmark: install
 	$(PY) eval/benchmark.py
 
 clean:

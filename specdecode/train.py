@@ -1,0 +1,311 @@
+"""Drafter training jobs: `run_distill` (token-level distillation, DistillSpec) and `run_finetune`
+(next-token loss on domain text), the library behind train/distill.py and train/finetune.py.
+
+A job: validate the config (before any heavy work), load the target, build the drafter (derived
+from the target with a truncated-vocab head, or any HF model with the target's tokenizer), build or
+load the teacher cache (specdecode.teacher), train (specdecode.training), and write to `output_dir`:
+`drafter/` (HF `save_pretrained`, the checkpoint with the best held-out expected acceptance, not
+the lowest loss), `metrics.json`, `config.yaml`, `metrics.jsonl` and `checkpoints/`.
+
+Trainable: the decoder layers and final norm; embeddings and LM head are frozen by default, which
+keeps the drafter's step cheap and its head aligned with the embedding space it was cut from.
+
+On-policy sequences (`train.lambda_on_policy` > 0): with probability lambda per step the drafter
+writes the continuations (batched `autoregressive_generate`) and the target scores them on the
+spot. Nothing can be cached there, so such a step costs a drafter generation plus a target forward
+(on this CPU ~4-5x an off-policy step of the same size).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from omegaconf import OmegaConf
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from specdecode.benchmark import write_atomic
+from specdecode.config import DrafterConfig, TargetConfig, TrainJobConfig
+from specdecode.losses import get_loss
+from specdecode.models import DraftVocabHead, check_tokenizers, derive_drafter, load_model
+from specdecode.smoke import SMOKE_TARGET, smoke_target, smoke_tokenizer
+from specdecode.teacher import (
+    TeacherCache,
+    TrainSequence,
+    build_sequences,
+    cache_key,
+    dense_teacher_logits,
+    generate_continuations,
+    heldout_probs,
+    load_cache,
+    load_examples,
+    pad_batch,
+    save_cache,
+    score_topk,
+)
+from specdecode.training import (
+    Batch,
+    DrafterLogits,
+    LoopState,
+    MetricsLogger,
+    load_trainable_state,
+    peak_memory_mb,
+    resume,
+    train_loop,
+)
+from specdecode.validation import default_eos
+
+JOBS = ("distill", "finetune")
+
+
+def run_distill(cfg: TrainJobConfig) -> dict[str, Any]:
+    """Token-level distillation from the target; returns the metrics written to metrics.json."""
+    return _run(cfg, "distill")
+
+
+def run_finetune(cfg: TrainJobConfig) -> dict[str, Any]:
+    """Next-token cross-entropy on the sequences (dataset or target-generated responses)."""
+    return _run(cfg, "finetune")
+
+
+def load_target(cfg: TargetConfig, device: torch.device) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The target in eval mode, frozen: `smoke` is the tiny in-process one, anything else goes
+    through `specdecode.models.load_model`."""
+    if cfg.name == SMOKE_TARGET:
+        target, tokenizer = smoke_target().to(device), smoke_tokenizer()
+    else:
+        target, tokenizer = load_model(cfg.name, dtype=cfg.dtype, device=device)
+    target.requires_grad_(False)
+    return target, tokenizer
+
+
+def check_drafter_tokenizer(cfg: DrafterConfig, tokenizer: PreTrainedTokenizerBase) -> None:
+    """A pretrained drafter must share the target's tokenizer; checked before its weights load."""
+    if cfg.kind != "pretrained":
+        return
+    path = Path(str(cfg.path)).expanduser()
+    if not path.exists() and str(cfg.path).startswith(("/", ".", "~")):
+        raise ValueError(f"drafter.path={cfg.path!r} does not exist")
+    try:
+        check_tokenizers(tokenizer, AutoTokenizer.from_pretrained(str(cfg.path)))
+    except ValueError as error:
+        raise ValueError(f"drafter.path={cfg.path!r}: its tokenizer is not the target's: {error}") from None
+
+
+def build_drafter(cfg: DrafterConfig, target: PreTrainedModel, corpus: list[list[int]]) -> PreTrainedModel:
+    """Derived from the target (`num_layers`, `draft_vocab` picked from `corpus`) or loaded."""
+    if cfg.kind == "derived":
+        return derive_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=corpus if cfg.draft_vocab else None)
+    drafter, _ = load_model(str(cfg.path), dtype=target.dtype, device=target.device)
+    if drafter.config.get_text_config().vocab_size != target.config.get_text_config().vocab_size:
+        raise ValueError(f"drafter.path={cfg.path!r}: vocab_size differs from the target's")
+    return drafter
+
+
+def draft_vocab_ids(drafter: PreTrainedModel) -> torch.Tensor:
+    """[K] ids the drafter's head scores: its draft ids, or all V for a full head."""
+    head = drafter.get_output_embeddings()
+    if isinstance(head, DraftVocabHead):
+        return head.draft_ids.cpu()
+    return torch.arange(drafter.config.get_text_config().vocab_size)
+
+
+def _check_environment(cfg: TrainJobConfig) -> None:
+    if cfg.logger == "wandb" and importlib.util.find_spec("wandb") is None:
+        raise ImportError("logger=wandb needs the wandb package, which is not installed: pip install wandb")
+
+
+def _cached(path: Path, build: Any, accelerator: Accelerator) -> TeacherCache:
+    """Load `path`, or build it on the main process first (the others then read the file)."""
+    with accelerator.main_process_first():
+        if path.is_file():
+            return load_cache(path)
+        cache = build()
+        if accelerator.is_main_process:
+            save_cache(cache, path)
+        return cache
+
+
+def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
+    # 0. everything that can fail cheaply fails first
+    _check_environment(cfg)
+    train = cfg.train
+    accelerator = Accelerator(gradient_accumulation_steps=train.grad_accum, cpu=cfg.target.device == "cpu")
+    if train.batch_size % (accelerator.num_processes * train.grad_accum):
+        raise ValueError(f"train.batch_size={train.batch_size} must be a multiple of processes x grad_accum "
+                         f"= {accelerator.num_processes} x {train.grad_accum}")
+    set_seed(train.seed)
+    output = Path(cfg.output_dir)
+    cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else output.parent / "teacher_cache"
+    target, tokenizer = load_target(cfg.target, accelerator.device)
+    check_drafter_tokenizer(cfg.drafter, tokenizer)
+    loss_fn = get_loss(cfg.loss.name)
+    loss_kwargs = {"beta": cfg.loss.beta} if cfg.loss.name == "jsd" else {}
+    eos = default_eos(target)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    wandb_run = None
+    if cfg.logger == "wandb" and accelerator.is_main_process:
+        import wandb
+
+        wandb_run = wandb.init(project=cfg.wandb_project, mode=cfg.wandb_mode, dir=str(output), config=asdict(cfg))
+    logger = MetricsLogger(accelerator, output / "metrics.jsonl", wandb_run)
+
+    # 1. sequences and the target's top-k logits on them, cached (finetune needs no logits: k = 0)
+    cache_start = time.perf_counter()
+    topk = train.teacher_topk if job == "distill" else 0
+    train_examples = load_examples(cfg.data, "train", train.seed)
+    train_cache = _cached(
+        cache_dir / f"{job}-train-{cache_key(cfg.target, cfg.data, train, 'train', topk, train.train_sequences)}.pt",
+        lambda: score_topk(target, build_sequences(train_examples, tokenizer, target, train, eos, train.train_sequences), topk, pad_id),
+        accelerator,
+    )
+    heldout = _cached(
+        cache_dir / f"heldout-{cache_key(cfg.target, cfg.data, train, 'heldout', 0, train.heldout_sequences)}.pt",
+        lambda: score_topk(target, build_sequences(load_examples(cfg.data, "heldout", train.seed), tokenizer, target, train, eos, train.heldout_sequences), 0, pad_id),
+        accelerator,
+    )
+    if not train_cache.sequences or not heldout.sequences:
+        raise ValueError(f"data.name={cfg.data.name!r}: no usable {'train' if not train_cache.sequences else 'held-out'} sequences")
+
+    # 2. the drafter, its vocabulary and what is trained
+    corpus = [s.tokens for s in train_cache.sequences[: train.vocab_corpus_docs]]
+    drafter = build_drafter(cfg.drafter, target, corpus)
+    draft_ids = draft_vocab_ids(drafter)
+    vocab_to_draft = torch.full((target.config.get_text_config().vocab_size,), -1, dtype=torch.long)
+    vocab_to_draft[draft_ids] = torch.arange(len(draft_ids))
+    drafter.requires_grad_(True)
+    if train.freeze_embeddings:
+        drafter.get_input_embeddings().requires_grad_(False)
+    if train.freeze_head:
+        drafter.get_output_embeddings().requires_grad_(False)
+    drafter.train()
+    # Held-out: each process scores its share of the sequences once (exact p at the draft ids).
+    my_heldout = heldout.sequences[accelerator.process_index :: accelerator.num_processes]
+    my_heldout_p = heldout_probs(target, my_heldout, draft_ids, train.temperature, pad_id) if my_heldout else None
+    cache_seconds = time.perf_counter() - cache_start
+
+    model = DrafterLogits(drafter)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=train.lr, weight_decay=train.weight_decay)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    tau = 1.0 if train.temperature == 0 else train.temperature
+
+    def micro_batches(sequences: list[TrainSequence], rows: list[torch.Tensor] | None) -> list[Batch]:
+        size = len(sequences) // train.grad_accum
+        out = []
+        for start in range(0, len(sequences), size):
+            input_ids, attention_mask, positions = pad_batch(sequences[start : start + size], pad_id)
+            batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+            if job == "distill":
+                ids = torch.zeros(*positions.shape, topk, dtype=torch.int32)
+                logits = torch.zeros(*positions.shape, topk)
+                ids[positions] = torch.cat([r[0] for r in rows[start : start + size]])
+                logits[positions] = torch.cat([r[1] for r in rows[start : start + size]])
+                positions = positions & (vocab_to_draft[ids.long()] >= 0).any(-1)
+                batch |= {"topk_ids": ids, "topk_logits": logits}
+            else:
+                labels = torch.cat([vocab_to_draft[input_ids[:, 1:]], torch.full_like(input_ids[:, :1], -1)], 1)
+                positions = positions & (labels >= 0)
+                batch["labels"] = labels
+            out.append(batch | {"positions": positions})
+        return out
+
+    def make_batches(indices: list[int], step: int, on_policy: bool) -> list[Batch]:
+        if on_policy:
+            # GKD: the drafter writes the continuations, the target scores them now (not cacheable)
+            prompts = [train_cache.sequences[i].tokens[: train_cache.sequences[i].response_start] for i in indices]
+            seed = train.seed + 7919 * step + 104_729 * accelerator.process_index
+            responses = generate_continuations(accelerator.unwrap_model(model).drafter, prompts, train, eos, seed)
+            # an empty continuation stays: 0 counted tokens, but every process keeps `grad_accum` micro-batches
+            sequences = [TrainSequence(p + r, len(p)) for p, r in zip(prompts, responses)]
+            scored, picks = score_topk(target, sequences, topk, pad_id), list(range(len(sequences)))
+            if job == "finetune":
+                return micro_batches(sequences, None)
+        else:
+            sequences, scored, picks = [train_cache.sequences[i] for i in indices], train_cache, indices
+        if job == "finetune":
+            return micro_batches(sequences, None)
+        rows = [(scored.topk_ids[scored.offsets[i] : scored.offsets[i + 1]], scored.topk_logits[scored.offsets[i] : scored.offsets[i + 1]]) for i in picks]
+        return micro_batches(sequences, rows)
+
+    def loss_sum(module: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        student = module(batch["input_ids"], batch["attention_mask"])  # [B, T, K]
+        if job == "finetune":
+            return F.cross_entropy(student[batch["positions"]], batch["labels"][batch["positions"]], reduction="sum")
+        teacher = dense_teacher_logits(batch["topk_ids"], batch["topk_logits"], vocab_to_draft.to(student.device), student.shape[-1])
+        return loss_fn(student, teacher, batch["positions"], temperature=tau, reduction="sum", **loss_kwargs)
+
+    @torch.no_grad()
+    def evaluate() -> float:
+        """Held-out expected acceptance: mean over positions of Σ_v min(p, q), all processes pooled."""
+        module = accelerator.unwrap_model(model)
+        module.eval()
+        totals = torch.zeros(2, device=accelerator.device)
+        row = 0
+        for start in range(0, len(my_heldout), 8):
+            chunk = my_heldout[start : start + 8]
+            input_ids, attention_mask, positions = pad_batch(chunk, pad_id)
+            q = module(input_ids.to(accelerator.device), attention_mask.to(accelerator.device))[positions].float().div(tau).softmax(-1)
+            p = my_heldout_p[row : row + q.shape[0]].to(q.device, torch.float32)
+            row += q.shape[0]
+            totals += torch.stack([torch.minimum(p, q).sum(), torch.tensor(float(q.shape[0]), device=q.device)])
+        module.train()
+        summed = accelerator.gather_for_metrics(totals.unsqueeze(0)).sum(0)
+        return (summed[0] / summed[1].clamp_min(1)).item()
+
+    # 3. resume or start, then train
+    checkpoints = output / "checkpoints"
+    state, best = LoopState(), {}
+    if train.resume and (restored := resume(accelerator, checkpoints)) is not None:
+        state, best = restored
+        logger.log({"resumed_from_step": state.step})
+    state, best = train_loop(accelerator, model, optimizer, train, len(train_cache.sequences), make_batches,
+                             loss_sum, evaluate, checkpoints, logger, state, best)
+
+    # 4. keep the best held-out acceptance, not the last step, and write the outputs
+    metrics = {
+        "job": job, "data": cfg.data.name, "loss": cfg.loss.name if job == "distill" else "cross_entropy",
+        "acceptance_before": state.acceptance_before, "acceptance_best": state.best_acceptance,
+        "acceptance_gain": state.best_acceptance - (state.acceptance_before or 0.0),
+        "best_step": state.best_step, "steps": state.step, "last_loss": state.last_loss,
+        "train_tokens": state.train_tokens, "train_seconds": state.train_seconds,
+        "train_tokens_per_s": state.train_tokens / state.train_seconds if state.train_seconds else None,
+        "cache_and_setup_seconds": cache_seconds, "peak_memory_mb": peak_memory_mb(accelerator.device),
+        "train_sequences": len(train_cache.sequences), "heldout_sequences": len(heldout.sequences),
+        "heldout_positions": int(heldout.offsets[-1]), "draft_vocab": len(draft_ids),
+        "num_processes": accelerator.num_processes, "history": state.history,
+    }
+    if accelerator.is_main_process:
+        final = accelerator.unwrap_model(model).drafter
+        load_trainable_state(final, best)
+        _save_pretrained_atomic(final, tokenizer, output / "drafter")
+        write_atomic(output / "metrics.json", json.dumps(metrics, indent=2))
+        write_atomic(output / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(asdict(cfg))))
+        if wandb_run is not None:
+            wandb_run.summary.update({k: v for k, v in metrics.items() if k != "history"})
+            wandb_run.finish()
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return metrics
+
+
+def _save_pretrained_atomic(drafter: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: Path) -> None:
+    """save_pretrained into a temp sibling, then swap it in (the old folder moves aside first)."""
+    tmp, old = path.with_name(f".tmp.{path.name}"), path.with_name(f".old.{path.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    drafter.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if path.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)

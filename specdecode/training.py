@@ -1,0 +1,257 @@
+"""The training loop shared by distillation and fine-tuning, with atomic, exactly-resumable checkpoints.
+
+One optimizer step consumes a global batch of `train.batch_size` sequences, split evenly over the
+processes and then over `train.grad_accum` micro-batches. The loss is a *sum* over tokens divided
+by the step's global token count (all micro-batches of all processes, all-reduced), as torchtune's
+`scale_grads`: a short micro-batch does not weigh more than a long one, and 1 process with
+accumulation A matches A processes without it.
+
+Data order is a pure function of (seed, step): epoch e visits the sequences in a permutation seeded
+by (seed, e), so a resumed run picks up at exactly the batch it would have seen, with no dataloader
+state to save. Optimizer and RNG states go through `accelerator.save_state`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import resource
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel
+
+from specdecode.config import TrainConfig
+from specdecode.models import DraftVocabHead
+
+Batch = dict[str, torch.Tensor]
+COMPLETE = "COMPLETE"
+STATE_FILE = "trainer_state.json"
+BEST_FILE = "best_drafter.pt"
+
+
+class DrafterLogits(nn.Module):
+    """The drafter's logits over its own vocabulary, `[B, T, K]` (K draft ids, or all V).
+
+    A module of its own so DDP / FSDP wrap the whole computation (a call that bypassed the wrapper
+    would skip gradient synchronisation), and so a truncated head never builds its `[B, T, V]`
+    scatter: the losses only need the K scored ids.
+    """
+
+    def __init__(self, drafter: PreTrainedModel) -> None:
+        super().__init__()
+        self.drafter = drafter
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.drafter.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        head = self.drafter.get_output_embeddings()
+        if isinstance(head, DraftVocabHead):
+            return F.linear(hidden, head.weight, head.bias)
+        return head(hidden)
+
+
+@dataclass
+class LoopState:
+    """What a checkpoint holds besides the accelerate state; `history` is the eval curve."""
+
+    step: int = 0
+    train_tokens: int = 0
+    train_seconds: float = 0.0
+    acceptance_before: float | None = None
+    best_acceptance: float = -1.0
+    best_step: int = -1
+    last_loss: float | None = None
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+class MetricsLogger:
+    """stdout + `metrics.jsonl` on the main process, and wandb when `use_wandb` (imported lazily)."""
+
+    def __init__(self, accelerator: Accelerator, path: Path, wandb_run: Any = None) -> None:
+        self.main = accelerator.is_main_process
+        self.path = path
+        self.wandb_run = wandb_run
+
+    def log(self, record: dict[str, Any], bar: tqdm | None = None) -> None:
+        if not self.main:
+            return
+        line = json.dumps(record)
+        (bar.write if bar is not None else print)(line)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as handle:
+            handle.write(line + "\n")
+        if self.wandb_run is not None:
+            self.wandb_run.log(record, step=record.get("step"))
+
+
+def global_batch_indices(step: int, batch_size: int, num_sequences: int, seed: int) -> list[int]:
+    """Sequence indices of optimizer step `step`: epochs of seeded permutations, read in order."""
+    indices = []
+    for position in range(step * batch_size, (step + 1) * batch_size):
+        epoch, offset = divmod(position, num_sequences)
+        order = torch.randperm(num_sequences, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+        indices.append(int(order[offset]))
+    return indices
+
+
+def trainable_state(drafter: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach().cpu().clone() for name, p in drafter.named_parameters() if p.requires_grad}
+
+
+def load_trainable_state(drafter: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    params = dict(drafter.named_parameters())
+    with torch.no_grad():
+        for name, value in state.items():
+            params[name].copy_(value)
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    """The newest checkpoint holding the completion marker (a killed write never has it)."""
+    done = [p for p in directory.glob("step_*") if (p / COMPLETE).is_file()]
+    return max(done, key=lambda p: int(p.name.split("_")[1])) if done else None
+
+
+def save_checkpoint(accelerator: Accelerator, directory: Path, state: LoopState, best: dict, keep: int) -> None:
+    """`save_state` into a temp dir, add the loop state and best weights, mark complete, rename.
+
+    Every process calls this (accelerate writes per-process RNG states); the temp name is
+    deterministic so all of them write into the same folder.
+    """
+    final = directory / f"step_{state.step:06d}"
+    tmp = directory / f".tmp.step_{state.step:06d}"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp), safe_serialization=False)
+    if accelerator.is_main_process:
+        torch.save(best, tmp / BEST_FILE)
+        (tmp / STATE_FILE).write_text(json.dumps(asdict(state)))
+        (tmp / COMPLETE).write_text("ok")
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        done = sorted((p for p in directory.glob("step_*") if (p / COMPLETE).is_file()), key=lambda p: p.name)
+        for old in done[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+
+
+def resume(accelerator: Accelerator, directory: Path) -> tuple[LoopState, dict] | None:
+    """Load the newest complete checkpoint: (loop state, best weights), or None if there is none."""
+    checkpoint = latest_checkpoint(directory)
+    if checkpoint is None:
+        return None
+    accelerator.load_state(str(checkpoint))
+    state = LoopState(**json.loads((checkpoint / STATE_FILE).read_text()))
+    return state, torch.load(checkpoint / BEST_FILE, weights_only=True)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak resident memory of this process (CPU) or peak allocated CUDA memory, in MiB."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def train_loop(
+    accelerator: Accelerator,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    cfg: TrainConfig,
+    num_sequences: int,
+    make_batches: Callable[[list[int], int, bool], list[Batch]],
+    loss_sum: Callable[[nn.Module, Batch], torch.Tensor],
+    evaluate: Callable[[], float],
+    checkpoints: Path,
+    logger: MetricsLogger,
+    state: LoopState,
+    best: dict[str, torch.Tensor],
+) -> tuple[LoopState, dict[str, torch.Tensor]]:
+    """Train until `max_steps` or `max_minutes` (of training time, summed over resumptions).
+
+    `make_batches(indices, step, on_policy)` turns this process's share of the global batch into
+    `grad_accum` micro-batches, each with a bool `positions` [B, T] of counted tokens;
+    `loss_sum(model, batch)` returns the batch's summed loss; `evaluate()` the held-out expected
+    acceptance, identical on every process. Returns the final state and the best weights.
+    """
+    drafter = accelerator.unwrap_model(model).drafter
+    world, accum = accelerator.num_processes, cfg.grad_accum
+    per_process = cfg.batch_size // world
+
+    def eval_and_select() -> None:
+        acceptance = evaluate()
+        state.history.append({"step": state.step, "acceptance": acceptance})
+        if state.acceptance_before is None:
+            state.acceptance_before = acceptance
+        if acceptance > state.best_acceptance:
+            state.best_acceptance, state.best_step = acceptance, state.step
+            best.clear()
+            best.update(trainable_state(drafter))
+        logger.log({"step": state.step, "heldout_acceptance": acceptance, "best": state.best_acceptance}, bar)
+
+    bar = tqdm(total=cfg.max_steps, initial=state.step, desc="train", disable=not accelerator.is_main_process)
+    if state.acceptance_before is None:
+        eval_and_select()
+    model.train()
+    while state.step < cfg.max_steps:
+        out_of_time = cfg.max_minutes is not None and state.train_seconds >= 60 * cfg.max_minutes
+        if accelerator.reduce(torch.tensor(float(out_of_time), device=accelerator.device), "sum").item() > 0:
+            break
+        start = time.perf_counter()
+        # 1. this process's share of the global batch; on-policy with probability lambda (GKD)
+        indices = global_batch_indices(state.step, cfg.batch_size, num_sequences, cfg.seed)
+        mine = indices[accelerator.process_index * per_process : (accelerator.process_index + 1) * per_process]
+        on_policy = random.Random(f"{cfg.seed}-{state.step}").random() < cfg.lambda_on_policy
+        micro_batches = make_batches(mine, state.step, on_policy)
+        # 2. global token count of the step: the divisor of every micro-batch's summed loss
+        local = sum(b["positions"].sum() for b in micro_batches).to(accelerator.device)
+        count = accelerator.reduce(local.clone(), "sum").clamp_min(1)
+        # accelerate divides by `accum` and DDP averages over `world`: undo both
+        scale = world * accum / count
+        total = torch.zeros((), device=accelerator.device)
+        # 3. forward / backward per micro-batch, one optimizer step
+        for batch in micro_batches:
+            with accelerator.accumulate(model):
+                loss = loss_sum(model, {k: v.to(accelerator.device) for k, v in batch.items()})
+                accelerator.backward(loss * scale)
+                total += loss.detach()
+                if accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                    for group in optimizer.param_groups:
+                        group["lr"] = cfg.lr * min(1.0, (state.step + 1) / max(1, cfg.warmup_steps))
+                    optimizer.step()
+                    optimizer.zero_grad()
+        mean_loss = (accelerator.reduce(total, "sum") / count).item()
+        state.step += 1
+        state.train_tokens += int(count.item())
+        state.train_seconds += time.perf_counter() - start
+        state.last_loss = mean_loss
+        bar.update(1)
+        bar.set_postfix(loss=f"{mean_loss:.4f}")
+        # 4. log, evaluate, checkpoint
+        if state.step % cfg.log_every == 0:
+            logger.log({"step": state.step, "loss": mean_loss, "on_policy": on_policy,
+                        "tokens_per_s": state.train_tokens / state.train_seconds}, bar)
+        if state.step % cfg.eval_every == 0:
+            eval_and_select()
+        if state.step % cfg.checkpoint_every == 0:
+            save_checkpoint(accelerator, checkpoints, state, best, cfg.keep_checkpoints)
+        if state.step == cfg.debug_kill_after_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+    bar.close()
+    if not state.history or state.history[-1]["step"] != state.step:
+        eval_and_select()
+    if latest_checkpoint(checkpoints) is None or latest_checkpoint(checkpoints).name != f"step_{state.step:06d}":
+        save_checkpoint(accelerator, checkpoints, state, best, cfg.keep_checkpoints)
+    return state, best

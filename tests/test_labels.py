@@ -1,0 +1,141 @@
+"""Router labels: teacher-forced acceptance equals a direct per-prompt computation; speedups use c."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+from specdecode.config import CollectConfig, from_dict
+from specdecode.data import Example
+from specdecode.decode import autoregressive_generate
+from specdecode.labels import collect_labels, label_rows, meta_path, read_labels, run_collect, teacher_forced_acceptance
+from specdecode.speedup import predicted_speedup
+from tests.models_for_tests import tiny_llama
+
+PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15], [20], [30, 31, 32, 33], [40, 41]]
+
+
+@pytest.fixture
+def models() -> tuple[LlamaForCausalLM, list[tuple[str, LlamaForCausalLM]]]:
+    target = tiny_llama(3, seed=0)
+    drafters = [("one", tiny_llama(1, seed=1)), ("two", tiny_llama(2, seed=2)), ("self", target)]
+    return target, drafters
+
+
+def _direct(target: LlamaForCausalLM, drafter: LlamaForCausalLM, prompt: list[int], max_new_tokens: int,
+            temperature: float) -> tuple[float, float, list[int]]:
+    """Unpadded, one prompt: the greedy continuation, mean Σ min(p, q) and argmax agreement along it."""
+    continuation = autoregressive_generate(target, [prompt], max_new_tokens=max_new_tokens).sequences[0]
+    ids = torch.tensor([prompt + continuation])
+    scored = slice(len(prompt) - 1, len(prompt) + len(continuation) - 1)
+    with torch.no_grad():
+        p = target(ids).logits[0, scored] / (temperature or 1.0)
+        q = drafter(ids).logits[0, scored] / (temperature or 1.0)
+    acceptance = torch.minimum(p.softmax(-1), q.softmax(-1)).sum(-1).mean().item()
+    match = (p.argmax(-1) == q.argmax(-1)).float().mean().item()
+    return acceptance, match, continuation
+
+
+@pytest.mark.parametrize("temperature", [0.0, 2.0])
+def test_labels_equal_direct_teacher_forcing(models, temperature: float) -> None:
+    target, drafters = models
+    labels = collect_labels(target, drafters, PROMPTS, max_new_tokens=9, temperature=temperature, batch_size=3, progress=False)
+    assert labels.drafters == ["one", "two", "self"]
+    assert labels.acceptance.shape == labels.greedy_match.shape == (len(PROMPTS), 3)
+    for i, prompt in enumerate(PROMPTS):
+        for k, (_, drafter) in enumerate(drafters):
+            acceptance, match, continuation = _direct(target, drafter, prompt, 9, temperature)
+            assert labels.continuations[i] == continuation
+            assert labels.acceptance[i, k].item() == pytest.approx(acceptance, abs=1e-5)
+            assert labels.greedy_match[i, k].item() == pytest.approx(match, abs=1e-6)
+    # The target as its own drafter is always accepted; random drafters are not.
+    assert torch.allclose(labels.acceptance[:, 2], torch.ones(len(PROMPTS)), atol=1e-5)
+    assert (labels.acceptance[:, :2] < 0.9).all()
+
+
+def test_labels_do_not_depend_on_batching(models) -> None:
+    target, drafters = models
+    one = collect_labels(target, drafters, PROMPTS, max_new_tokens=6, batch_size=1, progress=False)
+    many = collect_labels(target, drafters, PROMPTS, max_new_tokens=6, batch_size=5, progress=False)
+    assert torch.allclose(one.acceptance, many.acceptance, atol=1e-5)
+    assert one.continuations == many.continuations
+
+
+def test_teacher_forcing_rejects_bad_input(models) -> None:
+    target, drafters = models
+    with pytest.raises(ValueError, match="2 prompts but 1 continuations"):
+        teacher_forced_acceptance(target, [drafters[0][1]], [[1], [2]], [[3]])
+    with pytest.raises(ValueError, match="at least one token"):
+        teacher_forced_acceptance(target, [drafters[0][1]], [[1]], [[]])
+    with pytest.raises(ValueError, match="empty"):
+        collect_labels(target, drafters, [], max_new_tokens=4, progress=False)
+    with pytest.raises(ValueError, match="'wide'.*vocab"):
+        collect_labels(target, [("wide", tiny_llama(1, vocab_size=80))], PROMPTS, max_new_tokens=4, progress=False)
+
+
+def test_predicted_speedup_uses_cost_ratio(models) -> None:
+    target, drafters = models
+    labels = collect_labels(target, drafters[:2], PROMPTS[:2], max_new_tokens=5, progress=False)
+    # A 4x dearer drafter with the same acceptance must be predicted slower.
+    labels.acceptance[:] = torch.tensor([[0.6, 0.6], [0.5, 0.8]])
+    examples = [("train", Example(f"p{i}", None, "code")) for i in range(2)]
+    rows = label_rows(labels, examples, [3, 7], gamma=4, cost_ratios=[0.05, 0.2], verify_ratio=1.3)
+    for row, alphas in zip(rows, labels.acceptance.tolist()):
+        for name, alpha, c in zip(["one", "two"], alphas, [0.05, 0.2]):
+            assert row["speedup"][name] == pytest.approx(predicted_speedup(alpha, 4, c, 1.3), abs=1e-5)
+    assert rows[0]["speedup"]["one"] > rows[0]["speedup"]["two"]
+    assert rows[0]["prompt"] == "p0" and rows[0]["domain"] == "code" and rows[0]["split"] == "train"
+    assert rows[1]["prompt_tokens"] == 7 and rows[1]["continuation_tokens"] == 5
+
+
+def _smoke_collect(tmp_path: Path, **overrides) -> CollectConfig:
+    data = {
+        "target": {"name": "smoke"},
+        "drafters": [{"name": "shallow", "kind": "derived", "num_layers": 1}, {"name": "deep", "kind": "derived", "num_layers": 3}],
+        "source": "synthetic", "train_limit": 3, "heldout_limit": 2, "heldout_fraction": 0.25,
+        "max_new_tokens": 4, "cost_ratios": {"shallow": 0.2, "deep": 0.6}, "verify_ratio": 1.0,
+        "output": str(tmp_path / "labels.jsonl"),
+    }
+    return from_dict(CollectConfig, data | overrides)
+
+
+def test_run_collect_writes_rows_and_meta(tmp_path: Path) -> None:
+    path = run_collect(_smoke_collect(tmp_path), progress=False)
+    rows, meta = read_labels(path)
+    assert meta_path(path).is_file() and meta["drafters"] == ["shallow", "deep"]
+    assert meta["cost_ratios"] == {"shallow": 0.2, "deep": 0.6} and meta["gamma"] == 4
+    assert [r["split"] for r in rows].count("train") == 9 and [r["split"] for r in rows].count("heldout") == 6
+    assert {r["domain"] for r in rows} == {"code", "math", "chat"}
+    for row in rows:
+        assert set(row["acceptance"]) == {"shallow", "deep"}
+        assert all(0 <= a <= 1 for a in row["acceptance"].values())
+        assert row["speedup"]["deep"] == pytest.approx(predicted_speedup(row["acceptance"]["deep"], 4, 0.6, 1.0), abs=1e-4)
+
+
+def test_collect_config_errors_name_the_field(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cost_ratios"):
+        _smoke_collect(tmp_path, cost_ratios={"shallow": 0.2})
+    with pytest.raises(ValueError, match=r"drafters\[\]\.name"):
+        _smoke_collect(tmp_path, drafters=[{"name": "a", "kind": "derived"}, {"name": "a", "kind": "derived"}])
+    with pytest.raises(ValueError, match="domains"):
+        _smoke_collect(tmp_path, domains=["poetry"])
+    with pytest.raises(ValueError, match="drafter 'x'.*drafter.path"):
+        _smoke_collect(tmp_path, drafters=[{"name": "x", "kind": "pretrained"}, {"name": "y", "kind": "derived"}])
+    with pytest.raises(ValueError, match="output"):
+        _smoke_collect(tmp_path, output="labels.parquet")
+    # A missing drafter folder fails before any model loads.
+    cfg = _smoke_collect(tmp_path, target={"name": "/no/such/target.gguf"}, cost_ratios=None,
+                         drafters=[{"name": "a", "kind": "derived"}, {"name": "b", "path": "./no/such/drafter"}])
+    with pytest.raises(ValueError, match=r"drafters\[1\]\.path='./no/such/drafter'"):
+        run_collect(cfg, progress=False)
+
+
+def test_read_labels_errors_name_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="labels='.*missing.jsonl' does not exist"):
+        read_labels(tmp_path / "missing.jsonl")
+    (tmp_path / "orphan.jsonl").write_text("{}\n")
+    with pytest.raises(ValueError, match="orphan.meta.json"):
+        read_labels(tmp_path / "orphan.jsonl")

