@@ -13,7 +13,7 @@ import os
 import platform
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,10 +22,10 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specdecode.config import BenchmarkConfig, DrafterConfig
+from specdecode.config import BenchmarkConfig
 from specdecode.data import DOMAINS, format_prompt, load_domain
 from specdecode.decode import autoregressive_generate, speculative_generate
-from specdecode.models import check_tokenizers, derive_drafter, load_model
+from specdecode.models import build_drafter, load_model
 from specdecode.speedup import measure_step_costs, predicted_speedup
 from specdecode.stats import GenerationResult
 from specdecode.validation import default_eos
@@ -50,25 +50,15 @@ def benchmark_prompts(tokenizer: PreTrainedTokenizerBase, num_prompts: int, max_
     return chosen
 
 
-def vocab_corpus(tokenizer: PreTrainedTokenizerBase, docs_per_domain: int) -> list[list[int]]:
-    """Tokenised training text of every domain (prompts and responses): what a drafter must speak."""
+def vocab_corpus(
+    tokenizer: PreTrainedTokenizerBase, docs_per_domain: int, *, source: str = "embedded", domains: Sequence[str] = DOMAINS
+) -> list[list[int]]:
+    """Tokenised training text of the domains (prompts and responses): what a drafter must speak."""
     corpus = []
-    for domain in DOMAINS:
-        for ex in load_domain(domain, split="train", limit=docs_per_domain):
+    for domain in domains:
+        for ex in load_domain(domain, source=source, split="train", limit=docs_per_domain):  # type: ignore[arg-type]
             corpus.append(tokenizer(ex.prompt + "\n" + (ex.response or ""))["input_ids"])
     return corpus
-
-
-def build_drafter(
-    cfg: DrafterConfig, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, corpus: Callable[[], list[list[int]]]
-) -> PreTrainedModel:
-    """A derived drafter cut from `target`, or a pretrained one checked against the target's tokenizer."""
-    if cfg.kind == "derived":
-        vocab_docs = corpus() if cfg.draft_vocab is not None else None
-        return derive_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs)
-    drafter, drafter_tokenizer = load_model(cfg.path, dtype=target.dtype, device=target.device)
-    check_tokenizers(tokenizer, drafter_tokenizer)
-    return drafter
 
 
 def _hf_assisted(

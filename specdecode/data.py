@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 DOMAINS = ("code", "math", "chat")
-SOURCES = ("embedded", "hf", "file")
+SOURCES = ("embedded", "hf", "file", "synthetic")
 SPLITS = ("train", "heldout", "all")
 FILE_SUFFIXES = (".jsonl", ".csv", ".parquet")
 
@@ -147,7 +147,8 @@ def load_domain(
 
     Args:
         domain: one of `DOMAINS`; picks the embedded dataset and labels every example.
-        source: "embedded" (offline defaults), "hf" (a hub dataset) or "file" (a local file).
+        source: "embedded" (offline defaults), "hf" (a hub dataset), "file" (a local file) or
+            "synthetic" (tiny templated examples for smoke runs).
         split: "train", "heldout" or "all" (both, deduplicated).
         limit: keep at most this many examples, the first ones after splitting; None keeps all.
         heldout_fraction: share of prompts held out, in (0, 1).
@@ -186,6 +187,11 @@ def load_domain(
     examples: Iterable[Example]
     if source == "embedded":
         examples = _embedded(domain)
+    elif source == "synthetic":
+        # Tiny templated examples for smoke runs and tests (no package, no hub).
+        from specdecode.smoke import synthetic_examples
+
+        examples = synthetic_examples(domain)
     elif source == "hf":
         if not hf_id:
             raise ValueError(f"source='hf' needs hf_id (a dataset id), got {hf_id!r}")

@@ -216,9 +216,9 @@ def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = No
 
     from accelerate import Accelerator
 
-    from specdecode.benchmark import build_drafter, vocab_corpus
+    from specdecode.benchmark import vocab_corpus
     from specdecode.decode import autoregressive_generate, speculative_generate
-    from specdecode.models import check_tokenizers, load_model
+    from specdecode.models import build_drafter, check_tokenizers, load_model
     from specdecode.report import write_report
     from specdecode.validation import default_eos
 

@@ -31,13 +31,12 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specdecode.benchmark import build_drafter, vocab_corpus, write_atomic
-from specdecode.config import CollectConfig, TargetConfig
-from specdecode.data import Example, format_prompt, load_domain, split_examples
+from specdecode.benchmark import vocab_corpus, write_atomic
+from specdecode.config import CollectConfig
+from specdecode.data import Example, format_prompt, load_domain
 from specdecode.decode import autoregressive_generate
 from specdecode.losses import expected_acceptance
-from specdecode.models import check_vocab_sizes, load_model
-from specdecode.smoke import SMOKE_TARGET, smoke_target, smoke_tokenizer, synthetic_examples
+from specdecode.models import build_drafter, check_vocab_sizes, load_model
 from specdecode.speedup import measure_step_costs, predicted_speedup
 from specdecode.validation import default_eos
 
@@ -268,7 +267,7 @@ def run_collect(cfg: CollectConfig, *, progress: bool = True) -> Path:
     """
     torch.manual_seed(cfg.seed)
     _check_drafter_paths(cfg)
-    target, tokenizer = _load_target(cfg.target)
+    target, tokenizer = load_model(cfg.target.name, dtype=cfg.target.dtype, device=cfg.target.device)
     examples = _prompts(cfg, tokenizer)
     if not examples:
         raise ValueError(f"no prompt of domains={cfg.domains} splits={cfg.splits} fits max_prompt_tokens={cfg.max_prompt_tokens}")
@@ -299,12 +298,6 @@ def run_collect(cfg: CollectConfig, *, progress: bool = True) -> Path:
     return output
 
 
-def _load_target(cfg: TargetConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    if cfg.name == SMOKE_TARGET:
-        return smoke_target().to(cfg.device), smoke_tokenizer()
-    return load_model(cfg.name, dtype=cfg.dtype, device=cfg.device)
-
-
 def _check_drafter_paths(cfg: CollectConfig) -> None:
     """A pretrained drafter given as a local path must exist: fail before the target loads."""
     for i, drafter in enumerate(cfg.drafters):
@@ -317,9 +310,7 @@ def _check_drafter_paths(cfg: CollectConfig) -> None:
 
 
 def _examples(cfg: CollectConfig, domain: str, split: str) -> list[Example]:
-    if cfg.source == "synthetic":
-        return split_examples(synthetic_examples(domain, seed=cfg.seed), split, cfg.heldout_fraction)  # type: ignore[arg-type]
-    return load_domain(domain, split=split, heldout_fraction=cfg.heldout_fraction)  # type: ignore[arg-type]
+    return load_domain(domain, source=cfg.source, split=split, heldout_fraction=cfg.heldout_fraction)  # type: ignore[arg-type]
 
 
 def _prompts(cfg: CollectConfig, tokenizer: PreTrainedTokenizerBase) -> list[tuple[str, Example, list[int]]]:
@@ -341,12 +332,7 @@ def _prompts(cfg: CollectConfig, tokenizer: PreTrainedTokenizerBase) -> list[tup
 
 def _corpus(cfg: CollectConfig, tokenizer: PreTrainedTokenizerBase) -> Callable[[], list[list[int]]]:
     """Lazily tokenised training text, for derived drafters with a truncated vocabulary."""
-    if cfg.source == "synthetic":
-        return lambda: [
-            tokenizer(e.prompt + "\n" + (e.response or ""))["input_ids"]
-            for d in cfg.domains for e in synthetic_examples(d, seed=cfg.seed)[: cfg.vocab_corpus_docs]
-        ]
-    return lambda: vocab_corpus(tokenizer, cfg.vocab_corpus_docs)
+    return lambda: vocab_corpus(tokenizer, cfg.vocab_corpus_docs, source=cfg.source, domains=cfg.domains)
 
 
 def _costs(

@@ -17,10 +17,14 @@ On disk a truncated drafter is a plain full-vocab checkpoint plus `config.draft_
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from specdecode.config import DrafterConfig
+from specdecode.smoke import SMOKE_TARGET, smoke_target, smoke_tokenizer
 
 from specdecode.drafters import (  # noqa: F401
     DraftVocabHead,
@@ -40,6 +44,8 @@ from specdecode.validation import check_vocab_sizes  # noqa: F401
 # `specdecode.models` is the one import for loading and deriving models.
 __all__ = [
     "DEFAULT_TARGET",
+    "SMOKE_TARGET",
+    "build_drafter",
     "DraftVocabHead",
     "apply_draft_vocab_from_config",
     "cache_dir",
@@ -95,6 +101,9 @@ def load_model(
     """
     torch_dtype = resolve_dtype(dtype)
     device = torch.device(device)
+    if str(name_or_path) == SMOKE_TARGET:
+        # The tiny random target of smoke runs and CI: seconds, no file, no hub.
+        return smoke_target().to(device=device, dtype=torch_dtype).eval(), smoke_tokenizer()
     source = _resolve_source(name_or_path)
 
     if isinstance(source, Path) and source.is_file():
@@ -180,3 +189,21 @@ def check_tokenizers(
             f"{target_tokenizer.eos_token_id} ({target_tokenizer.eos_token!r}), drafter eos_token_id="
             f"{drafter_tokenizer.eos_token_id} ({drafter_tokenizer.eos_token!r})"
         )
+
+
+def build_drafter(
+    cfg: DrafterConfig,
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    corpus: Callable[[], list[list[int]]],
+) -> PreTrainedModel:
+    """The drafter a config names: derived from `target` (its truncated vocabulary picked from
+    `corpus()`, tokenised text, called only when needed) or a pretrained folder / hub id whose
+    tokenizer must be the target's."""
+    if cfg.kind == "derived":
+        vocab_docs = corpus() if cfg.draft_vocab is not None else None
+        return derive_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs)
+    drafter, drafter_tokenizer = load_model(str(cfg.path), dtype=target.dtype, device=target.device)
+    check_tokenizers(tokenizer, drafter_tokenizer)
+    check_vocab_sizes(target, drafter)
+    return drafter

@@ -73,24 +73,17 @@ class TeacherCache:
     topk_logits: torch.Tensor
 
 
-def load_examples(data: DataConfig, split: str, seed: int = 0) -> list[Example]:
+def load_examples(data: DataConfig, split: str) -> list[Example]:
     """The split's examples of every domain in `data.domains`, interleaved (a `mix` prefix covers
     all domains), in a deterministic order."""
-    from specdecode.data import split_examples
-    from specdecode.smoke import synthetic_examples
-
-    per_domain = []
-    for domain in data.domains:
-        if data.source == "synthetic":
-            per_domain.append(split_examples(synthetic_examples(domain, seed=seed), split, data.heldout_fraction))
-        else:
-            per_domain.append(
-                load_domain(
-                    domain, source=data.source, split=split, heldout_fraction=data.heldout_fraction,  # type: ignore[arg-type]
-                    path=data.path, hf_id=data.hf_id, hf_split=data.hf_split,
-                    prompt_column=data.prompt_column, response_column=data.response_column,
-                )
-            )
+    per_domain = [
+        load_domain(
+            domain, source=data.source, split=split, heldout_fraction=data.heldout_fraction,  # type: ignore[arg-type]
+            path=data.path, hf_id=data.hf_id, hf_split=data.hf_split,
+            prompt_column=data.prompt_column, response_column=data.response_column,
+        )
+        for domain in data.domains
+    ]
     longest = max(len(examples) for examples in per_domain)
     return [examples[i] for i in range(longest) for examples in per_domain if i < len(examples)]
 

@@ -37,8 +37,7 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from specdecode.benchmark import write_atomic
 from specdecode.config import DrafterConfig, TargetConfig, TrainJobConfig
 from specdecode.losses import get_loss
-from specdecode.models import DraftVocabHead, check_tokenizers, derive_drafter, load_model
-from specdecode.smoke import SMOKE_TARGET, smoke_target, smoke_tokenizer
+from specdecode.models import DraftVocabHead, build_drafter, check_tokenizers, load_model
 from specdecode.teacher import (
     TeacherCache,
     TrainSequence,
@@ -79,12 +78,8 @@ def run_finetune(cfg: TrainJobConfig) -> dict[str, Any]:
 
 
 def load_target(cfg: TargetConfig, device: torch.device) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The target in eval mode, frozen: `smoke` is the tiny in-process one, anything else goes
-    through `specdecode.models.load_model`."""
-    if cfg.name == SMOKE_TARGET:
-        target, tokenizer = smoke_target().to(device), smoke_tokenizer()
-    else:
-        target, tokenizer = load_model(cfg.name, dtype=cfg.dtype, device=device)
+    """The target in eval mode, frozen (`smoke` is the tiny in-process one, see `load_model`)."""
+    target, tokenizer = load_model(cfg.name, dtype=cfg.dtype, device=device)
     target.requires_grad_(False)
     return target, tokenizer
 
@@ -100,16 +95,6 @@ def check_drafter_tokenizer(cfg: DrafterConfig, tokenizer: PreTrainedTokenizerBa
         check_tokenizers(tokenizer, AutoTokenizer.from_pretrained(str(cfg.path)))
     except ValueError as error:
         raise ValueError(f"drafter.path={cfg.path!r}: its tokenizer is not the target's: {error}") from None
-
-
-def build_drafter(cfg: DrafterConfig, target: PreTrainedModel, corpus: list[list[int]]) -> PreTrainedModel:
-    """Derived from the target (`num_layers`, `draft_vocab` picked from `corpus`) or loaded."""
-    if cfg.kind == "derived":
-        return derive_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=corpus if cfg.draft_vocab else None)
-    drafter, _ = load_model(str(cfg.path), dtype=target.dtype, device=target.device)
-    if drafter.config.get_text_config().vocab_size != target.config.get_text_config().vocab_size:
-        raise ValueError(f"drafter.path={cfg.path!r}: vocab_size differs from the target's")
-    return drafter
 
 
 def draft_vocab_ids(drafter: PreTrainedModel) -> torch.Tensor:
@@ -163,7 +148,7 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     # 1. sequences and the target's top-k logits on them, cached (finetune needs no logits: k = 0)
     cache_start = time.perf_counter()
     topk = train.teacher_topk if job == "distill" else 0
-    train_examples = load_examples(cfg.data, "train", train.seed)
+    train_examples = load_examples(cfg.data, "train")
     train_cache = _cached(
         cache_dir / f"{job}-train-{cache_key(cfg.target, cfg.data, train, 'train', topk, train.train_sequences)}.pt",
         lambda: score_topk(target, build_sequences(train_examples, tokenizer, target, train, eos, train.train_sequences), topk, pad_id),
@@ -171,7 +156,7 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     )
     heldout = _cached(
         cache_dir / f"heldout-{cache_key(cfg.target, cfg.data, train, 'heldout', 0, train.heldout_sequences)}.pt",
-        lambda: score_topk(target, build_sequences(load_examples(cfg.data, "heldout", train.seed), tokenizer, target, train, eos, train.heldout_sequences), 0, pad_id),
+        lambda: score_topk(target, build_sequences(load_examples(cfg.data, "heldout"), tokenizer, target, train, eos, train.heldout_sequences), 0, pad_id),
         accelerator,
     )
     if not train_cache.sequences or not heldout.sequences:
@@ -179,7 +164,7 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
 
     # 2. the drafter, its vocabulary and what is trained
     corpus = [s.tokens for s in train_cache.sequences[: train.vocab_corpus_docs]]
-    drafter = build_drafter(cfg.drafter, target, corpus)
+    drafter = build_drafter(cfg.drafter, target, tokenizer, lambda: corpus)
     draft_ids = draft_vocab_ids(drafter)
     vocab_to_draft = torch.full((target.config.get_text_config().vocab_size,), -1, dtype=torch.long)
     vocab_to_draft[draft_ids] = torch.arange(len(draft_ids))

@@ -322,3 +322,12 @@ def test_format_prompt_with_real_transformers_tokenizer() -> None:
         "{% if add_generation_prompt %}assistant :{% endif %}"
     )
     assert format_prompt(tokenizer, "hello world") == [2, 4, 5, 6, 3, 4]
+
+
+def test_synthetic_source_splits_like_the_others() -> None:
+    from specdecode.data import load_domain
+
+    train = load_domain("math", source="synthetic", split="train")
+    heldout = load_domain("math", source="synthetic", split="heldout")
+    assert train and heldout and not {e.prompt for e in train} & {e.prompt for e in heldout}
+    assert all(e.domain == "math" and e.response for e in train)

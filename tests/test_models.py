@@ -552,3 +552,9 @@ def test_default_target_loads_and_is_cached(tmp_path: Path, monkeypatch: pytest.
     torch.testing.assert_close(logits_of(again, prompt), logits_of(model, prompt), rtol=0, atol=0)
     (entry,) = (tmp_path / "gguf").iterdir()
     assert (entry / gguf_cache._COMPLETE_MARKER).is_file()
+
+
+def test_smoke_alias_loads_the_tiny_in_process_target() -> None:
+    model, tokenizer = models.load_model(models.SMOKE_TARGET)
+    assert model.config.num_hidden_layers >= 1 and not model.training
+    assert model.config.vocab_size >= len(tokenizer)
