@@ -37,6 +37,10 @@ class DemoConfig:
     fit: list[str] = field(default_factory=list)
     eval: list[str] = field(default_factory=list)
     run_benchmark: bool = True
+    # The conf/ file each stage composes (smoke runs swap in their own collect and fit configs).
+    configs: dict[str, str] = field(
+        default_factory=lambda: {"benchmark": "benchmark", "distill": "distill", "collect": "collect", "fit": "fit_router", "eval": "eval"}
+    )
 
     def __post_init__(self) -> None:
         for domain in self.domains:
@@ -89,22 +93,22 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     root = Path(cfg.output_dir)
     stages: list[Stage] = []
     if cfg.run_benchmark:
-        stages.append(Stage("benchmark", compose_config("benchmark", cfg.benchmark), _benchmark))
+        stages.append(Stage("benchmark", compose_config(cfg.configs["benchmark"], cfg.benchmark), _benchmark))
     drafter_dirs: dict[str, str] = {}
     for name in (*cfg.domains, "mix"):
         stage = f"distill-{name}"
         overrides = [f"data={name}", f"loss={cfg.losses[name]}", f"cache_dir={root / 'teacher_cache'}", *cfg.distill]
-        stages.append(Stage(stage, compose_config("distill", overrides), _distill))
+        stages.append(Stage(stage, compose_config(cfg.configs["distill"], overrides), _distill))
         drafter_dirs["generic" if name == "mix" else name] = str(root / stage / "drafter")
     distills = [s.name for s in stages if s.name.startswith("distill-")]
     drafter_list = ",".join(f"{{name:{n},kind:pretrained,path:'{p}'}}" for n, p in drafter_dirs.items())
-    collect = compose_config("collect", [f"drafters=[{drafter_list}]", f"domains=[{','.join(cfg.domains)}]", *cfg.collect])
+    collect = compose_config(cfg.configs["collect"], [f"drafters=[{drafter_list}]", f"domains=[{','.join(cfg.domains)}]", *cfg.collect])
     stages.append(Stage("collect", collect, _collect, after=distills))
-    fit = compose_config("fit_router", [f"labels={root / 'collect' / 'labels.jsonl'}", *cfg.fit])
+    fit = compose_config(cfg.configs["fit"], [f"labels={root / 'collect' / 'labels.jsonl'}", *cfg.fit])
     stages.append(Stage("fit", fit, _fit, after=["collect"]))
     eval_overrides = [f"+drafters.{n}='{p}'" for n, p in drafter_dirs.items()]
     eval_overrides += [f"router_dir={root / 'fit'}", f"domains=[{','.join(cfg.domains)}]", *cfg.eval]
-    stages.append(Stage("eval", compose_config("eval", eval_overrides), _eval, after=[*distills, "fit"]))
+    stages.append(Stage("eval", compose_config(cfg.configs["eval"], eval_overrides), _eval, after=[*distills, "fit"]))
     return stages
 
 

@@ -37,6 +37,8 @@ class EvalConfig:
     drafters: dict[str, str] = field(default_factory=dict)
     router_dir: str | None = None
     domains: list[str] = field(default_factory=lambda: list(DOMAINS))
+    # Where prompts come from: the embedded held-out splits, or "synthetic" for smoke runs.
+    source: str = "embedded"
     methods: list[str] = field(
         default_factory=lambda: ["autoregressive", "undistilled", "generic", "specialized", "routed", "oracle"]
     )
@@ -164,10 +166,12 @@ def pick_per_prompt(records: dict[str, RunRecord]) -> list[str]:
     return [max(names, key=lambda n: records[n].results[i].stats.tau) for i in range(count)]
 
 
-def heldout_prompts(tokenizer: PreTrainedTokenizerBase, domain: str, count: int, max_tokens: int) -> list[tuple[str, list[int]]]:
+def heldout_prompts(
+    tokenizer: PreTrainedTokenizerBase, domain: str, count: int, max_tokens: int, source: str = "embedded"
+) -> list[tuple[str, list[int]]]:
     """The first `count` held-out prompts of `domain` that fit `max_tokens` (skipped, never cut)."""
     chosen = []
-    for example in load_domain(domain, split="heldout"):
+    for example in load_domain(domain, source=source, split="heldout"):  # type: ignore[arg-type]
         ids = format_prompt(tokenizer, example.prompt)
         if len(ids) <= max_tokens:
             chosen.append((example.prompt, ids))
@@ -227,7 +231,7 @@ def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = No
     target, tokenizer = load_model(cfg.target.name, dtype=cfg.target.dtype, device=device)
     drafters: dict[str, object] = {}
     if "undistilled" in cfg.methods:
-        drafters["undistilled"] = build_drafter(cfg.undistilled, target, tokenizer, lambda: vocab_corpus(tokenizer, 2000))
+        drafters["undistilled"] = build_drafter(cfg.undistilled, target, tokenizer, lambda: vocab_corpus(tokenizer, 2000, source=cfg.source, domains=cfg.domains))
     for name, path in cfg.drafters.items():
         if name == "generic" and "generic" not in cfg.methods:
             continue
@@ -251,7 +255,7 @@ def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = No
     local: dict[tuple, dict] = {}
     routing_seconds: dict[str, float] = {}
     for domain in cfg.domains:
-        prompts = heldout_prompts(tokenizer, domain, cfg.prompts_per_domain, cfg.max_prompt_tokens)
+        prompts = heldout_prompts(tokenizer, domain, cfg.prompts_per_domain, cfg.max_prompt_tokens, cfg.source)
         with accelerator.split_between_processes(prompts) as mine:
             texts, ids = [t for t, _ in mine], [p for _, p in mine]
             for temperature in cfg.temperatures:
