@@ -97,7 +97,7 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     drafter_dirs: dict[str, str] = {}
     for name in (*cfg.domains, "mix"):
         stage = f"distill-{name}"
-        overrides = [f"data={name}", f"loss={cfg.losses[name]}", f"cache_dir={root / 'teacher_cache'}", *cfg.distill]
+        overrides = [f"data={name}", f"loss={cfg.losses[name]}", *cfg.distill]
         stages.append(Stage(stage, compose_config(cfg.configs["distill"], overrides), _distill))
         drafter_dirs["generic" if name == "mix" else name] = str(root / stage / "drafter")
     distills = [s.name for s in stages if s.name.startswith("distill-")]

@@ -15,7 +15,9 @@ SCHEMA = {"domain", "method", "gamma", "temperature", "batch_size", "alpha", "ta
 
 def smoke_config(output_dir: str, overrides: list[str] = ()) -> DemoConfig:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="demo_smoke", overrides=[f"output_dir={output_dir}", *overrides])
+        # Everything under the test's folder, the teacher cache too.
+        cache = f"distill=['experiment=smoke','cache_dir={output_dir}/teacher_cache']"
+        cfg = compose(config_name="demo_smoke", overrides=[f"output_dir={output_dir}", cache, *overrides])
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved.pop("hydra", None)
     return from_dict(DemoConfig, resolved)
