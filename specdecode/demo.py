@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from specdecode.benchmark import write_atomic
@@ -51,8 +52,12 @@ class DemoConfig:
 
 def compose_config(config_name: str, overrides: list[str]) -> dict[str, Any]:
     """The resolved config `python <app>.py <overrides>` would run with."""
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    if GlobalHydra.instance().is_initialized():
+        # Inside a @hydra.main app (eval/demo.py), whose search path is this same conf/.
         cfg = compose(config_name=config_name, overrides=overrides)
+    else:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name=config_name, overrides=overrides)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved.pop("hydra", None)
     return resolved  # type: ignore[return-value]
