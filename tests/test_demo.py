@@ -47,3 +47,21 @@ def test_smoke_pipeline_end_to_end_and_cached(tmp_path, capsys) -> None:
     run_demo(smoke_config(str(tmp_path / "demo"), ["fit=['epochs=5']"]))
     log = capsys.readouterr().out
     assert "[fit] done" in log and "[eval] done" in log and "[collect] up to date" in log
+
+
+def test_demo_app_runs_under_hydra_main(tmp_path) -> None:
+    """`make demo`'s entry point: stage configs are composed inside a running @hydra.main app."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "demo"
+    command = [
+        sys.executable, str(CONF_DIR.parent / "eval" / "demo.py"), "--config-name", "demo_smoke",
+        f"output_dir={out}", f"distill=['experiment=smoke','cache_dir={out}/teacher_cache']",
+        "eval=['target.name=smoke','source=synthetic','undistilled.num_layers=1','undistilled.draft_vocab=null',"
+        "'prompts_per_domain=2','max_prompt_tokens=96','max_new_tokens=4','gamma=2','temperatures=[0.0]','batch_sizes=[1]']",
+    ]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert {r["exact_match"] for r in results["rows"]} == {1.0}
