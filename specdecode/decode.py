@@ -116,7 +116,19 @@ class _Finisher:
     def __init__(self, num_rows: int) -> None:
         self.sequences: list[list[int] | None] = [None] * num_rows
 
-    def collect(self, batch: _Batch, finished: torch.Tensor, caches: Sequence[RaggedKVCache]) -> None:
+    def step(self, batch: _Batch, finished: torch.Tensor, caches: Sequence[RaggedKVCache]) -> int | None:
+        """Between steps: retire finished rows; return the longest row's length, None once all are done.
+
+        The one host sync of a step: which rows finished, and how long the longest row is.
+        """
+        any_finished, max_length = torch.stack([finished.any().long(), batch.lengths.max()]).tolist()
+        if any_finished:
+            self._collect(batch, finished, caches)
+            if batch.rows.numel() == 0:
+                return None
+        return max_length
+
+    def _collect(self, batch: _Batch, finished: torch.Tensor, caches: Sequence[RaggedKVCache]) -> None:
         done = finished.nonzero().squeeze(1)
         for b, row, length in zip(done.tolist(), batch.rows[done].tolist(), batch.lengths[done].tolist()):
             start = batch.prompt_lengths[row]
@@ -173,15 +185,8 @@ def speculative_generate(
     counters.record_target_call(len(prompts))
     counters.drafter_calls += 1
     finished = batch.commit(draw(logits_to_probs(first, params), params, generator).unsqueeze(1), torch.ones_like(batch.lengths))
-    max_length = max(batch.prompt_lengths) + 1
 
-    while True:
-        # One host sync per step (not per token): which rows are done, and how far the longest got.
-        any_finished, max_length = torch.stack([finished.any().long(), batch.lengths.max()]).tolist()
-        if any_finished:
-            finisher.collect(batch, finished, caches)
-            if batch.rows.numel() == 0:
-                break
+    while (max_length := finisher.step(batch, finished, caches)) is not None:
         target_cache.set_lengths(batch.lengths - 1, max_length - 1)
         drafter_cache.set_lengths(batch.lengths - 2, max_length - 2)
 
@@ -237,12 +242,7 @@ def autoregressive_generate(
     logits = _prefill(target, cache, batch, want_logits=True)
     counters.record_target_call(len(prompts))
     finished = batch.commit(draw(logits_to_probs(logits, params), params, generator).unsqueeze(1), torch.ones_like(batch.lengths))
-    while True:
-        any_finished, max_length = torch.stack([finished.any().long(), batch.lengths.max()]).tolist()
-        if any_finished:
-            finisher.collect(batch, finished, (cache,))
-            if batch.rows.numel() == 0:
-                break
+    while (max_length := finisher.step(batch, finished, (cache,))) is not None:
         cache.set_lengths(batch.lengths - 1, max_length - 1)
         probs = logits_to_probs(cached_forward(target, cache, batch.last(1))[:, -1], params)
         finished = batch.commit(draw(probs, params, generator).unsqueeze(1), torch.ones_like(batch.lengths))
