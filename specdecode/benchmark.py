@@ -11,7 +11,6 @@ import copy
 import json
 import os
 import platform
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -22,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from specdecode.atomic import write_atomic
 from specdecode.config import BenchmarkConfig
 from specdecode.data import DOMAINS, format_prompt, load_domain
 from specdecode.decode import autoregressive_generate, speculative_generate
@@ -244,16 +244,3 @@ def report_markdown(results: dict) -> str:
     lines.append("Predicted speedup: Leviathan et al. Thm 3.8 with the measured alpha, c and verify cost; "
                  "loop efficiency = measured / predicted.")
     return "\n".join(lines) + "\n"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` via a temp file in the same folder and a rename: never half-written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise

@@ -17,7 +17,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from specdecode.benchmark import write_atomic
+from specdecode.atomic import write_atomic
 from specdecode.config import BenchmarkConfig, CollectConfig, FitRouterConfig, TrainJobConfig, _require, from_dict
 from specdecode.data import DOMAINS
 from specdecode.pipeline import Stage, run_stages

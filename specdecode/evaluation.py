@@ -304,7 +304,7 @@ def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = No
             "rows": rows,
         }
         out = Path(cfg.output_dir)
-        from specdecode.benchmark import write_atomic
+        from specdecode.atomic import write_atomic
 
         write_atomic(out / "results.json", json.dumps(results, indent=2))
         write_report(results, out)

@@ -31,7 +31,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specdecode.benchmark import vocab_corpus, write_atomic
+from specdecode.atomic import write_atomic
+from specdecode.benchmark import vocab_corpus
 from specdecode.config import CollectConfig
 from specdecode.data import Example, format_prompt, load_domain
 from specdecode.decode import autoregressive_generate

@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 
-from specdecode.benchmark import write_atomic  # noqa: E402
+from specdecode.atomic import write_atomic  # noqa: E402
 
 
 def _fmt(value: object, digits: int = 2) -> str:

@@ -19,10 +19,8 @@ import hashlib
 import importlib.util
 import json
 import math
-import os
 import re
 import statistics
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -35,7 +33,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from specdecode.benchmark import write_atomic
+from specdecode.atomic import write_atomic
 from specdecode.config import EmbedderConfig, FitRouterConfig
 from specdecode.decode import speculative_generate
 from specdecode.labels import read_labels
@@ -214,7 +212,7 @@ class Router:
             "feature_mean": self.feature_mean, "feature_std": self.feature_std,
             "target_mean": self.target_mean, "target_std": self.target_std,
         }
-        _write_bytes_atomic(directory / "router.safetensors", save(tensors))
+        write_atomic(directory / "router.safetensors", save(tensors))
         config = {
             "drafters": self.drafters,
             "embedder": self.embedder_spec,
@@ -582,16 +580,3 @@ def report_markdown(report: dict[str, Any]) -> str:
         lines += [f"| {d} | " + " | ".join(str(counts[n]) for n in drafters) + " |" for d, counts in table.items()]
         lines.append("")
     return "\n".join(lines)
-
-
-def _write_bytes_atomic(path: Path, data: bytes) -> None:
-    """`write_atomic` for bytes: a temp file in the same folder, then a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise

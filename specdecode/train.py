@@ -34,7 +34,7 @@ from accelerate.utils import set_seed
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from specdecode.benchmark import write_atomic
+from specdecode.atomic import write_atomic
 from specdecode.config import DrafterConfig, TargetConfig, TrainJobConfig
 from specdecode.losses import get_loss
 from specdecode.models import DraftVocabHead, build_drafter, check_tokenizers, load_model

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from specdecode.benchmark import report_markdown, run, write_atomic
+from specdecode.atomic import write_atomic
+from specdecode.benchmark import report_markdown, run
 from specdecode.config import BenchmarkConfig, DrafterConfig, TargetConfig
 
 
@@ -53,7 +54,7 @@ def test_write_atomic_leaves_old_file_on_failure(tmp_path, monkeypatch) -> None:
     def crash(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr("specdecode.benchmark.os.replace", crash)
+    monkeypatch.setattr("specdecode.atomic.os.replace", crash)
     with pytest.raises(OSError, match="disk full"):
         write_atomic(path, "new")
     assert path.read_text() == "old"
