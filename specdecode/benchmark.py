@@ -26,6 +26,7 @@ from specdecode.config import BenchmarkConfig
 from specdecode.data import DOMAINS, format_prompt, load_domain
 from specdecode.decode import autoregressive_generate, speculative_generate
 from specdecode.models import build_drafter, load_model
+from specdecode.report import fmt
 from specdecode.speedup import measure_step_costs, predicted_speedup
 from specdecode.stats import GenerationResult
 from specdecode.validation import default_eos
@@ -202,14 +203,6 @@ def _match(sequences: Sequence[list[int]], reference: Sequence[list[int]]) -> fl
     return sum(a == b for a, b in zip(sequences, reference)) / len(reference)
 
 
-def _fmt(value: object, digits: int = 2) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
 def report_markdown(results: dict) -> str:
     """The results as the markdown tables the README quotes."""
     cfg, costs = results["config"], results["step_costs"]
@@ -227,9 +220,9 @@ def report_markdown(results: dict) -> str:
     ]
     for row in results["rows"]:
         lines.append(
-            f"| {row['method']} | {row['batch_size']} | {_fmt(row['tokens_per_s'])} | {_fmt(row['speedup'])}× | "
-            f"{_fmt(row.get('alpha'), 3)} | {_fmt(row.get('tau'))} | {_fmt(row.get('predicted_speedup'))} | "
-            f"{_fmt(row.get('loop_efficiency'))} | {_fmt(row['exact_match'])} |"
+            f"| {row['method']} | {row['batch_size']} | {fmt(row['tokens_per_s'])} | {fmt(row['speedup'])}× | "
+            f"{fmt(row.get('alpha'), 3)} | {fmt(row.get('tau'))} | {fmt(row.get('predicted_speedup'))} | "
+            f"{fmt(row.get('loop_efficiency'))} | {fmt(row['exact_match'])} |"
         )
     lines += [
         "",

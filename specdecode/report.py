@@ -6,15 +6,21 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only: no display on servers and CI
-import matplotlib.pyplot as plt  # noqa: E402
-
-from specdecode.atomic import write_atomic  # noqa: E402
+from specdecode.atomic import write_atomic
 
 
-def _fmt(value: object, digits: int = 2) -> str:
+def _pyplot():  # type: ignore[no-untyped-def]
+    """matplotlib on its file-only backend, imported when a plot is drawn (not by importers of fmt)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers and CI
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def fmt(value: object, digits: int = 2) -> str:
+    """A table cell: floats to `digits` places, None as a dash."""
     if value is None:
         return "–"
     if isinstance(value, float):
@@ -42,8 +48,8 @@ def markdown_table(rows: list[dict]) -> str:
     for r in rows:
         lines.append(
             f"| {r['domain']} | {r['method']} | {r['gamma']} | {r['temperature']} | {r['batch_size']} | "
-            f"{_fmt(r['alpha'], 3)} | {_fmt(r['tau'])} | {_fmt(r['tokens_per_s'])} | {_fmt(r['speedup'])}× | "
-            f"{_fmt(r['exact_match'])} |"
+            f"{fmt(r['alpha'], 3)} | {fmt(r['tau'])} | {fmt(r['tokens_per_s'])} | {fmt(r['speedup'])}× | "
+            f"{fmt(r['exact_match'])} |"
         )
     return "\n".join(lines)
 
@@ -53,6 +59,7 @@ def plot_speedup(rows: list[dict], path: Path) -> None:
     chosen = [r for r in rows if r["temperature"] == 0.0 and r["batch_size"] == min(x["batch_size"] for x in rows)]
     domains = sorted({r["domain"] for r in chosen})
     methods = [m for m in dict.fromkeys(r["method"] for r in chosen) if m != "autoregressive"]
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(max(6, 1.5 * len(domains) * max(len(methods), 1) / 3), 4))
     width = 0.8 / max(len(methods), 1)
     for k, method in enumerate(methods):
@@ -70,6 +77,7 @@ def plot_speedup(rows: list[dict], path: Path) -> None:
 def plot_acceptance_vs_gamma(rows: list[dict], path: Path) -> None:
     """alpha against gamma per domain, for each speculative method (greedy, batch 1)."""
     chosen = [r for r in rows if r["method"] != "autoregressive" and r["temperature"] == 0.0 and r["alpha"] is not None]
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for (domain, method) in sorted({(r["domain"], r["method"]) for r in chosen}):
         points = sorted({(r["gamma"], r["alpha"]) for r in chosen if r["domain"] == domain and r["method"] == method})
@@ -85,6 +93,7 @@ def plot_acceptance_vs_gamma(rows: list[dict], path: Path) -> None:
 def plot_position_acceptance(rows: list[dict], path: Path) -> None:
     """P(draft i accepted | drafts before it accepted), per domain and method (greedy, batch 1)."""
     chosen = [r for r in rows if r["method"] != "autoregressive" and r["temperature"] == 0.0 and r.get("position_acceptance")]
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in chosen:
         values = [v if v is not None else float("nan") for v in r["position_acceptance"]]
