@@ -25,7 +25,7 @@ from specdecode.atomic import write_atomic
 from specdecode.config import BenchmarkConfig
 from specdecode.data import DOMAINS, format_prompt, load_domain
 from specdecode.decode import autoregressive_generate, speculative_generate
-from specdecode.models import build_drafter, load_model
+from specdecode.models import FeatureDrafter, build_drafter, load_model
 from specdecode.report import fmt
 from specdecode.speedup import measure_step_costs, predicted_speedup
 from specdecode.stats import GenerationResult
@@ -131,7 +131,8 @@ def run(cfg: BenchmarkConfig) -> dict:
     sd1 = [speculative_generate(target, drafter, [p], gamma=cfg.gamma, **decode) for p in tqdm(batch1, desc="batch 1: ours", leave=False)]
     stage("batch 1 speculative")
     hf1: list[tuple[list[int], float]] = []
-    if cfg.hf_assisted and cfg.temperature == 0.0:
+    # transformers' assisted generation runs causal-LM drafters only, not feature drafters.
+    if cfg.hf_assisted and cfg.temperature == 0.0 and not isinstance(drafter, FeatureDrafter):
         hf1 = [_hf_assisted(target, drafter, p, cfg.gamma, cfg.max_new_tokens, eos) for p in tqdm(batch1, desc="batch 1: transformers assisted", leave=False)]
     stage("batch 1 transformers assisted")
     batch = ids[: cfg.batch_size]

@@ -13,6 +13,8 @@ skips its own mask construction and never needs to know the rows are ragged.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
@@ -112,21 +114,40 @@ class RaggedKVCache(Cache):
 
 
 def cached_forward(
-    model: PreTrainedModel, cache: RaggedKVCache, input_ids: torch.Tensor, logits_to_keep: int | torch.Tensor = 0
-) -> torch.Tensor:
+    model: PreTrainedModel,
+    cache: RaggedKVCache,
+    input_ids: torch.Tensor,
+    logits_to_keep: int | torch.Tensor = 0,
+    *,
+    return_hidden: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Run `input_ids` `[B, T]` after each row's cached tokens → logits `[B, T', V]`.
 
     `logits_to_keep` as in transformers: 0 = all T positions, n = the last n, a 1-D tensor = those
     positions (the LM head is a large part of a small model's cost, so ask only for what is used).
+    With `return_hidden`, also the last hidden states of all T positions `[B, T, H]` (post-norm:
+    what the LM head reads), which feature drafters consume.
     """
     position_ids, mask = cache.prepare(input_ids.shape[1], model.dtype)
-    logits = model(
+    output = model(
         input_ids=input_ids,
         attention_mask=mask,
         position_ids=position_ids,
         past_key_values=cache,
         use_cache=True,
         logits_to_keep=logits_to_keep,
-    ).logits
+        output_hidden_states=return_hidden,
+    )
     cache.advance(input_ids.shape[1])
-    return logits
+    if return_hidden:
+        return output.logits, output.hidden_states[-1]
+    return output.logits
+
+
+def cached_call(cache: RaggedKVCache, num_new: int, dtype: torch.dtype, run: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """`run(attention_mask=..., position_ids=..., past_key_values=cache)` for `num_new` new tokens per
+    row (models driven by embeddings rather than ids, e.g. feature drafters)."""
+    position_ids, mask = cache.prepare(num_new, dtype)
+    out = run(attention_mask=mask, position_ids=position_ids, past_key_values=cache)
+    cache.advance(num_new)
+    return out

@@ -45,20 +45,27 @@ class TargetConfig:
         _require(self.dtype in ("float32", "bfloat16", "float16"), "target.dtype", self.dtype, "float32|bfloat16|float16")
 
 
+DRAFTER_KINDS = ("derived", "feature", "pretrained")
+
+
 @dataclass
 class DrafterConfig:
     """`derived`: cut from the target (first num_layers layers, optional truncated vocab);
-    `pretrained`: any HF causal LM with the target's tokenizer, at `path`."""
+    `feature`: an EAGLE-style drafter reading the target's hidden states (num_layers decoder layers
+    initialised from the target's layers ending at init_from_layer; specdecode.feature_drafter);
+    `pretrained`: a trained drafter folder of either kind, or any HF causal LM with the target's
+    tokenizer, at `path`."""
 
     kind: str = "derived"
     num_layers: int = 2
     # Size of the truncated LM head (the most frequent tokens of the domain corpora); null = full.
     draft_vocab: int | None = 8192
     path: str | None = None
+    init_from_layer: int = -1
 
     def __post_init__(self) -> None:
-        _require(self.kind in ("derived", "pretrained"), "drafter.kind", self.kind, "derived|pretrained")
-        if self.kind == "derived":
+        _require(self.kind in DRAFTER_KINDS, "drafter.kind", self.kind, "|".join(DRAFTER_KINDS))
+        if self.kind in ("derived", "feature"):
             _require(isinstance(self.num_layers, int) and self.num_layers >= 1, "drafter.num_layers", self.num_layers, "an int >= 1")
             _require(
                 self.draft_vocab is None or (isinstance(self.draft_vocab, int) and self.draft_vocab >= 1),
@@ -183,6 +190,18 @@ class TrainConfig:
     lambda_on_policy: float = 0.0
     # Distillation temperature; match decoding's (0 = greedy, distilled at 1 like the losses do).
     temperature: float = 1.0
+    # seq_source=target: one continuation per prompt at each of these temperatures (null = [temperature]).
+    seq_temperatures: list[float] | None = None
+    # Model selection: the held-out acceptance at the temperature users decode with. 0 = greedy
+    # (a draft is accepted iff it is the target's argmax); T > 0 = Σ min(p_T, q_T). Both are logged.
+    select_temperature: float = 0.0
+    # Stop after this many evaluations without a new best held-out acceptance (null = never).
+    early_stop_evals: int | None = None
+    # Feature drafters: drafting steps unrolled in training (EAGLE-3's training-time test: step j
+    # reads the drafter's own predicted feature, as decoding does), and the weight of the smooth-L1
+    # regression of the target's next feature beside the token loss.
+    unroll_steps: int = 2
+    feature_loss_weight: float = 1.0
     max_prompt_tokens: int = 96
     max_len: int = 192
     max_new_tokens: int = 96
@@ -216,6 +235,15 @@ class TrainConfig:
         _require(self.seq_source in TRAIN_SEQ_SOURCES, "train.seq_source", self.seq_source, "|".join(TRAIN_SEQ_SOURCES))
         _require(_is_number(self.lambda_on_policy) and 0 <= self.lambda_on_policy <= 1, "train.lambda_on_policy", self.lambda_on_policy, "must be in [0, 1]")
         _require(_is_number(self.temperature) and self.temperature >= 0, "train.temperature", self.temperature, ">= 0")
+        _require(self.seq_temperatures is None or (isinstance(self.seq_temperatures, (list, tuple)) and bool(self.seq_temperatures)
+                 and all(_is_number(t) and t >= 0 for t in self.seq_temperatures)),
+                 "train.seq_temperatures", self.seq_temperatures, "null or a non-empty list of temperatures >= 0")
+        if self.seq_temperatures is not None:
+            self.seq_temperatures = [float(t) for t in self.seq_temperatures]
+        _require(_is_number(self.select_temperature) and self.select_temperature >= 0, "train.select_temperature", self.select_temperature, ">= 0 (0 = greedy)")
+        _require(self.early_stop_evals is None or (_is_int(self.early_stop_evals) and self.early_stop_evals >= 1), "train.early_stop_evals", self.early_stop_evals, "null or an int >= 1")
+        _require(_is_int(self.unroll_steps) and 1 <= self.unroll_steps <= 8, "train.unroll_steps", self.unroll_steps, "an int in [1, 8]")
+        _require(_is_number(self.feature_loss_weight) and self.feature_loss_weight >= 0, "train.feature_loss_weight", self.feature_loss_weight, ">= 0")
         for name in ("max_prompt_tokens", "max_len", "max_new_tokens", "teacher_topk", "heldout_sequences", "batch_size",
                      "grad_accum", "eval_every", "checkpoint_every", "keep_checkpoints", "log_every", "vocab_corpus_docs"):
             value = getattr(self, name)

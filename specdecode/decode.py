@@ -4,10 +4,9 @@ Both run on the same machinery (ragged KV caches, one commit rule for EOS and bu
 leaving the batch), so a speedup measured between them compares like with like.
 
 Invariant between steps, per row: `tokens[:length]` are committed (prompt + generated); the target
-cache holds all but the last committed token (the "pending" one, fed in the next pass) and the
-drafter cache all but the last two (re-feeding one extra token costs the drafter almost nothing and
-spares a second code path for steps where every draft was accepted and the drafter never saw the
-last draft).
+cache holds all but the last committed token (the "pending" one, fed in the next pass). How a
+drafter keeps its own state (a slice drafter's cache, a feature drafter's cache and the target
+features it reads) is in specdecode/drafting.py; the loop is the same for both kinds.
 """
 
 from __future__ import annotations
@@ -15,11 +14,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from transformers import PreTrainedModel
 
 from specdecode.cache import RaggedKVCache, cached_forward
+from specdecode.drafting import _last, drafting_for
+from specdecode.feature_drafter import FeatureDrafter
 from specdecode.sampling import draw, logits_to_probs
 from specdecode.stats import GenerationResult, StepCounters
 from specdecode.validation import validate_models, validate_request
@@ -67,7 +69,7 @@ class _Batch:
 
     def last(self, n: int) -> torch.Tensor:
         """The last `n` committed tokens of each row, `[B, n]`."""
-        return self.tokens.gather(1, self.lengths.unsqueeze(1) - n + torch.arange(n, device=self.tokens.device))
+        return _last(self.tokens, self.lengths, n)
 
     def commit(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Append the first `counts[b]` of `new_tokens` `[B, W]` to each row, cut at EOS and budget.
@@ -94,20 +96,26 @@ class _Batch:
         self.rows = self.rows.index_select(0, keep)
 
 
-def _prefill(model: PreTrainedModel, cache: RaggedKVCache, batch: _Batch, want_logits: bool) -> torch.Tensor | None:
-    """Cache the right-padded prompts; return the logits at each row's last prompt token `[B, V]`."""
+def _prefill(
+    model: PreTrainedModel, cache: RaggedKVCache, batch: _Batch, return_hidden: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Cache the right-padded prompts; return the logits at each row's last prompt token `[B, V]`
+    and, with `return_hidden`, the last hidden states of all prompt positions `[B, T, H]`."""
     longest = max(batch.prompt_lengths)
     last = batch.lengths - 1
     # Ask only for the positions some row ends at (a handful), not the whole prompt's logits.
-    if not want_logits:
-        cached_forward(model, cache, batch.tokens[:, :longest], logits_to_keep=1)
-        cache.set_lengths(batch.lengths.clone(), longest)
-        return None
     positions = torch.unique(last)
-    logits = cached_forward(model, cache, batch.tokens[:, :longest], logits_to_keep=positions)
+    out = cached_forward(model, cache, batch.tokens[:, :longest], logits_to_keep=positions, return_hidden=return_hidden)
+    logits, hidden = out if return_hidden else (out, None)
     cache.set_lengths(batch.lengths.clone(), longest)
     column = torch.searchsorted(positions, last)
-    return logits[torch.arange(len(last), device=last.device), column]
+    return logits[torch.arange(len(last), device=last.device), column], hidden
+
+
+class _RowState(Protocol):
+    """Per-row decode state (a KV cache, a drafting strategy) that finished rows leave."""
+
+    def select_rows(self, rows: torch.Tensor) -> None: ...
 
 
 class _Finisher:
@@ -116,7 +124,7 @@ class _Finisher:
     def __init__(self, num_rows: int) -> None:
         self.sequences: list[list[int] | None] = [None] * num_rows
 
-    def step(self, batch: _Batch, finished: torch.Tensor, caches: Sequence[RaggedKVCache]) -> int | None:
+    def step(self, batch: _Batch, finished: torch.Tensor, caches: Sequence[_RowState]) -> int | None:
         """Between steps: retire finished rows; return the longest row's length, None once all are done.
 
         The one host sync of a step: which rows finished, and how long the longest row is.
@@ -128,7 +136,7 @@ class _Finisher:
                 return None
         return max_length
 
-    def _collect(self, batch: _Batch, finished: torch.Tensor, caches: Sequence[RaggedKVCache]) -> None:
+    def _collect(self, batch: _Batch, finished: torch.Tensor, caches: Sequence[_RowState]) -> None:
         done = finished.nonzero().squeeze(1)
         for b, row, length in zip(done.tolist(), batch.rows[done].tolist(), batch.lengths[done].tolist()):
             start = batch.prompt_lengths[row]
@@ -146,7 +154,7 @@ def _generator(seed: int | None, device: torch.device) -> torch.Generator | None
 @torch.inference_mode()
 def speculative_generate(
     target: PreTrainedModel,
-    drafter: PreTrainedModel,
+    drafter: PreTrainedModel | FeatureDrafter,
     prompts: Sequence[Sequence[int]],
     *,
     gamma: int,
@@ -160,8 +168,10 @@ def speculative_generate(
     """Generate from `target` with `drafter` proposing `gamma` tokens per target pass.
 
     The output distribution is exactly the target's (greedy: token-identical to target-only greedy).
-    `prompts` is a ragged batch of token-id lists (no padding); `max_new_tokens` is one budget or one
-    per prompt; generation stops per row at any of `eos_token_ids` (included in the output).
+    `drafter` is a causal LM sharing the target's vocabulary or a `FeatureDrafter` (it then reads
+    the target's hidden states, which the verify pass computes anyway). `prompts` is a ragged batch
+    of token-id lists (no padding); `max_new_tokens` is one budget or one per prompt; generation
+    stops per row at any of `eos_token_ids` (included in the output).
     """
     validate_models(target, drafter)
     params, budgets, eos = validate_request(
@@ -172,39 +182,34 @@ def speculative_generate(
     start = time.perf_counter()
     device = target.device
     generator = _generator(seed, device)
-    batch = _Batch.from_prompts(prompts, budgets, slack=gamma + 1, eos=eos, device=device)
+    batch = _Batch.from_prompts(prompts, budgets, slack=gamma + 2, eos=eos, device=device)
     target_cache = RaggedKVCache.for_model(target, len(prompts), batch.capacity)
-    drafter_cache = RaggedKVCache.for_model(drafter, len(prompts), batch.capacity)
+    drafting = drafting_for(drafter, len(prompts), batch.capacity)
+    features = drafting.needs_features
     counters = StepCounters(gamma, device)
     finisher = _Finisher(len(prompts))
-    caches = (target_cache, drafter_cache)
 
     # 0. prefill: the target's first token is an ordinary sample; the drafter only reads the prompt.
-    first = _prefill(target, target_cache, batch, want_logits=True)
-    _prefill(drafter, drafter_cache, batch, want_logits=False)
+    first, hidden = _prefill(target, target_cache, batch, return_hidden=features)
+    drafting.prefill(batch.tokens, batch.lengths, max(batch.prompt_lengths), hidden)
     counters.record_target_call(len(prompts))
     counters.drafter_calls += 1
     finished = batch.commit(draw(logits_to_probs(first, params), params, generator).unsqueeze(1), torch.ones_like(batch.lengths))
 
-    while (max_length := finisher.step(batch, finished, caches)) is not None:
+    while (max_length := finisher.step(batch, finished, (target_cache, drafting))) is not None:
         target_cache.set_lengths(batch.lengths - 1, max_length - 1)
-        drafter_cache.set_lengths(batch.lengths - 2, max_length - 2)
 
         # 1. draft gamma tokens, keeping q exactly as sampled from
-        draft_tokens, q = [], []
-        drafter_input = batch.last(2)
-        for _ in range(gamma):
-            q_i = logits_to_probs(cached_forward(drafter, drafter_cache, drafter_input, logits_to_keep=1)[:, -1], params)
-            drafter_input = draw(q_i, params, generator).unsqueeze(1)
-            draft_tokens.append(drafter_input)
-            q.append(q_i)
-        draft = torch.cat(draft_tokens, dim=1)
+        draft, q = drafting.propose(batch.tokens, batch.lengths, max_length, gamma, params, generator)
 
         # 2. verify in one target pass: the pending token and the gamma drafts
-        p = logits_to_probs(cached_forward(target, target_cache, torch.cat([batch.last(1), draft], dim=1)), params)
+        out = cached_forward(target, target_cache, torch.cat([batch.last(1), draft], dim=1), return_hidden=features)
+        logits, hidden = out if features else (out, None)
+        drafting.observe(hidden, batch.lengths - 1)
+        p = logits_to_probs(logits, params)
 
         # 3. accept / resample
-        num_accepted, next_token = rejection_sample(draft, torch.stack(q, dim=1), p, generator, greedy=params.greedy)
+        num_accepted, next_token = rejection_sample(draft, q, p, generator, greedy=params.greedy)
         new_tokens = torch.cat([draft, draft[:, :1]], dim=1).scatter(1, num_accepted.unsqueeze(1), next_token.unsqueeze(1))
         finished = batch.commit(new_tokens, num_accepted + 1)
         counters.record_step(num_accepted, drafter_calls=gamma)
@@ -239,7 +244,7 @@ def autoregressive_generate(
     counters = StepCounters(0, device)
     finisher = _Finisher(len(prompts))
 
-    logits = _prefill(target, cache, batch, want_logits=True)
+    logits, _ = _prefill(target, cache, batch)
     counters.record_target_call(len(prompts))
     finished = batch.commit(draw(logits_to_probs(logits, params), params, generator).unsqueeze(1), torch.ones_like(batch.lengths))
     while (max_length := finisher.step(batch, finished, (cache,))) is not None:

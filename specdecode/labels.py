@@ -31,11 +31,13 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+
 from specdecode.atomic import write_atomic
 from specdecode.benchmark import vocab_corpus
 from specdecode.config import CollectConfig
 from specdecode.data import Example, format_prompt, load_domain
 from specdecode.decode import autoregressive_generate
+from specdecode.feature_drafter import FeatureDrafter
 from specdecode.losses import expected_acceptance
 from specdecode.models import build_drafter, check_vocab_sizes, load_model
 from specdecode.speedup import measure_step_costs, predicted_speedup
@@ -113,11 +115,21 @@ def teacher_forced_acceptance(
     # Logits at column t predict token t + 1: columns prompt_width - 1 .. prompt_width + width - 2.
     keep = torch.arange(prompt_width - 1, prompt_width + width - 1, device=device)
 
-    def logits_of(model: PreTrainedModel) -> torch.Tensor:
-        return model(input_ids=tokens, attention_mask=attention, position_ids=position_ids, logits_to_keep=keep).logits
-
-    p_logits = logits_of(target)  # [B, C, V]
+    reads_features = any(isinstance(d, FeatureDrafter) for d in drafters)
+    out = target(input_ids=tokens, attention_mask=attention, position_ids=position_ids, logits_to_keep=keep,
+                 output_hidden_states=reads_features)
+    p_logits = out.logits  # [B, C, V]
     p_argmax = p_logits.argmax(-1)
+
+    def logits_of(drafter: PreTrainedModel | FeatureDrafter) -> torch.Tensor:
+        if not isinstance(drafter, FeatureDrafter):
+            return drafter(input_ids=tokens, attention_mask=attention, position_ids=position_ids, logits_to_keep=keep).logits
+        # A feature drafter predicts token t + 1 at its position t - 1, from the target's feature
+        # there and token t (left padding: a position is real where its feature is).
+        hidden = drafter(out.hidden_states[-1][:, :-1], tokens[:, 1:], attention_mask=attention[:, :-1],
+                         position_ids=position_ids[:, :-1])
+        return drafter.logits(hidden[:, keep - 1])
+
     acceptance, greedy = [], []
     for drafter in drafters:
         q_logits = logits_of(drafter)

@@ -39,6 +39,7 @@ from specdecode.gguf_cache import (  # noqa: F401
     default_target_gguf,
     gguf_to_hf_folder,
 )
+from specdecode.feature_drafter import FeatureDrafter, derive_feature_drafter, wrap_if_feature_drafter
 from specdecode.validation import check_vocab_sizes  # noqa: F401
 
 # `specdecode.models` is the one import for loading and deriving models.
@@ -47,6 +48,8 @@ __all__ = [
     "SMOKE_TARGET",
     "build_drafter",
     "DraftVocabHead",
+    "FeatureDrafter",
+    "derive_feature_drafter",
     "apply_draft_vocab_from_config",
     "cache_dir",
     "check_tokenizers",
@@ -114,6 +117,8 @@ def load_model(
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
     tokenizer = AutoTokenizer.from_pretrained(source)
     apply_draft_vocab_from_config(model)
+    if isinstance(source, Path):
+        model = wrap_if_feature_drafter(model, source)
     model.eval()
     model.to(device)
     return model, tokenizer
@@ -196,12 +201,15 @@ def build_drafter(
     target: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     corpus: Callable[[], list[list[int]]],
-) -> PreTrainedModel:
-    """The drafter a config names: derived from `target` (its truncated vocabulary picked from
-    `corpus()`, tokenised text, called only when needed) or a pretrained folder / hub id whose
-    tokenizer must be the target's."""
-    if cfg.kind == "derived":
+) -> PreTrainedModel | FeatureDrafter:
+    """The drafter a config names: derived from `target` (a layer slice, or an untrained feature
+    drafter; the truncated vocabulary picked from `corpus()`, tokenised text, called only when
+    needed) or a pretrained folder / hub id (either kind) whose tokenizer must be the target's."""
+    if cfg.kind in ("derived", "feature"):
         vocab_docs = corpus() if cfg.draft_vocab is not None else None
+        if cfg.kind == "feature":
+            return derive_feature_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs,
+                                          init_from_layer=cfg.init_from_layer)
         return derive_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs)
     drafter, drafter_tokenizer = load_model(str(cfg.path), dtype=target.dtype, device=target.device)
     check_tokenizers(tokenizer, drafter_tokenizer)

@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass
 import torch
 from transformers import PreTrainedModel
 
-from specdecode.cache import RaggedKVCache, cached_forward
+from specdecode.cache import RaggedKVCache, cached_call, cached_forward
+from specdecode.feature_drafter import FeatureDrafter
 
 
 def expected_tokens_per_step(alpha: float, gamma: int) -> float:
@@ -85,6 +86,26 @@ def _time_forward(model: PreTrainedModel, context: Sequence[int], num_new: int, 
     return statistics.median(times[1:])
 
 
+def _time_feature_step(drafter: FeatureDrafter, context: Sequence[int], repeats: int) -> float:
+    """Median time of one feature-drafter drafting step (one position + its head) after `context`."""
+    device = drafter.device
+    hidden = drafter.config.get_text_config().hidden_size
+    cache = RaggedKVCache.for_model(drafter, 1, len(context) + 1)
+    tokens = torch.tensor([list(context)], device=device)
+    features = torch.randn(1, len(context), hidden, device=device, dtype=drafter.dtype)
+    cached_call(cache, len(context) - 1, drafter.dtype, lambda **kw: drafter(features[:, :-1], tokens[:, 1:], **kw))
+    times = []
+    for _ in range(repeats + 1):  # the first pass warms up and is not counted
+        cache.set_lengths(torch.tensor([len(context) - 1], device=device), len(context) - 1)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = cached_call(cache, 1, drafter.dtype, lambda **kw: drafter(features[:, -1:], tokens[:, -1:], **kw))
+        drafter.logits(out).sum().item()  # wait for the device
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
 @torch.inference_mode()
 def measure_step_costs(
     target: PreTrainedModel, drafter: PreTrainedModel, context: Sequence[int], gamma: int, repeats: int = 10
@@ -95,7 +116,8 @@ def measure_step_costs(
     return StepCosts(
         target_step_s=_time_forward(target, context, 1, repeats),
         target_verify_s=_time_forward(target, context, gamma + 1, repeats),
-        drafter_step_s=_time_forward(drafter, context, 1, repeats),
+        drafter_step_s=(_time_feature_step(drafter, context, repeats) if isinstance(drafter, FeatureDrafter)
+                        else _time_forward(drafter, context, 1, repeats)),
         gamma=gamma,
         context_tokens=len(context),
     )

@@ -16,10 +16,15 @@ The mass dropped is the target's tail beyond its top k plus whatever falls outsi
 vocabulary; the drafter cannot emit the latter anyway, and the former is small at τ ≤ 1 (the
 model's top 64 tokens hold most of its mass). The loss is approximate; the *metric* is not: the
 held-out expected acceptance uses the target's exact full-vocabulary probabilities at the draft ids
-(`heldout_probs`), where Σ_v min(p, q) needs nothing else because q = 0 outside them.
+(`heldout_targets`), where Σ_v min(p, q) needs nothing else because q = 0 outside them.
 
 Positions. A sequence is prompt + response; only positions whose next token is a response token
 carry a loss (the drafter drafts responses, never prompts), so only those are scored and cached.
+
+Feature drafters (specdecode.feature_drafter) read the target's last hidden state at *every*
+position, prompt included (they attend over it), so for them the cache keeps those features
+(`features`, fp16, ~1.2 KB per token for SmolLM2) instead of top-k logits: the teacher's logits
+over the draft vocabulary are then the frozen head applied to them, exact rather than top-k.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdecode.config import DataConfig, TargetConfig, TrainConfig
@@ -71,6 +77,15 @@ class TeacherCache:
     offsets: torch.Tensor
     topk_ids: torch.Tensor
     topk_logits: torch.Tensor
+    # Feature drafters: the target's last hidden state at every token of every sequence
+    # [Σ L_i, H] fp16, rows token_offsets[i]:token_offsets[i+1] for sequence i; else None.
+    features: torch.Tensor | None = None
+    token_offsets: torch.Tensor | None = None
+
+    def sequence_features(self, index: int) -> torch.Tensor:
+        """`[L_i, H]` fp16 target features of sequence `index` (a feature cache only)."""
+        assert self.features is not None and self.token_offsets is not None
+        return self.features[self.token_offsets[index] : self.token_offsets[index + 1]]
 
 
 def load_examples(data: DataConfig, split: str) -> list[Example]:
@@ -109,7 +124,13 @@ def build_sequences(
         stop = [eos[0]] if eos else []
         responses = [tokenizer(ex.response, add_special_tokens=False)["input_ids"] + stop for ex in pool]
     else:
-        responses = generate_continuations(target, prompts, train, eos, seed=train.seed)
+        # One continuation per prompt and temperature: more data from the same prompts, spread
+        # around the target's own distribution (greedy = exactly what greedy decoding will see).
+        responses, repeated = [], []
+        for i, temperature in enumerate(train.seq_temperatures or [train.temperature]):
+            responses += generate_continuations(target, prompts, train, eos, seed=train.seed + 1000 * i, temperature=temperature)
+            repeated += prompts
+        prompts = repeated
     sequences = []
     for prompt, response in zip(prompts, responses):
         tokens = (prompt + list(response))[: train.max_len]
@@ -119,20 +140,30 @@ def build_sequences(
 
 
 def generate_continuations(
-    model: PreTrainedModel, prompts: Sequence[list[int]], train: TrainConfig, eos: Sequence[int], seed: int, batch_size: int = 16
+    model: PreTrainedModel, prompts: Sequence[list[int]], train: TrainConfig, eos: Sequence[int], seed: int,
+    batch_size: int = 16, temperature: float | None = None,
 ) -> list[list[int]]:
-    """`model`'s continuations of `prompts` (batched, ragged), at most `max_new_tokens` each."""
+    """`model`'s continuations of `prompts` (batched, ragged), at most `max_new_tokens` each, at
+    `temperature` (default `train.temperature`; 0 = greedy)."""
     was_training = model.training
     model.eval()
     out: list[list[int]] = []
-    for start in range(0, len(prompts), batch_size):
-        batch = list(prompts[start : start + batch_size])
+    # Similar lengths batch together (less padding); the output keeps the prompts' order.
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    by_index: dict[int, list[int]] = {}
+    bar = tqdm(total=len(prompts), desc="target continuations", disable=len(prompts) <= batch_size, leave=False)
+    for start in range(0, len(order), batch_size):
+        picks = order[start : start + batch_size]
+        batch = [list(prompts[i]) for i in picks]
         budgets = [min(train.max_new_tokens, train.max_len - len(p)) for p in batch]
         result = autoregressive_generate(
-            model, batch, max_new_tokens=budgets, temperature=train.temperature,
+            model, batch, max_new_tokens=budgets, temperature=train.temperature if temperature is None else temperature,
             eos_token_ids=list(eos) or None, seed=seed + start,
         )
-        out.extend(result.sequences)
+        by_index.update(zip(picks, result.sequences))
+        bar.update(len(picks))
+    bar.close()
+    out = [by_index[i] for i in range(len(prompts))]
     model.train(was_training)
     return out
 
@@ -151,44 +182,63 @@ def pad_batch(sequences: Sequence[TrainSequence], pad_id: int) -> tuple[torch.Te
 
 
 @torch.no_grad()
-def _target_logits_at_positions(target: PreTrainedModel, sequences: Sequence[TrainSequence], pad_id: int) -> torch.Tensor:
-    """[Σ num_targets, V] target logits at the loss positions of `sequences` (one forward)."""
+def _target_outputs(
+    target: PreTrainedModel, sequences: Sequence[TrainSequence], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward over `sequences`: `[Σ num_targets, V]` fp32 logits at the loss positions and the
+    `[Σ L_i, H]` last hidden states (post-norm) at every token."""
     input_ids, attention_mask, positions = pad_batch(sequences, pad_id)
-    logits = target(input_ids=input_ids.to(target.device), attention_mask=attention_mask.to(target.device)).logits
-    return logits[positions.to(logits.device)].float()
+    out = target(input_ids=input_ids.to(target.device), attention_mask=attention_mask.to(target.device), output_hidden_states=True)
+    tokens = attention_mask.bool().to(out.logits.device)
+    return out.logits[positions.to(out.logits.device)].float(), out.hidden_states[-1][tokens]
 
 
-def score_topk(target: PreTrainedModel, sequences: Sequence[TrainSequence], k: int, pad_id: int) -> TeacherCache:
-    """Run the target over `sequences` (batches of `SCORE_BATCH`) and keep its top-k logits;
-    k = 0 keeps the sequences only and runs nothing."""
+def score_topk(
+    target: PreTrainedModel, sequences: Sequence[TrainSequence], k: int, pad_id: int, *, features: bool = False
+) -> TeacherCache:
+    """Run the target over `sequences` (batches of `SCORE_BATCH`) and keep its top-k logits and,
+    with `features`, its last hidden states at every token; k = 0 and no features keeps the
+    sequences only and runs nothing."""
     counts = torch.tensor([0] + [s.num_targets for s in sequences])
-    if k == 0:
-        total = int(counts.sum())
+    token_offsets = torch.tensor([0] + [len(s.tokens) for s in sequences]).cumsum(0)
+    total = int(counts.sum())
+    if k == 0 and not features:
         return TeacherCache(list(sequences), counts.cumsum(0), torch.zeros(total, 0, dtype=torch.int32), torch.zeros(total, 0))
-    ids, values = [], []
-    for start in range(0, len(sequences), SCORE_BATCH):
-        logits = _target_logits_at_positions(target, sequences[start : start + SCORE_BATCH], pad_id)
+    ids, values, hidden = [], [], []
+    for start in tqdm(range(0, len(sequences), SCORE_BATCH), desc="target forward (teacher cache)", leave=False,
+                      disable=len(sequences) <= 4 * SCORE_BATCH):
+        logits, batch_hidden = _target_outputs(target, sequences[start : start + SCORE_BATCH], pad_id)
         top = logits.topk(min(k, logits.shape[-1]), dim=-1)
         ids.append(top.indices.to(torch.int32).cpu())
         values.append(top.values.cpu())
-    return TeacherCache(list(sequences), counts.cumsum(0), torch.cat(ids), torch.cat(values))
+        if features:
+            hidden.append(batch_hidden.half().cpu())
+    return TeacherCache(
+        list(sequences), counts.cumsum(0), torch.cat(ids), torch.cat(values),
+        torch.cat(hidden) if features else None, token_offsets if features else None,
+    )
 
 
 @torch.no_grad()
-def heldout_probs(
+def heldout_targets(
     target: PreTrainedModel, sequences: Sequence[TrainSequence], draft_ids: torch.Tensor, temperature: float, pad_id: int
-) -> torch.Tensor:
-    """[Σ num_targets, K] fp16: the target's exact full-vocabulary probabilities at `temperature`
-    (0 → 1, as the losses), at the drafter's K vocabulary ids, at every loss position."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What held-out acceptance is measured against, at every loss position (`P = Σ num_targets`):
+    `[P, K]` fp16, the target's exact full-vocabulary probabilities at `temperature` (0 → 1) at the
+    drafter's K vocabulary ids (for Σ min(p, q)); `[P]` long, the target's full-vocabulary argmax
+    (greedy decoding accepts a draft exactly when it is that token)."""
     tau = 1.0 if temperature == 0 else temperature
-    chunks = []
+    probs, argmax = [], []
     for start in range(0, len(sequences), SCORE_BATCH):
-        logits = _target_logits_at_positions(target, sequences[start : start + SCORE_BATCH], pad_id)
-        chunks.append(logits.div(tau).softmax(-1)[:, draft_ids.to(logits.device)].half().cpu())
-    return torch.cat(chunks)
+        logits, _ = _target_outputs(target, sequences[start : start + SCORE_BATCH], pad_id)
+        probs.append(logits.div(tau).softmax(-1)[:, draft_ids.to(logits.device)].half().cpu())
+        argmax.append(logits.argmax(-1).cpu())
+    return torch.cat(probs), torch.cat(argmax)
 
 
-def cache_key(target: TargetConfig, data: DataConfig, train: TrainConfig, split: str, topk: int, limit: int | None) -> str:
+def cache_key(
+    target: TargetConfig, data: DataConfig, train: TrainConfig, split: str, topk: int, limit: int | None, features: bool = False
+) -> str:
     """Everything the cached sequences and logits depend on, hashed: a changed field is a new file.
 
     `topk` (0: sequences only) and `limit` (sequences kept) are passed apart from `train` because
@@ -198,6 +248,7 @@ def cache_key(target: TargetConfig, data: DataConfig, train: TrainConfig, split:
         "seq_source": train.seq_source, "max_prompt_tokens": train.max_prompt_tokens, "max_len": train.max_len,
         "max_new_tokens": train.max_new_tokens, "temperature": train.temperature, "topk": topk,
         "limit": limit, "seed": train.seed if train.seq_source == "target" else None,
+        "seq_temperatures": train.seq_temperatures if train.seq_source == "target" else None, "features": features,
     }
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -220,6 +271,15 @@ def load_cache(path: Path) -> TeacherCache:
     payload = torch.load(path, weights_only=True)
     payload["sequences"] = [TrainSequence(**s) for s in payload["sequences"]]
     return TeacherCache(**payload)
+
+
+def padded_features(cache: TeacherCache, indices: Sequence[int], width: int) -> torch.Tensor:
+    """Right-padded `[B, width, H]` fp32 target features of `cache.sequences[i]` for i in `indices`."""
+    rows = [cache.sequence_features(i) for i in indices]
+    out = torch.zeros(len(rows), width, rows[0].shape[-1])
+    for row, values in enumerate(rows):
+        out[row, : values.shape[0]] = values.float()
+    return out
 
 
 def dense_teacher_logits(

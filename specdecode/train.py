@@ -32,11 +32,13 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from omegaconf import OmegaConf
-from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdecode.atomic import write_atomic
 from specdecode.config import DrafterConfig, TargetConfig, TrainJobConfig
 from specdecode.losses import get_loss
+from specdecode.feature_drafter import CONFIG_KEY as FEATURE_CONFIG_KEY
+from specdecode.feature_training import FeatureDrafterLogits, feature_regression_sum, frozen_head_rows, pass_positions
 from specdecode.models import DraftVocabHead, build_drafter, check_tokenizers, load_model
 from specdecode.teacher import (
     TeacherCache,
@@ -45,8 +47,9 @@ from specdecode.teacher import (
     cache_key,
     dense_teacher_logits,
     generate_continuations,
-    heldout_probs,
+    heldout_targets,
     load_cache,
+    padded_features,
     load_examples,
     pad_batch,
     save_cache,
@@ -95,6 +98,14 @@ def check_drafter_tokenizer(cfg: DrafterConfig, tokenizer: PreTrainedTokenizerBa
         check_tokenizers(tokenizer, AutoTokenizer.from_pretrained(str(cfg.path)))
     except ValueError as error:
         raise ValueError(f"drafter.path={cfg.path!r}: its tokenizer is not the target's: {error}") from None
+
+
+def reads_features(cfg: DrafterConfig) -> bool:
+    """Whether the drafter a config names is a feature drafter (a pretrained folder says so in its
+    config), known before the teacher cache is built, since that cache then keeps features."""
+    if cfg.kind != "pretrained":
+        return cfg.kind == "feature"
+    return getattr(AutoConfig.from_pretrained(str(cfg.path)), FEATURE_CONFIG_KEY, None) is not None
 
 
 def draft_vocab_ids(drafter: PreTrainedModel) -> torch.Tensor:
@@ -147,16 +158,18 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
 
     # 1. sequences and the target's top-k logits on them, cached (finetune needs no logits: k = 0)
     cache_start = time.perf_counter()
-    topk = train.teacher_topk if job == "distill" else 0
+    # (a feature drafter's teacher is the frozen head on the cached features: no top-k needed)
+    features = reads_features(cfg.drafter)
+    topk = train.teacher_topk if job == "distill" and not features else 0
     train_examples = load_examples(cfg.data, "train")
     train_cache = _cached(
-        cache_dir / f"{job}-train-{cache_key(cfg.target, cfg.data, train, 'train', topk, train.train_sequences)}.pt",
-        lambda: score_topk(target, build_sequences(train_examples, tokenizer, target, train, eos, train.train_sequences), topk, pad_id),
+        cache_dir / f"{job}-train-{cache_key(cfg.target, cfg.data, train, 'train', topk, train.train_sequences, features)}.pt",
+        lambda: score_topk(target, build_sequences(train_examples, tokenizer, target, train, eos, train.train_sequences), topk, pad_id, features=features),
         accelerator,
     )
     heldout = _cached(
-        cache_dir / f"heldout-{cache_key(cfg.target, cfg.data, train, 'heldout', 0, train.heldout_sequences)}.pt",
-        lambda: score_topk(target, build_sequences(load_examples(cfg.data, "heldout"), tokenizer, target, train, eos, train.heldout_sequences), 0, pad_id),
+        cache_dir / f"heldout-{cache_key(cfg.target, cfg.data, train, 'heldout', 0, train.heldout_sequences, features)}.pt",
+        lambda: score_topk(target, build_sequences(load_examples(cfg.data, "heldout"), tokenizer, target, train, eos, train.heldout_sequences), 0, pad_id, features=features),
         accelerator,
     )
     if not train_cache.sequences or not heldout.sequences:
@@ -174,23 +187,34 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     if train.freeze_head:
         drafter.get_output_embeddings().requires_grad_(False)
     drafter.train()
-    # Held-out: each process scores its share of the sequences once (exact p at the draft ids).
-    my_heldout = heldout.sequences[accelerator.process_index :: accelerator.num_processes]
-    my_heldout_p = heldout_probs(target, my_heldout, draft_ids, train.temperature, pad_id) if my_heldout else None
+    # Held-out: each process scores its share of the sequences once (exact p at the draft ids, and
+    # the target's argmax), at the temperature selection is made for (greedy: p at T = 1 is logged).
+    my_indices = list(range(len(heldout.sequences)))[accelerator.process_index :: accelerator.num_processes]
+    my_heldout = [heldout.sequences[i] for i in my_indices]
+    select_tau = train.select_temperature or 1.0
+    my_heldout_p, my_heldout_argmax = heldout_targets(target, my_heldout, draft_ids, select_tau, pad_id) if my_heldout else (None, None)
     cache_seconds = time.perf_counter() - cache_start
 
-    model = DrafterLogits(drafter)
+    if features:
+        teacher_weight, teacher_bias = frozen_head_rows(target.get_output_embeddings(), draft_ids)
+        model = FeatureDrafterLogits(drafter, train.unroll_steps)
+    else:
+        model = DrafterLogits(drafter)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=train.lr, weight_decay=train.weight_decay)
     model, optimizer = accelerator.prepare(model, optimizer)
     tau = 1.0 if train.temperature == 0 else train.temperature
 
-    def micro_batches(sequences: list[TrainSequence], rows: list[torch.Tensor] | None) -> list[Batch]:
+    def micro_batches(sequences: list[TrainSequence], rows: list[torch.Tensor] | None, picks: list[int]) -> list[Batch]:
         size = len(sequences) // train.grad_accum
         out = []
         for start in range(0, len(sequences), size):
             input_ids, attention_mask, positions = pad_batch(sequences[start : start + size], pad_id)
             batch = {"input_ids": input_ids, "attention_mask": attention_mask}
-            if job == "distill":
+            if features:
+                batch["features"] = padded_features(train_cache, picks[start : start + size], input_ids.shape[1])
+            if job == "distill" and features:
+                pass  # the teacher is the frozen head on `features` (loss_sum)
+            elif job == "distill":
                 ids = torch.zeros(*positions.shape, topk, dtype=torch.int32)
                 logits = torch.zeros(*positions.shape, topk)
                 ids[positions] = torch.cat([r[0] for r in rows[start : start + size]])
@@ -214,38 +238,80 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
             sequences = [TrainSequence(p + r, len(p)) for p, r in zip(prompts, responses)]
             scored, picks = score_topk(target, sequences, topk, pad_id), list(range(len(sequences)))
             if job == "finetune":
-                return micro_batches(sequences, None)
+                return micro_batches(sequences, None, picks)
         else:
             sequences, scored, picks = [train_cache.sequences[i] for i in indices], train_cache, indices
-        if job == "finetune":
-            return micro_batches(sequences, None)
+        if job == "finetune" or features:
+            return micro_batches(sequences, None, picks)
         rows = [(scored.topk_ids[scored.offsets[i] : scored.offsets[i + 1]], scored.topk_logits[scored.offsets[i] : scored.offsets[i + 1]]) for i in picks]
-        return micro_batches(sequences, rows)
+        return micro_batches(sequences, rows, picks)
 
     def loss_sum(module: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        if features:
+            return feature_loss_sum(module, batch)
         student = module(batch["input_ids"], batch["attention_mask"])  # [B, T, K]
         if job == "finetune":
             return F.cross_entropy(student[batch["positions"]], batch["labels"][batch["positions"]], reduction="sum")
         teacher = dense_teacher_logits(batch["topk_ids"], batch["topk_logits"], vocab_to_draft.to(student.device), student.shape[-1])
         return loss_fn(student, teacher, batch["positions"], temperature=tau, reduction="sum", **loss_kwargs)
 
+    def feature_loss_sum(module: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        """Token loss of every unrolled pass (vs the frozen head on the target's features, or the
+        next token) plus the weighted regression of the target's feature."""
+        logits, predicted = module(batch["input_ids"], batch["attention_mask"], batch["features"])  # [S, B, T, K|H]
+        masks = pass_positions(batch["positions"], logits.shape[0])
+        total = logits.new_zeros(())
+        if job == "distill":
+            teacher = F.linear(batch["features"], teacher_weight.to(logits.device), None if teacher_bias is None else teacher_bias.to(logits.device))
+        for j in range(logits.shape[0]):
+            if job == "finetune":
+                total = total + F.cross_entropy(logits[j][masks[j]], batch["labels"][masks[j]], reduction="sum")
+            else:
+                total = total + loss_fn(logits[j], teacher, masks[j], temperature=tau, reduction="sum", **loss_kwargs)
+            if train.feature_loss_weight:
+                total = total + train.feature_loss_weight * feature_regression_sum(predicted[j], batch["features"], masks[j])
+        return total
+
+    def heldout_logits(module: torch.nn.Module, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`[S, P, K]` drafter logits at the loss positions of held-out sequences `indices` (S
+        unrolled passes for a feature drafter, 1 otherwise) and the `[S, P]` mask of positions
+        each pass can score."""
+        chunk = [heldout.sequences[i] for i in indices]
+        input_ids, attention_mask, positions = pad_batch(chunk, pad_id)
+        input_ids, attention_mask = input_ids.to(accelerator.device), attention_mask.to(accelerator.device)
+        if not features:
+            logits = module(input_ids, attention_mask)[positions.to(accelerator.device)].unsqueeze(0)
+            return logits, torch.ones(logits.shape[:2], dtype=torch.bool, device=logits.device)
+        target_features = padded_features(heldout, indices, input_ids.shape[1]).to(accelerator.device)
+        logits, _ = module(input_ids, attention_mask, target_features)
+        scored = pass_positions(positions.to(accelerator.device), logits.shape[0])
+        on_positions = positions.to(accelerator.device)
+        return logits[:, on_positions], scored[:, on_positions]
+
     @torch.no_grad()
-    def evaluate() -> float:
-        """Held-out expected acceptance: mean over positions of Σ_v min(p, q), all processes pooled."""
+    def evaluate() -> dict[str, float]:
+        """Held-out acceptance, all processes pooled: `greedy` = how often the drafter's argmax is
+        the target's (greedy decoding's acceptance), `expected` = mean Σ_v min(p, q) at the selection
+        temperature (1 when selecting for greedy); for a feature drafter averaged over the unrolled
+        passes. `score` is the one selection uses."""
         module = accelerator.unwrap_model(model)
         module.eval()
-        totals = torch.zeros(2, device=accelerator.device)
+        totals = torch.zeros(3, device=accelerator.device)
         row = 0
-        for start in range(0, len(my_heldout), 8):
-            chunk = my_heldout[start : start + 8]
-            input_ids, attention_mask, positions = pad_batch(chunk, pad_id)
-            q = module(input_ids.to(accelerator.device), attention_mask.to(accelerator.device))[positions].float().div(tau).softmax(-1)
-            p = my_heldout_p[row : row + q.shape[0]].to(q.device, torch.float32)
-            row += q.shape[0]
-            totals += torch.stack([torch.minimum(p, q).sum(), torch.tensor(float(q.shape[0]), device=q.device)])
+        for start in range(0, len(my_indices), 8):
+            logits, scored = heldout_logits(module, my_indices[start : start + 8])  # [S, P, K], [S, P]
+            count = logits.shape[1]
+            p = my_heldout_p[row : row + count].to(logits.device, torch.float32)
+            argmax = my_heldout_argmax[row : row + count].to(logits.device)
+            row += count
+            q = logits.float().div(select_tau).softmax(-1)
+            expected = torch.minimum(p.unsqueeze(0), q).sum(-1)
+            greedy = (draft_ids.to(logits.device)[logits.argmax(-1)] == argmax.unsqueeze(0)).float()
+            totals += torch.stack([expected[scored].sum(), greedy[scored].sum(), scored.sum().float()])
         module.train()
         summed = accelerator.gather_for_metrics(totals.unsqueeze(0)).sum(0)
-        return (summed[0] / summed[1].clamp_min(1)).item()
+        expected, greedy = (summed[:2] / summed[2].clamp_min(1)).tolist()
+        return {"score": greedy if train.select_temperature == 0 else expected, "greedy": greedy, "expected": expected}
 
     # 3. resume or start, then train
     checkpoints = output / "checkpoints"
@@ -267,7 +333,11 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
         "cache_and_setup_seconds": cache_seconds, "peak_memory_mb": peak_memory_mb(accelerator.device),
         "train_sequences": len(train_cache.sequences), "heldout_sequences": len(heldout.sequences),
         "heldout_positions": int(heldout.offsets[-1]), "draft_vocab": len(draft_ids),
-        "num_processes": accelerator.num_processes, "history": state.history,
+        "num_processes": accelerator.num_processes, "drafter_kind": "feature" if features else "slice",
+        "select_temperature": train.select_temperature,
+        "selection_metric": "greedy acceptance" if train.select_temperature == 0 else f"expected acceptance at T={train.select_temperature}",
+        "best": next((h for h in state.history if h["step"] == state.best_step), None),
+        "epochs": state.step * train.batch_size / len(train_cache.sequences), "history": state.history,
     }
     if accelerator.is_main_process:
         final = accelerator.unwrap_model(model).drafter

@@ -172,7 +172,7 @@ def train_loop(
     num_sequences: int,
     make_batches: Callable[[list[int], int, bool], list[Batch]],
     loss_sum: Callable[[nn.Module, Batch], torch.Tensor],
-    evaluate: Callable[[], float],
+    evaluate: Callable[[], dict[str, float]],
     checkpoints: Path,
     logger: MetricsLogger,
     state: LoopState,
@@ -182,30 +182,41 @@ def train_loop(
 
     `make_batches(indices, step, on_policy)` turns this process's share of the global batch into
     `grad_accum` micro-batches, each with a bool `positions` [B, T] of counted tokens;
-    `loss_sum(model, batch)` returns the batch's summed loss; `evaluate()` the held-out expected
-    acceptance, identical on every process. Returns the final state and the best weights.
+    `loss_sum(model, batch)` returns the batch's summed loss; `evaluate()` held-out acceptance
+    figures, identical on every process, whose `score` selects the best weights. Stops early after
+    `early_stop_evals` evaluations without a new best. Returns the final state and the best weights.
     """
     drafter = accelerator.unwrap_model(model).drafter
     world, accum = accelerator.num_processes, cfg.grad_accum
     per_process = cfg.batch_size // world
 
     def eval_and_select() -> None:
-        acceptance = evaluate()
-        state.history.append({"step": state.step, "acceptance": acceptance})
+        figures = evaluate()
+        acceptance = figures["score"]
+        epochs = state.step * cfg.batch_size / num_sequences
+        state.history.append({"step": state.step, "epochs": round(epochs, 3), "acceptance": acceptance,
+                              **{k: v for k, v in figures.items() if k != "score"}})
         if state.acceptance_before is None:
             state.acceptance_before = acceptance
         if acceptance > state.best_acceptance:
             state.best_acceptance, state.best_step = acceptance, state.step
             best.clear()
             best.update(trainable_state(drafter))
-        logger.log({"step": state.step, "heldout_acceptance": acceptance, "best": state.best_acceptance}, bar)
+        logger.log({"step": state.step, "epochs": round(epochs, 3), "heldout_acceptance": acceptance,
+                    **{f"heldout_{k}": v for k, v in figures.items() if k != "score"}, "best": state.best_acceptance}, bar)
+
+    def stale() -> bool:
+        """No new best in the last `early_stop_evals` evaluations (identical on every process)."""
+        patience = cfg.early_stop_evals
+        return patience is not None and len(state.history) > patience and all(
+            h["step"] > state.best_step for h in state.history[-patience:])
 
     bar = tqdm(total=cfg.max_steps, initial=state.step, desc="train", disable=not accelerator.is_main_process)
     if state.acceptance_before is None:
         eval_and_select()
     model.train()
     while state.step < cfg.max_steps:
-        out_of_time = cfg.max_minutes is not None and state.train_seconds >= 60 * cfg.max_minutes
+        out_of_time = (cfg.max_minutes is not None and state.train_seconds >= 60 * cfg.max_minutes) or stale()
         if accelerator.reduce(torch.tensor(float(out_of_time), device=accelerator.device), "sum").item() > 0:
             break
         start = time.perf_counter()

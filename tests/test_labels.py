@@ -139,3 +139,30 @@ def test_read_labels_errors_name_the_file(tmp_path: Path) -> None:
     (tmp_path / "orphan.jsonl").write_text("{}\n")
     with pytest.raises(ValueError, match="orphan.meta.json"):
         read_labels(tmp_path / "orphan.jsonl")
+
+
+def test_feature_drafter_labels_equal_direct_teacher_forcing(models) -> None:
+    """Left-padded batched labels of a feature drafter equal an unpadded forward of it over the
+    target's own features (its position t - 1 predicts token t + 1)."""
+    from specdecode.feature_drafter import derive_feature_drafter
+
+    target, _ = models
+    torch.manual_seed(4)
+    drafter = derive_feature_drafter(target, 1)
+    with torch.no_grad():
+        drafter.fc.weight.normal_(0, 0.4)
+    # (a one-token prompt has no feature before its last token: its first label position is padding)
+    prompts = [p for p in PROMPTS if len(p) >= 2]
+    labels = collect_labels(target, [("feature", drafter)], prompts, max_new_tokens=7, batch_size=3, progress=False)
+    for i, prompt in enumerate(prompts):
+        continuation = labels.continuations[i]
+        ids = torch.tensor([prompt + continuation])
+        scored = torch.arange(len(prompt) - 1, len(prompt) + len(continuation) - 1)
+        with torch.no_grad():
+            out = target(ids, output_hidden_states=True)
+            q = drafter.logits(drafter(out.hidden_states[-1][:, :-1], ids[:, 1:]))[0, scored - 1]
+        p = out.logits[0, scored]
+        match = (p.argmax(-1) == q.argmax(-1)).float().mean().item()
+        acceptance = torch.minimum(p.softmax(-1), q.softmax(-1)).sum(-1).mean().item()
+        assert labels.greedy_match[i, 0].item() == pytest.approx(match, abs=1e-6)
+        assert labels.acceptance[i, 0].item() == pytest.approx(acceptance, abs=1e-5)

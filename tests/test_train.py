@@ -193,3 +193,38 @@ def test_dense_teacher_logits_keep_topk_draft_ids_only() -> None:
     vocab_to_draft = torch.tensor([-1, 0, 1, -1, 2])  # draft ids 1, 2, 4
     dense = dense_teacher_logits(torch.tensor([[4, 3, 1]]), torch.tensor([[5.0, 4.0, 3.0]]), vocab_to_draft, 3)
     assert dense.tolist() == [[3.0, float("-inf"), 5.0]]
+
+
+def test_feature_drafter_distills_from_cached_features_and_reloads(tmp_path: Path) -> None:
+    """drafter=feature: the cache keeps the target's features, unrolled training raises greedy
+    acceptance, metrics carry both acceptance figures and epochs, and the saved folder is a
+    feature drafter again (greedy decoding with it equals the target's)."""
+    from specdecode import autoregressive_generate, speculative_generate
+    from specdecode.feature_drafter import FeatureDrafter
+    from specdecode.teacher import load_cache
+
+    metrics = run_distill(smoke_cfg(tmp_path, "drafter.kind=feature", "train.max_steps=40", "train.eval_every=20", "train.lr=2e-2",
+                                    "train.seq_source=target", "train.seq_temperatures=[0.0,1.0]", "train.unroll_steps=2"))
+    assert metrics["drafter_kind"] == "feature" and metrics["selection_metric"] == "greedy acceptance"
+    # the tiny random target's argmax is near-uniform noise, so progress shows in Σ min(p, q)
+    assert max(h["expected"] for h in metrics["history"]) > metrics["history"][0]["expected"] + 0.04
+    assert {"greedy", "expected", "epochs"} <= metrics["history"][-1].keys() and metrics["epochs"] > 0
+    caches = [load_cache(p) for p in (tmp_path / "cache").glob("distill-train-*.pt")]
+    assert len(caches) == 1 and caches[0].features is not None
+    # two temperatures: every prompt appears twice
+    assert caches[0].features.shape[0] == int(caches[0].token_offsets[-1]) and len(caches[0].sequences) == 2 * 64
+    drafter, _ = load_model(tmp_path / "out" / "drafter")
+    target, _ = load_model("smoke")
+    assert isinstance(drafter, FeatureDrafter)
+    prompts = [s.tokens[: s.response_start] for s in caches[0].sequences[:3]]
+    spec = speculative_generate(target, drafter, prompts, gamma=3, max_new_tokens=12, eos_token_ids=[])
+    assert spec.sequences == autoregressive_generate(target, prompts, max_new_tokens=12, eos_token_ids=[]).sequences
+
+
+def test_select_temperature_picks_the_metric_and_early_stop_ends_training(tmp_path: Path) -> None:
+    metrics = run_distill(smoke_cfg(tmp_path, "train.select_temperature=1.0", "train.max_steps=40", "train.eval_every=1",
+                                    "train.early_stop_evals=2", "train.lr=1.0"))
+    assert metrics["selection_metric"] == "expected acceptance at T=1.0"
+    assert all(h["acceptance"] == h["expected"] for h in metrics["history"])
+    # a huge learning rate stops improving fast: training ends well before max_steps
+    assert metrics["steps"] < 40

@@ -159,3 +159,17 @@ def test_distribution_test_catches_resampling_from_p(mc_models, monkeypatch) -> 
     params = SamplingParams(1.0)
     observed = sampled_joint(target, drafter, params, seed=0)
     assert g_test_pvalue(observed, exact_joint(target, params)) < SIGNIFICANCE
+
+
+@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, top_k=3)], ids=["t1.0", "t0.7-k3"])
+def test_sampled_output_follows_target_with_a_feature_drafter(mc_models, params) -> None:
+    """The same Monte-Carlo test with an EAGLE-style drafter reading the target's features."""
+    from specdecode.feature_drafter import derive_feature_drafter
+
+    target, _ = mc_models
+    torch.manual_seed(13)
+    drafter = derive_feature_drafter(target, 1)
+    with torch.no_grad():
+        drafter.fc.weight.normal_(0, 0.3)
+    observed = sampled_joint(target, drafter, params, seed=1)
+    assert g_test_pvalue(observed, exact_joint(target, params)) > SIGNIFICANCE
