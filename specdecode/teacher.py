@@ -183,13 +183,18 @@ def pad_batch(sequences: Sequence[TrainSequence], pad_id: int) -> tuple[torch.Te
 
 @torch.no_grad()
 def _target_outputs(
-    target: PreTrainedModel, sequences: Sequence[TrainSequence], pad_id: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward over `sequences`: `[Σ num_targets, V]` fp32 logits at the loss positions and the
+    target: PreTrainedModel, sequences: Sequence[TrainSequence], pad_id: int, logits: bool = True
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """One forward over `sequences`: `[Σ num_targets, V]` fp32 logits at the loss positions (None
+    without `logits`: the `[B, T, V]` head output is most of a small target's cost) and the
     `[Σ L_i, H]` last hidden states (post-norm) at every token."""
     input_ids, attention_mask, positions = pad_batch(sequences, pad_id)
-    out = target(input_ids=input_ids.to(target.device), attention_mask=attention_mask.to(target.device), output_hidden_states=True)
-    tokens = attention_mask.bool().to(out.logits.device)
+    input_ids, attention_mask = input_ids.to(target.device), attention_mask.to(target.device)
+    tokens = attention_mask.bool()
+    if not logits:
+        return None, target.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[tokens]
+    # The model's own forward (some architectures post-process the head's output, e.g. softcapping).
+    out = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
     return out.logits[positions.to(out.logits.device)].float(), out.hidden_states[-1][tokens]
 
 
@@ -207,12 +212,15 @@ def score_topk(
     ids, values, hidden = [], [], []
     for start in tqdm(range(0, len(sequences), SCORE_BATCH), desc="target forward (teacher cache)", leave=False,
                       disable=len(sequences) <= 4 * SCORE_BATCH):
-        logits, batch_hidden = _target_outputs(target, sequences[start : start + SCORE_BATCH], pad_id)
-        top = logits.topk(min(k, logits.shape[-1]), dim=-1)
-        ids.append(top.indices.to(torch.int32).cpu())
-        values.append(top.values.cpu())
+        logits, batch_hidden = _target_outputs(target, sequences[start : start + SCORE_BATCH], pad_id, logits=k > 0)
+        if logits is not None:
+            top = logits.topk(min(k, logits.shape[-1]), dim=-1)
+            ids.append(top.indices.to(torch.int32).cpu())
+            values.append(top.values.cpu())
         if features:
             hidden.append(batch_hidden.half().cpu())
+    if k == 0:
+        ids, values = [torch.zeros(total, 0, dtype=torch.int32)], [torch.zeros(total, 0)]
     return TeacherCache(
         list(sequences), counts.cumsum(0), torch.cat(ids), torch.cat(values),
         torch.cat(hidden) if features else None, token_offsets if features else None,
