@@ -202,6 +202,9 @@ class TrainConfig:
     # regression of the target's next feature beside the token loss.
     unroll_steps: int = 2
     feature_loss_weight: float = 1.0
+    # After training: the gamma (of these) that Leviathan's model predicts fastest for the best
+    # held-out acceptance and the step costs measured then, stored with the drafter ([] = none).
+    gamma_candidates: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 8])
     max_prompt_tokens: int = 96
     max_len: int = 192
     max_new_tokens: int = 96
@@ -244,6 +247,9 @@ class TrainConfig:
         _require(self.early_stop_evals is None or (_is_int(self.early_stop_evals) and self.early_stop_evals >= 1), "train.early_stop_evals", self.early_stop_evals, "null or an int >= 1")
         _require(_is_int(self.unroll_steps) and 1 <= self.unroll_steps <= 8, "train.unroll_steps", self.unroll_steps, "an int in [1, 8]")
         _require(_is_number(self.feature_loss_weight) and self.feature_loss_weight >= 0, "train.feature_loss_weight", self.feature_loss_weight, ">= 0")
+        _require(isinstance(self.gamma_candidates, (list, tuple)) and all(_is_int(g) and 1 <= g <= 64 for g in self.gamma_candidates),
+                 "train.gamma_candidates", self.gamma_candidates, "a list of ints in [1, 64] (empty: keep the default gamma)")
+        self.gamma_candidates = list(self.gamma_candidates)
         for name in ("max_prompt_tokens", "max_len", "max_new_tokens", "teacher_topk", "heldout_sequences", "batch_size",
                      "grad_accum", "eval_every", "checkpoint_every", "keep_checkpoints", "log_every", "vocab_corpus_docs"):
             value = getattr(self, name)

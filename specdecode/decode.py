@@ -147,6 +147,15 @@ class _Finisher:
             cache.select_rows(keep)
 
 
+DEFAULT_GAMMA = 4
+
+
+def drafter_gamma(drafter: PreTrainedModel | FeatureDrafter) -> int:
+    """The gamma stored with a trained drafter (`config.specdecode_gamma`), else `DEFAULT_GAMMA`."""
+    gamma = getattr(drafter.config, "specdecode_gamma", None)
+    return gamma if isinstance(gamma, int) and not isinstance(gamma, bool) and gamma >= 1 else DEFAULT_GAMMA
+
+
 def _generator(seed: int | None, device: torch.device) -> torch.Generator | None:
     return None if seed is None else torch.Generator(device=device).manual_seed(seed)
 
@@ -157,8 +166,8 @@ def speculative_generate(
     drafter: PreTrainedModel | FeatureDrafter,
     prompts: Sequence[Sequence[int]],
     *,
-    gamma: int,
     max_new_tokens: int | Sequence[int],
+    gamma: int | None = None,
     temperature: float = 0.0,
     top_k: int = 0,
     top_p: float = 1.0,
@@ -167,6 +176,9 @@ def speculative_generate(
 ) -> GenerationResult:
     """Generate from `target` with `drafter` proposing `gamma` tokens per target pass.
 
+    `gamma=None` uses the drafter's own (`config.specdecode_gamma`, chosen by training from its
+    measured acceptance and costs), else `DEFAULT_GAMMA`.
+
     The output distribution is exactly the target's (greedy: token-identical to target-only greedy).
     `drafter` is a causal LM sharing the target's vocabulary or a `FeatureDrafter` (it then reads
     the target's hidden states, which the verify pass computes anyway). `prompts` is a ragged batch
@@ -174,6 +186,7 @@ def speculative_generate(
     stops per row at any of `eos_token_ids` (included in the output).
     """
     validate_models(target, drafter)
+    gamma = drafter_gamma(drafter) if gamma is None else gamma
     params, budgets, eos = validate_request(
         target, prompts, max_new_tokens, temperature, top_k, top_p, eos_token_ids, gamma=gamma
     )

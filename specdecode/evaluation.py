@@ -45,7 +45,8 @@ class EvalConfig:
     prompts_per_domain: int = 10
     max_prompt_tokens: int = 256
     max_new_tokens: int = 64
-    gamma: int = 4
+    # null: each drafter at the gamma stored with it by training (specdecode.decode.drafter_gamma).
+    gamma: int | None = 4
     temperatures: list[float] = field(default_factory=lambda: [0.0])
     batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
     seed: int = 0
@@ -66,7 +67,7 @@ class EvalConfig:
             _require(name == "generic" or name in DOMAINS, "drafters", name, f"generic or one of {list(DOMAINS)}")
             _require(Path(path).exists(), f"drafters.{name}", path, "does not exist")
         _require(self.prompts_per_domain >= 1, "prompts_per_domain", self.prompts_per_domain, ">= 1")
-        _require(isinstance(self.gamma, int) and self.gamma >= 1, "gamma", self.gamma, "an int >= 1")
+        _require(self.gamma is None or (isinstance(self.gamma, int) and self.gamma >= 1), "gamma", self.gamma, "null (each drafter's own) or an int >= 1")
         _require(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, ">= 1")
         for t in self.temperatures:
             _require(t >= 0, "temperatures", t, ">= 0")
@@ -116,6 +117,7 @@ class RunRecord:
             "reached": reached,
             "passed": passed,
             "prompts": len(sequences),
+            "gamma": gamma,
             "matches": sum(a == b for a, b in zip(sequences, reference)) if reference is not None else None,
         }
 
@@ -180,8 +182,9 @@ def heldout_prompts(
     raise ValueError(f"domain {domain!r} has only {len(chosen)} held-out prompts within max_prompt_tokens={max_tokens}")
 
 
-def finalize_rows(keyed_counts: dict[tuple, dict], gamma: int) -> list[dict]:
-    """results.json rows from merged counts keyed by (domain, method, temperature, batch_size)."""
+def finalize_rows(keyed_counts: dict[tuple, dict], gamma: int | None) -> list[dict]:
+    """results.json rows from merged counts keyed by (domain, method, temperature, batch_size);
+    `gamma=None`: each drafter ran at its own stored gamma, which the counts carry."""
     rows = []
     for (domain, method, temperature, batch_size), c in keyed_counts.items():
         base = keyed_counts[(domain, "autoregressive", temperature, batch_size)]
@@ -192,7 +195,7 @@ def finalize_rows(keyed_counts: dict[tuple, dict], gamma: int) -> list[dict]:
             {
                 "domain": domain,
                 "method": method,
-                "gamma": 0 if method == "autoregressive" else gamma,
+                "gamma": 0 if method == "autoregressive" else (gamma if gamma is not None else c["gamma"]),
                 "temperature": temperature,
                 "batch_size": batch_size,
                 "alpha": c["accepted"] / judged if judged else None,

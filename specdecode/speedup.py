@@ -43,6 +43,24 @@ def predicted_speedup(alpha: float, gamma: int, cost_ratio: float, verify_ratio:
     return expected_tokens_per_step(alpha, gamma) / (gamma * cost_ratio + verify_ratio)
 
 
+def optimal_gamma(alpha: float, cost_ratio: float, verify_ratios: dict[int, float]) -> tuple[int, float]:
+    """The gamma Leviathan's model predicts fastest, each gamma with its own measured verify cost.
+
+    Args:
+        alpha: per-token acceptance rate.
+        cost_ratio: c, a drafter step relative to a target step.
+        verify_ratios: gamma → T_target(gamma + 1 tokens) / T_target(1 token).
+
+    Returns:
+        `(gamma, predicted speedup)`; a speedup below 1 says speculation does not pay at all.
+    """
+    if not verify_ratios:
+        raise ValueError("verify_ratios is empty: measure at least one gamma")
+    speedups = {g: predicted_speedup(alpha, g, cost_ratio, v) for g, v in verify_ratios.items()}
+    best = max(speedups, key=lambda g: (speedups[g], -g))
+    return best, speedups[best]
+
+
 @dataclass
 class StepCosts:
     """Median wall time of one cached forward pass at a given context length, in seconds."""
@@ -104,6 +122,17 @@ def _time_feature_step(drafter: FeatureDrafter, context: Sequence[int], repeats:
         drafter.logits(out).sum().item()  # wait for the device
         times.append(time.perf_counter() - start)
     return statistics.median(times[1:])
+
+
+@torch.inference_mode()
+def measure_verify_ratios(
+    target: PreTrainedModel, context: Sequence[int], gammas: Sequence[int], repeats: int = 5
+) -> dict[int, float]:
+    """gamma → the measured cost of a (gamma + 1)-token verify over a one-token step, after `context`."""
+    if len(context) <= max(gammas) + 1:
+        raise ValueError(f"context must be longer than max(gammas) + 1 = {max(gammas) + 1} tokens, got {len(context)}")
+    step = _time_forward(target, context, 1, repeats)
+    return {g: _time_forward(target, context, g + 1, repeats) / step for g in gammas}
 
 
 @torch.inference_mode()

@@ -41,3 +41,31 @@ def test_measure_step_costs_reports_positive_times() -> None:
     assert costs.cost_ratio == costs.drafter_step_s / costs.target_step_s
     with pytest.raises(ValueError, match="gamma"):
         measure_step_costs(target, drafter, [1, 2, 3], gamma=3)
+
+
+def test_optimal_gamma_follows_acceptance_and_verify_cost() -> None:
+    from specdecode.speedup import optimal_gamma
+
+    flat = {g: 1.0 for g in range(1, 9)}  # a GPU-like verify: gamma + 1 tokens cost one step
+    low, low_speedup = optimal_gamma(0.05, 0.1, flat)
+    high, high_speedup = optimal_gamma(0.9, 0.02, flat)
+    assert low == 1 and low_speedup < 1.0  # a drafter that is never right does not pay
+    assert high >= 6 and high_speedup > 3.0
+    # a verify that costs more with every token pulls the optimum down
+    steep = {g: 1.0 + 0.5 * g for g in range(1, 9)}
+    assert optimal_gamma(0.9, 0.02, steep)[0] < high
+    with pytest.raises(ValueError, match="verify_ratios is empty"):
+        optimal_gamma(0.5, 0.1, {})
+
+
+def test_speculative_generate_uses_the_drafters_stored_gamma() -> None:
+    from specdecode import speculative_generate
+    from specdecode.decode import DEFAULT_GAMMA, drafter_gamma
+    from tests.models_for_tests import tiny_llama
+
+    target, drafter = tiny_llama(2, seed=0), tiny_llama(1, seed=1)
+    assert drafter_gamma(drafter) == DEFAULT_GAMMA
+    drafter.config.specdecode_gamma = 2
+    result = speculative_generate(target, drafter, [[1, 2, 3]], max_new_tokens=8, eos_token_ids=[])
+    assert result.stats.gamma == 2
+    assert speculative_generate(target, drafter, [[1, 2, 3]], gamma=5, max_new_tokens=8, eos_token_ids=[]).stats.gamma == 5

@@ -216,6 +216,8 @@ def test_feature_drafter_distills_from_cached_features_and_reloads(tmp_path: Pat
     drafter, _ = load_model(tmp_path / "out" / "drafter")
     target, _ = load_model("smoke")
     assert isinstance(drafter, FeatureDrafter)
+    # training chose the gamma to decode with from the measured costs, and stored it with the drafter
+    assert drafter.config.specdecode_gamma == metrics["gamma"]["chosen"] in [1, 2, 3, 4, 5, 6, 8]
     prompts = [s.tokens[: s.response_start] for s in caches[0].sequences[:3]]
     spec = speculative_generate(target, drafter, prompts, gamma=3, max_new_tokens=12, eos_token_ids=[])
     assert spec.sequences == autoregressive_generate(target, prompts, max_new_tokens=12, eos_token_ids=[]).sequences
