@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,6 +33,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from specdecode.atomic import write_atomic
 from specdecode.config import DataConfig, TargetConfig, TrainConfig
 from specdecode.data import Example, format_prompt, load_domain
 from specdecode.decode import autoregressive_generate
@@ -203,17 +202,9 @@ def cache_key(target: TargetConfig, data: DataConfig, train: TrainConfig, split:
 
 
 def save_cache(cache: TeacherCache, path: Path) -> None:
-    """torch.save to a temp file in the same folder, then rename: never half-written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        payload = asdict(cache) | {"sequences": [asdict(s) for s in cache.sequences]}
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """torch.save through `write_atomic`: never half-written, readable under the umask."""
+    payload = asdict(cache) | {"sequences": [asdict(s) for s in cache.sequences]}
+    write_atomic(path, lambda handle: torch.save(payload, handle))
 
 
 def load_cache(path: Path) -> TeacherCache:
