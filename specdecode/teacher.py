@@ -37,6 +37,8 @@ from specdecode.atomic import write_atomic
 from specdecode.config import DataConfig, TargetConfig, TrainConfig
 from specdecode.data import Example, format_prompt, load_domain
 from specdecode.decode import autoregressive_generate
+from specdecode.gguf_cache import DEFAULT_TARGET
+from specdecode.smoke import SMOKE_TARGET
 
 CACHE_VERSION = 1
 SCORE_BATCH = 8
@@ -197,8 +199,33 @@ def cache_key(target: TargetConfig, data: DataConfig, train: TrainConfig, split:
         "seq_source": train.seq_source, "max_prompt_tokens": train.max_prompt_tokens, "max_len": train.max_len,
         "max_new_tokens": train.max_new_tokens, "temperature": train.temperature, "topk": topk,
         "limit": limit, "seed": train.seed if train.seq_source == "target" else None,
+        "content": content_fingerprint(target, data),
     }
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def content_fingerprint(target: TargetConfig, data: DataConfig) -> dict[str, object]:
+    """What the config's paths hold, so that editing a file in place is a new cache, not a stale hit.
+
+    A `data.source=file` file is hashed (SHA-256 of its bytes). A local target (`.gguf` file or HF
+    folder) is fingerprinted by the size and mtime of each of its files: hashing gigabytes of
+    weights on every run would cost more than the cache saves. Aliases and hub ids name fixed
+    content (a package version, a hub revision) and add nothing.
+    """
+    fingerprint: dict[str, object] = {}
+    if data.source == "file" and data.path:
+        digest = hashlib.sha256()
+        with Path(str(data.path)).expanduser().open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        fingerprint["data_sha256"] = digest.hexdigest()
+    local = Path(target.name).expanduser()
+    if target.name not in (SMOKE_TARGET, DEFAULT_TARGET) and local.exists():
+        files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
+        fingerprint["target_files"] = [
+            [str(p.relative_to(local)) if p != local else p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files
+        ]
+    return fingerprint
 
 
 def save_cache(cache: TeacherCache, path: Path) -> None:

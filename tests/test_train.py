@@ -15,10 +15,10 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from specdecode.config import DataConfig, LossConfig, TrainConfig, TrainJobConfig, from_dict
+from specdecode.config import DataConfig, LossConfig, TargetConfig, TrainConfig, TrainJobConfig, from_dict
 from specdecode.models import load_model
 from specdecode.smoke import smoke_tokenizer
-from specdecode.teacher import dense_teacher_logits
+from specdecode.teacher import cache_key, dense_teacher_logits
 from specdecode.train import run_distill, run_finetune
 from specdecode.training import global_batch_indices
 
@@ -193,3 +193,25 @@ def test_dense_teacher_logits_keep_topk_draft_ids_only() -> None:
     vocab_to_draft = torch.tensor([-1, 0, 1, -1, 2])  # draft ids 1, 2, 4
     dense = dense_teacher_logits(torch.tensor([[4, 3, 1]]), torch.tensor([[5.0, 4.0, 3.0]]), vocab_to_draft, 3)
     assert dense.tolist() == [[3.0, float("-inf"), 5.0]]
+
+
+def test_teacher_cache_key_follows_file_contents(tmp_path: Path) -> None:
+    """Editing the data file or a local target's weights in place is a new cache, not a stale hit."""
+    data_file, target_dir = tmp_path / "prompts.jsonl", tmp_path / "target"
+    data_file.write_text('{"prompt": "a", "response": "b"}\n')
+    target_dir.mkdir()
+    (target_dir / "model.safetensors").write_bytes(b"weights")
+    data = DataConfig(name="mine", source="file", path=str(data_file))
+    target, train = TargetConfig(name=str(target_dir)), TrainConfig()
+
+    def key() -> str:
+        return cache_key(target, data, train, "train", 16, 8)
+
+    first = key()
+    assert key() == first
+    data_file.write_text('{"prompt": "a", "response": "c"}\n')
+    second = key()
+    assert second != first
+    (target_dir / "model.safetensors").write_bytes(b"retrained")
+    os.utime(target_dir / "model.safetensors", ns=(0, 123))
+    assert key() != second
