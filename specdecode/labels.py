@@ -249,8 +249,21 @@ def read_labels(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]
     sidecar = meta_path(path)
     if not sidecar.is_file():
         raise ValueError(f"labels={str(path)!r} has no {sidecar.name} next to it; run router/collect.py again")
-    meta = json.loads(sidecar.read_text())
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    try:
+        meta = json.loads(sidecar.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"labels sidecar {str(sidecar)!r} is not JSON: {error}") from None
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"labels={str(path)!r} line {number} is not JSON: {error}") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"labels={str(path)!r} line {number} is not a JSON object")
+        rows.append(row)
     if not rows:
         raise ValueError(f"labels={str(path)!r} holds no rows")
     for i, row in enumerate(rows):

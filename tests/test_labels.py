@@ -139,3 +139,14 @@ def test_read_labels_errors_name_the_file(tmp_path: Path) -> None:
     (tmp_path / "orphan.jsonl").write_text("{}\n")
     with pytest.raises(ValueError, match="orphan.meta.json"):
         read_labels(tmp_path / "orphan.jsonl")
+
+
+def test_malformed_labels_line_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "labels.jsonl"
+    path.write_text('{"acceptance": {}}\n\n{"acceptance": {"a": 0.5\n')
+    meta_path(path).write_text('{"drafters": []}')
+    with pytest.raises(ValueError, match=r"labels='.*labels.jsonl' line 3 is not JSON"):
+        read_labels(path)
+    meta_path(path).write_text('{"drafters": [')
+    with pytest.raises(ValueError, match=r"labels.meta.json' is not JSON"):
+        read_labels(path)
