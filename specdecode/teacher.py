@@ -161,11 +161,11 @@ def _target_logits_at_positions(target: PreTrainedModel, sequences: Sequence[Tra
 
 def score_topk(target: PreTrainedModel, sequences: Sequence[TrainSequence], k: int, pad_id: int) -> TeacherCache:
     """Run the target over `sequences` (batches of `SCORE_BATCH`) and keep its top-k logits;
-    k = 0 keeps the sequences only and runs nothing."""
+    k = 0 keeps the sequences only and runs nothing (as does an empty list: the caller names why)."""
     counts = torch.tensor([0] + [s.num_targets for s in sequences])
-    if k == 0:
+    if k == 0 or not sequences:
         total = int(counts.sum())
-        return TeacherCache(list(sequences), counts.cumsum(0), torch.zeros(total, 0, dtype=torch.int32), torch.zeros(total, 0))
+        return TeacherCache(list(sequences), counts.cumsum(0), torch.zeros(total, k, dtype=torch.int32), torch.zeros(total, k))
     ids, values = [], []
     for start in range(0, len(sequences), SCORE_BATCH):
         logits = _target_logits_at_positions(target, sequences[start : start + SCORE_BATCH], pad_id)

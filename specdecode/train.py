@@ -134,6 +134,9 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else output.parent / "teacher_cache"
     target, tokenizer = load_target(cfg.target, accelerator.device)
     check_drafter_tokenizer(cfg.drafter, tokenizer)
+    vocab_size = target.config.get_text_config().vocab_size
+    if job == "distill" and train.teacher_topk > vocab_size:
+        raise ValueError(f"train.teacher_topk={train.teacher_topk} is more than the target's vocabulary of {vocab_size} ids")
     loss_fn = get_loss(cfg.loss.name)
     loss_kwargs = {"beta": cfg.loss.beta} if cfg.loss.name == "jsd" else {}
     eos = default_eos(target)
@@ -160,7 +163,8 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
         accelerator,
     )
     if not train_cache.sequences or not heldout.sequences:
-        raise ValueError(f"data.name={cfg.data.name!r}: no usable {'train' if not train_cache.sequences else 'held-out'} sequences")
+        where = f"data.path={cfg.data.path!r}" if cfg.data.source == "file" else f"data.name={cfg.data.name!r}"
+        raise ValueError(f"{where}: no usable {'train' if not train_cache.sequences else 'held-out'} sequences")
 
     # 2. the drafter, its vocabulary and what is trained
     corpus = [s.tokens for s in train_cache.sequences[: train.vocab_corpus_docs]]

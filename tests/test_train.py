@@ -215,3 +215,18 @@ def test_teacher_cache_key_follows_file_contents(tmp_path: Path) -> None:
     (target_dir / "model.safetensors").write_bytes(b"retrained")
     os.utime(target_dir / "model.safetensors", ns=(0, 123))
     assert key() != second
+
+
+def test_teacher_topk_above_the_vocabulary_is_named_before_any_work(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"train.teacher_topk=100000 is more than the target's vocabulary of \d+"):
+        run_distill(smoke_cfg(tmp_path, "train.teacher_topk=100000"))
+    assert not (tmp_path / "cache").exists()
+
+
+def test_data_file_without_usable_sequences_is_named(tmp_path: Path) -> None:
+    """Prompts but no responses (seq_source=data): no sequence at all, and the error names the file."""
+    path = tmp_path / "prompts_only.jsonl"
+    path.write_text("".join(f'{{"prompt": "question {i}"}}\n' for i in range(40)))
+    cfg = smoke_cfg(tmp_path, "data.source=file", f"data.path={path}")
+    with pytest.raises(ValueError, match=r"data.path='.*prompts_only.jsonl': no usable train sequences"):
+        run_distill(cfg)
