@@ -30,6 +30,8 @@ def test_benchmark_config_composes(target, drafter) -> None:
     [
         (lambda: BenchmarkConfig(gamma=0), "gamma=0"),
         (lambda: BenchmarkConfig(batch_size=20), "batch_size=20"),
+        (lambda: BenchmarkConfig(gamma=100_000), r"gamma=100000: an int in \[1, 64\]"),
+        (lambda: BenchmarkConfig(temperature=float("inf")), "temperature=inf"),
         (lambda: TargetConfig(dtype="float33"), "float33"),
         (lambda: DrafterConfig(kind="magic"), "magic"),
         (lambda: DrafterConfig(kind="pretrained"), "drafter.path"),

@@ -126,6 +126,10 @@ def test_collect_config_errors_name_the_field(tmp_path: Path) -> None:
         _smoke_collect(tmp_path, drafters=[{"name": "x", "kind": "pretrained"}, {"name": "y", "kind": "derived"}])
     with pytest.raises(ValueError, match="output"):
         _smoke_collect(tmp_path, output="labels.parquet")
+    with pytest.raises(ValueError, match="gamma=65: at most 64"):
+        _smoke_collect(tmp_path, gamma=65)
+    with pytest.raises(ValueError, match="temperature=nan"):
+        _smoke_collect(tmp_path, temperature=float("nan"))
     # A missing drafter folder fails before any model loads.
     cfg = _smoke_collect(tmp_path, target={"name": "/no/such/target.gguf"}, cost_ratios=None,
                          drafters=[{"name": "a", "kind": "derived"}, {"name": "b", "path": "./no/such/drafter"}])

@@ -158,6 +158,7 @@ def test_accelerate_configs_load(name: str) -> None:
         (lambda: TrainConfig(lambda_on_policy=-0.1), r"train.lambda_on_policy=-0.1"),
         (lambda: TrainConfig(seq_source="web"), r"train.seq_source='web'"),
         (lambda: TrainConfig(batch_size=6, grad_accum=4), r"train.batch_size=6"),
+        (lambda: TrainConfig(temperature=float("inf")), r"train.temperature=inf: a finite number"),
         (lambda: from_dict(TrainJobConfig, {"train": {"max_stepz": 3}}), r"train.max_stepz"),
     ],
 )
