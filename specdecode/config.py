@@ -73,8 +73,13 @@ class DrafterConfig:
                 self.draft_vocab,
                 "null or an int >= 1",
             )
+            # A path here means the user meant to load a drafter; training a derived one instead would be silent.
+            _require(self.path is None, "drafter.path", self.path,
+                     "is set but drafter.kind='derived' (cut from the target, it reads no path); use drafter=pretrained or drop the path")
         else:
             _require(bool(self.path), "drafter.path", self.path, "a pretrained drafter needs a path or hub id")
+            _require(self.draft_vocab is None, "drafter.draft_vocab", self.draft_vocab,
+                     f"is set but drafter.kind={self.kind!r} (a pretrained drafter keeps its own head); use null")
 
 
 @dataclass

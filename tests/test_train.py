@@ -171,7 +171,7 @@ def test_drafter_with_another_tokenizer_is_rejected_before_training(tmp_path: Pa
     folder = tmp_path / "foreign"
     make_tiny_llama(vocab_size=259).save_pretrained(folder)
     make_tiny_tokenizer().save_pretrained(folder)
-    cfg = smoke_cfg(tmp_path, "drafter.kind=pretrained", f"drafter.path={folder}")  # smoke sets derived
+    cfg = smoke_cfg(tmp_path, "drafter=pretrained", f"drafter.path={folder}")
     with pytest.raises(ValueError, match=r"drafter.path=.*tokenizer is not the target's"):
         run_distill(cfg)
     assert not (tmp_path / "out" / "checkpoints").exists()
@@ -231,3 +231,15 @@ def test_data_file_without_usable_sequences_is_named(tmp_path: Path) -> None:
     cfg = smoke_cfg(tmp_path, "data.source=file", f"data.path={path}")
     with pytest.raises(ValueError, match=r"data.path='.*prompts_only.jsonl': no usable train sequences"):
         run_distill(cfg)
+
+
+def test_command_line_group_choices_beat_the_experiment(tmp_path: Path) -> None:
+    """`experiment=smoke drafter=pretrained drafter.path=/nonexistent` used to train a derived drafter and exit 0."""
+    cfg = smoke_cfg(tmp_path, "drafter=pretrained", "drafter.path=/nonexistent")
+    assert (cfg.drafter.kind, cfg.drafter.path, cfg.target.name) == ("pretrained", "/nonexistent", "smoke")
+    with pytest.raises(ValueError, match="drafter.path='/nonexistent' does not exist"):
+        run_distill(cfg)
+    assert not (tmp_path / "out" / "checkpoints").exists()
+    assert smoke_cfg(tmp_path, "target=smollm2").target.name == "smollm2-135m-instruct"
+    with pytest.raises(ValueError, match="drafter.path='/some/drafter': is set but drafter.kind='derived'"):
+        smoke_cfg(tmp_path, "drafter.path=/some/drafter")
