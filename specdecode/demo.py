@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from specdecode.atomic import write_atomic
 from specdecode.config import BenchmarkConfig, CollectConfig, FitRouterConfig, TrainJobConfig, _require, from_dict
 from specdecode.data import DOMAINS
+from specdecode.locking import locks_output_dir
 from specdecode.pipeline import Stage, run_stages
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -119,6 +120,7 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     return stages
 
 
+@locks_output_dir
 def run_demo(cfg: DemoConfig) -> Path:
     """Run (or resume) the demo; publish results.json and report.md at the top of `output_dir`."""
     root = Path(cfg.output_dir)

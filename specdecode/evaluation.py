@@ -23,6 +23,7 @@ from transformers import PreTrainedTokenizerBase
 
 from specdecode.config import MAX_GAMMA, DrafterConfig, TargetConfig, _require
 from specdecode.data import DOMAINS, format_prompt, load_domain
+from specdecode.locking import locks_output_dir
 from specdecode.stats import GenerationResult
 
 Generate = Callable[[list[list[int]]], GenerationResult]
@@ -210,6 +211,7 @@ def finalize_rows(keyed_counts: dict[tuple, dict], gamma: int) -> list[dict]:
     return rows
 
 
+@locks_output_dir
 def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = None) -> dict:
     """Evaluate every method on every domain and setting; write results.json and report.md.
 

@@ -36,6 +36,7 @@ from specdecode.benchmark import vocab_corpus
 from specdecode.config import CollectConfig
 from specdecode.data import Example, format_prompt, load_domain
 from specdecode.decode import autoregressive_generate
+from specdecode.locking import check_writable
 from specdecode.losses import expected_acceptance
 from specdecode.models import build_drafter, check_vocab_sizes, load_model
 from specdecode.speedup import measure_step_costs, predicted_speedup
@@ -279,6 +280,7 @@ def run_collect(cfg: CollectConfig, *, progress: bool = True) -> Path:
     Writes `cfg.output` (JSON lines) and its `.meta.json` sidecar, each atomically; returns the
     labels' path.
     """
+    check_writable(Path(cfg.output).parent, "output")
     torch.manual_seed(cfg.seed)
     _check_drafter_paths(cfg)
     target, tokenizer = load_model(cfg.target.name, dtype=cfg.target.dtype, device=cfg.target.device)

@@ -36,6 +36,7 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdecode.atomic import write_atomic
 from specdecode.config import DrafterConfig, TargetConfig, TrainJobConfig
+from specdecode.locking import locks_output_dir
 from specdecode.losses import get_loss
 from specdecode.models import DraftVocabHead, build_drafter, check_tokenizers, load_model
 from specdecode.teacher import (
@@ -121,6 +122,7 @@ def _cached(path: Path, build: Any, accelerator: Accelerator) -> TeacherCache:
         return cache
 
 
+@locks_output_dir
 def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     # 0. everything that can fail cheaply fails first
     _check_environment(cfg)
