@@ -58,6 +58,7 @@ from specdecode.training import (
     DrafterLogits,
     LoopState,
     MetricsLogger,
+    check_checkpoints,
     load_trainable_state,
     peak_memory_mb,
     resume,
@@ -133,6 +134,7 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
                          f"= {accelerator.num_processes} x {train.grad_accum}")
     set_seed(train.seed)
     output = Path(cfg.output_dir)
+    check_checkpoints(output / "checkpoints", asdict(cfg), train.resume)
     cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else output.parent / "teacher_cache"
     target, tokenizer = load_target(cfg.target, accelerator.device)
     check_drafter_tokenizer(cfg.drafter, tokenizer)
@@ -256,11 +258,11 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     # 3. resume or start, then train
     checkpoints = output / "checkpoints"
     state, best = LoopState(), {}
-    if train.resume and (restored := resume(accelerator, checkpoints)) is not None:
+    if train.resume and (restored := resume(accelerator, checkpoints, asdict(cfg))) is not None:
         state, best = restored
         logger.log({"resumed_from_step": state.step})
     state, best = train_loop(accelerator, model, optimizer, train, len(train_cache.sequences), make_batches,
-                             loss_sum, evaluate, checkpoints, logger, state, best)
+                             loss_sum, evaluate, checkpoints, logger, state, best, asdict(cfg))
 
     # 4. keep the best held-out acceptance, not the last step, and write the outputs
     metrics = {

@@ -20,7 +20,7 @@ from specdecode.models import load_model
 from specdecode.smoke import smoke_tokenizer
 from specdecode.teacher import cache_key, dense_teacher_logits
 from specdecode.train import run_distill, run_finetune
-from specdecode.training import global_batch_indices
+from specdecode.training import global_batch_indices, latest_checkpoint, prune_checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -243,3 +243,46 @@ def test_command_line_group_choices_beat_the_experiment(tmp_path: Path) -> None:
     assert smoke_cfg(tmp_path, "target=smollm2").target.name == "smollm2-135m-instruct"
     with pytest.raises(ValueError, match="drafter.path='/some/drafter': is set but drafter.kind='derived'"):
         smoke_cfg(tmp_path, "drafter.path=/some/drafter")
+
+
+def test_resume_with_another_config_lists_the_differing_keys(tmp_path: Path) -> None:
+    run_distill(smoke_cfg(tmp_path, "train.max_steps=2", "train.checkpoint_every=2"))
+    with pytest.raises(ValueError, match=r"(?s)differing keys:\n  loss.name: 'forward_kl' in the checkpoint, 'tvd' now\nResume") as error:
+        run_distill(smoke_cfg(tmp_path, "loss=tvd", "train.resume=true", "train.max_steps=4"))
+    assert "train.max_steps:" not in str(error.value)
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["loss"] == "forward_kl"
+    # Budgets, logging and checkpointing may change on resume.
+    resumed = run_distill(smoke_cfg(tmp_path, "train.resume=true", "train.max_steps=4", "train.log_every=2", "train.checkpoint_every=4"))
+    assert resumed["steps"] == 4 and "resumed_from_step" in (tmp_path / "out" / "metrics.jsonl").read_text()
+
+
+def test_fresh_run_refuses_a_folder_holding_checkpoints(tmp_path: Path) -> None:
+    """A fresh 6-step run in an old 600-step run's folder used to rotate its own checkpoints away."""
+    old = tmp_path / "out" / "checkpoints" / "step_000600"
+    old.mkdir(parents=True)
+    (old / "COMPLETE").write_text("ok")
+    with pytest.raises(ValueError, match=r"already holds checkpoints of an earlier run \(newest: step_000600\); pass train.resume=true"):
+        run_distill(smoke_cfg(tmp_path))
+    assert [p.name for p in old.parent.iterdir()] == ["step_000600"] and not (tmp_path / "cache").exists()
+
+
+def test_rotation_keeps_the_newest_steps_by_number(tmp_path: Path) -> None:
+    for step in (5, 999_999, 1_000_000, 1_000_001):
+        (tmp_path / f"step_{step:06d}").mkdir()
+        (tmp_path / f"step_{step:06d}" / "COMPLETE").write_text("ok")
+    # 1_000_001 is newer than the step just saved: left from past a checkpoint resume skipped.
+    prune_checkpoints(tmp_path, keep=2, step=1_000_000)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1000000", "step_999999"]
+    assert latest_checkpoint(tmp_path).name == "step_1000000"
+
+
+def test_truncated_checkpoint_is_named_and_resume_falls_back(tmp_path: Path) -> None:
+    args = ("train.max_steps=4", "train.checkpoint_every=2", "train.eval_every=2")
+    run_distill(smoke_cfg(tmp_path, *args))
+    straight = checkpoint_weights(tmp_path / "out", 4)
+    weights = tmp_path / "out" / "checkpoints" / "step_000004" / "pytorch_model.bin"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.warns(UserWarning, match=r"checkpoint file .*step_000004/pytorch_model.bin is unreadable.*falling back"):
+        metrics = run_distill(smoke_cfg(tmp_path, *args, "train.resume=true"))
+    assert metrics["steps"] == 4 and '"resumed_from_step": 2' in (tmp_path / "out" / "metrics.jsonl").read_text()
+    assert_same_weights(straight, checkpoint_weights(tmp_path / "out", 4), 0.0)
