@@ -16,6 +16,15 @@ def _umask() -> int:
     return mask
 
 
+def publish_files(folder: Path) -> None:
+    """Give every file under `folder` the mode a plain `open` would (0666 minus the umask): some
+    writers, safetensors among them, create 0600 files that no other user can read."""
+    mode = 0o666 & ~_umask()
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(mode)
+
+
 def write_atomic(path: Path, data: str | bytes | Callable[[BinaryIO], None]) -> None:
     """Write `data` to `path` via a temp file in the same folder and a rename (atomic on POSIX).
 

@@ -34,7 +34,7 @@ from accelerate.utils import set_seed
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from specdecode.atomic import write_atomic
+from specdecode.atomic import publish_files, write_atomic
 from specdecode.config import DrafterConfig, TargetConfig, TrainJobConfig
 from specdecode.locking import locks_output_dir
 from specdecode.losses import get_loss
@@ -297,6 +297,7 @@ def _save_pretrained_atomic(drafter: PreTrainedModel, tokenizer: PreTrainedToken
     shutil.rmtree(tmp, ignore_errors=True)
     drafter.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    publish_files(tmp)
     if path.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.replace(path, old)
