@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdecode.atomic import write_atomic
+from specdecode.locking import check_writable
 from specdecode.config import BenchmarkConfig
 from specdecode.data import DOMAINS, format_prompt, load_domain
 from specdecode.decode import autoregressive_generate, speculative_generate
@@ -103,6 +104,7 @@ def _pooled(results: Sequence[GenerationResult]) -> dict[str, float | None]:
 
 def run(cfg: BenchmarkConfig) -> dict:
     """Run the benchmark; write `results.json` and `report.md` under `cfg.output_dir`; return the results."""
+    check_writable(Path(cfg.output_dir))
     torch.manual_seed(cfg.seed)
     steps = tqdm(total=7, desc="benchmark", unit="stage")
 

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+# Largest gamma (drafted tokens per target pass) any entry point accepts. Acceptance decays
+# geometrically along a draft, so past a few dozen tokens more drafting only burns drafter calls
+# and KV-cache slots (each row reserves gamma + 1 slack slots); a typo like gamma=100000 would
+# draft that many tokens per step whatever the token budget.
+MAX_GAMMA = 64
 
 
 def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
@@ -73,8 +80,13 @@ class DrafterConfig:
                 self.draft_vocab,
                 "null or an int >= 1",
             )
+            # A path here means the user meant to load a drafter; training a derived one instead would be silent.
+            _require(self.path is None, "drafter.path", self.path,
+                     "is set but drafter.kind='derived' (cut from the target, it reads no path); use drafter=pretrained or drop the path")
         else:
             _require(bool(self.path), "drafter.path", self.path, "a pretrained drafter needs a path or hub id")
+            _require(self.draft_vocab is None, "drafter.draft_vocab", self.draft_vocab,
+                     f"is set but drafter.kind={self.kind!r} (a pretrained drafter keeps its own head); use null")
 
 
 @dataclass
@@ -99,12 +111,12 @@ class BenchmarkConfig:
     output_dir: str = "outputs/benchmark"
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.gamma, int) and self.gamma >= 1, "gamma", self.gamma, "an int >= 1")
+        _require(isinstance(self.gamma, int) and 1 <= self.gamma <= MAX_GAMMA, "gamma", self.gamma, f"an int in [1, {MAX_GAMMA}]")
         _require(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, "an int >= 1")
         _require(self.num_prompts >= 1, "num_prompts", self.num_prompts, ">= 1")
         _require(1 <= self.batch1_prompts <= self.num_prompts, "batch1_prompts", self.batch1_prompts, f"in [1, num_prompts={self.num_prompts}]")
         _require(1 <= self.batch_size <= self.num_prompts, "batch_size", self.batch_size, f"in [1, num_prompts={self.num_prompts}]")
-        _require(self.temperature >= 0, "temperature", self.temperature, ">= 0")
+        _require(_is_number(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0, "temperature", self.temperature, "a finite number >= 0")
         _require(self.cost_repeats >= 1, "cost_repeats", self.cost_repeats, ">= 1")
 
 
@@ -237,7 +249,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _require(self.seq_source in TRAIN_SEQ_SOURCES, "train.seq_source", self.seq_source, "|".join(TRAIN_SEQ_SOURCES))
         _require(_is_number(self.lambda_on_policy) and 0 <= self.lambda_on_policy <= 1, "train.lambda_on_policy", self.lambda_on_policy, "must be in [0, 1]")
-        _require(_is_number(self.temperature) and self.temperature >= 0, "train.temperature", self.temperature, ">= 0")
+        _require(_is_number(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0, "train.temperature", self.temperature, "a finite number >= 0")
         _require(self.seq_temperatures is None or (isinstance(self.seq_temperatures, (list, tuple)) and bool(self.seq_temperatures)
                  and all(_is_number(t) and t >= 0 for t in self.seq_temperatures)),
                  "train.seq_temperatures", self.seq_temperatures, "null or a non-empty list of temperatures >= 0")
@@ -400,7 +412,8 @@ class CollectConfig:
         for name in ("max_prompt_tokens", "max_new_tokens", "gamma", "batch_size", "cost_repeats", "vocab_corpus_docs"):
             value = getattr(self, name)
             _require(_is_int(value) and value >= 1, name, value, "an int >= 1")
-        _require(_is_number(self.temperature) and self.temperature >= 0, "temperature", self.temperature, ">= 0")
+        _require(_is_number(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0, "temperature", self.temperature, "a finite number >= 0")
+        _require(self.gamma <= MAX_GAMMA, "gamma", self.gamma, f"at most {MAX_GAMMA}")
         names = [d.name for d in self.drafters]
         if self.cost_ratios is not None:
             ratios = dict(self.cost_ratios)

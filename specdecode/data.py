@@ -200,6 +200,8 @@ def load_domain(
         if path is None:
             raise ValueError("source='file' needs path (a .jsonl, .csv or .parquet file), got None")
         examples = _from_file(domain, Path(path), prompt_column, response_column)
+        if not examples:
+            raise ValueError(f"data file {str(path)!r} holds no row with a non-empty {prompt_column!r}")
     kept = split_examples(examples, split, heldout_fraction)
     return kept if limit is None else kept[:limit]
 

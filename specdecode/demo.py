@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from specdecode.atomic import write_atomic
 from specdecode.config import BenchmarkConfig, CollectConfig, FitRouterConfig, TrainJobConfig, _require, from_dict
 from specdecode.data import DOMAINS
+from specdecode.locking import locks_output_dir
 from specdecode.pipeline import Stage, run_stages
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -106,17 +107,20 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
         stages.append(Stage(stage, compose_config(cfg.configs["distill"], overrides), _distill))
         drafter_dirs["generic" if name == "mix" else name] = str(root / stage / "drafter")
     distills = [s.name for s in stages if s.name.startswith("distill-")]
-    drafter_list = ",".join(f"{{name:{n},kind:pretrained,path:'{p}'}}" for n, p in drafter_dirs.items())
-    collect = compose_config(cfg.configs["collect"], [f"drafters=[{drafter_list}]", f"domains=[{','.join(cfg.domains)}]", *cfg.collect])
+    # The wiring between stages (paths under output_dir, the domains) is set on the composed
+    # configs, never spliced into override strings: a path may hold quotes, commas or `${`.
+    drafters = [{"name": n, "kind": "pretrained", "path": p} for n, p in drafter_dirs.items()]
+    collect = compose_config(cfg.configs["collect"], list(cfg.collect)) | {"drafters": drafters, "domains": list(cfg.domains)}
     stages.append(Stage("collect", collect, _collect, after=distills))
-    fit = compose_config(cfg.configs["fit"], [f"labels={root / 'collect' / 'labels.jsonl'}", *cfg.fit])
+    fit = compose_config(cfg.configs["fit"], list(cfg.fit)) | {"labels": str(root / "collect" / "labels.jsonl")}
     stages.append(Stage("fit", fit, _fit, after=["collect"]))
-    eval_overrides = [f"+drafters.{n}='{p}'" for n, p in drafter_dirs.items()]
-    eval_overrides += [f"router_dir={root / 'fit'}", f"domains=[{','.join(cfg.domains)}]", *cfg.eval]
-    stages.append(Stage("eval", compose_config(cfg.configs["eval"], eval_overrides), _eval, after=[*distills, "fit"]))
+    evaluation = compose_config(cfg.configs["eval"], list(cfg.eval))
+    evaluation |= {"drafters": evaluation["drafters"] | drafter_dirs, "router_dir": str(root / "fit"), "domains": list(cfg.domains)}
+    stages.append(Stage("eval", evaluation, _eval, after=[*distills, "fit"]))
     return stages
 
 
+@locks_output_dir
 def run_demo(cfg: DemoConfig) -> Path:
     """Run (or resume) the demo; publish results.json and report.md at the top of `output_dir`."""
     root = Path(cfg.output_dir)

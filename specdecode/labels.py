@@ -38,6 +38,7 @@ from specdecode.config import CollectConfig
 from specdecode.data import Example, format_prompt, load_domain
 from specdecode.decode import autoregressive_generate
 from specdecode.feature_drafter import FeatureDrafter
+from specdecode.locking import check_writable
 from specdecode.losses import expected_acceptance
 from specdecode.models import build_drafter, check_vocab_sizes, load_model
 from specdecode.speedup import measure_step_costs, predicted_speedup
@@ -261,8 +262,21 @@ def read_labels(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]
     sidecar = meta_path(path)
     if not sidecar.is_file():
         raise ValueError(f"labels={str(path)!r} has no {sidecar.name} next to it; run router/collect.py again")
-    meta = json.loads(sidecar.read_text())
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    try:
+        meta = json.loads(sidecar.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"labels sidecar {str(sidecar)!r} is not JSON: {error}") from None
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"labels={str(path)!r} line {number} is not JSON: {error}") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"labels={str(path)!r} line {number} is not a JSON object")
+        rows.append(row)
     if not rows:
         raise ValueError(f"labels={str(path)!r} holds no rows")
     for i, row in enumerate(rows):
@@ -278,6 +292,7 @@ def run_collect(cfg: CollectConfig, *, progress: bool = True) -> Path:
     Writes `cfg.output` (JSON lines) and its `.meta.json` sidecar, each atomically; returns the
     labels' path.
     """
+    check_writable(Path(cfg.output).parent, "output")
     torch.manual_seed(cfg.seed)
     _check_drafter_paths(cfg)
     target, tokenizer = load_model(cfg.target.name, dtype=cfg.target.dtype, device=cfg.target.device)

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from specdecode.atomic import write_atomic
+from specdecode.locking import check_writable
 from specdecode.config import EmbedderConfig, FitRouterConfig
 from specdecode.decode import speculative_generate
 from specdecode.labels import read_labels
@@ -450,6 +451,7 @@ def run_fit(cfg: FitRouterConfig, *, progress: bool = True) -> dict[str, Any]:
 
     Writes `router.safetensors`, `router.json`, `report.json` and `report.md`; prints the report.
     """
+    check_writable(Path(cfg.output_dir))
     rows, meta = read_labels(cfg.labels)
     train_rows = [r for r in rows if r["split"] == "train"]
     heldout_rows = [r for r in rows if r["split"] == "heldout"]

@@ -7,6 +7,7 @@ sampled from and p the one the target would have sampled from, so both go throug
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -25,11 +26,12 @@ class SamplingParams:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        # NaN fails every comparison, so `< 0` alone let it through (and argmax then picked id 0).
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"top_k must be an int >= 0, got {self.top_k!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+        if not isinstance(self.top_p, (int, float)) or not math.isfinite(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
 
     @property

@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,9 +39,12 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from specdecode.atomic import write_atomic
 from specdecode.config import DataConfig, TargetConfig, TrainConfig
 from specdecode.data import Example, format_prompt, load_domain
 from specdecode.decode import autoregressive_generate
+from specdecode.gguf_cache import DEFAULT_TARGET
+from specdecode.smoke import SMOKE_TARGET
 
 CACHE_VERSION = 1
 SCORE_BATCH = 8
@@ -207,8 +208,9 @@ def score_topk(
     counts = torch.tensor([0] + [s.num_targets for s in sequences])
     token_offsets = torch.tensor([0] + [len(s.tokens) for s in sequences]).cumsum(0)
     total = int(counts.sum())
-    if k == 0 and not features:
-        return TeacherCache(list(sequences), counts.cumsum(0), torch.zeros(total, 0, dtype=torch.int32), torch.zeros(total, 0))
+    # (an empty list runs nothing either: the caller names why)
+    if (k == 0 and not features) or not sequences:
+        return TeacherCache(list(sequences), counts.cumsum(0), torch.zeros(total, k, dtype=torch.int32), torch.zeros(total, k))
     ids, values, hidden = [], [], []
     for start in tqdm(range(0, len(sequences), SCORE_BATCH), desc="target forward (teacher cache)", leave=False,
                       disable=len(sequences) <= 4 * SCORE_BATCH):
@@ -257,22 +259,39 @@ def cache_key(
         "max_new_tokens": train.max_new_tokens, "temperature": train.temperature, "topk": topk,
         "limit": limit, "seed": train.seed if train.seq_source == "target" else None,
         "seq_temperatures": train.seq_temperatures if train.seq_source == "target" else None, "features": features,
+        "content": content_fingerprint(target, data),
     }
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def content_fingerprint(target: TargetConfig, data: DataConfig) -> dict[str, object]:
+    """What the config's paths hold, so that editing a file in place is a new cache, not a stale hit.
+
+    A `data.source=file` file is hashed (SHA-256 of its bytes). A local target (`.gguf` file or HF
+    folder) is fingerprinted by the size and mtime of each of its files: hashing gigabytes of
+    weights on every run would cost more than the cache saves. Aliases and hub ids name fixed
+    content (a package version, a hub revision) and add nothing.
+    """
+    fingerprint: dict[str, object] = {}
+    if data.source == "file" and data.path:
+        digest = hashlib.sha256()
+        with Path(str(data.path)).expanduser().open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        fingerprint["data_sha256"] = digest.hexdigest()
+    local = Path(target.name).expanduser()
+    if target.name not in (SMOKE_TARGET, DEFAULT_TARGET) and local.exists():
+        files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
+        fingerprint["target_files"] = [
+            [str(p.relative_to(local)) if p != local else p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files
+        ]
+    return fingerprint
+
+
 def save_cache(cache: TeacherCache, path: Path) -> None:
-    """torch.save to a temp file in the same folder, then rename: never half-written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        payload = asdict(cache) | {"sequences": [asdict(s) for s in cache.sequences]}
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """torch.save through `write_atomic`: never half-written, readable under the umask."""
+    payload = asdict(cache) | {"sequences": [asdict(s) for s in cache.sequences]}
+    write_atomic(path, lambda handle: torch.save(payload, handle))
 
 
 def load_cache(path: Path) -> TeacherCache:

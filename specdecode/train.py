@@ -34,8 +34,9 @@ from accelerate.utils import set_seed
 from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from specdecode.atomic import write_atomic
+from specdecode.atomic import publish_files, write_atomic
 from specdecode.config import DrafterConfig, TargetConfig, TrainJobConfig
+from specdecode.locking import locks_output_dir
 from specdecode.losses import get_loss
 from specdecode.feature_drafter import CONFIG_KEY as FEATURE_CONFIG_KEY
 from specdecode.feature_training import FeatureDrafterLogits, feature_regression_sum, frozen_head_rows, pass_positions
@@ -61,6 +62,7 @@ from specdecode.training import (
     DrafterLogits,
     LoopState,
     MetricsLogger,
+    check_checkpoints,
     load_trainable_state,
     peak_memory_mb,
     resume,
@@ -133,6 +135,7 @@ def _cached(path: Path, build: Any, accelerator: Accelerator) -> TeacherCache:
         return cache
 
 
+@locks_output_dir
 def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     # 0. everything that can fail cheaply fails first
     _check_environment(cfg)
@@ -143,9 +146,13 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
                          f"= {accelerator.num_processes} x {train.grad_accum}")
     set_seed(train.seed)
     output = Path(cfg.output_dir)
+    check_checkpoints(output / "checkpoints", asdict(cfg), train.resume)
     cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else output.parent / "teacher_cache"
     target, tokenizer = load_target(cfg.target, accelerator.device)
     check_drafter_tokenizer(cfg.drafter, tokenizer)
+    vocab_size = target.config.get_text_config().vocab_size
+    if job == "distill" and train.teacher_topk > vocab_size:
+        raise ValueError(f"train.teacher_topk={train.teacher_topk} is more than the target's vocabulary of {vocab_size} ids")
     loss_fn = get_loss(cfg.loss.name)
     loss_kwargs = {"beta": cfg.loss.beta} if cfg.loss.name == "jsd" else {}
     eos = default_eos(target)
@@ -174,7 +181,8 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
         accelerator,
     )
     if not train_cache.sequences or not heldout.sequences:
-        raise ValueError(f"data.name={cfg.data.name!r}: no usable {'train' if not train_cache.sequences else 'held-out'} sequences")
+        where = f"data.path={cfg.data.path!r}" if cfg.data.source == "file" else f"data.name={cfg.data.name!r}"
+        raise ValueError(f"{where}: no usable {'train' if not train_cache.sequences else 'held-out'} sequences")
 
     # 2. the drafter, its vocabulary and what is trained
     corpus = [s.tokens for s in train_cache.sequences[: train.vocab_corpus_docs]]
@@ -317,11 +325,11 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     # 3. resume or start, then train
     checkpoints = output / "checkpoints"
     state, best = LoopState(), {}
-    if train.resume and (restored := resume(accelerator, checkpoints)) is not None:
+    if train.resume and (restored := resume(accelerator, checkpoints, asdict(cfg))) is not None:
         state, best = restored
         logger.log({"resumed_from_step": state.step})
     state, best = train_loop(accelerator, model, optimizer, train, len(train_cache.sequences), make_batches,
-                             loss_sum, evaluate, checkpoints, logger, state, best)
+                             loss_sum, evaluate, checkpoints, logger, state, best, asdict(cfg))
 
     # 4. keep the best held-out acceptance, not the last step, and write the outputs
     metrics = {
@@ -382,6 +390,7 @@ def _save_pretrained_atomic(drafter: PreTrainedModel, tokenizer: PreTrainedToken
     shutil.rmtree(tmp, ignore_errors=True)
     drafter.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    publish_files(tmp)
     if path.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.replace(path, old)

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedModel
 
+from specdecode.config import MAX_GAMMA
 from specdecode.sampling import SamplingParams
 
 
@@ -55,9 +56,13 @@ def validate_request(
     eos_token_ids: Sequence[int] | int | None,
     gamma: int | None = None,
 ) -> tuple[SamplingParams, list[int], list[int]]:
-    """Check a decode request; return the sampling params, one budget per prompt and the EOS ids."""
-    if gamma is not None and (not _is_int(gamma) or gamma < 1):
-        raise ValueError(f"gamma must be an int >= 1, got {gamma!r}")
+    """Check a decode request; return the sampling params, one budget per prompt and the EOS ids.
+
+    `gamma` is bounded by `specdecode.config.MAX_GAMMA` (64): each step drafts gamma tokens whatever
+    the rows' remaining budgets, so an unbounded gamma is unbounded wasted work.
+    """
+    if gamma is not None and (not _is_int(gamma) or not 1 <= gamma <= MAX_GAMMA):
+        raise ValueError(f"gamma must be an int in [1, {MAX_GAMMA}], got {gamma!r}")
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
         raise TypeError(f"prompts must be a list of token-id lists, got {type(prompts).__name__}")

@@ -22,7 +22,7 @@ def test_benchmark_config_composes(target, drafter) -> None:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="benchmark", overrides=overrides)
     built = from_dict(BenchmarkConfig, OmegaConf.to_container(cfg, resolve=True))
-    assert built.drafter.kind == drafter
+    assert built.drafter.kind == OmegaConf.load(CONF / "drafter" / f"{drafter}.yaml").kind
 
 
 @pytest.mark.parametrize(
@@ -30,10 +30,14 @@ def test_benchmark_config_composes(target, drafter) -> None:
     [
         (lambda: BenchmarkConfig(gamma=0), "gamma=0"),
         (lambda: BenchmarkConfig(batch_size=20), "batch_size=20"),
+        (lambda: BenchmarkConfig(gamma=100_000), r"gamma=100000: an int in \[1, 64\]"),
+        (lambda: BenchmarkConfig(temperature=float("inf")), "temperature=inf"),
         (lambda: TargetConfig(dtype="float33"), "float33"),
         (lambda: DrafterConfig(kind="magic"), "magic"),
         (lambda: DrafterConfig(kind="pretrained"), "drafter.path"),
         (lambda: DrafterConfig(draft_vocab=0), "draft_vocab=0"),
+        (lambda: DrafterConfig(path="some/drafter"), r"drafter.path='some/drafter': is set but drafter.kind='derived'"),
+        (lambda: DrafterConfig(kind="pretrained", path="some/drafter", draft_vocab=96), r"drafter.draft_vocab=96: is set but drafter.kind='pretrained'"),
         (lambda: from_dict(BenchmarkConfig, {"gama": 3}), "gama"),
         (lambda: from_dict(BenchmarkConfig, {"drafter": {"layers": 3}}), "drafter.layers"),
     ],

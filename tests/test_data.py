@@ -331,3 +331,10 @@ def test_synthetic_source_splits_like_the_others() -> None:
     heldout = load_domain("math", source="synthetic", split="heldout")
     assert train and heldout and not {e.prompt for e in train} & {e.prompt for e in heldout}
     assert all(e.domain == "math" and e.response for e in train)
+
+
+def test_file_without_any_prompt_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "empty_prompts.jsonl"
+    _write_jsonl(path, [{"prompt": "", "response": "a"}, {"prompt": "   ", "response": "b"}])
+    with pytest.raises(ValueError, match=r"empty_prompts.jsonl' holds no row with a non-empty 'prompt'"):
+        load_domain("code", source="file", path=path, split="all")

@@ -245,3 +245,18 @@ def test_mismatched_vocabularies_are_rejected(target) -> None:
     other = tiny_llama(1, seed=1, vocab_size=80)
     with pytest.raises(ValueError, match="vocab_size=64.*vocab_size=80"):
         speculative_generate(target, other, [[1, 2]], gamma=2, max_new_tokens=4)
+
+
+@pytest.mark.parametrize("kwargs, needle", [(dict(gamma=65), r"gamma must be an int in \[1, 64\], got 65"),
+                                            (dict(gamma=100_000), "got 100000"),
+                                            (dict(temperature=float("nan")), "temperature .* got nan")])
+def test_gamma_bound_and_nan_temperature_are_named_before_any_work(target, kwargs, needle) -> None:
+    calls: list[int] = []
+    handle = target.register_forward_pre_hook(lambda *a: calls.append(1))
+    args = dict(gamma=2, max_new_tokens=8) | kwargs
+    try:
+        with pytest.raises(ValueError, match=needle):
+            speculative_generate(target, tiny_llama(1, seed=1), [[1, 2, 3]], **args)
+    finally:
+        handle.remove()
+    assert calls == []

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from specdecode.config import from_dict
-from specdecode.demo import CONF_DIR, DemoConfig, run_demo
+from specdecode.demo import CONF_DIR, DemoConfig, demo_stages, run_demo
 
 SCHEMA = {"domain", "method", "gamma", "temperature", "batch_size", "alpha", "tau", "tokens_per_s", "speedup", "exact_match"}
 
@@ -65,3 +67,17 @@ def test_demo_app_runs_under_hydra_main(tmp_path) -> None:
     assert completed.returncode == 0, completed.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     assert {r["exact_match"] for r in results["rows"]} == {1.0}
+
+
+def test_stage_wiring_survives_any_output_dir(tmp_path) -> None:
+    """Paths reach the stage configs as values: quotes, commas, brackets or `${` in output_dir break nothing."""
+    root = tmp_path / "it's, [a] ${b}=c"
+    cfg = dataclasses.replace(smoke_config(str(tmp_path / "demo")), output_dir=str(root))
+    stages = {stage.name: stage.config for stage in demo_stages(cfg)}
+    drafters = {"code": root / "distill-code", "math": root / "distill-math", "chat": root / "distill-chat", "generic": root / "distill-mix"}
+    assert {d["name"]: Path(d["path"]) for d in stages["collect"]["drafters"]} == {n: p / "drafter" for n, p in drafters.items()}
+    assert {d["kind"] for d in stages["collect"]["drafters"]} == {"pretrained"} and stages["collect"]["domains"] == cfg.domains
+    assert stages["fit"]["labels"] == str(root / "collect" / "labels.jsonl")
+    assert {n: Path(p) for n, p in stages["eval"]["drafters"].items()} == {n: p / "drafter" for n, p in drafters.items()}
+    assert stages["eval"]["router_dir"] == str(root / "fit") and stages["eval"]["domains"] == cfg.domains
+    assert stages["eval"]["max_new_tokens"] == 8  # the stage's own overrides still apply

@@ -103,6 +103,8 @@ def test_merged_counts_sum_work_and_take_the_slowest_process_time() -> None:
         (dict(methods=["autoregressive"], domains=["poetry"]), "poetry"),
         (dict(methods=["autoregressive"], drafters={"code": "/no/such/folder"}), "/no/such/folder"),
         (dict(methods=["autoregressive"], batch_sizes=[0]), "batch_sizes"),
+        (dict(methods=["autoregressive"], gamma=65), "gamma=65"),
+        (dict(methods=["autoregressive"], temperatures=[float("nan")]), "temperatures=nan"),
     ],
 )
 def test_bad_eval_config_names_the_field(kwargs, needle) -> None:

@@ -126,6 +126,10 @@ def test_collect_config_errors_name_the_field(tmp_path: Path) -> None:
         _smoke_collect(tmp_path, drafters=[{"name": "x", "kind": "pretrained"}, {"name": "y", "kind": "derived"}])
     with pytest.raises(ValueError, match="output"):
         _smoke_collect(tmp_path, output="labels.parquet")
+    with pytest.raises(ValueError, match="gamma=65: at most 64"):
+        _smoke_collect(tmp_path, gamma=65)
+    with pytest.raises(ValueError, match="temperature=nan"):
+        _smoke_collect(tmp_path, temperature=float("nan"))
     # A missing drafter folder fails before any model loads.
     cfg = _smoke_collect(tmp_path, target={"name": "/no/such/target.gguf"}, cost_ratios=None,
                          drafters=[{"name": "a", "kind": "derived"}, {"name": "b", "path": "./no/such/drafter"}])
@@ -166,3 +170,14 @@ def test_feature_drafter_labels_equal_direct_teacher_forcing(models) -> None:
         acceptance = torch.minimum(p.softmax(-1), q.softmax(-1)).sum(-1).mean().item()
         assert labels.greedy_match[i, 0].item() == pytest.approx(match, abs=1e-6)
         assert labels.acceptance[i, 0].item() == pytest.approx(acceptance, abs=1e-5)
+
+
+def test_malformed_labels_line_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "labels.jsonl"
+    path.write_text('{"acceptance": {}}\n\n{"acceptance": {"a": 0.5\n')
+    meta_path(path).write_text('{"drafters": []}')
+    with pytest.raises(ValueError, match=r"labels='.*labels.jsonl' line 3 is not JSON"):
+        read_labels(path)
+    meta_path(path).write_text('{"drafters": [')
+    with pytest.raises(ValueError, match=r"labels.meta.json' is not JSON"):
+        read_labels(path)

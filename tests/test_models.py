@@ -558,3 +558,20 @@ def test_smoke_alias_loads_the_tiny_in_process_target() -> None:
     model, tokenizer = models.load_model(models.SMOKE_TARGET)
     assert model.config.num_hidden_layers >= 1 and not model.training
     assert model.config.vocab_size >= len(tokenizer)
+
+
+def test_cache_entry_files_get_the_umask_mode(tmp_path: Path) -> None:
+    """safetensors writes 0600 files; a cache entry is for every user the umask lets read it."""
+
+    def private_writer(out: Path) -> None:
+        write_entry(out)
+        (out / "model.safetensors").chmod(0o600)
+
+    previous = os.umask(0o022)
+    try:
+        entry = gguf_cache._cached_conversion("model-1-abc", private_writer, root=tmp_path)
+    finally:
+        os.umask(previous)
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in entry.iterdir()} == dict.fromkeys(
+        ["config.json", "model.safetensors", gguf_cache._COMPLETE_MARKER], "0o644"
+    )

@@ -15,12 +15,12 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from specdecode.config import DataConfig, LossConfig, TrainConfig, TrainJobConfig, from_dict
+from specdecode.config import DataConfig, LossConfig, TargetConfig, TrainConfig, TrainJobConfig, from_dict
 from specdecode.models import load_model
 from specdecode.smoke import smoke_tokenizer
-from specdecode.teacher import dense_teacher_logits
+from specdecode.teacher import cache_key, dense_teacher_logits
 from specdecode.train import run_distill, run_finetune
-from specdecode.training import global_batch_indices
+from specdecode.training import global_batch_indices, latest_checkpoint, prune_checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -158,6 +158,7 @@ def test_accelerate_configs_load(name: str) -> None:
         (lambda: TrainConfig(lambda_on_policy=-0.1), r"train.lambda_on_policy=-0.1"),
         (lambda: TrainConfig(seq_source="web"), r"train.seq_source='web'"),
         (lambda: TrainConfig(batch_size=6, grad_accum=4), r"train.batch_size=6"),
+        (lambda: TrainConfig(temperature=float("inf")), r"train.temperature=inf: a finite number"),
         (lambda: from_dict(TrainJobConfig, {"train": {"max_stepz": 3}}), r"train.max_stepz"),
     ],
 )
@@ -170,7 +171,7 @@ def test_drafter_with_another_tokenizer_is_rejected_before_training(tmp_path: Pa
     folder = tmp_path / "foreign"
     make_tiny_llama(vocab_size=259).save_pretrained(folder)
     make_tiny_tokenizer().save_pretrained(folder)
-    cfg = smoke_cfg(tmp_path, "drafter.kind=pretrained", f"drafter.path={folder}")  # smoke sets derived
+    cfg = smoke_cfg(tmp_path, "drafter=pretrained", f"drafter.path={folder}")
     with pytest.raises(ValueError, match=r"drafter.path=.*tokenizer is not the target's"):
         run_distill(cfg)
     assert not (tmp_path / "out" / "checkpoints").exists()
@@ -230,3 +231,95 @@ def test_select_temperature_picks_the_metric_and_early_stop_ends_training(tmp_pa
     assert all(h["acceptance"] == h["expected"] for h in metrics["history"])
     # a huge learning rate stops improving fast: training ends well before max_steps
     assert metrics["steps"] < 40
+
+
+def test_teacher_cache_key_follows_file_contents(tmp_path: Path) -> None:
+    """Editing the data file or a local target's weights in place is a new cache, not a stale hit."""
+    data_file, target_dir = tmp_path / "prompts.jsonl", tmp_path / "target"
+    data_file.write_text('{"prompt": "a", "response": "b"}\n')
+    target_dir.mkdir()
+    (target_dir / "model.safetensors").write_bytes(b"weights")
+    data = DataConfig(name="mine", source="file", path=str(data_file))
+    target, train = TargetConfig(name=str(target_dir)), TrainConfig()
+
+    def key() -> str:
+        return cache_key(target, data, train, "train", 16, 8)
+
+    first = key()
+    assert key() == first
+    data_file.write_text('{"prompt": "a", "response": "c"}\n')
+    second = key()
+    assert second != first
+    (target_dir / "model.safetensors").write_bytes(b"retrained")
+    os.utime(target_dir / "model.safetensors", ns=(0, 123))
+    assert key() != second
+
+
+def test_teacher_topk_above_the_vocabulary_is_named_before_any_work(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"train.teacher_topk=100000 is more than the target's vocabulary of \d+"):
+        run_distill(smoke_cfg(tmp_path, "train.teacher_topk=100000"))
+    assert not (tmp_path / "cache").exists()
+
+
+def test_data_file_without_usable_sequences_is_named(tmp_path: Path) -> None:
+    """Prompts but no responses (seq_source=data): no sequence at all, and the error names the file."""
+    path = tmp_path / "prompts_only.jsonl"
+    path.write_text("".join(f'{{"prompt": "question {i}"}}\n' for i in range(40)))
+    cfg = smoke_cfg(tmp_path, "data.source=file", f"data.path={path}")
+    with pytest.raises(ValueError, match=r"data.path='.*prompts_only.jsonl': no usable train sequences"):
+        run_distill(cfg)
+
+
+def test_command_line_group_choices_beat_the_experiment(tmp_path: Path) -> None:
+    """`experiment=smoke drafter=pretrained drafter.path=/nonexistent` used to train a derived drafter and exit 0."""
+    cfg = smoke_cfg(tmp_path, "drafter=pretrained", "drafter.path=/nonexistent")
+    assert (cfg.drafter.kind, cfg.drafter.path, cfg.target.name) == ("pretrained", "/nonexistent", "smoke")
+    with pytest.raises(ValueError, match="drafter.path='/nonexistent' does not exist"):
+        run_distill(cfg)
+    assert not (tmp_path / "out" / "checkpoints").exists()
+    assert smoke_cfg(tmp_path, "target=smollm2").target.name == "smollm2-135m-instruct"
+    with pytest.raises(ValueError, match="drafter.path='/some/drafter': is set but drafter.kind='derived'"):
+        smoke_cfg(tmp_path, "drafter.path=/some/drafter")
+
+
+def test_resume_with_another_config_lists_the_differing_keys(tmp_path: Path) -> None:
+    run_distill(smoke_cfg(tmp_path, "train.max_steps=2", "train.checkpoint_every=2"))
+    with pytest.raises(ValueError, match=r"(?s)differing keys:\n  loss.name: 'forward_kl' in the checkpoint, 'tvd' now\nResume") as error:
+        run_distill(smoke_cfg(tmp_path, "loss=tvd", "train.resume=true", "train.max_steps=4"))
+    assert "train.max_steps:" not in str(error.value)
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["loss"] == "forward_kl"
+    # Budgets, logging and checkpointing may change on resume.
+    resumed = run_distill(smoke_cfg(tmp_path, "train.resume=true", "train.max_steps=4", "train.log_every=2", "train.checkpoint_every=4"))
+    assert resumed["steps"] == 4 and "resumed_from_step" in (tmp_path / "out" / "metrics.jsonl").read_text()
+
+
+def test_fresh_run_refuses_a_folder_holding_checkpoints(tmp_path: Path) -> None:
+    """A fresh 6-step run in an old 600-step run's folder used to rotate its own checkpoints away."""
+    old = tmp_path / "out" / "checkpoints" / "step_000600"
+    old.mkdir(parents=True)
+    (old / "COMPLETE").write_text("ok")
+    with pytest.raises(ValueError, match=r"already holds checkpoints of an earlier run \(newest: step_000600\); pass train.resume=true"):
+        run_distill(smoke_cfg(tmp_path))
+    assert [p.name for p in old.parent.iterdir()] == ["step_000600"] and not (tmp_path / "cache").exists()
+
+
+def test_rotation_keeps_the_newest_steps_by_number(tmp_path: Path) -> None:
+    for step in (5, 999_999, 1_000_000, 1_000_001):
+        (tmp_path / f"step_{step:06d}").mkdir()
+        (tmp_path / f"step_{step:06d}" / "COMPLETE").write_text("ok")
+    # 1_000_001 is newer than the step just saved: left from past a checkpoint resume skipped.
+    prune_checkpoints(tmp_path, keep=2, step=1_000_000)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1000000", "step_999999"]
+    assert latest_checkpoint(tmp_path).name == "step_1000000"
+
+
+def test_truncated_checkpoint_is_named_and_resume_falls_back(tmp_path: Path) -> None:
+    args = ("train.max_steps=4", "train.checkpoint_every=2", "train.eval_every=2")
+    run_distill(smoke_cfg(tmp_path, *args))
+    straight = checkpoint_weights(tmp_path / "out", 4)
+    weights = tmp_path / "out" / "checkpoints" / "step_000004" / "pytorch_model.bin"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.warns(UserWarning, match=r"checkpoint file .*step_000004/pytorch_model.bin is unreadable.*falling back"):
+        metrics = run_distill(smoke_cfg(tmp_path, *args, "train.resume=true"))
+    assert metrics["steps"] == 4 and '"resumed_from_step": 2' in (tmp_path / "out" / "metrics.jsonl").read_text()
+    assert_same_weights(straight, checkpoint_weights(tmp_path / "out", 4), 0.0)

@@ -1,0 +1,161 @@
+"""One writer per output folder: a lock file holding the writer's PID, and a writability check.
+
+Two jobs writing one folder interleave their checkpoints and metrics.jsonl and crash at random, so
+every job that writes an output folder (training, eval, the demo) holds `<folder>/.lock` while it
+runs. The file is created with O_CREAT | O_EXCL, which exactly one process can win. A lock whose
+PID is dead (a SIGKILLed job) is stale and taken over; only that takeover needs more than the
+create, and it runs under an flock on the folder, so two processes can never both remove and
+recreate the file (the kernel drops an flock when its holder dies: nothing stale is left there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import os
+import socket
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+LOCK_FILE = ".lock"
+# How long a lock file may exist without its owner line before it counts as abandoned.
+_UNWRITTEN_GRACE_S = 10.0
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class OutputInUseError(RuntimeError):
+    """Another live process holds the folder's lock."""
+
+
+def check_writable(folder: Path, name: str = "output_dir") -> None:
+    """Create `folder` if needed and prove a file can be written in it, before any work is done.
+
+    Raises:
+        PermissionError: naming `name` and the folder, when it cannot be created or written.
+    """
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise PermissionError(f"{name}={str(folder)!r} is not writable ({error.strerror or error}); pick another {name}") from None
+
+
+def launched_rank() -> int:
+    """This process's rank under torchrun / `accelerate launch` (0 when run plainly). Read from the
+    launcher's environment, so it is known before any Accelerator exists."""
+    for variable in ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
+        if variable in os.environ:
+            return int(os.environ[variable])
+    return 0
+
+
+def _owner(text: str) -> tuple[str, int] | None:
+    """(host, pid) from a lock file's text, or None when it is not one (an interrupted write)."""
+    host, _, pid = text.strip().rpartition(" ")
+    return (host, int(pid)) if pid.isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
+def _create(lock: Path) -> bool:
+    """Create the lock file holding "host pid"; False when it already exists."""
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as handle:
+        handle.write(f"{socket.gethostname()} {os.getpid()}\n")
+    return True
+
+
+def acquire(folder: Path) -> Path:
+    """Take `folder`'s lock (creating the folder); return the lock file.
+
+    Raises:
+        PermissionError: the folder cannot be created or written (see `check_writable`).
+        OutputInUseError: naming the folder and the PID of the live process holding it.
+    """
+    check_writable(folder)
+    lock = folder / LOCK_FILE
+    if _create(lock):
+        return lock
+    directory = os.open(folder, os.O_RDONLY)
+    try:
+        # Under the flock nobody else removes the file, so what is read is what gets removed.
+        fcntl.flock(directory, fcntl.LOCK_EX)
+        try:
+            text = lock.read_text()
+        except FileNotFoundError:
+            text = None  # released meanwhile
+        if text is not None:
+            owner = _owner(text)
+            # A lock from another host cannot be checked from here: it counts as live.
+            if owner is not None and (owner[0] != socket.gethostname() or _alive(owner[1])):
+                raise OutputInUseError(
+                    f"output_dir={str(folder)!r} is in use by PID {owner[1]} on {owner[0]} (lock file {lock}); "
+                    "wait for that job or pick another output_dir (if no such job runs, delete the lock file)"
+                )
+            # No owner yet: a writer between its create and its write (microseconds), or one that died there.
+            if owner is None and time.time() - _mtime(lock) < _UNWRITTEN_GRACE_S:
+                raise OutputInUseError(f"output_dir={str(folder)!r} is being locked by another process right now (lock file {lock})")
+            warnings.warn(f"taking over the stale lock {lock} ({text.strip() or 'empty'}): its process is gone", stacklevel=2)
+            lock.unlink(missing_ok=True)
+        if not _create(lock):
+            raise OutputInUseError(f"output_dir={str(folder)!r} was locked by another process just now (lock file {lock})")
+        return lock
+    finally:
+        os.close(directory)  # drops the flock
+
+
+def release(lock: Path) -> None:
+    """Remove the lock file if it is still this process's."""
+    with contextlib.suppress(FileNotFoundError):
+        owner = _owner(lock.read_text())
+        if owner == (socket.gethostname(), os.getpid()):
+            lock.unlink()
+
+
+@contextlib.contextmanager
+def output_lock(folder: Path) -> Iterator[Path]:
+    """Hold `folder`'s lock for the `with` block; released on exit, exceptions included."""
+    lock = acquire(folder)
+    try:
+        yield lock
+    finally:
+        release(lock)
+
+
+def locks_output_dir(run: F) -> F:
+    """Decorate `run(cfg, ...)` so the launcher's main process holds `cfg.output_dir`'s lock while
+    it runs (the other processes of a multi-process launch share the main one's)."""
+
+    @functools.wraps(run)
+    def locked(cfg: Any, *args: Any, **kwargs: Any) -> Any:
+        if launched_rank() != 0:
+            return run(cfg, *args, **kwargs)
+        with output_lock(Path(cfg.output_dir)):
+            return run(cfg, *args, **kwargs)
+
+    return locked  # type: ignore[return-value]
