@@ -169,15 +169,21 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     # (a feature drafter's teacher is the frozen head on the cached features: no top-k needed)
     features = reads_features(cfg.drafter)
     topk = train.teacher_topk if job == "distill" and not features else 0
-    train_examples = load_examples(cfg.data, "train")
+    def sequences(split: str, limit: int | None) -> list[TrainSequence]:
+        """The split's training sequences, cached apart from what is scored on them, so drafters of
+        either kind trained on the same data share one (costly) set of target continuations."""
+        key = cache_key(cfg.target, cfg.data, train, split, 0, limit)
+        return _cached(cache_dir / f"sequences-{split}-{key}.pt", lambda: score_topk(
+            target, build_sequences(load_examples(cfg.data, split), tokenizer, target, train, eos, limit), 0, pad_id), accelerator).sequences
+
     train_cache = _cached(
         cache_dir / f"{job}-train-{cache_key(cfg.target, cfg.data, train, 'train', topk, train.train_sequences, features)}.pt",
-        lambda: score_topk(target, build_sequences(train_examples, tokenizer, target, train, eos, train.train_sequences), topk, pad_id, features=features),
+        lambda: score_topk(target, sequences("train", train.train_sequences), topk, pad_id, features=features),
         accelerator,
     )
     heldout = _cached(
         cache_dir / f"heldout-{cache_key(cfg.target, cfg.data, train, 'heldout', 0, train.heldout_sequences, features)}.pt",
-        lambda: score_topk(target, build_sequences(load_examples(cfg.data, "heldout"), tokenizer, target, train, eos, train.heldout_sequences), 0, pad_id, features=features),
+        lambda: score_topk(target, sequences("heldout", train.heldout_sequences), 0, pad_id, features=features),
         accelerator,
     )
     if not train_cache.sequences or not heldout.sequences:

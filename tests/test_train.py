@@ -323,3 +323,19 @@ def test_truncated_checkpoint_is_named_and_resume_falls_back(tmp_path: Path) -> 
         metrics = run_distill(smoke_cfg(tmp_path, *args, "train.resume=true"))
     assert metrics["steps"] == 4 and '"resumed_from_step": 2' in (tmp_path / "out" / "metrics.jsonl").read_text()
     assert_same_weights(straight, checkpoint_weights(tmp_path / "out", 4), 0.0)
+
+
+def test_target_continuations_are_generated_once_for_both_drafter_kinds(tmp_path: Path, monkeypatch) -> None:
+    """A slice drafter trained after a feature drafter on the same data reuses its sequences."""
+    import specdecode.teacher
+
+    common = ("train.seq_source=target", "train.max_steps=1", "train.gamma_candidates=[]")
+    run_distill(smoke_cfg(tmp_path / "a", "drafter.kind=feature", *common, f"cache_dir={tmp_path / 'cache'}"))
+
+    def no_generation(*args, **kwargs):
+        raise AssertionError("target continuations were generated again")
+
+    monkeypatch.setattr(specdecode.teacher, "generate_continuations", no_generation)
+    run_distill(smoke_cfg(tmp_path / "b", *common, f"cache_dir={tmp_path / 'cache'}"))
+    assert len(list((tmp_path / "cache").glob("sequences-train-*.pt"))) == 1
+    assert len(list((tmp_path / "cache").glob("distill-train-*.pt"))) == 2
