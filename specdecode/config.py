@@ -474,6 +474,8 @@ class FitRouterConfig:
     # Regress each drafter's label minus the prompt's mean over drafters: prompt difficulty moves
     # all drafters together and would otherwise dominate the loss, while the argmax ignores it.
     relative: bool = True
+    # Also route to no drafter (plain decoding) where every drafter is predicted to slow a prompt down.
+    no_drafter: bool = True
     epochs: int = 300
     batch_size: int = 64
     lr: float = 1e-3

@@ -321,4 +321,8 @@ def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = No
 
 def _router_key(drafter_name: str) -> str:
     """Router drafter names are `generic` or a domain; evaluation methods name them as rows do."""
+    from specdecode.router import NO_DRAFTER
+
+    if drafter_name == NO_DRAFTER:
+        return "autoregressive"
     return drafter_name if drafter_name in ("generic", "undistilled") else f"specialized:{drafter_name}"

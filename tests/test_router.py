@@ -190,7 +190,7 @@ def test_smoke_collect_then_fit_end_to_end(tmp_path: Path, capsys) -> None:
     fit = from_dict(FitRouterConfig, _compose("fit_router_smoke", [f"labels={labels}", f"output_dir={tmp_path / 'router'}"]))
     report = run_fit(fit, progress=False)
     assert (tmp_path / "router" / "router.safetensors").is_file()
-    assert json.loads((tmp_path / "router" / "router.json").read_text())["drafters"] == ["one_layer", "two_layers", "three_layers"]
+    assert json.loads((tmp_path / "router" / "router.json").read_text())["drafters"] == ["one_layer", "two_layers", "three_layers", "none"]
     assert json.loads((tmp_path / "router" / "report.json").read_text())["prompts"] == report["prompts"] == 6
     policies = report["policies"]
     for metric in ("acceptance", "speedup"):
@@ -210,3 +210,30 @@ def test_embedded_minilm_gives_384_d_embeddings() -> None:
     # Code is closer to code than to small talk.
     code = embedder.encode(["def mul(x, y): return x * y"])[0]
     assert torch.cosine_similarity(code, embedded[0], dim=0) > torch.cosine_similarity(code, embedded[2], dim=0)
+
+
+def test_router_routes_to_no_drafter_where_every_drafter_slows_down() -> None:
+    """Labels where both drafters slow chat prompts down (speedup 0.7): the fitted router sends
+    them to plain decoding, whose output is the target's, and the others to their drafter."""
+    from specdecode.router import NO_DRAFTER, label_matrix
+
+    names = ["code", "math", NO_DRAFTER]
+    rows = [{"speedup": {"code": 1.5 if d == "code" else 0.7, "math": 1.5 if d == "math" else 0.7},
+             "acceptance": {"code": 0.5, "math": 0.5}} for d in DRAFTERS for _ in range(20)]
+    labels = label_matrix(rows, "speedup", names)
+    assert labels[:, 2].eq(1.0).all() and label_matrix(rows, "acceptance", names)[:, 2].eq(0.0).all()
+    texts = [t for d in DRAFTERS for t in _texts(d, 20)]
+    embedder = KeywordEmbedder()
+    router, _ = fit_router(prompt_features(embedder, texts, prompt_length=True), labels, names, embedder,
+                           hidden=16, dropout=0.0, epochs=200, patience=50, seed=0)
+    assert router.choose(_texts("chat", 3, offset=40)) == [NO_DRAFTER] * 3
+    assert router.choose(_texts("code", 2, offset=40)) == ["code"] * 2
+
+    target = tiny_llama(3, seed=0)
+    drafters = {"code": tiny_llama(1, seed=1), "math": tiny_llama(1, seed=2)}  # no model for "none"
+    prompt_texts = _texts("chat", 2, offset=50) + _texts("math", 2, offset=50)
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]
+    out = route_and_generate(router, target, drafters, prompts, texts=prompt_texts, max_new_tokens=6, gamma=2)
+    assert out.drafters == [NO_DRAFTER, NO_DRAFTER, "math", "math"]
+    assert out.results[NO_DRAFTER].stats.drafted == 0
+    assert out.sequences == autoregressive_generate(target, prompts, max_new_tokens=6).sequences
