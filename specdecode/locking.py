@@ -62,7 +62,8 @@ def _owner(text: str) -> tuple[str, int] | None:
     return (host, int(pid)) if pid.isdigit() else None
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this PID exists on this host (one we may not signal counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -112,7 +113,7 @@ def acquire(folder: Path) -> Path:
         if text is not None:
             owner = _owner(text)
             # A lock from another host cannot be checked from here: it counts as live.
-            if owner is not None and (owner[0] != socket.gethostname() or _alive(owner[1])):
+            if owner is not None and (owner[0] != socket.gethostname() or pid_alive(owner[1])):
                 raise OutputInUseError(
                     f"output_dir={str(folder)!r} is in use by PID {owner[1]} on {owner[0]} (lock file {lock}); "
                     "wait for that job or pick another output_dir (if no such job runs, delete the lock file)"

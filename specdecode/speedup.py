@@ -14,6 +14,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -150,3 +151,23 @@ def measure_step_costs(
         gamma=gamma,
         context_tokens=len(context),
     )
+
+
+def choose_gamma(
+    target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, context: Sequence[int], alpha: float, candidates: Sequence[int]
+) -> dict[str, Any]:
+    """Store in `drafter.config.specdecode_gamma` the gamma Leviathan's model predicts fastest for
+    acceptance `alpha`, from step costs measured here after `context` (a drafter step, and a verify
+    of gamma + 1 tokens for each candidate). Returns the figures."""
+    context = list(context)
+    if len(context) <= max(candidates) + 1:  # too short to time the longest verify: repeat it
+        context = (context * (max(candidates) + 2))[: max(candidates) + 2 + len(context)]
+    was_training = drafter.training
+    drafter.eval()
+    costs = measure_step_costs(target, drafter, context, 1, repeats=5)
+    verify = measure_verify_ratios(target, context, candidates)
+    drafter.train(was_training)
+    gamma, speedup = optimal_gamma(min(max(alpha, 0.0), 1.0), costs.cost_ratio, verify)
+    drafter.config.specdecode_gamma = gamma
+    return {"chosen": gamma, "predicted_speedup": speedup, "alpha": alpha, "cost_ratio": costs.cost_ratio,
+            "verify_ratios": verify, "context_tokens": len(context)}

@@ -41,7 +41,7 @@ from specdecode.losses import get_loss
 from specdecode.feature_drafter import CONFIG_KEY as FEATURE_CONFIG_KEY
 from specdecode.feature_training import FeatureDrafterLogits, feature_regression_sum, frozen_head_rows, pass_positions
 from specdecode.models import DraftVocabHead, build_drafter, check_tokenizers, load_model
-from specdecode.speedup import measure_step_costs, measure_verify_ratios, optimal_gamma
+from specdecode.speedup import choose_gamma
 from specdecode.teacher import (
     TeacherCache,
     TrainSequence,
@@ -358,7 +358,8 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
         final = accelerator.unwrap_model(model).drafter
         load_trainable_state(final, best)
         if train.gamma_candidates:
-            metrics["gamma"] = choose_gamma(target, final, heldout.sequences, state.best_acceptance, train.gamma_candidates)
+            context = max((s.tokens for s in heldout.sequences), key=len)
+            metrics["gamma"] = choose_gamma(target, final, context, state.best_acceptance, train.gamma_candidates)
         _save_pretrained_atomic(final, tokenizer, output / "drafter")
         write_atomic(output / "metrics.json", json.dumps(metrics, indent=2))
         write_atomic(output / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(asdict(cfg))))
@@ -368,26 +369,6 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return metrics
-
-
-def choose_gamma(
-    target: PreTrainedModel, drafter: PreTrainedModel, sequences: list[TrainSequence], alpha: float, candidates: list[int]
-) -> dict[str, Any]:
-    """Store in `drafter.config.specdecode_gamma` the gamma Leviathan's model predicts fastest for
-    held-out acceptance `alpha`, from step costs measured here (a drafter step, and a verify of
-    gamma + 1 tokens for each candidate, after the longest held-out sequence). Returns the figures."""
-    context = max((s.tokens for s in sequences), key=len)
-    if len(context) <= max(candidates) + 1:
-        context = (context * (max(candidates) + 2))[: max(candidates) + 2 + len(context)]
-    was_training = drafter.training
-    drafter.eval()
-    costs = measure_step_costs(target, drafter, context, 1, repeats=5)
-    verify = measure_verify_ratios(target, context, candidates)
-    drafter.train(was_training)
-    gamma, speedup = optimal_gamma(min(max(alpha, 0.0), 1.0), costs.cost_ratio, verify)
-    drafter.config.specdecode_gamma = gamma
-    return {"chosen": gamma, "predicted_speedup": speedup, "alpha": alpha, "cost_ratio": costs.cost_ratio,
-            "verify_ratios": verify, "context_tokens": len(context)}
 
 
 def _save_pretrained_atomic(drafter: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: Path) -> None:
