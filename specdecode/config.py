@@ -297,6 +297,10 @@ class TrainJobConfig:
     def __post_init__(self) -> None:
         _require(bool(self.output_dir), "output_dir", self.output_dir, "must name a folder")
         _require(self.logger in TRAIN_LOGGERS, "logger", self.logger, "|".join(TRAIN_LOGGERS))
+        # A feature drafter cannot write continuations alone: each of its steps reads the target's
+        # features of the tokens before it, so there is no drafter-only (on-policy) generation.
+        _require(not (self.drafter.kind == "feature" and self.train.lambda_on_policy > 0), "train.lambda_on_policy",
+                 self.train.lambda_on_policy, "must be 0 with drafter.kind='feature' (it cannot generate without the target)")
         _require(self.wandb_mode in ("offline", "online", "disabled"), "wandb_mode", self.wandb_mode, "offline|online|disabled")
 
 

@@ -219,47 +219,40 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     model, optimizer = accelerator.prepare(model, optimizer)
     tau = 1.0 if train.temperature == 0 else train.temperature
 
-    def micro_batches(sequences: list[TrainSequence], rows: list[torch.Tensor] | None, picks: list[int]) -> list[Batch]:
+    def micro_batches(sequences: list[TrainSequence], scored: TeacherCache, picks: list[int]) -> list[Batch]:
+        """`grad_accum` micro-batches of `sequences`, which are `scored`'s sequences `picks`."""
         size = len(sequences) // train.grad_accum
         out = []
         for start in range(0, len(sequences), size):
+            mine = picks[start : start + size]
             input_ids, attention_mask, positions = pad_batch(sequences[start : start + size], pad_id)
             batch = {"input_ids": input_ids, "attention_mask": attention_mask}
-            if features:
-                batch["features"] = padded_features(train_cache, picks[start : start + size], input_ids.shape[1])
-            if job == "distill" and features:
-                pass  # the teacher is the frozen head on `features` (loss_sum)
-            elif job == "distill":
-                ids = torch.zeros(*positions.shape, topk, dtype=torch.int32)
-                logits = torch.zeros(*positions.shape, topk)
-                ids[positions] = torch.cat([r[0] for r in rows[start : start + size]])
-                logits[positions] = torch.cat([r[1] for r in rows[start : start + size]])
-                positions = positions & (vocab_to_draft[ids.long()] >= 0).any(-1)
-                batch |= {"topk_ids": ids, "topk_logits": logits}
-            else:
+            if features:  # the distillation teacher is then the frozen head on them (loss_sum)
+                batch["features"] = padded_features(scored, mine, input_ids.shape[1])
+            if job == "finetune":
                 labels = torch.cat([vocab_to_draft[input_ids[:, 1:]], torch.full_like(input_ids[:, :1], -1)], 1)
                 positions = positions & (labels >= 0)
                 batch["labels"] = labels
+            elif not features:
+                ids = torch.zeros(*positions.shape, topk, dtype=torch.int32)
+                logits = torch.zeros(*positions.shape, topk)
+                ids[positions] = torch.cat([scored.topk_ids[scored.offsets[i] : scored.offsets[i + 1]] for i in mine])
+                logits[positions] = torch.cat([scored.topk_logits[scored.offsets[i] : scored.offsets[i + 1]] for i in mine])
+                positions = positions & (vocab_to_draft[ids.long()] >= 0).any(-1)
+                batch |= {"topk_ids": ids, "topk_logits": logits}
             out.append(batch | {"positions": positions})
         return out
 
     def make_batches(indices: list[int], step: int, on_policy: bool) -> list[Batch]:
-        if on_policy:
-            # GKD: the drafter writes the continuations, the target scores them now (not cacheable)
-            prompts = [train_cache.sequences[i].tokens[: train_cache.sequences[i].response_start] for i in indices]
-            seed = train.seed + 7919 * step + 104_729 * accelerator.process_index
-            responses = generate_continuations(accelerator.unwrap_model(model).drafter, prompts, train, eos, seed)
-            # an empty continuation stays: 0 counted tokens, but every process keeps `grad_accum` micro-batches
-            sequences = [TrainSequence(p + r, len(p)) for p, r in zip(prompts, responses)]
-            scored, picks = score_topk(target, sequences, topk, pad_id), list(range(len(sequences)))
-            if job == "finetune":
-                return micro_batches(sequences, None, picks)
-        else:
-            sequences, scored, picks = [train_cache.sequences[i] for i in indices], train_cache, indices
-        if job == "finetune" or features:
-            return micro_batches(sequences, None, picks)
-        rows = [(scored.topk_ids[scored.offsets[i] : scored.offsets[i + 1]], scored.topk_logits[scored.offsets[i] : scored.offsets[i + 1]]) for i in picks]
-        return micro_batches(sequences, rows, picks)
+        if not on_policy:
+            return micro_batches([train_cache.sequences[i] for i in indices], train_cache, indices)
+        # GKD: the drafter writes the continuations, the target scores them now (not cacheable)
+        prompts = [train_cache.sequences[i].tokens[: train_cache.sequences[i].response_start] for i in indices]
+        seed = train.seed + 7919 * step + 104_729 * accelerator.process_index
+        responses = generate_continuations(accelerator.unwrap_model(model).drafter, prompts, train, eos, seed)
+        # an empty continuation stays: 0 counted tokens, but every process keeps `grad_accum` micro-batches
+        sequences = [TrainSequence(p + r, len(p)) for p, r in zip(prompts, responses)]
+        return micro_batches(sequences, score_topk(target, sequences, topk, pad_id), list(range(len(sequences))))
 
     def loss_sum(module: torch.nn.Module, batch: Batch) -> torch.Tensor:
         if features:

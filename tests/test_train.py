@@ -339,3 +339,30 @@ def test_target_continuations_are_generated_once_for_both_drafter_kinds(tmp_path
     run_distill(smoke_cfg(tmp_path / "b", *common, f"cache_dir={tmp_path / 'cache'}"))
     assert len(list((tmp_path / "cache").glob("sequences-train-*.pt"))) == 1
     assert len(list((tmp_path / "cache").glob("distill-train-*.pt"))) == 2
+
+
+def test_feature_drafter_batches_carry_the_features_of_their_own_sequences(tmp_path: Path, monkeypatch) -> None:
+    """The features a feature drafter trains on are the target's hidden states of exactly the
+    tokens in the batch; on-policy training, which it cannot do, is refused before any work."""
+    from specdecode.feature_training import FeatureDrafterLogits
+
+    seen = []
+    original = FeatureDrafterLogits.forward
+
+    def recording(self, input_ids, attention_mask, features):
+        seen.append((input_ids.clone(), attention_mask.clone(), features.clone()))
+        return original(self, input_ids, attention_mask, features)
+
+    with pytest.raises(ValueError, match=r"train.lambda_on_policy=0.5: must be 0 with drafter.kind='feature'"):
+        smoke_cfg(tmp_path, "drafter.kind=feature", "train.lambda_on_policy=0.5")
+    monkeypatch.setattr(FeatureDrafterLogits, "forward", recording)
+    run_distill(smoke_cfg(tmp_path, "drafter.kind=feature", "train.max_steps=4",
+                          "train.eval_every=100", "train.gamma_candidates=[]"))
+    target, _ = load_model("smoke")
+    training = [s for s in seen if s[0].shape[0] == 8]  # the training batches (held-out chunks differ)
+    assert len(training) >= 4
+    with torch.no_grad():
+        for input_ids, attention_mask, features in training:
+            expected = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True).hidden_states[-1]
+            real = attention_mask.bool()
+            torch.testing.assert_close(features[real], expected[real].half().float(), atol=2e-3, rtol=2e-3)
