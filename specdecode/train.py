@@ -57,17 +57,8 @@ from specdecode.teacher import (
     save_cache,
     score_topk,
 )
-from specdecode.training import (
-    Batch,
-    DrafterLogits,
-    LoopState,
-    MetricsLogger,
-    check_checkpoints,
-    load_trainable_state,
-    peak_memory_mb,
-    resume,
-    train_loop,
-)
+from specdecode.checkpoints import LoopState, check_checkpoints, resume
+from specdecode.training import Batch, DrafterLogits, MetricsLogger, load_trainable_state, peak_memory_mb, train_loop
 from specdecode.validation import default_eos
 
 JOBS = ("distill", "finetune")

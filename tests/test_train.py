@@ -20,7 +20,8 @@ from specdecode.models import load_model
 from specdecode.smoke import smoke_tokenizer
 from specdecode.teacher import cache_key, dense_teacher_logits
 from specdecode.train import run_distill, run_finetune
-from specdecode.training import global_batch_indices, latest_checkpoint, prune_checkpoints
+from specdecode.checkpoints import latest_checkpoint, prune_checkpoints
+from specdecode.training import global_batch_indices
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
