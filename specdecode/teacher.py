@@ -142,10 +142,13 @@ def build_sequences(
 
 def generate_continuations(
     model: PreTrainedModel, prompts: Sequence[list[int]], train: TrainConfig, eos: Sequence[int], seed: int,
-    batch_size: int = 16, temperature: float | None = None,
+    batch_size: int = 32, temperature: float | None = None,
 ) -> list[list[int]]:
     """`model`'s continuations of `prompts` (batched, ragged), at most `max_new_tokens` each, at
-    `temperature` (default `train.temperature`; 0 = greedy)."""
+    `temperature` (default `train.temperature`; 0 = greedy).
+
+    Batch 32: on the 2-core CPU the target generates ~79 tokens/s at batch 32 vs ~61 at batch 16
+    (the weights are read once per step for the whole batch)."""
     was_training = model.training
     model.eval()
     out: list[list[int]] = []
