@@ -26,6 +26,7 @@ from specdecode.locking import check_writable
 from specdecode.config import BenchmarkConfig
 from specdecode.data import DOMAINS, format_prompt, load_domain
 from specdecode.decode import autoregressive_generate, speculative_generate
+from specdecode.devices import resolve_device
 from specdecode.models import FeatureDrafter, build_drafter, load_model
 from specdecode.report import fmt
 from specdecode.speedup import measure_step_costs, predicted_speedup
@@ -112,7 +113,7 @@ def run(cfg: BenchmarkConfig) -> dict:
         steps.set_postfix_str(name)
         steps.update(1)
 
-    target, tokenizer = load_model(cfg.target.name, dtype=cfg.target.dtype, device=cfg.target.device)
+    target, tokenizer = load_model(cfg.target.name, dtype=cfg.dtype, device=resolve_device(cfg.device))
     stage("target loaded")
     drafter = build_drafter(cfg.drafter, target, tokenizer, lambda: vocab_corpus(tokenizer, cfg.vocab_corpus_docs))
     stage("drafter built")
@@ -212,7 +213,7 @@ def report_markdown(results: dict) -> str:
     lines = [
         f"# Decode benchmark — {results['date']}",
         "",
-        f"Target `{cfg['target']['name']}` ({cfg['target']['dtype']}, {results['machine']['device']}, "
+        f"Target `{cfg['target']['name']}` ({cfg['dtype']}, {results['machine']['device']}, "
         f"{results['machine']['cpus']} CPUs); drafter: {cfg['drafter']['kind']} "
         f"({cfg['drafter']['num_layers']} layers, draft vocab {cfg['drafter']['draft_vocab'] or 'full'}); "
         f"gamma {cfg['gamma']}, {cfg['max_new_tokens']} new tokens, temperature {cfg['temperature']}; "

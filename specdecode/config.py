@@ -8,6 +8,8 @@ import typing
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
+from specdecode.devices import check_device_name, check_dtype_name
+
 T = TypeVar("T")
 
 # Largest gamma (drafted tokens per target pass) any entry point accepts. Acceptance decays
@@ -40,16 +42,27 @@ def _require(condition: bool, name: str, value: object, expectation: str) -> Non
 
 
 @dataclass
+class Placement:
+    """The one `device` / `dtype` of an app (top level of its conf/*.yaml): the target, the drafters,
+    the embedder and accelerate all follow it. Apps subclass this and call `check_placement()`."""
+
+    device: str = "cpu"
+    dtype: str = "float32"
+
+    def check_placement(self) -> None:
+        self.device = check_device_name(self.device)
+        self.dtype = check_dtype_name(self.dtype)
+
+
+@dataclass
 class TargetConfig:
-    """The model being accelerated: an alias, HF hub id, local folder or .gguf file."""
+    """The model being accelerated: an alias, HF hub id, local folder or .gguf file. Where it runs
+    and in which dtype is the app's top-level `device` / `dtype` (`Placement`)."""
 
     name: str = "smollm2-135m-instruct"
-    dtype: str = "float32"
-    device: str = "cpu"
 
     def __post_init__(self) -> None:
         _require(bool(self.name), "target.name", self.name, "must name a model")
-        _require(self.dtype in ("float32", "bfloat16", "float16"), "target.dtype", self.dtype, "float32|bfloat16|float16")
 
 
 DRAFTER_KINDS = ("derived", "feature", "pretrained")
@@ -90,7 +103,7 @@ class DrafterConfig:
 
 
 @dataclass
-class BenchmarkConfig:
+class BenchmarkConfig(Placement):
     """eval/benchmark.py: target alone vs ours vs transformers assisted generation, batch 1 and B."""
 
     target: TargetConfig = field(default_factory=TargetConfig)
@@ -111,6 +124,7 @@ class BenchmarkConfig:
     output_dir: str = "outputs/benchmark"
 
     def __post_init__(self) -> None:
+        self.check_placement()
         _require(isinstance(self.gamma, int) and 1 <= self.gamma <= MAX_GAMMA, "gamma", self.gamma, f"an int in [1, {MAX_GAMMA}]")
         _require(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, "an int >= 1")
         _require(self.num_prompts >= 1, "num_prompts", self.num_prompts, ">= 1")
@@ -277,7 +291,7 @@ class TrainConfig:
 
 
 @dataclass
-class TrainJobConfig:
+class TrainJobConfig(Placement):
     """train/distill.py and train/finetune.py. `target.name: smoke` is the tiny in-process target."""
 
     # The job's name ("distill", "finetune"): names output folders in conf/, nothing else.
@@ -295,6 +309,7 @@ class TrainJobConfig:
     wandb_mode: str = "offline"
 
     def __post_init__(self) -> None:
+        self.check_placement()
         _require(bool(self.output_dir), "output_dir", self.output_dir, "must name a folder")
         _require(self.logger in TRAIN_LOGGERS, "logger", self.logger, "|".join(TRAIN_LOGGERS))
         # A feature drafter cannot write continuations alone: each of its steps reads the target's
@@ -363,7 +378,7 @@ def _routed_drafters(value: object) -> list[RoutedDrafterConfig]:
 
 
 @dataclass
-class CollectConfig:
+class CollectConfig(Placement):
     """router/collect.py: per-prompt, per-drafter acceptance labels by teacher forcing (specdecode.labels).
 
     `target.name: smoke` is the tiny in-process target (specdecode.smoke) and `source: synthetic`
@@ -398,6 +413,7 @@ class CollectConfig:
     def __post_init__(self) -> None:
         from specdecode.data import DOMAINS
 
+        self.check_placement()
         self.drafters = _routed_drafters(self.drafters)
         _require(
             isinstance(self.domains, (list, tuple)) and bool(self.domains) and all(d in DOMAINS for d in self.domains)
@@ -437,7 +453,6 @@ class EmbedderConfig:
     kind: str = "sentence-transformers"
     name: str = "all-MiniLM-L6-v2"
     dim: int = 256
-    device: str = "cpu"
     batch_size: int = 64
     # Tokens the sentence model reads per prompt: its cost grows about linearly with length (MiniLM,
     # 2 busy CPU cores: ~11 ms per prompt at 64 tokens, ~23 ms at 128), while a prompt's domain
@@ -468,7 +483,7 @@ class RouterModelConfig:
 
 
 @dataclass
-class FitRouterConfig:
+class FitRouterConfig(Placement):
     """router/fit.py: fit the router on the labels' train rows, report on their held-out rows."""
 
     labels: str = "outputs/router/labels.jsonl"
@@ -490,6 +505,7 @@ class FitRouterConfig:
     latency_repeats: int = 5
 
     def __post_init__(self) -> None:
+        self.check_placement()
         _require(bool(self.labels) and str(self.labels).endswith(".jsonl"), "labels", self.labels, "a .jsonl file from router/collect.py")
         _require(bool(self.output_dir), "output_dir", self.output_dir, "must name a folder")
         _require(self.objective in ROUTER_OBJECTIVES, "objective", self.objective, "|".join(ROUTER_OBJECTIVES))

@@ -18,8 +18,9 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from specdecode.atomic import write_atomic
-from specdecode.config import BenchmarkConfig, CollectConfig, FitRouterConfig, TrainJobConfig, _require, from_dict
+from specdecode.config import BenchmarkConfig, CollectConfig, FitRouterConfig, Placement, TrainJobConfig, _require, from_dict
 from specdecode.data import DOMAINS
+from specdecode.devices import resolve_device
 from specdecode.locking import locks_output_dir
 from specdecode.pipeline import Stage, run_stages
 
@@ -27,8 +28,10 @@ CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 @dataclass
-class DemoConfig:
-    """conf/demo.yaml. `losses` picks each domain's distillation loss (and `mix`'s, the generic one)."""
+class DemoConfig(Placement):
+    """conf/demo.yaml. `device` / `dtype` reach every stage (`python eval/demo.py device=cuda
+    dtype=bfloat16` is the GPU demo); `losses` picks each domain's distillation loss (and `mix`'s,
+    the generic one)."""
 
     output_dir: str = "outputs/demo"
     domains: list[str] = field(default_factory=lambda: list(DOMAINS))
@@ -45,6 +48,7 @@ class DemoConfig:
     )
 
     def __post_init__(self) -> None:
+        self.check_placement()
         for domain in self.domains:
             _require(domain in DOMAINS, "domains", domain, f"one of {list(DOMAINS)}")
         for name in (*self.domains, "mix"):
@@ -95,27 +99,37 @@ def _eval(config: dict, out: Path) -> None:
 
 
 def demo_stages(cfg: DemoConfig) -> list[Stage]:
-    """The stages in dependency order. Paths between stages point at final stage folders."""
+    """The stages in dependency order. Paths between stages point at final stage folders.
+
+    The wiring between stages (the device and dtype, paths under output_dir, the domains, gamma)
+    is set on the composed configs, never spliced into override strings: a path may hold quotes,
+    commas or `${`.
+    """
     root = Path(cfg.output_dir)
+    placement = {"device": cfg.device, "dtype": cfg.dtype}
+
+    def composed(stage: str, overrides: list[str]) -> dict[str, Any]:
+        return compose_config(cfg.configs[stage], overrides) | placement
+
+    evaluation = composed("eval", list(cfg.eval))
+    # gamma is declared once, by the evaluation: the benchmark and the router's speedup labels
+    # describe the setting the evaluation runs (null there = each drafter's own; they keep theirs).
+    gamma = {"gamma": evaluation["gamma"]} if evaluation["gamma"] is not None else {}
     stages: list[Stage] = []
     if cfg.run_benchmark:
-        stages.append(Stage("benchmark", compose_config(cfg.configs["benchmark"], cfg.benchmark), _benchmark))
+        stages.append(Stage("benchmark", composed("benchmark", list(cfg.benchmark)) | gamma, _benchmark))
     drafter_dirs: dict[str, str] = {}
     for name in (*cfg.domains, "mix"):
         stage = f"distill-{name}"
-        overrides = [f"data={name}", f"loss={cfg.losses[name]}", *cfg.distill]
-        stages.append(Stage(stage, compose_config(cfg.configs["distill"], overrides), _distill))
+        stages.append(Stage(stage, composed("distill", [f"data={name}", f"loss={cfg.losses[name]}", *cfg.distill]), _distill))
         drafter_dirs["generic" if name == "mix" else name] = str(root / stage / "drafter")
     distills = [s.name for s in stages if s.name.startswith("distill-")]
-    # The wiring between stages (paths under output_dir, the domains) is set on the composed
-    # configs, never spliced into override strings: a path may hold quotes, commas or `${`.
-    drafters = [{"name": n, "kind": "pretrained", "path": p} for n, p in drafter_dirs.items()]
-    collect = compose_config(cfg.configs["collect"], list(cfg.collect)) | {"drafters": drafters, "domains": list(cfg.domains)}
-    stages.append(Stage("collect", collect, _collect, after=distills))
-    fit = compose_config(cfg.configs["fit"], list(cfg.fit)) | {"labels": str(root / "collect" / "labels.jsonl")}
-    stages.append(Stage("fit", fit, _fit, after=["collect"]))
-    evaluation = compose_config(cfg.configs["eval"], list(cfg.eval))
     evaluation |= {"drafters": evaluation["drafters"] | drafter_dirs, "router_dir": str(root / "fit"), "domains": list(cfg.domains)}
+    drafters = [{"name": n, "kind": "pretrained", "path": p} for n, p in drafter_dirs.items()]
+    collect = composed("collect", list(cfg.collect)) | {"drafters": drafters, "domains": list(cfg.domains)} | gamma
+    stages.append(Stage("collect", collect, _collect, after=distills))
+    fit = composed("fit", list(cfg.fit)) | {"labels": str(root / "collect" / "labels.jsonl")}
+    stages.append(Stage("fit", fit, _fit, after=["collect"]))
     stages.append(Stage("eval", evaluation, _eval, after=[*distills, "fit"]))
     return stages
 
@@ -123,6 +137,7 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
 @locks_output_dir
 def run_demo(cfg: DemoConfig) -> Path:
     """Run (or resume) the demo; publish results.json and report.md at the top of `output_dir`."""
+    resolve_device(cfg.device)  # a device this machine lacks fails here, before any stage runs
     root = Path(cfg.output_dir)
     outputs = run_stages(demo_stages(cfg), root)
     evaluation = outputs["eval"]

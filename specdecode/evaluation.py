@@ -16,12 +16,14 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from specdecode.config import MAX_GAMMA, DrafterConfig, TargetConfig, _require
+from specdecode.config import MAX_GAMMA, DrafterConfig, Placement, TargetConfig, _require
 from specdecode.data import DOMAINS, format_prompt, load_domain
 from specdecode.locking import locks_output_dir
 from specdecode.stats import GenerationResult
@@ -30,7 +32,7 @@ Generate = Callable[[list[list[int]]], GenerationResult]
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(Placement):
     """eval/acceptance.py. `drafters` maps a name (`generic`, or a domain for its specialised
     drafter) to a drafter folder; `router_dir` is a fitted router folder (enables `routed`)."""
 
@@ -51,10 +53,16 @@ class EvalConfig:
     gamma: int | None = 4
     temperatures: list[float] = field(default_factory=lambda: [0.0])
     batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
+    # Gamma sweep: `sweep_methods` also run at each of `sweep_gammas`, at the smallest batch size and
+    # at each temperature in `sweep_temperatures` (that is also in `temperatures`). Empty: no sweep.
+    sweep_gammas: list[int] = field(default_factory=list)
+    sweep_methods: list[str] = field(default_factory=lambda: ["generic", "routed"])
+    sweep_temperatures: list[float] = field(default_factory=lambda: [0.0])
     seed: int = 0
     output_dir: str = "outputs/eval"
 
     def __post_init__(self) -> None:
+        self.check_placement()
         known = {"autoregressive", "undistilled", "generic", "specialized", "routed", "oracle"}
         for method in self.methods:
             _require(method in known, "methods", method, f"one of {sorted(known)}")
@@ -76,6 +84,11 @@ class EvalConfig:
             _require(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0, "temperatures", t, "finite numbers >= 0")
         for b in self.batch_sizes:
             _require(isinstance(b, int) and b >= 1, "batch_sizes", b, "ints >= 1")
+        for g in self.sweep_gammas:
+            _require(isinstance(g, int) and not isinstance(g, bool) and 1 <= g <= MAX_GAMMA, "sweep_gammas", g, f"ints in [1, {MAX_GAMMA}]")
+        for method in self.sweep_methods:
+            _require(method in ("undistilled", "generic", "routed") or method.removeprefix("specialized:") in DOMAINS and method.startswith("specialized:"),
+                     "sweep_methods", method, "undistilled, generic, routed or specialized:<domain>")
 
 
 @dataclass
@@ -185,12 +198,12 @@ def heldout_prompts(
     raise ValueError(f"domain {domain!r} has only {len(chosen)} held-out prompts within max_prompt_tokens={max_tokens}")
 
 
-def finalize_rows(keyed_counts: dict[tuple, dict], gamma: int | None) -> list[dict]:
-    """results.json rows from merged counts keyed by (domain, method, temperature, batch_size);
-    `gamma=None`: each drafter ran at its own stored gamma, which the counts carry."""
+def finalize_rows(keyed_counts: dict[tuple, dict]) -> list[dict]:
+    """results.json rows from merged counts keyed by (domain, method, temperature, batch_size,
+    gamma); a `None` gamma means each drafter ran at its own stored gamma, which the counts carry."""
     rows = []
-    for (domain, method, temperature, batch_size), c in keyed_counts.items():
-        base = keyed_counts[(domain, "autoregressive", temperature, batch_size)]
+    for (domain, method, temperature, batch_size, gamma), c in keyed_counts.items():
+        base = keyed_counts[(domain, "autoregressive", temperature, batch_size, 0)]
         tokens_per_s = c["tokens"] / c["seconds"] if c["seconds"] else 0.0
         base_tps = base["tokens"] / base["seconds"] if base["seconds"] else 0.0
         judged = c["accepted"] + c["rejections"]
@@ -198,7 +211,7 @@ def finalize_rows(keyed_counts: dict[tuple, dict], gamma: int | None) -> list[di
             {
                 "domain": domain,
                 "method": method,
-                "gamma": 0 if method == "autoregressive" else (gamma if gamma is not None else c["gamma"]),
+                "gamma": gamma if gamma is not None else c["gamma"],
                 "temperature": temperature,
                 "batch_size": batch_size,
                 "alpha": c["accepted"] / judged if judged else None,
@@ -215,6 +228,133 @@ def finalize_rows(keyed_counts: dict[tuple, dict], gamma: int | None) -> list[di
     return rows
 
 
+@dataclass
+class _Models:
+    """What an evaluation decodes with: the target, its tokenizer and EOS ids, the drafters by
+    method name (`undistilled`, `generic`, `specialized:<domain>`), and the router if any."""
+
+    target: Any
+    tokenizer: PreTrainedTokenizerBase
+    eos: list[int]
+    drafters: dict[str, Any]
+    router: Any = None
+
+    @property
+    def candidates(self) -> list[str]:
+        """The trained drafters the router and the oracle choose between."""
+        return [n for n in self.drafters if n == "generic" or n.startswith("specialized:")]
+
+
+def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], object] | None) -> _Models:
+    from specdecode.benchmark import vocab_corpus
+    from specdecode.models import build_drafter, check_tokenizers, load_model
+    from specdecode.validation import default_eos
+
+    target, tokenizer = load_model(cfg.target.name, dtype=cfg.dtype, device=device)
+    drafters: dict[str, Any] = {}
+    if "undistilled" in cfg.methods:
+        corpus = lambda: vocab_corpus(tokenizer, 2000, source=cfg.source, domains=cfg.domains)  # noqa: E731
+        drafters["undistilled"] = build_drafter(cfg.undistilled, target, tokenizer, corpus)
+    for name, path in cfg.drafters.items():
+        if ("generic" if name == "generic" else "specialized") not in cfg.methods:
+            continue
+        model, drafter_tokenizer = load_model(path, dtype=cfg.dtype, device=device)
+        check_tokenizers(tokenizer, drafter_tokenizer)
+        drafters["generic" if name == "generic" else f"specialized:{name}"] = model
+    router = None
+    if "routed" in cfg.methods:
+        if router_loader is None:
+            from specdecode.router import Router
+
+            router_loader = partial(Router.load, device=str(device))
+        router = router_loader(cfg.router_dir)  # type: ignore[arg-type]
+    return _Models(target, tokenizer, default_eos(target), drafters, router)
+
+
+def _generators(models: _Models, gamma: int | None, decode: dict) -> dict[str, Generate]:
+    """One decode function per method name at `gamma` (`autoregressive` ignores it)."""
+    from specdecode.decode import autoregressive_generate, speculative_generate
+
+    generators: dict[str, Generate] = {"autoregressive": partial(autoregressive_generate, models.target, **decode)}
+    for name, drafter in models.drafters.items():
+        generators[name] = partial(speculative_generate, models.target, drafter, gamma=gamma, **decode)
+    return generators
+
+
+def _routed(generators: dict[str, Generate], choices: list[str], ids: list[list[int]], batch_size: int, routing_s: float) -> RunRecord:
+    record = run_grouped(generators, choices, ids, batch_size)
+    # Routing is part of the routed method's cost.
+    record.extra_seconds = routing_s * len(ids)
+    return record
+
+
+def _eval_domain(cfg: EvalConfig, models: _Models, domain: str, texts: list[str], ids: list[list[int]], progress: Any) -> tuple[dict[tuple, dict], float | None]:
+    """Counts of every method and setting on one domain's prompts (this process's share), keyed as
+    `finalize_rows` expects; and the router's seconds per prompt (None without a router)."""
+    local: dict[tuple, dict] = {}
+    route_choices: list[str] | None = None
+    routing_s: float | None = None
+    if models.router is not None:
+        start = time.perf_counter()
+        route_choices = [_router_key(c) for c in models.router.choose(texts)]
+        routing_s = (time.perf_counter() - start) / max(len(texts), 1)
+    sweep_batch = min(cfg.batch_sizes)
+    for temperature in cfg.temperatures:
+        decode = dict(max_new_tokens=cfg.max_new_tokens, temperature=temperature, eos_token_ids=models.eos, seed=cfg.seed)
+        generators = _generators(models, cfg.gamma, decode)
+        oracle_choices: list[str] | None = None
+        sweep_reference: list[list[int]] | None = None
+        for batch_size in sorted(cfg.batch_sizes):
+            progress.set_postfix_str(f"{domain} T={temperature} B={batch_size}")
+            records = {name: run_batched(fn, ids, batch_size) for name, fn in generators.items()}
+            if route_choices is not None:
+                records["routed"] = _routed(generators, route_choices, ids, batch_size, routing_s or 0.0)
+            if "oracle" in cfg.methods and models.candidates:
+                if oracle_choices is None:
+                    if batch_size != 1:
+                        raise ValueError("method oracle needs batch size 1 in batch_sizes (it picks from batch-1 runs)")
+                    oracle_choices = pick_per_prompt({n: records[n] for n in models.candidates})
+                    records["oracle"] = RunRecord([records[c].results[i] for i, c in enumerate(oracle_choices)])
+                else:
+                    records["oracle"] = run_grouped(generators, oracle_choices, ids, batch_size)
+            reference = records["autoregressive"].sequences if temperature == 0.0 else None
+            if batch_size == sweep_batch:
+                sweep_reference = reference
+            for name, record in records.items():
+                local[(domain, name, temperature, batch_size, 0 if name == "autoregressive" else cfg.gamma)] = record.counts(reference)
+            progress.update(1)
+        if temperature in cfg.sweep_temperatures:
+            local |= _sweep(cfg, models, domain, decode, ids, sweep_batch, sweep_reference, route_choices, routing_s, progress)
+    return local, routing_s
+
+
+def _sweep(
+    cfg: EvalConfig, models: _Models, domain: str, decode: dict, ids: list[list[int]], batch_size: int,
+    reference: list[list[int]] | None, route_choices: list[str] | None, routing_s: float | None, progress: Any,
+) -> dict[tuple, dict]:
+    """The gamma sweep: `sweep_methods` at each of `sweep_gammas` (the main gamma's rows exist
+    already); greedy rows are checked against target-only greedy (`reference`) like the others."""
+    local: dict[tuple, dict] = {}
+    temperature = decode["temperature"]
+    for gamma in cfg.sweep_gammas:
+        if gamma == cfg.gamma:
+            continue
+        progress.set_postfix_str(f"{domain} T={temperature} B={batch_size} gamma={gamma}")
+        generators = _generators(models, gamma, decode)
+        for method in cfg.sweep_methods:
+            if method == "routed":
+                if route_choices is None:
+                    continue
+                record = _routed(generators, route_choices, ids, batch_size, routing_s or 0.0)
+            elif method in generators:
+                record = run_batched(generators[method], ids, batch_size)
+            else:
+                continue
+            local[(domain, method, temperature, batch_size, gamma)] = record.counts(reference)
+    progress.update(1)
+    return local
+
+
 @locks_output_dir
 def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = None) -> dict:
     """Evaluate every method on every domain and setting; write results.json and report.md.
@@ -223,96 +363,42 @@ def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = No
     main process gathers the counts and writes the files (alpha, tau and exact match do not depend
     on the number of processes; tokens/s is then the whole system's throughput).
     """
-    from functools import partial
+    from specdecode.devices import placed_accelerator
 
-    from accelerate import Accelerator
-
-    from specdecode.benchmark import vocab_corpus
-    from specdecode.decode import autoregressive_generate, speculative_generate
-    from specdecode.models import build_drafter, check_tokenizers, load_model
-    from specdecode.report import write_report
-    from specdecode.validation import default_eos
-
-    accelerator = Accelerator(cpu=cfg.target.device == "cpu")
-    device = accelerator.device if cfg.target.device != "cpu" else "cpu"
-    target, tokenizer = load_model(cfg.target.name, dtype=cfg.target.dtype, device=device)
-    drafters: dict[str, object] = {}
-    if "undistilled" in cfg.methods:
-        drafters["undistilled"] = build_drafter(cfg.undistilled, target, tokenizer, lambda: vocab_corpus(tokenizer, 2000, source=cfg.source, domains=cfg.domains))
-    for name, path in cfg.drafters.items():
-        if name == "generic" and "generic" not in cfg.methods:
-            continue
-        if name != "generic" and "specialized" not in cfg.methods:
-            continue
-        model, drafter_tokenizer = load_model(path, dtype=cfg.target.dtype, device=device)
-        check_tokenizers(tokenizer, drafter_tokenizer)
-        drafters["generic" if name == "generic" else f"specialized:{name}"] = model
-    router = None
-    if "routed" in cfg.methods:
-        if router_loader is None:
-            from specdecode.router import Router
-
-            router_loader = Router.load
-        router = router_loader(cfg.router_dir)
-    candidates = [n for n in drafters if n == "generic" or n.startswith("specialized:")]
-    eos = default_eos(target)
-
-    settings = [(t, b) for t in cfg.temperatures for b in sorted(cfg.batch_sizes)]
-    progress = tqdm(total=len(cfg.domains) * len(settings), desc="eval", disable=not accelerator.is_main_process)
+    accelerator, device = placed_accelerator(cfg.device)
+    models = _load_models(cfg, device, router_loader)
+    steps = len(cfg.domains) * (len(cfg.temperatures) * len(cfg.batch_sizes) + len([t for t in cfg.temperatures if t in cfg.sweep_temperatures]))
+    progress = tqdm(total=steps, desc="eval", disable=not accelerator.is_main_process)
     local: dict[tuple, dict] = {}
     routing_seconds: dict[str, float] = {}
     for domain in cfg.domains:
-        prompts = heldout_prompts(tokenizer, domain, cfg.prompts_per_domain, cfg.max_prompt_tokens, cfg.source)
+        prompts = heldout_prompts(models.tokenizer, domain, cfg.prompts_per_domain, cfg.max_prompt_tokens, cfg.source)
         with accelerator.split_between_processes(prompts) as mine:
-            texts, ids = [t for t, _ in mine], [p for _, p in mine]
-            for temperature in cfg.temperatures:
-                decode = dict(max_new_tokens=cfg.max_new_tokens, temperature=temperature, eos_token_ids=eos, seed=cfg.seed)
-                generators: dict[str, Generate] = {"autoregressive": partial(autoregressive_generate, target, **decode)}
-                for name, drafter in drafters.items():
-                    generators[name] = partial(speculative_generate, target, drafter, gamma=cfg.gamma, **decode)
-                route_choices: list[str] | None = None
-                if router is not None:
-                    start = time.perf_counter()
-                    route_choices = [_router_key(c) for c in router.choose(texts)]  # type: ignore[attr-defined]
-                    routing_seconds[domain] = (time.perf_counter() - start) / max(len(texts), 1)
-                oracle_choices: list[str] | None = None
-                for batch_size in sorted(cfg.batch_sizes):
-                    progress.set_postfix_str(f"{domain} T={temperature} B={batch_size}")
-                    records = {name: run_batched(fn, ids, batch_size) for name, fn in generators.items()}
-                    if route_choices is not None:
-                        records["routed"] = run_grouped(generators, route_choices, ids, batch_size)
-                        # Routing is part of the routed method's cost.
-                        records["routed"].extra_seconds = routing_seconds[domain] * len(ids)
-                    if "oracle" in cfg.methods and candidates:
-                        if oracle_choices is None:
-                            if batch_size != 1:
-                                raise ValueError("method oracle needs batch size 1 in batch_sizes (it picks from batch-1 runs)")
-                            oracle_choices = pick_per_prompt({n: records[n] for n in candidates})
-                            records["oracle"] = RunRecord([records[c].results[i] for i, c in enumerate(oracle_choices)])
-                        else:
-                            records["oracle"] = run_grouped(generators, oracle_choices, ids, batch_size)
-                    reference = records["autoregressive"].sequences if temperature == 0.0 else None
-                    for name, record in records.items():
-                        local[(domain, name, temperature, batch_size)] = record.counts(reference)
-                    progress.update(1)
+            counts, routing_s = _eval_domain(cfg, models, domain, [t for t, _ in mine], [p for _, p in mine], progress)
+        local |= counts
+        if routing_s is not None:
+            routing_seconds[domain] = routing_s
     progress.close()
+    return _publish(cfg, accelerator, local, routing_seconds)
+
+
+def _publish(cfg: EvalConfig, accelerator: Any, local: dict[tuple, dict], routing_seconds: dict[str, float]) -> dict:
+    """Gather every process's counts; the main process writes results.json and report.md."""
+    from specdecode.atomic import write_atomic
+    from specdecode.report import write_report
 
     gathered = accelerator.gather_for_metrics([local], use_gather_object=True)
     results: dict = {}
     if accelerator.is_main_process:
-        keys = list(gathered[0])
-        merged = {key: merge_counts([part[key] for part in gathered]) for key in keys}
-        rows = finalize_rows(merged, cfg.gamma)
+        merged = {key: merge_counts([part[key] for part in gathered]) for key in gathered[0]}
         results = {
             "config": asdict(cfg),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "processes": accelerator.num_processes,
             "routing_seconds_per_prompt": routing_seconds,
-            "rows": rows,
+            "rows": finalize_rows(merged),
         }
         out = Path(cfg.output_dir)
-        from specdecode.atomic import write_atomic
-
         write_atomic(out / "results.json", json.dumps(results, indent=2))
         write_report(results, out)
     accelerator.wait_for_everyone()

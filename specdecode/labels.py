@@ -37,6 +37,7 @@ from specdecode.benchmark import vocab_corpus
 from specdecode.config import CollectConfig
 from specdecode.data import Example, format_prompt, load_domain
 from specdecode.decode import autoregressive_generate
+from specdecode.devices import resolve_device
 from specdecode.feature_drafter import FeatureDrafter
 from specdecode.locking import check_writable
 from specdecode.losses import expected_acceptance
@@ -295,7 +296,7 @@ def run_collect(cfg: CollectConfig, *, progress: bool = True) -> Path:
     check_writable(Path(cfg.output).parent, "output")
     torch.manual_seed(cfg.seed)
     _check_drafter_paths(cfg)
-    target, tokenizer = load_model(cfg.target.name, dtype=cfg.target.dtype, device=cfg.target.device)
+    target, tokenizer = load_model(cfg.target.name, dtype=cfg.dtype, device=resolve_device(cfg.device))
     examples = _prompts(cfg, tokenizer)
     if not examples:
         raise ValueError(f"no prompt of domains={cfg.domains} splits={cfg.splits} fits max_prompt_tokens={cfg.max_prompt_tokens}")

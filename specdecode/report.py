@@ -74,17 +74,36 @@ def plot_speedup(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def plot_acceptance_vs_gamma(rows: list[dict], path: Path) -> None:
-    """alpha against gamma per domain, for each speculative method (greedy, batch 1)."""
-    chosen = [r for r in rows if r["method"] != "autoregressive" and r["temperature"] == 0.0 and r["alpha"] is not None]
+def sweep_series(rows: list[dict]) -> dict[tuple, list[dict]]:
+    """Rows of each (domain, method, temperature, batch size) that ran at two or more gammas,
+    sorted by gamma: the gamma sweep (an eval's `sweep_gammas`, or a merged multirun)."""
+    series: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["method"] != "autoregressive" and r["alpha"] is not None:
+            series.setdefault((r["domain"], r["method"], r["temperature"], r["batch_size"]), []).append(r)
+    return {key: sorted(group, key=lambda r: r["gamma"]) for key, group in series.items() if len({r["gamma"] for r in group}) >= 2}
+
+
+def plot_gamma_sweep(rows: list[dict], path: Path) -> None:
+    """Acceptance (alpha) and tokens/s against gamma, one line per swept (domain, method, T, batch);
+    the target alone's tokens/s as a dashed line per domain for scale."""
+    series = sweep_series(rows)
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for (domain, method) in sorted({(r["domain"], r["method"]) for r in chosen}):
-        points = sorted({(r["gamma"], r["alpha"]) for r in chosen if r["domain"] == domain and r["method"] == method})
-        ax.plot([g for g, _ in points], [a for _, a in points], marker="o", label=f"{domain} / {method}")
-    ax.set_xlabel("gamma")
-    ax.set_ylabel("alpha (per-token acceptance)")
-    ax.legend(fontsize="x-small")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for (domain, method, temperature, batch), group in sorted(series.items(), key=lambda kv: str(kv[0])):
+        label = f"{domain} / {method} (T={temperature}, B={batch})"
+        gammas = [r["gamma"] for r in group]
+        left.plot(gammas, [r["alpha"] for r in group], marker="o", label=label)
+        right.plot(gammas, [r["tokens_per_s"] for r in group], marker="o", label=label)
+    for r in rows:
+        if r["method"] == "autoregressive" and any(k[0] == r["domain"] and k[2:] == (r["temperature"], r["batch_size"]) for k in series):
+            right.axhline(r["tokens_per_s"], linestyle="--", linewidth=0.8, color="gray")
+    left.set(xlabel="gamma (drafts per target pass)", ylabel="alpha (per-token acceptance)")
+    right.set(xlabel="gamma (drafts per target pass)", ylabel="tokens/s (dashed: target alone)")
+    if series:
+        left.legend(fontsize="xx-small")
+    else:
+        left.set_title("no gamma sweep in these results", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -111,7 +130,7 @@ def write_report(results: dict, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = results["rows"]
     plot_speedup(rows, out_dir / "speedup.png")
-    plot_acceptance_vs_gamma(rows, out_dir / "acceptance_vs_gamma.png")
+    plot_gamma_sweep(rows, out_dir / "gamma_sweep.png")
     plot_position_acceptance(rows, out_dir / "position_acceptance.png")
     text = "\n".join(
         [
@@ -123,7 +142,7 @@ def write_report(results: dict, out_dir: Path) -> Path:
             "exact match is the share of prompts whose output equals target-only greedy (greedy rows only).",
             "",
             "![speedup per domain and method](speedup.png)",
-            "![acceptance vs gamma](acceptance_vs_gamma.png)",
+            "![acceptance and tokens/s vs gamma](gamma_sweep.png)",
             "![per-position acceptance](position_acceptance.png)",
             "",
         ]

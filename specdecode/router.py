@@ -36,6 +36,7 @@ from transformers import PreTrainedModel
 from specdecode.atomic import write_atomic
 from specdecode.locking import check_writable
 from specdecode.config import EmbedderConfig, FitRouterConfig
+from specdecode.devices import resolve_device
 from specdecode.decode import autoregressive_generate, speculative_generate
 from specdecode.labels import read_labels
 from specdecode.stats import GenerationResult
@@ -131,12 +132,14 @@ def resolve_sentence_model(name: str) -> tuple[str | Path, bool]:
     return (path, True) if path.exists() else (name, False)
 
 
-def make_embedder(cfg: EmbedderConfig | Mapping[str, Any]) -> Embedder:
-    """The embedder a config (or a router.json's `embedder` entry) describes."""
-    cfg = cfg if isinstance(cfg, EmbedderConfig) else EmbedderConfig(**dict(cfg))
+def make_embedder(cfg: EmbedderConfig | Mapping[str, Any], device: str = "cpu") -> Embedder:
+    """The embedder a config (or a router.json's `embedder` entry) describes, on `device` (the app's)."""
+    if not isinstance(cfg, EmbedderConfig):
+        # Routers saved before the one device knob stored the embedder's own device: the app's wins.
+        cfg = EmbedderConfig(**{k: v for k, v in dict(cfg).items() if k != "device"})
     if cfg.kind == "hashing":
         return HashingEmbedder(cfg.dim)
-    return SentenceTransformerEmbedder(cfg.name, device=cfg.device, batch_size=cfg.batch_size, max_seq_length=cfg.max_seq_length)
+    return SentenceTransformerEmbedder(cfg.name, device=device, batch_size=cfg.batch_size, max_seq_length=cfg.max_seq_length)
 
 
 def prompt_features(embedder: Embedder, texts: Sequence[str], *, prompt_length: bool) -> torch.Tensor:
@@ -231,8 +234,9 @@ class Router:
         return directory
 
     @classmethod
-    def load(cls, directory: str | Path, embedder: Embedder | None = None) -> Router:
-        """Read a saved router; `embedder` overrides (or, for a custom one, supplies) the saved spec."""
+    def load(cls, directory: str | Path, embedder: Embedder | None = None, device: str = "cpu") -> Router:
+        """Read a saved router; `embedder` overrides (or, for a custom one, supplies) the saved spec,
+        which is otherwise built on `device`."""
         directory = Path(directory)
         for name in ("router.json", "router.safetensors"):
             if not (directory / name).is_file():
@@ -241,7 +245,7 @@ class Router:
         if embedder is None:
             if config["embedder"] is None:
                 raise ValueError(f"router {str(directory)!r} was fitted with a custom embedder; pass embedder=")
-            embedder = make_embedder(config["embedder"])
+            embedder = make_embedder(config["embedder"], device)
         tensors = load_file(directory / "router.safetensors")
         mlp = RouterMLP(config["num_features"], len(config["drafters"]), config["hidden"], config["dropout"])
         mlp.load_state_dict({k.removeprefix("mlp."): v for k, v in tensors.items() if k.startswith("mlp.")})
@@ -469,7 +473,7 @@ def run_fit(cfg: FitRouterConfig, *, progress: bool = True) -> dict[str, Any]:
                          "need >= 2 and >= 1 (collect with splits [train, heldout])")
     drafters = list(meta["drafters"]) + ([NO_DRAFTER] if cfg.no_drafter else [])
     bar = tqdm(total=4, desc="fit router", unit="stage", disable=not progress)
-    embedder = make_embedder(cfg.router.embedder)
+    embedder = make_embedder(cfg.router.embedder, str(resolve_device(cfg.device)))
     bar.update(1)
     features = prompt_features(embedder, [r["prompt"] for r in train_rows], prompt_length=cfg.router.prompt_length)
     bar.update(1)

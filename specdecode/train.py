@@ -36,6 +36,7 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedT
 
 from specdecode.atomic import publish_files, write_atomic
 from specdecode.config import DrafterConfig, TargetConfig, TrainJobConfig
+from specdecode.devices import placed_accelerator
 from specdecode.locking import locks_output_dir
 from specdecode.losses import get_loss
 from specdecode.feature_drafter import CONFIG_KEY as FEATURE_CONFIG_KEY
@@ -74,9 +75,9 @@ def run_finetune(cfg: TrainJobConfig) -> dict[str, Any]:
     return _run(cfg, "finetune")
 
 
-def load_target(cfg: TargetConfig, device: torch.device) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_target(cfg: TargetConfig, dtype: str, device: torch.device) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The target in eval mode, frozen (`smoke` is the tiny in-process one, see `load_model`)."""
-    target, tokenizer = load_model(cfg.name, dtype=cfg.dtype, device=device)
+    target, tokenizer = load_model(cfg.name, dtype=dtype, device=device)
     target.requires_grad_(False)
     return target, tokenizer
 
@@ -131,7 +132,7 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     # 0. everything that can fail cheaply fails first
     _check_environment(cfg)
     train = cfg.train
-    accelerator = Accelerator(gradient_accumulation_steps=train.grad_accum, cpu=cfg.target.device == "cpu")
+    accelerator, device = placed_accelerator(cfg.device, gradient_accumulation_steps=train.grad_accum)
     if train.batch_size % (accelerator.num_processes * train.grad_accum):
         raise ValueError(f"train.batch_size={train.batch_size} must be a multiple of processes x grad_accum "
                          f"= {accelerator.num_processes} x {train.grad_accum}")
@@ -139,7 +140,7 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     output = Path(cfg.output_dir)
     check_checkpoints(output / "checkpoints", asdict(cfg), train.resume)
     cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else output.parent / "teacher_cache"
-    target, tokenizer = load_target(cfg.target, accelerator.device)
+    target, tokenizer = load_target(cfg.target, cfg.dtype, device)
     check_drafter_tokenizer(cfg.drafter, tokenizer)
     vocab_size = target.config.get_text_config().vocab_size
     if job == "distill" and train.teacher_topk > vocab_size:

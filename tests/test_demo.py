@@ -37,6 +37,11 @@ def test_smoke_pipeline_end_to_end_and_cached(tmp_path, capsys) -> None:
         assert SCHEMA <= set(row), row
         if row["temperature"] == 0.0:
             assert row["exact_match"] == 1.0, row
+    # The gamma sweep (generic and routed) and sampled rows beside greedy.
+    swept = {(r["method"], r["gamma"]) for r in results["rows"] if r["domain"] == "code" and r["temperature"] == 0.0}
+    assert {g for m, g in swept if m == "generic"} == {g for m, g in swept if m == "routed"} == {1, 2, 3}
+    assert any(r["temperature"] > 0 and r["method"] == "routed" for r in results["rows"])
+    assert (root / "gamma_sweep.png").stat().st_size > 1000
     report = (root / "report.md").read_text()
     assert "| code | routed |" in report and "## Router" in report and "## Distillation" in report
     for stage in ("distill-code", "distill-mix", "collect", "fit", "eval"):

@@ -71,8 +71,53 @@ def test_run_eval_writes_every_method_with_exact_greedy(tiny_setup) -> None:
             assert r["speedup"] == 1.0 and r["tau"] == 1.0
     report = (tmp_path / "eval" / "report.md").read_text()
     assert "| code | routed |" in report
-    for png in ("speedup.png", "acceptance_vs_gamma.png", "position_acceptance.png"):
+    for png in ("speedup.png", "gamma_sweep.png", "position_acceptance.png"):
         assert (tmp_path / "eval" / png).stat().st_size > 1000
+
+
+def test_gamma_sweep_rows_for_the_swept_methods_only(tiny_setup) -> None:
+    tmp_path, folders = tiny_setup
+    cfg = EvalConfig(
+        target=TargetConfig(name=str(tmp_path / "target")),
+        methods=["autoregressive", "generic", "specialized", "routed"],
+        drafters=folders,
+        router_dir="unused-by-the-fake-loader",
+        domains=["code"],
+        prompts_per_domain=2,
+        max_prompt_tokens=150,
+        max_new_tokens=6,
+        gamma=2,
+        temperatures=[0.0, 1.0],
+        batch_sizes=[1, 2],
+        sweep_gammas=[1, 2, 3],
+        sweep_temperatures=[0.0, 1.0],
+        output_dir=str(tmp_path / "eval"),
+    )
+    rows = run_eval(cfg, router_loader=lambda path: FixedRouter("generic", "code"))["rows"]
+    gammas = {}
+    for r in rows:
+        gammas.setdefault((r["method"], r["temperature"], r["batch_size"]), set()).add(r["gamma"])
+    for temperature in (0.0, 1.0):
+        # Swept at the smallest batch size; the main gamma (2) ran once, not twice.
+        assert gammas[("generic", temperature, 1)] == gammas[("routed", temperature, 1)] == {1, 2, 3}
+        assert gammas[("generic", temperature, 2)] == gammas[("specialized:code", temperature, 1)] == {2}
+        assert gammas[("autoregressive", temperature, 1)] == {0}
+    assert len(rows) == len({(r["method"], r["temperature"], r["batch_size"], r["gamma"]) for r in rows})
+    for r in rows:
+        if r["temperature"] == 0.0:
+            assert r["exact_match"] == 1.0, r  # sweep rows are checked against target greedy too
+        if r["method"] != "autoregressive":
+            assert len(r["position_acceptance"]) == r["gamma"], r
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("sweep_gammas", [0], "sweep_gammas=0"),
+    ("sweep_methods", ["oracle"], "sweep_methods='oracle'"),
+    ("sweep_methods", ["specialized:poetry"], "sweep_methods='specialized:poetry'"),
+])
+def test_bad_sweep_names_the_value(field, value, needle) -> None:
+    with pytest.raises(ValueError, match=needle):
+        EvalConfig(methods=["autoregressive"], **{field: value})
 
 
 def test_oracle_picks_the_best_tau_per_prompt() -> None:

@@ -1,0 +1,94 @@
+"""The one device / dtype knob: checked once, up front, and carried to every stage."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from specdecode.config import CollectConfig, FitRouterConfig, TargetConfig, TrainJobConfig, from_dict
+from specdecode.demo import CONF_DIR, DemoConfig, demo_stages, run_demo
+from specdecode.devices import check_device_name, placed_accelerator, resolve_device
+from specdecode.evaluation import EvalConfig, run_eval
+from specdecode.train import run_distill
+from tests.test_demo import smoke_config
+from tests.test_train import smoke_cfg
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+MISSING_GPU = r"device='cuda:1': this machine has 0 CUDA device\(s\)"
+
+
+@pytest.mark.parametrize("name", ["cpu", "cuda", "cuda:0", "cuda:12", "mps", " cpu "])
+def test_device_names_accepted(name: str) -> None:
+    assert check_device_name(name) == name.strip()
+
+
+@pytest.mark.parametrize("name", ["tpu:0", "cuda:", "cuda:x", "gpu", "", 3, None, "cpu:0:1"])
+def test_bad_device_names_are_named(name: object) -> None:
+    with pytest.raises(ValueError, match=rf"device={name!r}: expected cpu, cuda, cuda:N or mps".replace("(", r"\(").replace(")", r"\)")):
+        check_device_name(name)
+
+
+@pytest.mark.parametrize("app", ["benchmark", "distill", "finetune", "collect", "fit_router", "eval", "demo"])
+def test_every_app_has_one_top_level_knob(app: str) -> None:
+    """device / dtype sit at the top of each app's config and nowhere else (no target.device)."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose(config_name=app, overrides=["device=cuda:1", "dtype=bfloat16"]), resolve=True)
+    assert (cfg["device"], cfg["dtype"]) == ("cuda:1", "bfloat16")
+    assert "device" not in cfg.get("target", {}) and "dtype" not in cfg.get("target", {})
+    assert "device" not in cfg.get("router", {}).get("embedder", {})
+
+
+@no_cuda
+def test_a_device_this_machine_lacks_fails_before_any_work(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=MISSING_GPU):
+        resolve_device("cuda:1")
+    with pytest.raises(ValueError, match=MISSING_GPU):
+        placed_accelerator("cuda:1")
+    out = tmp_path / "eval"
+    with pytest.raises(ValueError, match=MISSING_GPU):
+        run_eval(EvalConfig(device="cuda:1", target=TargetConfig(name="smoke"), methods=["autoregressive"],
+                            source="synthetic", output_dir=str(out)))
+    assert not (out / "results.json").exists()
+    with pytest.raises(ValueError, match=MISSING_GPU):
+        run_distill(smoke_cfg(tmp_path, "device=cuda:1"))
+    assert not (tmp_path / "cache").exists()  # no teacher pass was paid
+    demo = dataclasses.replace(smoke_config(str(tmp_path / "demo")), device="cuda:1")
+    with pytest.raises(ValueError, match=MISSING_GPU):
+        run_demo(demo)
+    assert not list((tmp_path / "demo").rglob("*"))  # no stage ran (the lock is gone too)
+
+
+def test_demo_carries_device_dtype_and_eval_gamma_to_every_stage(tmp_path: Path) -> None:
+    cfg = dataclasses.replace(smoke_config(str(tmp_path / "demo")), device="cuda:1", dtype="bfloat16")
+    stages = {stage.name: stage.config for stage in demo_stages(cfg)}
+    assert {(c["device"], c["dtype"]) for c in stages.values()} == {("cuda:1", "bfloat16")}
+    # gamma is declared once: the router's labels describe the gamma the evaluation runs at.
+    assert stages["collect"]["gamma"] == stages["eval"]["gamma"] == 2
+    # Every stage's schema accepts the placement (no stage silently drops it).
+    for name, schema in (("distill-code", TrainJobConfig), ("collect", CollectConfig), ("fit", FitRouterConfig)):
+        assert from_dict(schema, dict(stages[name])).device == "cuda:1"
+    assert from_dict(EvalConfig, stages["eval"] | {"drafters": {}, "methods": ["autoregressive"]}).device == "cuda:1"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_index_is_honoured() -> None:
+    index = torch.cuda.device_count() - 1
+    accelerator, device = placed_accelerator(f"cuda:{index}")
+    assert device == torch.device("cuda", index) and torch.cuda.current_device() == index
+    assert torch.zeros(1, device=accelerator.device).device.index == index
+
+
+def test_the_demo_declares_gamma_once() -> None:
+    """conf/demo.yaml: the benchmark and the router's labels run at the evaluation's gamma."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        resolved = OmegaConf.to_container(compose(config_name="demo"), resolve=True)
+    resolved.pop("hydra", None)
+    stages = {stage.name: stage.config for stage in demo_stages(from_dict(DemoConfig, resolved))}
+    assert {stages[name]["gamma"] for name in ("benchmark", "collect", "eval")} == {4}
+    assert len(stages["eval"]["sweep_gammas"]) >= 4 and max(stages["eval"]["temperatures"]) > 0
