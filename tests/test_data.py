@@ -3,26 +3,25 @@
 from __future__ import annotations
 
 import ast
-import csv
 import json
 import random
-import sys
-import types
 from pathlib import Path
 from typing import Any
 
+import datasets
 import pytest
 
+import specdecode.data
 from specdecode.data import (
     DOMAINS,
     Example,
-    _iter_truncated_json_array,
     format_prompt,
     heldout_score,
     is_heldout,
     load_domain,
     split_examples,
 )
+from specdecode.embedded_data import _iter_truncated_json_array, humaneval
 
 
 @pytest.mark.parametrize("domain", DOMAINS)
@@ -117,82 +116,16 @@ def test_first_duplicate_wins() -> None:
     assert split_examples([first, second], "all") == [first]
 
 
-def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows) + "\n", encoding="utf-8")
-
-
-def test_jsonl_file_with_column_mapping(tmp_path: Path) -> None:
-    path = tmp_path / "data.jsonl"
-    rows = [{"q": f"question {i}", "a": f"answer {i}", "extra": i} for i in range(50)]
-    rows += [{"q": "", "a": "skipped: empty prompt"}, {"q": "question 0", "a": "duplicate"}]
-    _write_jsonl(path, rows)
-    examples = load_domain(
-        "math", source="file", path=path, split="all", prompt_column="q", response_column="a"
-    )
-    assert examples == [Example(f"question {i}", f"answer {i}", "math") for i in range(50)]
-    prompts_only = load_domain(
-        "math", source="file", path=str(path), split="all", prompt_column="q"
-    )
-    assert all(example.response is None for example in prompts_only)
-    train = load_domain("math", source="file", path=path, prompt_column="q", heldout_fraction=0.5)
-    assert [e.prompt for e in train] == [
-        e.prompt for e in examples if not is_heldout(e.prompt, 0.5)
-    ]
-
-
-def test_csv_file_with_column_mapping(tmp_path: Path) -> None:
-    path = tmp_path / "data.csv"
-    long_response = "x" * 200_000  # past csv's default 128 KiB cell limit
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["instruction", "output"])
-        writer.writerow(
-            ['write a loop, "quoted", with commas\nand a newline', "for i in range(3): pass"]
-        )
-        writer.writerow(["long one", long_response])
-        writer.writerow(["no response", ""])
-    examples = load_domain(
-        "code",
-        source="file",
-        path=path,
-        split="all",
-        prompt_column="instruction",
-        response_column="output",
-    )
-    assert examples == [
-        Example(
-            'write a loop, "quoted", with commas\nand a newline', "for i in range(3): pass", "code"
-        ),
-        Example("long one", long_response, "code"),
-        Example("no response", None, "code"),
-    ]
-    assert csv.field_size_limit() == 131072  # the process-wide limit was restored
-
-
-def test_parquet_file(tmp_path: Path) -> None:
-    pandas = pytest.importorskip("pandas")
-    pytest.importorskip("pyarrow")
-    path = tmp_path / "data.parquet"
-    pandas.DataFrame({"text": ["a", "b", None], "label": ["x", None, "z"]}).to_parquet(path)
-    examples = load_domain(
-        "chat", source="file", path=path, split="all", prompt_column="text", response_column="label"
-    )
-    assert examples == [Example("a", "x", "chat"), Example("b", None, "chat")]
-
-
 def test_hf_source_uses_load_dataset_with_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[str, str]] = []
 
-    class FakeDataset(list):
-        column_names = ["question", "answer"]
-
-    def load_dataset(hf_id: str, split: str) -> FakeDataset:
+    def load_dataset(hf_id: str, split: str) -> datasets.Dataset:
         calls.append((hf_id, split))
-        return FakeDataset(
+        return datasets.Dataset.from_list(
             [{"question": "1+1?", "answer": "2"}, {"question": "2+2?", "answer": "4"}]
         )
 
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
     examples = load_domain(
         "math",
         source="hf",
@@ -206,6 +139,76 @@ def test_hf_source_uses_load_dataset_with_mapping(monkeypatch: pytest.MonkeyPatc
     assert examples == [Example("1+1?", "2", "math"), Example("2+2?", "4", "math")]
     with pytest.raises(ValueError, match=r"'prompt'.*\['question', 'answer'\]"):
         load_domain("math", source="hf", hf_id="org/gsm", split="all")
+
+
+def test_hf_source_that_cannot_load_names_the_dataset(monkeypatch: pytest.MonkeyPatch) -> None:
+    def load_dataset(hf_id: str, split: str) -> datasets.Dataset:
+        raise ConnectionError("Couldn't reach the Hub")
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    named = r"'org/gsm' \(split 'test'\).*Couldn't reach the Hub.*source=file"
+    with pytest.raises(OSError, match=named) as raised:
+        load_domain("math", source="hf", hf_id="org/gsm", hf_split="test")
+    assert isinstance(raised.value.__cause__, ConnectionError)
+
+
+def test_embedded_default_goes_through_datasets(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GSM8K's JSON-lines file is parsed by load_dataset; every source is mapped from a Dataset.
+    builders: list[tuple[str, str]] = []
+    mapped: list[datasets.Dataset] = []
+    real_load, real_to_examples = datasets.load_dataset, specdecode.data._to_examples
+
+    def load_dataset(builder: str, *args: Any, **kwargs: Any) -> Any:
+        builders.append((builder, Path(kwargs["data_files"]).name))
+        return real_load(builder, *args, **kwargs)
+
+    def to_examples(dataset: datasets.Dataset, *args: Any) -> list[Example]:
+        mapped.append(dataset)
+        return real_to_examples(dataset, *args)
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setattr(specdecode.data, "_to_examples", to_examples)
+    specdecode.data._embedded.cache_clear()
+    try:
+        math = load_domain("math", split="all")
+    finally:
+        # Later tests should not reuse a parse made through the spies.
+        specdecode.data._embedded.cache_clear()
+    assert builders == [("json", "test.jsonl")]
+    (dataset,) = mapped
+    assert isinstance(dataset, datasets.Dataset) and dataset.column_names == ["prompt", "response"]
+    assert len(dataset) == len(math) == 1319
+    assert load_domain("math", source="synthetic", split="all")
+    assert isinstance(mapped[-1], datasets.Dataset)
+
+
+def test_humaneval_is_read_by_load_dataset_from_its_gzipped_file() -> None:
+    dataset = humaneval()
+    assert dataset.column_names == ["prompt", "response"] and len(dataset) == 164
+    assert dataset[0]["prompt"].startswith("from typing import List")
+    assert "return False" in dataset[0]["response"]
+
+
+def test_data_and_smoke_do_not_import_each_other() -> None:
+    # The data layer sits below the smoke stand-ins: the synthetic examples live in the data layer,
+    # and the smoke model and tokenizer need nothing of it. Read statically, so the test is instant.
+    root = Path(specdecode.data.__file__).parent
+
+    def imported(module: str) -> set[str]:
+        tree = ast.parse((root / f"{module}.py").read_text(encoding="utf-8"))
+        names = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+            elif isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+        return {name for name in names if name.startswith("specdecode")}
+
+    assert imported("smoke") == set()
+    for module in ("data", "data_files", "embedded_data"):
+        assert "specdecode.smoke" not in imported(module)
+    assert imported("data_files") == set()
+    assert imported("embedded_data") == {"specdecode.data_files"}
 
 
 @pytest.mark.parametrize(
@@ -236,28 +239,6 @@ def test_bad_arguments_are_named(
     arguments = {"domain": "math", **kwargs}
     with pytest.raises(error, match=named.replace(".", r"\.").replace("-", r"\-")):
         load_domain(**arguments)
-
-
-def test_missing_column_names_column_and_available_ones(tmp_path: Path) -> None:
-    jsonl = tmp_path / "data.jsonl"
-    _write_jsonl(jsonl, [{"question": "q", "answer": "a"}])
-    with pytest.raises(ValueError, match=r"'prompt'.*\['question', 'answer'\]"):
-        load_domain("math", source="file", path=jsonl)
-    with pytest.raises(ValueError, match=r"'solution'.*\['question', 'answer'\]"):
-        load_domain(
-            "math", source="file", path=jsonl, prompt_column="question", response_column="solution"
-        )
-    table = tmp_path / "data.csv"
-    table.write_text("question,answer\nq,a\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"'text'.*\['question', 'answer'\]"):
-        load_domain("math", source="file", path=table, prompt_column="text")
-
-
-def test_bad_jsonl_line_is_named(tmp_path: Path) -> None:
-    path = tmp_path / "data.jsonl"
-    path.write_text('{"prompt": "fine"}\n{not json\n', encoding="utf-8")
-    with pytest.raises(ValueError, match="line 2"):
-        load_domain("chat", source="file", path=path)
 
 
 def test_truncated_json_array_stops_at_the_cut() -> None:
@@ -331,10 +312,3 @@ def test_synthetic_source_splits_like_the_others() -> None:
     heldout = load_domain("math", source="synthetic", split="heldout")
     assert train and heldout and not {e.prompt for e in train} & {e.prompt for e in heldout}
     assert all(e.domain == "math" and e.response for e in train)
-
-
-def test_file_without_any_prompt_is_named(tmp_path: Path) -> None:
-    path = tmp_path / "empty_prompts.jsonl"
-    _write_jsonl(path, [{"prompt": "", "response": "a"}, {"prompt": "   ", "response": "b"}])
-    with pytest.raises(ValueError, match=r"empty_prompts.jsonl' holds no row with a non-empty 'prompt'"):
-        load_domain("code", source="file", path=path, split="all")

@@ -1,0 +1,131 @@
+"""Local data files (.jsonl, .csv, .parquet), read into a `datasets.Dataset` by `load_dataset`.
+
+Each read builds its Arrow table in a temporary folder that is deleted when the read ends, and keeps
+the result in memory. So a read leaves no cache behind (beside the user's file, under
+`~/.cache/huggingface` or anywhere else), never serves a stale table after a file is edited in
+place, and, with `local_files_only`, never reaches for the hub: it works offline and in CI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import glob
+import gzip
+import json
+import logging
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import datasets
+
+FILE_SUFFIXES = (".jsonl", ".csv", ".parquet")
+
+
+def read_data_file(path: Path) -> datasets.Dataset:
+    """Read a local .jsonl, .csv or .parquet file, chosen by its suffix.
+
+    Raises:
+        ValueError: an unsupported suffix, or a file the format's reader cannot parse (for JSON
+            lines, the first line that is not a JSON object is named).
+        FileNotFoundError: `path` is not a file.
+    """
+    suffix = path.suffix.lower()
+    if suffix not in FILE_SUFFIXES:
+        raise ValueError(
+            f"unsupported file type {suffix!r} of {str(path)!r}; "
+            f"supported: {', '.join(FILE_SUFFIXES)}"
+        )
+    if not path.is_file():
+        raise FileNotFoundError(f"data file not found: {str(path)!r}")
+    if suffix == ".jsonl":
+        return read_jsonl(path)
+    if suffix == ".csv":
+        return _read_csv(path)
+    try:
+        return _load("parquet", path)
+    except Exception as error:
+        raise ValueError(f"could not read {str(path)!r} as Parquet: {error}") from error
+
+
+def read_jsonl(path: Path) -> datasets.Dataset:
+    """Read a JSON-lines file, one object a row; a `.gz` file is decompressed on the way.
+
+    datasets' own error for a bad line names neither the file nor, usable, the line, so on failure
+    the file is scanned to name the first line that is not a JSON object.
+    """
+    try:
+        return _load("json", path)
+    except Exception as error:
+        problem = _jsonl_problem(path) or f"could not read {str(path)!r} as JSON lines: {error}"
+        raise ValueError(problem) from error
+
+
+def _read_csv(path: Path) -> datasets.Dataset:
+    # Every column is read as the text written: otherwise pandas turns "0.50" into 0.5 and "007"
+    # into 7, and reads "NA" or "null" as missing. Naming the columns' types needs the header first.
+    with path.open(newline="", encoding="utf-8-sig") as handle:
+        header = next(csv.reader(handle), [])
+    features = datasets.Features({name: datasets.Value("string") for name in header})
+    try:
+        return _load("csv", path, features=features, keep_default_na=False)
+    except Exception as error:
+        raise ValueError(f"could not read {str(path)!r} as CSV: {error}") from error
+
+
+def _load(builder: str, path: Path, **config: Any) -> datasets.Dataset:
+    """`datasets.load_dataset(builder, data_files=path, split="train")`, built in a temporary
+    cache, kept in memory, local files only; `config` goes to the builder (csv's `keep_default_na`)."""
+    with tempfile.TemporaryDirectory(prefix="specdecode-datasets-") as cache, _quiet_datasets():
+        dataset = datasets.load_dataset(
+            builder,
+            # data_files are glob patterns: escaped, a name such as "chat [v2].jsonl" is itself.
+            data_files=glob.escape(str(path.resolve())),
+            split="train",
+            cache_dir=cache,
+            keep_in_memory=True,
+            download_config=datasets.DownloadConfig(local_files_only=True),
+            **config,
+        )
+    assert isinstance(dataset, datasets.Dataset)
+    return dataset
+
+
+@contextlib.contextmanager
+def _quiet_datasets() -> Iterator[None]:
+    """Silence datasets' progress bars and logging for one read, then restore the caller's settings.
+
+    A local read takes milliseconds, so its bars are noise in every job's log; and datasets logs a
+    parse error just before raising it, which the error raised here (naming the file) replaces.
+    """
+    bars_were_disabled = datasets.utils.are_progress_bars_disabled()
+    verbosity = datasets.logging.get_verbosity()
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        datasets.logging.set_verbosity(verbosity)
+        if not bars_were_disabled:
+            datasets.enable_progress_bars()
+
+
+def _jsonl_problem(path: Path) -> str | None:
+    """What is wrong with a JSON-lines file: its first line that is not a JSON object, or that it
+    has no line at all (datasets raises a bare StopIteration there); None if it looks valid."""
+    opener = gzip.open if path.suffix.lower() == ".gz" else open
+    rows = 0
+    with opener(path, "rt", encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                return f"{str(path)!r} line {line_number} is not JSON: {error}"
+            if not isinstance(row, dict):
+                return f"{str(path)!r} line {line_number} is not a JSON object"
+            rows += 1
+    return None if rows else f"{str(path)!r} holds no JSON object: every line is blank"
