@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -34,7 +32,7 @@ from accelerate.utils import set_seed
 from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from specdecode.atomic import publish_files, write_atomic
+from specdecode.atomic import atomic_folder, write_atomic
 from specdecode.config import DrafterConfig, TargetConfig, TrainJobConfig
 from specdecode.locking import locks_output_dir
 from specdecode.losses import get_loss
@@ -344,7 +342,9 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
         if train.gamma_candidates:
             context = max((s.tokens for s in heldout.sequences), key=len)
             metrics["gamma"] = choose_gamma(target, final, context, state.best_acceptance, train.gamma_candidates)
-        _save_pretrained_atomic(final, tokenizer, output / "drafter")
+        with atomic_folder(output / "drafter") as folder:
+            final.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
         write_atomic(output / "metrics.json", json.dumps(metrics, indent=2))
         write_atomic(output / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(asdict(cfg))))
         if wandb_run is not None:
@@ -354,16 +354,3 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     accelerator.end_training()
     return metrics
 
-
-def _save_pretrained_atomic(drafter: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: Path) -> None:
-    """save_pretrained into a temp sibling, then swap it in (the old folder moves aside first)."""
-    tmp, old = path.with_name(f".tmp.{path.name}"), path.with_name(f".old.{path.name}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    drafter.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    publish_files(tmp)
-    if path.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(path, old)
-    os.replace(tmp, path)
-    shutil.rmtree(old, ignore_errors=True)
