@@ -40,7 +40,7 @@ Batch = dict[str, torch.Tensor]
 class DrafterLogits(nn.Module):
     """The drafter's logits over its own vocabulary, `[B, T, K]` (K draft ids, or all V).
 
-    A module of its own so DDP / FSDP wrap the whole computation (a call that bypassed the wrapper
+    A module of its own so DDP wraps the whole computation (a call that bypassed the wrapper
     would skip gradient synchronisation), and so a truncated head never builds its `[B, T, V]`
     scatter: the losses only need the K scored ids.
     """
