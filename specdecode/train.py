@@ -5,7 +5,8 @@ A job: validate the config (before any heavy work), load the target, build the d
 from the target with a truncated-vocab head, or any HF model with the target's tokenizer), build or
 load the teacher cache (specdecode.teacher), train (specdecode.training), and write to `output_dir`:
 `drafter/` (HF `save_pretrained`, the checkpoint with the best held-out expected acceptance, not
-the lowest loss), `metrics.json`, `config.yaml`, `metrics.jsonl` and `checkpoints/`.
+the lowest loss), `metrics.json`, `config.yaml`, `metrics.jsonl` and `checkpoints/`; with
+`logger=wandb` the same records also go to a wandb run (accelerate's tracker) under `wandb/`.
 
 Trainable: the decoder layers and final norm; embeddings and LM head are frozen by default, which
 keeps the drafter's step cheap and its head aligned with the embedding space it was cut from.
@@ -129,12 +130,13 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     # 0. everything that can fail cheaply fails first
     _check_environment(cfg)
     train = cfg.train
-    accelerator = Accelerator(gradient_accumulation_steps=train.grad_accum, cpu=cfg.target.device == "cpu")
+    output = Path(cfg.output_dir)
+    accelerator = Accelerator(gradient_accumulation_steps=train.grad_accum, cpu=cfg.target.device == "cpu",
+                              log_with="wandb" if cfg.logger == "wandb" else None, project_dir=output)
     if train.batch_size % (accelerator.num_processes * train.grad_accum):
         raise ValueError(f"train.batch_size={train.batch_size} must be a multiple of processes x grad_accum "
                          f"= {accelerator.num_processes} x {train.grad_accum}")
     set_seed(train.seed)
-    output = Path(cfg.output_dir)
     check_checkpoints(output / "checkpoints", asdict(cfg), train.resume)
     cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else output.parent / "teacher_cache"
     target, tokenizer = load_target(cfg.target, accelerator.device)
@@ -146,12 +148,10 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     loss_kwargs = {"beta": cfg.loss.beta} if cfg.loss.name == "jsd" else {}
     eos = default_eos(target)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
-    wandb_run = None
-    if cfg.logger == "wandb" and accelerator.is_main_process:
-        import wandb
-
-        wandb_run = wandb.init(project=cfg.wandb_project, mode=cfg.wandb_mode, dir=str(output), config=asdict(cfg))
-    logger = MetricsLogger(accelerator, output / "metrics.jsonl", wandb_run)
+    # no trackers (logger=jsonl): a no-op; wandb writes its run under output_dir/wandb/
+    accelerator.init_trackers(project_name=cfg.wandb_project, config=asdict(cfg),
+                              init_kwargs={"wandb": {"mode": cfg.wandb_mode, "dir": str(output)}})
+    logger = MetricsLogger(accelerator, output / "metrics.jsonl")
 
     # 1. sequences and the target's top-k logits on them, cached (finetune needs no logits: k = 0)
     cache_start = time.perf_counter()
@@ -347,10 +347,11 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
             tokenizer.save_pretrained(folder)
         write_atomic(output / "metrics.json", json.dumps(metrics, indent=2))
         write_atomic(output / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(asdict(cfg))))
-        if wandb_run is not None:
-            wandb_run.summary.update({k: v for k, v in metrics.items() if k != "history"})
-            wandb_run.finish()
+        if cfg.logger == "wandb":
+            # the run's summary shows the job's outcome as metrics.json has it (JSON: wandb refuses
+            # the int keys of metrics["gamma"]), not just the last logged step
+            outcome = json.loads(json.dumps({k: v for k, v in metrics.items() if k != "history"}))
+            accelerator.get_tracker("wandb", unwrap=True).summary.update(outcome)
     accelerator.wait_for_everyone()
-    accelerator.end_training()
+    accelerator.end_training()  # finishes the trackers (the wandb run)
     return metrics
-
