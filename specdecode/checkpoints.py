@@ -10,17 +10,19 @@ another run's state. A checkpoint that cannot be read is named and skipped for t
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import shutil
 import warnings
 import zipfile
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator
+
+from specdecode.atomic import atomic_folder
 
 COMPLETE = "COMPLETE"
 STATE_FILE = "trainer_state.json"
@@ -165,27 +167,26 @@ def _unreadable_file(checkpoint: Path) -> Path | None:
 def save_checkpoint(
     accelerator: Accelerator, directory: Path, state: LoopState, best: dict, keep: int, config: dict[str, Any] | None = None
 ) -> None:
-    """`save_state` into a temp dir, add the loop state, best weights and job config, mark
-    complete, rename.
+    """`save_state` into a staging folder, add the loop state, best weights and job config, mark
+    complete, publish it (`atomic_folder`), and rotate.
 
-    Every process calls this (accelerate writes per-process RNG states); the temp name is
-    deterministic so all of them write into the same folder.
+    Every process calls this (accelerate writes per-process RNG states); the staging name is
+    deterministic so all of them write into the same folder, which the main process owns.
     """
     final = directory / f"step_{state.step:06d}"
-    tmp = directory / f".tmp.step_{state.step:06d}"
+    staging = directory / f".tmp.{final.name}"
+    with atomic_folder(final, staging=staging) if accelerator.is_main_process else nullcontext(staging):
+        accelerator.wait_for_everyone()  # the staging folder exists
+        accelerator.save_state(str(staging), safe_serialization=False)
+        if accelerator.is_main_process:
+            torch.save(best, staging / BEST_FILE)
+            (staging / STATE_FILE).write_text(json.dumps(asdict(state)))
+            if config is not None:
+                (staging / CONFIG_FILE).write_text(json.dumps(config))
+            (staging / COMPLETE).write_text("ok")
+        # save_state ends with no barrier: every process's RNG state must be in before the rename
+        accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp), safe_serialization=False)
-    if accelerator.is_main_process:
-        torch.save(best, tmp / BEST_FILE)
-        (tmp / STATE_FILE).write_text(json.dumps(asdict(state)))
-        if config is not None:
-            (tmp / CONFIG_FILE).write_text(json.dumps(config))
-        (tmp / COMPLETE).write_text("ok")
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
         prune_checkpoints(directory, keep, state.step)
     accelerator.wait_for_everyone()
 

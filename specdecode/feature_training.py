@@ -20,7 +20,7 @@ from specdecode.feature_drafter import FeatureDrafter, unrolled_features
 class FeatureDrafterLogits(nn.Module):
     """`steps` unrolled drafting passes of a feature drafter on standard positions.
 
-    A module of its own so DDP / FSDP wrap the whole computation (as `training.DrafterLogits`).
+    A module of its own so DDP wraps the whole computation (as `training.DrafterLogits`).
     """
 
     def __init__(self, drafter: FeatureDrafter, steps: int) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-from specdecode.atomic import publish_files
+from specdecode.atomic import atomic_folder
 from specdecode.locking import pid_alive
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
@@ -130,20 +130,15 @@ def _cached_conversion(
     _remove_stale_temp_dirs(parent)
     # Host and pid in the name let `_remove_stale_temp_dirs` tell a crashed writer from a live one.
     owner = f"{socket.gethostname().replace('.', '_')}.{os.getpid()}"
-    tmp = parent / f"{_TMP_PREFIX}{owner}.{uuid.uuid4().hex}.{key}"
-    tmp.mkdir()
-    try:
+    staging = parent / f"{_TMP_PREFIX}{owner}.{uuid.uuid4().hex}.{key}"
+    # An unmarked `final` was never published by this code (or predates the marker): replaced.
+    with atomic_folder(final, staging=staging, keep=_is_complete) as tmp:
         convert(tmp)
-        publish_files(tmp)
         marker = {"key": key, "created": time.time(), "files": sorted(p.name for p in tmp.iterdir())}
         with (tmp / _COMPLETE_MARKER).open("w") as handle:
             json.dump(marker, handle)
             handle.flush()
             os.fsync(handle.fileno())
-        _publish(tmp, final)
-    finally:
-        # Gone already when the rename succeeded; otherwise it is a failed or losing attempt.
-        shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 
@@ -151,39 +146,16 @@ def _is_complete(entry: Path) -> bool:
     return (entry / _COMPLETE_MARKER).is_file()
 
 
-def _publish(tmp: Path, final: Path) -> None:
-    """Rename the finished `tmp` to `final`, unless a complete `final` already exists."""
-    for _ in range(2):
-        try:
-            os.rename(tmp, final)
-            return
-        except OSError:
-            # Renaming onto a non-empty directory fails on POSIX: someone else published first.
-            if not final.exists():
-                raise
-            if _is_complete(final):
-                return
-            # An unmarked entry was never published by this code (or predates the marker):
-            # move it aside atomically, so a concurrent reader never sees it half-deleted.
-            trash = final.with_name(f"{_TMP_PREFIX}trash.{uuid.uuid4().hex}.{final.name}")
-            try:
-                os.rename(final, trash)
-            except OSError:
-                continue
-            shutil.rmtree(trash, ignore_errors=True)
-    raise OSError(f"could not publish cache entry {final}")
-
-
 def _remove_stale_temp_dirs(parent: Path) -> None:
-    """Delete temp dirs left by crashed conversions (writer dead on this host, or very old)."""
+    """Delete temp dirs left by crashed conversions (writer dead on this host, or very old): the
+    staging folders and the unmarked entries `atomic_folder` moves aside (`<staging>.old`) both
+    carry their writer's host and pid."""
     host = socket.gethostname().replace(".", "_")
     now = time.time()
     for entry in parent.glob(f"{_TMP_PREFIX}*"):
         parts = entry.name[len(_TMP_PREFIX) :].split(".", 2)
         stale = False
-        if parts[0] == "trash":
-            stale = True
-        elif len(parts) == 3 and parts[0] == host and parts[1].isdigit():
+        if len(parts) == 3 and parts[0] == host and parts[1].isdigit():
             stale = not pid_alive(int(parts[1]))
         try:
             stale = stale or now - entry.stat().st_mtime > _STALE_TMP_SECONDS

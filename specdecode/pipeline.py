@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm.auto import tqdm
+
+from specdecode.atomic import atomic_folder
 
 _KEY_FILE = "STAGE.json"
 
@@ -60,19 +61,11 @@ def run_stages(stages: list[Stage], root: Path) -> dict[str, Path]:
             bar.write(f"[{stage.name}] up to date ({key}), skipped")
             continue
         bar.set_postfix_str(stage.name)
-        tmp = root / f".{stage.name}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        start = time.perf_counter()
-        stage.run(stage.config, tmp)
-        seconds = time.perf_counter() - start
-        (tmp / _KEY_FILE).write_text(json.dumps({"key": key, "config": stage.config, "seconds": seconds}, default=str))
-        # Replace the old output only once the new one is complete.
-        old = root / f".{stage.name}.old"
-        shutil.rmtree(old, ignore_errors=True)
-        if out.exists():
-            out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
+        # The old output is replaced only once the new one is complete.
+        with atomic_folder(out) as tmp:
+            start = time.perf_counter()
+            stage.run(stage.config, tmp)
+            seconds = time.perf_counter() - start
+            (tmp / _KEY_FILE).write_text(json.dumps({"key": key, "config": stage.config, "seconds": seconds}, default=str))
         bar.write(f"[{stage.name}] done in {seconds:.0f} s ({key})")
     return outputs

@@ -5,7 +5,8 @@ A job: validate the config (before any heavy work), load the target, build the d
 from the target with a truncated-vocab head, or any HF model with the target's tokenizer), build or
 load the teacher cache (specdecode.teacher), train (specdecode.training), and write to `output_dir`:
 `drafter/` (HF `save_pretrained`, the checkpoint with the best held-out expected acceptance, not
-the lowest loss), `metrics.json`, `config.yaml`, `metrics.jsonl` and `checkpoints/`.
+the lowest loss), `metrics.json`, `config.yaml`, `metrics.jsonl` and `checkpoints/`; with
+`logger=wandb` the same records also go to a wandb run (accelerate's tracker) under `wandb/`.
 
 Trainable: the decoder layers and final norm; embeddings and LM head are frozen by default, which
 keeps the drafter's step cheap and its head aligned with the embedding space it was cut from.
@@ -20,8 +21,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -34,7 +33,7 @@ from accelerate.utils import set_seed
 from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from specdecode.atomic import publish_files, write_atomic
+from specdecode.atomic import atomic_folder, write_atomic
 from specdecode.config import DrafterConfig, TargetConfig, TrainJobConfig
 from specdecode.devices import placed_accelerator
 from specdecode.locking import locks_output_dir
@@ -132,12 +131,13 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     # 0. everything that can fail cheaply fails first
     _check_environment(cfg)
     train = cfg.train
-    accelerator, device = placed_accelerator(cfg.device, gradient_accumulation_steps=train.grad_accum)
+    output = Path(cfg.output_dir)
+    accelerator, device = placed_accelerator(cfg.device, gradient_accumulation_steps=train.grad_accum,
+                                             log_with="wandb" if cfg.logger == "wandb" else None, project_dir=output)
     if train.batch_size % (accelerator.num_processes * train.grad_accum):
         raise ValueError(f"train.batch_size={train.batch_size} must be a multiple of processes x grad_accum "
                          f"= {accelerator.num_processes} x {train.grad_accum}")
     set_seed(train.seed)
-    output = Path(cfg.output_dir)
     check_checkpoints(output / "checkpoints", asdict(cfg), train.resume)
     cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else output.parent / "teacher_cache"
     target, tokenizer = load_target(cfg.target, cfg.dtype, device)
@@ -149,12 +149,10 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     loss_kwargs = {"beta": cfg.loss.beta} if cfg.loss.name == "jsd" else {}
     eos = default_eos(target)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
-    wandb_run = None
-    if cfg.logger == "wandb" and accelerator.is_main_process:
-        import wandb
-
-        wandb_run = wandb.init(project=cfg.wandb_project, mode=cfg.wandb_mode, dir=str(output), config=asdict(cfg))
-    logger = MetricsLogger(accelerator, output / "metrics.jsonl", wandb_run)
+    # no trackers (logger=jsonl): a no-op; wandb writes its run under output_dir/wandb/
+    accelerator.init_trackers(project_name=cfg.wandb_project, config=asdict(cfg),
+                              init_kwargs={"wandb": {"mode": cfg.wandb_mode, "dir": str(output)}})
+    logger = MetricsLogger(accelerator, output / "metrics.jsonl")
 
     # 1. sequences and the target's top-k logits on them, cached (finetune needs no logits: k = 0)
     cache_start = time.perf_counter()
@@ -345,26 +343,16 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
         if train.gamma_candidates:
             context = max((s.tokens for s in heldout.sequences), key=len)
             metrics["gamma"] = choose_gamma(target, final, context, state.best_acceptance, train.gamma_candidates)
-        _save_pretrained_atomic(final, tokenizer, output / "drafter")
+        with atomic_folder(output / "drafter") as folder:
+            final.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
         write_atomic(output / "metrics.json", json.dumps(metrics, indent=2))
         write_atomic(output / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(asdict(cfg))))
-        if wandb_run is not None:
-            wandb_run.summary.update({k: v for k, v in metrics.items() if k != "history"})
-            wandb_run.finish()
+        if cfg.logger == "wandb":
+            # the run's summary shows the job's outcome as metrics.json has it (JSON: wandb refuses
+            # the int keys of metrics["gamma"]), not just the last logged step
+            outcome = json.loads(json.dumps({k: v for k, v in metrics.items() if k != "history"}))
+            accelerator.get_tracker("wandb", unwrap=True).summary.update(outcome)
     accelerator.wait_for_everyone()
-    accelerator.end_training()
+    accelerator.end_training()  # finishes the trackers (the wandb run)
     return metrics
-
-
-def _save_pretrained_atomic(drafter: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: Path) -> None:
-    """save_pretrained into a temp sibling, then swap it in (the old folder moves aside first)."""
-    tmp, old = path.with_name(f".tmp.{path.name}"), path.with_name(f".old.{path.name}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    drafter.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    publish_files(tmp)
-    if path.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(path, old)
-    os.replace(tmp, path)
-    shutil.rmtree(old, ignore_errors=True)

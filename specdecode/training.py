@@ -40,7 +40,7 @@ Batch = dict[str, torch.Tensor]
 class DrafterLogits(nn.Module):
     """The drafter's logits over its own vocabulary, `[B, T, K]` (K draft ids, or all V).
 
-    A module of its own so DDP / FSDP wrap the whole computation (a call that bypassed the wrapper
+    A module of its own so DDP wraps the whole computation (a call that bypassed the wrapper
     would skip gradient synchronisation), and so a truncated head never builds its `[B, T, V]`
     scatter: the losses only need the K scored ids.
     """
@@ -58,23 +58,22 @@ class DrafterLogits(nn.Module):
 
 
 class MetricsLogger:
-    """stdout + `metrics.jsonl` on the main process, and wandb when `use_wandb` (imported lazily)."""
+    """stdout and `metrics.jsonl` on the main process, and the accelerator's trackers (wandb with
+    `logger=wandb`, started by `accelerator.init_trackers`; none otherwise)."""
 
-    def __init__(self, accelerator: Accelerator, path: Path, wandb_run: Any = None) -> None:
-        self.main = accelerator.is_main_process
+    def __init__(self, accelerator: Accelerator, path: Path) -> None:
+        self.accelerator = accelerator
         self.path = path
-        self.wandb_run = wandb_run
 
     def log(self, record: dict[str, Any], bar: tqdm | None = None) -> None:
-        if not self.main:
+        if not self.accelerator.is_main_process:
             return
         line = json.dumps(record)
         (bar.write if bar is not None else print)(line)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as handle:
             handle.write(line + "\n")
-        if self.wandb_run is not None:
-            self.wandb_run.log(record, step=record.get("step"))
+        self.accelerator.log(record, step=record.get("step"))
 
 
 def global_batch_indices(step: int, batch_size: int, num_sequences: int, seed: int) -> list[int]:

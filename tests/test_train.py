@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -178,10 +180,74 @@ def test_drafter_with_another_tokenizer_is_rejected_before_training(tmp_path: Pa
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed")
-def test_wandb_logger_without_wandb_says_how_to_install(tmp_path: Path) -> None:
+def test_wandb_logger_without_wandb_says_how_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed: find_spec is None, import fails
     with pytest.raises(ImportError, match="pip install wandb"):
         run_distill(smoke_cfg(tmp_path, "logger=wandb"))
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def wandb_records(run_file: Path) -> list[Any]:
+    """The protobuf `Record`s of a wandb run's transaction log (`run-<id>.wandb`, what offline mode
+    writes instead of uploading): a 7-byte header (b":W&B", magic, version), then a LevelDB log:
+    32 KiB blocks of chunks, each `crc32 (4) | length (2) | type (1) | payload`, type 1 a whole
+    record and 2 / 3 / 4 its first / middle / last piece."""
+    from wandb.proto.wandb_internal_pb2 import Record
+
+    data = run_file.read_bytes()
+    assert data[:4] == b":W&B", f"{run_file} is not a wandb transaction log: {data[:7]!r}"
+    records, pieces, position = [], b"", 7
+    while position + 7 <= len(data):
+        if 32768 - position % 32768 < 7:  # a block's tail too short for a chunk header is padding
+            position += 32768 - position % 32768
+            continue
+        crc, length, kind = struct.unpack("<IHB", data[position : position + 7])
+        payload = data[position + 7 : position + 7 + length]
+        assert zlib.crc32(bytes([kind]) + payload) == crc, f"{run_file}: bad chunk at byte {position}"
+        position += 7 + length
+        pieces += payload
+        if kind in (1, 4):
+            records.append(Record.FromString(pieces))
+            pieces = b""
+    return records
+
+
+def updates(items: Any) -> dict[str, Any]:
+    """`{key: value}` of wandb record items (history / summary / config rows: JSON-encoded values)."""
+    return {".".join(item.nested_key) or item.key: json.loads(item.value_json) for item in items}
+
+
+def test_wandb_logger_writes_an_offline_run_holding_the_logged_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("wandb")
+    # offline, quiet, and nothing of wandb's written outside tmp_path
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for name in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / "wandb-home"))
+    metrics = run_distill(smoke_cfg(tmp_path, "logger=wandb", "wandb_mode=offline", "train.max_steps=2", "train.eval_every=1"))
+
+    (run_file,) = (tmp_path / "out" / "wandb").glob("offline-run-*/run-*.wandb")
+    records = wandb_records(run_file)
+    # every record of metrics.jsonl (unchanged by the tracker) is in the run's history at its step
+    logged = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert {r["step"] for r in logged} == {0, 1, 2} and any("loss" in r for r in logged)
+    history: dict[int, dict[str, Any]] = {}
+    for record in records:
+        if record.WhichOneof("record_type") == "history":
+            row = updates(record.history.item)
+            history.setdefault(row["_step"], {}).update(row)
+    for record in logged:
+        assert history[record["step"]] == pytest.approx(history[record["step"]] | record), record
+    # the job's outcome is in the summary, its config in the run's config
+    summary: dict[str, Any] = {}
+    config: dict[str, Any] = {}
+    for record in records:
+        if record.WhichOneof("record_type") == "summary":
+            summary |= updates(record.summary.update)
+        elif record.WhichOneof("record_type") == "config":
+            config |= updates(record.config.update)
+    assert summary["acceptance_best"] == pytest.approx(metrics["acceptance_best"]) and summary["steps"] == 2
+    assert config["train"]["max_steps"] == 2 and config["logger"] == "wandb"
 
 
 def test_global_batches_cover_each_epoch_and_are_reproducible() -> None:
