@@ -3,8 +3,8 @@
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from specdecode.benchmark import report_markdown, run
-from specdecode.config import BenchmarkConfig, from_dict
+from specdecode.evaluation.benchmark import report_markdown, run
+from specdecode.core.config import BenchmarkConfig, from_dict
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="benchmark")

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from specdecode.atomic import write_atomic
-from specdecode.benchmark import report_markdown, run
-from specdecode.config import BenchmarkConfig, DrafterConfig, TargetConfig
+from specdecode.core.atomic import write_atomic
+from specdecode.evaluation.benchmark import report_markdown, run
+from specdecode.core.config import BenchmarkConfig, DrafterConfig, TargetConfig
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def test_write_atomic_leaves_old_file_on_failure(tmp_path, monkeypatch) -> None:
     def crash(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr("specdecode.atomic.os.replace", crash)
+    monkeypatch.setattr("specdecode.core.atomic.os.replace", crash)
     with pytest.raises(OSError, match="disk full"):
         write_atomic(path, "new")
     assert path.read_text() == "old"

@@ -8,7 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from specdecode.config import BenchmarkConfig, DrafterConfig, TargetConfig, from_dict
+from specdecode.core.config import BenchmarkConfig, DrafterConfig, TargetConfig, from_dict
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

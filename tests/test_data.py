@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from specdecode.data import (
+from specdecode.data.domains import (
     DOMAINS,
     Example,
     _iter_truncated_json_array,
@@ -325,7 +325,7 @@ def test_format_prompt_with_real_transformers_tokenizer() -> None:
 
 
 def test_synthetic_source_splits_like_the_others() -> None:
-    from specdecode.data import load_domain
+    from specdecode.data.domains import load_domain
 
     train = load_domain("math", source="synthetic", split="train")
     heldout = load_domain("math", source="synthetic", split="heldout")

@@ -10,11 +10,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from specdecode.config import CollectConfig, FitRouterConfig, TargetConfig, TrainJobConfig, from_dict
-from specdecode.demo import CONF_DIR, DemoConfig, demo_stages, run_demo
-from specdecode.devices import check_device_name, placed_accelerator, resolve_device
-from specdecode.evaluation import EvalConfig, run_eval
-from specdecode.train import run_distill
+from specdecode.core.config import CollectConfig, FitRouterConfig, TargetConfig, TrainJobConfig, from_dict
+from specdecode.pipeline.demo import CONF_DIR, DemoConfig, demo_stages, run_demo
+from specdecode.core.devices import check_device_name, placed_accelerator, resolve_device
+from specdecode.evaluation.suite import EvalConfig, run_eval
+from specdecode.training.job import run_distill
 from tests.test_demo import smoke_config
 from tests.test_train import smoke_cfg
 

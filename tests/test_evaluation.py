@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from specdecode.config import DrafterConfig, TargetConfig
-from specdecode.evaluation import EvalConfig, RunRecord, merge_counts, pick_per_prompt, run_eval
+from specdecode.core.config import DrafterConfig, TargetConfig
+from specdecode.evaluation.suite import EvalConfig, RunRecord, merge_counts, pick_per_prompt, run_eval
 from specdecode.models import derive_drafter
-from specdecode.report import merge_results
+from specdecode.evaluation.report import merge_results
 
 ROW_FIELDS = {"domain", "method", "gamma", "temperature", "batch_size", "alpha", "tau", "tokens_per_s", "speedup", "exact_match"}
 

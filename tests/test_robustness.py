@@ -16,16 +16,16 @@ from typing import Any
 import pytest
 import torch
 
-from specdecode.atomic import write_atomic
-from specdecode.benchmark import run as benchmark_run
-from specdecode.config import BenchmarkConfig, CollectConfig, FitRouterConfig, TargetConfig, from_dict
-from specdecode.demo import DemoConfig, run_demo
-from specdecode.evaluation import EvalConfig, run_eval
-from specdecode.labels import run_collect
-from specdecode.locking import LOCK_FILE, OutputInUseError, acquire, output_lock
-from specdecode.router import run_fit
-from specdecode.teacher import TeacherCache, TrainSequence, load_cache, save_cache
-from specdecode.train import run_distill
+from specdecode.core.atomic import write_atomic
+from specdecode.evaluation.benchmark import run as benchmark_run
+from specdecode.core.config import BenchmarkConfig, CollectConfig, FitRouterConfig, TargetConfig, from_dict
+from specdecode.pipeline.demo import DemoConfig, run_demo
+from specdecode.evaluation.suite import EvalConfig, run_eval
+from specdecode.routing.labels import run_collect
+from specdecode.core.locking import LOCK_FILE, OutputInUseError, acquire, output_lock
+from specdecode.routing.router import run_fit
+from specdecode.training.teacher import TeacherCache, TrainSequence, load_cache, save_cache
+from specdecode.training.job import run_distill
 from tests.test_train import smoke_cfg
 
 

@@ -21,7 +21,7 @@ held-out expected acceptance uses the target's exact full-vocabulary probabiliti
 Positions. A sequence is prompt + response; only positions whose next token is a response token
 carry a loss (the drafter drafts responses, never prompts), so only those are scored and cached.
 
-Feature drafters (specdecode.feature_drafter) read the target's last hidden state at *every*
+Feature drafters (specdecode.models.feature_drafter) read the target's last hidden state at *every*
 position, prompt included (they attend over it), so for them the cache keeps those features
 (`features`, fp16, ~1.2 KB per token for SmolLM2) instead of top-k logits: the teacher's logits
 over the draft vocabulary are then the frozen head applied to them, exact rather than top-k.
@@ -39,12 +39,12 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specdecode.atomic import write_atomic
-from specdecode.config import DataConfig, TargetConfig, TrainConfig
-from specdecode.data import Example, format_prompt, load_domain
-from specdecode.decode import autoregressive_generate
-from specdecode.gguf_cache import DEFAULT_TARGET
-from specdecode.smoke import SMOKE_TARGET
+from specdecode.core.atomic import write_atomic
+from specdecode.core.config import DataConfig, TargetConfig, TrainConfig
+from specdecode.data.domains import Example, format_prompt, load_domain
+from specdecode.decoding.decode import autoregressive_generate
+from specdecode.models.gguf_cache import DEFAULT_TARGET
+from specdecode.models.smoke import SMOKE_TARGET
 
 CACHE_VERSION = 1
 SCORE_BATCH = 8

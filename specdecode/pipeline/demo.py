@@ -17,14 +17,14 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from specdecode.atomic import write_atomic
-from specdecode.config import BenchmarkConfig, CollectConfig, FitRouterConfig, Placement, TrainJobConfig, _require, from_dict
-from specdecode.data import DOMAINS
-from specdecode.devices import resolve_device
-from specdecode.locking import locks_output_dir
-from specdecode.pipeline import Stage, run_stages
+from specdecode.core.atomic import write_atomic
+from specdecode.core.config import BenchmarkConfig, CollectConfig, FitRouterConfig, Placement, TrainJobConfig, _require, from_dict
+from specdecode.data.domains import DOMAINS
+from specdecode.core.devices import resolve_device
+from specdecode.core.locking import locks_output_dir
+from specdecode.pipeline.stages import Stage, run_stages
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 @dataclass
@@ -69,31 +69,31 @@ def compose_config(config_name: str, overrides: list[str]) -> dict[str, Any]:
 
 
 def _benchmark(config: dict, out: Path) -> None:
-    from specdecode.benchmark import run
+    from specdecode.evaluation.benchmark import run
 
     run(from_dict(BenchmarkConfig, config | {"output_dir": str(out)}))
 
 
 def _distill(config: dict, out: Path) -> None:
-    from specdecode.train import run_distill
+    from specdecode.training.job import run_distill
 
     run_distill(from_dict(TrainJobConfig, config | {"output_dir": str(out)}))
 
 
 def _collect(config: dict, out: Path) -> None:
-    from specdecode.labels import run_collect
+    from specdecode.routing.labels import run_collect
 
     run_collect(from_dict(CollectConfig, config | {"output": str(out / "labels.jsonl")}))
 
 
 def _fit(config: dict, out: Path) -> None:
-    from specdecode.router import run_fit
+    from specdecode.routing.router import run_fit
 
     run_fit(from_dict(FitRouterConfig, config | {"output_dir": str(out)}))
 
 
 def _eval(config: dict, out: Path) -> None:
-    from specdecode.evaluation import EvalConfig, run_eval
+    from specdecode.evaluation.suite import EvalConfig, run_eval
 
     run_eval(from_dict(EvalConfig, config | {"output_dir": str(out)}))
 

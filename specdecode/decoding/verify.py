@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specdecode.sampling import sample
+from specdecode.decoding.sampling import sample
 
 
 def rejection_sample(

@@ -32,9 +32,9 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from specdecode.checkpoints import LoopState, latest_checkpoint, save_checkpoint
-from specdecode.config import TrainConfig
-from specdecode.models import DraftVocabHead
+from specdecode.training.checkpoints import LoopState, latest_checkpoint, save_checkpoint
+from specdecode.core.config import TrainConfig
+from specdecode.models.drafters import DraftVocabHead
 
 Batch = dict[str, torch.Tensor]
 class DrafterLogits(nn.Module):

@@ -189,7 +189,7 @@ def load_domain(
         examples = _embedded(domain)
     elif source == "synthetic":
         # Tiny templated examples for smoke runs and tests (no package, no hub).
-        from specdecode.smoke import synthetic_examples
+        from specdecode.models.smoke import synthetic_examples
 
         examples = synthetic_examples(domain)
     elif source == "hf":

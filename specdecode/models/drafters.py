@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
-from specdecode.validation import default_eos
+from specdecode.decoding.validation import default_eos
 
 # Config entries holding one value per decoder layer. They must shrink with num_hidden_layers:
 # transformers validates e.g. len(layer_types) == num_hidden_layers when the config is saved.

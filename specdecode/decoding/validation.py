@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedModel
 
-from specdecode.config import MAX_GAMMA
-from specdecode.sampling import SamplingParams
+from specdecode.core.config import MAX_GAMMA
+from specdecode.decoding.sampling import SamplingParams
 
 
 def _is_int(value: object) -> bool:
@@ -58,7 +58,7 @@ def validate_request(
 ) -> tuple[SamplingParams, list[int], list[int]]:
     """Check a decode request; return the sampling params, one budget per prompt and the EOS ids.
 
-    `gamma` is bounded by `specdecode.config.MAX_GAMMA` (64): each step drafts gamma tokens whatever
+    `gamma` is bounded by `specdecode.core.config.MAX_GAMMA` (64): each step drafts gamma tokens whatever
     the rows' remaining budgets, so an unbounded gamma is unbounded wasted work.
     """
     if gamma is not None and (not _is_int(gamma) or not 1 <= gamma <= MAX_GAMMA):

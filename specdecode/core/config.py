@@ -8,7 +8,7 @@ import typing
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
-from specdecode.devices import check_device_name, check_dtype_name
+from specdecode.core.devices import check_device_name, check_dtype_name
 
 T = TypeVar("T")
 
@@ -72,7 +72,7 @@ DRAFTER_KINDS = ("derived", "feature", "pretrained")
 class DrafterConfig:
     """`derived`: cut from the target (first num_layers layers, optional truncated vocab);
     `feature`: an EAGLE-style drafter reading the target's hidden states (num_layers decoder layers
-    initialised from the target's layers ending at init_from_layer; specdecode.feature_drafter);
+    initialised from the target's layers ending at init_from_layer; specdecode.models.feature_drafter);
     `pretrained`: a trained drafter folder of either kind, or any HF causal LM with the target's
     tokenizer, at `path`."""
 
@@ -141,12 +141,12 @@ _NESTED: dict[tuple[str, str], type] = {
 
 
 # --------------------------------------------------------------------------------------------
-# Drafter training (train/distill.py, train/finetune.py): specdecode.train
+# Drafter training (train/distill.py, train/finetune.py): specdecode.training.job
 # --------------------------------------------------------------------------------------------
 
 TRAIN_SEQ_SOURCES = ("data", "target")
 TRAIN_LOGGERS = ("jsonl", "wandb")
-# `synthetic`: the smoke experiment's in-process examples (specdecode.smoke), no package needed.
+# `synthetic`: the smoke experiment's in-process examples (specdecode.models.smoke), no package needed.
 TRAIN_DATA_SOURCES = ("embedded", "hf", "file", "synthetic")
 
 
@@ -161,7 +161,7 @@ def _is_number(value: object) -> bool:
 @dataclass
 class DataConfig:
     """Training prompts and responses: one or several domains (`mix`), mapped onto
-    `specdecode.data.load_domain` (source, path, hf_id, hf_split, columns, heldout_fraction)."""
+    `specdecode.data.domains.load_domain` (source, path, hf_id, hf_split, columns, heldout_fraction)."""
 
     name: str = "code"
     domains: list[str] = field(default_factory=lambda: ["code"])
@@ -176,7 +176,7 @@ class DataConfig:
     def __post_init__(self) -> None:
         from pathlib import Path
 
-        from specdecode.data import DOMAINS
+        from specdecode.data.domains import DOMAINS
 
         _require(bool(self.name), "data.name", self.name, "must name the data (it names the teacher cache)")
         _require(
@@ -194,13 +194,13 @@ class DataConfig:
 
 @dataclass
 class LossConfig:
-    """Token-level distillation loss (specdecode.losses); `beta` is JSD's mixture weight."""
+    """Token-level distillation loss (specdecode.training.losses); `beta` is JSD's mixture weight."""
 
     name: str = "forward_kl"
     beta: float = 0.5
 
     def __post_init__(self) -> None:
-        from specdecode.losses import LOSSES
+        from specdecode.training.losses import LOSSES
 
         _require(self.name in LOSSES, "loss.name", self.name, f"unknown; valid: {', '.join(sorted(LOSSES))}")
         _require(_is_number(self.beta) and 0 < self.beta < 1, "loss.beta", self.beta, "in (0, 1)")
@@ -208,7 +208,7 @@ class LossConfig:
 
 @dataclass
 class TrainConfig:
-    """The training loop, sequence source and teacher cache (see specdecode.train)."""
+    """The training loop, sequence source and teacher cache (see specdecode.training.job)."""
 
     # Sequences: the dataset's responses ("data") or continuations the target generates ("target");
     # with probability lambda_on_policy per step the drafter generates them instead (GKD).
@@ -234,7 +234,7 @@ class TrainConfig:
     max_prompt_tokens: int = 96
     max_len: int = 192
     max_new_tokens: int = 96
-    # The teacher cache keeps the target's top-k logits per position (see specdecode.teacher).
+    # The teacher cache keeps the target's top-k logits per position (see specdecode.training.teacher).
     teacher_topk: int = 64
     train_sequences: int | None = 512
     heldout_sequences: int = 32
@@ -331,13 +331,13 @@ _NESTED.update(
 
 
 # --------------------------------------------------------------------------------------------
-# Adaptive router (router/collect.py, router/fit.py): specdecode.labels, specdecode.router
+# Adaptive router (router/collect.py, router/fit.py): specdecode.routing.labels, specdecode.routing.router
 # --------------------------------------------------------------------------------------------
 
 ROUTER_DATA_SOURCES = ("embedded", "synthetic")
 ROUTER_SPLITS = ("train", "heldout")
 EMBEDDER_KINDS = ("sentence-transformers", "hashing")
-# Label columns a router can regress (see specdecode.labels): Σ min(p, q) acceptance, greedy argmax
+# Label columns a router can regress (see specdecode.routing.labels): Σ min(p, q) acceptance, greedy argmax
 # agreement, and the speedups Leviathan's model predicts from each.
 ROUTER_OBJECTIVES = ("speedup", "acceptance", "greedy_speedup", "greedy_match")
 
@@ -379,9 +379,9 @@ def _routed_drafters(value: object) -> list[RoutedDrafterConfig]:
 
 @dataclass
 class CollectConfig(Placement):
-    """router/collect.py: per-prompt, per-drafter acceptance labels by teacher forcing (specdecode.labels).
+    """router/collect.py: per-prompt, per-drafter acceptance labels by teacher forcing (specdecode.routing.labels).
 
-    `target.name: smoke` is the tiny in-process target (specdecode.smoke) and `source: synthetic`
+    `target.name: smoke` is the tiny in-process target (specdecode.models.smoke) and `source: synthetic`
     its in-process examples; `cost_ratios` / `verify_ratio` null means measured on this machine.
     """
 
@@ -411,7 +411,7 @@ class CollectConfig(Placement):
     output: str = "outputs/router/labels.jsonl"
 
     def __post_init__(self) -> None:
-        from specdecode.data import DOMAINS
+        from specdecode.data.domains import DOMAINS
 
         self.check_placement()
         self.drafters = _routed_drafters(self.drafters)

@@ -3,7 +3,7 @@
 
 A job: validate the config (before any heavy work), load the target, build the drafter (derived
 from the target with a truncated-vocab head, or any HF model with the target's tokenizer), build or
-load the teacher cache (specdecode.teacher), train (specdecode.training), and write to `output_dir`:
+load the teacher cache (specdecode.training.teacher), train (specdecode.training.loop), and write to `output_dir`:
 `drafter/` (HF `save_pretrained`, the checkpoint with the best held-out expected acceptance, not
 the lowest loss), `metrics.json`, `config.yaml`, `metrics.jsonl` and `checkpoints/`.
 
@@ -34,16 +34,17 @@ from accelerate.utils import set_seed
 from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from specdecode.atomic import publish_files, write_atomic
-from specdecode.config import DrafterConfig, TargetConfig, TrainJobConfig
-from specdecode.devices import placed_accelerator
-from specdecode.locking import locks_output_dir
-from specdecode.losses import get_loss
-from specdecode.feature_drafter import CONFIG_KEY as FEATURE_CONFIG_KEY
-from specdecode.feature_training import FeatureDrafterLogits, feature_regression_sum, frozen_head_rows, pass_positions
-from specdecode.models import DraftVocabHead, build_drafter, check_tokenizers, load_model
-from specdecode.speedup import choose_gamma
-from specdecode.teacher import (
+from specdecode.core.atomic import publish_files, write_atomic
+from specdecode.core.config import DrafterConfig, TargetConfig, TrainJobConfig
+from specdecode.core.devices import placed_accelerator
+from specdecode.core.locking import locks_output_dir
+from specdecode.training.losses import get_loss
+from specdecode.models.feature_drafter import CONFIG_KEY as FEATURE_CONFIG_KEY
+from specdecode.training.feature_training import FeatureDrafterLogits, feature_regression_sum, frozen_head_rows, pass_positions
+from specdecode.models.drafters import DraftVocabHead
+from specdecode.models.loading import build_drafter, check_tokenizers, load_model
+from specdecode.decoding.speedup import choose_gamma
+from specdecode.training.teacher import (
     TeacherCache,
     TrainSequence,
     build_sequences,
@@ -58,9 +59,9 @@ from specdecode.teacher import (
     save_cache,
     score_topk,
 )
-from specdecode.checkpoints import LoopState, check_checkpoints, resume
-from specdecode.training import Batch, DrafterLogits, MetricsLogger, load_trainable_state, peak_memory_mb, train_loop
-from specdecode.validation import default_eos
+from specdecode.training.checkpoints import LoopState, check_checkpoints, resume
+from specdecode.training.loop import Batch, DrafterLogits, MetricsLogger, load_trainable_state, peak_memory_mb, train_loop
+from specdecode.decoding.validation import default_eos
 
 JOBS = ("distill", "finetune")
 

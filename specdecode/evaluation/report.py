@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from specdecode.atomic import write_atomic
+from specdecode.core.atomic import write_atomic
 
 
 def _pyplot():  # type: ignore[no-untyped-def]

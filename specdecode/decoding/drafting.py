@@ -20,9 +20,9 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from specdecode.cache import RaggedKVCache, cached_call, cached_forward
-from specdecode.feature_drafter import FeatureDrafter
-from specdecode.sampling import SamplingParams, draw, logits_to_probs
+from specdecode.decoding.cache import RaggedKVCache, cached_call, cached_forward
+from specdecode.models.feature_drafter import FeatureDrafter
+from specdecode.decoding.sampling import SamplingParams, draw, logits_to_probs
 
 
 class SliceDrafting:

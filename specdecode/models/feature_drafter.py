@@ -132,7 +132,7 @@ def derive_feature_drafter(
     Raises:
         ValueError: bad `num_layers` / `init_from_layer` / vocabulary (from `derive_drafter`).
     """
-    from specdecode.drafters import derive_drafter
+    from specdecode.models.drafters import derive_drafter
 
     body = derive_drafter(target, num_layers, draft_vocab=draft_vocab, corpus=corpus)
     layers = target.get_decoder().layers

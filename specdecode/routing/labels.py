@@ -7,7 +7,7 @@ of Σ_v min(p, q), the probability that speculative sampling accepts its draft (
 2023): an expectation, so two runs agree, and no argmax over one noisy decode decides the label.
 
 Temperature. p and q are taken at `temperature`; 0 (greedy decoding) scores the temperature-1
-distributions, as `specdecode.losses.expected_acceptance` does. Under greedy decoding the realised
+distributions, as `specdecode.training.losses.expected_acceptance` does. Under greedy decoding the realised
 acceptance is 1[argmax q = argmax p]; Σ min(p, q) is its smooth, noise-free proxy (it also rewards
 a drafter that is close but on the wrong side of a near-tie). Both are stored: `acceptance` and
 `greedy_match`, and the speedup Leviathan's model predicts from each with the drafter's measured
@@ -32,18 +32,18 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
-from specdecode.atomic import write_atomic
-from specdecode.benchmark import vocab_corpus
-from specdecode.config import CollectConfig
-from specdecode.data import Example, format_prompt, load_domain
-from specdecode.decode import autoregressive_generate
-from specdecode.devices import resolve_device
-from specdecode.feature_drafter import FeatureDrafter
-from specdecode.locking import check_writable
-from specdecode.losses import expected_acceptance
-from specdecode.models import build_drafter, check_vocab_sizes, load_model
-from specdecode.speedup import measure_step_costs, predicted_speedup
-from specdecode.validation import default_eos
+from specdecode.core.atomic import write_atomic
+from specdecode.evaluation.benchmark import vocab_corpus
+from specdecode.core.config import CollectConfig
+from specdecode.data.domains import Example, format_prompt, load_domain
+from specdecode.decoding.decode import autoregressive_generate
+from specdecode.core.devices import resolve_device
+from specdecode.models.feature_drafter import FeatureDrafter
+from specdecode.core.locking import check_writable
+from specdecode.training.losses import expected_acceptance
+from specdecode.models.loading import build_drafter, check_vocab_sizes, load_model
+from specdecode.decoding.speedup import measure_step_costs, predicted_speedup
+from specdecode.decoding.validation import default_eos
 
 LABEL_KEYS = ("acceptance", "greedy_match", "speedup", "greedy_speedup")
 

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from specdecode.cache import RaggedKVCache, cached_call, cached_forward
-from specdecode.feature_drafter import FeatureDrafter
+from specdecode.decoding.cache import RaggedKVCache, cached_call, cached_forward
+from specdecode.models.feature_drafter import FeatureDrafter
 
 
 def expected_tokens_per_step(alpha: float, gamma: int) -> float:

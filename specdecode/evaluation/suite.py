@@ -23,10 +23,10 @@ from typing import Any
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from specdecode.config import MAX_GAMMA, DrafterConfig, Placement, TargetConfig, _require
-from specdecode.data import DOMAINS, format_prompt, load_domain
-from specdecode.locking import locks_output_dir
-from specdecode.stats import GenerationResult
+from specdecode.core.config import MAX_GAMMA, DrafterConfig, Placement, TargetConfig, _require
+from specdecode.data.domains import DOMAINS, format_prompt, load_domain
+from specdecode.core.locking import locks_output_dir
+from specdecode.decoding.stats import GenerationResult
 
 Generate = Callable[[list[list[int]]], GenerationResult]
 
@@ -49,7 +49,7 @@ class EvalConfig(Placement):
     prompts_per_domain: int = 10
     max_prompt_tokens: int = 256
     max_new_tokens: int = 64
-    # null: each drafter at the gamma stored with it by training (specdecode.decode.drafter_gamma).
+    # null: each drafter at the gamma stored with it by training (specdecode.decoding.decode.drafter_gamma).
     gamma: int | None = 4
     temperatures: list[float] = field(default_factory=lambda: [0.0])
     batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
@@ -246,9 +246,9 @@ class _Models:
 
 
 def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], object] | None) -> _Models:
-    from specdecode.benchmark import vocab_corpus
-    from specdecode.models import build_drafter, check_tokenizers, load_model
-    from specdecode.validation import default_eos
+    from specdecode.evaluation.benchmark import vocab_corpus
+    from specdecode.models.loading import build_drafter, check_tokenizers, load_model
+    from specdecode.decoding.validation import default_eos
 
     target, tokenizer = load_model(cfg.target.name, dtype=cfg.dtype, device=device)
     drafters: dict[str, Any] = {}
@@ -264,7 +264,7 @@ def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], ob
     router = None
     if "routed" in cfg.methods:
         if router_loader is None:
-            from specdecode.router import Router
+            from specdecode.routing.router import Router
 
             router_loader = partial(Router.load, device=str(device))
         router = router_loader(cfg.router_dir)  # type: ignore[arg-type]
@@ -273,7 +273,7 @@ def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], ob
 
 def _generators(models: _Models, gamma: int | None, decode: dict) -> dict[str, Generate]:
     """One decode function per method name at `gamma` (`autoregressive` ignores it)."""
-    from specdecode.decode import autoregressive_generate, speculative_generate
+    from specdecode.decoding.decode import autoregressive_generate, speculative_generate
 
     generators: dict[str, Generate] = {"autoregressive": partial(autoregressive_generate, models.target, **decode)}
     for name, drafter in models.drafters.items():
@@ -363,7 +363,7 @@ def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = No
     main process gathers the counts and writes the files (alpha, tau and exact match do not depend
     on the number of processes; tokens/s is then the whole system's throughput).
     """
-    from specdecode.devices import placed_accelerator
+    from specdecode.core.devices import placed_accelerator
 
     accelerator, device = placed_accelerator(cfg.device)
     models = _load_models(cfg, device, router_loader)
@@ -384,8 +384,8 @@ def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = No
 
 def _publish(cfg: EvalConfig, accelerator: Any, local: dict[tuple, dict], routing_seconds: dict[str, float]) -> dict:
     """Gather every process's counts; the main process writes results.json and report.md."""
-    from specdecode.atomic import write_atomic
-    from specdecode.report import write_report
+    from specdecode.core.atomic import write_atomic
+    from specdecode.evaluation.report import write_report
 
     gathered = accelerator.gather_for_metrics([local], use_gather_object=True)
     results: dict = {}
@@ -407,7 +407,7 @@ def _publish(cfg: EvalConfig, accelerator: Any, local: dict[tuple, dict], routin
 
 def _router_key(drafter_name: str) -> str:
     """Router drafter names are `generic` or a domain; evaluation methods name them as rows do."""
-    from specdecode.router import NO_DRAFTER
+    from specdecode.routing.router import NO_DRAFTER
 
     if drafter_name == NO_DRAFTER:
         return "autoregressive"

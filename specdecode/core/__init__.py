@@ -1,0 +1,1 @@
+"""The lowest layer: atomic writes, output-folder locks, the device knob and the config helpers."""

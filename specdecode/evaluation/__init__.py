@@ -1,0 +1,1 @@
+"""Evaluation: the decode benchmark, the evaluation suite and its reports."""

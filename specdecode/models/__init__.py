@@ -1,0 +1,41 @@
+"""Targets and drafters: loading (hub id, folder, .gguf, aliases), deriving drafters from a target."""
+
+from specdecode.models.loading import (
+    DEFAULT_TARGET,
+    SMOKE_TARGET,
+    DraftVocabHead,
+    FeatureDrafter,
+    apply_draft_vocab_from_config,
+    build_drafter,
+    cache_dir,
+    check_tokenizers,
+    check_vocab_sizes,
+    default_target_gguf,
+    derive_drafter,
+    derive_feature_drafter,
+    gguf_to_hf_folder,
+    load_model,
+    most_frequent_token_ids,
+    resolve_dtype,
+    validate_draft_ids,
+)
+
+__all__ = [
+    "DEFAULT_TARGET",
+    "SMOKE_TARGET",
+    "DraftVocabHead",
+    "FeatureDrafter",
+    "apply_draft_vocab_from_config",
+    "build_drafter",
+    "cache_dir",
+    "check_tokenizers",
+    "check_vocab_sizes",
+    "default_target_gguf",
+    "derive_drafter",
+    "derive_feature_drafter",
+    "gguf_to_hf_folder",
+    "load_model",
+    "most_frequent_token_ids",
+    "resolve_dtype",
+    "validate_draft_ids",
+]

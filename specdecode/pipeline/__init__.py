@@ -1,0 +1,1 @@
+"""The demo pipeline: stages cached by resolved config, and the demo wiring them."""

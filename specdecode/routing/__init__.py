@@ -1,0 +1,1 @@
+"""Adaptive routing: per-prompt drafter labels, the router, routed generation."""

@@ -1,0 +1,1 @@
+"""Drafter training: losses, the teacher cache, the accelerate loop, checkpoints, the train jobs."""
