@@ -4,7 +4,8 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from specdecode.evaluation.benchmark import report_markdown, run
-from specdecode.core.config import BenchmarkConfig, from_dict
+from specdecode.core.config import from_dict
+from specdecode.evaluation.config import BenchmarkConfig
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="benchmark")

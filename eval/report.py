@@ -4,7 +4,7 @@ import json
 import sys
 from pathlib import Path
 
-from specdecode.evaluation.benchmark import write_atomic
+from specdecode.core.atomic import write_atomic
 from specdecode.evaluation.report import merge_results, write_report
 
 

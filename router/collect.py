@@ -4,7 +4,8 @@ tiny in-process models: `python router/collect.py --config-name collect_smoke`."
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from specdecode.core.config import CollectConfig, from_dict
+from specdecode.core.config import from_dict
+from specdecode.routing.config import CollectConfig
 from specdecode.routing.labels import run_collect
 
 

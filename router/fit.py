@@ -4,7 +4,8 @@
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from specdecode.core.config import FitRouterConfig, from_dict
+from specdecode.core.config import from_dict
+from specdecode.routing.config import FitRouterConfig
 from specdecode.routing.router import run_fit
 
 

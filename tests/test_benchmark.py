@@ -8,7 +8,8 @@ import pytest
 
 from specdecode.core.atomic import write_atomic
 from specdecode.evaluation.benchmark import report_markdown, run
-from specdecode.core.config import BenchmarkConfig, DrafterConfig, TargetConfig
+from specdecode.evaluation.config import BenchmarkConfig
+from specdecode.models.config import DrafterConfig, TargetConfig
 
 
 @pytest.fixture

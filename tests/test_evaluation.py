@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from specdecode.core.config import DrafterConfig, TargetConfig
-from specdecode.evaluation.suite import EvalConfig, RunRecord, merge_counts, pick_per_prompt, run_eval
+from specdecode.models.config import DrafterConfig, TargetConfig
+from specdecode.evaluation.config import EvalConfig
+from specdecode.evaluation.suite import RunRecord, merge_counts, pick_per_prompt, run_eval
 from specdecode.models import derive_drafter
 from specdecode.evaluation.report import merge_results
 

@@ -8,8 +8,9 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from specdecode.core.config import CollectConfig, from_dict
-from specdecode.data.domains import Example
+from specdecode.core.config import from_dict
+from specdecode.routing.config import CollectConfig
+from specdecode.data.example import Example
 from specdecode.decoding.decode import autoregressive_generate
 from specdecode.routing.labels import collect_labels, label_rows, meta_path, read_labels, run_collect, teacher_forced_acceptance
 from specdecode.decoding.speedup import predicted_speedup

@@ -18,9 +18,13 @@ import torch
 
 from specdecode.core.atomic import write_atomic
 from specdecode.evaluation.benchmark import run as benchmark_run
-from specdecode.core.config import BenchmarkConfig, CollectConfig, FitRouterConfig, TargetConfig, from_dict
+from specdecode.core.config import from_dict
+from specdecode.evaluation.config import BenchmarkConfig
+from specdecode.models.config import TargetConfig
+from specdecode.routing.config import CollectConfig, FitRouterConfig
 from specdecode.pipeline.demo import DemoConfig, run_demo
-from specdecode.evaluation.suite import EvalConfig, run_eval
+from specdecode.evaluation.config import EvalConfig
+from specdecode.evaluation.suite import run_eval
 from specdecode.routing.labels import run_collect
 from specdecode.core.locking import LOCK_FILE, OutputInUseError, acquire, output_lock
 from specdecode.routing.router import run_fit

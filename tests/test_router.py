@@ -12,7 +12,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from specdecode.core.config import CollectConfig, FitRouterConfig, from_dict
+from specdecode.core.config import from_dict
+from specdecode.routing.config import CollectConfig, FitRouterConfig
 from specdecode.decoding.decode import autoregressive_generate
 from specdecode.routing.labels import run_collect
 from specdecode.routing.router import (

@@ -15,7 +15,10 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from specdecode.core.config import DataConfig, LossConfig, TargetConfig, TrainConfig, TrainJobConfig, from_dict
+from specdecode.core.config import from_dict
+from specdecode.data.config import DataConfig
+from specdecode.models.config import TargetConfig
+from specdecode.training.config import LossConfig, TrainConfig, TrainJobConfig
 from specdecode.models import load_model
 from specdecode.models.smoke import smoke_tokenizer
 from specdecode.training.teacher import cache_key, dense_teacher_logits

@@ -4,7 +4,8 @@
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from specdecode.core.config import TrainJobConfig, from_dict
+from specdecode.core.config import from_dict
+from specdecode.training.config import TrainJobConfig
 from specdecode.training.job import run_distill
 
 

@@ -30,9 +30,10 @@ import math
 import sysconfig
 import tokenize
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from specdecode.data.example import Example
 
 DOMAINS = ("code", "math", "chat")
 SOURCES = ("embedded", "hf", "file", "synthetic")
@@ -77,18 +78,6 @@ _STDLIB_SKIPPED_DIRS = frozenset({"test", "tests", "idle_test", "__pycache__"})
 _SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
 _USER_ROLES = frozenset({"human", "user"})
 _ASSISTANT_ROLES = frozenset({"gpt", "chatgpt", "assistant", "bing", "bard"})
-
-
-@dataclass(frozen=True)
-class Example:
-    """One prompt, the reference response if the source has one, and its domain.
-
-    Frozen because the embedded datasets are cached and shared between callers.
-    """
-
-    prompt: str
-    response: str | None
-    domain: str
 
 
 def heldout_score(prompt: str) -> float:
@@ -189,7 +178,7 @@ def load_domain(
         examples = _embedded(domain)
     elif source == "synthetic":
         # Tiny templated examples for smoke runs and tests (no package, no hub).
-        from specdecode.models.smoke import synthetic_examples
+        from specdecode.data.synthetic import synthetic_examples
 
         examples = synthetic_examples(domain)
     elif source == "hf":

@@ -6,44 +6,15 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedModel
 
-from specdecode.core.config import MAX_GAMMA
+from specdecode.core.config import MAX_GAMMA, is_int
 from specdecode.decoding.sampling import SamplingParams
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def check_vocab_sizes(target: PreTrainedModel, drafter: PreTrainedModel) -> None:
-    """Require the drafter's logits to live in the target's vocabulary.
-
-    Raises:
-        ValueError: naming both `config.vocab_size` values if they differ.
-    """
-    target_size = target.config.get_text_config().vocab_size
-    drafter_size = drafter.config.get_text_config().vocab_size
-    if target_size != drafter_size:
-        raise ValueError(
-            f"target and drafter vocabularies differ: target config.vocab_size={target_size}, "
-            f"drafter config.vocab_size={drafter_size}"
-        )
+from specdecode.models.compat import check_vocab_sizes, default_eos
 
 
 def validate_models(target: PreTrainedModel, drafter: PreTrainedModel) -> None:
     check_vocab_sizes(target, drafter)
     if target.device != drafter.device:
         raise ValueError(f"target is on {target.device} but drafter is on {drafter.device}")
-
-
-def default_eos(model: PreTrainedModel) -> list[int]:
-    """The model's own EOS ids (generation config first, as transformers `generate` does)."""
-    generation_config = getattr(model, "generation_config", None)
-    eos = getattr(generation_config, "eos_token_id", None)
-    if eos is None:
-        eos = getattr(model.config, "eos_token_id", None)
-    if eos is None:
-        return []
-    return [eos] if _is_int(eos) else list(eos)
 
 
 def validate_request(
@@ -61,14 +32,14 @@ def validate_request(
     `gamma` is bounded by `specdecode.core.config.MAX_GAMMA` (64): each step drafts gamma tokens whatever
     the rows' remaining budgets, so an unbounded gamma is unbounded wasted work.
     """
-    if gamma is not None and (not _is_int(gamma) or not 1 <= gamma <= MAX_GAMMA):
+    if gamma is not None and (not is_int(gamma) or not 1 <= gamma <= MAX_GAMMA):
         raise ValueError(f"gamma must be an int in [1, {MAX_GAMMA}], got {gamma!r}")
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
         raise TypeError(f"prompts must be a list of token-id lists, got {type(prompts).__name__}")
     if len(prompts) == 0:
         raise ValueError("prompts is empty: pass at least one prompt")
-    if _is_int(max_new_tokens):
+    if is_int(max_new_tokens):
         budgets = [max_new_tokens] * len(prompts)
     elif isinstance(max_new_tokens, Sequence) and len(max_new_tokens) == len(prompts):
         budgets = list(max_new_tokens)
@@ -77,13 +48,13 @@ def validate_request(
     vocab_size = model.config.vocab_size
     context = getattr(model.config, "max_position_embeddings", None)
     for i, (prompt, budget) in enumerate(zip(prompts, budgets)):
-        if not _is_int(budget) or budget < 0:
+        if not is_int(budget) or budget < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {budget!r} (prompt {i})")
         if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence):
             raise TypeError(f"prompt {i} must be a list of token ids, got {type(prompt).__name__}")
         if len(prompt) == 0:
             raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
-        bad = next((t for t in prompt if not _is_int(t) or not 0 <= t < vocab_size), None)
+        bad = next((t for t in prompt if not is_int(t) or not 0 <= t < vocab_size), None)
         if bad is not None:
             raise ValueError(f"prompt {i} holds token id {bad!r}, outside the vocabulary [0, {vocab_size})")
         if context is not None and len(prompt) + budget > context:
@@ -93,11 +64,11 @@ def validate_request(
             )
     if eos_token_ids is None:
         eos = default_eos(model)
-    elif _is_int(eos_token_ids):
+    elif is_int(eos_token_ids):
         eos = [eos_token_ids]
     else:
         eos = list(eos_token_ids)
-    bad_eos = next((t for t in eos if not _is_int(t) or not 0 <= t < vocab_size), None)
+    bad_eos = next((t for t in eos if not is_int(t) or not 0 <= t < vocab_size), None)
     if bad_eos is not None:
         raise ValueError(f"eos_token_ids holds {bad_eos!r}, outside the vocabulary [0, {vocab_size})")
     return params, budgets, eos

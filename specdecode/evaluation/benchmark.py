@@ -23,16 +23,17 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdecode.core.atomic import write_atomic
 from specdecode.core.locking import check_writable
-from specdecode.core.config import BenchmarkConfig
+from specdecode.evaluation.config import BenchmarkConfig
+from specdecode.data.corpus import vocab_corpus
 from specdecode.data.domains import DOMAINS, format_prompt, load_domain
 from specdecode.decoding.decode import autoregressive_generate, speculative_generate
 from specdecode.core.devices import resolve_device
 from specdecode.models.feature_drafter import FeatureDrafter
+from specdecode.models.compat import default_eos
 from specdecode.models.loading import build_drafter, load_model
 from specdecode.evaluation.report import fmt
 from specdecode.decoding.speedup import measure_step_costs, predicted_speedup
 from specdecode.decoding.stats import GenerationResult
-from specdecode.decoding.validation import default_eos
 
 
 def benchmark_prompts(tokenizer: PreTrainedTokenizerBase, num_prompts: int, max_tokens: int) -> list[tuple[str, list[int]]]:
@@ -52,17 +53,6 @@ def benchmark_prompts(tokenizer: PreTrainedTokenizerBase, num_prompts: int, max_
     if len(chosen) < num_prompts:
         raise ValueError(f"only {len(chosen)} held-out prompts fit max_prompt_tokens={max_tokens}; need {num_prompts}")
     return chosen
-
-
-def vocab_corpus(
-    tokenizer: PreTrainedTokenizerBase, docs_per_domain: int, *, source: str = "embedded", domains: Sequence[str] = DOMAINS
-) -> list[list[int]]:
-    """Tokenised training text of the domains (prompts and responses): what a drafter must speak."""
-    corpus = []
-    for domain in domains:
-        for ex in load_domain(domain, source=source, split="train", limit=docs_per_domain):  # type: ignore[arg-type]
-            corpus.append(tokenizer(ex.prompt + "\n" + (ex.response or ""))["input_ids"])
-    return corpus
 
 
 def _hf_assisted(

@@ -11,10 +11,9 @@ the same batch size, and exact match with target-only greedy (measured, never as
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
@@ -23,72 +22,12 @@ from typing import Any
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from specdecode.core.config import MAX_GAMMA, DrafterConfig, Placement, TargetConfig, _require
-from specdecode.data.domains import DOMAINS, format_prompt, load_domain
+from specdecode.data.domains import format_prompt, load_domain
 from specdecode.core.locking import locks_output_dir
 from specdecode.decoding.stats import GenerationResult
+from specdecode.evaluation.config import EvalConfig
 
 Generate = Callable[[list[list[int]]], GenerationResult]
-
-
-@dataclass
-class EvalConfig(Placement):
-    """eval/acceptance.py. `drafters` maps a name (`generic`, or a domain for its specialised
-    drafter) to a drafter folder; `router_dir` is a fitted router folder (enables `routed`)."""
-
-    target: TargetConfig = field(default_factory=TargetConfig)
-    undistilled: DrafterConfig = field(default_factory=DrafterConfig)
-    drafters: dict[str, str] = field(default_factory=dict)
-    router_dir: str | None = None
-    domains: list[str] = field(default_factory=lambda: list(DOMAINS))
-    # Where prompts come from: the embedded held-out splits, or "synthetic" for smoke runs.
-    source: str = "embedded"
-    methods: list[str] = field(
-        default_factory=lambda: ["autoregressive", "undistilled", "generic", "specialized", "routed", "oracle"]
-    )
-    prompts_per_domain: int = 10
-    max_prompt_tokens: int = 256
-    max_new_tokens: int = 64
-    # null: each drafter at the gamma stored with it by training (specdecode.decoding.decode.drafter_gamma).
-    gamma: int | None = 4
-    temperatures: list[float] = field(default_factory=lambda: [0.0])
-    batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
-    # Gamma sweep: `sweep_methods` also run at each of `sweep_gammas`, at the smallest batch size and
-    # at each temperature in `sweep_temperatures` (that is also in `temperatures`). Empty: no sweep.
-    sweep_gammas: list[int] = field(default_factory=list)
-    sweep_methods: list[str] = field(default_factory=lambda: ["generic", "routed"])
-    sweep_temperatures: list[float] = field(default_factory=lambda: [0.0])
-    seed: int = 0
-    output_dir: str = "outputs/eval"
-
-    def __post_init__(self) -> None:
-        self.check_placement()
-        known = {"autoregressive", "undistilled", "generic", "specialized", "routed", "oracle"}
-        for method in self.methods:
-            _require(method in known, "methods", method, f"one of {sorted(known)}")
-        for domain in self.domains:
-            _require(domain in DOMAINS, "domains", domain, f"one of {list(DOMAINS)}")
-        _require("autoregressive" in self.methods, "methods", self.methods, "must include autoregressive (the baseline)")
-        if "generic" in self.methods:
-            _require("generic" in self.drafters, "drafters.generic", None, "method generic needs a drafter folder")
-        if "routed" in self.methods:
-            _require(bool(self.router_dir), "router_dir", self.router_dir, "method routed needs a fitted router folder")
-        for name, path in self.drafters.items():
-            _require(name == "generic" or name in DOMAINS, "drafters", name, f"generic or one of {list(DOMAINS)}")
-            _require(Path(path).exists(), f"drafters.{name}", path, "does not exist")
-        _require(self.prompts_per_domain >= 1, "prompts_per_domain", self.prompts_per_domain, ">= 1")
-        _require(self.gamma is None or (isinstance(self.gamma, int) and 1 <= self.gamma <= MAX_GAMMA), "gamma", self.gamma,
-                 f"null (each drafter's own) or an int in [1, {MAX_GAMMA}]")
-        _require(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, ">= 1")
-        for t in self.temperatures:
-            _require(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0, "temperatures", t, "finite numbers >= 0")
-        for b in self.batch_sizes:
-            _require(isinstance(b, int) and b >= 1, "batch_sizes", b, "ints >= 1")
-        for g in self.sweep_gammas:
-            _require(isinstance(g, int) and not isinstance(g, bool) and 1 <= g <= MAX_GAMMA, "sweep_gammas", g, f"ints in [1, {MAX_GAMMA}]")
-        for method in self.sweep_methods:
-            _require(method in ("undistilled", "generic", "routed") or method.removeprefix("specialized:") in DOMAINS and method.startswith("specialized:"),
-                     "sweep_methods", method, "undistilled, generic, routed or specialized:<domain>")
 
 
 @dataclass
@@ -246,9 +185,9 @@ class _Models:
 
 
 def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], object] | None) -> _Models:
-    from specdecode.evaluation.benchmark import vocab_corpus
+    from specdecode.data.corpus import vocab_corpus
     from specdecode.models.loading import build_drafter, check_tokenizers, load_model
-    from specdecode.decoding.validation import default_eos
+    from specdecode.models.compat import default_eos
 
     target, tokenizer = load_model(cfg.target.name, dtype=cfg.dtype, device=device)
     drafters: dict[str, Any] = {}

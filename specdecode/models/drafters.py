@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
-from specdecode.decoding.validation import default_eos
+from specdecode.models.compat import default_eos
 
 # Config entries holding one value per decoder layer. They must shrink with num_hidden_layers:
 # transformers validates e.g. len(layer_types) == num_hidden_layers when the config is saved.
@@ -148,6 +148,14 @@ def _draft_head_load_hook(
         with torch.no_grad():
             base.copy_(full)
         state_dict[key] = full[module.draft_ids.to(full.device)]
+
+
+def draft_vocab_ids(drafter: PreTrainedModel) -> torch.Tensor:
+    """[K] ids the drafter's head scores: its draft ids, or all V for a full head."""
+    head = drafter.get_output_embeddings()
+    if isinstance(head, DraftVocabHead):
+        return head.draft_ids.cpu()
+    return torch.arange(drafter.config.get_text_config().vocab_size)
 
 
 def validate_draft_ids(draft_ids: Sequence[int] | torch.Tensor, vocab_size: int) -> torch.Tensor:

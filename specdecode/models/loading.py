@@ -1,17 +1,10 @@
-"""Loading targets and drafters, and deriving drafters from a target.
+"""Loading targets and drafters: an alias, a hub id, a local folder or a .gguf file, with the
+tokenizer; and the drafter a `DrafterConfig` names (derived from the target, or loaded).
 
 A drafter here is always a plain Hugging Face causal LM whose logits live in the target's
-vocabulary, so the decode loop, `transformers.generate(assistant_model=...)` and vLLM can all use
-it unchanged. Two kinds of drafter can be derived from a target without any training:
-
-* a layer-truncated copy (`derive_drafter(target, num_layers)`): the embeddings, the first
-  `num_layers` decoder layers, the final norm and the LM head, copied from the target;
-* the same with a truncated vocabulary (`draft_vocab=...`): the LM head only scores K chosen
-  token ids (`DraftVocabHead`). For small targets the head dominates the drafter's cost (SmolLM2's
-  49,152 x 576 head is ~28M of its 135M parameters), so scoring K << V ids is where the speed is.
-
-On disk a truncated drafter is a plain full-vocab checkpoint plus `config.draft_vocab_ids`; see
-`DraftVocabHead` for how the round trip works.
+vocabulary (or a `FeatureDrafter` wrapping one), so the decode loop,
+`transformers.generate(assistant_model=...)` and vLLM can all use it unchanged. A drafter saved
+with a truncated vocabulary comes back truncated (`specdecode.models.drafters.DraftVocabHead`).
 """
 
 from __future__ import annotations
@@ -21,47 +14,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from specdecode.core.config import DrafterConfig
-from specdecode.models.smoke import SMOKE_TARGET, smoke_target, smoke_tokenizer
-
-from specdecode.models.drafters import (  # noqa: F401
-    DraftVocabHead,
-    apply_draft_vocab_from_config,
-    derive_drafter,
-    most_frequent_token_ids,
-    validate_draft_ids,
-)
-from specdecode.models.gguf_cache import (  # noqa: F401
-    DEFAULT_TARGET,
-    cache_dir,
-    default_target_gguf,
-    gguf_to_hf_folder,
-)
+from specdecode.models.compat import check_tokenizers, check_vocab_sizes
+from specdecode.models.config import SMOKE_TARGET, DrafterConfig
+from specdecode.models.drafters import apply_draft_vocab_from_config, derive_drafter
+from specdecode.models.feature_drafter import CONFIG_KEY as FEATURE_CONFIG_KEY
 from specdecode.models.feature_drafter import FeatureDrafter, derive_feature_drafter, wrap_if_feature_drafter
-from specdecode.decoding.validation import check_vocab_sizes  # noqa: F401
-
-# `specdecode.models` is the one import for loading and deriving models.
-__all__ = [
-    "DEFAULT_TARGET",
-    "SMOKE_TARGET",
-    "build_drafter",
-    "DraftVocabHead",
-    "FeatureDrafter",
-    "derive_feature_drafter",
-    "apply_draft_vocab_from_config",
-    "cache_dir",
-    "check_tokenizers",
-    "check_vocab_sizes",
-    "default_target_gguf",
-    "derive_drafter",
-    "gguf_to_hf_folder",
-    "load_model",
-    "most_frequent_token_ids",
-    "resolve_dtype",
-    "validate_draft_ids",
-]
+from specdecode.models.gguf_cache import DEFAULT_TARGET, default_target_gguf, gguf_to_hf_folder
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -105,7 +65,9 @@ def load_model(
     torch_dtype = resolve_dtype(dtype)
     device = torch.device(device)
     if str(name_or_path) == SMOKE_TARGET:
-        # The tiny random target of smoke runs and CI: seconds, no file, no hub.
+        # The tiny random target of smoke runs and CI: seconds, no file, no hub; built only here.
+        from specdecode.models.smoke import smoke_target, smoke_tokenizer
+
         return smoke_target().to(device=device, dtype=torch_dtype).eval(), smoke_tokenizer()
     source = _resolve_source(name_or_path)
 
@@ -166,36 +128,6 @@ def _resolve_source(name_or_path: str | os.PathLike[str]) -> str | Path:
     return text
 
 
-def check_tokenizers(
-    target_tokenizer: PreTrainedTokenizerBase, drafter_tokenizer: PreTrainedTokenizerBase
-) -> None:
-    """Require the target and drafter tokenizers to map ids to the same tokens and share EOS.
-
-    Speculative decoding hands drafter token ids to the target as they are, so a single
-    differing id silently corrupts the output.
-
-    Raises:
-        ValueError: naming both vocabulary sizes and the first differing id with both tokens,
-            or both EOS ids.
-    """
-    target_vocab = {i: token for token, i in target_tokenizer.get_vocab().items()}
-    drafter_vocab = {i: token for token, i in drafter_tokenizer.get_vocab().items()}
-    if target_vocab != drafter_vocab:
-        all_ids = target_vocab.keys() | drafter_vocab.keys()
-        first = min(i for i in all_ids if target_vocab.get(i) != drafter_vocab.get(i))
-        raise ValueError(
-            f"target and drafter tokenizers differ: target vocab has {len(target_vocab)} tokens, "
-            f"drafter vocab has {len(drafter_vocab)}; first difference at id {first}: "
-            f"{target_vocab.get(first, '<missing>')!r} vs {drafter_vocab.get(first, '<missing>')!r}"
-        )
-    if target_tokenizer.eos_token_id != drafter_tokenizer.eos_token_id:
-        raise ValueError(
-            f"target and drafter tokenizers disagree on EOS: target eos_token_id="
-            f"{target_tokenizer.eos_token_id} ({target_tokenizer.eos_token!r}), drafter eos_token_id="
-            f"{drafter_tokenizer.eos_token_id} ({drafter_tokenizer.eos_token!r})"
-        )
-
-
 def build_drafter(
     cfg: DrafterConfig,
     target: PreTrainedModel,
@@ -215,3 +147,24 @@ def build_drafter(
     check_tokenizers(tokenizer, drafter_tokenizer)
     check_vocab_sizes(target, drafter)
     return drafter
+
+
+def check_drafter_tokenizer(cfg: DrafterConfig, tokenizer: PreTrainedTokenizerBase) -> None:
+    """A pretrained drafter must share the target's tokenizer; checked before its weights load."""
+    if cfg.kind != "pretrained":
+        return
+    path = Path(str(cfg.path)).expanduser()
+    if not path.exists() and str(cfg.path).startswith(("/", ".", "~")):
+        raise ValueError(f"drafter.path={cfg.path!r} does not exist")
+    try:
+        check_tokenizers(tokenizer, AutoTokenizer.from_pretrained(str(cfg.path)))
+    except ValueError as error:
+        raise ValueError(f"drafter.path={cfg.path!r}: its tokenizer is not the target's: {error}") from None
+
+
+def reads_features(cfg: DrafterConfig) -> bool:
+    """Whether the drafter a config names is a feature drafter (a pretrained folder says so in its
+    config), known before the teacher cache is built, since that cache then keeps features."""
+    if cfg.kind != "pretrained":
+        return cfg.kind == "feature"
+    return getattr(AutoConfig.from_pretrained(str(cfg.path)), FEATURE_CONFIG_KEY, None) is not None

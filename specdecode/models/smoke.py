@@ -1,21 +1,14 @@
-"""The smoke experiment's in-process stand-ins: a tiny random target, a byte-level tokenizer and
-synthetic domain examples. Everything is seeded and built in milliseconds, so a whole training job
-(`+experiment=smoke`) runs in seconds on a CPU with no hub and no data package."""
+"""The smoke experiment's in-process stand-ins: a tiny random target and a byte-level tokenizer
+(its synthetic domain examples are `specdecode.data.synthetic`). Everything is seeded and built in
+milliseconds, so a whole training job (`+experiment=smoke`) runs in seconds on a CPU with no hub
+and no data package. `load_model("smoke")` builds them (`SMOKE_TARGET`, specdecode.models.config)."""
 
 from __future__ import annotations
-
-import random
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from specdecode.data.domains import Example
-
-SMOKE_TARGET = "smoke"
-"""`target.name` that selects `smoke_target()` instead of `specdecode.models.load_model`."""
-
 _SPECIALS = ("<s>", "</s>", "<unk>")
-_NAMES = ("ada", "bob", "cy", "dee", "eve", "fay", "gus", "hal", "ivy", "jo")
 
 
 def smoke_tokenizer() -> PreTrainedTokenizerFast:
@@ -55,19 +48,3 @@ def smoke_target(seed: int = 0, num_layers: int = 4) -> LlamaForCausalLM:
         pad_token_id=1,
     )
     return LlamaForCausalLM(config).eval()
-
-
-def synthetic_examples(domain: str, count: int = 300, seed: int = 0) -> list[Example]:
-    """`count` short templated prompt/response pairs of a domain, deterministic for a seed."""
-    rng = random.Random(f"{domain}-{seed}")
-    examples = []
-    for i in range(count):
-        a, b, name = rng.randint(0, 99), rng.randint(0, 99), rng.choice(_NAMES)
-        if domain == "code":
-            prompt, response = f"def add_{i}(x):\n    \"\"\"Add {a} to x.\"\"\"\n", f"    return x + {a}\n"
-        elif domain == "math":
-            prompt, response = f"Q{i}: what is {a} plus {b}?", f"{a} + {b} = {a + b}. #### {a + b}"
-        else:
-            prompt, response = f"[{i}] say hi to {name}", f"Hi {name}! Nice to meet you, {name}."
-        examples.append(Example(prompt=prompt, response=response, domain=domain))
-    return examples

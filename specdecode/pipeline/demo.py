@@ -18,7 +18,10 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from specdecode.core.atomic import write_atomic
-from specdecode.core.config import BenchmarkConfig, CollectConfig, FitRouterConfig, Placement, TrainJobConfig, _require, from_dict
+from specdecode.core.config import Placement, from_dict, require
+from specdecode.evaluation.config import BenchmarkConfig
+from specdecode.routing.config import CollectConfig, FitRouterConfig
+from specdecode.training.config import TrainJobConfig
 from specdecode.data.domains import DOMAINS
 from specdecode.core.devices import resolve_device
 from specdecode.core.locking import locks_output_dir
@@ -50,9 +53,9 @@ class DemoConfig(Placement):
     def __post_init__(self) -> None:
         self.check_placement()
         for domain in self.domains:
-            _require(domain in DOMAINS, "domains", domain, f"one of {list(DOMAINS)}")
+            require(domain in DOMAINS, "domains", domain, f"one of {list(DOMAINS)}")
         for name in (*self.domains, "mix"):
-            _require(name in self.losses, f"losses.{name}", None, "each domain and mix needs a loss")
+            require(name in self.losses, f"losses.{name}", None, "each domain and mix needs a loss")
 
 
 def compose_config(config_name: str, overrides: list[str]) -> dict[str, Any]:
@@ -93,7 +96,8 @@ def _fit(config: dict, out: Path) -> None:
 
 
 def _eval(config: dict, out: Path) -> None:
-    from specdecode.evaluation.suite import EvalConfig, run_eval
+    from specdecode.evaluation.config import EvalConfig
+    from specdecode.evaluation.suite import run_eval
 
     run_eval(from_dict(EvalConfig, config | {"output_dir": str(out)}))
 

@@ -33,17 +33,18 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 from specdecode.core.atomic import write_atomic
-from specdecode.evaluation.benchmark import vocab_corpus
-from specdecode.core.config import CollectConfig
-from specdecode.data.domains import Example, format_prompt, load_domain
+from specdecode.routing.config import CollectConfig
+from specdecode.data.corpus import vocab_corpus
+from specdecode.data.domains import format_prompt, load_domain
+from specdecode.data.example import Example
 from specdecode.decoding.decode import autoregressive_generate
 from specdecode.core.devices import resolve_device
 from specdecode.models.feature_drafter import FeatureDrafter
 from specdecode.core.locking import check_writable
 from specdecode.training.losses import expected_acceptance
-from specdecode.models.loading import build_drafter, check_vocab_sizes, load_model
+from specdecode.models.compat import check_vocab_sizes, default_eos
+from specdecode.models.loading import build_drafter, load_model
 from specdecode.decoding.speedup import measure_step_costs, predicted_speedup
-from specdecode.decoding.validation import default_eos
 
 LABEL_KEYS = ("acceptance", "greedy_match", "speedup", "greedy_speedup")
 

@@ -35,7 +35,7 @@ from transformers import PreTrainedModel
 
 from specdecode.core.atomic import write_atomic
 from specdecode.core.locking import check_writable
-from specdecode.core.config import EmbedderConfig, FitRouterConfig
+from specdecode.routing.config import EmbedderConfig, FitRouterConfig
 from specdecode.core.devices import resolve_device
 from specdecode.decoding.decode import autoregressive_generate, speculative_generate
 from specdecode.routing.labels import read_labels

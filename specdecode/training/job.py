@@ -32,17 +32,17 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from omegaconf import OmegaConf
-from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdecode.core.atomic import publish_files, write_atomic
-from specdecode.core.config import DrafterConfig, TargetConfig, TrainJobConfig
+from specdecode.models.config import TargetConfig
+from specdecode.training.config import TrainJobConfig
 from specdecode.core.devices import placed_accelerator
 from specdecode.core.locking import locks_output_dir
 from specdecode.training.losses import get_loss
-from specdecode.models.feature_drafter import CONFIG_KEY as FEATURE_CONFIG_KEY
 from specdecode.training.feature_training import FeatureDrafterLogits, feature_regression_sum, frozen_head_rows, pass_positions
-from specdecode.models.drafters import DraftVocabHead
-from specdecode.models.loading import build_drafter, check_tokenizers, load_model
+from specdecode.models.drafters import draft_vocab_ids
+from specdecode.models.loading import build_drafter, check_drafter_tokenizer, load_model, reads_features
 from specdecode.decoding.speedup import choose_gamma
 from specdecode.training.teacher import (
     TeacherCache,
@@ -61,7 +61,7 @@ from specdecode.training.teacher import (
 )
 from specdecode.training.checkpoints import LoopState, check_checkpoints, resume
 from specdecode.training.loop import Batch, DrafterLogits, MetricsLogger, load_trainable_state, peak_memory_mb, train_loop
-from specdecode.decoding.validation import default_eos
+from specdecode.models.compat import default_eos
 
 JOBS = ("distill", "finetune")
 
@@ -81,35 +81,6 @@ def load_target(cfg: TargetConfig, dtype: str, device: torch.device) -> tuple[Pr
     target, tokenizer = load_model(cfg.name, dtype=dtype, device=device)
     target.requires_grad_(False)
     return target, tokenizer
-
-
-def check_drafter_tokenizer(cfg: DrafterConfig, tokenizer: PreTrainedTokenizerBase) -> None:
-    """A pretrained drafter must share the target's tokenizer; checked before its weights load."""
-    if cfg.kind != "pretrained":
-        return
-    path = Path(str(cfg.path)).expanduser()
-    if not path.exists() and str(cfg.path).startswith(("/", ".", "~")):
-        raise ValueError(f"drafter.path={cfg.path!r} does not exist")
-    try:
-        check_tokenizers(tokenizer, AutoTokenizer.from_pretrained(str(cfg.path)))
-    except ValueError as error:
-        raise ValueError(f"drafter.path={cfg.path!r}: its tokenizer is not the target's: {error}") from None
-
-
-def reads_features(cfg: DrafterConfig) -> bool:
-    """Whether the drafter a config names is a feature drafter (a pretrained folder says so in its
-    config), known before the teacher cache is built, since that cache then keeps features."""
-    if cfg.kind != "pretrained":
-        return cfg.kind == "feature"
-    return getattr(AutoConfig.from_pretrained(str(cfg.path)), FEATURE_CONFIG_KEY, None) is not None
-
-
-def draft_vocab_ids(drafter: PreTrainedModel) -> torch.Tensor:
-    """[K] ids the drafter's head scores: its draft ids, or all V for a full head."""
-    head = drafter.get_output_embeddings()
-    if isinstance(head, DraftVocabHead):
-        return head.draft_ids.cpu()
-    return torch.arange(drafter.config.get_text_config().vocab_size)
 
 
 def _check_environment(cfg: TrainJobConfig) -> None:

@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from specdecode.training.checkpoints import LoopState, latest_checkpoint, save_checkpoint
-from specdecode.core.config import TrainConfig
+from specdecode.training.config import TrainConfig
 from specdecode.models.drafters import DraftVocabHead
 
 Batch = dict[str, torch.Tensor]

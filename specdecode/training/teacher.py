@@ -40,11 +40,13 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdecode.core.atomic import write_atomic
-from specdecode.core.config import DataConfig, TargetConfig, TrainConfig
-from specdecode.data.domains import Example, format_prompt, load_domain
+from specdecode.data.config import DataConfig
+from specdecode.models.config import SMOKE_TARGET, TargetConfig
+from specdecode.training.config import TrainConfig
+from specdecode.data.domains import format_prompt, load_domain
+from specdecode.data.example import Example
 from specdecode.decoding.decode import autoregressive_generate
 from specdecode.models.gguf_cache import DEFAULT_TARGET
-from specdecode.models.smoke import SMOKE_TARGET
 
 CACHE_VERSION = 1
 SCORE_BATCH = 8
