@@ -5,8 +5,8 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from specdecode.core.config import from_dict
+from specdecode.routing.collect import run_collect
 from specdecode.routing.config import CollectConfig
-from specdecode.routing.labels import run_collect
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="collect")

@@ -6,7 +6,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from specdecode.core.config import from_dict
 from specdecode.routing.config import FitRouterConfig
-from specdecode.routing.router import run_fit
+from specdecode.routing.fit import run_fit
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="fit_router")

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from specdecode.core.atomic import write_atomic
-from specdecode.evaluation.benchmark import report_markdown, run
+from specdecode.evaluation.benchmark import report_markdown, run_benchmark
 from specdecode.evaluation.config import BenchmarkConfig
 from specdecode.models.config import DrafterConfig, TargetConfig
 
@@ -34,7 +34,7 @@ def test_benchmark_runs_and_writes_results(tmp_path, tiny_target_dir) -> None:
         vocab_corpus_docs=5,
         output_dir=str(tmp_path / "out"),
     )
-    results = run(cfg)
+    results = run_benchmark(cfg)
 
     written = json.loads((tmp_path / "out" / "results.json").read_text())
     assert written["rows"] == results["rows"]

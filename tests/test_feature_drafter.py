@@ -106,7 +106,7 @@ def test_save_and_load_round_trip(target, tmp_path) -> None:
     restored = load_model(tmp_path)[0] if (tmp_path / "tokenizer.json").exists() else None
     if restored is None:  # no tokenizer in this folder: restore the model part directly
         from specdecode.models.feature_drafter import wrap_if_feature_drafter
-        from specdecode.models.drafters import apply_draft_vocab_from_config
+        from specdecode.models.draft_vocab import apply_draft_vocab_from_config
 
         restored = wrap_if_feature_drafter(apply_draft_vocab_from_config(AutoModelForCausalLM.from_pretrained(tmp_path)), tmp_path)
     assert isinstance(restored, FeatureDrafter)

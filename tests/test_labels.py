@@ -9,11 +9,12 @@ import torch
 from transformers import LlamaForCausalLM
 
 from specdecode.core.config import from_dict
-from specdecode.routing.config import CollectConfig
 from specdecode.data.example import Example
 from specdecode.decoding.decode import autoregressive_generate
-from specdecode.routing.labels import collect_labels, label_rows, meta_path, read_labels, run_collect, teacher_forced_acceptance
 from specdecode.decoding.speedup import predicted_speedup
+from specdecode.routing.collect import run_collect
+from specdecode.routing.config import CollectConfig
+from specdecode.routing.labels import collect_labels, label_rows, meta_path, read_labels, teacher_forced_acceptance
 from tests.models_for_tests import tiny_llama
 
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15], [20], [30, 31, 32, 33], [40, 41]]

@@ -13,18 +13,13 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from specdecode.core.config import from_dict
-from specdecode.routing.config import CollectConfig, FitRouterConfig
 from specdecode.decoding.decode import autoregressive_generate
-from specdecode.routing.labels import run_collect
-from specdecode.routing.router import (
-    HashingEmbedder,
-    Router,
-    SentenceTransformerEmbedder,
-    fit_router,
-    prompt_features,
-    route_and_generate,
-    run_fit,
-)
+from specdecode.routing.collect import run_collect
+from specdecode.routing.config import CollectConfig, FitRouterConfig
+from specdecode.routing.embedders import HashingEmbedder, SentenceTransformerEmbedder, prompt_features
+from specdecode.routing.fit import fit_router, run_fit
+from specdecode.routing.generate import route_and_generate
+from specdecode.routing.router import Router
 from tests.models_for_tests import tiny_llama
 
 CONF = Path(__file__).resolve().parents[1] / "conf"

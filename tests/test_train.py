@@ -17,14 +17,14 @@ from omegaconf import OmegaConf
 
 from specdecode.core.config import from_dict
 from specdecode.data.config import DataConfig
-from specdecode.models.config import TargetConfig
-from specdecode.training.config import LossConfig, TrainConfig, TrainJobConfig
 from specdecode.models import load_model
+from specdecode.models.config import TargetConfig
 from specdecode.models.smoke import smoke_tokenizer
-from specdecode.training.teacher import cache_key, dense_teacher_logits
-from specdecode.training.job import run_distill, run_finetune
 from specdecode.training.checkpoints import latest_checkpoint, prune_checkpoints
+from specdecode.training.config import LossConfig, TrainConfig, TrainJobConfig
+from specdecode.training.job import run_distill, run_finetune
 from specdecode.training.loop import global_batch_indices
+from specdecode.training.teacher import cache_key, dense_teacher_logits
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

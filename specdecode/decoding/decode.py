@@ -21,11 +21,11 @@ from transformers import PreTrainedModel
 
 from specdecode.decoding.cache import RaggedKVCache, cached_forward
 from specdecode.decoding.drafting import _last, drafting_for
-from specdecode.models.feature_drafter import FeatureDrafter
 from specdecode.decoding.sampling import draw, logits_to_probs
 from specdecode.decoding.stats import GenerationResult, StepCounters
 from specdecode.decoding.validation import validate_models, validate_request
 from specdecode.decoding.verify import rejection_sample
+from specdecode.models.feature_drafter import FeatureDrafter
 
 
 @dataclass

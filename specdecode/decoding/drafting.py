@@ -21,8 +21,8 @@ import torch
 from transformers import PreTrainedModel
 
 from specdecode.decoding.cache import RaggedKVCache, cached_call, cached_forward
-from specdecode.models.feature_drafter import FeatureDrafter
 from specdecode.decoding.sampling import SamplingParams, draw, logits_to_probs
+from specdecode.models.feature_drafter import FeatureDrafter
 
 
 class SliceDrafting:

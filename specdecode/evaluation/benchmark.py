@@ -12,8 +12,8 @@ import json
 import os
 import platform
 import time
-from collections.abc import Sequence
-from dataclasses import asdict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -22,18 +22,18 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdecode.core.atomic import write_atomic
+from specdecode.core.devices import resolve_device
 from specdecode.core.locking import check_writable
-from specdecode.evaluation.config import BenchmarkConfig
 from specdecode.data.corpus import vocab_corpus
 from specdecode.data.domains import DOMAINS, format_prompt, load_domain
 from specdecode.decoding.decode import autoregressive_generate, speculative_generate
-from specdecode.core.devices import resolve_device
-from specdecode.models.feature_drafter import FeatureDrafter
-from specdecode.models.compat import default_eos
-from specdecode.models.loading import build_drafter, load_model
-from specdecode.evaluation.report import fmt
-from specdecode.decoding.speedup import measure_step_costs, predicted_speedup
+from specdecode.decoding.speedup import StepCosts, measure_step_costs, predicted_speedup
 from specdecode.decoding.stats import GenerationResult
+from specdecode.evaluation.config import BenchmarkConfig
+from specdecode.evaluation.report import fmt
+from specdecode.models.compat import default_eos
+from specdecode.models.feature_drafter import FeatureDrafter
+from specdecode.models.loading import build_drafter, load_model
 
 
 def benchmark_prompts(tokenizer: PreTrainedTokenizerBase, num_prompts: int, max_tokens: int) -> list[tuple[str, list[int]]]:
@@ -94,7 +94,19 @@ def _pooled(results: Sequence[GenerationResult]) -> dict[str, float | None]:
     }
 
 
-def run(cfg: BenchmarkConfig) -> dict:
+@dataclass
+class _Runs:
+    """Every timed decode of one benchmark: per prompt at batch 1 (the target alone, ours, and
+    transformers assisted generation as `(tokens, seconds)`), and one batch of B (target alone, ours)."""
+
+    ar1: list[GenerationResult]
+    sd1: list[GenerationResult]
+    hf1: list[tuple[list[int], float]]
+    arb: GenerationResult
+    sdb: GenerationResult
+
+
+def run_benchmark(cfg: BenchmarkConfig) -> dict:
     """Run the benchmark; write `results.json` and `report.md` under `cfg.output_dir`; return the results."""
     check_writable(Path(cfg.output_dir))
     torch.manual_seed(cfg.seed)
@@ -109,7 +121,32 @@ def run(cfg: BenchmarkConfig) -> dict:
     drafter = build_drafter(cfg.drafter, target, tokenizer, lambda: vocab_corpus(tokenizer, cfg.vocab_corpus_docs))
     stage("drafter built")
     prompts = benchmark_prompts(tokenizer, cfg.num_prompts, cfg.max_prompt_tokens)
-    ids = [p for _, p in prompts]
+    costs, runs = _measure(cfg, target, drafter, [p for _, p in prompts], stage)
+    steps.close()
+
+    rows = _rows(cfg, runs, costs)
+    results = {
+        "config": asdict(cfg),
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
+                    "torch": torch.__version__, "device": str(target.device)},
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "prompts": [{"domain": d, "tokens": len(p)} for d, p in prompts],
+        "step_costs": costs.to_dict(),
+        "rows": rows,
+        # rows[1]: ours at batch 1; rows[2]: transformers assisted generation, when it ran.
+        "ours_vs_transformers_assisted": (rows[1]["tokens_per_s"] / rows[2]["tokens_per_s"]) if runs.hf1 else None,
+    }
+    out = Path(cfg.output_dir)
+    write_atomic(out / "results.json", json.dumps(results, indent=2))
+    write_atomic(out / "report.md", report_markdown(results))
+    return results
+
+
+def _measure(
+    cfg: BenchmarkConfig, target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, ids: list[list[int]],
+    stage: Callable[[str], None],
+) -> tuple[StepCosts, _Runs]:
+    """Warm up, measure the step costs, then time each method at batch 1 and at batch B."""
     eos = default_eos(target)
     decode = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, eos_token_ids=eos, seed=cfg.seed)
 
@@ -133,13 +170,16 @@ def run(cfg: BenchmarkConfig) -> dict:
     arb = autoregressive_generate(target, batch, **decode)
     sdb = speculative_generate(target, drafter, batch, gamma=cfg.gamma, **decode)
     stage(f"batch {cfg.batch_size}")
-    steps.close()
+    return costs, _Runs(ar1, sd1, hf1, arb, sdb)
 
+
+def _rows(cfg: BenchmarkConfig, runs: _Runs, costs: StepCosts) -> list[dict]:
+    """results.json rows: each method at batch 1 and at batch B, against the target alone."""
     rows = []
-    ar1_pooled, sd1_pooled = _pooled(ar1), _pooled(sd1)
+    ar1_pooled, sd1_pooled = _pooled(runs.ar1), _pooled(runs.sd1)
     predicted = predicted_speedup(sd1_pooled["alpha"] or 0.0, cfg.gamma, costs.cost_ratio, costs.verify_ratio)
     measured = sd1_pooled["tokens_per_s"] / ar1_pooled["tokens_per_s"]
-    reference = [r.sequences[0] for r in ar1]
+    reference = [r.sequences[0] for r in runs.ar1]
     rows.append({"method": "target alone", "batch_size": 1, **ar1_pooled, "speedup": 1.0, "exact_match": 1.0})
     rows.append(
         {
@@ -149,12 +189,12 @@ def run(cfg: BenchmarkConfig) -> dict:
             "speedup": measured,
             "predicted_speedup": predicted,
             "loop_efficiency": measured / predicted,
-            "exact_match": _match([r.sequences[0] for r in sd1], reference),
+            "exact_match": _match([r.sequences[0] for r in runs.sd1], reference),
         }
     )
-    if hf1:
-        hf_tokens = sum(len(s) for s, _ in hf1)
-        hf_seconds = sum(t for _, t in hf1)
+    if runs.hf1:
+        hf_tokens = sum(len(s) for s, _ in runs.hf1)
+        hf_seconds = sum(t for _, t in runs.hf1)
         rows.append(
             {
                 "method": "transformers assisted",
@@ -163,34 +203,21 @@ def run(cfg: BenchmarkConfig) -> dict:
                 "seconds": hf_seconds,
                 "tokens_per_s": hf_tokens / hf_seconds,
                 "speedup": hf_tokens / hf_seconds / ar1_pooled["tokens_per_s"],
-                "exact_match": _match([s for s, _ in hf1], reference),
+                "exact_match": _match([s for s, _ in runs.hf1], reference),
             }
         )
-    arb_pooled, sdb_pooled = _pooled([arb]), _pooled([sdb])
-    rows.append({"method": "target alone", "batch_size": len(batch), **arb_pooled, "speedup": 1.0, "exact_match": 1.0})
+    arb_pooled, sdb_pooled = _pooled([runs.arb]), _pooled([runs.sdb])
+    rows.append({"method": "target alone", "batch_size": len(runs.arb.sequences), **arb_pooled, "speedup": 1.0, "exact_match": 1.0})
     rows.append(
         {
             "method": "specdecode",
-            "batch_size": len(batch),
+            "batch_size": len(runs.sdb.sequences),
             **sdb_pooled,
             "speedup": sdb_pooled["tokens_per_s"] / arb_pooled["tokens_per_s"],
-            "exact_match": _match(sdb.sequences, arb.sequences),
+            "exact_match": _match(runs.sdb.sequences, runs.arb.sequences),
         }
     )
-    results = {
-        "config": asdict(cfg),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
-                    "torch": torch.__version__, "device": str(target.device)},
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "prompts": [{"domain": d, "tokens": len(p)} for d, p in prompts],
-        "step_costs": costs.to_dict(),
-        "rows": rows,
-        "ours_vs_transformers_assisted": (sd1_pooled["tokens_per_s"] / rows[2]["tokens_per_s"]) if hf1 else None,
-    }
-    out = Path(cfg.output_dir)
-    write_atomic(out / "results.json", json.dumps(results, indent=2))
-    write_atomic(out / "report.md", report_markdown(results))
-    return results
+    return rows
 
 
 def _match(sequences: Sequence[list[int]], reference: Sequence[list[int]]) -> float:

@@ -22,105 +22,18 @@ from typing import Any
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from specdecode.data.domains import format_prompt, load_domain
+from specdecode.core.atomic import write_atomic
+from specdecode.core.devices import placed_accelerator
 from specdecode.core.locking import locks_output_dir
-from specdecode.decoding.stats import GenerationResult
+from specdecode.data.corpus import vocab_corpus
+from specdecode.data.domains import format_prompt, load_domain
+from specdecode.decoding.decode import autoregressive_generate, speculative_generate
 from specdecode.evaluation.config import EvalConfig
-
-Generate = Callable[[list[list[int]]], GenerationResult]
-
-
-@dataclass
-class RunRecord:
-    """One method's decode of one prompt set: its batches' results, and for each prompt (in the
-    caller's order) its position among the batches' concatenated sequences."""
-
-    results: list[GenerationResult]
-    order: list[int] | None = None
-    # Work outside decoding that the method pays for (the router's embedding and MLP).
-    extra_seconds: float = 0.0
-
-    @property
-    def sequences(self) -> list[list[int]]:
-        flat = [s for r in self.results for s in r.sequences]
-        return flat if self.order is None else [flat[i] for i in self.order]
-
-    @property
-    def tokens(self) -> int:
-        return sum(r.stats.generated_tokens for r in self.results)
-
-    @property
-    def seconds(self) -> float:
-        return sum(r.stats.wall_time_s for r in self.results) + self.extra_seconds
-
-    def counts(self, reference: list[list[int]] | None) -> dict:
-        """Raw, summable counts (what processes gather before rows are computed)."""
-        gamma = max(r.stats.gamma for r in self.results)
-        reached, passed = [0] * gamma, [0] * gamma
-        for r in self.results:
-            histogram = r.stats.accepted_length_histogram
-            for i in range(r.stats.gamma):
-                reached[i] += sum(histogram[i:])
-                passed[i] += sum(histogram[i + 1 :])
-        sequences = self.sequences
-        return {
-            "tokens": self.tokens,
-            "seconds": self.seconds,
-            "accepted": sum(r.stats.accepted for r in self.results),
-            "rejections": sum(r.stats.rejections for r in self.results),
-            "row_calls": sum(r.stats.generated_tokens / r.stats.tau for r in self.results if r.stats.tau),
-            "reached": reached,
-            "passed": passed,
-            "prompts": len(sequences),
-            "gamma": gamma,
-            "matches": sum(a == b for a, b in zip(sequences, reference)) if reference is not None else None,
-        }
-
-
-def merge_counts(parts: list[dict]) -> dict:
-    """Counts of one (domain, method, setting) from several processes. They ran concurrently, so
-    wall time is the slowest process's, and tokens/s is the whole system's throughput."""
-    merged = dict(parts[0])
-    for part in parts[1:]:
-        for key in ("tokens", "accepted", "rejections", "row_calls", "prompts"):
-            merged[key] += part[key]
-        merged["seconds"] = max(merged["seconds"], part["seconds"])
-        merged["reached"] = [a + b for a, b in zip(merged["reached"], part["reached"])]
-        merged["passed"] = [a + b for a, b in zip(merged["passed"], part["passed"])]
-        merged["matches"] = None if merged["matches"] is None else merged["matches"] + part["matches"]
-    return merged
-
-
-def run_batched(generate: Generate, prompts: list[list[int]], batch_size: int) -> RunRecord:
-    """Decode `prompts` in consecutive batches of `batch_size`."""
-    return RunRecord([generate(prompts[i : i + batch_size]) for i in range(0, len(prompts), batch_size)])
-
-
-def run_grouped(generators: dict[str, Generate], choices: list[str], prompts: list[list[int]], batch_size: int) -> RunRecord:
-    """Decode each prompt with its chosen method, batching prompts that share a choice.
-
-    At batch B this is what a deployment that groups requests by drafter does. Sequences come
-    back in prompt order.
-    """
-    by_choice: dict[str, list[int]] = {}
-    for i, choice in enumerate(choices):
-        by_choice.setdefault(choice, []).append(i)
-    results, flat_index = [], []
-    for choice, members in by_choice.items():
-        for start in range(0, len(members), batch_size):
-            chunk = members[start : start + batch_size]
-            results.append(generators[choice]([prompts[i] for i in chunk]))
-            flat_index += chunk
-    position = {prompt: k for k, prompt in enumerate(flat_index)}
-    return RunRecord(results, order=[position[i] for i in range(len(prompts))])
-
-
-def pick_per_prompt(records: dict[str, RunRecord]) -> list[str]:
-    """The oracle's choice: for each prompt, the method whose batch-1 run realised the highest tau
-    (tokens per target call), ties to the first listed. Needs batch-1 records (one result per prompt)."""
-    names = list(records)
-    count = len(records[names[0]].results)
-    return [max(names, key=lambda n: records[n].results[i].stats.tau) for i in range(count)]
+from specdecode.evaluation.records import Generate, RunRecord, finalize_rows, merge_counts, pick_per_prompt, run_batched, run_grouped
+from specdecode.evaluation.report import write_report
+from specdecode.models.compat import check_tokenizers, default_eos
+from specdecode.models.loading import build_drafter, load_model
+from specdecode.routing.router import NO_DRAFTER, Router
 
 
 def heldout_prompts(
@@ -135,36 +48,6 @@ def heldout_prompts(
         if len(chosen) == count:
             return chosen
     raise ValueError(f"domain {domain!r} has only {len(chosen)} held-out prompts within max_prompt_tokens={max_tokens}")
-
-
-def finalize_rows(keyed_counts: dict[tuple, dict]) -> list[dict]:
-    """results.json rows from merged counts keyed by (domain, method, temperature, batch_size,
-    gamma); a `None` gamma means each drafter ran at its own stored gamma, which the counts carry."""
-    rows = []
-    for (domain, method, temperature, batch_size, gamma), c in keyed_counts.items():
-        base = keyed_counts[(domain, "autoregressive", temperature, batch_size, 0)]
-        tokens_per_s = c["tokens"] / c["seconds"] if c["seconds"] else 0.0
-        base_tps = base["tokens"] / base["seconds"] if base["seconds"] else 0.0
-        judged = c["accepted"] + c["rejections"]
-        rows.append(
-            {
-                "domain": domain,
-                "method": method,
-                "gamma": gamma if gamma is not None else c["gamma"],
-                "temperature": temperature,
-                "batch_size": batch_size,
-                "alpha": c["accepted"] / judged if judged else None,
-                "tau": c["tokens"] / c["row_calls"] if c["row_calls"] else None,
-                "tokens_per_s": tokens_per_s,
-                "speedup": tokens_per_s / base_tps if base_tps else None,
-                "exact_match": c["matches"] / c["prompts"] if c["matches"] is not None else None,
-                "position_acceptance": [p / r if r else None for p, r in zip(c["passed"], c["reached"])],
-                "tokens": c["tokens"],
-                "seconds": c["seconds"],
-                "prompts": c["prompts"],
-            }
-        )
-    return rows
 
 
 @dataclass
@@ -185,10 +68,6 @@ class _Models:
 
 
 def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], object] | None) -> _Models:
-    from specdecode.data.corpus import vocab_corpus
-    from specdecode.models.loading import build_drafter, check_tokenizers, load_model
-    from specdecode.models.compat import default_eos
-
     target, tokenizer = load_model(cfg.target.name, dtype=cfg.dtype, device=device)
     drafters: dict[str, Any] = {}
     if "undistilled" in cfg.methods:
@@ -203,8 +82,6 @@ def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], ob
     router = None
     if "routed" in cfg.methods:
         if router_loader is None:
-            from specdecode.routing.router import Router
-
             router_loader = partial(Router.load, device=str(device))
         router = router_loader(cfg.router_dir)  # type: ignore[arg-type]
     return _Models(target, tokenizer, default_eos(target), drafters, router)
@@ -212,8 +89,6 @@ def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], ob
 
 def _generators(models: _Models, gamma: int | None, decode: dict) -> dict[str, Generate]:
     """One decode function per method name at `gamma` (`autoregressive` ignores it)."""
-    from specdecode.decoding.decode import autoregressive_generate, speculative_generate
-
     generators: dict[str, Generate] = {"autoregressive": partial(autoregressive_generate, models.target, **decode)}
     for name, drafter in models.drafters.items():
         generators[name] = partial(speculative_generate, models.target, drafter, gamma=gamma, **decode)
@@ -302,8 +177,6 @@ def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = No
     main process gathers the counts and writes the files (alpha, tau and exact match do not depend
     on the number of processes; tokens/s is then the whole system's throughput).
     """
-    from specdecode.core.devices import placed_accelerator
-
     accelerator, device = placed_accelerator(cfg.device)
     models = _load_models(cfg, device, router_loader)
     steps = len(cfg.domains) * (len(cfg.temperatures) * len(cfg.batch_sizes) + len([t for t in cfg.temperatures if t in cfg.sweep_temperatures]))
@@ -323,9 +196,6 @@ def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = No
 
 def _publish(cfg: EvalConfig, accelerator: Any, local: dict[tuple, dict], routing_seconds: dict[str, float]) -> dict:
     """Gather every process's counts; the main process writes results.json and report.md."""
-    from specdecode.core.atomic import write_atomic
-    from specdecode.evaluation.report import write_report
-
     gathered = accelerator.gather_for_metrics([local], use_gather_object=True)
     results: dict = {}
     if accelerator.is_main_process:
@@ -346,8 +216,6 @@ def _publish(cfg: EvalConfig, accelerator: Any, local: dict[tuple, dict], routin
 
 def _router_key(drafter_name: str) -> str:
     """Router drafter names are `generic` or a domain; evaluation methods name them as rows do."""
-    from specdecode.routing.router import NO_DRAFTER
-
     if drafter_name == NO_DRAFTER:
         return "autoregressive"
     return drafter_name if drafter_name in ("generic", "undistilled") else f"specialized:{drafter_name}"

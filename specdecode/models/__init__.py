@@ -4,13 +4,14 @@ import for loading and deriving models."""
 
 from specdecode.models.compat import check_tokenizers, check_vocab_sizes, default_eos
 from specdecode.models.config import SMOKE_TARGET, DrafterConfig, TargetConfig
-from specdecode.models.drafters import (
+from specdecode.models.draft_vocab import (
     DraftVocabHead,
     apply_draft_vocab_from_config,
-    derive_drafter,
+    draft_vocab_ids,
     most_frequent_token_ids,
     validate_draft_ids,
 )
+from specdecode.models.drafters import derive_drafter
 from specdecode.models.feature_drafter import FeatureDrafter, derive_feature_drafter
 from specdecode.models.gguf_cache import DEFAULT_TARGET, cache_dir, default_target_gguf, gguf_to_hf_folder
 from specdecode.models.loading import build_drafter, load_model, resolve_dtype
@@ -30,6 +31,7 @@ __all__ = [
     "default_eos",
     "default_target_gguf",
     "derive_drafter",
+    "draft_vocab_ids",
     "derive_feature_drafter",
     "gguf_to_hf_folder",
     "load_model",

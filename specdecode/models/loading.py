@@ -18,7 +18,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from specdecode.models.compat import check_tokenizers, check_vocab_sizes
 from specdecode.models.config import SMOKE_TARGET, DrafterConfig
-from specdecode.models.drafters import apply_draft_vocab_from_config, derive_drafter
+from specdecode.models.draft_vocab import apply_draft_vocab_from_config
+from specdecode.models.drafters import derive_drafter
 from specdecode.models.feature_drafter import CONFIG_KEY as FEATURE_CONFIG_KEY
 from specdecode.models.feature_drafter import FeatureDrafter, derive_feature_drafter, wrap_if_feature_drafter
 from specdecode.models.gguf_cache import DEFAULT_TARGET, default_target_gguf, gguf_to_hf_folder

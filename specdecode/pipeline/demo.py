@@ -19,13 +19,13 @@ from omegaconf import OmegaConf
 
 from specdecode.core.atomic import write_atomic
 from specdecode.core.config import Placement, from_dict, require
-from specdecode.evaluation.config import BenchmarkConfig
-from specdecode.routing.config import CollectConfig, FitRouterConfig
-from specdecode.training.config import TrainJobConfig
-from specdecode.data.domains import DOMAINS
 from specdecode.core.devices import resolve_device
 from specdecode.core.locking import locks_output_dir
+from specdecode.data.domains import DOMAINS
+from specdecode.evaluation.config import BenchmarkConfig
 from specdecode.pipeline.stages import Stage, run_stages
+from specdecode.routing.config import CollectConfig, FitRouterConfig
+from specdecode.training.config import TrainJobConfig
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -72,9 +72,9 @@ def compose_config(config_name: str, overrides: list[str]) -> dict[str, Any]:
 
 
 def _benchmark(config: dict, out: Path) -> None:
-    from specdecode.evaluation.benchmark import run
+    from specdecode.evaluation.benchmark import run_benchmark
 
-    run(from_dict(BenchmarkConfig, config | {"output_dir": str(out)}))
+    run_benchmark(from_dict(BenchmarkConfig, config | {"output_dir": str(out)}))
 
 
 def _distill(config: dict, out: Path) -> None:
@@ -84,13 +84,13 @@ def _distill(config: dict, out: Path) -> None:
 
 
 def _collect(config: dict, out: Path) -> None:
-    from specdecode.routing.labels import run_collect
+    from specdecode.routing.collect import run_collect
 
     run_collect(from_dict(CollectConfig, config | {"output": str(out / "labels.jsonl")}))
 
 
 def _fit(config: dict, out: Path) -> None:
-    from specdecode.routing.router import run_fit
+    from specdecode.routing.fit import run_fit
 
     run_fit(from_dict(FitRouterConfig, config | {"output_dir": str(out)}))
 

@@ -21,30 +21,21 @@ cost ratios, gamma and how the labels were made.
 from __future__ import annotations
 
 import json
-import statistics
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel
 
-
-from specdecode.core.atomic import write_atomic
-from specdecode.routing.config import CollectConfig
-from specdecode.data.corpus import vocab_corpus
-from specdecode.data.domains import format_prompt, load_domain
 from specdecode.data.example import Example
 from specdecode.decoding.decode import autoregressive_generate
-from specdecode.core.devices import resolve_device
+from specdecode.decoding.speedup import predicted_speedup
+from specdecode.models.compat import check_vocab_sizes
 from specdecode.models.feature_drafter import FeatureDrafter
-from specdecode.core.locking import check_writable
 from specdecode.training.losses import expected_acceptance
-from specdecode.models.compat import check_vocab_sizes, default_eos
-from specdecode.models.loading import build_drafter, load_model
-from specdecode.decoding.speedup import measure_step_costs, predicted_speedup
 
 LABEL_KEYS = ("acceptance", "greedy_match", "speedup", "greedy_speedup")
 
@@ -99,24 +90,8 @@ def teacher_forced_acceptance(
         raise ValueError(f"got {len(prompts)} prompts but {len(continuations)} continuations")
     if any(len(p) == 0 for p in prompts) or any(len(c) == 0 for c in continuations):
         raise ValueError("every prompt and every continuation needs at least one token")
-    device = target.device
     batch = len(prompts)
-    prompt_width = max(len(p) for p in prompts)
-    width = max(len(c) for c in continuations)
-    tokens = torch.zeros(batch, prompt_width + width, dtype=torch.long)
-    attention = torch.zeros(batch, prompt_width + width, dtype=torch.long)
-    scored = torch.zeros(batch, width, dtype=torch.bool)
-    for b, (prompt, continuation) in enumerate(zip(prompts, continuations)):
-        start = prompt_width - len(prompt)
-        tokens[b, start:prompt_width] = torch.tensor(list(prompt))
-        tokens[b, prompt_width : prompt_width + len(continuation)] = torch.tensor(list(continuation))
-        attention[b, start : prompt_width + len(continuation)] = 1
-        scored[b, : len(continuation)] = True
-    tokens, attention, scored = tokens.to(device), attention.to(device), scored.to(device)
-    # Positions count real tokens only, so a left-padded row sees the positions it would alone.
-    position_ids = (attention.cumsum(1) - 1).clamp_min(0)
-    # Logits at column t predict token t + 1: columns prompt_width - 1 .. prompt_width + width - 2.
-    keep = torch.arange(prompt_width - 1, prompt_width + width - 1, device=device)
+    tokens, attention, position_ids, scored, keep = _pack(prompts, continuations, target.device)
 
     reads_features = any(isinstance(d, FeatureDrafter) for d in drafters)
     out = target(input_ids=tokens, attention_mask=attention, position_ids=position_ids, logits_to_keep=keep,
@@ -145,6 +120,35 @@ def teacher_forced_acceptance(
         match = (q_logits.argmax(-1) == p_argmax) & scored
         greedy.append(match.sum(1) / scored.sum(1))
     return torch.stack(acceptance, dim=1).float().cpu(), torch.stack(greedy, dim=1).float().cpu()
+
+
+def _pack(
+    prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Prompts left-padded and continuations right-padded into one `[B, P + C]` batch.
+
+    Returns:
+        `(tokens, attention_mask, position_ids)`, each `[B, P + C]`; `scored` `[B, C]`, the real
+        continuation positions; `keep` `[C]`, the columns whose logits predict them.
+    """
+    batch = len(prompts)
+    prompt_width = max(len(p) for p in prompts)
+    width = max(len(c) for c in continuations)
+    tokens = torch.zeros(batch, prompt_width + width, dtype=torch.long)
+    attention = torch.zeros(batch, prompt_width + width, dtype=torch.long)
+    scored = torch.zeros(batch, width, dtype=torch.bool)
+    for b, (prompt, continuation) in enumerate(zip(prompts, continuations)):
+        start = prompt_width - len(prompt)
+        tokens[b, start:prompt_width] = torch.tensor(list(prompt))
+        tokens[b, prompt_width : prompt_width + len(continuation)] = torch.tensor(list(continuation))
+        attention[b, start : prompt_width + len(continuation)] = 1
+        scored[b, : len(continuation)] = True
+    tokens, attention, scored = tokens.to(device), attention.to(device), scored.to(device)
+    # Positions count real tokens only, so a left-padded row sees the positions it would alone.
+    position_ids = (attention.cumsum(1) - 1).clamp_min(0)
+    # Logits at column t predict token t + 1: columns prompt_width - 1 .. prompt_width + width - 2.
+    keep = torch.arange(prompt_width - 1, prompt_width + width - 1, device=device)
+    return tokens, attention, position_ids, scored, keep
 
 
 def collect_labels(
@@ -286,102 +290,3 @@ def read_labels(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]
             if list(row.get(key, {})) != meta["drafters"]:
                 raise ValueError(f"labels={str(path)!r} row {i}: {key} names {list(row.get(key, {}))}, meta names {meta['drafters']}")
     return rows, meta
-
-
-def run_collect(cfg: CollectConfig, *, progress: bool = True) -> Path:
-    """router/collect.py: label the prompts of `cfg.domains` × `cfg.splits` for every drafter.
-
-    Writes `cfg.output` (JSON lines) and its `.meta.json` sidecar, each atomically; returns the
-    labels' path.
-    """
-    check_writable(Path(cfg.output).parent, "output")
-    torch.manual_seed(cfg.seed)
-    _check_drafter_paths(cfg)
-    target, tokenizer = load_model(cfg.target.name, dtype=cfg.dtype, device=resolve_device(cfg.device))
-    examples = _prompts(cfg, tokenizer)
-    if not examples:
-        raise ValueError(f"no prompt of domains={cfg.domains} splits={cfg.splits} fits max_prompt_tokens={cfg.max_prompt_tokens}")
-    corpus = _corpus(cfg, tokenizer)
-    drafters = [(d.name, build_drafter(d.as_drafter_config(), target, tokenizer, corpus).eval()) for d in cfg.drafters]
-    eos = default_eos(target)
-    ids = [p for _, _, p in examples]
-    labels = collect_labels(target, drafters, ids, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                            eos_token_ids=eos, batch_size=cfg.batch_size, progress=progress)
-    cost_ratios, verify_ratio, measured = _costs(cfg, target, drafters, ids, labels.continuations)
-    rows = label_rows(labels, [(s, e) for s, e, _ in examples], [len(p) for p in ids],
-                      gamma=cfg.gamma, cost_ratios=[cost_ratios[n] for n in labels.drafters], verify_ratio=verify_ratio)
-    output = Path(cfg.output)
-    write_atomic(output, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-    meta = {
-        "drafters": labels.drafters,
-        "cost_ratios": cost_ratios,
-        "verify_ratio": verify_ratio,
-        "step_costs": measured,
-        "gamma": cfg.gamma,
-        "temperature": cfg.temperature,
-        "label": "mean over the target's greedy continuation of Σ min(p, q) (acceptance) and "
-                 "1[argmax q = argmax p] (greedy_match); speedups by Leviathan Thm 3.8 with measured verify cost",
-        "num_rows": len(rows),
-        "config": asdict(cfg),
-    }
-    write_atomic(meta_path(output), json.dumps(meta, indent=2))
-    return output
-
-
-def _check_drafter_paths(cfg: CollectConfig) -> None:
-    """A pretrained drafter given as a local path must exist: fail before the target loads."""
-    for i, drafter in enumerate(cfg.drafters):
-        if drafter.kind != "pretrained":
-            continue
-        text = str(drafter.path)
-        looks_local = text.startswith(("/", "./", "../", "~", "outputs/")) or Path(text).expanduser().exists()
-        if looks_local and not Path(text).expanduser().exists():
-            raise ValueError(f"drafters[{i}].path={text!r} (drafter {drafter.name!r}) does not exist")
-
-
-def _examples(cfg: CollectConfig, domain: str, split: str) -> list[Example]:
-    return load_domain(domain, source=cfg.source, split=split, heldout_fraction=cfg.heldout_fraction)  # type: ignore[arg-type]
-
-
-def _prompts(cfg: CollectConfig, tokenizer: PreTrainedTokenizerBase) -> list[tuple[str, Example, list[int]]]:
-    """`(split, example, ids)` of the first prompts per split and domain that fit max_prompt_tokens."""
-    chosen = []
-    for split in cfg.splits:
-        limit = cfg.train_limit if split == "train" else cfg.heldout_limit
-        for domain in cfg.domains:
-            count = 0
-            for example in _examples(cfg, domain, split):
-                if limit is not None and count >= limit:
-                    break
-                ids = format_prompt(tokenizer, example.prompt)
-                if 0 < len(ids) <= cfg.max_prompt_tokens:
-                    chosen.append((split, example, ids))
-                    count += 1
-    return chosen
-
-
-def _corpus(cfg: CollectConfig, tokenizer: PreTrainedTokenizerBase) -> Callable[[], list[list[int]]]:
-    """Lazily tokenised training text, for derived drafters with a truncated vocabulary."""
-    return lambda: vocab_corpus(tokenizer, cfg.vocab_corpus_docs, source=cfg.source, domains=cfg.domains)
-
-
-def _costs(
-    cfg: CollectConfig,
-    target: PreTrainedModel,
-    drafters: Sequence[tuple[str, PreTrainedModel]],
-    prompts: Sequence[Sequence[int]],
-    continuations: Sequence[Sequence[int]],
-) -> tuple[dict[str, float], float, dict[str, Any]]:
-    """Cost ratio c per drafter and the verify ratio: configured, or timed after a typical context."""
-    measured: dict[str, Any] = {}
-    if cfg.cost_ratios is None or cfg.verify_ratio is None:
-        # The median-length prompt with its continuation: a context like the ones being labelled.
-        middle = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(continuations[i]))[len(prompts) // 2]
-        context = list(prompts[middle]) + list(continuations[middle])
-        if len(context) <= cfg.gamma + 1:
-            context = [t for p in prompts for t in p][: 4 * (cfg.gamma + 1)]
-        measured = {name: measure_step_costs(target, drafter, context, cfg.gamma, cfg.cost_repeats).to_dict()
-                    for name, drafter in drafters}
-    cost_ratios = cfg.cost_ratios or {name: costs["cost_ratio"] for name, costs in measured.items()}
-    verify_ratio = cfg.verify_ratio or statistics.median(costs["verify_ratio"] for costs in measured.values())
-    return cost_ratios, verify_ratio, measured

@@ -41,7 +41,7 @@ from specdecode.core.devices import placed_accelerator
 from specdecode.core.locking import locks_output_dir
 from specdecode.training.losses import get_loss
 from specdecode.training.feature_training import FeatureDrafterLogits, feature_regression_sum, frozen_head_rows, pass_positions
-from specdecode.models.drafters import draft_vocab_ids
+from specdecode.models.draft_vocab import draft_vocab_ids
 from specdecode.models.loading import build_drafter, check_drafter_tokenizer, load_model, reads_features
 from specdecode.decoding.speedup import choose_gamma
 from specdecode.training.teacher import (

@@ -34,7 +34,7 @@ from transformers import PreTrainedModel
 
 from specdecode.training.checkpoints import LoopState, latest_checkpoint, save_checkpoint
 from specdecode.training.config import TrainConfig
-from specdecode.models.drafters import DraftVocabHead
+from specdecode.models.draft_vocab import DraftVocabHead
 
 Batch = dict[str, torch.Tensor]
 class DrafterLogits(nn.Module):

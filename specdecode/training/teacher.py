@@ -41,12 +41,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdecode.core.atomic import write_atomic
 from specdecode.data.config import DataConfig
-from specdecode.models.config import SMOKE_TARGET, TargetConfig
-from specdecode.training.config import TrainConfig
 from specdecode.data.domains import format_prompt, load_domain
 from specdecode.data.example import Example
 from specdecode.decoding.decode import autoregressive_generate
+from specdecode.models.config import SMOKE_TARGET, TargetConfig
 from specdecode.models.gguf_cache import DEFAULT_TARGET
+from specdecode.training.config import TrainConfig
 
 CACHE_VERSION = 1
 SCORE_BATCH = 8
