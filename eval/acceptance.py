@@ -9,8 +9,9 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from specdecode.config import from_dict
-from specdecode.evaluation import EvalConfig, run_eval
+from specdecode.core.config import from_dict
+from specdecode.evaluation.config import EvalConfig
+from specdecode.evaluation.suite import run_eval
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="eval")

@@ -3,13 +3,14 @@
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from specdecode.benchmark import report_markdown, run
-from specdecode.config import BenchmarkConfig, from_dict
+from specdecode.core.config import from_dict
+from specdecode.evaluation.benchmark import report_markdown, run_benchmark
+from specdecode.evaluation.config import BenchmarkConfig
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="benchmark")
 def main(cfg: DictConfig) -> None:
-    results = run(from_dict(BenchmarkConfig, OmegaConf.to_container(cfg, resolve=True)))
+    results = run_benchmark(from_dict(BenchmarkConfig, OmegaConf.to_container(cfg, resolve=True)))
     print(report_markdown(results))
 
 

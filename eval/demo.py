@@ -3,8 +3,8 @@
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from specdecode.config import from_dict
-from specdecode.demo import DemoConfig, run_demo
+from specdecode.core.config import from_dict
+from specdecode.pipeline.demo import DemoConfig, run_demo
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="demo")

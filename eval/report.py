@@ -4,8 +4,8 @@ import json
 import sys
 from pathlib import Path
 
-from specdecode.benchmark import write_atomic
-from specdecode.report import merge_results, write_report
+from specdecode.core.atomic import write_atomic
+from specdecode.evaluation.report import merge_results, write_report
 
 
 def main(multirun_dir: str) -> None:

@@ -4,8 +4,9 @@ tiny in-process models: `python router/collect.py --config-name collect_smoke`."
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from specdecode.config import CollectConfig, from_dict
-from specdecode.labels import run_collect
+from specdecode.core.config import from_dict
+from specdecode.routing.collect import run_collect
+from specdecode.routing.config import CollectConfig
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="collect")

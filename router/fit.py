@@ -4,8 +4,9 @@
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from specdecode.config import FitRouterConfig, from_dict
-from specdecode.router import run_fit
+from specdecode.core.config import from_dict
+from specdecode.routing.config import FitRouterConfig
+from specdecode.routing.fit import run_fit
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="fit_router")

@@ -1,9 +1,9 @@
 """specdecode: speculative decoding with trained, domain-specialised drafters."""
 
-from specdecode.decode import autoregressive_generate, speculative_generate
-from specdecode.sampling import SamplingParams, logits_to_probs, sample
-from specdecode.stats import DecodeStats, GenerationResult
-from specdecode.verify import rejection_sample
+from specdecode.decoding.decode import autoregressive_generate, speculative_generate
+from specdecode.decoding.sampling import SamplingParams, logits_to_probs, sample
+from specdecode.decoding.stats import DecodeStats, GenerationResult
+from specdecode.decoding.verify import rejection_sample
 
 __all__ = [
     "DecodeStats",

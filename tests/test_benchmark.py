@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from specdecode.atomic import write_atomic
-from specdecode.benchmark import report_markdown, run
-from specdecode.config import BenchmarkConfig, DrafterConfig, TargetConfig
+from specdecode.core.atomic import write_atomic
+from specdecode.evaluation.benchmark import report_markdown, run_benchmark
+from specdecode.evaluation.config import BenchmarkConfig
+from specdecode.models.config import DrafterConfig, TargetConfig
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ def test_benchmark_runs_and_writes_results(tmp_path, tiny_target_dir) -> None:
         vocab_corpus_docs=5,
         output_dir=str(tmp_path / "out"),
     )
-    results = run(cfg)
+    results = run_benchmark(cfg)
 
     written = json.loads((tmp_path / "out" / "results.json").read_text())
     assert written["rows"] == results["rows"]
@@ -54,7 +55,7 @@ def test_write_atomic_leaves_old_file_on_failure(tmp_path, monkeypatch) -> None:
     def crash(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr("specdecode.atomic.os.replace", crash)
+    monkeypatch.setattr("specdecode.core.atomic.os.replace", crash)
     with pytest.raises(OSError, match="disk full"):
         write_atomic(path, "new")
     assert path.read_text() == "old"

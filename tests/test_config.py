@@ -8,7 +8,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from specdecode.config import BenchmarkConfig, DrafterConfig, TargetConfig, from_dict
+from specdecode.core.config import from_dict
+from specdecode.evaluation.config import BenchmarkConfig
+from specdecode.models.config import DrafterConfig, TargetConfig
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

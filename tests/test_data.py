@@ -11,7 +11,7 @@ from typing import Any
 import datasets
 import pytest
 
-import specdecode.data
+import specdecode.data.domains
 from specdecode.data import (
     DOMAINS,
     Example,
@@ -21,7 +21,7 @@ from specdecode.data import (
     load_domain,
     split_examples,
 )
-from specdecode.embedded_data import _iter_truncated_json_array, humaneval
+from specdecode.data.embedded import _iter_truncated_json_array, humaneval
 
 
 @pytest.mark.parametrize("domain", DOMAINS)
@@ -156,7 +156,7 @@ def test_embedded_default_goes_through_datasets(monkeypatch: pytest.MonkeyPatch)
     # GSM8K's JSON-lines file is parsed by load_dataset; every source is mapped from a Dataset.
     builders: list[tuple[str, str]] = []
     mapped: list[datasets.Dataset] = []
-    real_load, real_to_examples = datasets.load_dataset, specdecode.data._to_examples
+    real_load, real_to_examples = datasets.load_dataset, specdecode.data.domains._to_examples
 
     def load_dataset(builder: str, *args: Any, **kwargs: Any) -> Any:
         builders.append((builder, Path(kwargs["data_files"]).name))
@@ -167,13 +167,13 @@ def test_embedded_default_goes_through_datasets(monkeypatch: pytest.MonkeyPatch)
         return real_to_examples(dataset, *args)
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
-    monkeypatch.setattr(specdecode.data, "_to_examples", to_examples)
-    specdecode.data._embedded.cache_clear()
+    monkeypatch.setattr(specdecode.data.domains, "_to_examples", to_examples)
+    specdecode.data.domains._embedded.cache_clear()
     try:
         math = load_domain("math", split="all")
     finally:
         # Later tests should not reuse a parse made through the spies.
-        specdecode.data._embedded.cache_clear()
+        specdecode.data.domains._embedded.cache_clear()
     assert builders == [("json", "test.jsonl")]
     (dataset,) = mapped
     assert isinstance(dataset, datasets.Dataset) and dataset.column_names == ["prompt", "response"]
@@ -192,7 +192,7 @@ def test_humaneval_is_read_by_load_dataset_from_its_gzipped_file() -> None:
 def test_data_and_smoke_do_not_import_each_other() -> None:
     # The data layer sits below the smoke stand-ins: the synthetic examples live in the data layer,
     # and the smoke model and tokenizer need nothing of it. Read statically, so the test is instant.
-    root = Path(specdecode.data.__file__).parent
+    root = Path(specdecode.data.domains.__file__).parents[1]
 
     def imported(module: str) -> set[str]:
         tree = ast.parse((root / f"{module}.py").read_text(encoding="utf-8"))
@@ -204,11 +204,11 @@ def test_data_and_smoke_do_not_import_each_other() -> None:
                 names.update(alias.name for alias in node.names)
         return {name for name in names if name.startswith("specdecode")}
 
-    assert imported("smoke") == set()
-    for module in ("data", "data_files", "embedded_data"):
-        assert "specdecode.smoke" not in imported(module)
-    assert imported("data_files") == set()
-    assert imported("embedded_data") == {"specdecode.data_files"}
+    assert not {m for m in imported("models/smoke") if m.startswith("specdecode.data")}
+    for module in ("data/domains", "data/files", "data/embedded"):
+        assert "specdecode.models.smoke" not in imported(module)
+    assert imported("data/files") == set()
+    assert imported("data/embedded") == {"specdecode.data.files"}
 
 
 @pytest.mark.parametrize(

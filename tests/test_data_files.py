@@ -14,7 +14,7 @@ import datasets
 import pytest
 
 from specdecode.data import Example, is_heldout, load_domain
-from specdecode.data_files import read_data_file
+from specdecode.data.files import read_data_file
 
 
 def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from specdecode.config import from_dict
-from specdecode.demo import CONF_DIR, DemoConfig, demo_stages, run_demo
+from specdecode.core.config import from_dict
+from specdecode.pipeline.demo import CONF_DIR, DemoConfig, demo_stages, run_demo
 
 SCHEMA = {"domain", "method", "gamma", "temperature", "batch_size", "alpha", "tau", "tokens_per_s", "speedup", "exact_match"}
 

@@ -10,11 +10,15 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from specdecode.config import CollectConfig, FitRouterConfig, TargetConfig, TrainJobConfig, from_dict
-from specdecode.demo import CONF_DIR, DemoConfig, demo_stages, run_demo
-from specdecode.devices import check_device_name, placed_accelerator, resolve_device
-from specdecode.evaluation import EvalConfig, run_eval
-from specdecode.train import run_distill
+from specdecode.core.config import from_dict
+from specdecode.core.devices import check_device_name, placed_accelerator, resolve_device
+from specdecode.evaluation.config import EvalConfig
+from specdecode.evaluation.suite import run_eval
+from specdecode.models.config import TargetConfig
+from specdecode.pipeline.demo import CONF_DIR, DemoConfig, demo_stages, run_demo
+from specdecode.routing.config import CollectConfig, FitRouterConfig
+from specdecode.training.config import TrainJobConfig
+from specdecode.training.job import run_distill
 from tests.test_demo import smoke_config
 from tests.test_train import smoke_cfg
 

@@ -6,10 +6,12 @@ import json
 
 import pytest
 
-from specdecode.config import DrafterConfig, TargetConfig
-from specdecode.evaluation import EvalConfig, RunRecord, merge_counts, pick_per_prompt, run_eval
+from specdecode.evaluation.config import EvalConfig
+from specdecode.evaluation.records import RunRecord, merge_counts, pick_per_prompt
+from specdecode.evaluation.report import merge_results
+from specdecode.evaluation.suite import run_eval
 from specdecode.models import derive_drafter
-from specdecode.report import merge_results
+from specdecode.models.config import DrafterConfig, TargetConfig
 
 ROW_FIELDS = {"domain", "method", "gamma", "temperature", "batch_size", "alpha", "tau", "tokens_per_s", "speedup", "exact_match"}
 

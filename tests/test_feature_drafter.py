@@ -8,8 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specdecode import speculative_generate
-from specdecode.drafting import FeatureDrafting
-from specdecode.feature_drafter import FeatureDrafter, derive_feature_drafter, unrolled_features, unrolled_mask
+from specdecode.decoding.drafting import FeatureDrafting
+from specdecode.models.feature_drafter import FeatureDrafter, derive_feature_drafter, unrolled_features, unrolled_mask
 from tests.models_for_tests import tiny_llama
 
 V = 64
@@ -105,8 +105,8 @@ def test_save_and_load_round_trip(target, tmp_path) -> None:
     drafter.save_pretrained(tmp_path)
     restored = load_model(tmp_path)[0] if (tmp_path / "tokenizer.json").exists() else None
     if restored is None:  # no tokenizer in this folder: restore the model part directly
-        from specdecode.feature_drafter import wrap_if_feature_drafter
-        from specdecode.drafters import apply_draft_vocab_from_config
+        from specdecode.models.feature_drafter import wrap_if_feature_drafter
+        from specdecode.models.draft_vocab import apply_draft_vocab_from_config
 
         restored = wrap_if_feature_drafter(apply_draft_vocab_from_config(AutoModelForCausalLM.from_pretrained(tmp_path)), tmp_path)
     assert isinstance(restored, FeatureDrafter)
@@ -118,7 +118,7 @@ def test_save_and_load_round_trip(target, tmp_path) -> None:
 
 
 def test_missing_fusion_file_is_named(target, tmp_path) -> None:
-    from specdecode.feature_drafter import FC_FILE, wrap_if_feature_drafter
+    from specdecode.models.feature_drafter import FC_FILE, wrap_if_feature_drafter
 
     drafter = random_feature_drafter(target)
     drafter.save_pretrained(tmp_path)
@@ -133,7 +133,7 @@ def test_bad_init_layer_is_named(target) -> None:
 
 
 def test_step_costs_time_a_feature_drafter_step(target) -> None:
-    from specdecode.speedup import measure_step_costs
+    from specdecode.decoding.speedup import measure_step_costs
 
     costs = measure_step_costs(target, random_feature_drafter(target), list(range(10)), gamma=3, repeats=2)
     assert costs.drafter_step_s > 0 and costs.cost_ratio > 0

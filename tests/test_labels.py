@@ -8,11 +8,13 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from specdecode.config import CollectConfig, from_dict
-from specdecode.data import Example
-from specdecode.decode import autoregressive_generate
-from specdecode.labels import collect_labels, label_rows, meta_path, read_labels, run_collect, teacher_forced_acceptance
-from specdecode.speedup import predicted_speedup
+from specdecode.core.config import from_dict
+from specdecode.data.example import Example
+from specdecode.decoding.decode import autoregressive_generate
+from specdecode.decoding.speedup import predicted_speedup
+from specdecode.routing.collect import run_collect
+from specdecode.routing.config import CollectConfig
+from specdecode.routing.labels import collect_labels, label_rows, meta_path, read_labels, teacher_forced_acceptance
 from tests.models_for_tests import tiny_llama
 
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15], [20], [30, 31, 32, 33], [40, 41]]
@@ -148,7 +150,7 @@ def test_read_labels_errors_name_the_file(tmp_path: Path) -> None:
 def test_feature_drafter_labels_equal_direct_teacher_forcing(models) -> None:
     """Left-padded batched labels of a feature drafter equal an unpadded forward of it over the
     target's own features (its position t - 1 predicts token t + 1)."""
-    from specdecode.feature_drafter import derive_feature_drafter
+    from specdecode.models.feature_drafter import derive_feature_drafter
 
     target, _ = models
     torch.manual_seed(4)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from specdecode.losses import (
+from specdecode.training.losses import (
     LOSSES,
     expected_acceptance,
     forward_kl,

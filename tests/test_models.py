@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from specdecode import gguf_cache, models
+from specdecode import models
+from specdecode.models import gguf_cache
 from specdecode.models import (
     DraftVocabHead,
     apply_draft_vocab_from_config,

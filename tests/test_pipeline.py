@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode.pipeline import Stage, finished_key, run_stages
+from specdecode.pipeline.stages import Stage, finished_key, run_stages
 
 
 def make_stages(calls: list[str], train_steps: int = 5, fail: str | None = None) -> list[Stage]:

@@ -16,16 +16,20 @@ from typing import Any
 import pytest
 import torch
 
-from specdecode.atomic import write_atomic
-from specdecode.benchmark import run as benchmark_run
-from specdecode.config import BenchmarkConfig, CollectConfig, FitRouterConfig, TargetConfig, from_dict
-from specdecode.demo import DemoConfig, run_demo
-from specdecode.evaluation import EvalConfig, run_eval
-from specdecode.labels import run_collect
-from specdecode.locking import LOCK_FILE, OutputInUseError, acquire, output_lock
-from specdecode.router import run_fit
-from specdecode.teacher import TeacherCache, TrainSequence, load_cache, save_cache
-from specdecode.train import run_distill
+from specdecode.core.atomic import write_atomic
+from specdecode.core.config import from_dict
+from specdecode.core.locking import LOCK_FILE, OutputInUseError, acquire, output_lock
+from specdecode.evaluation.benchmark import run_benchmark
+from specdecode.evaluation.config import BenchmarkConfig
+from specdecode.evaluation.config import EvalConfig
+from specdecode.evaluation.suite import run_eval
+from specdecode.models.config import TargetConfig
+from specdecode.pipeline.demo import DemoConfig, run_demo
+from specdecode.routing.collect import run_collect
+from specdecode.routing.config import CollectConfig, FitRouterConfig
+from specdecode.routing.fit import run_fit
+from specdecode.training.job import run_distill
+from specdecode.training.teacher import TeacherCache, TrainSequence, load_cache, save_cache
 from tests.test_train import smoke_cfg
 
 
@@ -154,7 +158,7 @@ def test_unwritable_output_dir_is_named_before_any_work(tmp_path: Path) -> None:
     with pytest.raises(PermissionError, match=needle):
         run_distill(smoke_cfg(tmp_path, f"output_dir={bad}", "target.name=/no/such/target"))
     with pytest.raises(PermissionError, match=needle):
-        benchmark_run(BenchmarkConfig(target=TargetConfig(name="/no/such/target"), output_dir=str(bad)))
+        run_benchmark(BenchmarkConfig(target=TargetConfig(name="/no/such/target"), output_dir=str(bad)))
     with pytest.raises(PermissionError, match=needle):
         run_fit(FitRouterConfig(labels=str(tmp_path / "no_such_labels.jsonl"), output_dir=str(bad)))
     with pytest.raises(PermissionError, match=needle):

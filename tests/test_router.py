@@ -12,18 +12,14 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from specdecode.config import CollectConfig, FitRouterConfig, from_dict
-from specdecode.decode import autoregressive_generate
-from specdecode.labels import run_collect
-from specdecode.router import (
-    HashingEmbedder,
-    Router,
-    SentenceTransformerEmbedder,
-    fit_router,
-    prompt_features,
-    route_and_generate,
-    run_fit,
-)
+from specdecode.core.config import from_dict
+from specdecode.decoding.decode import autoregressive_generate
+from specdecode.routing.collect import run_collect
+from specdecode.routing.config import CollectConfig, FitRouterConfig
+from specdecode.routing.embedders import HashingEmbedder, SentenceTransformerEmbedder, prompt_features
+from specdecode.routing.fit import fit_router, run_fit
+from specdecode.routing.generate import route_and_generate
+from specdecode.routing.router import Router
 from tests.models_for_tests import tiny_llama
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -215,7 +211,7 @@ def test_embedded_minilm_gives_384_d_embeddings() -> None:
 def test_router_routes_to_no_drafter_where_every_drafter_slows_down() -> None:
     """Labels where both drafters slow chat prompts down (speedup 0.7): the fitted router sends
     them to plain decoding, whose output is the target's, and the others to their drafter."""
-    from specdecode.router import NO_DRAFTER, label_matrix
+    from specdecode.routing.router import NO_DRAFTER, label_matrix
 
     names = ["code", "math", NO_DRAFTER]
     rows = [{"speedup": {"code": 1.5 if d == "code" else 0.7, "math": 1.5 if d == "math" else 0.7},

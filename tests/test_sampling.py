@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from specdecode.sampling import SamplingParams, logits_to_probs, sample
+from specdecode.decoding.sampling import SamplingParams, logits_to_probs, sample
 
 
 def transformers_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:

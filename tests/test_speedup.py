@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode.speedup import expected_tokens_per_step, measure_step_costs, predicted_speedup
+from specdecode.decoding.speedup import expected_tokens_per_step, measure_step_costs, predicted_speedup
 from tests.models_for_tests import tiny_llama
 
 
@@ -44,7 +44,7 @@ def test_measure_step_costs_reports_positive_times() -> None:
 
 
 def test_optimal_gamma_follows_acceptance_and_verify_cost() -> None:
-    from specdecode.speedup import optimal_gamma
+    from specdecode.decoding.speedup import optimal_gamma
 
     flat = {g: 1.0 for g in range(1, 9)}  # a GPU-like verify: gamma + 1 tokens cost one step
     low, low_speedup = optimal_gamma(0.05, 0.1, flat)
@@ -60,7 +60,7 @@ def test_optimal_gamma_follows_acceptance_and_verify_cost() -> None:
 
 def test_speculative_generate_uses_the_drafters_stored_gamma() -> None:
     from specdecode import speculative_generate
-    from specdecode.decode import DEFAULT_GAMMA, drafter_gamma
+    from specdecode.decoding.decode import DEFAULT_GAMMA, drafter_gamma
     from tests.models_for_tests import tiny_llama
 
     target, drafter = tiny_llama(2, seed=0), tiny_llama(1, seed=1)

@@ -17,13 +17,16 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from specdecode.config import DataConfig, LossConfig, TargetConfig, TrainConfig, TrainJobConfig, from_dict
+from specdecode.core.config import from_dict
+from specdecode.data.config import DataConfig
 from specdecode.models import load_model
-from specdecode.smoke import smoke_tokenizer
-from specdecode.teacher import cache_key, dense_teacher_logits
-from specdecode.train import run_distill, run_finetune
-from specdecode.checkpoints import latest_checkpoint, prune_checkpoints
-from specdecode.training import global_batch_indices
+from specdecode.models.config import TargetConfig
+from specdecode.models.smoke import smoke_tokenizer
+from specdecode.training.checkpoints import latest_checkpoint, prune_checkpoints
+from specdecode.training.config import LossConfig, TrainConfig, TrainJobConfig
+from specdecode.training.job import run_distill, run_finetune
+from specdecode.training.loop import global_batch_indices
+from specdecode.training.teacher import cache_key, dense_teacher_logits
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -268,8 +271,8 @@ def test_feature_drafter_distills_from_cached_features_and_reloads(tmp_path: Pat
     acceptance, metrics carry both acceptance figures and epochs, and the saved folder is a
     feature drafter again (greedy decoding with it equals the target's)."""
     from specdecode import autoregressive_generate, speculative_generate
-    from specdecode.feature_drafter import FeatureDrafter
-    from specdecode.teacher import load_cache
+    from specdecode.models.feature_drafter import FeatureDrafter
+    from specdecode.training.teacher import load_cache
 
     metrics = run_distill(smoke_cfg(tmp_path, "drafter.kind=feature", "train.max_steps=40", "train.eval_every=20", "train.lr=2e-2",
                                     "train.seq_source=target", "train.seq_temperatures=[0.0,1.0]", "train.unroll_steps=2"))
@@ -394,7 +397,7 @@ def test_truncated_checkpoint_is_named_and_resume_falls_back(tmp_path: Path) -> 
 
 def test_target_continuations_are_generated_once_for_both_drafter_kinds(tmp_path: Path, monkeypatch) -> None:
     """A slice drafter trained after a feature drafter on the same data reuses its sequences."""
-    import specdecode.teacher
+    import specdecode.training.teacher
 
     common = ("train.seq_source=target", "train.max_steps=1", "train.gamma_candidates=[]")
     run_distill(smoke_cfg(tmp_path / "a", "drafter.kind=feature", *common, f"cache_dir={tmp_path / 'cache'}"))
@@ -402,7 +405,7 @@ def test_target_continuations_are_generated_once_for_both_drafter_kinds(tmp_path
     def no_generation(*args, **kwargs):
         raise AssertionError("target continuations were generated again")
 
-    monkeypatch.setattr(specdecode.teacher, "generate_continuations", no_generation)
+    monkeypatch.setattr(specdecode.training.teacher, "generate_continuations", no_generation)
     run_distill(smoke_cfg(tmp_path / "b", *common, f"cache_dir={tmp_path / 'cache'}"))
     assert len(list((tmp_path / "cache").glob("sequences-train-*.pt"))) == 1
     assert len(list((tmp_path / "cache").glob("distill-train-*.pt"))) == 2
@@ -411,7 +414,7 @@ def test_target_continuations_are_generated_once_for_both_drafter_kinds(tmp_path
 def test_feature_drafter_batches_carry_the_features_of_their_own_sequences(tmp_path: Path, monkeypatch) -> None:
     """The features a feature drafter trains on are the target's hidden states of exactly the
     tokens in the batch; on-policy training, which it cannot do, is refused before any work."""
-    from specdecode.feature_training import FeatureDrafterLogits
+    from specdecode.training.feature_training import FeatureDrafterLogits
 
     seen = []
     original = FeatureDrafterLogits.forward

@@ -13,10 +13,10 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-import specdecode.decode
+import specdecode.decoding.decode
 from specdecode import speculative_generate
-from specdecode.sampling import SamplingParams, logits_to_probs, sample
-from specdecode.verify import rejection_sample
+from specdecode.decoding.sampling import SamplingParams, logits_to_probs, sample
+from specdecode.decoding.verify import rejection_sample
 from tests.models_for_tests import tiny_llama
 
 SIGNIFICANCE = 1e-3
@@ -154,7 +154,7 @@ def test_distribution_test_catches_resampling_from_p(mc_models, monkeypatch) -> 
         at_n = num_accepted.view(-1, 1, 1).expand(-1, 1, p.shape[-1])
         return num_accepted, sample(p.gather(1, at_n).squeeze(1), generator)
 
-    monkeypatch.setattr(specdecode.decode, "rejection_sample", buggy)
+    monkeypatch.setattr(specdecode.decoding.decode, "rejection_sample", buggy)
     target, drafter = mc_models
     params = SamplingParams(1.0)
     observed = sampled_joint(target, drafter, params, seed=0)
@@ -164,7 +164,7 @@ def test_distribution_test_catches_resampling_from_p(mc_models, monkeypatch) -> 
 @pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, top_k=3)], ids=["t1.0", "t0.7-k3"])
 def test_sampled_output_follows_target_with_a_feature_drafter(mc_models, params) -> None:
     """The same Monte-Carlo test with an EAGLE-style drafter reading the target's features."""
-    from specdecode.feature_drafter import derive_feature_drafter
+    from specdecode.models.feature_drafter import derive_feature_drafter
 
     target, _ = mc_models
     torch.manual_seed(13)

@@ -4,8 +4,9 @@
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from specdecode.config import TrainJobConfig, from_dict
-from specdecode.train import run_distill
+from specdecode.core.config import from_dict
+from specdecode.training.config import TrainJobConfig
+from specdecode.training.job import run_distill
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="distill")

@@ -1,0 +1,21 @@
+"""Prompt datasets of the three drafter domains (code, math, chat), their hash-based held-out
+split, the smoke runs' synthetic examples, and the tokenised text a truncated vocabulary is
+picked from. Above `specdecode.core` only."""
+
+from specdecode.data.config import DataConfig
+from specdecode.data.corpus import vocab_corpus
+from specdecode.data.domains import DOMAINS, format_prompt, is_heldout, load_domain, split_examples
+from specdecode.data.example import Example
+from specdecode.data.embedded import synthetic_dataset
+
+__all__ = [
+    "DOMAINS",
+    "DataConfig",
+    "Example",
+    "format_prompt",
+    "is_heldout",
+    "load_domain",
+    "split_examples",
+    "synthetic_dataset",
+    "vocab_corpus",
+]

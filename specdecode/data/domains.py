@@ -1,0 +1,267 @@
+"""Prompt datasets for the three drafter domains: code, math and chat.
+
+A drafter is trained on one domain's prompts (the target writes the responses, or the dataset's own
+responses are used) and evaluated on that domain's held-out prompts. Four sources give the same
+`Example` records, each first read into a `datasets.Dataset` and mapped to examples one way:
+
+- "embedded": offline defaults read from pip packages, so nothing needs a hub
+  (`specdecode.data.embedded`: HumanEval + stdlib functions, GSM8K test, ShareGPT openings);
+- "hf": `datasets.load_dataset(hf_id, split=hf_split)` with a column mapping;
+- "file": a local .jsonl, .csv or .parquet file with a column mapping, read by
+  `datasets.load_dataset` (`specdecode.data.files`);
+- "synthetic": tiny templated examples for smoke runs.
+
+Train / held-out membership is a pure function of the prompt text (a SHA-256 hash), never of a
+seed or of the order rows arrive in, so a held-out prompt stays held out in every job that reads
+it, whichever source or subset it comes through.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import datasets
+
+from specdecode.data.example import Example
+# FILE_SUFFIXES and the MAX_* / STDLIB_PACKAGES constants are re-exported: they are part of
+# `specdecode.data.domains`' public names, though the code using them now lives in the two modules.
+from specdecode.data.files import FILE_SUFFIXES, read_data_file  # noqa: F401
+from specdecode.data.embedded import (  # noqa: F401
+    MAX_CHAT_PROMPT_CHARS,
+    MAX_STDLIB_FUNCTIONS,
+    STDLIB_PACKAGES,
+    embedded_dataset,
+    synthetic_dataset,
+)
+
+DOMAINS = ("code", "math", "chat")
+SOURCES = ("embedded", "hf", "file", "synthetic")
+SPLITS = ("train", "heldout", "all")
+
+Split = Literal["train", "heldout", "all"]
+
+
+
+def heldout_score(prompt: str) -> float:
+    """Map a prompt to a number in [0, 1), uniform over prompts and stable across runs and machines.
+
+    The first 8 bytes of SHA-256 of the UTF-8 text; `surrogatepass` so a lone surrogate (which
+    scraped JSON such as ShareGPT contains) hashes instead of raising.
+    """
+    digest = hashlib.sha256(prompt.encode("utf-8", "surrogatepass")).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def is_heldout(prompt: str, heldout_fraction: float = 0.1) -> bool:
+    """Whether `prompt` is held out: `heldout_score(prompt) < heldout_fraction`."""
+    _check_fraction(heldout_fraction)
+    return heldout_score(prompt) < heldout_fraction
+
+
+def split_examples(
+    examples: Iterable[Example], split: Split = "all", heldout_fraction: float = 0.1
+) -> list[Example]:
+    """Deduplicate by prompt (first occurrence wins) and keep the examples of one split.
+
+    Order is the input order, so a deterministic source gives a deterministic result; membership
+    depends on the prompt alone, so reordering the input only reorders the output.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+    _check_fraction(heldout_fraction)
+    seen: set[str] = set()
+    kept: list[Example] = []
+    for example in examples:
+        if example.prompt in seen:
+            continue
+        seen.add(example.prompt)
+        in_heldout = heldout_score(example.prompt) < heldout_fraction
+        if split == "all" or in_heldout == (split == "heldout"):
+            kept.append(example)
+    return kept
+
+
+def load_domain(
+    domain: str,
+    *,
+    source: str = "embedded",
+    split: Split = "train",
+    limit: int | None = None,
+    heldout_fraction: float = 0.1,
+    path: str | Path | None = None,
+    hf_id: str | None = None,
+    hf_split: str = "train",
+    prompt_column: str = "prompt",
+    response_column: str | None = None,
+) -> list[Example]:
+    """Load one domain's prompts from a source, deduplicated, split, in a deterministic order.
+
+    Args:
+        domain: one of `DOMAINS`; picks the embedded dataset and labels every example.
+        source: "embedded" (offline defaults), "hf" (a hub dataset), "file" (a local file) or
+            "synthetic" (tiny templated examples for smoke runs).
+        split: "train", "heldout" or "all" (both, deduplicated).
+        limit: keep at most this many examples, the first ones after splitting; None keeps all.
+        heldout_fraction: share of prompts held out, in (0, 1).
+        path: the local file, for source "file" (.jsonl, .csv or .parquet).
+        hf_id: the dataset id for `datasets.load_dataset`, for source "hf".
+        hf_split: the split of the hub dataset to read (its own split, before ours).
+        prompt_column: column (or JSON key) holding the prompt, for "hf" and "file".
+        response_column: column holding the reference response, or None for prompts only.
+
+    Returns:
+        The examples; rows with an empty or missing prompt are skipped.
+
+    Raises:
+        ValueError: an unknown domain, source or split, a bad limit or fraction, a missing column,
+            or a source argument that is missing or given to the wrong source; a data file that
+            cannot be parsed (naming the file, and for JSON lines the line).
+        FileNotFoundError: `path` does not exist.
+        OSError: `datasets.load_dataset` failed for an "hf" source (no hub, unknown id, ...).
+    """
+    if domain not in DOMAINS:
+        raise ValueError(f"unknown domain {domain!r}; valid domains: {', '.join(DOMAINS)}")
+    if source not in SOURCES:
+        raise ValueError(f"unknown source {source!r}; valid sources: {', '.join(SOURCES)}")
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+    _check_fraction(heldout_fraction)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ValueError(f"limit must be None or an int >= 0, got {limit!r}")
+    # A path or hub id passed to the wrong source is almost always a config mistake; silently
+    # training on the embedded defaults instead would be worse than stopping.
+    if path is not None and source != "file":
+        raise ValueError(
+            f"path={str(path)!r} is only read with source='file', got source={source!r}"
+        )
+    if hf_id is not None and source != "hf":
+        raise ValueError(f"hf_id={hf_id!r} is only read with source='hf', got source={source!r}")
+
+    examples: Iterable[Example]
+    if source == "embedded":
+        examples = _embedded(domain)
+    elif source == "synthetic":
+        dataset = synthetic_dataset(domain)
+        examples = _to_examples(dataset, domain, "prompt", "response", "synthetic data")
+    elif source == "hf":
+        if not hf_id:
+            raise ValueError(f"source='hf' needs hf_id (a dataset id), got {hf_id!r}")
+        examples = _from_hf(domain, hf_id, hf_split, prompt_column, response_column)
+    else:
+        if path is None:
+            raise ValueError("source='file' needs path (a .jsonl, .csv or .parquet file), got None")
+        dataset = read_data_file(Path(path))
+        examples = _to_examples(
+            dataset, domain, prompt_column, response_column, f"file {str(path)!r}"
+        )
+        if not examples:
+            raise ValueError(f"data file {str(path)!r} holds no row with a non-empty {prompt_column!r}")
+    kept = split_examples(examples, split, heldout_fraction)
+    return kept if limit is None else kept[:limit]
+
+
+def format_prompt(tokenizer: Any, prompt: str) -> list[int]:
+    """Token ids of `prompt` as a user turn followed by the assistant's generation prompt.
+
+    Args:
+        tokenizer: a transformers tokenizer. Without a chat template (a base model) the plain
+            tokenisation `tokenizer(prompt)["input_ids"]`, special tokens included, is used.
+        prompt: the user's message.
+
+    Returns:
+        `[T]` token ids as a list of ints.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        return list(tokenizer(prompt)["input_ids"])
+    encoded = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+    )
+    # transformers 5 returns a BatchEncoding (a Mapping); older versions return the ids directly.
+    ids = encoded["input_ids"] if isinstance(encoded, Mapping) else encoded
+    if hasattr(ids, "tolist"):
+        ids = ids.tolist()
+    if ids and isinstance(ids[0], list):
+        (ids,) = ids
+    return [int(token) for token in ids]
+
+
+def _check_fraction(heldout_fraction: float) -> None:
+    valid = (
+        isinstance(heldout_fraction, (int, float))
+        and not isinstance(heldout_fraction, bool)
+        and 0.0 < heldout_fraction < 1.0
+    )
+    if not valid:
+        raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction!r}")
+
+
+def _text(value: Any) -> str | None:
+    """A cell as text; None, NaN (a float column's missing value) and "" (an empty csv cell) count
+    as missing."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    text = value if isinstance(value, str) else str(value)
+    return text if text else None
+
+
+def _to_examples(
+    dataset: datasets.Dataset,
+    domain: str,
+    prompt_column: str,
+    response_column: str | None,
+    where: str,
+) -> list[Example]:
+    """Map a dataset's rows to Examples, in order; rows with an empty or missing prompt are skipped.
+
+    Args:
+        where: the source, for the error naming a missing column and the available ones.
+    """
+    wanted = [prompt_column] + ([response_column] if response_column is not None else [])
+    available = list(dataset.column_names)
+    for column in wanted:
+        if column not in available:
+            raise ValueError(
+                f"column {column!r} not found in {where}; available columns: {available}"
+            )
+    # Whole columns at once: Arrow converts a column to Python in one call, where indexing a
+    # dataset row by row costs a formatting step per row.
+    columns = dataset.select_columns(list(dict.fromkeys(wanted))).to_dict()
+    responses = columns[response_column] if response_column is not None else [None] * len(dataset)
+    examples = []
+    for prompt_cell, response_cell in zip(columns[prompt_column], responses, strict=True):
+        prompt = _text(prompt_cell)
+        if prompt is None or not prompt.strip():
+            continue
+        examples.append(Example(prompt=prompt, response=_text(response_cell), domain=domain))
+    return examples
+
+
+def _from_hf(
+    domain: str, hf_id: str, hf_split: str, prompt_column: str, response_column: str | None
+) -> list[Example]:
+    """Read a split of a hub dataset (or of anything else `datasets.load_dataset` takes by name)."""
+    where = f"hf dataset {hf_id!r} (split {hf_split!r})"
+    try:
+        dataset = datasets.load_dataset(hf_id, split=hf_split)
+    except Exception as error:
+        # datasets' errors differ by cause (no network, unknown id, gated repo, unknown split) and
+        # some do not say which dataset was asked for; this one does, and keeps the cause chained.
+        raise OSError(
+            f"could not load {where}: {type(error).__name__}: {error}. Without a hub connection, "
+            "use data.source=file with a local .jsonl, .csv or .parquet copy"
+        ) from error
+    return _to_examples(dataset, domain, prompt_column, response_column, where)
+
+
+@functools.cache
+def _embedded(domain: str) -> tuple[Example, ...]:
+    """The offline default dataset of a domain, deduplicated, parsed once per process."""
+    examples = _to_examples(
+        embedded_dataset(domain), domain, "prompt", "response", f"embedded {domain} data"
+    )
+    return tuple(split_examples(examples, "all"))

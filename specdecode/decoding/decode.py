@@ -1,0 +1,269 @@
+"""The shared decode loops: speculative (drafter + target) and autoregressive (target alone).
+
+Both run on the same machinery (ragged KV caches, one commit rule for EOS and budgets, finished rows
+leaving the batch), so a speedup measured between them compares like with like.
+
+Invariant between steps, per row: `tokens[:length]` are committed (prompt + generated); the target
+cache holds all but the last committed token (the "pending" one, fed in the next pass). How a
+drafter keeps its own state (a slice drafter's cache, a feature drafter's cache and the target
+features it reads) is in specdecode/drafting.py; the loop is the same for both kinds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from transformers import PreTrainedModel
+
+from specdecode.decoding.cache import RaggedKVCache, cached_forward
+from specdecode.decoding.drafting import _last, drafting_for
+from specdecode.decoding.sampling import draw, logits_to_probs
+from specdecode.decoding.stats import GenerationResult, StepCounters
+from specdecode.decoding.validation import validate_models, validate_request
+from specdecode.decoding.verify import rejection_sample
+from specdecode.models.feature_drafter import FeatureDrafter
+
+
+@dataclass
+class _Batch:
+    """Committed tokens and per-row bookkeeping of the rows still being decoded.
+
+    tokens `[B, S_cap]`, lengths / limits `[B]` (limit = prompt length + budget), rows `[B]` (index
+    of each row in the caller's prompt list).
+    """
+
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    limits: torch.Tensor
+    rows: torch.Tensor
+    prompt_lengths: list[int]
+    eos: torch.Tensor
+
+    @classmethod
+    def from_prompts(
+        cls, prompts: Sequence[Sequence[int]], budgets: list[int], slack: int, eos: Sequence[int], device: torch.device
+    ) -> _Batch:
+        prompt_lengths = [len(p) for p in prompts]
+        capacity = max(n + b for n, b in zip(prompt_lengths, budgets)) + slack
+        tokens = torch.zeros(len(prompts), capacity, dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            tokens[i, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+        lengths = torch.tensor(prompt_lengths, dtype=torch.long)
+        limits = lengths + torch.tensor(budgets, dtype=torch.long)
+        return cls(
+            tokens.to(device),
+            lengths.to(device),
+            limits.to(device),
+            torch.arange(len(prompts), device=device),
+            prompt_lengths,
+            torch.tensor(sorted(set(eos)), dtype=torch.long, device=device),
+        )
+
+    @property
+    def capacity(self) -> int:
+        return self.tokens.shape[1]
+
+    def last(self, n: int) -> torch.Tensor:
+        """The last `n` committed tokens of each row, `[B, n]`."""
+        return _last(self.tokens, self.lengths, n)
+
+    def commit(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Append the first `counts[b]` of `new_tokens` `[B, W]` to each row, cut at EOS and budget.
+
+        Returns `finished` `[B]` bool: the row hit an EOS id or its budget.
+        """
+        width = new_tokens.shape[1]
+        offsets = torch.arange(width, device=new_tokens.device)
+        is_eos = (offsets < counts.unsqueeze(1)) & torch.isin(new_tokens, self.eos)
+        hit_eos = is_eos.any(dim=1)
+        # Keep up to and including the first EOS.
+        counts = torch.where(hit_eos, is_eos.long().argmax(dim=1) + 1, counts)
+        counts = torch.minimum(counts, self.limits - self.lengths)
+        # Entries past the new length are written too but never read as committed: writing all W
+        # keeps this a single scatter.
+        self.tokens.scatter_(1, self.lengths.unsqueeze(1) + offsets, new_tokens)
+        self.lengths = self.lengths + counts
+        return hit_eos | (self.lengths >= self.limits)
+
+    def keep(self, keep: torch.Tensor) -> None:
+        self.tokens = self.tokens.index_select(0, keep)
+        self.lengths = self.lengths.index_select(0, keep)
+        self.limits = self.limits.index_select(0, keep)
+        self.rows = self.rows.index_select(0, keep)
+
+
+def _prefill(
+    model: PreTrainedModel, cache: RaggedKVCache, batch: _Batch, return_hidden: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Cache the right-padded prompts; return the logits at each row's last prompt token `[B, V]`
+    and, with `return_hidden`, the last hidden states of all prompt positions `[B, T, H]`."""
+    longest = max(batch.prompt_lengths)
+    last = batch.lengths - 1
+    # Ask only for the positions some row ends at (a handful), not the whole prompt's logits.
+    positions = torch.unique(last)
+    out = cached_forward(model, cache, batch.tokens[:, :longest], logits_to_keep=positions, return_hidden=return_hidden)
+    logits, hidden = out if return_hidden else (out, None)
+    cache.set_lengths(batch.lengths.clone(), longest)
+    column = torch.searchsorted(positions, last)
+    return logits[torch.arange(len(last), device=last.device), column], hidden
+
+
+class _RowState(Protocol):
+    """Per-row decode state (a KV cache, a drafting strategy) that finished rows leave."""
+
+    def select_rows(self, rows: torch.Tensor) -> None: ...
+
+
+class _Finisher:
+    """Collects finished rows' outputs and drops them from the batch and the caches."""
+
+    def __init__(self, num_rows: int) -> None:
+        self.sequences: list[list[int] | None] = [None] * num_rows
+
+    def step(self, batch: _Batch, finished: torch.Tensor, caches: Sequence[_RowState]) -> int | None:
+        """Between steps: retire finished rows; return the longest row's length, None once all are done.
+
+        The one host sync of a step: which rows finished, and how long the longest row is.
+        """
+        any_finished, max_length = torch.stack([finished.any().long(), batch.lengths.max()]).tolist()
+        if any_finished:
+            self._collect(batch, finished, caches)
+            if batch.rows.numel() == 0:
+                return None
+        return max_length
+
+    def _collect(self, batch: _Batch, finished: torch.Tensor, caches: Sequence[_RowState]) -> None:
+        done = finished.nonzero().squeeze(1)
+        for b, row, length in zip(done.tolist(), batch.rows[done].tolist(), batch.lengths[done].tolist()):
+            start = batch.prompt_lengths[row]
+            self.sequences[row] = batch.tokens[b, start:length].tolist()
+        keep = (~finished).nonzero().squeeze(1)
+        batch.keep(keep)
+        for cache in caches:
+            cache.select_rows(keep)
+
+
+DEFAULT_GAMMA = 4
+
+
+def drafter_gamma(drafter: PreTrainedModel | FeatureDrafter) -> int:
+    """The gamma stored with a trained drafter (`config.specdecode_gamma`), else `DEFAULT_GAMMA`."""
+    gamma = getattr(drafter.config, "specdecode_gamma", None)
+    return gamma if isinstance(gamma, int) and not isinstance(gamma, bool) and gamma >= 1 else DEFAULT_GAMMA
+
+
+def _generator(seed: int | None, device: torch.device) -> torch.Generator | None:
+    return None if seed is None else torch.Generator(device=device).manual_seed(seed)
+
+
+@torch.inference_mode()
+def speculative_generate(
+    target: PreTrainedModel,
+    drafter: PreTrainedModel | FeatureDrafter,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int | Sequence[int],
+    gamma: int | None = None,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    eos_token_ids: Sequence[int] | int | None = None,
+    seed: int | None = None,
+) -> GenerationResult:
+    """Generate from `target` with `drafter` proposing `gamma` tokens per target pass.
+
+    `gamma=None` uses the drafter's own (`config.specdecode_gamma`, chosen by training from its
+    measured acceptance and costs), else `DEFAULT_GAMMA`.
+
+    The output distribution is exactly the target's (greedy: token-identical to target-only greedy).
+    `drafter` is a causal LM sharing the target's vocabulary or a `FeatureDrafter` (it then reads
+    the target's hidden states, which the verify pass computes anyway). `prompts` is a ragged batch
+    of token-id lists (no padding); `max_new_tokens` is one budget or one per prompt; generation
+    stops per row at any of `eos_token_ids` (included in the output).
+    """
+    validate_models(target, drafter)
+    gamma = drafter_gamma(drafter) if gamma is None else gamma
+    params, budgets, eos = validate_request(
+        target, prompts, max_new_tokens, temperature, top_k, top_p, eos_token_ids, gamma=gamma
+    )
+    if max(budgets) == 0:
+        return GenerationResult.build([[] for _ in prompts], StepCounters(gamma, target.device), 0.0)
+    start = time.perf_counter()
+    device = target.device
+    generator = _generator(seed, device)
+    batch = _Batch.from_prompts(prompts, budgets, slack=gamma + 2, eos=eos, device=device)
+    target_cache = RaggedKVCache.for_model(target, len(prompts), batch.capacity)
+    drafting = drafting_for(drafter, len(prompts), batch.capacity)
+    features = drafting.needs_features
+    counters = StepCounters(gamma, device)
+    finisher = _Finisher(len(prompts))
+
+    # 0. prefill: the target's first token is an ordinary sample; the drafter only reads the prompt.
+    first, hidden = _prefill(target, target_cache, batch, return_hidden=features)
+    drafting.prefill(batch.tokens, batch.lengths, max(batch.prompt_lengths), hidden)
+    counters.record_target_call(len(prompts))
+    counters.drafter_calls += 1
+    finished = batch.commit(draw(logits_to_probs(first, params), params, generator).unsqueeze(1), torch.ones_like(batch.lengths))
+
+    while (max_length := finisher.step(batch, finished, (target_cache, drafting))) is not None:
+        target_cache.set_lengths(batch.lengths - 1, max_length - 1)
+
+        # 1. draft gamma tokens, keeping q exactly as sampled from
+        draft, q = drafting.propose(batch.tokens, batch.lengths, max_length, gamma, params, generator)
+
+        # 2. verify in one target pass: the pending token and the gamma drafts
+        out = cached_forward(target, target_cache, torch.cat([batch.last(1), draft], dim=1), return_hidden=features)
+        logits, hidden = out if features else (out, None)
+        drafting.observe(hidden, batch.lengths - 1)
+        p = logits_to_probs(logits, params)
+
+        # 3. accept / resample
+        num_accepted, next_token = rejection_sample(draft, q, p, generator, greedy=params.greedy)
+        new_tokens = torch.cat([draft, draft[:, :1]], dim=1).scatter(1, num_accepted.unsqueeze(1), next_token.unsqueeze(1))
+        finished = batch.commit(new_tokens, num_accepted + 1)
+        counters.record_step(num_accepted, drafter_calls=gamma)
+
+        # 4. trim caches: done at the top of the loop from the committed lengths (rejected drafts'
+        # entries stay in their slots, masked, until overwritten).
+
+    return GenerationResult.build(finisher.sequences, counters, time.perf_counter() - start)
+
+
+@torch.inference_mode()
+def autoregressive_generate(
+    target: PreTrainedModel,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int | Sequence[int],
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    eos_token_ids: Sequence[int] | int | None = None,
+    seed: int | None = None,
+) -> GenerationResult:
+    """Target-only decoding on the same caches, batching and stopping rules as `speculative_generate`."""
+    params, budgets, eos = validate_request(target, prompts, max_new_tokens, temperature, top_k, top_p, eos_token_ids)
+    if max(budgets) == 0:
+        return GenerationResult.build([[] for _ in prompts], StepCounters(0, target.device), 0.0)
+    start = time.perf_counter()
+    device = target.device
+    generator = _generator(seed, device)
+    batch = _Batch.from_prompts(prompts, budgets, slack=1, eos=eos, device=device)
+    cache = RaggedKVCache.for_model(target, len(prompts), batch.capacity)
+    counters = StepCounters(0, device)
+    finisher = _Finisher(len(prompts))
+
+    logits, _ = _prefill(target, cache, batch)
+    counters.record_target_call(len(prompts))
+    finished = batch.commit(draw(logits_to_probs(logits, params), params, generator).unsqueeze(1), torch.ones_like(batch.lengths))
+    while (max_length := finisher.step(batch, finished, (cache,))) is not None:
+        cache.set_lengths(batch.lengths - 1, max_length - 1)
+        probs = logits_to_probs(cached_forward(target, cache, batch.last(1))[:, -1], params)
+        finished = batch.commit(draw(probs, params, generator).unsqueeze(1), torch.ones_like(batch.lengths))
+        counters.record_target_call(len(finished))
+
+    return GenerationResult.build(finisher.sequences, counters, time.perf_counter() - start)

@@ -1,0 +1,138 @@
+"""How each kind of drafter proposes gamma tokens inside the one speculative loop (decode.py).
+
+* `SliceDrafting`: a plain causal LM (a slice of the target, or any pretrained drafter) with its
+  own ragged KV cache. Its cache holds all committed tokens but the last two; each step re-feeds
+  those two (one extra token costs the drafter almost nothing and spares a second code path for
+  steps where every draft was accepted and the drafter never saw the last draft).
+* `FeatureDrafting`: a `FeatureDrafter` that reads the target's last hidden states. The verify
+  pass already computes them; they are kept per row in a `[B, S_cap, H]` buffer. Drafter position
+  t needs f_t and x_{t+1}, so after a step that committed n + 1 tokens the drafter has n + 1
+  positions whose true features are new. Each step starts with one fixed-width window of
+  gamma + 1 positions (`count[b]` <= gamma + 1 of them real, the rest padding beyond the row's
+  length, never visible to the real queries), which writes the true-feature entries over the
+  drafted ones and yields the first draft; steps 2..gamma feed back the predicted feature.
+
+Both return the drafts `[B, gamma]` and the distributions they were drawn from `[B, gamma, V]`.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+from specdecode.decoding.cache import RaggedKVCache, cached_call, cached_forward
+from specdecode.decoding.sampling import SamplingParams, draw, logits_to_probs
+from specdecode.models.feature_drafter import FeatureDrafter
+
+
+class SliceDrafting:
+    """A plain causal-LM drafter (see the module docstring)."""
+
+    needs_features = False
+
+    def __init__(self, drafter: PreTrainedModel, batch_size: int, capacity: int) -> None:
+        self.drafter = drafter
+        self.cache = RaggedKVCache.for_model(drafter, batch_size, capacity)
+
+    def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
+        """Cache the right-padded prompts `tokens[:, :longest]` (the first token is not yet committed)."""
+        cached_forward(self.drafter, self.cache, tokens[:, :longest], logits_to_keep=1)
+        self.cache.set_lengths(lengths.clone(), longest)
+
+    def propose(
+        self, tokens: torch.Tensor, lengths: torch.Tensor, max_length: int, gamma: int,
+        params: SamplingParams, generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft `gamma` tokens after each row's `lengths[b]` committed `tokens` `[B, S_cap]`."""
+        self.cache.set_lengths(lengths - 2, max_length - 2)
+        drafter_input = _last(tokens, lengths, 2)
+        drafts, q = [], []
+        for _ in range(gamma):
+            q_i = logits_to_probs(cached_forward(self.drafter, self.cache, drafter_input, logits_to_keep=1)[:, -1], params)
+            drafter_input = draw(q_i, params, generator).unsqueeze(1)
+            drafts.append(drafter_input)
+            q.append(q_i)
+        return torch.cat(drafts, dim=1), torch.stack(q, dim=1)
+
+    def observe(self, features: torch.Tensor | None, start: torch.Tensor) -> None:
+        """A slice drafter reads no target features."""
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.cache.select_rows(rows)
+
+
+class FeatureDrafting:
+    """A `FeatureDrafter` fed the target's hidden states (see the module docstring)."""
+
+    needs_features = True
+
+    def __init__(self, drafter: FeatureDrafter, batch_size: int, capacity: int) -> None:
+        self.drafter = drafter
+        self.capacity = capacity
+        self.cache = RaggedKVCache.for_model(drafter, batch_size, capacity)
+        hidden = drafter.config.get_text_config().hidden_size
+        self.features = torch.zeros(batch_size, capacity, hidden, dtype=drafter.dtype, device=drafter.device)
+        # Per row: drafter positions [0, start) hold true-feature entries; the host-side bound and
+        # the width of the next window (the longest prompt at first, then gamma + 1).
+        self.start = torch.zeros(batch_size, dtype=torch.long, device=drafter.device)
+        self.start_bound = 0
+        self.width = 0
+
+    def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
+        """Keep the target's prompt features `[B, longest, H]`; the drafter reads them in the
+        first window, once the target's first token (x_{t+1} of the last prompt position) exists."""
+        assert features is not None
+        self.features[:, :longest] = features.to(self.features.dtype)
+        self.width = longest
+
+    def propose(
+        self, tokens: torch.Tensor, lengths: torch.Tensor, max_length: int, gamma: int,
+        params: SamplingParams, generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft `gamma` tokens after each row's `lengths[b]` committed `tokens` `[B, S_cap]`."""
+        batch = torch.arange(tokens.shape[0], device=tokens.device)
+        # 1. one window over the positions whose true features are new: [start, lengths - 1)
+        self.cache.set_lengths(self.start, self.start_bound)
+        index = (self.start.unsqueeze(1) + torch.arange(self.width, device=tokens.device)).clamp_max(self.capacity - 2)
+        window_features = self.features.gather(1, index.unsqueeze(-1).expand(-1, -1, self.features.shape[-1]))
+        hidden = cached_call(self.cache, self.width, self.drafter.dtype,
+                             lambda **kw: self.drafter(window_features, tokens.gather(1, index + 1), **kw))
+        count = lengths - 1 - self.start  # [B], 1..width
+        feature = hidden[batch, count - 1].unsqueeze(1)  # [B, 1, H]
+        self.cache.set_lengths(lengths - 1, max_length - 1)
+        self.start, self.start_bound, self.width = lengths - 1, max_length - 1, gamma + 1
+
+        # 2. gamma drafts, each fed back with the feature it was predicted from
+        drafts, q = [], []
+        for i in range(gamma):
+            q_i = logits_to_probs(self.drafter.logits(feature[:, -1]), params)
+            draft = draw(q_i, params, generator).unsqueeze(1)
+            drafts.append(draft)
+            q.append(q_i)
+            if i + 1 < gamma:
+                feature = cached_call(self.cache, 1, self.drafter.dtype,
+                                      lambda **kw: self.drafter(feature, draft, **kw))
+        return torch.cat(drafts, dim=1), torch.stack(q, dim=1)
+
+    def observe(self, features: torch.Tensor | None, start: torch.Tensor) -> None:
+        """Store the verify pass's features `[B, W, H]` at positions `start[b] + w`."""
+        assert features is not None
+        width = features.shape[1]
+        index = (start.unsqueeze(1) + torch.arange(width, device=start.device)).clamp_max(self.capacity - 1)
+        self.features.scatter_(1, index.unsqueeze(-1).expand(-1, -1, features.shape[-1]), features.to(self.features.dtype))
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.cache.select_rows(rows)
+        self.features = self.features.index_select(0, rows)
+        self.start = self.start.index_select(0, rows)
+
+
+def drafting_for(drafter: PreTrainedModel | FeatureDrafter, batch_size: int, capacity: int) -> SliceDrafting | FeatureDrafting:
+    if isinstance(drafter, FeatureDrafter):
+        return FeatureDrafting(drafter, batch_size, capacity)
+    return SliceDrafting(drafter, batch_size, capacity)
+
+
+def _last(tokens: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Tensor:
+    """The last `n` committed tokens of each row, `[B, n]`."""
+    return tokens.gather(1, lengths.unsqueeze(1) - n + torch.arange(n, device=tokens.device))

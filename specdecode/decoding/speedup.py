@@ -1,0 +1,173 @@
+"""What speculative decoding should buy: measured step costs and Leviathan et al.'s speedup model.
+
+Theorem 3.8 of Leviathan et al. (2023) assumes a verify pass of gamma + 1 tokens costs the same as
+a one-token step. That holds on a GPU, not on a CPU (a 5-token verify there costs ~1.45x a step), so
+the model here takes the measured verify cost instead:
+
+    speedup = E[tokens per step] * T_target(1) / (gamma * T_drafter + T_target(gamma + 1)),
+    E[tokens per step] = (1 - alpha^(gamma + 1)) / (1 - alpha).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from specdecode.decoding.cache import RaggedKVCache, cached_call, cached_forward
+from specdecode.models.feature_drafter import FeatureDrafter
+
+
+def expected_tokens_per_step(alpha: float, gamma: int) -> float:
+    """E[tokens per target pass] when each draft is accepted independently with probability alpha."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
+    if alpha == 1.0:
+        return float(gamma + 1)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def predicted_speedup(alpha: float, gamma: int, cost_ratio: float, verify_ratio: float) -> float:
+    """Speedup over target-only decoding (Leviathan Thm 3.8 with a measured verify cost).
+
+    Args:
+        alpha: per-token acceptance rate.
+        gamma: drafts per step.
+        cost_ratio: c = T_drafter(1 token) / T_target(1 token).
+        verify_ratio: T_target(gamma + 1 tokens) / T_target(1 token); 1 recovers the paper's formula.
+    """
+    return expected_tokens_per_step(alpha, gamma) / (gamma * cost_ratio + verify_ratio)
+
+
+def optimal_gamma(alpha: float, cost_ratio: float, verify_ratios: dict[int, float]) -> tuple[int, float]:
+    """The gamma Leviathan's model predicts fastest, each gamma with its own measured verify cost.
+
+    Args:
+        alpha: per-token acceptance rate.
+        cost_ratio: c, a drafter step relative to a target step.
+        verify_ratios: gamma → T_target(gamma + 1 tokens) / T_target(1 token).
+
+    Returns:
+        `(gamma, predicted speedup)`; a speedup below 1 says speculation does not pay at all.
+    """
+    if not verify_ratios:
+        raise ValueError("verify_ratios is empty: measure at least one gamma")
+    speedups = {g: predicted_speedup(alpha, g, cost_ratio, v) for g, v in verify_ratios.items()}
+    best = max(speedups, key=lambda g: (speedups[g], -g))
+    return best, speedups[best]
+
+
+@dataclass
+class StepCosts:
+    """Median wall time of one cached forward pass at a given context length, in seconds."""
+
+    target_step_s: float
+    target_verify_s: float
+    drafter_step_s: float
+    gamma: int
+    context_tokens: int
+
+    @property
+    def cost_ratio(self) -> float:
+        """c: a drafter step relative to a target step."""
+        return self.drafter_step_s / self.target_step_s
+
+    @property
+    def verify_ratio(self) -> float:
+        """A (gamma + 1)-token verify pass relative to a one-token target step."""
+        return self.target_verify_s / self.target_step_s
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self) | {"cost_ratio": self.cost_ratio, "verify_ratio": self.verify_ratio}
+
+
+def _time_forward(model: PreTrainedModel, context: Sequence[int], num_new: int, repeats: int) -> float:
+    """Median time of a `num_new`-token pass after `context` (batch 1), on a warm cache."""
+    device = model.device
+    cache = RaggedKVCache.for_model(model, 1, len(context) + num_new)
+    tokens = torch.tensor([list(context)], device=device)
+    cached_forward(model, cache, tokens[:, :-num_new], logits_to_keep=1)
+    cached_length = len(context) - num_new
+    times = []
+    for _ in range(repeats + 1):  # the first pass warms up and is not counted
+        cache.set_lengths(torch.tensor([cached_length], device=device), cached_length)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        logits = cached_forward(model, cache, tokens[:, -num_new:], logits_to_keep=0 if num_new > 1 else 1)
+        logits.sum().item()  # wait for the device
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def _time_feature_step(drafter: FeatureDrafter, context: Sequence[int], repeats: int) -> float:
+    """Median time of one feature-drafter drafting step (one position + its head) after `context`."""
+    device = drafter.device
+    hidden = drafter.config.get_text_config().hidden_size
+    cache = RaggedKVCache.for_model(drafter, 1, len(context) + 1)
+    tokens = torch.tensor([list(context)], device=device)
+    features = torch.randn(1, len(context), hidden, device=device, dtype=drafter.dtype)
+    cached_call(cache, len(context) - 1, drafter.dtype, lambda **kw: drafter(features[:, :-1], tokens[:, 1:], **kw))
+    times = []
+    for _ in range(repeats + 1):  # the first pass warms up and is not counted
+        cache.set_lengths(torch.tensor([len(context) - 1], device=device), len(context) - 1)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = cached_call(cache, 1, drafter.dtype, lambda **kw: drafter(features[:, -1:], tokens[:, -1:], **kw))
+        drafter.logits(out).sum().item()  # wait for the device
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+@torch.inference_mode()
+def measure_verify_ratios(
+    target: PreTrainedModel, context: Sequence[int], gammas: Sequence[int], repeats: int = 5
+) -> dict[int, float]:
+    """gamma → the measured cost of a (gamma + 1)-token verify over a one-token step, after `context`."""
+    if len(context) <= max(gammas) + 1:
+        raise ValueError(f"context must be longer than max(gammas) + 1 = {max(gammas) + 1} tokens, got {len(context)}")
+    step = _time_forward(target, context, 1, repeats)
+    return {g: _time_forward(target, context, g + 1, repeats) / step for g in gammas}
+
+
+@torch.inference_mode()
+def measure_step_costs(
+    target: PreTrainedModel, drafter: PreTrainedModel, context: Sequence[int], gamma: int, repeats: int = 10
+) -> StepCosts:
+    """Time a target step, a (gamma + 1)-token verify and a drafter step after `context` tokens."""
+    if len(context) <= gamma + 1:
+        raise ValueError(f"context must be longer than gamma + 1 = {gamma + 1} tokens, got {len(context)}")
+    return StepCosts(
+        target_step_s=_time_forward(target, context, 1, repeats),
+        target_verify_s=_time_forward(target, context, gamma + 1, repeats),
+        drafter_step_s=(_time_feature_step(drafter, context, repeats) if isinstance(drafter, FeatureDrafter)
+                        else _time_forward(drafter, context, 1, repeats)),
+        gamma=gamma,
+        context_tokens=len(context),
+    )
+
+
+def choose_gamma(
+    target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, context: Sequence[int], alpha: float, candidates: Sequence[int]
+) -> dict[str, Any]:
+    """Store in `drafter.config.specdecode_gamma` the gamma Leviathan's model predicts fastest for
+    acceptance `alpha`, from step costs measured here after `context` (a drafter step, and a verify
+    of gamma + 1 tokens for each candidate). Returns the figures."""
+    context = list(context)
+    if len(context) <= max(candidates) + 1:  # too short to time the longest verify: repeat it
+        context = (context * (max(candidates) + 2))[: max(candidates) + 2 + len(context)]
+    was_training = drafter.training
+    drafter.eval()
+    costs = measure_step_costs(target, drafter, context, 1, repeats=5)
+    verify = measure_verify_ratios(target, context, candidates)
+    drafter.train(was_training)
+    gamma, speedup = optimal_gamma(min(max(alpha, 0.0), 1.0), costs.cost_ratio, verify)
+    drafter.config.specdecode_gamma = gamma
+    return {"chosen": gamma, "predicted_speedup": speedup, "alpha": alpha, "cost_ratio": costs.cost_ratio,
+            "verify_ratios": verify, "context_tokens": len(context)}

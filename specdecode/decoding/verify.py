@@ -1,0 +1,63 @@
+"""Speculative rejection sampling (Leviathan et al. 2023, Alg. 1; Chen et al. 2023, Alg. 2).
+
+Notation of the papers: p is the target's distribution, q the drafter's, x a drafted token.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from specdecode.decoding.sampling import sample
+
+
+def rejection_sample(
+    draft_tokens: torch.Tensor,
+    q: torch.Tensor,
+    p: torch.Tensor,
+    generator: torch.Generator | None = None,
+    greedy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accept a prefix of each row's drafts so that the output follows p exactly.
+
+    Draft i is accepted with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection n the
+    next token is drawn from norm(max(0, p_n - q_n)); if all gamma drafts are accepted it is a
+    bonus token drawn from p_gamma. Vectorised over the batch and the draft positions.
+
+    Args:
+        draft_tokens: `[B, gamma]` int64, the drafted tokens.
+        q: `[B, gamma, V]` fp32, the distribution each draft was sampled from.
+        p: `[B, gamma + 1, V]` fp32, the target's distribution at each draft position, plus one
+            position past the last draft (for the bonus token).
+        generator: RNG for the uniforms and the resample; `None` uses torch's global RNG.
+        greedy: p and q are one-hot (temperature 0): the resample is the residual's argmax, no noise.
+
+    Returns:
+        `num_accepted` `[B]` int64 in [0, gamma] and `next_token` `[B]` int64 (the resampled or
+        bonus token, which always follows the accepted drafts).
+    """
+    batch_size, gamma = draft_tokens.shape
+    vocab_size = p.shape[-1]
+    index = draft_tokens.unsqueeze(-1)
+    p_x = p[:, :gamma].gather(-1, index).squeeze(-1)
+    q_x = q.gather(-1, index).squeeze(-1)
+    # q(x) > 0 for a token sampled from q; the floor only keeps stub inputs with q(x) = 0 finite
+    # (p(x) / tiny then exceeds 1 and the draft is accepted, the limit of the ratio).
+    accept_prob = (p_x / q_x.clamp_min(torch.finfo(q_x.dtype).tiny)).clamp_max(1.0)
+    uniform = torch.rand(batch_size, gamma, generator=generator, device=p.device)
+    accepted = uniform < accept_prob
+    # Drafts after the first rejection do not count, accepted or not.
+    num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)
+
+    # Padding q with a zero distribution at position gamma makes the bonus token the same formula:
+    # max(0, p_gamma - 0) = p_gamma.
+    q_padded = F.pad(q, (0, 0, 0, 1))
+    at_n = num_accepted.view(batch_size, 1, 1).expand(batch_size, 1, vocab_size)
+    p_n = p.gather(1, at_n).squeeze(1)
+    residual = (p_n - q_padded.gather(1, at_n).squeeze(1)).clamp_min(0.0)
+    mass = residual.sum(dim=-1, keepdim=True)
+    # A rejection implies p(x) < q(x), so p > q somewhere and the residual has mass; it can only be
+    # all zero through rounding when p and q agree to the last bit, where p itself is correct.
+    residual = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny), p_n)
+    next_token = residual.argmax(dim=-1) if greedy else sample(residual, generator)
+    return num_accepted, next_token

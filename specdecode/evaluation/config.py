@@ -1,0 +1,104 @@
+"""The schema of the evaluation apps: eval/benchmark.py (conf/benchmark.yaml) and
+eval/acceptance.py (conf/eval.yaml)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specdecode.core.config import MAX_GAMMA, Placement, is_number, require
+from specdecode.data.domains import DOMAINS
+from specdecode.models.config import DrafterConfig, TargetConfig
+
+
+@dataclass
+class BenchmarkConfig(Placement):
+    """eval/benchmark.py: target alone vs ours vs transformers assisted generation, batch 1 and B."""
+
+    target: TargetConfig = field(default_factory=TargetConfig)
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    gamma: int = 4
+    max_new_tokens: int = 128
+    # Prompts: the first held-out prompts of each domain, interleaved (code, math, chat, code, ...).
+    num_prompts: int = 8
+    max_prompt_tokens: int = 256
+    batch1_prompts: int = 3
+    batch_size: int = 8
+    temperature: float = 0.0
+    seed: int = 0
+    hf_assisted: bool = True
+    cost_repeats: int = 10
+    # Documents per domain tokenised to pick the drafter's truncated vocabulary.
+    vocab_corpus_docs: int = 2000
+    output_dir: str = "outputs/benchmark"
+
+    def __post_init__(self) -> None:
+        self.check_placement()
+        require(isinstance(self.gamma, int) and 1 <= self.gamma <= MAX_GAMMA, "gamma", self.gamma, f"an int in [1, {MAX_GAMMA}]")
+        require(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, "an int >= 1")
+        require(self.num_prompts >= 1, "num_prompts", self.num_prompts, ">= 1")
+        require(1 <= self.batch1_prompts <= self.num_prompts, "batch1_prompts", self.batch1_prompts, f"in [1, num_prompts={self.num_prompts}]")
+        require(1 <= self.batch_size <= self.num_prompts, "batch_size", self.batch_size, f"in [1, num_prompts={self.num_prompts}]")
+        require(is_number(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0, "temperature", self.temperature, "a finite number >= 0")
+        require(self.cost_repeats >= 1, "cost_repeats", self.cost_repeats, ">= 1")
+
+
+@dataclass
+class EvalConfig(Placement):
+    """eval/acceptance.py. `drafters` maps a name (`generic`, or a domain for its specialised
+    drafter) to a drafter folder; `router_dir` is a fitted router folder (enables `routed`)."""
+
+    target: TargetConfig = field(default_factory=TargetConfig)
+    undistilled: DrafterConfig = field(default_factory=DrafterConfig)
+    drafters: dict[str, str] = field(default_factory=dict)
+    router_dir: str | None = None
+    domains: list[str] = field(default_factory=lambda: list(DOMAINS))
+    # Where prompts come from: the embedded held-out splits, or "synthetic" for smoke runs.
+    source: str = "embedded"
+    methods: list[str] = field(
+        default_factory=lambda: ["autoregressive", "undistilled", "generic", "specialized", "routed", "oracle"]
+    )
+    prompts_per_domain: int = 10
+    max_prompt_tokens: int = 256
+    max_new_tokens: int = 64
+    # null: each drafter at the gamma stored with it by training (specdecode.decoding.decode.drafter_gamma).
+    gamma: int | None = 4
+    temperatures: list[float] = field(default_factory=lambda: [0.0])
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
+    # Gamma sweep: `sweep_methods` also run at each of `sweep_gammas`, at the smallest batch size and
+    # at each temperature in `sweep_temperatures` (that is also in `temperatures`). Empty: no sweep.
+    sweep_gammas: list[int] = field(default_factory=list)
+    sweep_methods: list[str] = field(default_factory=lambda: ["generic", "routed"])
+    sweep_temperatures: list[float] = field(default_factory=lambda: [0.0])
+    seed: int = 0
+    output_dir: str = "outputs/eval"
+
+    def __post_init__(self) -> None:
+        self.check_placement()
+        known = {"autoregressive", "undistilled", "generic", "specialized", "routed", "oracle"}
+        for method in self.methods:
+            require(method in known, "methods", method, f"one of {sorted(known)}")
+        for domain in self.domains:
+            require(domain in DOMAINS, "domains", domain, f"one of {list(DOMAINS)}")
+        require("autoregressive" in self.methods, "methods", self.methods, "must include autoregressive (the baseline)")
+        if "generic" in self.methods:
+            require("generic" in self.drafters, "drafters.generic", None, "method generic needs a drafter folder")
+        if "routed" in self.methods:
+            require(bool(self.router_dir), "router_dir", self.router_dir, "method routed needs a fitted router folder")
+        for name, path in self.drafters.items():
+            require(name == "generic" or name in DOMAINS, "drafters", name, f"generic or one of {list(DOMAINS)}")
+            require(Path(path).exists(), f"drafters.{name}", path, "does not exist")
+        require(self.prompts_per_domain >= 1, "prompts_per_domain", self.prompts_per_domain, ">= 1")
+        require(self.gamma is None or (isinstance(self.gamma, int) and 1 <= self.gamma <= MAX_GAMMA), "gamma", self.gamma,
+                f"null (each drafter's own) or an int in [1, {MAX_GAMMA}]")
+        require(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, ">= 1")
+        for t in self.temperatures:
+            require(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0, "temperatures", t, "finite numbers >= 0")
+        for b in self.batch_sizes:
+            require(isinstance(b, int) and b >= 1, "batch_sizes", b, "ints >= 1")
+        for g in self.sweep_gammas:
+            require(isinstance(g, int) and not isinstance(g, bool) and 1 <= g <= MAX_GAMMA, "sweep_gammas", g, f"ints in [1, {MAX_GAMMA}]")
+        for method in self.sweep_methods:
+            require(method in ("undistilled", "generic", "routed") or method.removeprefix("specialized:") in DOMAINS and method.startswith("specialized:"),
+                    "sweep_methods", method, "undistilled, generic, routed or specialized:<domain>")

@@ -1,0 +1,135 @@
+"""What an evaluation counts: one method's decode of a prompt set (`RunRecord`), its raw summable
+counts, how processes' counts merge, and the results.json rows computed from them. Also the
+batching policies the methods decode with (consecutive batches, grouped by chosen drafter)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from specdecode.decoding.stats import GenerationResult
+
+Generate = Callable[[list[list[int]]], GenerationResult]
+
+
+@dataclass
+class RunRecord:
+    """One method's decode of one prompt set: its batches' results, and for each prompt (in the
+    caller's order) its position among the batches' concatenated sequences."""
+
+    results: list[GenerationResult]
+    order: list[int] | None = None
+    # Work outside decoding that the method pays for (the router's embedding and MLP).
+    extra_seconds: float = 0.0
+
+    @property
+    def sequences(self) -> list[list[int]]:
+        flat = [s for r in self.results for s in r.sequences]
+        return flat if self.order is None else [flat[i] for i in self.order]
+
+    @property
+    def tokens(self) -> int:
+        return sum(r.stats.generated_tokens for r in self.results)
+
+    @property
+    def seconds(self) -> float:
+        return sum(r.stats.wall_time_s for r in self.results) + self.extra_seconds
+
+    def counts(self, reference: list[list[int]] | None) -> dict:
+        """Raw, summable counts (what processes gather before rows are computed)."""
+        gamma = max(r.stats.gamma for r in self.results)
+        reached, passed = [0] * gamma, [0] * gamma
+        for r in self.results:
+            histogram = r.stats.accepted_length_histogram
+            for i in range(r.stats.gamma):
+                reached[i] += sum(histogram[i:])
+                passed[i] += sum(histogram[i + 1 :])
+        sequences = self.sequences
+        return {
+            "tokens": self.tokens,
+            "seconds": self.seconds,
+            "accepted": sum(r.stats.accepted for r in self.results),
+            "rejections": sum(r.stats.rejections for r in self.results),
+            "row_calls": sum(r.stats.generated_tokens / r.stats.tau for r in self.results if r.stats.tau),
+            "reached": reached,
+            "passed": passed,
+            "prompts": len(sequences),
+            "gamma": gamma,
+            "matches": sum(a == b for a, b in zip(sequences, reference)) if reference is not None else None,
+        }
+
+
+def merge_counts(parts: list[dict]) -> dict:
+    """Counts of one (domain, method, setting) from several processes. They ran concurrently, so
+    wall time is the slowest process's, and tokens/s is the whole system's throughput."""
+    merged = dict(parts[0])
+    for part in parts[1:]:
+        for key in ("tokens", "accepted", "rejections", "row_calls", "prompts"):
+            merged[key] += part[key]
+        merged["seconds"] = max(merged["seconds"], part["seconds"])
+        merged["reached"] = [a + b for a, b in zip(merged["reached"], part["reached"])]
+        merged["passed"] = [a + b for a, b in zip(merged["passed"], part["passed"])]
+        merged["matches"] = None if merged["matches"] is None else merged["matches"] + part["matches"]
+    return merged
+
+
+def run_batched(generate: Generate, prompts: list[list[int]], batch_size: int) -> RunRecord:
+    """Decode `prompts` in consecutive batches of `batch_size`."""
+    return RunRecord([generate(prompts[i : i + batch_size]) for i in range(0, len(prompts), batch_size)])
+
+
+def run_grouped(generators: dict[str, Generate], choices: list[str], prompts: list[list[int]], batch_size: int) -> RunRecord:
+    """Decode each prompt with its chosen method, batching prompts that share a choice.
+
+    At batch B this is what a deployment that groups requests by drafter does. Sequences come
+    back in prompt order.
+    """
+    by_choice: dict[str, list[int]] = {}
+    for i, choice in enumerate(choices):
+        by_choice.setdefault(choice, []).append(i)
+    results, flat_index = [], []
+    for choice, members in by_choice.items():
+        for start in range(0, len(members), batch_size):
+            chunk = members[start : start + batch_size]
+            results.append(generators[choice]([prompts[i] for i in chunk]))
+            flat_index += chunk
+    position = {prompt: k for k, prompt in enumerate(flat_index)}
+    return RunRecord(results, order=[position[i] for i in range(len(prompts))])
+
+
+def pick_per_prompt(records: dict[str, RunRecord]) -> list[str]:
+    """The oracle's choice: for each prompt, the method whose batch-1 run realised the highest tau
+    (tokens per target call), ties to the first listed. Needs batch-1 records (one result per prompt)."""
+    names = list(records)
+    count = len(records[names[0]].results)
+    return [max(names, key=lambda n: records[n].results[i].stats.tau) for i in range(count)]
+
+
+def finalize_rows(keyed_counts: dict[tuple, dict]) -> list[dict]:
+    """results.json rows from merged counts keyed by (domain, method, temperature, batch_size,
+    gamma); a `None` gamma means each drafter ran at its own stored gamma, which the counts carry."""
+    rows = []
+    for (domain, method, temperature, batch_size, gamma), c in keyed_counts.items():
+        base = keyed_counts[(domain, "autoregressive", temperature, batch_size, 0)]
+        tokens_per_s = c["tokens"] / c["seconds"] if c["seconds"] else 0.0
+        base_tps = base["tokens"] / base["seconds"] if base["seconds"] else 0.0
+        judged = c["accepted"] + c["rejections"]
+        rows.append(
+            {
+                "domain": domain,
+                "method": method,
+                "gamma": gamma if gamma is not None else c["gamma"],
+                "temperature": temperature,
+                "batch_size": batch_size,
+                "alpha": c["accepted"] / judged if judged else None,
+                "tau": c["tokens"] / c["row_calls"] if c["row_calls"] else None,
+                "tokens_per_s": tokens_per_s,
+                "speedup": tokens_per_s / base_tps if base_tps else None,
+                "exact_match": c["matches"] / c["prompts"] if c["matches"] is not None else None,
+                "position_acceptance": [p / r if r else None for p, r in zip(c["passed"], c["reached"])],
+                "tokens": c["tokens"],
+                "seconds": c["seconds"],
+                "prompts": c["prompts"],
+            }
+        )
+    return rows

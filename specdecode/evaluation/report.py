@@ -1,0 +1,152 @@
+"""report.md and PNG plots from evaluation results (one run, or a merged gamma multirun)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from specdecode.core.atomic import write_atomic
+
+
+def _pyplot():  # type: ignore[no-untyped-def]
+    """matplotlib on its file-only backend, imported when a plot is drawn (not by importers of fmt)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers and CI
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def fmt(value: object, digits: int = 2) -> str:
+    """A table cell: floats to `digits` places, None as a dash."""
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def merge_results(paths: Iterable[Path]) -> dict:
+    """Rows of several results.json files (e.g. a Hydra multirun over gamma) as one result."""
+    merged: dict = {"rows": [], "sources": []}
+    for path in sorted(paths):
+        data = json.loads(Path(path).read_text())
+        merged["rows"] += data["rows"]
+        merged["sources"].append(str(path))
+        merged.setdefault("config", data.get("config"))
+        merged.setdefault("date", data.get("date"))
+    if not merged["sources"]:
+        raise ValueError("no results.json files to merge")
+    return merged
+
+
+def markdown_table(rows: list[dict]) -> str:
+    header = "| domain | method | gamma | T | batch | alpha | tau | tokens/s | speedup | exact match |"
+    lines = [header, "|" + "---|" * 10]
+    for r in rows:
+        lines.append(
+            f"| {r['domain']} | {r['method']} | {r['gamma']} | {r['temperature']} | {r['batch_size']} | "
+            f"{fmt(r['alpha'], 3)} | {fmt(r['tau'])} | {fmt(r['tokens_per_s'])} | {fmt(r['speedup'])}× | "
+            f"{fmt(r['exact_match'])} |"
+        )
+    return "\n".join(lines)
+
+
+def plot_speedup(rows: list[dict], path: Path) -> None:
+    """Bars: speedup over autoregressive per domain and method (greedy, batch 1, one gamma)."""
+    chosen = [r for r in rows if r["temperature"] == 0.0 and r["batch_size"] == min(x["batch_size"] for x in rows)]
+    domains = sorted({r["domain"] for r in chosen})
+    methods = [m for m in dict.fromkeys(r["method"] for r in chosen) if m != "autoregressive"]
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(6, 1.5 * len(domains) * max(len(methods), 1) / 3), 4))
+    width = 0.8 / max(len(methods), 1)
+    for k, method in enumerate(methods):
+        values = [next((r["speedup"] or 0.0 for r in chosen if r["domain"] == d and r["method"] == method), 0.0) for d in domains]
+        ax.bar([i + k * width for i in range(len(domains))], values, width, label=method)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(domains))], domains)
+    ax.set_ylabel("speedup over autoregressive")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def sweep_series(rows: list[dict]) -> dict[tuple, list[dict]]:
+    """Rows of each (domain, method, temperature, batch size) that ran at two or more gammas,
+    sorted by gamma: the gamma sweep (an eval's `sweep_gammas`, or a merged multirun)."""
+    series: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["method"] != "autoregressive" and r["alpha"] is not None:
+            series.setdefault((r["domain"], r["method"], r["temperature"], r["batch_size"]), []).append(r)
+    return {key: sorted(group, key=lambda r: r["gamma"]) for key, group in series.items() if len({r["gamma"] for r in group}) >= 2}
+
+
+def plot_gamma_sweep(rows: list[dict], path: Path) -> None:
+    """Acceptance (alpha) and tokens/s against gamma, one line per swept (domain, method, T, batch);
+    the target alone's tokens/s as a dashed line per domain for scale."""
+    series = sweep_series(rows)
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for (domain, method, temperature, batch), group in sorted(series.items(), key=lambda kv: str(kv[0])):
+        label = f"{domain} / {method} (T={temperature}, B={batch})"
+        gammas = [r["gamma"] for r in group]
+        left.plot(gammas, [r["alpha"] for r in group], marker="o", label=label)
+        right.plot(gammas, [r["tokens_per_s"] for r in group], marker="o", label=label)
+    for r in rows:
+        if r["method"] == "autoregressive" and any(k[0] == r["domain"] and k[2:] == (r["temperature"], r["batch_size"]) for k in series):
+            right.axhline(r["tokens_per_s"], linestyle="--", linewidth=0.8, color="gray")
+    left.set(xlabel="gamma (drafts per target pass)", ylabel="alpha (per-token acceptance)")
+    right.set(xlabel="gamma (drafts per target pass)", ylabel="tokens/s (dashed: target alone)")
+    if series:
+        left.legend(fontsize="xx-small")
+    else:
+        left.set_title("no gamma sweep in these results", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_position_acceptance(rows: list[dict], path: Path) -> None:
+    """P(draft i accepted | drafts before it accepted), per domain and method (greedy, batch 1)."""
+    chosen = [r for r in rows if r["method"] != "autoregressive" and r["temperature"] == 0.0 and r.get("position_acceptance")]
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in chosen:
+        values = [v if v is not None else float("nan") for v in r["position_acceptance"]]
+        ax.plot(range(1, len(values) + 1), values, marker=".", label=f"{r['domain']} / {r['method']} (γ={r['gamma']}, B={r['batch_size']})")
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance given the previous drafts were accepted")
+    ax.legend(fontsize="xx-small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_report(results: dict, out_dir: Path) -> Path:
+    """Write report.md and its PNG plots into `out_dir`; return the report's path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = results["rows"]
+    plot_speedup(rows, out_dir / "speedup.png")
+    plot_gamma_sweep(rows, out_dir / "gamma_sweep.png")
+    plot_position_acceptance(rows, out_dir / "position_acceptance.png")
+    text = "\n".join(
+        [
+            f"# Evaluation report — {results.get('date', '')}",
+            "",
+            markdown_table(rows),
+            "",
+            "Speedup is tokens/s over `autoregressive` at the same domain, temperature and batch size; "
+            "exact match is the share of prompts whose output equals target-only greedy (greedy rows only).",
+            "",
+            "![speedup per domain and method](speedup.png)",
+            "![acceptance and tokens/s vs gamma](gamma_sweep.png)",
+            "![per-position acceptance](position_acceptance.png)",
+            "",
+        ]
+    )
+    path = out_dir / "report.md"
+    write_atomic(path, text)
+    return path

@@ -1,0 +1,221 @@
+"""Evaluation suite: what speculative decoding buys per domain, per drafter, per setting.
+
+For each domain's held-out prompts, each temperature and batch size, each method is run for real:
+`autoregressive` (the baseline), `undistilled` (a derived drafter before training), `generic`
+(distilled on the mix), `specialized:<domain>` (each domain drafter, on every domain), `routed`
+(the router picks a drafter per prompt), and `oracle` (per prompt, the drafter that realised the
+highest acceptance at batch 1). Rows report alpha, tau, tokens/s, speedup over autoregressive at
+the same batch size, and exact match with target-only greedy (measured, never assumed).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerBase
+
+from specdecode.core.atomic import write_atomic
+from specdecode.core.devices import placed_accelerator
+from specdecode.core.locking import locks_output_dir
+from specdecode.data.corpus import vocab_corpus
+from specdecode.data.domains import format_prompt, load_domain
+from specdecode.decoding.decode import autoregressive_generate, speculative_generate
+from specdecode.evaluation.config import EvalConfig
+from specdecode.evaluation.records import Generate, RunRecord, finalize_rows, merge_counts, pick_per_prompt, run_batched, run_grouped
+from specdecode.evaluation.report import write_report
+from specdecode.models.compat import check_tokenizers, default_eos
+from specdecode.models.loading import build_drafter, load_model
+from specdecode.routing.router import NO_DRAFTER, Router
+
+
+def heldout_prompts(
+    tokenizer: PreTrainedTokenizerBase, domain: str, count: int, max_tokens: int, source: str = "embedded"
+) -> list[tuple[str, list[int]]]:
+    """The first `count` held-out prompts of `domain` that fit `max_tokens` (skipped, never cut)."""
+    chosen = []
+    for example in load_domain(domain, source=source, split="heldout"):  # type: ignore[arg-type]
+        ids = format_prompt(tokenizer, example.prompt)
+        if len(ids) <= max_tokens:
+            chosen.append((example.prompt, ids))
+        if len(chosen) == count:
+            return chosen
+    raise ValueError(f"domain {domain!r} has only {len(chosen)} held-out prompts within max_prompt_tokens={max_tokens}")
+
+
+@dataclass
+class _Models:
+    """What an evaluation decodes with: the target, its tokenizer and EOS ids, the drafters by
+    method name (`undistilled`, `generic`, `specialized:<domain>`), and the router if any."""
+
+    target: Any
+    tokenizer: PreTrainedTokenizerBase
+    eos: list[int]
+    drafters: dict[str, Any]
+    router: Any = None
+
+    @property
+    def candidates(self) -> list[str]:
+        """The trained drafters the router and the oracle choose between."""
+        return [n for n in self.drafters if n == "generic" or n.startswith("specialized:")]
+
+
+def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], object] | None) -> _Models:
+    target, tokenizer = load_model(cfg.target.name, dtype=cfg.dtype, device=device)
+    drafters: dict[str, Any] = {}
+    if "undistilled" in cfg.methods:
+        corpus = lambda: vocab_corpus(tokenizer, 2000, source=cfg.source, domains=cfg.domains)  # noqa: E731
+        drafters["undistilled"] = build_drafter(cfg.undistilled, target, tokenizer, corpus)
+    for name, path in cfg.drafters.items():
+        if ("generic" if name == "generic" else "specialized") not in cfg.methods:
+            continue
+        model, drafter_tokenizer = load_model(path, dtype=cfg.dtype, device=device)
+        check_tokenizers(tokenizer, drafter_tokenizer)
+        drafters["generic" if name == "generic" else f"specialized:{name}"] = model
+    router = None
+    if "routed" in cfg.methods:
+        if router_loader is None:
+            router_loader = partial(Router.load, device=str(device))
+        router = router_loader(cfg.router_dir)  # type: ignore[arg-type]
+    return _Models(target, tokenizer, default_eos(target), drafters, router)
+
+
+def _generators(models: _Models, gamma: int | None, decode: dict) -> dict[str, Generate]:
+    """One decode function per method name at `gamma` (`autoregressive` ignores it)."""
+    generators: dict[str, Generate] = {"autoregressive": partial(autoregressive_generate, models.target, **decode)}
+    for name, drafter in models.drafters.items():
+        generators[name] = partial(speculative_generate, models.target, drafter, gamma=gamma, **decode)
+    return generators
+
+
+def _routed(generators: dict[str, Generate], choices: list[str], ids: list[list[int]], batch_size: int, routing_s: float) -> RunRecord:
+    record = run_grouped(generators, choices, ids, batch_size)
+    # Routing is part of the routed method's cost.
+    record.extra_seconds = routing_s * len(ids)
+    return record
+
+
+def _eval_domain(cfg: EvalConfig, models: _Models, domain: str, texts: list[str], ids: list[list[int]], progress: Any) -> tuple[dict[tuple, dict], float | None]:
+    """Counts of every method and setting on one domain's prompts (this process's share), keyed as
+    `finalize_rows` expects; and the router's seconds per prompt (None without a router)."""
+    local: dict[tuple, dict] = {}
+    route_choices: list[str] | None = None
+    routing_s: float | None = None
+    if models.router is not None:
+        start = time.perf_counter()
+        route_choices = [_router_key(c) for c in models.router.choose(texts)]
+        routing_s = (time.perf_counter() - start) / max(len(texts), 1)
+    sweep_batch = min(cfg.batch_sizes)
+    for temperature in cfg.temperatures:
+        decode = dict(max_new_tokens=cfg.max_new_tokens, temperature=temperature, eos_token_ids=models.eos, seed=cfg.seed)
+        generators = _generators(models, cfg.gamma, decode)
+        oracle_choices: list[str] | None = None
+        sweep_reference: list[list[int]] | None = None
+        for batch_size in sorted(cfg.batch_sizes):
+            progress.set_postfix_str(f"{domain} T={temperature} B={batch_size}")
+            records = {name: run_batched(fn, ids, batch_size) for name, fn in generators.items()}
+            if route_choices is not None:
+                records["routed"] = _routed(generators, route_choices, ids, batch_size, routing_s or 0.0)
+            if "oracle" in cfg.methods and models.candidates:
+                if oracle_choices is None:
+                    if batch_size != 1:
+                        raise ValueError("method oracle needs batch size 1 in batch_sizes (it picks from batch-1 runs)")
+                    oracle_choices = pick_per_prompt({n: records[n] for n in models.candidates})
+                    records["oracle"] = RunRecord([records[c].results[i] for i, c in enumerate(oracle_choices)])
+                else:
+                    records["oracle"] = run_grouped(generators, oracle_choices, ids, batch_size)
+            reference = records["autoregressive"].sequences if temperature == 0.0 else None
+            if batch_size == sweep_batch:
+                sweep_reference = reference
+            for name, record in records.items():
+                local[(domain, name, temperature, batch_size, 0 if name == "autoregressive" else cfg.gamma)] = record.counts(reference)
+            progress.update(1)
+        if temperature in cfg.sweep_temperatures:
+            local |= _sweep(cfg, models, domain, decode, ids, sweep_batch, sweep_reference, route_choices, routing_s, progress)
+    return local, routing_s
+
+
+def _sweep(
+    cfg: EvalConfig, models: _Models, domain: str, decode: dict, ids: list[list[int]], batch_size: int,
+    reference: list[list[int]] | None, route_choices: list[str] | None, routing_s: float | None, progress: Any,
+) -> dict[tuple, dict]:
+    """The gamma sweep: `sweep_methods` at each of `sweep_gammas` (the main gamma's rows exist
+    already); greedy rows are checked against target-only greedy (`reference`) like the others."""
+    local: dict[tuple, dict] = {}
+    temperature = decode["temperature"]
+    for gamma in cfg.sweep_gammas:
+        if gamma == cfg.gamma:
+            continue
+        progress.set_postfix_str(f"{domain} T={temperature} B={batch_size} gamma={gamma}")
+        generators = _generators(models, gamma, decode)
+        for method in cfg.sweep_methods:
+            if method == "routed":
+                if route_choices is None:
+                    continue
+                record = _routed(generators, route_choices, ids, batch_size, routing_s or 0.0)
+            elif method in generators:
+                record = run_batched(generators[method], ids, batch_size)
+            else:
+                continue
+            local[(domain, method, temperature, batch_size, gamma)] = record.counts(reference)
+    progress.update(1)
+    return local
+
+
+@locks_output_dir
+def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = None) -> dict:
+    """Evaluate every method on every domain and setting; write results.json and report.md.
+
+    Under `accelerate launch`, each process decodes its share of each domain's prompts and the
+    main process gathers the counts and writes the files (alpha, tau and exact match do not depend
+    on the number of processes; tokens/s is then the whole system's throughput).
+    """
+    accelerator, device = placed_accelerator(cfg.device)
+    models = _load_models(cfg, device, router_loader)
+    steps = len(cfg.domains) * (len(cfg.temperatures) * len(cfg.batch_sizes) + len([t for t in cfg.temperatures if t in cfg.sweep_temperatures]))
+    progress = tqdm(total=steps, desc="eval", disable=not accelerator.is_main_process)
+    local: dict[tuple, dict] = {}
+    routing_seconds: dict[str, float] = {}
+    for domain in cfg.domains:
+        prompts = heldout_prompts(models.tokenizer, domain, cfg.prompts_per_domain, cfg.max_prompt_tokens, cfg.source)
+        with accelerator.split_between_processes(prompts) as mine:
+            counts, routing_s = _eval_domain(cfg, models, domain, [t for t, _ in mine], [p for _, p in mine], progress)
+        local |= counts
+        if routing_s is not None:
+            routing_seconds[domain] = routing_s
+    progress.close()
+    return _publish(cfg, accelerator, local, routing_seconds)
+
+
+def _publish(cfg: EvalConfig, accelerator: Any, local: dict[tuple, dict], routing_seconds: dict[str, float]) -> dict:
+    """Gather every process's counts; the main process writes results.json and report.md."""
+    gathered = accelerator.gather_for_metrics([local], use_gather_object=True)
+    results: dict = {}
+    if accelerator.is_main_process:
+        merged = {key: merge_counts([part[key] for part in gathered]) for key in gathered[0]}
+        results = {
+            "config": asdict(cfg),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "processes": accelerator.num_processes,
+            "routing_seconds_per_prompt": routing_seconds,
+            "rows": finalize_rows(merged),
+        }
+        out = Path(cfg.output_dir)
+        write_atomic(out / "results.json", json.dumps(results, indent=2))
+        write_report(results, out)
+    accelerator.wait_for_everyone()
+    return results
+
+
+def _router_key(drafter_name: str) -> str:
+    """Router drafter names are `generic` or a domain; evaluation methods name them as rows do."""
+    if drafter_name == NO_DRAFTER:
+        return "autoregressive"
+    return drafter_name if drafter_name in ("generic", "undistilled") else f"specialized:{drafter_name}"

@@ -1,0 +1,41 @@
+"""Targets and drafters: loading (hub id, folder, .gguf, aliases), deriving drafters from a target,
+and the checks a target and a drafter must pass to work together. `specdecode.models` is the one
+import for loading and deriving models."""
+
+from specdecode.models.compat import check_tokenizers, check_vocab_sizes, default_eos
+from specdecode.models.config import SMOKE_TARGET, DrafterConfig, TargetConfig
+from specdecode.models.draft_vocab import (
+    DraftVocabHead,
+    apply_draft_vocab_from_config,
+    draft_vocab_ids,
+    most_frequent_token_ids,
+    validate_draft_ids,
+)
+from specdecode.models.drafters import derive_drafter
+from specdecode.models.feature_drafter import FeatureDrafter, derive_feature_drafter
+from specdecode.models.gguf_cache import DEFAULT_TARGET, cache_dir, default_target_gguf, gguf_to_hf_folder
+from specdecode.models.loading import build_drafter, load_model, resolve_dtype
+
+__all__ = [
+    "DEFAULT_TARGET",
+    "SMOKE_TARGET",
+    "DraftVocabHead",
+    "DrafterConfig",
+    "FeatureDrafter",
+    "TargetConfig",
+    "apply_draft_vocab_from_config",
+    "build_drafter",
+    "cache_dir",
+    "check_tokenizers",
+    "check_vocab_sizes",
+    "default_eos",
+    "default_target_gguf",
+    "derive_drafter",
+    "draft_vocab_ids",
+    "derive_feature_drafter",
+    "gguf_to_hf_folder",
+    "load_model",
+    "most_frequent_token_ids",
+    "resolve_dtype",
+    "validate_draft_ids",
+]

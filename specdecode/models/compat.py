@@ -1,0 +1,64 @@
+"""What a target and a drafter must share to work together: the tokenizer (ids to tokens, EOS) and
+the vocabulary size; and a model's own EOS ids."""
+
+from __future__ import annotations
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from specdecode.core.config import is_int
+
+
+def check_tokenizers(
+    target_tokenizer: PreTrainedTokenizerBase, drafter_tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """Require the target and drafter tokenizers to map ids to the same tokens and share EOS.
+
+    Speculative decoding hands drafter token ids to the target as they are, so a single
+    differing id silently corrupts the output.
+
+    Raises:
+        ValueError: naming both vocabulary sizes and the first differing id with both tokens,
+            or both EOS ids.
+    """
+    target_vocab = {i: token for token, i in target_tokenizer.get_vocab().items()}
+    drafter_vocab = {i: token for token, i in drafter_tokenizer.get_vocab().items()}
+    if target_vocab != drafter_vocab:
+        all_ids = target_vocab.keys() | drafter_vocab.keys()
+        first = min(i for i in all_ids if target_vocab.get(i) != drafter_vocab.get(i))
+        raise ValueError(
+            f"target and drafter tokenizers differ: target vocab has {len(target_vocab)} tokens, "
+            f"drafter vocab has {len(drafter_vocab)}; first difference at id {first}: "
+            f"{target_vocab.get(first, '<missing>')!r} vs {drafter_vocab.get(first, '<missing>')!r}"
+        )
+    if target_tokenizer.eos_token_id != drafter_tokenizer.eos_token_id:
+        raise ValueError(
+            f"target and drafter tokenizers disagree on EOS: target eos_token_id="
+            f"{target_tokenizer.eos_token_id} ({target_tokenizer.eos_token!r}), drafter eos_token_id="
+            f"{drafter_tokenizer.eos_token_id} ({drafter_tokenizer.eos_token!r})"
+        )
+
+
+def check_vocab_sizes(target: PreTrainedModel, drafter: PreTrainedModel) -> None:
+    """Require the drafter's logits to live in the target's vocabulary.
+
+    Raises:
+        ValueError: naming both `config.vocab_size` values if they differ.
+    """
+    target_size = target.config.get_text_config().vocab_size
+    drafter_size = drafter.config.get_text_config().vocab_size
+    if target_size != drafter_size:
+        raise ValueError(
+            f"target and drafter vocabularies differ: target config.vocab_size={target_size}, "
+            f"drafter config.vocab_size={drafter_size}"
+        )
+
+
+def default_eos(model: PreTrainedModel) -> list[int]:
+    """The model's own EOS ids (generation config first, as transformers `generate` does)."""
+    generation_config = getattr(model, "generation_config", None)
+    eos = getattr(generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    if eos is None:
+        return []
+    return [eos] if is_int(eos) else list(eos)

@@ -1,0 +1,250 @@
+"""Truncated vocabularies: a drafter's LM head that scores only K chosen token ids.
+
+For small targets the head dominates the drafter's cost (SmolLM2's 49,152 x 576 head is ~28M of
+its 135M parameters), so scoring K << V ids is where the speed is. The K ids are the most frequent
+ones of the domain corpora (`most_frequent_token_ids`, EOS always kept).
+
+On disk a truncated drafter is a plain full-vocab checkpoint plus `config.draft_vocab_ids`; see
+`DraftVocabHead` for how the round trip works (`apply_draft_vocab_from_config` restores it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+
+
+class DraftVocabHead(nn.Module):
+    """An LM head that scores only K draft token ids but returns full-vocabulary logits.
+
+    `forward` computes `hidden @ weight.T` for the K ids (the expensive matmul shrinks from V x H
+    to K x H) and scatters the result into a [.., V] tensor filled with `finfo(dtype).min`.
+    The fill is the most negative finite value rather than -inf, so softmax gives exact zeros
+    while log-probabilities stay finite: `0 * log q` terms in KL losses give 0, not NaN.
+
+    Checkpoints stay plain: `state_dict()` reports `weight` as the full [V, H] matrix (the
+    target's original head, with the draft rows replaced by the current, possibly trained,
+    `weight`), and `load_state_dict()` accepts that [V, H] matrix back. The draft ids live in
+    `config.draft_vocab_ids`, not in the state dict, so any HF loader sees an ordinary LM head.
+
+    Attributes:
+        weight: [K, H] trainable rows of the head for `draft_ids`.
+        bias: [K] or None.
+        draft_ids: [K] long buffer, sorted ascending.
+        base_weight: [V, H] frozen full head the checkpoint is rebuilt from.
+        base_bias: [V] or None.
+    """
+
+    def __init__(
+        self, full_weight: torch.Tensor, draft_ids: torch.Tensor, full_bias: torch.Tensor | None = None
+    ) -> None:
+        """Build from a full head.
+
+        Args:
+            full_weight: [V, H] full LM-head weight; copied, never aliased.
+            draft_ids: [K] token ids to score, validated by `validate_draft_ids`.
+            full_bias: [V] LM-head bias, or None.
+        """
+        super().__init__()
+        vocab_size = full_weight.shape[0]
+        draft_ids = validate_draft_ids(draft_ids, vocab_size).to(full_weight.device)
+        self.vocab_size = vocab_size
+        self.register_buffer("draft_ids", draft_ids, persistent=False)
+        self.register_buffer("base_weight", full_weight.detach().clone(), persistent=False)
+        self.weight = nn.Parameter(full_weight.detach()[draft_ids].clone())
+        if full_bias is None:
+            self.register_buffer("base_bias", None, persistent=False)
+            self.register_parameter("bias", None)
+        else:
+            self.register_buffer("base_bias", full_bias.detach().clone(), persistent=False)
+            self.bias = nn.Parameter(full_bias.detach()[draft_ids].clone())
+        self.register_state_dict_post_hook(_draft_head_state_dict_hook)
+        self.register_load_state_dict_pre_hook(_draft_head_load_hook)
+
+    @classmethod
+    def from_linear(cls, head: nn.Linear, draft_ids: torch.Tensor | Sequence[int]) -> DraftVocabHead:
+        """Truncate a full `nn.Linear` head [V, H] to `draft_ids`."""
+        return cls(head.weight, torch.as_tensor(draft_ids), head.bias)
+
+    def full_weight(self) -> torch.Tensor:
+        """[V, H]: the base head with the draft rows replaced by the current `weight`."""
+        full = self.base_weight.clone()
+        full[self.draft_ids] = self.weight.detach()
+        return full
+
+    def full_bias(self) -> torch.Tensor | None:
+        """[V] counterpart of `full_weight` for the bias, or None."""
+        if self.bias is None:
+            return None
+        full = self.base_bias.clone()
+        full[self.draft_ids] = self.bias.detach()
+        return full
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Score the draft ids.
+
+        Args:
+            hidden: [B, T, H] final hidden states.
+
+        Returns:
+            [B, T, V] logits: `hidden @ weight.T (+ bias)` at `draft_ids`, `finfo.min` elsewhere.
+        """
+        draft_logits = F.linear(hidden, self.weight, self.bias)  # [B, T, K]
+        logits = draft_logits.new_full(
+            (*draft_logits.shape[:-1], self.vocab_size), torch.finfo(draft_logits.dtype).min
+        )
+        return logits.index_copy(-1, self.draft_ids, draft_logits)
+
+    def extra_repr(self) -> str:
+        return (
+            f"draft_vocab={self.draft_ids.numel()}, vocab_size={self.vocab_size}, "
+            f"hidden_size={self.weight.shape[1]}, bias={self.bias is not None}"
+        )
+
+
+def _draft_head_state_dict_hook(
+    module: DraftVocabHead, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any]
+) -> None:
+    """Report the head as the plain full [V, H] matrix (and [V] bias) a stock loader expects."""
+    state_dict[prefix + "weight"] = module.full_weight()
+    if module.bias is not None:
+        state_dict[prefix + "bias"] = module.full_bias()
+
+
+def _draft_head_load_hook(
+    module: DraftVocabHead,
+    state_dict: dict[str, Any],
+    prefix: str,
+    local_metadata: dict[str, Any],
+    strict: bool,
+    missing_keys: list[str],
+    unexpected_keys: list[str],
+    error_msgs: list[str],
+) -> None:
+    """Accept the full [V, H] head written by `_draft_head_state_dict_hook`: keep it as the base
+    and load its draft rows into `weight`. Any other shape is left for torch to report."""
+    for name, base_name in (("weight", "base_weight"), ("bias", "base_bias")):
+        key = prefix + name
+        full = state_dict.get(key)
+        base = getattr(module, base_name)
+        if full is None or base is None or full.shape != base.shape:
+            continue
+        with torch.no_grad():
+            base.copy_(full)
+        state_dict[key] = full[module.draft_ids.to(full.device)]
+
+
+def draft_vocab_ids(drafter: PreTrainedModel) -> torch.Tensor:
+    """[K] ids the drafter's head scores: its draft ids, or all V for a full head."""
+    head = drafter.get_output_embeddings()
+    if isinstance(head, DraftVocabHead):
+        return head.draft_ids.cpu()
+    return torch.arange(drafter.config.get_text_config().vocab_size)
+
+
+def validate_draft_ids(draft_ids: Sequence[int] | torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Check explicit draft token ids and return them as a sorted [K] long tensor.
+
+    Raises:
+        ValueError: naming the offending value if the ids are empty, not integers, not 1-D,
+            outside [0, vocab_size), or repeated.
+    """
+    ids = draft_ids.detach() if isinstance(draft_ids, torch.Tensor) else torch.as_tensor(draft_ids)
+    if ids.numel() == 0:
+        raise ValueError(f"draft_vocab ids are empty ({draft_ids!r}); a drafter needs at least one")
+    if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+        raise ValueError(f"draft_vocab ids must be integers, got dtype {ids.dtype}")
+    if ids.dim() != 1:
+        raise ValueError(f"draft_vocab ids must be a 1-D sequence, got shape {tuple(ids.shape)}")
+    ids = ids.long()
+    bad = ids[(ids < 0) | (ids >= vocab_size)]
+    if bad.numel():
+        raise ValueError(f"draft_vocab id {int(bad[0])} is outside the vocabulary [0, {vocab_size})")
+    ids, counts = torch.unique(ids, sorted=True, return_counts=True)
+    if (counts > 1).any():
+        raise ValueError(f"draft_vocab id {int(ids[counts > 1][0])} is repeated")
+    return ids
+
+
+def most_frequent_token_ids(
+    token_id_lists: Iterable[Sequence[int] | torch.Tensor],
+    k: int,
+    vocab_size: int,
+    *,
+    always_include: Sequence[int] = (),
+) -> torch.Tensor:
+    """The k most frequent token ids in a corpus, for a drafter's truncated vocabulary.
+
+    Args:
+        token_id_lists: tokenised documents (lists or 1-D tensors of ids).
+        k: how many ids to keep, 1..vocab_size.
+        vocab_size: V.
+        always_include: ids kept whatever their count (EOS: a drafter that cannot propose the end
+            of an answer loses every draft that crosses it).
+
+    Returns:
+        [k] long tensor of ids, sorted ascending. Ties, including unseen ids when the corpus has
+        fewer than k distinct tokens, go to the lower id.
+
+    Raises:
+        ValueError: k out of range, or more forced ids than k.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= vocab_size:
+        raise ValueError(f"k={k!r} must be an int in [1, {vocab_size}]")
+    forced = torch.unique(torch.as_tensor(list(always_include), dtype=torch.long))
+    if forced.numel() > k:
+        raise ValueError(f"always_include has {forced.numel()} ids, more than k={k}")
+    if forced.numel() and (forced.min() < 0 or forced.max() >= vocab_size):
+        raise ValueError(f"always_include ids {forced.tolist()} fall outside [0, {vocab_size})")
+
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
+    for ids in token_id_lists:
+        ids = torch.as_tensor(ids, dtype=torch.long).flatten()
+        if ids.numel():
+            if ids.min() < 0 or ids.max() >= vocab_size:
+                raise ValueError(f"corpus token id outside [0, {vocab_size}): {ids.tolist()[:8]}...")
+            counts += torch.bincount(ids, minlength=vocab_size).double()
+    counts[forced] = float("inf")
+    # Stable sort so ties go to the lower id and the result is deterministic.
+    top = torch.argsort(counts, descending=True, stable=True)[:k]
+    return torch.sort(top).values
+
+
+def truncate_vocab(drafter: PreTrainedModel, draft_ids: torch.Tensor) -> None:
+    """Swap the drafter's full LM head for a `DraftVocabHead` over `draft_ids` and record the ids."""
+    head = drafter.get_output_embeddings()
+    if not isinstance(head, nn.Linear):
+        raise TypeError(f"can only truncate an nn.Linear LM head, got {type(head).__name__}")
+    drafter.set_output_embeddings(DraftVocabHead.from_linear(head, draft_ids))
+    config = drafter.config.get_text_config()
+    # The truncated head no longer mirrors the embedding matrix, so it must never be re-tied to it;
+    # and the on-disk head is written in full, so a stock loader must not expect to tie either.
+    config.tie_word_embeddings = False
+    drafter.config.tie_word_embeddings = False
+    config.draft_vocab_ids = draft_ids.tolist()
+    drafter.all_tied_weights_keys = drafter.get_expanded_tied_weights_keys(all_submodels=True)
+
+
+def apply_draft_vocab_from_config(model: PreTrainedModel) -> PreTrainedModel:
+    """Restore a truncated-vocab drafter loaded as a plain full-vocab model.
+
+    If `config.draft_vocab_ids` is set and the LM head is a plain `nn.Linear`, it is replaced by a
+    `DraftVocabHead` built from the loaded head, whose draft rows are the trained ones: logits
+    at the draft ids are unchanged, the others become `finfo.min`. A no-op otherwise.
+
+    Returns:
+        `model`, modified in place.
+    """
+    ids = getattr(model.config.get_text_config(), "draft_vocab_ids", None)
+    if ids is None:
+        return model
+    head = model.get_output_embeddings()
+    if isinstance(head, DraftVocabHead):
+        return model
+    truncate_vocab(model, validate_draft_ids(ids, model.config.get_text_config().vocab_size))
+    return model

@@ -1,0 +1,227 @@
+"""Feature-conditioned drafters (EAGLE, Li et al. 2024): draft from the target's own hidden states.
+
+A slice of the target's first layers sees too little of what the target knows. A feature drafter
+reads, at position t, the target's last hidden state f_t and the embedding of the next token
+x_{t+1}, fuses them with one linear layer over their concatenation, runs a few (default one)
+decoder layers and the final norm, and so predicts the target's next feature f_{t+1}; the target's
+own frozen LM head (optionally truncated to the draft vocabulary) turns that into a distribution
+over x_{t+2}. Drafting steps 2..gamma feed back the drafter's predicted feature.
+
+Features are the target's *post-norm* last hidden states (what its LM head reads; SmolLM2's absmax
+~50), not the pre-norm residual stream (outlier dimensions ~8,000), which made feature regression
+fail in the calibration run of ../shared/NOTES.md.
+
+Structure: `body` is a plain HF causal LM cut from the target (`derive_drafter`: embeddings,
+`num_layers` decoder layers, final norm, LM head), driven with `inputs_embeds = fc([emb(x); f])`.
+On disk a feature drafter is `body.save_pretrained(folder)` (so transformers can read the folder)
+with `config.feature_drafter = {"fusion": "concat_linear"}` and the fusion layer in
+`feature_fc.safetensors`; `load_model(folder)` restores it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import PreTrainedModel
+
+FC_FILE = "feature_fc.safetensors"
+CONFIG_KEY = "feature_drafter"
+
+
+class FeatureDrafter(nn.Module):
+    """EAGLE-style drafter: `fc([emb(x_{t+1}); f_t])` → decoder layers → norm → ĝ_{t+1} → head.
+
+    Attributes:
+        body: a causal LM sharing the target's hidden size and vocabulary; its decoder is run on
+            fused embeddings, its LM head scores the predicted feature.
+        fc: `[H, 2H]` fusion of the token embedding and the target feature.
+    """
+
+    def __init__(self, body: PreTrainedModel, fc: nn.Linear) -> None:
+        super().__init__()
+        hidden = body.config.get_text_config().hidden_size
+        if tuple(fc.weight.shape) != (hidden, 2 * hidden):
+            raise ValueError(f"fusion layer has shape {tuple(fc.weight.shape)}, expected {(hidden, 2 * hidden)}")
+        self.body = body
+        self.fc = fc
+        setattr(body.config, CONFIG_KEY, {"fusion": "concat_linear"})
+
+    # The decode loop, validation and training read these like a plain HF model's.
+    @property
+    def config(self) -> Any:
+        return self.body.config
+
+    @property
+    def generation_config(self) -> Any:
+        return self.body.generation_config
+
+    @property
+    def device(self) -> torch.device:
+        return self.body.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.body.dtype
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.body.get_input_embeddings()
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.body.get_output_embeddings()
+
+    def fuse(self, features: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
+        """`[B, T, H]` features f_t and `[B, T]` tokens x_{t+1} → `[B, T, H]` decoder inputs."""
+        embeddings = self.get_input_embeddings()(next_ids)
+        return self.fc(torch.cat([embeddings, features.to(embeddings.dtype)], dim=-1))
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        next_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: Any = None,
+    ) -> torch.Tensor:
+        """Predicted next features `[B, T, H]` (post-norm, the LM head's input) for positions t.
+
+        `attention_mask` is a `[B, T]` padding mask or a prepared additive `[B, 1, T, S]` mask
+        (the KV cache's, or the unrolled-training mask of `unrolled_mask`).
+        """
+        return self.body.get_decoder()(
+            inputs_embeds=self.fuse(features, next_ids),
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=past_key_values is not None,
+        ).last_hidden_state
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`[..., H]` predicted features → `[..., V]` logits through the (frozen) LM head."""
+        return self.get_output_embeddings()(hidden)
+
+    def save_pretrained(self, path: str | os.PathLike[str], **kwargs: Any) -> None:
+        """A plain HF folder for `body` plus the fusion layer (see the module docstring)."""
+        self.body.save_pretrained(path, **kwargs)
+        save_file({"weight": self.fc.weight.detach().contiguous().cpu()}, str(Path(path) / FC_FILE))
+
+
+def is_feature_drafter(model: object) -> bool:
+    return isinstance(model, FeatureDrafter)
+
+
+def derive_feature_drafter(
+    target: PreTrainedModel,
+    num_layers: int = 1,
+    *,
+    draft_vocab: Any = None,
+    corpus: Any = None,
+    init_from_layer: int = -1,
+) -> FeatureDrafter:
+    """A feature drafter built from the target's weights, ready to train.
+
+    The body is `derive_drafter(target, num_layers, draft_vocab=..., corpus=...)` with its decoder
+    layers re-initialised from the target's layers ending at `init_from_layer` (default: the last
+    ones, which already map late features to late features). The fusion starts as the sum of the
+    embedding and the feature, so the untrained drafter runs the target's last layer on them.
+
+    Raises:
+        ValueError: bad `num_layers` / `init_from_layer` / vocabulary (from `derive_drafter`).
+    """
+    from specdecode.models.drafters import derive_drafter
+
+    body = derive_drafter(target, num_layers, draft_vocab=draft_vocab, corpus=corpus)
+    layers = target.get_decoder().layers
+    last = init_from_layer % len(layers) if -len(layers) <= init_from_layer < len(layers) else None
+    if last is None or last + 1 < num_layers:
+        raise ValueError(f"init_from_layer={init_from_layer} must pick one of the target's {len(layers)} layers "
+                         f"with at least num_layers={num_layers} layers up to it")
+    for i, layer in enumerate(body.get_decoder().layers):
+        layer.load_state_dict(layers[last + 1 - num_layers + i].state_dict())
+    hidden = body.config.get_text_config().hidden_size
+    fc = nn.Linear(2 * hidden, hidden, bias=False, device=target.device, dtype=target.dtype)
+    with torch.no_grad():
+        eye = torch.eye(hidden, device=target.device, dtype=target.dtype)
+        fc.weight.copy_(torch.cat([eye, eye], dim=1))
+    return FeatureDrafter(body, fc).eval()
+
+
+def wrap_if_feature_drafter(model: PreTrainedModel, folder: str | os.PathLike[str]) -> PreTrainedModel | FeatureDrafter:
+    """`model` loaded from `folder`, as a `FeatureDrafter` if its config says it is one.
+
+    Raises:
+        FileNotFoundError: the config says feature drafter but `feature_fc.safetensors` is missing.
+    """
+    if getattr(model.config, CONFIG_KEY, None) is None:
+        return model
+    path = Path(folder) / FC_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{str(folder)!r} is a feature drafter (config.{CONFIG_KEY}) but has no {FC_FILE}")
+    weight = load_file(str(path))["weight"]
+    fc = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=model.device, dtype=model.dtype)
+    with torch.no_grad():
+        fc.weight.copy_(weight)
+    return FeatureDrafter(model, fc).eval()
+
+
+def unrolled_mask(length: int, steps: int, padding: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive attention mask `[B, 1, kT, kT]` for training k drafting steps at once (EAGLE-3's
+    training-time test), the k passes laid end to end.
+
+    Pass j (1-based) at position s stands for the j-th drafting step made at s. Decoding, that
+    query sees the cache of true-feature entries up to s - j + 1 and the entries that steps 2..j
+    wrote at s - j + 2 .. s; so pass-1 keys at positions <= s - j + 1 and the pass-i key at
+    s - j + i (2 <= i <= j). Pass 1 is ordinary causal attention. `padding` `[B, T]` (1 = token)
+    hides padded keys.
+    """
+    device = padding.device
+    s = torch.arange(length, device=device)
+    blocks = []
+    for j in range(1, steps + 1):
+        row = []
+        for i in range(1, steps + 1):
+            if i == 1:
+                visible = s.view(1, -1) <= (s - j + 1).view(-1, 1)
+            elif i <= j:
+                visible = s.view(1, -1) == (s - j + i).view(-1, 1)
+            else:
+                visible = torch.zeros(length, length, dtype=torch.bool, device=device)
+            row.append(visible)
+        blocks.append(torch.cat(row, dim=1))
+    visible = torch.cat(blocks, dim=0).unsqueeze(0) & padding.bool().repeat(1, steps).unsqueeze(1)
+    # Queries with nothing visible (the first j - 1 positions of pass j, never scored) see
+    # themselves, so softmax stays finite.
+    visible = visible | torch.eye(steps * length, dtype=torch.bool, device=device).unsqueeze(0)
+    mask = torch.zeros(visible.shape, dtype=dtype, device=device)
+    return mask.masked_fill_(~visible, torch.finfo(dtype).min).unsqueeze(1)
+
+
+def unrolled_features(
+    drafter: nn.Module, features: torch.Tensor, next_ids: torch.Tensor, padding: torch.Tensor, steps: int
+) -> list[torch.Tensor]:
+    """Predicted features of `steps` drafting passes, each `[B, T, H]`, trained as decoding runs them.
+
+    Pass 1 reads the true features `features` `[B, T, H]` (f_t with x_{t+1} = `next_ids[:, t]`);
+    pass j reads pass j-1's prediction for position t (made at t - 1), as drafting step j does.
+    `drafter` is a `FeatureDrafter` (or a wrapper with the same `forward`, e.g. DDP's).
+    """
+    batch, length, _ = features.shape
+    positions = torch.arange(length, device=features.device).expand(batch, -1)
+    hidden = drafter(features, next_ids, attention_mask=padding, position_ids=positions)
+    outputs = [hidden]
+    fed_features, fed_ids = [features], [next_ids]
+    for j in range(2, steps + 1):
+        # Position t of pass j reads the previous pass's prediction made at t - 1 (shifted right);
+        # position 0 has none and is never scored, so it reads its true feature.
+        previous = torch.cat([features[:, :1], outputs[-1][:, :-1]], dim=1)
+        fed_features.append(previous)
+        fed_ids.append(next_ids)
+        mask = unrolled_mask(length, j, padding, hidden.dtype)
+        hidden = drafter(torch.cat(fed_features, 1), torch.cat(fed_ids, 1), attention_mask=mask,
+                         position_ids=positions.repeat(1, j))
+        outputs.append(hidden[:, -length:])
+    return outputs

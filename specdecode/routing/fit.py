@@ -1,0 +1,179 @@
+"""Fitting the router (router/fit.py): the MLP regresses the labels' train rows, early-stopped
+on a held-out slice of them, and is reported on the labels' held-out rows."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from specdecode.core.atomic import write_atomic
+from specdecode.core.devices import resolve_device
+from specdecode.core.locking import check_writable
+from specdecode.routing.config import FitRouterConfig
+from specdecode.routing.embedders import Embedder, make_embedder, prompt_features
+from specdecode.routing.labels import read_labels
+from specdecode.routing.report import report_markdown, routing_report
+from specdecode.routing.router import NO_DRAFTER, Router, RouterMLP, label_matrix
+
+@dataclass
+class FitHistory:
+    """Per-epoch standardised MSE, the epoch kept, and the validation rows' indices."""
+
+    train_loss: list[float] = field(default_factory=list)
+    val_loss: list[float] = field(default_factory=list)
+    best_epoch: int = 0
+    val_rows: list[int] = field(default_factory=list)
+
+
+def fit_router(
+    features: torch.Tensor,
+    targets: torch.Tensor,
+    drafters: Sequence[str],
+    embedder: Embedder,
+    *,
+    prompt_length: bool = True,
+    hidden: int = 256,
+    dropout: float = 0.1,
+    epochs: int = 300,
+    batch_size: int = 64,
+    lr: float = 1e-3,
+    weight_decay: float = 1e-2,
+    val_fraction: float = 0.2,
+    patience: int = 30,
+    seed: int = 0,
+    relative: bool = True,
+    objective: str = "speedup",
+    embedder_spec: dict[str, Any] | None = None,
+) -> tuple[Router, FitHistory]:
+    """Fit the MLP to `targets` on a seeded train / validation split, keeping the best validation epoch.
+
+    Args:
+        features: `[N, F]` raw features (`prompt_features`), N >= 2.
+        targets: `[N, K]` per-drafter objective (e.g. predicted speedup).
+        drafters: the K names, in the targets' column order.
+        embedder: what made the features (kept in the router for routing new texts).
+        relative: regress `targets - targets.mean(1)` (see `FitRouterConfig.relative`).
+        embedder_spec: the embedder's config, saved so `Router.load` can rebuild it.
+        The rest are the usual MLP / AdamW / early-stopping knobs.
+
+    Returns:
+        The router (in eval mode) and the fit's history.
+    """
+    if features.dim() != 2 or targets.dim() != 2 or features.shape[0] != targets.shape[0]:
+        raise ValueError(f"features {tuple(features.shape)} and targets {tuple(targets.shape)} must be [N, F] and [N, K]")
+    if targets.shape[1] != len(drafters):
+        raise ValueError(f"targets have {targets.shape[1]} columns but {len(drafters)} drafters were named: {list(drafters)}")
+    if features.shape[0] < 2:
+        raise ValueError(f"need at least 2 labelled prompts to fit a router, got {features.shape[0]}")
+    features, targets = features.float(), targets.float()
+    if relative:
+        targets = targets - targets.mean(dim=1, keepdim=True)
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(features.shape[0], generator=generator)
+    num_val = min(max(1, round(val_fraction * features.shape[0])), features.shape[0] - 1)
+    val, train = order[:num_val], order[num_val:]
+
+    # Statistics from the training rows only, so validation measures generalisation honestly; the
+    # floor keeps constant columns (a drafter whose label never varies) finite.
+    feature_mean, feature_std = features[train].mean(0), features[train].std(0, unbiased=False).clamp_min(1e-6)
+    target_mean, target_std = targets[train].mean(0), targets[train].std(0, unbiased=False).clamp_min(1e-6)
+    x = (features - feature_mean) / feature_std
+    y = (targets - target_mean) / target_std
+
+    history = FitHistory(val_rows=val.tolist())
+    mlp = _train_mlp(x, y, train, val, generator, history, hidden=hidden, dropout=dropout, epochs=epochs,
+                     batch_size=batch_size, lr=lr, weight_decay=weight_decay, patience=patience, seed=seed)
+    router = Router(mlp.eval(), embedder, list(drafters), feature_mean, feature_std, target_mean, target_std,
+                    prompt_length=prompt_length, objective=objective, relative=relative,
+                    embedder_spec=embedder_spec, hidden=hidden, dropout=dropout)
+    return router, history
+
+
+def _train_mlp(
+    x: torch.Tensor, y: torch.Tensor, train: torch.Tensor, val: torch.Tensor, generator: torch.Generator,
+    history: FitHistory, *, hidden: int, dropout: float, epochs: int, batch_size: int, lr: float,
+    weight_decay: float, patience: int, seed: int,
+) -> RouterMLP:
+    """Fit an MLP from standardised `x` `[N, F]` to `y` `[N, K]` on rows `train`, one shuffled
+    epoch (drawn from `generator`) at a time; keep the epoch with the lowest MSE on rows `val`, and
+    stop `patience` epochs after it. Appends to `history`; returns the MLP in eval mode."""
+    # fork_rng: seeding init and dropout must not reseed the caller's global generator.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        mlp = RouterMLP(x.shape[1], y.shape[1], hidden, dropout)
+        optimizer = torch.optim.AdamW(mlp.parameters(), lr=lr, weight_decay=weight_decay)
+        best_state, best_loss = None, math.inf
+        for epoch in range(epochs):
+            mlp.train()
+            permutation = train[torch.randperm(train.numel(), generator=generator)]
+            total = 0.0
+            for start in range(0, permutation.numel(), batch_size):
+                rows = permutation[start : start + batch_size]
+                loss = nn.functional.mse_loss(mlp(x[rows]), y[rows])
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                total += loss.item() * rows.numel()
+            mlp.eval()
+            with torch.no_grad():
+                val_loss = nn.functional.mse_loss(mlp(x[val]), y[val]).item()
+            history.train_loss.append(total / train.numel())
+            history.val_loss.append(val_loss)
+            if val_loss < best_loss:
+                best_loss, history.best_epoch = val_loss, epoch
+                best_state = {k: v.clone() for k, v in mlp.state_dict().items()}
+            elif epoch - history.best_epoch >= patience:
+                break
+        mlp.load_state_dict(best_state)  # type: ignore[arg-type]
+    return mlp.eval()
+
+
+def run_fit(cfg: FitRouterConfig, *, progress: bool = True) -> dict[str, Any]:
+    """Fit a router on `cfg.labels`, save it to `cfg.output_dir`, and report on the held-out rows.
+
+    Writes `router.safetensors`, `router.json`, `report.json` and `report.md`; prints the report.
+    """
+    check_writable(Path(cfg.output_dir))
+    rows, meta = read_labels(cfg.labels)
+    train_rows = [r for r in rows if r["split"] == "train"]
+    heldout_rows = [r for r in rows if r["split"] == "heldout"]
+    if len(train_rows) < 2 or not heldout_rows:
+        raise ValueError(f"labels={cfg.labels!r} has {len(train_rows)} train and {len(heldout_rows)} held-out rows; "
+                         "need >= 2 and >= 1 (collect with splits [train, heldout])")
+    drafters = list(meta["drafters"]) + ([NO_DRAFTER] if cfg.no_drafter else [])
+    bar = tqdm(total=4, desc="fit router", unit="stage", disable=not progress)
+    embedder = make_embedder(cfg.router.embedder, str(resolve_device(cfg.device)))
+    bar.update(1)
+    features = prompt_features(embedder, [r["prompt"] for r in train_rows], prompt_length=cfg.router.prompt_length)
+    bar.update(1)
+    router, history = fit_router(
+        features, label_matrix(train_rows, cfg.objective, drafters), drafters, embedder,
+        prompt_length=cfg.router.prompt_length, hidden=cfg.router.hidden, dropout=cfg.router.dropout,
+        epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, weight_decay=cfg.weight_decay,
+        val_fraction=cfg.val_fraction, patience=cfg.patience, seed=cfg.seed, relative=cfg.relative,
+        objective=cfg.objective, embedder_spec=asdict(cfg.router.embedder),
+    )
+    output = Path(cfg.output_dir)
+    router.save(output)
+    bar.update(1)
+    report = routing_report(router, heldout_rows, latency_repeats=cfg.latency_repeats)
+    report["fit"] = {"train_prompts": len(train_rows), "val_prompts": len(history.val_rows), "best_epoch": history.best_epoch,
+                     "epochs_run": len(history.val_loss), "best_val_mse": history.val_loss[history.best_epoch]}
+    report["labels"] = {"path": str(cfg.labels), "gamma": meta["gamma"], "cost_ratios": meta["cost_ratios"],
+                        "verify_ratio": meta["verify_ratio"], "temperature": meta["temperature"]}
+    report["config"] = asdict(cfg)
+    bar.update(1)
+    bar.close()
+    write_atomic(output / "report.json", json.dumps(report, indent=2))
+    markdown = report_markdown(report)
+    write_atomic(output / "report.md", markdown)
+    print(markdown)
+    return report

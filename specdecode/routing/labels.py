@@ -1,0 +1,292 @@
+"""Router labels: how well each drafter would do on each prompt, measured without sampling noise.
+
+For a prompt, the target writes its own greedy continuation once (batched `autoregressive_generate`).
+Then, by teacher forcing, one target pass over prompt + continuation gives p at every continuation
+position and one pass per drafter gives q there. A drafter's label is the mean over those positions
+of Σ_v min(p, q), the probability that speculative sampling accepts its draft (Leviathan et al.
+2023): an expectation, so two runs agree, and no argmax over one noisy decode decides the label.
+
+Temperature. p and q are taken at `temperature`; 0 (greedy decoding) scores the temperature-1
+distributions, as `specdecode.training.losses.expected_acceptance` does. Under greedy decoding the realised
+acceptance is 1[argmax q = argmax p]; Σ min(p, q) is its smooth, noise-free proxy (it also rewards
+a drafter that is close but on the wrong side of a near-tie). Both are stored: `acceptance` and
+`greedy_match`, and the speedup Leviathan's model predicts from each with the drafter's measured
+cost ratio c (`speedup`, `greedy_speedup`), so a cheap drafter can beat a better, dearer one.
+
+The dataset is a JSON-lines file, one prompt per line (`prompt`, `domain`, `split`, token counts,
+and per-drafter dicts for each label), plus `<name>.meta.json` with the drafters in order, their
+cost ratios, gamma and how the labels were made.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel
+
+from specdecode.data.example import Example
+from specdecode.decoding.decode import autoregressive_generate
+from specdecode.decoding.speedup import predicted_speedup
+from specdecode.models.compat import check_vocab_sizes
+from specdecode.models.feature_drafter import FeatureDrafter
+from specdecode.training.losses import expected_acceptance
+
+LABEL_KEYS = ("acceptance", "greedy_match", "speedup", "greedy_speedup")
+
+
+@dataclass
+class Labels:
+    """Teacher-forced labels of N prompts for K drafters (in `drafters` order).
+
+    acceptance / greedy_match: `[N, K]` means over each prompt's continuation positions of
+    Σ min(p, q) and of 1[argmax q = argmax p]; continuations: the target's greedy ids per prompt.
+    """
+
+    drafters: list[str]
+    acceptance: torch.Tensor
+    greedy_match: torch.Tensor
+    continuations: list[list[int]]
+
+
+def meta_path(labels_path: str | Path) -> Path:
+    """`labels.jsonl` → `labels.meta.json`, the labels' sidecar."""
+    path = Path(labels_path)
+    return path.with_name(path.name.removesuffix(".jsonl") + ".meta.json")
+
+
+@torch.inference_mode()
+def teacher_forced_acceptance(
+    target: PreTrainedModel,
+    drafters: Sequence[PreTrainedModel],
+    prompts: Sequence[Sequence[int]],
+    continuations: Sequence[Sequence[int]],
+    *,
+    temperature: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-prompt acceptance of each drafter along given continuations, in one pass per model.
+
+    Prompts are left-padded and continuations right-padded, so every row's continuation starts at
+    the same column and one `logits_to_keep` slice holds all scored positions: only `[B, C, V]`
+    logits are ever materialised, never `[B, T, V]` (V is 49k for the default target).
+
+    Args:
+        target: the target (p).
+        drafters: K drafters (q), sharing the target's vocabulary.
+        prompts: B token-id lists, each non-empty.
+        continuations: B token-id lists, each non-empty: what follows each prompt.
+        temperature: of p and q; 0 scores the temperature-1 distributions.
+
+    Returns:
+        `(acceptance, greedy_match)`, each `[B, K]` fp32: per prompt, the mean over its
+        continuation positions of Σ_v min(p, q) and of 1[argmax q = argmax p].
+    """
+    if len(prompts) != len(continuations):
+        raise ValueError(f"got {len(prompts)} prompts but {len(continuations)} continuations")
+    if any(len(p) == 0 for p in prompts) or any(len(c) == 0 for c in continuations):
+        raise ValueError("every prompt and every continuation needs at least one token")
+    batch = len(prompts)
+    tokens, attention, position_ids, scored, keep = _pack(prompts, continuations, target.device)
+
+    reads_features = any(isinstance(d, FeatureDrafter) for d in drafters)
+    out = target(input_ids=tokens, attention_mask=attention, position_ids=position_ids, logits_to_keep=keep,
+                 output_hidden_states=reads_features)
+    p_logits = out.logits  # [B, C, V]
+    p_argmax = p_logits.argmax(-1)
+
+    def logits_of(drafter: PreTrainedModel | FeatureDrafter) -> torch.Tensor:
+        if not isinstance(drafter, FeatureDrafter):
+            return drafter(input_ids=tokens, attention_mask=attention, position_ids=position_ids, logits_to_keep=keep).logits
+        # A feature drafter predicts token t + 1 at its position t - 1, from the target's feature
+        # there and token t (left padding: a position is real where its feature is).
+        hidden = drafter(out.hidden_states[-1][:, :-1], tokens[:, 1:], attention_mask=attention[:, :-1],
+                         position_ids=position_ids[:, :-1])
+        return drafter.logits(hidden[:, keep - 1])
+
+    acceptance, greedy = [], []
+    for drafter in drafters:
+        q_logits = logits_of(drafter)
+        # Row by row through the public metric, so the labels are by construction the number the
+        # drafter-training job reports as held-out acceptance.
+        acceptance.append(torch.stack([
+            expected_acceptance(q_logits[b : b + 1], p_logits[b : b + 1], scored[b : b + 1], temperature=temperature)
+            for b in range(batch)
+        ]))
+        match = (q_logits.argmax(-1) == p_argmax) & scored
+        greedy.append(match.sum(1) / scored.sum(1))
+    return torch.stack(acceptance, dim=1).float().cpu(), torch.stack(greedy, dim=1).float().cpu()
+
+
+def _pack(
+    prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Prompts left-padded and continuations right-padded into one `[B, P + C]` batch.
+
+    Returns:
+        `(tokens, attention_mask, position_ids)`, each `[B, P + C]`; `scored` `[B, C]`, the real
+        continuation positions; `keep` `[C]`, the columns whose logits predict them.
+    """
+    batch = len(prompts)
+    prompt_width = max(len(p) for p in prompts)
+    width = max(len(c) for c in continuations)
+    tokens = torch.zeros(batch, prompt_width + width, dtype=torch.long)
+    attention = torch.zeros(batch, prompt_width + width, dtype=torch.long)
+    scored = torch.zeros(batch, width, dtype=torch.bool)
+    for b, (prompt, continuation) in enumerate(zip(prompts, continuations)):
+        start = prompt_width - len(prompt)
+        tokens[b, start:prompt_width] = torch.tensor(list(prompt))
+        tokens[b, prompt_width : prompt_width + len(continuation)] = torch.tensor(list(continuation))
+        attention[b, start : prompt_width + len(continuation)] = 1
+        scored[b, : len(continuation)] = True
+    tokens, attention, scored = tokens.to(device), attention.to(device), scored.to(device)
+    # Positions count real tokens only, so a left-padded row sees the positions it would alone.
+    position_ids = (attention.cumsum(1) - 1).clamp_min(0)
+    # Logits at column t predict token t + 1: columns prompt_width - 1 .. prompt_width + width - 2.
+    keep = torch.arange(prompt_width - 1, prompt_width + width - 1, device=device)
+    return tokens, attention, position_ids, scored, keep
+
+
+def collect_labels(
+    target: PreTrainedModel,
+    drafters: Sequence[tuple[str, PreTrainedModel]],
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    eos_token_ids: Sequence[int] | int | None = None,
+    batch_size: int = 8,
+    progress: bool = True,
+) -> Labels:
+    """The target's greedy continuations of `prompts` and every drafter's acceptance along them.
+
+    Prompts are processed in batches of `batch_size`, sorted by length so rows in a batch pad
+    little; the result is in the caller's order.
+
+    Args:
+        target: the target model.
+        drafters: K `(name, drafter)` pairs.
+        prompts: N token-id lists.
+        max_new_tokens: length of each greedy continuation (shorter where it hits EOS).
+        temperature: of p and q in Σ min(p, q); 0 scores temperature 1 (see the module doc).
+        eos_token_ids: stop ids for the continuation; None = the target's own.
+        batch_size: prompts per batch.
+        progress: show a tqdm bar.
+
+    Returns:
+        `Labels` with `[N, K]` acceptance and greedy_match.
+    """
+    if not prompts:
+        raise ValueError("prompts is empty: nothing to label")
+    if len(drafters) < 1:
+        raise ValueError("need at least one (name, drafter) pair")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    for name, drafter in drafters:
+        try:
+            check_vocab_sizes(target, drafter)
+        except ValueError as error:
+            raise ValueError(f"drafter {name!r}: {error}") from None
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    acceptance = torch.zeros(len(prompts), len(drafters))
+    greedy = torch.zeros(len(prompts), len(drafters))
+    continuations: list[list[int]] = [[] for _ in prompts]
+    models = [drafter for _, drafter in drafters]
+    for start in tqdm(range(0, len(order), batch_size), desc="labels", unit="batch", disable=not progress):
+        rows = order[start : start + batch_size]
+        batch = [list(prompts[i]) for i in rows]
+        generated = autoregressive_generate(target, batch, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids)
+        a, g = teacher_forced_acceptance(target, models, batch, generated.sequences, temperature=temperature)
+        acceptance[rows], greedy[rows] = a, g
+        for i, sequence in zip(rows, generated.sequences):
+            continuations[i] = sequence
+    return Labels([name for name, _ in drafters], acceptance, greedy, continuations)
+
+
+def speedups(alpha: torch.Tensor, gamma: int, cost_ratios: Sequence[float], verify_ratio: float) -> torch.Tensor:
+    """Leviathan Thm 3.8 (measured verify cost) per prompt and drafter: `[N, K]` alpha → `[N, K]`."""
+    if alpha.shape[1] != len(cost_ratios):
+        raise ValueError(f"alpha has {alpha.shape[1]} drafter columns but {len(cost_ratios)} cost ratios were given")
+    return torch.tensor([
+        [predicted_speedup(min(max(a, 0.0), 1.0), gamma, c, verify_ratio) for a, c in zip(row, cost_ratios)]
+        for row in alpha.tolist()
+    ])
+
+
+def label_rows(
+    labels: Labels,
+    examples: Sequence[tuple[str, Example]],
+    prompt_tokens: Sequence[int],
+    *,
+    gamma: int,
+    cost_ratios: Sequence[float],
+    verify_ratio: float,
+) -> list[dict[str, Any]]:
+    """One JSON-ready dict per prompt: text, domain, split, token counts and per-drafter labels.
+
+    Args:
+        labels: from `collect_labels`, N prompts × K drafters.
+        examples: N `(split, example)` pairs, in the labels' order.
+        prompt_tokens: N prompt lengths in tokens.
+        gamma, cost_ratios (K, in the labels' drafter order), verify_ratio: for the speedups.
+    """
+    columns = {
+        "acceptance": labels.acceptance,
+        "greedy_match": labels.greedy_match,
+        "speedup": speedups(labels.acceptance, gamma, cost_ratios, verify_ratio),
+        "greedy_speedup": speedups(labels.greedy_match, gamma, cost_ratios, verify_ratio),
+    }
+    rows = []
+    for i, (split, example) in enumerate(examples):
+        row: dict[str, Any] = {
+            "prompt": example.prompt,
+            "domain": example.domain,
+            "split": split,
+            "prompt_tokens": prompt_tokens[i],
+            "continuation_tokens": len(labels.continuations[i]),
+        }
+        for key, values in columns.items():
+            row[key] = {name: round(float(v), 6) for name, v in zip(labels.drafters, values[i].tolist())}
+        rows.append(row)
+    return rows
+
+
+def read_labels(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The rows of a labels file and its meta sidecar.
+
+    Raises:
+        ValueError: naming the file when it, or its sidecar, is missing or empty, or when a row
+            lacks a drafter of the sidecar's list.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"labels={str(path)!r} does not exist; run router/collect.py first")
+    sidecar = meta_path(path)
+    if not sidecar.is_file():
+        raise ValueError(f"labels={str(path)!r} has no {sidecar.name} next to it; run router/collect.py again")
+    try:
+        meta = json.loads(sidecar.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"labels sidecar {str(sidecar)!r} is not JSON: {error}") from None
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"labels={str(path)!r} line {number} is not JSON: {error}") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"labels={str(path)!r} line {number} is not a JSON object")
+        rows.append(row)
+    if not rows:
+        raise ValueError(f"labels={str(path)!r} holds no rows")
+    for i, row in enumerate(rows):
+        for key in LABEL_KEYS:
+            if list(row.get(key, {})) != meta["drafters"]:
+                raise ValueError(f"labels={str(path)!r} row {i}: {key} names {list(row.get(key, {}))}, meta names {meta['drafters']}")
+    return rows, meta

@@ -1,0 +1,135 @@
+"""The router: an MLP over a prompt's features that scores each drafter, and its files.
+
+    text ─ embedder ─▶ [D] ⊕ log(1 + chars) ─ standardise ─▶ MLP ─▶ [K] scores ─▶ argmax drafter
+
+Different prompts are accepted best by different drafters (code by the code drafter, ...). The
+router regresses, per drafter, the label `specdecode.routing.labels` measured (predicted speedup by
+default, or acceptance) from the prompt text alone, and routes each prompt to the argmax; fitting
+is `specdecode.routing.fit`, routed decoding `specdecode.routing.generate`.
+
+On disk a router is `router.safetensors` (MLP weights, feature and target statistics) and
+`router.json` (the drafters it routes between, in order, the embedder, features and sizes).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save
+from torch import nn
+
+from specdecode.core.atomic import write_atomic
+from specdecode.routing.embedders import Embedder, make_embedder, prompt_features
+
+# The route to plain decoding: chosen where every drafter is predicted to slow the prompt down.
+# Its labels are known without measuring: speedup 1, acceptance 0.
+NO_DRAFTER = "none"
+
+
+class RouterMLP(nn.Module):
+    """`[N, F]` standardised features → `[N, K]` standardised scores, one hidden layer."""
+
+    def __init__(self, num_features: int, num_drafters: int, hidden: int = 256, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(num_features, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, num_drafters))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.layers(features)
+
+
+@dataclass(eq=False)
+class Router:
+    """An MLP, its embedder and the statistics that map raw features in and scores out.
+
+    feature_mean / feature_std: `[F]`; target_mean / target_std: `[K]`; drafters: the K names, in
+    the MLP's output order.
+    """
+
+    mlp: RouterMLP
+    embedder: Embedder
+    drafters: list[str]
+    feature_mean: torch.Tensor
+    feature_std: torch.Tensor
+    target_mean: torch.Tensor
+    target_std: torch.Tensor
+    prompt_length: bool = True
+    objective: str = "speedup"
+    relative: bool = True
+    embedder_spec: dict[str, Any] | None = None
+    hidden: int = 256
+    dropout: float = 0.1
+
+    @torch.inference_mode()
+    def scores_from_features(self, features: torch.Tensor) -> torch.Tensor:
+        """Raw features `[N, F]` → predicted objective per drafter `[N, K]` (relative to the
+        prompt's mean over drafters when `relative`)."""
+        self.mlp.eval()
+        return self.mlp((features - self.feature_mean) / self.feature_std) * self.target_std + self.target_mean
+
+    def scores(self, texts: Sequence[str]) -> torch.Tensor:
+        """`[N, K]` predicted objective of each drafter for each text."""
+        return self.scores_from_features(prompt_features(self.embedder, texts, prompt_length=self.prompt_length))
+
+    def route(self, texts: Sequence[str]) -> list[int]:
+        """Index into `drafters` of the chosen drafter per text."""
+        if not texts:
+            raise ValueError("texts is empty: nothing to route")
+        return self.scores(texts).argmax(dim=1).tolist()
+
+    def choose(self, texts: Sequence[str]) -> list[str]:
+        """Name of the chosen drafter per text."""
+        return [self.drafters[i] for i in self.route(texts)]
+
+    def save(self, directory: str | Path) -> Path:
+        """Write `router.safetensors` and `router.json` into `directory`, each atomically."""
+        directory = Path(directory)
+        tensors = {f"mlp.{k}": v.contiguous() for k, v in self.mlp.state_dict().items()} | {
+            "feature_mean": self.feature_mean, "feature_std": self.feature_std,
+            "target_mean": self.target_mean, "target_std": self.target_std,
+        }
+        write_atomic(directory / "router.safetensors", save(tensors))
+        config = {
+            "drafters": self.drafters,
+            "embedder": self.embedder_spec,
+            "features": ["embedding", "log1p_chars"] if self.prompt_length else ["embedding"],
+            "num_features": int(self.feature_mean.numel()),
+            "hidden": self.hidden,
+            "dropout": self.dropout,
+            "objective": self.objective,
+            "relative": self.relative,
+        }
+        write_atomic(directory / "router.json", json.dumps(config, indent=2))
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path, embedder: Embedder | None = None, device: str = "cpu") -> Router:
+        """Read a saved router; `embedder` overrides (or, for a custom one, supplies) the saved spec,
+        which is otherwise built on `device`."""
+        directory = Path(directory)
+        for name in ("router.json", "router.safetensors"):
+            if not (directory / name).is_file():
+                raise ValueError(f"router directory {str(directory)!r} has no {name}")
+        config = json.loads((directory / "router.json").read_text())
+        if embedder is None:
+            if config["embedder"] is None:
+                raise ValueError(f"router {str(directory)!r} was fitted with a custom embedder; pass embedder=")
+            embedder = make_embedder(config["embedder"], device)
+        tensors = load_file(directory / "router.safetensors")
+        mlp = RouterMLP(config["num_features"], len(config["drafters"]), config["hidden"], config["dropout"])
+        mlp.load_state_dict({k.removeprefix("mlp."): v for k, v in tensors.items() if k.startswith("mlp.")})
+        return cls(mlp.eval(), embedder, list(config["drafters"]), tensors["feature_mean"], tensors["feature_std"],
+                   tensors["target_mean"], tensors["target_std"], prompt_length="log1p_chars" in config["features"],
+                   objective=config["objective"], relative=config["relative"], embedder_spec=config["embedder"],
+                   hidden=config["hidden"], dropout=config["dropout"])
+
+
+def label_matrix(rows: Sequence[Mapping[str, Any]], key: str, drafters: Sequence[str]) -> torch.Tensor:
+    """`[N, K]` label `key` of each row for each drafter, in `drafters` order; `NO_DRAFTER`'s are
+    exact without measuring: plain decoding is the speedup baseline (1) and accepts nothing (0)."""
+    none = 1.0 if "speedup" in key else 0.0
+    return torch.tensor([[none if name == NO_DRAFTER else float(row[key][name]) for name in drafters] for row in rows])

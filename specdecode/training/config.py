@@ -1,0 +1,140 @@
+"""The schema of the drafter-training apps (train/distill.py, train/finetune.py): conf/distill.yaml,
+conf/finetune.yaml and the loss/ group."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from specdecode.core.config import Placement, is_int, is_number, require
+from specdecode.data.config import DataConfig
+from specdecode.models.config import DrafterConfig, TargetConfig
+from specdecode.training.losses import LOSSES
+
+TRAIN_SEQ_SOURCES = ("data", "target")
+TRAIN_LOGGERS = ("jsonl", "wandb")
+
+
+@dataclass
+class LossConfig:
+    """Token-level distillation loss (specdecode.training.losses); `beta` is JSD's mixture weight."""
+
+    name: str = "forward_kl"
+    beta: float = 0.5
+
+    def __post_init__(self) -> None:
+        require(self.name in LOSSES, "loss.name", self.name, f"unknown; valid: {', '.join(sorted(LOSSES))}")
+        require(is_number(self.beta) and 0 < self.beta < 1, "loss.beta", self.beta, "in (0, 1)")
+
+
+@dataclass
+class TrainConfig:
+    """The training loop, sequence source and teacher cache (see specdecode.training.job)."""
+
+    # Sequences: the dataset's responses ("data") or continuations the target generates ("target");
+    # with probability lambda_on_policy per step the drafter generates them instead (GKD).
+    seq_source: str = "data"
+    lambda_on_policy: float = 0.0
+    # Distillation temperature; match decoding's (0 = greedy, distilled at 1 like the losses do).
+    temperature: float = 1.0
+    # seq_source=target: one continuation per prompt at each of these temperatures (null = [temperature]).
+    seq_temperatures: list[float] | None = None
+    # Model selection: the held-out acceptance at the temperature users decode with. 0 = greedy
+    # (a draft is accepted iff it is the target's argmax); T > 0 = Σ min(p_T, q_T). Both are logged.
+    select_temperature: float = 0.0
+    # Stop after this many evaluations without a new best held-out acceptance (null = never).
+    early_stop_evals: int | None = None
+    # Feature drafters: drafting steps unrolled in training (EAGLE-3's training-time test: step j
+    # reads the drafter's own predicted feature, as decoding does), and the weight of the smooth-L1
+    # regression of the target's next feature beside the token loss.
+    unroll_steps: int = 2
+    feature_loss_weight: float = 1.0
+    # After training: the gamma (of these) that Leviathan's model predicts fastest for the best
+    # held-out acceptance and the step costs measured then, stored with the drafter ([] = none).
+    gamma_candidates: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 8])
+    max_prompt_tokens: int = 96
+    max_len: int = 192
+    max_new_tokens: int = 96
+    # The teacher cache keeps the target's top-k logits per position (see specdecode.training.teacher).
+    teacher_topk: int = 64
+    train_sequences: int | None = 512
+    heldout_sequences: int = 32
+    # Global batch (sequences per optimizer step, over all processes and accumulation steps).
+    batch_size: int = 8
+    grad_accum: int = 1
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    warmup_steps: int = 10
+    max_grad_norm: float = 1.0
+    max_steps: int = 200
+    max_minutes: float | None = None
+    eval_every: int = 50
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 2
+    resume: bool = False
+    freeze_embeddings: bool = True
+    freeze_head: bool = True
+    log_every: int = 10
+    seed: int = 0
+    # Training documents tokenised to pick a derived drafter's truncated vocabulary.
+    vocab_corpus_docs: int = 2000
+    # Test hook: SIGKILL the process right after this optimizer step (and its checkpoint).
+    debug_kill_after_step: int | None = None
+
+    def __post_init__(self) -> None:
+        require(self.seq_source in TRAIN_SEQ_SOURCES, "train.seq_source", self.seq_source, "|".join(TRAIN_SEQ_SOURCES))
+        require(is_number(self.lambda_on_policy) and 0 <= self.lambda_on_policy <= 1, "train.lambda_on_policy", self.lambda_on_policy, "must be in [0, 1]")
+        require(is_number(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0, "train.temperature", self.temperature, "a finite number >= 0")
+        require(self.seq_temperatures is None or (isinstance(self.seq_temperatures, (list, tuple)) and bool(self.seq_temperatures)
+                and all(is_number(t) and t >= 0 for t in self.seq_temperatures)),
+                "train.seq_temperatures", self.seq_temperatures, "null or a non-empty list of temperatures >= 0")
+        if self.seq_temperatures is not None:
+            self.seq_temperatures = [float(t) for t in self.seq_temperatures]
+        require(is_number(self.select_temperature) and self.select_temperature >= 0, "train.select_temperature", self.select_temperature, ">= 0 (0 = greedy)")
+        require(self.early_stop_evals is None or (is_int(self.early_stop_evals) and self.early_stop_evals >= 1), "train.early_stop_evals", self.early_stop_evals, "null or an int >= 1")
+        require(is_int(self.unroll_steps) and 1 <= self.unroll_steps <= 8, "train.unroll_steps", self.unroll_steps, "an int in [1, 8]")
+        require(is_number(self.feature_loss_weight) and self.feature_loss_weight >= 0, "train.feature_loss_weight", self.feature_loss_weight, ">= 0")
+        require(isinstance(self.gamma_candidates, (list, tuple)) and all(is_int(g) and 1 <= g <= 64 for g in self.gamma_candidates),
+                "train.gamma_candidates", self.gamma_candidates, "a list of ints in [1, 64] (empty: keep the default gamma)")
+        self.gamma_candidates = list(self.gamma_candidates)
+        for name in ("max_prompt_tokens", "max_len", "max_new_tokens", "teacher_topk", "heldout_sequences", "batch_size",
+                     "grad_accum", "eval_every", "checkpoint_every", "keep_checkpoints", "log_every", "vocab_corpus_docs"):
+            value = getattr(self, name)
+            require(is_int(value) and value >= 1, f"train.{name}", value, "an int >= 1")
+        require(self.max_prompt_tokens < self.max_len, "train.max_prompt_tokens", self.max_prompt_tokens, f"< train.max_len={self.max_len}")
+        require(self.batch_size % self.grad_accum == 0, "train.batch_size", self.batch_size, f"a multiple of train.grad_accum={self.grad_accum}")
+        require(self.train_sequences is None or (is_int(self.train_sequences) and self.train_sequences >= 1), "train.train_sequences", self.train_sequences, "null or an int >= 1")
+        require(is_int(self.max_steps) and self.max_steps >= 0, "train.max_steps", self.max_steps, "an int >= 0")
+        require(self.max_minutes is None or (is_number(self.max_minutes) and self.max_minutes > 0), "train.max_minutes", self.max_minutes, "null or > 0")
+        require(is_number(self.lr) and self.lr > 0, "train.lr", self.lr, "> 0")
+        require(is_int(self.warmup_steps) and self.warmup_steps >= 0, "train.warmup_steps", self.warmup_steps, "an int >= 0")
+        require(self.debug_kill_after_step is None or is_int(self.debug_kill_after_step), "train.debug_kill_after_step", self.debug_kill_after_step, "null or an int")
+
+
+@dataclass
+class TrainJobConfig(Placement):
+    """train/distill.py and train/finetune.py. `target.name: smoke` is the tiny in-process target."""
+
+    # The job's name ("distill", "finetune"): names output folders in conf/, nothing else.
+    name: str = "distill"
+    target: TargetConfig = field(default_factory=TargetConfig)
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    output_dir: str = "outputs/distill"
+    # Where teacher caches live; null = <output_dir>/../teacher_cache, shared by sibling runs.
+    cache_dir: str | None = None
+    logger: str = "jsonl"
+    wandb_project: str = "specdecode"
+    wandb_mode: str = "offline"
+
+    def __post_init__(self) -> None:
+        self.check_placement()
+        require(bool(self.output_dir), "output_dir", self.output_dir, "must name a folder")
+        require(self.logger in TRAIN_LOGGERS, "logger", self.logger, "|".join(TRAIN_LOGGERS))
+        # A feature drafter cannot write continuations alone: each of its steps reads the target's
+        # features of the tokens before it, so there is no drafter-only (on-policy) generation.
+        require(not (self.drafter.kind == "feature" and self.train.lambda_on_policy > 0), "train.lambda_on_policy",
+                self.train.lambda_on_policy, "must be 0 with drafter.kind='feature' (it cannot generate without the target)")
+        require(self.wandb_mode in ("offline", "online", "disabled"), "wandb_mode", self.wandb_mode, "offline|online|disabled")

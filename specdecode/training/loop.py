@@ -1,0 +1,210 @@
+"""The training loop shared by distillation and fine-tuning, with atomic, exactly-resumable checkpoints.
+
+One optimizer step consumes a global batch of `train.batch_size` sequences, split evenly over the
+processes and then over `train.grad_accum` micro-batches. The loss is a *sum* over tokens divided
+by the step's global token count (all micro-batches of all processes, all-reduced), as torchtune's
+`scale_grads`: a short micro-batch does not weigh more than a long one, and 1 process with
+accumulation A matches A processes without it.
+
+Data order is a pure function of (seed, step): epoch e visits the sequences in a permutation seeded
+by (seed, e), so a resumed run picks up at exactly the batch it would have seen, with no dataloader
+state to save. Optimizer and RNG states go through `accelerator.save_state`.
+
+Checkpoints (atomic, config-checked, rotated by step) are in specdecode/checkpoints.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import resource
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel
+
+from specdecode.training.checkpoints import LoopState, latest_checkpoint, save_checkpoint
+from specdecode.training.config import TrainConfig
+from specdecode.models.draft_vocab import DraftVocabHead
+
+Batch = dict[str, torch.Tensor]
+class DrafterLogits(nn.Module):
+    """The drafter's logits over its own vocabulary, `[B, T, K]` (K draft ids, or all V).
+
+    A module of its own so DDP wraps the whole computation (a call that bypassed the wrapper
+    would skip gradient synchronisation), and so a truncated head never builds its `[B, T, V]`
+    scatter: the losses only need the K scored ids.
+    """
+
+    def __init__(self, drafter: PreTrainedModel) -> None:
+        super().__init__()
+        self.drafter = drafter
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.drafter.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        head = self.drafter.get_output_embeddings()
+        if isinstance(head, DraftVocabHead):
+            return F.linear(hidden, head.weight, head.bias)
+        return head(hidden)
+
+
+class MetricsLogger:
+    """stdout and `metrics.jsonl` on the main process, and the accelerator's trackers (wandb with
+    `logger=wandb`, started by `accelerator.init_trackers`; none otherwise)."""
+
+    def __init__(self, accelerator: Accelerator, path: Path) -> None:
+        self.accelerator = accelerator
+        self.path = path
+
+    def log(self, record: dict[str, Any], bar: tqdm | None = None) -> None:
+        if not self.accelerator.is_main_process:
+            return
+        line = json.dumps(record)
+        (bar.write if bar is not None else print)(line)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as handle:
+            handle.write(line + "\n")
+        self.accelerator.log(record, step=record.get("step"))
+
+
+def global_batch_indices(step: int, batch_size: int, num_sequences: int, seed: int) -> list[int]:
+    """Sequence indices of optimizer step `step`: epochs of seeded permutations, read in order."""
+    indices = []
+    for position in range(step * batch_size, (step + 1) * batch_size):
+        epoch, offset = divmod(position, num_sequences)
+        order = torch.randperm(num_sequences, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+        indices.append(int(order[offset]))
+    return indices
+
+
+def trainable_state(drafter: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach().cpu().clone() for name, p in drafter.named_parameters() if p.requires_grad}
+
+
+def load_trainable_state(drafter: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    params = dict(drafter.named_parameters())
+    with torch.no_grad():
+        for name, value in state.items():
+            params[name].copy_(value)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak resident memory of this process (CPU) or peak allocated CUDA memory, in MiB."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def train_loop(
+    accelerator: Accelerator,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    cfg: TrainConfig,
+    num_sequences: int,
+    make_batches: Callable[[list[int], int, bool], list[Batch]],
+    loss_sum: Callable[[nn.Module, Batch], torch.Tensor],
+    evaluate: Callable[[], dict[str, float]],
+    checkpoints: Path,
+    logger: MetricsLogger,
+    state: LoopState,
+    best: dict[str, torch.Tensor],
+    config: dict[str, Any] | None = None,
+) -> tuple[LoopState, dict[str, torch.Tensor]]:
+    """Train until `max_steps` or `max_minutes` (of training time, summed over resumptions).
+
+    `make_batches(indices, step, on_policy)` turns this process's share of the global batch into
+    `grad_accum` micro-batches, each with a bool `positions` [B, T] of counted tokens;
+    `loss_sum(model, batch)` returns the batch's summed loss; `evaluate()` held-out acceptance
+    figures, identical on every process, whose `score` selects the best weights; `config` (the
+    job's, as a dict) is recorded in each checkpoint. Stops early after `early_stop_evals`
+    evaluations without a new best. Returns the final state and the best weights.
+    """
+    drafter = accelerator.unwrap_model(model).drafter
+    world, accum = accelerator.num_processes, cfg.grad_accum
+    per_process = cfg.batch_size // world
+
+    def eval_and_select() -> None:
+        figures = evaluate()
+        acceptance = figures["score"]
+        epochs = state.step * cfg.batch_size / num_sequences
+        state.history.append({"step": state.step, "epochs": round(epochs, 3), "acceptance": acceptance,
+                              **{k: v for k, v in figures.items() if k != "score"}})
+        if state.acceptance_before is None:
+            state.acceptance_before = acceptance
+        if acceptance > state.best_acceptance:
+            state.best_acceptance, state.best_step = acceptance, state.step
+            best.clear()
+            best.update(trainable_state(drafter))
+        logger.log({"step": state.step, "epochs": round(epochs, 3), "heldout_acceptance": acceptance,
+                    **{f"heldout_{k}": v for k, v in figures.items() if k != "score"}, "best": state.best_acceptance}, bar)
+
+    def stale() -> bool:
+        """No new best in the last `early_stop_evals` evaluations (identical on every process)."""
+        patience = cfg.early_stop_evals
+        return patience is not None and len(state.history) > patience and all(
+            h["step"] > state.best_step for h in state.history[-patience:])
+
+    bar = tqdm(total=cfg.max_steps, initial=state.step, desc="train", disable=not accelerator.is_main_process)
+    if state.acceptance_before is None:
+        eval_and_select()
+    model.train()
+    while state.step < cfg.max_steps:
+        out_of_time = (cfg.max_minutes is not None and state.train_seconds >= 60 * cfg.max_minutes) or stale()
+        if accelerator.reduce(torch.tensor(float(out_of_time), device=accelerator.device), "sum").item() > 0:
+            break
+        start = time.perf_counter()
+        # 1. this process's share of the global batch; on-policy with probability lambda (GKD)
+        indices = global_batch_indices(state.step, cfg.batch_size, num_sequences, cfg.seed)
+        mine = indices[accelerator.process_index * per_process : (accelerator.process_index + 1) * per_process]
+        on_policy = random.Random(f"{cfg.seed}-{state.step}").random() < cfg.lambda_on_policy
+        micro_batches = make_batches(mine, state.step, on_policy)
+        # 2. global token count of the step: the divisor of every micro-batch's summed loss
+        local = sum(b["positions"].sum() for b in micro_batches).to(accelerator.device)
+        count = accelerator.reduce(local.clone(), "sum").clamp_min(1)
+        # accelerate divides by `accum` and DDP averages over `world`: undo both
+        scale = world * accum / count
+        total = torch.zeros((), device=accelerator.device)
+        # 3. forward / backward per micro-batch, one optimizer step
+        for batch in micro_batches:
+            with accelerator.accumulate(model):
+                loss = loss_sum(model, {k: v.to(accelerator.device) for k, v in batch.items()})
+                accelerator.backward(loss * scale)
+                total += loss.detach()
+                if accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                    for group in optimizer.param_groups:
+                        group["lr"] = cfg.lr * min(1.0, (state.step + 1) / max(1, cfg.warmup_steps))
+                    optimizer.step()
+                    optimizer.zero_grad()
+        mean_loss = (accelerator.reduce(total, "sum") / count).item()
+        state.step += 1
+        state.train_tokens += int(count.item())
+        state.train_seconds += time.perf_counter() - start
+        state.last_loss = mean_loss
+        bar.update(1)
+        bar.set_postfix(loss=f"{mean_loss:.4f}")
+        # 4. log, evaluate, checkpoint
+        if state.step % cfg.log_every == 0:
+            logger.log({"step": state.step, "loss": mean_loss, "on_policy": on_policy,
+                        "tokens_per_s": state.train_tokens / state.train_seconds}, bar)
+        if state.step % cfg.eval_every == 0:
+            eval_and_select()
+        if state.step % cfg.checkpoint_every == 0:
+            save_checkpoint(accelerator, checkpoints, state, best, cfg.keep_checkpoints, config)
+        if state.step == cfg.debug_kill_after_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+    bar.close()
+    if not state.history or state.history[-1]["step"] != state.step:
+        eval_and_select()
+    if latest_checkpoint(checkpoints) is None or latest_checkpoint(checkpoints).name != f"step_{state.step:06d}":
+        save_checkpoint(accelerator, checkpoints, state, best, cfg.keep_checkpoints, config)
+    return state, best

@@ -1,0 +1,325 @@
+"""Training sequences and what the target says about them, computed once and cached.
+
+On a CPU the target's no-grad forward costs more than the drafter's whole training step (NOTES.md:
+~250 training tokens/s when it is recomputed every step), so every target forward is paid once per
+training sequence and stored.
+
+What is stored. Full-vocabulary logits would be 25 MB per 128-token sequence for SmolLM2 (49,152
+ids, fp32). The cache keeps, per loss position, the target's **top-k logits and their ids** (k =
+`train.teacher_topk`, default 64: ~0.5 KB per position). The losses then compare the drafter and
+the target over the drafter's vocabulary (its K draft ids; all V for a full head), with the
+target's distribution approximated by its top-k ids that are also draft ids, renormalised:
+
+    p̃(v) ∝ exp(l_v / τ) for v ∈ topk ∩ draft,  0 elsewhere.
+
+The mass dropped is the target's tail beyond its top k plus whatever falls outside the draft
+vocabulary; the drafter cannot emit the latter anyway, and the former is small at τ ≤ 1 (the
+model's top 64 tokens hold most of its mass). The loss is approximate; the *metric* is not: the
+held-out expected acceptance uses the target's exact full-vocabulary probabilities at the draft ids
+(`heldout_targets`), where Σ_v min(p, q) needs nothing else because q = 0 outside them.
+
+Positions. A sequence is prompt + response; only positions whose next token is a response token
+carry a loss (the drafter drafts responses, never prompts), so only those are scored and cached.
+
+Feature drafters (specdecode.models.feature_drafter) read the target's last hidden state at *every*
+position, prompt included (they attend over it), so for them the cache keeps those features
+(`features`, fp16, ~1.2 KB per token for SmolLM2) instead of top-k logits: the teacher's logits
+over the draft vocabulary are then the frozen head applied to them, exact rather than top-k.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from specdecode.core.atomic import write_atomic
+from specdecode.data.config import DataConfig
+from specdecode.data.domains import format_prompt, load_domain
+from specdecode.data.example import Example
+from specdecode.decoding.decode import autoregressive_generate
+from specdecode.models.config import SMOKE_TARGET, TargetConfig
+from specdecode.models.gguf_cache import DEFAULT_TARGET
+from specdecode.training.config import TrainConfig
+
+CACHE_VERSION = 1
+SCORE_BATCH = 8
+
+
+@dataclass
+class TrainSequence:
+    """Token ids `tokens` [L]; the response starts at `response_start` (>= 1), so the loss
+    positions are t = response_start - 1 .. L - 2 (each predicts token t + 1): L - response_start."""
+
+    tokens: list[int]
+    response_start: int
+
+    @property
+    def num_targets(self) -> int:
+        return len(self.tokens) - self.response_start
+
+
+@dataclass
+class TeacherCache:
+    """The target's top-k logits at every loss position of `sequences`, flattened.
+
+    Attributes:
+        sequences: N training sequences.
+        offsets: [N + 1] long; rows offsets[i]:offsets[i+1] belong to sequence i.
+        topk_ids: [P, k] int32 token ids, P = Σ num_targets.
+        topk_logits: [P, k] fp32 raw target logits (temperature is applied by the loss).
+    """
+
+    sequences: list[TrainSequence]
+    offsets: torch.Tensor
+    topk_ids: torch.Tensor
+    topk_logits: torch.Tensor
+    # Feature drafters: the target's last hidden state at every token of every sequence
+    # [Σ L_i, H] fp16, rows token_offsets[i]:token_offsets[i+1] for sequence i; else None.
+    features: torch.Tensor | None = None
+    token_offsets: torch.Tensor | None = None
+
+    def sequence_features(self, index: int) -> torch.Tensor:
+        """`[L_i, H]` fp16 target features of sequence `index` (a feature cache only)."""
+        assert self.features is not None and self.token_offsets is not None
+        return self.features[self.token_offsets[index] : self.token_offsets[index + 1]]
+
+
+def load_examples(data: DataConfig, split: str) -> list[Example]:
+    """The split's examples of every domain in `data.domains`, interleaved (a `mix` prefix covers
+    all domains), in a deterministic order."""
+    per_domain = [
+        load_domain(
+            domain, source=data.source, split=split, heldout_fraction=data.heldout_fraction,  # type: ignore[arg-type]
+            path=data.path, hf_id=data.hf_id, hf_split=data.hf_split,
+            prompt_column=data.prompt_column, response_column=data.response_column,
+        )
+        for domain in data.domains
+    ]
+    longest = max(len(examples) for examples in per_domain)
+    return [examples[i] for i in range(longest) for examples in per_domain if i < len(examples)]
+
+
+def build_sequences(
+    examples: Sequence[Example],
+    tokenizer: PreTrainedTokenizerBase,
+    target: PreTrainedModel,
+    train: TrainConfig,
+    eos: Sequence[int],
+    limit: int | None,
+) -> list[TrainSequence]:
+    """Prompt (chat-formatted, left-truncated to `max_prompt_tokens`) + response, cut at `max_len`.
+
+    The response is the example's own (`seq_source: data`, examples without one are skipped) or the
+    target's continuation (`seq_source: target`, sequence-level distillation), generated in batches
+    at `train.temperature`.
+    """
+    pool = [ex for ex in examples if train.seq_source == "target" or ex.response]
+    pool = pool if limit is None else pool[:limit]
+    prompts = [format_prompt(tokenizer, ex.prompt)[-train.max_prompt_tokens :] for ex in pool]
+    if train.seq_source == "data":
+        stop = [eos[0]] if eos else []
+        responses = [tokenizer(ex.response, add_special_tokens=False)["input_ids"] + stop for ex in pool]
+    else:
+        # One continuation per prompt and temperature: more data from the same prompts, spread
+        # around the target's own distribution (greedy = exactly what greedy decoding will see).
+        responses, repeated = [], []
+        for i, temperature in enumerate(train.seq_temperatures or [train.temperature]):
+            responses += generate_continuations(target, prompts, train, eos, seed=train.seed + 1000 * i, temperature=temperature)
+            repeated += prompts
+        prompts = repeated
+    sequences = []
+    for prompt, response in zip(prompts, responses):
+        tokens = (prompt + list(response))[: train.max_len]
+        if len(tokens) > len(prompt):
+            sequences.append(TrainSequence(tokens=tokens, response_start=len(prompt)))
+    return sequences
+
+
+def generate_continuations(
+    model: PreTrainedModel, prompts: Sequence[list[int]], train: TrainConfig, eos: Sequence[int], seed: int,
+    batch_size: int = 32, temperature: float | None = None,
+) -> list[list[int]]:
+    """`model`'s continuations of `prompts` (batched, ragged), at most `max_new_tokens` each, at
+    `temperature` (default `train.temperature`; 0 = greedy).
+
+    Batch 32: on the 2-core CPU the target generates ~79 tokens/s at batch 32 vs ~61 at batch 16
+    (the weights are read once per step for the whole batch)."""
+    was_training = model.training
+    model.eval()
+    out: list[list[int]] = []
+    # Similar lengths batch together (less padding); the output keeps the prompts' order.
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    by_index: dict[int, list[int]] = {}
+    bar = tqdm(total=len(prompts), desc="target continuations", disable=len(prompts) <= batch_size, leave=False)
+    for start in range(0, len(order), batch_size):
+        picks = order[start : start + batch_size]
+        batch = [list(prompts[i]) for i in picks]
+        budgets = [min(train.max_new_tokens, train.max_len - len(p)) for p in batch]
+        result = autoregressive_generate(
+            model, batch, max_new_tokens=budgets, temperature=train.temperature if temperature is None else temperature,
+            eos_token_ids=list(eos) or None, seed=seed + start,
+        )
+        by_index.update(zip(picks, result.sequences))
+        bar.update(len(picks))
+    bar.close()
+    out = [by_index[i] for i in range(len(prompts))]
+    model.train(was_training)
+    return out
+
+
+def pad_batch(sequences: Sequence[TrainSequence], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded `input_ids` [B, T], `attention_mask` [B, T] and loss `positions` [B, T] bool."""
+    width = max(len(s.tokens) for s in sequences)
+    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros(len(sequences), width, dtype=torch.long)
+    positions = torch.zeros(len(sequences), width, dtype=torch.bool)
+    for row, seq in enumerate(sequences):
+        input_ids[row, : len(seq.tokens)] = torch.tensor(seq.tokens)
+        attention_mask[row, : len(seq.tokens)] = 1
+        positions[row, seq.response_start - 1 : len(seq.tokens) - 1] = True
+    return input_ids, attention_mask, positions
+
+
+@torch.no_grad()
+def _target_outputs(
+    target: PreTrainedModel, sequences: Sequence[TrainSequence], pad_id: int, logits: bool = True
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """One forward over `sequences`: `[Σ num_targets, V]` fp32 logits at the loss positions (None
+    without `logits`: the `[B, T, V]` head output is most of a small target's cost) and the
+    `[Σ L_i, H]` last hidden states (post-norm) at every token."""
+    input_ids, attention_mask, positions = pad_batch(sequences, pad_id)
+    input_ids, attention_mask = input_ids.to(target.device), attention_mask.to(target.device)
+    tokens = attention_mask.bool()
+    if not logits:
+        return None, target.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[tokens]
+    # The model's own forward (some architectures post-process the head's output, e.g. softcapping).
+    out = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+    return out.logits[positions.to(out.logits.device)].float(), out.hidden_states[-1][tokens]
+
+
+def score_topk(
+    target: PreTrainedModel, sequences: Sequence[TrainSequence], k: int, pad_id: int, *, features: bool = False
+) -> TeacherCache:
+    """Run the target over `sequences` (batches of `SCORE_BATCH`) and keep its top-k logits and,
+    with `features`, its last hidden states at every token; k = 0 and no features keeps the
+    sequences only and runs nothing."""
+    counts = torch.tensor([0] + [s.num_targets for s in sequences])
+    token_offsets = torch.tensor([0] + [len(s.tokens) for s in sequences]).cumsum(0)
+    total = int(counts.sum())
+    # (an empty list runs nothing either: the caller names why)
+    if (k == 0 and not features) or not sequences:
+        return TeacherCache(list(sequences), counts.cumsum(0), torch.zeros(total, k, dtype=torch.int32), torch.zeros(total, k))
+    ids, values, hidden = [], [], []
+    for start in tqdm(range(0, len(sequences), SCORE_BATCH), desc="target forward (teacher cache)", leave=False,
+                      disable=len(sequences) <= 4 * SCORE_BATCH):
+        logits, batch_hidden = _target_outputs(target, sequences[start : start + SCORE_BATCH], pad_id, logits=k > 0)
+        if logits is not None:
+            top = logits.topk(min(k, logits.shape[-1]), dim=-1)
+            ids.append(top.indices.to(torch.int32).cpu())
+            values.append(top.values.cpu())
+        if features:
+            hidden.append(batch_hidden.half().cpu())
+    if k == 0:
+        ids, values = [torch.zeros(total, 0, dtype=torch.int32)], [torch.zeros(total, 0)]
+    return TeacherCache(
+        list(sequences), counts.cumsum(0), torch.cat(ids), torch.cat(values),
+        torch.cat(hidden) if features else None, token_offsets if features else None,
+    )
+
+
+@torch.no_grad()
+def heldout_targets(
+    target: PreTrainedModel, sequences: Sequence[TrainSequence], draft_ids: torch.Tensor, temperature: float, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What held-out acceptance is measured against, at every loss position (`P = Σ num_targets`):
+    `[P, K]` fp16, the target's exact full-vocabulary probabilities at `temperature` (0 → 1) at the
+    drafter's K vocabulary ids (for Σ min(p, q)); `[P]` long, the target's full-vocabulary argmax
+    (greedy decoding accepts a draft exactly when it is that token)."""
+    tau = 1.0 if temperature == 0 else temperature
+    probs, argmax = [], []
+    for start in range(0, len(sequences), SCORE_BATCH):
+        logits, _ = _target_outputs(target, sequences[start : start + SCORE_BATCH], pad_id)
+        probs.append(logits.div(tau).softmax(-1)[:, draft_ids.to(logits.device)].half().cpu())
+        argmax.append(logits.argmax(-1).cpu())
+    return torch.cat(probs), torch.cat(argmax)
+
+
+def cache_key(
+    target: TargetConfig, data: DataConfig, train: TrainConfig, split: str, topk: int, limit: int | None, features: bool = False
+) -> str:
+    """Everything the cached sequences and logits depend on, hashed: a changed field is a new file.
+
+    `topk` (0: sequences only) and `limit` (sequences kept) are passed apart from `train` because
+    the held-out and fine-tuning caches use other values than the training fields."""
+    fields = {
+        "version": CACHE_VERSION, "split": split, "target": asdict(target), "data": asdict(data),
+        "seq_source": train.seq_source, "max_prompt_tokens": train.max_prompt_tokens, "max_len": train.max_len,
+        "max_new_tokens": train.max_new_tokens, "temperature": train.temperature, "topk": topk,
+        "limit": limit, "seed": train.seed if train.seq_source == "target" else None,
+        "seq_temperatures": train.seq_temperatures if train.seq_source == "target" else None, "features": features,
+        "content": content_fingerprint(target, data),
+    }
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def content_fingerprint(target: TargetConfig, data: DataConfig) -> dict[str, object]:
+    """What the config's paths hold, so that editing a file in place is a new cache, not a stale hit.
+
+    A `data.source=file` file is hashed (SHA-256 of its bytes). A local target (`.gguf` file or HF
+    folder) is fingerprinted by the size and mtime of each of its files: hashing gigabytes of
+    weights on every run would cost more than the cache saves. Aliases and hub ids name fixed
+    content (a package version, a hub revision) and add nothing.
+    """
+    fingerprint: dict[str, object] = {}
+    if data.source == "file" and data.path:
+        digest = hashlib.sha256()
+        with Path(str(data.path)).expanduser().open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        fingerprint["data_sha256"] = digest.hexdigest()
+    local = Path(target.name).expanduser()
+    if target.name not in (SMOKE_TARGET, DEFAULT_TARGET) and local.exists():
+        files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
+        fingerprint["target_files"] = [
+            [str(p.relative_to(local)) if p != local else p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files
+        ]
+    return fingerprint
+
+
+def save_cache(cache: TeacherCache, path: Path) -> None:
+    """torch.save through `write_atomic`: never half-written, readable under the umask."""
+    payload = asdict(cache) | {"sequences": [asdict(s) for s in cache.sequences]}
+    write_atomic(path, lambda handle: torch.save(payload, handle))
+
+
+def load_cache(path: Path) -> TeacherCache:
+    payload = torch.load(path, weights_only=True)
+    payload["sequences"] = [TrainSequence(**s) for s in payload["sequences"]]
+    return TeacherCache(**payload)
+
+
+def padded_features(cache: TeacherCache, indices: Sequence[int], width: int) -> torch.Tensor:
+    """Right-padded `[B, width, H]` fp32 target features of `cache.sequences[i]` for i in `indices`."""
+    rows = [cache.sequence_features(i) for i in indices]
+    out = torch.zeros(len(rows), width, rows[0].shape[-1])
+    for row, values in enumerate(rows):
+        out[row, : values.shape[0]] = values.float()
+    return out
+
+
+def dense_teacher_logits(
+    topk_ids: torch.Tensor, topk_logits: torch.Tensor, vocab_to_draft: torch.Tensor, num_draft: int
+) -> torch.Tensor:
+    """Spread top-k logits [..., k] over the drafter's vocabulary: [..., K], -inf where the target's
+    top k has no entry (or the id is not a draft id). See the module docstring for the approximation."""
+    index = vocab_to_draft[topk_ids.long()]
+    index = torch.where(index < 0, num_draft, index)  # dropped ids go to a spill column cut off below
+    dense = topk_logits.new_full((*topk_logits.shape[:-1], num_draft + 1), float("-inf"))
+    return dense.scatter(-1, index, topk_logits)[..., :num_draft]
