@@ -322,7 +322,10 @@ def test_teacher_cache_key_follows_file_contents(tmp_path: Path) -> None:
     assert second != first
     (target_dir / "model.safetensors").write_bytes(b"retrained")
     os.utime(target_dir / "model.safetensors", ns=(0, 123))
-    assert key() != second
+    third = key()
+    assert third != second
+    # the job's dtype too: a bfloat16 target's continuations and logits are not the float32 ones
+    assert cache_key(target, data, train, "train", 16, 8, dtype="bfloat16") != third
 
 
 def test_teacher_topk_above_the_vocabulary_is_named_before_any_work(tmp_path: Path) -> None:

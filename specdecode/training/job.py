@@ -134,17 +134,17 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     def sequences(split: str, limit: int | None) -> list[TrainSequence]:
         """The split's training sequences, cached apart from what is scored on them, so drafters of
         either kind trained on the same data share one (costly) set of target continuations."""
-        key = cache_key(cfg.target, cfg.data, train, split, 0, limit)
+        key = cache_key(cfg.target, cfg.data, train, split, 0, limit, dtype=cfg.dtype)
         return _cached(cache_dir / f"sequences-{split}-{key}.pt", lambda: score_topk(
             target, build_sequences(load_examples(cfg.data, split), tokenizer, target, train, eos, limit), 0, pad_id), accelerator).sequences
 
     train_cache = _cached(
-        cache_dir / f"{job}-train-{cache_key(cfg.target, cfg.data, train, 'train', topk, train.train_sequences, features)}.pt",
+        cache_dir / f"{job}-train-{cache_key(cfg.target, cfg.data, train, 'train', topk, train.train_sequences, features, cfg.dtype)}.pt",
         lambda: score_topk(target, sequences("train", train.train_sequences), topk, pad_id, features=features),
         accelerator,
     )
     heldout = _cached(
-        cache_dir / f"heldout-{cache_key(cfg.target, cfg.data, train, 'heldout', 0, train.heldout_sequences, features)}.pt",
+        cache_dir / f"heldout-{cache_key(cfg.target, cfg.data, train, 'heldout', 0, train.heldout_sequences, features, cfg.dtype)}.pt",
         lambda: score_topk(target, sequences("heldout", train.heldout_sequences), 0, pad_id, features=features),
         accelerator,
     )

@@ -252,14 +252,16 @@ def heldout_targets(
 
 
 def cache_key(
-    target: TargetConfig, data: DataConfig, train: TrainConfig, split: str, topk: int, limit: int | None, features: bool = False
+    target: TargetConfig, data: DataConfig, train: TrainConfig, split: str, topk: int, limit: int | None,
+    features: bool = False, dtype: str = "float32",
 ) -> str:
     """Everything the cached sequences and logits depend on, hashed: a changed field is a new file.
 
     `topk` (0: sequences only) and `limit` (sequences kept) are passed apart from `train` because
-    the held-out and fine-tuning caches use other values than the training fields."""
+    the held-out and fine-tuning caches use other values than the training fields; `dtype` is the
+    job's (the target's logits and continuations in bfloat16 are not those in float32)."""
     fields = {
-        "version": CACHE_VERSION, "split": split, "target": asdict(target), "data": asdict(data),
+        "version": CACHE_VERSION, "split": split, "target": asdict(target), "dtype": dtype, "data": asdict(data),
         "seq_source": train.seq_source, "max_prompt_tokens": train.max_prompt_tokens, "max_len": train.max_len,
         "max_new_tokens": train.max_new_tokens, "temperature": train.temperature, "topk": topk,
         "limit": limit, "seed": train.seed if train.seq_source == "target" else None,
