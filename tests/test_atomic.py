@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from specdecode import atomic
-from specdecode.atomic import atomic_folder
+from specdecode.core.atomic import atomic_folder
 
 
 def fill(folder: Path, **files: str) -> None:

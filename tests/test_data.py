@@ -12,7 +12,7 @@ import datasets
 import pytest
 
 import specdecode.data.domains
-from specdecode.data import (
+from specdecode.data.domains import (
     DOMAINS,
     Example,
     format_prompt,

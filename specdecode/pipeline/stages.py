@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from specdecode.atomic import atomic_folder
+from specdecode.core.atomic import atomic_folder
 
 _KEY_FILE = "STAGE.json"
 

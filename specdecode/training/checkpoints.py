@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
-from specdecode.atomic import atomic_folder
+from specdecode.core.atomic import atomic_folder
 
 COMPLETE = "COMPLETE"
 STATE_FILE = "trainer_state.json"
