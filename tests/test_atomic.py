@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specdecode import atomic
+from specdecode.core import atomic
 from specdecode.core.atomic import atomic_folder
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from specdecode.core.config import is_number, require
 from specdecode.data.domains import DOMAINS
 
-# `synthetic`: the smoke experiment's in-process examples (specdecode.data.synthetic), no package needed.
+# `synthetic`: the smoke experiment's in-process examples (specdecode.data.embedded.synthetic_dataset), no package needed.
 TRAIN_DATA_SOURCES = ("embedded", "hf", "file", "synthetic")
 
 

@@ -59,7 +59,7 @@ class CollectConfig(Placement):
     """router/collect.py: per-prompt, per-drafter acceptance labels by teacher forcing (specdecode.routing.labels).
 
     `target.name: smoke` is the tiny in-process target (specdecode.models.smoke) and `source: synthetic`
-    its examples (specdecode.data.synthetic); `cost_ratios` / `verify_ratio` null means measured on this machine.
+    its examples (specdecode.data.embedded.synthetic_dataset); `cost_ratios` / `verify_ratio` null means measured on this machine.
     """
 
     target: TargetConfig = field(default_factory=TargetConfig)
