@@ -153,7 +153,7 @@ def train_loop(
         return patience is not None and len(state.history) > patience and all(
             h["step"] > state.best_step for h in state.history[-patience:])
 
-    bar = tqdm(total=cfg.max_steps, initial=state.step, desc="train", disable=not accelerator.is_main_process)
+    bar = tqdm(total=None if cfg.max_minutes else cfg.max_steps, initial=state.step, desc="train", disable=not accelerator.is_main_process)
     if state.acceptance_before is None:
         eval_and_select()
     model.train()
@@ -191,7 +191,7 @@ def train_loop(
         state.train_seconds += time.perf_counter() - start
         state.last_loss = mean_loss
         bar.update(1)
-        bar.set_postfix(loss=f"{mean_loss:.4f}")
+        bar.set_postfix(loss=f"{mean_loss:.4f}", **({"minutes": f"{state.train_seconds / 60:.1f}/{cfg.max_minutes:g}"} if cfg.max_minutes else {}))
         # 4. log, evaluate, checkpoint
         if state.step % cfg.log_every == 0:
             logger.log({"step": state.step, "loss": mean_loss, "on_policy": on_policy,
