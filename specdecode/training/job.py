@@ -87,15 +87,25 @@ def _check_environment(cfg: TrainJobConfig) -> None:
         raise ImportError("logger=wandb needs the wandb package, which is not installed: pip install wandb")
 
 
+def _load_or_build(path: Path, build: Any, save: bool) -> TeacherCache:
+    """Load `path`, or build it (and save it when `save`). No barrier: see `_cached`."""
+    if path.is_file():
+        return load_cache(path)
+    cache = build()
+    if save:
+        save_cache(cache, path)
+    return cache
+
+
 def _cached(path: Path, build: Any, accelerator: Accelerator) -> TeacherCache:
-    """Load `path`, or build it on the main process first (the others then read the file)."""
+    """Load `path`, or build it on the main process first (the others then read the file).
+
+    One barrier per call on every process. A cache built from another cache (the scored sequences
+    from the generated ones) reads the inner one with `_load_or_build`, never a nested `_cached`:
+    only the main process runs a build, so a nested barrier would be one the others never reach.
+    """
     with accelerator.main_process_first():
-        if path.is_file():
-            return load_cache(path)
-        cache = build()
-        if accelerator.is_main_process:
-            save_cache(cache, path)
-        return cache
+        return _load_or_build(path, build, save=accelerator.is_main_process)
 
 
 @locks_output_dir
@@ -135,8 +145,8 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
         """The split's training sequences, cached apart from what is scored on them, so drafters of
         either kind trained on the same data share one (costly) set of target continuations."""
         key = cache_key(cfg.target, cfg.data, train, split, 0, limit, dtype=cfg.dtype)
-        return _cached(cache_dir / f"sequences-{split}-{key}.pt", lambda: score_topk(
-            target, build_sequences(load_examples(cfg.data, split), tokenizer, target, train, eos, limit), 0, pad_id), accelerator).sequences
+        return _load_or_build(cache_dir / f"sequences-{split}-{key}.pt", lambda: score_topk(target, build_sequences(
+            load_examples(cfg.data, split), tokenizer, target, train, eos, limit), 0, pad_id), accelerator.is_main_process).sequences
 
     train_cache = _cached(
         cache_dir / f"{job}-train-{cache_key(cfg.target, cfg.data, train, 'train', topk, train.train_sequences, features, cfg.dtype)}.pt",
