@@ -439,3 +439,23 @@ def test_feature_drafter_batches_carry_the_features_of_their_own_sequences(tmp_p
             expected = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True).hidden_states[-1]
             real = attention_mask.bool()
             torch.testing.assert_close(features[real], expected[real].half().float(), atol=2e-3, rtol=2e-3)
+
+
+def test_cache_barriers_do_not_depend_on_what_is_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under DDP only the main process builds a missing cache; every process must still pass the same
+    barriers (accelerate's main_process_first), whether the caches exist yet or not. A nested cached
+    build once added barriers only the main process reached, and DDP hung."""
+    from accelerate import Accelerator
+
+    entered: list[int] = []
+    real = Accelerator.main_process_first
+
+    def counting(self: Accelerator) -> Any:
+        entered.append(1)
+        return real(self)
+
+    monkeypatch.setattr(Accelerator, "main_process_first", counting)
+    run_distill(smoke_cfg(tmp_path, "train.max_steps=0", "output_dir=" + str(tmp_path / "first")))
+    fresh, entered[:] = len(entered), []
+    run_distill(smoke_cfg(tmp_path, "train.max_steps=0", "output_dir=" + str(tmp_path / "second")))
+    assert fresh == len(entered) > 0  # the second run found every cache the first one wrote
