@@ -60,7 +60,11 @@ class Placement:
 
     device: str = "cpu"
     dtype: str = "float32"
+    # On CPU, linear layers over 2..64 rows run as `weight @ x.T` (specdecode.models.cpu_matmul),
+    # which makes a verify pass cost about one decode step; false keeps plain `F.linear`.
+    skinny_matmul: bool = True
 
     def check_placement(self) -> None:
         self.device = check_device_name(self.device)
         self.dtype = check_dtype_name(self.dtype)
+        require(isinstance(self.skinny_matmul, bool), "skinny_matmul", self.skinny_matmul, "true or false")

@@ -116,7 +116,7 @@ def run_benchmark(cfg: BenchmarkConfig) -> dict:
         steps.set_postfix_str(name)
         steps.update(1)
 
-    target, tokenizer = load_model(cfg.target.name, dtype=cfg.dtype, device=resolve_device(cfg.device))
+    target, tokenizer = load_model(cfg.target.name, dtype=cfg.dtype, device=resolve_device(cfg.device), skinny_matmul=cfg.skinny_matmul)
     stage("target loaded")
     drafter = build_drafter(cfg.drafter, target, tokenizer, lambda: vocab_corpus(tokenizer, cfg.vocab_corpus_docs))
     stage("drafter built")

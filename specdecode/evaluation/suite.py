@@ -68,7 +68,7 @@ class _Models:
 
 
 def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], object] | None) -> _Models:
-    target, tokenizer = load_model(cfg.target.name, dtype=cfg.dtype, device=device)
+    target, tokenizer = load_model(cfg.target.name, dtype=cfg.dtype, device=device, skinny_matmul=cfg.skinny_matmul)
     drafters: dict[str, Any] = {}
     if "undistilled" in cfg.methods:
         corpus = lambda: vocab_corpus(tokenizer, 2000, source=cfg.source, domains=cfg.domains)  # noqa: E731
@@ -76,7 +76,7 @@ def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], ob
     for name, path in cfg.drafters.items():
         if ("generic" if name == "generic" else "specialized") not in cfg.methods:
             continue
-        model, drafter_tokenizer = load_model(path, dtype=cfg.dtype, device=device)
+        model, drafter_tokenizer = load_model(path, dtype=cfg.dtype, device=device, skinny_matmul=cfg.skinny_matmul)
         check_tokenizers(tokenizer, drafter_tokenizer)
         drafters["generic" if name == "generic" else f"specialized:{name}"] = model
     router = None

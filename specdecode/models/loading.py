@@ -18,6 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from specdecode.models.compat import check_tokenizers, check_vocab_sizes
 from specdecode.models.config import SMOKE_TARGET, DrafterConfig
+from specdecode.models.cpu_matmul import SkinnyLinear, use_skinny_linears
 from specdecode.models.draft_vocab import apply_draft_vocab_from_config
 from specdecode.models.drafters import derive_drafter
 from specdecode.models.feature_drafter import CONFIG_KEY as FEATURE_CONFIG_KEY
@@ -41,6 +42,7 @@ def load_model(
     *,
     dtype: str | torch.dtype = "float32",
     device: str | torch.device = "cpu",
+    skinny_matmul: bool = True,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer, in eval mode on `device`.
 
@@ -53,6 +55,9 @@ def load_model(
             * a Hugging Face hub id.
         dtype: parameter dtype, a name (`"float32"`, `"bfloat16"`, `"float16"`) or a torch dtype.
         device: where to put the model.
+        skinny_matmul: on CPU, compute linear layers over 2..64 rows as `weight @ x.T`
+            (`specdecode.models.cpu_matmul`): a verify pass of a few tokens then costs about one
+            decode step instead of ~1.7x. False keeps `F.linear` everywhere. Ignored off CPU.
 
     Returns:
         `(model, tokenizer)`. A drafter saved with a truncated vocabulary comes back truncated
@@ -69,7 +74,7 @@ def load_model(
         # The tiny random target of smoke runs and CI: seconds, no file, no hub; built only here.
         from specdecode.models.smoke import smoke_target, smoke_tokenizer
 
-        return smoke_target().to(device=device, dtype=torch_dtype).eval(), smoke_tokenizer()
+        return _placed(smoke_target(), torch_dtype, device, skinny_matmul), smoke_tokenizer()
     source = _resolve_source(name_or_path)
 
     if isinstance(source, Path) and source.is_file():
@@ -82,9 +87,15 @@ def load_model(
     apply_draft_vocab_from_config(model)
     if isinstance(source, Path):
         model = wrap_if_feature_drafter(model, source)
-    model.eval()
-    model.to(device)
-    return model, tokenizer
+    return _placed(model, torch_dtype, device, skinny_matmul), tokenizer
+
+
+def _placed(model: PreTrainedModel, dtype: torch.dtype, device: torch.device, skinny_matmul: bool) -> PreTrainedModel:
+    """`model` in eval mode on `device` in `dtype`, with skinny linears on CPU if asked."""
+    model = model.to(device=device, dtype=dtype).eval()
+    if skinny_matmul and device.type == "cpu":
+        use_skinny_linears(model)
+    return model
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -144,7 +155,8 @@ def build_drafter(
             return derive_feature_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs,
                                           init_from_layer=cfg.init_from_layer)
         return derive_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs)
-    drafter, drafter_tokenizer = load_model(str(cfg.path), dtype=target.dtype, device=target.device)
+    skinny = any(isinstance(m, SkinnyLinear) for m in target.modules())
+    drafter, drafter_tokenizer = load_model(str(cfg.path), dtype=target.dtype, device=target.device, skinny_matmul=skinny)
     check_tokenizers(tokenizer, drafter_tokenizer)
     check_vocab_sizes(target, drafter)
     return drafter

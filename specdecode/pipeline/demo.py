@@ -110,7 +110,7 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     commas or `${`.
     """
     root = Path(cfg.output_dir)
-    placement = {"device": cfg.device, "dtype": cfg.dtype}
+    placement = {"device": cfg.device, "dtype": cfg.dtype, "skinny_matmul": cfg.skinny_matmul}
 
     def composed(stage: str, overrides: list[str]) -> dict[str, Any]:
         return compose_config(cfg.configs[stage], overrides) | placement

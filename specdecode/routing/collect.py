@@ -35,7 +35,7 @@ def run_collect(cfg: CollectConfig, *, progress: bool = True) -> Path:
     check_writable(Path(cfg.output).parent, "output")
     torch.manual_seed(cfg.seed)
     _check_drafter_paths(cfg)
-    target, tokenizer = load_model(cfg.target.name, dtype=cfg.dtype, device=resolve_device(cfg.device))
+    target, tokenizer = load_model(cfg.target.name, dtype=cfg.dtype, device=resolve_device(cfg.device), skinny_matmul=cfg.skinny_matmul)
     examples = _prompts(cfg, tokenizer)
     if not examples:
         raise ValueError(f"no prompt of domains={cfg.domains} splits={cfg.splits} fits max_prompt_tokens={cfg.max_prompt_tokens}")

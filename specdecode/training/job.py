@@ -75,9 +75,11 @@ def run_finetune(cfg: TrainJobConfig) -> dict[str, Any]:
     return _run(cfg, "finetune")
 
 
-def load_target(cfg: TargetConfig, dtype: str, device: torch.device) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_target(
+    cfg: TargetConfig, dtype: str, device: torch.device, skinny_matmul: bool = True
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The target in eval mode, frozen (`smoke` is the tiny in-process one, see `load_model`)."""
-    target, tokenizer = load_model(cfg.name, dtype=dtype, device=device)
+    target, tokenizer = load_model(cfg.name, dtype=dtype, device=device, skinny_matmul=skinny_matmul)
     target.requires_grad_(False)
     return target, tokenizer
 
@@ -122,7 +124,7 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     set_seed(train.seed)
     check_checkpoints(output / "checkpoints", asdict(cfg), train.resume)
     cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else output.parent / "teacher_cache"
-    target, tokenizer = load_target(cfg.target, cfg.dtype, device)
+    target, tokenizer = load_target(cfg.target, cfg.dtype, device, cfg.skinny_matmul)
     check_drafter_tokenizer(cfg.drafter, tokenizer)
     vocab_size = target.config.get_text_config().vocab_size
     if job == "distill" and train.teacher_topk > vocab_size:

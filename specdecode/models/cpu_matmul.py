@@ -1,0 +1,73 @@
+"""Linear layers that stay memory-bound for a few rows on CPU: what makes a verify pass cheap.
+
+A decode step multiplies one row per sequence by every weight matrix, so on a CPU it costs one
+sweep of the weights through memory. A verify pass multiplies gamma + 1 rows, and should cost about
+the same sweep. With `F.linear` it does not: for 2..16 rows MKL leaves its matrix-vector kernel for
+a blocked GEMM that packs the weights first, and on the 2-core development machine a 4-row pass over
+SmolLM2-135M's weights took ~1.6-2x a 1-row pass (README, "CPU verify cost"). Computing the same
+product as `weight @ x.T` (the weights as the left operand, the few rows as the narrow right one)
+keeps MKL on a streaming kernel: a 4-row pass then costs about what a 1-row pass does.
+
+The numbers are the same products summed by another kernel: results agree with `F.linear` to
+float rounding, not bitwise, just as MKL's own 1-row and many-row kernels do not agree bitwise.
+Training (inputs that need grad) and GPU tensors take the ordinary path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Above this many rows (e.g. a prefill, a training batch) the blocked GEMM is the faster kernel.
+SKINNY_MAX_ROWS = 64
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)`, computed as `(weight @ x.T).T` for 2..SKINNY_MAX_ROWS rows on CPU.
+
+    Args:
+        x: `[..., H_in]`.
+        weight: `[H_out, H_in]`.
+        bias: `[H_out]` or None.
+
+    Returns:
+        `[..., H_out]`.
+    """
+    rows = x.numel() // max(x.shape[-1], 1)
+    if (
+        x.device.type != "cpu"
+        or not 2 <= rows <= SKINNY_MAX_ROWS
+        or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+    ):
+        return F.linear(x, weight, bias)
+    # MKL's streaming kernel wants the narrow operand as the transpose of row-major rows, and the
+    # layers after this one want row-major output (a transposed view would, e.g., give attention
+    # queries a last-dim stride != 1 and push SDPA off its flash kernel): both copies are tiny.
+    flat = x.reshape(rows, x.shape[-1]).contiguous()
+    out = torch.mm(weight, flat.t()).t().contiguous()  # [rows, H_out]
+    if bias is not None:
+        out = out + bias
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+class SkinnyLinear(nn.Linear):
+    """An `nn.Linear` whose forward is `skinny_linear`; same parameters, state dict and checkpoints."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return skinny_linear(x, self.weight, self.bias)
+
+
+def use_skinny_linears(model: nn.Module) -> int:
+    """Switch every plain `nn.Linear` in `model` to `SkinnyLinear`, in place; return how many.
+
+    Only the class changes (no copy, no new parameter), so tied weights stay tied and
+    `save_pretrained` writes the same files. Subclasses of `nn.Linear` are left alone: their
+    forward may do more than a matmul.
+    """
+    count = 0
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            module.__class__ = SkinnyLinear
+            count += 1
+    return count
