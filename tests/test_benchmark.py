@@ -43,9 +43,11 @@ def test_benchmark_runs_and_writes_results(tmp_path, tiny_target_dir) -> None:
     # Greedy decoding must reproduce target-only greedy, in our loop and in transformers'.
     assert all(r["exact_match"] == 1.0 for r in written["rows"])
     assert written["step_costs"]["cost_ratio"] > 0
+    assert list(written["step_costs"]["verify_ratios"]) == [str(g) for g in range(1, 9)]
+    assert all(r > 0 for r in written["step_costs"]["verify_ratios"].values())
     assert [p["domain"] for p in written["prompts"]] == ["code", "math", "chat", "code"]
     report = (tmp_path / "out" / "report.md").read_text()
-    assert report == report_markdown(written) and "loop efficiency" in report
+    assert report == report_markdown(written) and "loop efficiency" in report and "gamma 8: " in report
 
 
 def test_write_atomic_leaves_old_file_on_failure(tmp_path, monkeypatch) -> None:

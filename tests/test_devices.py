@@ -94,5 +94,5 @@ def test_the_demo_declares_gamma_once() -> None:
         resolved = OmegaConf.to_container(compose(config_name="demo"), resolve=True)
     resolved.pop("hydra", None)
     stages = {stage.name: stage.config for stage in demo_stages(from_dict(DemoConfig, resolved))}
-    assert {stages[name]["gamma"] for name in ("benchmark", "collect", "eval")} == {4}
+    assert {stages[name]["gamma"] for name in ("benchmark", "collect", "eval")} == {3}
     assert len(stages["eval"]["sweep_gammas"]) >= 4 and max(stages["eval"]["temperatures"]) > 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -71,6 +71,8 @@ class StepCosts:
     drafter_step_s: float
     gamma: int
     context_tokens: int
+    # gamma → a (gamma + 1)-token verify over a one-token step, when measured (measure_verify_ratios).
+    verify_ratios: dict[int, float] = field(default_factory=dict)
 
     @property
     def cost_ratio(self) -> float:

@@ -27,13 +27,16 @@ from specdecode.core.locking import check_writable
 from specdecode.data.corpus import vocab_corpus
 from specdecode.data.domains import DOMAINS, format_prompt, load_domain
 from specdecode.decoding.decode import autoregressive_generate, speculative_generate
-from specdecode.decoding.speedup import StepCosts, measure_step_costs, predicted_speedup
+from specdecode.decoding.speedup import StepCosts, measure_step_costs, measure_verify_ratios, predicted_speedup
 from specdecode.decoding.stats import GenerationResult
 from specdecode.evaluation.config import BenchmarkConfig
 from specdecode.evaluation.report import fmt
 from specdecode.models.compat import default_eos
 from specdecode.models.feature_drafter import FeatureDrafter
 from specdecode.models.loading import build_drafter, load_model
+
+# The gammas whose verify cost the benchmark reports (a pass of gamma + 1 tokens).
+VERIFY_GAMMAS = tuple(range(1, 9))
 
 
 def benchmark_prompts(tokenizer: PreTrainedTokenizerBase, num_prompts: int, max_tokens: int) -> list[tuple[str, list[int]]]:
@@ -153,7 +156,11 @@ def _measure(
     # Warm-up: first calls pay one-off allocation and dispatch costs that would skew short runs.
     speculative_generate(target, drafter, ids[:1], gamma=cfg.gamma, **decode | {"max_new_tokens": 8})
     autoregressive_generate(target, ids[:1], **decode | {"max_new_tokens": 8})
-    costs = measure_step_costs(target, drafter, ids[0] + ids[1][: cfg.max_new_tokens // 2], cfg.gamma, cfg.cost_repeats)
+    context = ids[0] + ids[1][: cfg.max_new_tokens // 2]
+    costs = measure_step_costs(target, drafter, context, cfg.gamma, cfg.cost_repeats)
+    # What a verify of 2..9 tokens costs here decides which gamma can pay (CPU kernels make it
+    # uneven in the token count; see README, "CPU verify cost").
+    costs.verify_ratios = measure_verify_ratios(target, context, VERIFY_GAMMAS, cfg.cost_repeats)
     stage("step costs measured")
 
     batch1 = ids[: cfg.batch1_prompts]
@@ -252,6 +259,9 @@ def report_markdown(results: dict) -> str:
         f"verify of {costs['gamma'] + 1} tokens {costs['target_verify_s'] * 1e3:.1f} ms "
         f"(verify cost {costs['verify_ratio']:.2f}× a step), drafter step {costs['drafter_step_s'] * 1e3:.1f} ms "
         f"(c = {costs['cost_ratio']:.3f}).",
+        "Verify of gamma + 1 tokens over a step: "
+        + ", ".join(f"gamma {g}: {r:.2f}×" for g, r in costs.get("verify_ratios", {}).items())
+        + f" (skinny_matmul={cfg.get('skinny_matmul', True)}).",
     ]
     if results.get("ours_vs_transformers_assisted"):
         lines.append(f"Ours vs transformers assisted generation (same drafter, gamma): {results['ours_vs_transformers_assisted']:.2f}×.")
