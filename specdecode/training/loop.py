@@ -129,36 +129,14 @@ def train_loop(
     evaluations without a new best. Returns the final state and the best weights.
     """
     drafter = accelerator.unwrap_model(model).drafter
-    world, accum = accelerator.num_processes, cfg.grad_accum
-    per_process = cfg.batch_size // world
-
-    def eval_and_select() -> None:
-        figures = evaluate()
-        acceptance = figures["score"]
-        epochs = state.step * cfg.batch_size / num_sequences
-        state.history.append({"step": state.step, "epochs": round(epochs, 3), "acceptance": acceptance,
-                              **{k: v for k, v in figures.items() if k != "score"}})
-        if state.acceptance_before is None:
-            state.acceptance_before = acceptance
-        if acceptance > state.best_acceptance:
-            state.best_acceptance, state.best_step = acceptance, state.step
-            best.clear()
-            best.update(trainable_state(drafter))
-        logger.log({"step": state.step, "epochs": round(epochs, 3), "heldout_acceptance": acceptance,
-                    **{f"heldout_{k}": v for k, v in figures.items() if k != "score"}, "best": state.best_acceptance}, bar)
-
-    def stale() -> bool:
-        """No new best in the last `early_stop_evals` evaluations (identical on every process)."""
-        patience = cfg.early_stop_evals
-        return patience is not None and len(state.history) > patience and all(
-            h["step"] > state.best_step for h in state.history[-patience:])
-
+    per_process = cfg.batch_size // accelerator.num_processes
     bar = tqdm(total=None if cfg.max_minutes else cfg.max_steps, initial=state.step, desc="train", disable=not accelerator.is_main_process)
+    select = lambda: _eval_and_select(evaluate, state, best, drafter, cfg, num_sequences, logger, bar)  # noqa: E731
     if state.acceptance_before is None:
-        eval_and_select()
+        select()
     model.train()
     while state.step < cfg.max_steps:
-        out_of_time = (cfg.max_minutes is not None and state.train_seconds >= 60 * cfg.max_minutes) or stale()
+        out_of_time = (cfg.max_minutes is not None and state.train_seconds >= 60 * cfg.max_minutes) or _stale(state, cfg)
         if accelerator.reduce(torch.tensor(float(out_of_time), device=accelerator.device), "sum").item() > 0:
             break
         start = time.perf_counter()
@@ -166,28 +144,10 @@ def train_loop(
         indices = global_batch_indices(state.step, cfg.batch_size, num_sequences, cfg.seed)
         mine = indices[accelerator.process_index * per_process : (accelerator.process_index + 1) * per_process]
         on_policy = random.Random(f"{cfg.seed}-{state.step}").random() < cfg.lambda_on_policy
-        micro_batches = make_batches(mine, state.step, on_policy)
-        # 2. global token count of the step: the divisor of every micro-batch's summed loss
-        local = sum(b["positions"].sum() for b in micro_batches).to(accelerator.device)
-        count = accelerator.reduce(local.clone(), "sum").clamp_min(1)
-        # accelerate divides by `accum` and DDP averages over `world`: undo both
-        scale = world * accum / count
-        total = torch.zeros((), device=accelerator.device)
-        # 3. forward / backward per micro-batch, one optimizer step
-        for batch in micro_batches:
-            with accelerator.accumulate(model):
-                loss = loss_sum(model, {k: v.to(accelerator.device) for k, v in batch.items()})
-                accelerator.backward(loss * scale)
-                total += loss.detach()
-                if accelerator.sync_gradients:
-                    accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                    for group in optimizer.param_groups:
-                        group["lr"] = cfg.lr * min(1.0, (state.step + 1) / max(1, cfg.warmup_steps))
-                    optimizer.step()
-                    optimizer.zero_grad()
-        mean_loss = (accelerator.reduce(total, "sum") / count).item()
+        # 2.-3. forward / backward per micro-batch, one optimizer step
+        mean_loss, count = _step(accelerator, model, optimizer, cfg, make_batches(mine, state.step, on_policy), loss_sum, state.step)
         state.step += 1
-        state.train_tokens += int(count.item())
+        state.train_tokens += count
         state.train_seconds += time.perf_counter() - start
         state.last_loss = mean_loss
         bar.update(1)
@@ -197,14 +157,67 @@ def train_loop(
             logger.log({"step": state.step, "loss": mean_loss, "on_policy": on_policy,
                         "tokens_per_s": state.train_tokens / state.train_seconds}, bar)
         if state.step % cfg.eval_every == 0:
-            eval_and_select()
+            select()
         if state.step % cfg.checkpoint_every == 0:
             save_checkpoint(accelerator, checkpoints, state, best, cfg.keep_checkpoints, config)
         if state.step == cfg.debug_kill_after_step:
             os.kill(os.getpid(), signal.SIGKILL)
     bar.close()
     if not state.history or state.history[-1]["step"] != state.step:
-        eval_and_select()
+        select()
     if latest_checkpoint(checkpoints) is None or latest_checkpoint(checkpoints).name != f"step_{state.step:06d}":
         save_checkpoint(accelerator, checkpoints, state, best, cfg.keep_checkpoints, config)
     return state, best
+
+
+def _step(
+    accelerator: Accelerator, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainConfig,
+    micro_batches: list[Batch], loss_sum: Callable[[nn.Module, Batch], torch.Tensor], step: int,
+) -> tuple[float, int]:
+    """One optimizer step over `micro_batches`; returns the step's mean loss per counted token and
+    the number of tokens counted on all processes."""
+    # the global token count of the step: the divisor of every micro-batch's summed loss
+    local = sum(b["positions"].sum() for b in micro_batches).to(accelerator.device)
+    count = accelerator.reduce(local.clone(), "sum").clamp_min(1)
+    # accelerate divides by `grad_accum` and DDP averages over the processes: undo both
+    scale = accelerator.num_processes * cfg.grad_accum / count
+    total = torch.zeros((), device=accelerator.device)
+    for batch in micro_batches:
+        with accelerator.accumulate(model):
+            loss = loss_sum(model, {k: v.to(accelerator.device) for k, v in batch.items()})
+            accelerator.backward(loss * scale)
+            total += loss.detach()
+            if accelerator.sync_gradients:
+                accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                for group in optimizer.param_groups:
+                    group["lr"] = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup_steps))
+                optimizer.step()
+                optimizer.zero_grad()
+    return (accelerator.reduce(total, "sum") / count).item(), int(count.item())
+
+
+def _eval_and_select(
+    evaluate: Callable[[], dict[str, float]], state: LoopState, best: dict[str, torch.Tensor], drafter: nn.Module,
+    cfg: TrainConfig, num_sequences: int, logger: MetricsLogger, bar: Any,
+) -> None:
+    """Evaluate on the held-out set; keep the drafter's trainable weights in `best` on a new best score."""
+    figures = evaluate()
+    acceptance = figures["score"]
+    epochs = state.step * cfg.batch_size / num_sequences
+    state.history.append({"step": state.step, "epochs": round(epochs, 3), "acceptance": acceptance,
+                          **{k: v for k, v in figures.items() if k != "score"}})
+    if state.acceptance_before is None:
+        state.acceptance_before = acceptance
+    if acceptance > state.best_acceptance:
+        state.best_acceptance, state.best_step = acceptance, state.step
+        best.clear()
+        best.update(trainable_state(drafter))
+    logger.log({"step": state.step, "epochs": round(epochs, 3), "heldout_acceptance": acceptance,
+                **{f"heldout_{k}": v for k, v in figures.items() if k != "score"}, "best": state.best_acceptance}, bar)
+
+
+def _stale(state: LoopState, cfg: TrainConfig) -> bool:
+    """No new best in the last `early_stop_evals` evaluations (identical on every process)."""
+    patience = cfg.early_stop_evals
+    return patience is not None and len(state.history) > patience and all(
+        h["step"] > state.best_step for h in state.history[-patience:])

@@ -1,0 +1,189 @@
+"""What a training job optimises and how it is scored: batches from the teacher cache (or on-policy
+continuations the target scores on the spot), the loss of a batch, and the held-out acceptance
+that selects the checkpoint. `specdecode.training.job` builds one `Objective` per job and hands
+its `make_batches`, `loss_sum` and `evaluate` to the training loop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from transformers import PreTrainedModel
+
+from specdecode.models.draft_vocab import draft_vocab_ids
+from specdecode.training.config import TrainJobConfig
+from specdecode.training.feature_training import feature_regression_sum, frozen_head_rows, pass_positions
+from specdecode.training.losses import get_loss
+from specdecode.training.loop import Batch
+from specdecode.training.teacher import (
+    TeacherCache,
+    TrainSequence,
+    dense_teacher_logits,
+    generate_continuations,
+    heldout_targets,
+    pad_batch,
+    padded_features,
+    score_topk,
+)
+
+
+@dataclass
+class Teacher:
+    """What the job learns from: the frozen target, its cached outputs on the training and held-out
+    sequences, and how sequences are padded and stopped."""
+
+    target: PreTrainedModel
+    train_cache: TeacherCache
+    heldout: TeacherCache
+    pad_id: int
+    eos: list[int]
+    # the top-k target logits cached per position (0: none, e.g. finetune or a feature drafter)
+    topk: int
+    # whether the drafter reads the target's features (a feature drafter)
+    features: bool
+
+
+@dataclass
+class Objective:
+    """The loss and the held-out score of one job; `model` is the accelerate-prepared drafter
+    wrapper (`DrafterLogits` or `FeatureDrafterLogits`), set once it exists."""
+
+    cfg: TrainJobConfig
+    job: str
+    teacher: Teacher
+    drafter: PreTrainedModel
+    accelerator: Accelerator
+    model: torch.nn.Module | None = None
+    draft_ids: torch.Tensor = field(init=False)
+    vocab_to_draft: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        target, train = self.teacher.target, self.cfg.train
+        self.draft_ids = draft_vocab_ids(self.drafter)
+        self.vocab_to_draft = torch.full((target.config.get_text_config().vocab_size,), -1, dtype=torch.long)
+        self.vocab_to_draft[self.draft_ids] = torch.arange(len(self.draft_ids))
+        self.loss_fn = get_loss(self.cfg.loss.name)
+        self.loss_kwargs = {"beta": self.cfg.loss.beta} if self.cfg.loss.name == "jsd" else {}
+        self.tau = 1.0 if train.temperature == 0 else train.temperature
+        # Held-out: each process scores its share of the sequences once (exact p at the draft ids,
+        # and the target's argmax), at the temperature selection is made for (greedy: p at T = 1).
+        heldout = self.teacher.heldout.sequences
+        self.my_indices = list(range(len(heldout)))[self.accelerator.process_index :: self.accelerator.num_processes]
+        self.select_tau = train.select_temperature or 1.0
+        mine = [heldout[i] for i in self.my_indices]
+        self.heldout_p, self.heldout_argmax = (
+            heldout_targets(target, mine, self.draft_ids, self.select_tau, self.teacher.pad_id) if mine else (None, None)
+        )
+        if self.teacher.features:  # the distillation teacher is the frozen head on the cached features
+            self.teacher_weight, self.teacher_bias = frozen_head_rows(target.get_output_embeddings(), self.draft_ids)
+
+    def micro_batches(self, sequences: list[TrainSequence], scored: TeacherCache, picks: list[int]) -> list[Batch]:
+        """`grad_accum` micro-batches of `sequences`, which are `scored`'s sequences `picks`."""
+        size = len(sequences) // self.cfg.train.grad_accum
+        return [self._micro_batch(sequences[s : s + size], scored, picks[s : s + size]) for s in range(0, len(sequences), size)]
+
+    def _micro_batch(self, sequences: list[TrainSequence], scored: TeacherCache, picks: list[int]) -> Batch:
+        input_ids, attention_mask, positions = pad_batch(sequences, self.teacher.pad_id)
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if self.teacher.features:  # the distillation teacher is then the frozen head on them (loss_sum)
+            batch["features"] = padded_features(scored, picks, input_ids.shape[1])
+        if self.job == "finetune":
+            labels = torch.cat([self.vocab_to_draft[input_ids[:, 1:]], torch.full_like(input_ids[:, :1], -1)], 1)
+            positions = positions & (labels >= 0)
+            batch["labels"] = labels
+        elif not self.teacher.features:
+            topk = self.teacher.topk
+            ids = torch.zeros(*positions.shape, topk, dtype=torch.int32)
+            logits = torch.zeros(*positions.shape, topk)
+            ids[positions] = torch.cat([scored.topk_ids[scored.offsets[i] : scored.offsets[i + 1]] for i in picks])
+            logits[positions] = torch.cat([scored.topk_logits[scored.offsets[i] : scored.offsets[i + 1]] for i in picks])
+            positions = positions & (self.vocab_to_draft[ids.long()] >= 0).any(-1)
+            batch |= {"topk_ids": ids, "topk_logits": logits}
+        return batch | {"positions": positions}
+
+    def make_batches(self, indices: list[int], step: int, on_policy: bool) -> list[Batch]:
+        """The micro-batches of one step: cached sequences `indices`, or on-policy continuations of their prompts."""
+        cache, train = self.teacher.train_cache, self.cfg.train
+        if not on_policy:
+            return self.micro_batches([cache.sequences[i] for i in indices], cache, indices)
+        # GKD: the drafter writes the continuations, the target scores them now (not cacheable)
+        prompts = [cache.sequences[i].tokens[: cache.sequences[i].response_start] for i in indices]
+        seed = train.seed + 7919 * step + 104_729 * self.accelerator.process_index
+        drafter = self.accelerator.unwrap_model(self.model).drafter
+        responses = generate_continuations(drafter, prompts, train, self.teacher.eos, seed)
+        # an empty continuation stays: 0 counted tokens, but every process keeps `grad_accum` micro-batches
+        sequences = [TrainSequence(p + r, len(p)) for p, r in zip(prompts, responses)]
+        scored = score_topk(self.teacher.target, sequences, self.teacher.topk, self.teacher.pad_id)
+        return self.micro_batches(sequences, scored, list(range(len(sequences))))
+
+    def loss_sum(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        """The batch's summed loss (the loop divides by the tokens counted on all processes)."""
+        if self.teacher.features:
+            return self._feature_loss_sum(module, batch)
+        student = module(batch["input_ids"], batch["attention_mask"])  # [B, T, K]
+        if self.job == "finetune":
+            return F.cross_entropy(student[batch["positions"]], batch["labels"][batch["positions"]], reduction="sum")
+        vocab_to_draft = self.vocab_to_draft.to(student.device)
+        teacher = dense_teacher_logits(batch["topk_ids"], batch["topk_logits"], vocab_to_draft, student.shape[-1])
+        return self.loss_fn(student, teacher, batch["positions"], temperature=self.tau, reduction="sum", **self.loss_kwargs)
+
+    def _feature_loss_sum(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        """Token loss of every unrolled pass (vs the frozen head on the target's features, or the
+        next token) plus the weighted regression of the target's feature."""
+        logits, predicted = module(batch["input_ids"], batch["attention_mask"], batch["features"])  # [S, B, T, K|H]
+        masks = pass_positions(batch["positions"], logits.shape[0])
+        weight = self.cfg.train.feature_loss_weight
+        total = logits.new_zeros(())
+        if self.job == "distill":
+            bias = None if self.teacher_bias is None else self.teacher_bias.to(logits.device)
+            teacher = F.linear(batch["features"], self.teacher_weight.to(logits.device), bias)
+        for j in range(logits.shape[0]):
+            if self.job == "finetune":
+                total = total + F.cross_entropy(logits[j][masks[j]], batch["labels"][masks[j]], reduction="sum")
+            else:
+                total = total + self.loss_fn(logits[j], teacher, masks[j], temperature=self.tau, reduction="sum", **self.loss_kwargs)
+            if weight:
+                total = total + weight * feature_regression_sum(predicted[j], batch["features"], masks[j])
+        return total
+
+    def _heldout_logits(self, module: torch.nn.Module, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`[S, P, K]` drafter logits at the loss positions of held-out sequences `indices` (S
+        unrolled passes for a feature drafter, 1 otherwise) and the `[S, P]` mask of positions
+        each pass can score."""
+        heldout, device = self.teacher.heldout, self.accelerator.device
+        input_ids, attention_mask, positions = pad_batch([heldout.sequences[i] for i in indices], self.teacher.pad_id)
+        input_ids, attention_mask, positions = input_ids.to(device), attention_mask.to(device), positions.to(device)
+        if not self.teacher.features:
+            logits = module(input_ids, attention_mask)[positions].unsqueeze(0)
+            return logits, torch.ones(logits.shape[:2], dtype=torch.bool, device=logits.device)
+        logits, _ = module(input_ids, attention_mask, padded_features(heldout, indices, input_ids.shape[1]).to(device))
+        scored = pass_positions(positions, logits.shape[0])
+        return logits[:, positions], scored[:, positions]
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Held-out acceptance, all processes pooled: `greedy` = how often the drafter's argmax is
+        the target's (greedy decoding's acceptance), `expected` = mean Σ_v min(p, q) at the selection
+        temperature (1 when selecting for greedy); for a feature drafter averaged over the unrolled
+        passes. `score` is the one selection uses."""
+        module = self.accelerator.unwrap_model(self.model)
+        module.eval()
+        totals = torch.zeros(3, device=self.accelerator.device)
+        row = 0
+        for start in range(0, len(self.my_indices), 8):
+            logits, scored = self._heldout_logits(module, self.my_indices[start : start + 8])  # [S, P, K], [S, P]
+            count = logits.shape[1]
+            p = self.heldout_p[row : row + count].to(logits.device, torch.float32)
+            argmax = self.heldout_argmax[row : row + count].to(logits.device)
+            row += count
+            q = logits.float().div(self.select_tau).softmax(-1)
+            expected = torch.minimum(p.unsqueeze(0), q).sum(-1)
+            greedy = (self.draft_ids.to(logits.device)[logits.argmax(-1)] == argmax.unsqueeze(0)).float()
+            totals += torch.stack([expected[scored].sum(), greedy[scored].sum(), scored.sum().float()])
+        module.train()
+        summed = self.accelerator.gather_for_metrics(totals.unsqueeze(0)).sum(0)
+        expected, greedy = (summed[:2] / summed[2].clamp_min(1)).tolist()
+        score = greedy if self.cfg.train.select_temperature == 0 else expected
+        return {"score": score, "greedy": greedy, "expected": expected}
