@@ -96,3 +96,21 @@ def test_the_demo_declares_gamma_once() -> None:
     stages = {stage.name: stage.config for stage in demo_stages(from_dict(DemoConfig, resolved))}
     assert {stages[name]["gamma"] for name in ("benchmark", "collect", "eval")} == {3}
     assert len(stages["eval"]["sweep_gammas"]) >= 4 and max(stages["eval"]["temperatures"]) > 0
+
+
+@pytest.mark.parametrize("app", ["benchmark", "distill", "finetune", "collect", "eval", "demo"])
+def test_skinny_matmul_is_a_top_level_knob(app: str) -> None:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose(config_name=app, overrides=["skinny_matmul=false"]), resolve=True)
+    assert cfg["skinny_matmul"] is False
+
+
+def test_skinny_matmul_reaches_every_demo_stage(tmp_path: Path) -> None:
+    cfg = dataclasses.replace(smoke_config(str(tmp_path / "demo")), skinny_matmul=False)
+    assert {stage.config["skinny_matmul"] for stage in demo_stages(cfg)} == {False}
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_bad_skinny_matmul_is_named(value: object) -> None:
+    with pytest.raises(ValueError, match=rf"skinny_matmul={value!r}: true or false"):
+        EvalConfig(skinny_matmul=value, methods=["autoregressive"])  # type: ignore[arg-type]
