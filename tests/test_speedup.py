@@ -69,3 +69,21 @@ def test_speculative_generate_uses_the_drafters_stored_gamma() -> None:
     result = speculative_generate(target, drafter, [[1, 2, 3]], max_new_tokens=8, eos_token_ids=[])
     assert result.stats.gamma == 2
     assert speculative_generate(target, drafter, [[1, 2, 3]], gamma=5, max_new_tokens=8, eos_token_ids=[]).stats.gamma == 5
+
+
+def test_verify_widths_take_turns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each repeat times every width once, in turn, so drift on a shared machine biases all alike."""
+    from specdecode.decoding import speedup
+
+    widths: list[int] = []
+    real = speedup.cached_forward
+
+    def recording(model, cache, input_ids, *args, **kwargs):  # type: ignore[no-untyped-def]
+        widths.append(input_ids.shape[1])
+        return real(model, cache, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(speedup, "cached_forward", recording)
+    ratios = speedup.measure_verify_ratios(tiny_llama(1, seed=0), list(range(20)), [1, 3], repeats=2)
+    assert set(ratios) == {1, 3} and all(r > 0 for r in ratios.values())
+    # the cached context (20 - 4 tokens), then (1 warm-up + 2) rounds of widths 1, 2, 4
+    assert widths == [16] + [1, 2, 4] * 3

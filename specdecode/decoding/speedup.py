@@ -90,21 +90,33 @@ class StepCosts:
 
 def _time_forward(model: PreTrainedModel, context: Sequence[int], num_new: int, repeats: int) -> float:
     """Median time of a `num_new`-token pass after `context` (batch 1), on a warm cache."""
+    return _time_forwards(model, context, [num_new], repeats)[num_new]
+
+
+def _time_forwards(model: PreTrainedModel, context: Sequence[int], widths: Sequence[int], repeats: int) -> dict[int, float]:
+    """Median time of a pass of each of `widths` new tokens after `context` (batch 1, warm cache).
+
+    The widths take turns within each repeat, so a machine whose speed drifts (other tenants, clock
+    changes) biases every width alike instead of skewing their ratios.
+    """
     device = model.device
-    cache = RaggedKVCache.for_model(model, 1, len(context) + num_new)
+    longest = max(widths)
+    cache = RaggedKVCache.for_model(model, 1, len(context))
     tokens = torch.tensor([list(context)], device=device)
-    cached_forward(model, cache, tokens[:, :-num_new], logits_to_keep=1)
-    cached_length = len(context) - num_new
-    times = []
-    for _ in range(repeats + 1):  # the first pass warms up and is not counted
-        cache.set_lengths(torch.tensor([cached_length], device=device), cached_length)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        logits = cached_forward(model, cache, tokens[:, -num_new:], logits_to_keep=0 if num_new > 1 else 1)
-        logits.sum().item()  # wait for the device
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
+    cached_length = len(context) - longest
+    cached_forward(model, cache, tokens[:, :cached_length], logits_to_keep=1)
+    times: dict[int, list[float]] = {n: [] for n in widths}
+    for _ in range(repeats + 1):  # the first round warms up and is not counted
+        for num_new in widths:
+            cache.set_lengths(torch.tensor([cached_length], device=device), cached_length)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            logits = cached_forward(model, cache, tokens[:, cached_length : cached_length + num_new],
+                                    logits_to_keep=0 if num_new > 1 else 1)
+            logits.sum().item()  # wait for the device
+            times[num_new].append(time.perf_counter() - start)
+    return {n: statistics.median(t[1:]) for n, t in times.items()}
 
 
 def _time_feature_step(drafter: FeatureDrafter, context: Sequence[int], repeats: int) -> float:
@@ -134,8 +146,8 @@ def measure_verify_ratios(
     """gamma → the measured cost of a (gamma + 1)-token verify over a one-token step, after `context`."""
     if len(context) <= max(gammas) + 1:
         raise ValueError(f"context must be longer than max(gammas) + 1 = {max(gammas) + 1} tokens, got {len(context)}")
-    step = _time_forward(target, context, 1, repeats)
-    return {g: _time_forward(target, context, g + 1, repeats) / step for g in gammas}
+    times = _time_forwards(target, context, [1, *(g + 1 for g in gammas)], repeats)
+    return {g: times[g + 1] / times[1] for g in gammas}
 
 
 @torch.inference_mode()
@@ -145,9 +157,10 @@ def measure_step_costs(
     """Time a target step, a (gamma + 1)-token verify and a drafter step after `context` tokens."""
     if len(context) <= gamma + 1:
         raise ValueError(f"context must be longer than gamma + 1 = {gamma + 1} tokens, got {len(context)}")
+    target_times = _time_forwards(target, context, [1, gamma + 1], repeats)
     return StepCosts(
-        target_step_s=_time_forward(target, context, 1, repeats),
-        target_verify_s=_time_forward(target, context, gamma + 1, repeats),
+        target_step_s=target_times[1],
+        target_verify_s=target_times[gamma + 1],
         drafter_step_s=(_time_feature_step(drafter, context, repeats) if isinstance(drafter, FeatureDrafter)
                         else _time_forward(drafter, context, 1, repeats)),
         gamma=gamma,
@@ -167,7 +180,7 @@ def choose_gamma(
     was_training = drafter.training
     drafter.eval()
     costs = measure_step_costs(target, drafter, context, 1, repeats=5)
-    verify = measure_verify_ratios(target, context, candidates)
+    verify = measure_verify_ratios(target, context, candidates, repeats=9)
     drafter.train(was_training)
     gamma, speedup = optimal_gamma(min(max(alpha, 0.0), 1.0), costs.cost_ratio, verify)
     drafter.config.specdecode_gamma = gamma
