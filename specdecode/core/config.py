@@ -56,7 +56,8 @@ def is_number(value: object) -> bool:
 @dataclass
 class Placement:
     """The one `device` / `dtype` of an app (top level of its conf/*.yaml): the target, the drafters,
-    the embedder and accelerate all follow it. Apps subclass this and call `check_placement()`."""
+    the embedder and accelerate all follow it; `skinny_matmul` picks the CPU kernel of the models'
+    linear layers. Apps subclass this and call `check_placement()`."""
 
     device: str = "cpu"
     dtype: str = "float32"
