@@ -3,8 +3,9 @@
 A decode step multiplies one row per sequence by every weight matrix, so on a CPU it costs one
 sweep of the weights through memory. A verify pass multiplies gamma + 1 rows, and should cost about
 the same sweep. With `F.linear` it does not: for 2..16 rows MKL leaves its matrix-vector kernel for
-a blocked GEMM that packs the weights first, and on the 2-core development machine a 4-row pass over
-SmolLM2-135M's weights took ~1.6-2x a 1-row pass (README, "CPU verify cost"). Computing the same
+a blocked GEMM that packs the weights first, and on the 2-core development machine a 2..9-row pass
+over SmolLM2-135M's weights took 1.6-2.7x a 1-row pass (README, "Measured with and without skinny
+linears"). Computing the same
 product as `weight @ x.T` (the weights as the left operand, the few rows as the narrow right one)
 keeps MKL on a streaming kernel: a 4-row pass then costs about what a 1-row pass does.
 
