@@ -103,3 +103,13 @@ def test_greedy_with_skinny_linears_matches_transformers(gamma: int) -> None:
     assert result.sequences[:1] == speculative_generate(
         target, drafter, prompts[:1], gamma=gamma, max_new_tokens=20, eos_token_ids=[]
     ).sequences
+
+
+@pytest.mark.parametrize("kind", ["derived", "feature"])
+def test_derived_drafters_follow_the_targets_kernels(kind: str) -> None:
+    from specdecode.models import DrafterConfig, build_drafter
+
+    for skinny in (True, False):
+        target, tokenizer = load_model("smoke", skinny_matmul=skinny)
+        drafter = build_drafter(DrafterConfig(kind=kind, num_layers=1, draft_vocab=None), target, tokenizer, lambda: [])
+        assert any(isinstance(m, SkinnyLinear) for m in drafter.modules()) is skinny

@@ -148,14 +148,19 @@ def build_drafter(
 ) -> PreTrainedModel | FeatureDrafter:
     """The drafter a config names: derived from `target` (a layer slice, or an untrained feature
     drafter; the truncated vocabulary picked from `corpus()`, tokenised text, called only when
-    needed) or a pretrained folder / hub id (either kind) whose tokenizer must be the target's."""
+    needed) or a pretrained folder / hub id (either kind) whose tokenizer must be the target's.
+    The drafter uses the target's linear kernels (skinny on CPU if the target's are)."""
+    skinny = any(isinstance(m, SkinnyLinear) for m in target.modules())
     if cfg.kind in ("derived", "feature"):
         vocab_docs = corpus() if cfg.draft_vocab is not None else None
         if cfg.kind == "feature":
-            return derive_feature_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs,
-                                          init_from_layer=cfg.init_from_layer)
-        return derive_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs)
-    skinny = any(isinstance(m, SkinnyLinear) for m in target.modules())
+            derived = derive_feature_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs,
+                                             init_from_layer=cfg.init_from_layer)
+        else:
+            derived = derive_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs)
+        if skinny:
+            use_skinny_linears(derived)
+        return derived
     drafter, drafter_tokenizer = load_model(str(cfg.path), dtype=target.dtype, device=target.device, skinny_matmul=skinny)
     check_tokenizers(tokenizer, drafter_tokenizer)
     check_vocab_sizes(target, drafter)
