@@ -22,7 +22,7 @@ from specdecode.data.config import DataConfig
 from specdecode.models import load_model
 from specdecode.models.config import TargetConfig
 from specdecode.models.smoke import smoke_tokenizer
-from specdecode.training.checkpoints import latest_checkpoint, prune_checkpoints
+from specdecode.training.checkpoints import complete_checkpoints, latest_checkpoint
 from specdecode.training.config import LossConfig, TrainConfig, TrainJobConfig
 from specdecode.training.job import run_distill, run_finetune
 from specdecode.training.loop import global_batch_indices
@@ -50,7 +50,12 @@ def run_app(job: str, tmp_path: Path, *overrides: str, launcher: list[str] | Non
 
 
 def checkpoint_weights(output_dir: Path, step: int) -> dict[str, torch.Tensor]:
-    return torch.load(output_dir / "checkpoints" / f"step_{step:06d}" / "pytorch_model.bin", weights_only=True)
+    return torch.load(output_dir / "checkpoints" / f"checkpoint_{step}" / "pytorch_model.bin", weights_only=True)
+
+
+def checkpoint_names(output_dir: Path) -> list[str]:
+    """Every entry of `<output_dir>/checkpoints`, complete or not, by name."""
+    return sorted(p.name for p in (output_dir / "checkpoints").iterdir())
 
 
 def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float) -> None:
@@ -165,6 +170,7 @@ def test_accelerate_configs_load(name: str) -> None:
         (lambda: TrainConfig(seq_source="web"), r"train.seq_source='web'"),
         (lambda: TrainConfig(batch_size=6, grad_accum=4), r"train.batch_size=6"),
         (lambda: TrainConfig(temperature=float("inf")), r"train.temperature=inf: a finite number"),
+        (lambda: TrainConfig(keep_checkpoints=1), r"train.keep_checkpoints=1: at least 2 \(accelerate deletes the oldest"),
         (lambda: from_dict(TrainJobConfig, {"train": {"max_stepz": 3}}), r"train.max_stepz"),
     ],
 )
@@ -373,31 +379,86 @@ def test_resume_with_another_config_lists_the_differing_keys(tmp_path: Path) -> 
 
 def test_fresh_run_refuses_a_folder_holding_checkpoints(tmp_path: Path) -> None:
     """A fresh 6-step run in an old 600-step run's folder used to rotate its own checkpoints away."""
-    old = tmp_path / "out" / "checkpoints" / "step_000600"
+    old = tmp_path / "out" / "checkpoints" / "checkpoint_600"
     old.mkdir(parents=True)
     (old / "COMPLETE").write_text("ok")
-    with pytest.raises(ValueError, match=r"already holds checkpoints of an earlier run \(newest: step_000600\); pass train.resume=true"):
+    with pytest.raises(ValueError, match=r"already holds checkpoints of an earlier run \(newest: checkpoint_600\); pass train.resume=true"):
         run_distill(smoke_cfg(tmp_path))
-    assert [p.name for p in old.parent.iterdir()] == ["step_000600"] and not (tmp_path / "cache").exists()
+    assert [p.name for p in old.parent.iterdir()] == ["checkpoint_600"] and not (tmp_path / "cache").exists()
 
 
-def test_rotation_keeps_the_newest_steps_by_number(tmp_path: Path) -> None:
+def test_checkpoints_sort_by_step_number_and_need_the_marker(tmp_path: Path) -> None:
     for step in (5, 999_999, 1_000_000, 1_000_001):
-        (tmp_path / f"step_{step:06d}").mkdir()
-        (tmp_path / f"step_{step:06d}" / "COMPLETE").write_text("ok")
-    # 1_000_001 is newer than the step just saved: left from past a checkpoint resume skipped.
-    prune_checkpoints(tmp_path, keep=2, step=1_000_000)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1000000", "step_999999"]
-    assert latest_checkpoint(tmp_path).name == "step_1000000"
+        (tmp_path / f"checkpoint_{step}").mkdir()
+    for step in (5, 999_999, 1_000_000):
+        (tmp_path / f"checkpoint_{step}" / "COMPLETE").write_text("ok")
+    # as text, checkpoint_1000000 < checkpoint_5 < checkpoint_999999; 1_000_001 was never completed
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["checkpoint_5", "checkpoint_999999", "checkpoint_1000000"]
+    assert latest_checkpoint(tmp_path).name == "checkpoint_1000000"
+
+
+def test_accelerate_rotation_keeps_the_newest_checkpoints(tmp_path: Path) -> None:
+    run_distill(smoke_cfg(tmp_path, "train.max_steps=5", "train.checkpoint_every=1", "train.keep_checkpoints=2"))
+    assert checkpoint_names(tmp_path / "out") == ["checkpoint_4", "checkpoint_5"]
+    assert all((tmp_path / "out" / "checkpoints" / name / "COMPLETE").is_file() for name in ("checkpoint_4", "checkpoint_5"))
+
+
+def test_debris_of_a_killed_save_is_never_loaded_and_removed_at_the_next_save(tmp_path: Path) -> None:
+    """A folder without COMPLETE (a save killed mid-write) must not count toward accelerate's
+    total_limit: it would rotate checkpoint_4, the one this run resumed from, away."""
+    args = ("train.checkpoint_every=2", "train.eval_every=2")
+    run_distill(smoke_cfg(tmp_path, "train.max_steps=4", *args))
+    debris = tmp_path / "out" / "checkpoints" / "checkpoint_5"
+    debris.mkdir()
+    (debris / "pytorch_model.bin").write_bytes(b"junk")
+    metrics = run_distill(smoke_cfg(tmp_path, "train.max_steps=6", *args, "train.resume=true"))
+    assert metrics["steps"] == 6 and '"resumed_from_step": 4' in (tmp_path / "out" / "metrics.jsonl").read_text()
+    assert checkpoint_names(tmp_path / "out") == ["checkpoint_4", "checkpoint_6"]
+
+
+def test_resume_past_an_unreadable_checkpoint_deletes_it(tmp_path: Path) -> None:
+    """checkpoint_4 is unreadable, so resume loads checkpoint_2: checkpoint_4 is a future this run
+    no longer has, and left in place it would outrank (and outlive) the run's own checkpoint_3."""
+    args = ("train.checkpoint_every=2", "train.eval_every=2")
+    run_distill(smoke_cfg(tmp_path, "train.max_steps=4", *args))
+    (tmp_path / "out" / "checkpoints" / "checkpoint_4" / "trainer_state.json").write_text("{trunc")
+    with pytest.warns(UserWarning, match=r"checkpoint_4/trainer_state.json is unreadable"):
+        metrics = run_distill(smoke_cfg(tmp_path, "train.max_steps=3", *args, "train.resume=true"))
+    assert metrics["steps"] == 3 and '"resumed_from_step": 2' in (tmp_path / "out" / "metrics.jsonl").read_text()
+    assert checkpoint_names(tmp_path / "out") == ["checkpoint_2", "checkpoint_3"]
+
+
+def test_failed_or_repeated_save_leaves_the_checkpoints_as_they_were(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save that raises (a full disk) removes its partial folder; saving a step twice is refused
+    before accelerate's rotation deletes anything."""
+    from accelerate import Accelerator
+
+    from specdecode.training import checkpoints
+
+    accelerator = Accelerator(cpu=True, project_config=checkpoints.project_configuration(tmp_path, 2))
+    folder = checkpoints.checkpoint_folder(accelerator)
+    for step in (1, 2):
+        checkpoints.save_checkpoint(accelerator, folder, checkpoints.LoopState(step=step), {})
+    with pytest.raises(ValueError, match=r"checkpoint_2 exists: step 2 was checkpointed already"):
+        checkpoints.save_checkpoint(accelerator, folder, checkpoints.LoopState(step=2), {})
+    assert checkpoint_names(tmp_path) == ["checkpoint_1", "checkpoint_2"]
+
+    def full_disk(*args: Any, **kwargs: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoints.torch, "save", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoints.save_checkpoint(accelerator, folder, checkpoints.LoopState(step=3), {})
+    assert checkpoint_names(tmp_path) == ["checkpoint_2"]  # rotation ran first: why keep_checkpoints >= 2
 
 
 def test_truncated_checkpoint_is_named_and_resume_falls_back(tmp_path: Path) -> None:
     args = ("train.max_steps=4", "train.checkpoint_every=2", "train.eval_every=2")
     run_distill(smoke_cfg(tmp_path, *args))
     straight = checkpoint_weights(tmp_path / "out", 4)
-    weights = tmp_path / "out" / "checkpoints" / "step_000004" / "pytorch_model.bin"
+    weights = tmp_path / "out" / "checkpoints" / "checkpoint_4" / "pytorch_model.bin"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    with pytest.warns(UserWarning, match=r"checkpoint file .*step_000004/pytorch_model.bin is unreadable.*falling back"):
+    with pytest.warns(UserWarning, match=r"checkpoint file .*checkpoint_4/pytorch_model.bin is unreadable.*falling back"):
         metrics = run_distill(smoke_cfg(tmp_path, *args, "train.resume=true"))
     assert metrics["steps"] == 4 and '"resumed_from_step": 2' in (tmp_path / "out" / "metrics.jsonl").read_text()
     assert_same_weights(straight, checkpoint_weights(tmp_path / "out", 4), 0.0)

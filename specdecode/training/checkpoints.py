@@ -1,10 +1,24 @@
-"""Training checkpoints: atomic, exactly resumable, checked against the job's config, rotated by step.
+"""Training checkpoints: accelerate's naming and rotation, made safe, exactly resumable and
+checked against the job's config.
 
-A checkpoint is `accelerator.save_state` plus the loop state, the best weights and the job's
-resolved config (`config.json`), written into a temp folder that is renamed once complete. A resume
-must match the saved config except in `RESUMABLE_KEYS`, and a fresh run refuses a folder that
-already holds checkpoints (`check_checkpoints`): either would otherwise continue, rotate or restore
-another run's state. A checkpoint that cannot be read is named and skipped for the one before it.
+Naming and rotation are accelerate's (`ProjectConfiguration(automatic_checkpoint_naming=True,
+total_limit=train.keep_checkpoints)`, see `project_configuration`): a plain `save_state()` writes
+`<output_dir>/checkpoints/checkpoint_<iteration>`, and first deletes the oldest folders beyond the
+limit. We set the iteration to the step, so folders are `checkpoint_<step>`. On top of that:
+
+- a checkpoint counts only once it holds the `COMPLETE` marker, written last, after the loop
+  state, best weights and the job's resolved config (`config.json`), and after every process has
+  written its RNG state: a kill mid-write leaves a folder without it, which is never loaded;
+- such debris is removed before each save, so accelerate's rotation never counts it in place of
+  a real checkpoint (it deletes by number, whatever the folder holds) nor finds its name taken;
+  an exception during a save removes the partial folder before it propagates;
+- rotation deletes before it writes, so `keep_checkpoints` is at least 2 (a kill mid-save keeps one);
+- a resume that fell back past an unreadable checkpoint deletes the newer ones: they are a future
+  this run no longer has, and the next save would collide with them or rotate real ones away.
+
+A resume must match the saved config except in `RESUMABLE_KEYS`, and a fresh run refuses a folder
+that already holds checkpoints (`check_checkpoints`): either would otherwise continue, rotate or
+restore another run's state. A checkpoint that cannot be read is named and skipped for the one before it.
 """
 
 from __future__ import annotations
@@ -14,20 +28,19 @@ import pickle
 import shutil
 import warnings
 import zipfile
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator
-
-from specdecode.core.atomic import atomic_folder
+from accelerate.utils import ProjectConfiguration
 
 COMPLETE = "COMPLETE"
 STATE_FILE = "trainer_state.json"
 BEST_FILE = "best_drafter.pt"
 CONFIG_FILE = "config.json"
+PREFIX = "checkpoint_"  # accelerate's automatic naming: checkpoint_<iteration>
 # Config fields a resumed run may change: its budgets, where and how it logs and checkpoints, and
 # the test hook. Every other field decides what is trained or how the best step is picked (data,
 # target, drafter, loss, schedule, seed, eval_every, ...): resuming with another value would finish
@@ -55,15 +68,25 @@ class LoopState:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-def _step(checkpoint: Path) -> int:
-    return int(checkpoint.name.split("_")[1])
+def checkpoint_step(checkpoint: Path) -> int:
+    """The step a `checkpoint_<step>` folder was written at."""
+    return int(checkpoint.name[len(PREFIX):])
+
+
+def checkpoint_path(directory: Path, step: int) -> Path:
+    return directory / f"{PREFIX}{step}"
+
+
+def is_complete(folder: Path) -> bool:
+    """Whether `folder` holds the completion marker (the last thing a save writes)."""
+    return (folder / COMPLETE).is_file()
 
 
 def complete_checkpoints(directory: Path) -> list[Path]:
     """Checkpoints holding the completion marker (a killed write never has it), oldest step first.
-    By step number, not name: `step_1000000` sorts before `step_999999` as text."""
-    done = [p for p in directory.glob("step_*") if p.name[5:].isdigit() and (p / COMPLETE).is_file()]
-    return sorted(done, key=_step)
+    By step number, not name: `checkpoint_1000000` sorts before `checkpoint_999999` as text."""
+    done = [p for p in directory.glob(f"{PREFIX}*") if p.name[len(PREFIX):].isdigit() and is_complete(p)]
+    return sorted(done, key=checkpoint_step)
 
 
 def latest_checkpoint(directory: Path) -> Path | None:
@@ -72,15 +95,38 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def prune_checkpoints(directory: Path, keep: int, step: int) -> None:
-    """Keep the `keep` newest complete checkpoints up to `step` (the one just written); drop the
-    rest, and any newer than `step`: those are left from past an unreadable checkpoint that resume
-    fell back from, a future this run no longer has."""
-    done = complete_checkpoints(directory)
-    kept = [p for p in done if _step(p) <= step][-keep:]
-    for old in done:
-        if old not in kept:
-            shutil.rmtree(old, ignore_errors=True)
+def project_configuration(output_dir: Path, keep: int) -> ProjectConfiguration:
+    """The Accelerator's project: checkpoints named and rotated by accelerate under
+    `<output_dir>/checkpoints`, keeping the `keep` newest (>= 2, see `TrainConfig`)."""
+    return ProjectConfiguration(project_dir=str(output_dir), automatic_checkpoint_naming=True, total_limit=keep)
+
+
+def checkpoint_folder(accelerator: Accelerator) -> Path:
+    """Where `save_state()` writes, `<project_dir>/checkpoints`: the one folder this module reads,
+    so what it checks, resumes from and cleans is what accelerate rotates.
+
+    Raises:
+        ValueError: the Accelerator was made without `project_configuration` (automatic naming off).
+    """
+    project = accelerator.project_configuration
+    if not project.automatic_checkpoint_naming or project.project_dir is None:
+        raise ValueError("the Accelerator needs project_config=project_configuration(output_dir, keep): "
+                         "checkpoints are named and rotated by accelerate's automatic naming")
+    return Path(project.project_dir) / "checkpoints"
+
+
+def remove_debris(directory: Path) -> None:
+    """Delete what a killed save left in `directory`: every entry without the completion marker.
+    accelerate counts every entry toward `total_limit` and deletes the lowest numbers, so debris
+    would otherwise take a real checkpoint's place, or the name of the checkpoint being written."""
+    if not directory.is_dir():
+        return
+    for entry in directory.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            if not is_complete(entry):
+                shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -165,30 +211,43 @@ def _unreadable_file(checkpoint: Path) -> Path | None:
 
 
 def save_checkpoint(
-    accelerator: Accelerator, directory: Path, state: LoopState, best: dict, keep: int, config: dict[str, Any] | None = None
-) -> None:
-    """`save_state` into a staging folder, add the loop state, best weights and job config, mark
-    complete, publish it (`atomic_folder`), and rotate.
+    accelerator: Accelerator, directory: Path, state: LoopState, best: dict, config: dict[str, Any] | None = None
+) -> Path:
+    """Write `checkpoint_<step>` with accelerate's `save_state()` (which first rotates the oldest
+    away), add the loop state, best weights and job config, and mark it complete; returns it.
 
-    Every process calls this (accelerate writes per-process RNG states); the staging name is
-    deterministic so all of them write into the same folder, which the main process owns.
+    Every process calls this: accelerate writes per-process RNG states, and the barriers keep every
+    process's view of the folder the same (which names exist, which are complete).
+
+    Raises:
+        ValueError: `directory` is not where accelerate writes, or this step was saved already
+            (before anything is deleted; accelerate would rotate first, then refuse).
     """
-    final = directory / f"step_{state.step:06d}"
-    staging = directory / f".tmp.{final.name}"
-    with atomic_folder(final, staging=staging) if accelerator.is_main_process else nullcontext(staging):
-        accelerator.wait_for_everyone()  # the staging folder exists
-        accelerator.save_state(str(staging), safe_serialization=False)
-        if accelerator.is_main_process:
-            torch.save(best, staging / BEST_FILE)
-            (staging / STATE_FILE).write_text(json.dumps(asdict(state)))
-            if config is not None:
-                (staging / CONFIG_FILE).write_text(json.dumps(config))
-            (staging / COMPLETE).write_text("ok")
-        # save_state ends with no barrier: every process's RNG state must be in before the rename
-        accelerator.wait_for_everyone()
+    if checkpoint_folder(accelerator).resolve() != directory.resolve():
+        raise ValueError(f"checkpoints are read from {directory} but accelerate writes them to {checkpoint_folder(accelerator)}")
+    folder = checkpoint_path(directory, state.step)
     if accelerator.is_main_process:
-        prune_checkpoints(directory, keep, state.step)
-    accelerator.wait_for_everyone()
+        remove_debris(directory)
+    accelerator.wait_for_everyone()  # no process sees debris in accelerate's count or name check
+    if folder.exists():
+        raise ValueError(f"{folder} exists: step {state.step} was checkpointed already")
+    try:
+        accelerator.project_configuration.iteration = state.step  # accelerate names the folder by it
+        accelerator.save_state(safe_serialization=False)
+        # save_state ends with no barrier: every process's RNG state must be in before COMPLETE
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            torch.save(best, folder / BEST_FILE)
+            (folder / STATE_FILE).write_text(json.dumps(asdict(state)))
+            if config is not None:
+                (folder / CONFIG_FILE).write_text(json.dumps(config))
+            (folder / COMPLETE).write_text("ok")
+        accelerator.wait_for_everyone()  # no process looks for the checkpoint before it is complete
+    except BaseException:
+        if accelerator.is_main_process:
+            shutil.rmtree(folder, ignore_errors=True)  # it did not exist before: only this save's part
+        raise
+    return folder
 
 
 def resume(accelerator: Accelerator, directory: Path, config: dict[str, Any] | None = None) -> tuple[LoopState, dict] | None:
@@ -224,7 +283,19 @@ def resume(accelerator: Accelerator, directory: Path, config: dict[str, Any] | N
         except _UNREADABLE as error:
             skip(checkpoint, error)
             continue
+        _drop_newer(accelerator, directory, checkpoint)
         return state, best
     if unreadable:
         raise RuntimeError(f"no readable checkpoint in {directory}: {', '.join(unreadable)}; delete them to start over")
     return None
+
+
+def _drop_newer(accelerator: Accelerator, directory: Path, loaded: Path) -> None:
+    """Delete the complete checkpoints newer than `loaded` (the ones resume fell back past): this
+    run will write its own steps, and accelerate's rotation would keep a stale newer one over them
+    (and refuse its name). Every process calls this, so the barrier matches."""
+    if accelerator.is_main_process:
+        for newer in complete_checkpoints(directory):
+            if checkpoint_step(newer) > checkpoint_step(loaded):
+                shutil.rmtree(newer, ignore_errors=True)
+    accelerator.wait_for_everyone()

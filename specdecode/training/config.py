@@ -98,9 +98,11 @@ class TrainConfig:
                 "train.gamma_candidates", self.gamma_candidates, "a list of ints in [1, 64] (empty: keep the default gamma)")
         self.gamma_candidates = list(self.gamma_candidates)
         for name in ("max_prompt_tokens", "max_len", "max_new_tokens", "teacher_topk", "heldout_sequences", "batch_size",
-                     "grad_accum", "eval_every", "checkpoint_every", "keep_checkpoints", "log_every", "vocab_corpus_docs"):
+                     "grad_accum", "eval_every", "checkpoint_every", "log_every", "vocab_corpus_docs"):
             value = getattr(self, name)
             require(is_int(value) and value >= 1, f"train.{name}", value, "an int >= 1")
+        require(is_int(self.keep_checkpoints) and self.keep_checkpoints >= 2, "train.keep_checkpoints", self.keep_checkpoints,
+                "at least 2 (accelerate deletes the oldest checkpoint before writing the next, so with 1 a kill during a save would leave none)")
         require(self.max_prompt_tokens < self.max_len, "train.max_prompt_tokens", self.max_prompt_tokens, f"< train.max_len={self.max_len}")
         require(self.batch_size % self.grad_accum == 0, "train.batch_size", self.batch_size, f"a multiple of train.grad_accum={self.grad_accum}")
         require(self.train_sequences is None or (is_int(self.train_sequences) and self.train_sequences >= 1), "train.train_sequences", self.train_sequences, "null or an int >= 1")

@@ -51,7 +51,7 @@ from specdecode.training.teacher import (
     save_cache,
     score_topk,
 )
-from specdecode.training.checkpoints import LoopState, check_checkpoints, resume
+from specdecode.training.checkpoints import LoopState, check_checkpoints, checkpoint_folder, project_configuration, resume
 from specdecode.training.loop import DrafterLogits, MetricsLogger, load_trainable_state, peak_memory_mb, train_loop
 from specdecode.models.compat import default_eos
 
@@ -110,12 +110,14 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     train = cfg.train
     output = Path(cfg.output_dir)
     accelerator, device = placed_accelerator(cfg.device, gradient_accumulation_steps=train.grad_accum,
-                                             log_with="wandb" if cfg.logger == "wandb" else None, project_dir=output)
+                                             log_with="wandb" if cfg.logger == "wandb" else None,
+                                             project_config=project_configuration(output, train.keep_checkpoints))
     if train.batch_size % (accelerator.num_processes * train.grad_accum):
         raise ValueError(f"train.batch_size={train.batch_size} must be a multiple of processes x grad_accum "
                          f"= {accelerator.num_processes} x {train.grad_accum}")
     set_seed(train.seed)
-    check_checkpoints(output / "checkpoints", asdict(cfg), train.resume)
+    checkpoints = checkpoint_folder(accelerator)  # <output_dir>/checkpoints, where save_state() writes
+    check_checkpoints(checkpoints, asdict(cfg), train.resume)
     target, tokenizer = load_target(cfg.target, cfg.dtype, device, cfg.skinny_matmul)
     check_drafter_tokenizer(cfg.drafter, tokenizer)
     vocab_size = target.config.get_text_config().vocab_size
@@ -138,7 +140,6 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     objective.model = model
 
     # 3. resume or start, then train
-    checkpoints = output / "checkpoints"
     state, best = LoopState(), {}
     if train.resume and (restored := resume(accelerator, checkpoints, asdict(cfg))) is not None:
         state, best = restored

@@ -1,4 +1,4 @@
-"""The training loop shared by distillation and fine-tuning, with atomic, exactly-resumable checkpoints.
+"""The training loop shared by distillation and fine-tuning, with safe, exactly-resumable checkpoints.
 
 One optimizer step consumes a global batch of `train.batch_size` sequences, split evenly over the
 processes and then over `train.grad_accum` micro-batches. The loss is a *sum* over tokens divided
@@ -10,7 +10,8 @@ Data order is a pure function of (seed, step): epoch e visits the sequences in a
 by (seed, e), so a resumed run picks up at exactly the batch it would have seen, with no dataloader
 state to save. Optimizer and RNG states go through `accelerator.save_state`.
 
-Checkpoints (atomic, config-checked, rotated by step) are in specdecode/checkpoints.py.
+Checkpoints (accelerate's naming and rotation, marked complete, config-checked) are in
+specdecode/training/checkpoints.py.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from specdecode.training.checkpoints import LoopState, latest_checkpoint, save_checkpoint
+from specdecode.training.checkpoints import LoopState, checkpoint_path, is_complete, save_checkpoint
 from specdecode.training.config import TrainConfig
 from specdecode.models.draft_vocab import DraftVocabHead
 
@@ -159,14 +160,14 @@ def train_loop(
         if state.step % cfg.eval_every == 0:
             select()
         if state.step % cfg.checkpoint_every == 0:
-            save_checkpoint(accelerator, checkpoints, state, best, cfg.keep_checkpoints, config)
+            save_checkpoint(accelerator, checkpoints, state, best, config)
         if state.step == cfg.debug_kill_after_step:
             os.kill(os.getpid(), signal.SIGKILL)
     bar.close()
     if not state.history or state.history[-1]["step"] != state.step:
         select()
-    if latest_checkpoint(checkpoints) is None or latest_checkpoint(checkpoints).name != f"step_{state.step:06d}":
-        save_checkpoint(accelerator, checkpoints, state, best, cfg.keep_checkpoints, config)
+    if not is_complete(checkpoint_path(checkpoints, state.step)):  # saved in the loop, or resumed from it
+        save_checkpoint(accelerator, checkpoints, state, best, config)
     return state, best
 
 
