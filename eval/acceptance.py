@@ -9,9 +9,11 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from specdecode.core.config import from_dict
-from specdecode.evaluation.config import EvalConfig
 from specdecode.evaluation.suite import run_eval
+from specdecode.pipeline.schemas import register_schemas
+
+# conf/*.yaml list their schema (the dataclass) first; Hydra finds it in the ConfigStore.
+register_schemas()
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="eval")
@@ -19,7 +21,7 @@ def main(cfg: DictConfig) -> None:
     if HydraConfig.get().mode.name == "MULTIRUN":
         # Each sweep job writes into its own folder (the sweep's subdir).
         cfg.output_dir = HydraConfig.get().runtime.output_dir
-    run_eval(from_dict(EvalConfig, OmegaConf.to_container(cfg, resolve=True)))
+    run_eval(OmegaConf.to_object(cfg))
 
 
 if __name__ == "__main__":

@@ -3,14 +3,16 @@
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from specdecode.core.config import from_dict
 from specdecode.evaluation.benchmark import report_markdown, run_benchmark
-from specdecode.evaluation.config import BenchmarkConfig
+from specdecode.pipeline.schemas import register_schemas
+
+# conf/*.yaml list their schema (the dataclass) first; Hydra finds it in the ConfigStore.
+register_schemas()
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="benchmark")
 def main(cfg: DictConfig) -> None:
-    results = run_benchmark(from_dict(BenchmarkConfig, OmegaConf.to_container(cfg, resolve=True)))
+    results = run_benchmark(OmegaConf.to_object(cfg))
     print(report_markdown(results))
 
 

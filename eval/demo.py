@@ -3,13 +3,16 @@
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from specdecode.core.config import from_dict
-from specdecode.pipeline.demo import DemoConfig, run_demo
+from specdecode.pipeline.demo import run_demo
+from specdecode.pipeline.schemas import register_schemas
+
+# conf/*.yaml list their schema (the dataclass) first; Hydra finds it in the ConfigStore.
+register_schemas()
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="demo")
 def main(cfg: DictConfig) -> None:
-    root = run_demo(from_dict(DemoConfig, OmegaConf.to_container(cfg, resolve=True)))
+    root = run_demo(OmegaConf.to_object(cfg))
     print((root / "report.md").read_text())
 
 

@@ -4,14 +4,16 @@
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from specdecode.core.config import from_dict
-from specdecode.routing.config import FitRouterConfig
+from specdecode.pipeline.schemas import register_schemas
 from specdecode.routing.fit import run_fit
+
+# conf/*.yaml list their schema (the dataclass) first; Hydra finds it in the ConfigStore.
+register_schemas()
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="fit_router")
 def main(cfg: DictConfig) -> None:
-    run_fit(from_dict(FitRouterConfig, OmegaConf.to_container(cfg, resolve=True)))
+    run_fit(OmegaConf.to_object(cfg))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from specdecode.pipeline.schemas import register_schemas
 from tests.models_for_tests import tiny_llama_config as tiny_llama_config_
 
 
@@ -20,6 +21,13 @@ def _single_thread_torch() -> None:
     """Run torch single-threaded: the test models are tiny, so threads buy nothing, and on a
     shared 2-core machine OpenMP oversubscription made the suite ~10x slower (3 s -> 30 s)."""
     torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _config_schemas() -> None:
+    """conf/*.yaml name their dataclass schemas first in their defaults; tests compose them with
+    Hydra's `compose`, as the apps do after `register_schemas()`."""
+    register_schemas()
 
 
 @pytest.fixture

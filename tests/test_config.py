@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from specdecode.core.config import from_dict
 from specdecode.evaluation.config import BenchmarkConfig
 from specdecode.models.config import DrafterConfig, TargetConfig
+from specdecode.pipeline.schemas import SCHEMAS
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -49,3 +52,58 @@ def test_benchmark_config_composes(target, drafter) -> None:
 def test_bad_config_names_the_field(build, needle) -> None:
     with pytest.raises(ValueError, match=needle):
         build()
+
+
+# Every app's YAML and the dataclass Hydra composes it onto (its ConfigStore schema).
+APP_SCHEMAS = {
+    "distill": "TrainJobConfig", "finetune": "TrainJobConfig", "benchmark": "BenchmarkConfig",
+    "collect": "CollectConfig", "collect_smoke": "CollectConfig", "fit_router": "FitRouterConfig",
+    "fit_router_smoke": "FitRouterConfig", "eval": "EvalConfig", "demo": "DemoConfig", "demo_smoke": "DemoConfig",
+}
+
+
+def test_every_app_config_has_a_registered_schema() -> None:
+    assert {p.stem for p in CONF.glob("*.yaml")} == set(APP_SCHEMAS)
+    assert {cls.__name__ for cls in SCHEMAS.values()} == set(APP_SCHEMAS.values())
+
+
+@pytest.mark.parametrize("app", sorted(APP_SCHEMAS))
+def test_app_config_composes_onto_its_schema(app: str) -> None:
+    """The composed config is typed by its dataclass (not a plain dict), and `to_object` builds it."""
+    overrides = ["methods=[autoregressive]"] if app == "eval" else []  # the others need trained folders
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name=app, overrides=overrides)
+    assert OmegaConf.get_type(cfg).__name__ == APP_SCHEMAS[app]
+    built = OmegaConf.to_object(cfg)
+    assert type(built).__name__ == APP_SCHEMAS[app]
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("gama=3", r"Key 'gama' not in 'BenchmarkConfig'"),  # a typo is not a new key
+        ("drafter.layers=3", r"Key 'layers' not in 'DrafterConfig'"),
+        ("gamma=three", r"Value 'three' of type 'str' could not be converted to Integer"),
+        ("skinny_matmul=maybe", r"Value 'maybe' is not a valid bool"),
+        ("temperature=[1]", r"temperature"),
+    ],
+)
+def test_composition_rejects_unknown_keys_and_wrong_types(override: str, needle: str) -> None:
+    """The schema closes the YAML: Hydra refuses these at composition, before any stage runs."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        with pytest.raises(ConfigCompositionException) as caught:
+            compose(config_name="benchmark", overrides=[override])
+    # Hydra prints the cause (OmegaConf's error naming the key) under its own line.
+    assert re.search(needle, str(caught.value.__cause__)), caught.value.__cause__
+
+
+def test_from_dict_converts_to_the_field_types_and_names_bad_keys() -> None:
+    built = from_dict(BenchmarkConfig, {"gamma": "3", "temperature": 1, "drafter": {"num_layers": "4"}})
+    assert (built.gamma, built.temperature, built.drafter.num_layers) == (3, 1.0, 4)
+    assert isinstance(built.drafter, DrafterConfig) and isinstance(built.temperature, float)
+    with pytest.raises(ValueError, match=r"^drafter\.layers: Key 'layers' not in 'DrafterConfig'; known: \['draft_vocab', 'init_from_layer', 'kind', 'num_layers', 'path'\]"):
+        from_dict(BenchmarkConfig, {"drafter": {"layers": 3}})
+    with pytest.raises(ValueError, match=r"^gamma: Value 'x' of type 'str' could not be converted to Integer"):
+        from_dict(BenchmarkConfig, {"gamma": "x"})
+    with pytest.raises(ValueError, match=r"^gamma=0: an int in \[1, 64\]"):  # __post_init__ still runs
+        from_dict(BenchmarkConfig, {"gamma": 0})

@@ -6,11 +6,13 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from specdecode.core.config import from_dict
-from specdecode.pipeline.demo import CONF_DIR, DemoConfig, demo_stages, run_demo
+from specdecode.pipeline.config import CONF_DIR, DemoConfig
+from specdecode.pipeline.demo import demo_stages, run_demo
 
 SCHEMA = {"domain", "method", "gamma", "temperature", "batch_size", "alpha", "tau", "tokens_per_s", "speedup", "exact_match"}
 
@@ -19,7 +21,8 @@ def smoke_config(output_dir: str, overrides: list[str] = ()) -> DemoConfig:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         # Everything under the test's folder, the teacher cache too.
         cache = f"distill=['experiment=smoke','cache_dir={output_dir}/teacher_cache']"
-        cfg = compose(config_name="demo_smoke", overrides=[f"output_dir={output_dir}", cache, *overrides])
+        # In this process (fast); test_demo_app_runs_under_hydra_main goes through accelerate launch.
+        cfg = compose(config_name="demo_smoke", overrides=[f"output_dir={output_dir}", cache, "launcher=in_process", *overrides])
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved.pop("hydra", None)
     return from_dict(DemoConfig, resolved)
@@ -57,7 +60,8 @@ def test_smoke_pipeline_end_to_end_and_cached(tmp_path, capsys) -> None:
 
 
 def test_demo_app_runs_under_hydra_main(tmp_path) -> None:
-    """`make demo`'s entry point: stage configs are composed inside a running @hydra.main app."""
+    """`make demo`'s entry point: stage configs are composed inside a running @hydra.main app, and
+    the training and evaluation stages run under `accelerate launch` (conf/accelerate/cpu.yaml)."""
     import subprocess
     import sys
 
@@ -72,6 +76,10 @@ def test_demo_app_runs_under_hydra_main(tmp_path) -> None:
     assert completed.returncode == 0, completed.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     assert {r["exact_match"] for r in results["rows"]} == {1.0}
+    # Each launched stage left its Hydra log (the app composed its own config) in its folder.
+    for stage in ("distill-code", "distill-mix", "eval"):
+        assert (out / stage / "hydra" / ".hydra" / "config.yaml").is_file(), stage
+    assert not (out / "collect" / "hydra").exists()  # collect runs in the demo's process
 
 
 def test_stage_wiring_survives_any_output_dir(tmp_path) -> None:
@@ -86,3 +94,47 @@ def test_stage_wiring_survives_any_output_dir(tmp_path) -> None:
     assert {n: Path(p) for n, p in stages["eval"]["drafters"].items()} == {n: p / "drafter" for n, p in drafters.items()}
     assert stages["eval"]["router_dir"] == str(root / "fit") and stages["eval"]["domains"] == cfg.domains
     assert stages["eval"]["max_new_tokens"] == 8  # the stage's own overrides still apply
+
+
+def test_launched_stage_config_composes_back_to_the_same_config(tmp_path) -> None:
+    """The file a launched app composes is the stage's config, key for key (what the stage hashed),
+    typed by the app's schema; a `${` in a path stays literal."""
+    from hydra import initialize_config_dir as init
+
+    from specdecode.pipeline.launch import write_stage_config
+
+    root = tmp_path / "odd ${x} 'dir'"
+    stages = {s.name: s for s in demo_stages(dataclasses.replace(smoke_config(str(tmp_path / "demo")), output_dir=str(root)))}
+    for stage, app, schema in (("distill-code", "distill", "TrainJobConfig"), ("eval", "eval", "EvalConfig")):
+        config = stages[stage].config | {"output_dir": str(root / stage)}
+        write_stage_config(app, config, tmp_path, tmp_path / "hydra")
+        with init(config_dir=str(tmp_path), version_base="1.3"):
+            composed = compose(config_name="stage")
+        assert OmegaConf.get_type(composed).__name__ == schema
+        resolved = OmegaConf.to_container(composed, resolve=True)
+        assert resolved == json.loads(json.dumps(config)), stage
+
+
+def test_launch_failure_names_the_app_and_status(tmp_path) -> None:
+    from specdecode.pipeline.config import accelerate_config_file
+    from specdecode.pipeline.launch import launch_app
+
+    config = smoke_config(str(tmp_path / "demo"))
+    distill = demo_stages(config)[0].config | {"output_dir": str(tmp_path / "out")}
+    distill["train"] = distill["train"] | {"keep_checkpoints": 1}  # the app's __post_init__ refuses it
+    with pytest.raises(RuntimeError, match=r"^distill under accelerate launch exited with status 1: .*accelerate\.commands\.launch"):
+        launch_app("distill", distill, accelerate_config_file("cpu"), tmp_path / "hydra")
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("launcher=slurm", r"launcher='slurm': one of \['accelerate', 'in_process'\]"),
+        ("accelerate_config=tpu_pod", r"accelerate_config='tpu_pod': no such accelerate config .*; one of \['cpu', 'multi_gpu', 'single_gpu'\]"),
+    ],
+)
+def test_bad_launcher_is_named(tmp_path, override: str, needle: str) -> None:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="demo_smoke", overrides=[override])
+    with pytest.raises(ValueError, match=needle):
+        OmegaConf.to_object(cfg)

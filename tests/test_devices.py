@@ -15,7 +15,9 @@ from specdecode.core.devices import check_device_name, placed_accelerator, resol
 from specdecode.evaluation.config import EvalConfig
 from specdecode.evaluation.suite import run_eval
 from specdecode.models.config import TargetConfig
-from specdecode.pipeline.demo import CONF_DIR, DemoConfig, demo_stages, run_demo
+from specdecode.pipeline.config import DemoConfig
+from specdecode.pipeline.demo import demo_stages, run_demo
+from specdecode.pipeline.config import CONF_DIR
 from specdecode.routing.config import CollectConfig, FitRouterConfig
 from specdecode.training.config import TrainJobConfig
 from specdecode.training.job import run_distill

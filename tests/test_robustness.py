@@ -24,7 +24,8 @@ from specdecode.evaluation.config import BenchmarkConfig
 from specdecode.evaluation.config import EvalConfig
 from specdecode.evaluation.suite import run_eval
 from specdecode.models.config import TargetConfig
-from specdecode.pipeline.demo import DemoConfig, run_demo
+from specdecode.pipeline.config import DemoConfig
+from specdecode.pipeline.demo import run_demo
 from specdecode.routing.collect import run_collect
 from specdecode.routing.config import CollectConfig, FitRouterConfig
 from specdecode.routing.fit import run_fit

@@ -4,14 +4,16 @@
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from specdecode.core.config import from_dict
-from specdecode.training.config import TrainJobConfig
+from specdecode.pipeline.schemas import register_schemas
 from specdecode.training.job import run_finetune
+
+# conf/*.yaml list their schema (the dataclass) first; Hydra finds it in the ConfigStore.
+register_schemas()
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="finetune")
 def main(cfg: DictConfig) -> None:
-    run_finetune(from_dict(TrainJobConfig, OmegaConf.to_container(cfg, resolve=True)))
+    run_finetune(OmegaConf.to_object(cfg))
 
 
 if __name__ == "__main__":

@@ -1,13 +1,17 @@
 """Config helpers every stage's schema uses: `from_dict`, `require`, the app-wide `Placement`, the
-gamma bound. Each stage's structured configs (the schema behind conf/*.yaml) live with the stage
-(`specdecode.<stage>.config`); each validates itself and names the bad field."""
+gamma bound. Each stage's structured configs (the dataclasses behind conf/*.yaml) live with the
+stage (`specdecode.<stage>.config`), are registered in Hydra's ConfigStore as the YAML files'
+schemas (`specdecode.pipeline.schemas`), and validate themselves in `__post_init__`, naming the
+bad field."""
 
 from __future__ import annotations
 
 import dataclasses
-import typing
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from specdecode.core.devices import check_device_name, check_dtype_name
 
@@ -20,21 +24,29 @@ T = TypeVar("T")
 MAX_GAMMA = 64
 
 
-def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
-    """Build dataclass `cls` from a (Hydra-resolved) dict; unknown keys are an error, not ignored."""
-    known = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        raise ValueError(f"unknown config field(s) {', '.join(where + k for k in unknown)}; known: {sorted(known)}")
-    # Nested configs are whatever fields are annotated with a dataclass type.
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for name, value in data.items():
-        nested = hints.get(name)
-        if dataclasses.is_dataclass(nested) and isinstance(value, dict):
-            value = from_dict(nested, value, f"{where}{name}.")  # type: ignore[arg-type]
-        kwargs[name] = value
-    return cls(**kwargs)
+def from_dict(cls: type[T], data: dict[str, Any] | DictConfig, where: str = "") -> T:
+    """Build dataclass `cls` from a (Hydra-composed) dict through OmegaConf's structured configs:
+    the dataclass is the schema, so an unknown key or a value of the wrong type is an error naming
+    its dotted key (not silently kept), values are converted to the field's type (`"3"` → 3), and
+    `OmegaConf.to_object` builds the dataclass, which runs its `__post_init__` checks.
+
+    Raises:
+        ValueError: `<where><dotted key>: <what is wrong>`, plus the known fields for an unknown key.
+    """
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), data))  # type: ignore[return-value]
+    except OmegaConfBaseException as error:
+        raise config_error(error, where) from None
+
+
+def config_error(error: OmegaConfBaseException, where: str = "") -> ValueError:
+    """OmegaConf's composition/validation error as one line naming the dotted key: `gama: Key
+    'gama' not in 'BenchmarkConfig'; known: [...]`."""
+    message = str(getattr(error, "msg", None) or error).splitlines()[0]
+    key = f"{where}{error.full_key}" if getattr(error, "full_key", None) else where.rstrip(".") or "config"
+    owner = getattr(error, "object_type", None)
+    known = f"; known: {sorted(f.name for f in fields(owner))}" if isinstance(error, ConfigKeyError) and dataclasses.is_dataclass(owner) else ""
+    return ValueError(f"{key}: {message}{known}")
 
 
 def require(condition: bool, name: str, value: object, expectation: str) -> None:

@@ -9,66 +9,21 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from omegaconf import OmegaConf
-
 from specdecode.core.atomic import write_atomic
-from specdecode.core.config import Placement, from_dict, require
+from specdecode.core.config import from_dict
 from specdecode.core.devices import resolve_device
 from specdecode.core.locking import locks_output_dir
-from specdecode.data.domains import DOMAINS
 from specdecode.evaluation.config import BenchmarkConfig
+from specdecode.pipeline.config import DemoConfig, accelerate_config_file
+from specdecode.pipeline.launch import launch_app
+from specdecode.pipeline.schemas import compose_config
 from specdecode.pipeline.stages import Stage, run_stages
 from specdecode.routing.config import CollectConfig, FitRouterConfig
 from specdecode.training.config import TrainJobConfig
-
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-
-
-@dataclass
-class DemoConfig(Placement):
-    """conf/demo.yaml. `device` / `dtype` reach every stage (`python eval/demo.py device=cuda
-    dtype=bfloat16` is the GPU demo); `losses` picks each domain's distillation loss (and `mix`'s,
-    the generic one)."""
-
-    output_dir: str = "outputs/demo"
-    domains: list[str] = field(default_factory=lambda: list(DOMAINS))
-    losses: dict[str, str] = field(default_factory=lambda: {d: "forward_kl" for d in (*DOMAINS, "mix")})
-    benchmark: list[str] = field(default_factory=list)
-    distill: list[str] = field(default_factory=list)
-    collect: list[str] = field(default_factory=list)
-    fit: list[str] = field(default_factory=list)
-    eval: list[str] = field(default_factory=list)
-    run_benchmark: bool = True
-    # The conf/ file each stage composes (smoke runs swap in their own collect and fit configs).
-    configs: dict[str, str] = field(
-        default_factory=lambda: {"benchmark": "benchmark", "distill": "distill", "collect": "collect", "fit": "fit_router", "eval": "eval"}
-    )
-
-    def __post_init__(self) -> None:
-        self.check_placement()
-        for domain in self.domains:
-            require(domain in DOMAINS, "domains", domain, f"one of {list(DOMAINS)}")
-        for name in (*self.domains, "mix"):
-            require(name in self.losses, f"losses.{name}", None, "each domain and mix needs a loss")
-
-
-def compose_config(config_name: str, overrides: list[str]) -> dict[str, Any]:
-    """The resolved config `python <app>.py <overrides>` would run with."""
-    if GlobalHydra.instance().is_initialized():
-        # Inside a @hydra.main app (eval/demo.py), whose search path is this same conf/.
-        cfg = compose(config_name=config_name, overrides=overrides)
-    else:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name=config_name, overrides=overrides)
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    resolved.pop("hydra", None)
-    return resolved  # type: ignore[return-value]
 
 
 def _benchmark(config: dict, out: Path) -> None:
@@ -81,6 +36,15 @@ def _distill(config: dict, out: Path) -> None:
     from specdecode.training.job import run_distill
 
     run_distill(from_dict(TrainJobConfig, config | {"output_dir": str(out)}))
+
+
+def _launched(app: str, accelerate: str) -> Callable[[dict, Path], None]:
+    """A stage that runs `accelerate launch <app's script>` on its config, writing into `out`."""
+
+    def run(config: dict, out: Path) -> None:
+        launch_app(app, config | {"output_dir": str(out)}, accelerate_config_file(accelerate), out / "hydra")
+
+    return run
 
 
 def _collect(config: dict, out: Path) -> None:
@@ -110,6 +74,11 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     commas or `${`.
     """
     root = Path(cfg.output_dir)
+    # Training and evaluation go through `accelerate launch` (the launcher users type; several
+    # processes where the accelerate config asks for them); the other stages are single-process.
+    launched = cfg.launcher == "accelerate"
+    distill = _launched("distill", cfg.accelerate_config) if launched else _distill
+    evaluate = _launched("eval", cfg.accelerate_config) if launched else _eval
     placement = {"device": cfg.device, "dtype": cfg.dtype, "skinny_matmul": cfg.skinny_matmul}
 
     def composed(stage: str, overrides: list[str]) -> dict[str, Any]:
@@ -125,7 +94,7 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     drafter_dirs: dict[str, str] = {}
     for name in (*cfg.domains, "mix"):
         stage = f"distill-{name}"
-        stages.append(Stage(stage, composed("distill", [f"data={name}", f"loss={cfg.losses[name]}", *cfg.distill]), _distill))
+        stages.append(Stage(stage, composed("distill", [f"data={name}", f"loss={cfg.losses[name]}", *cfg.distill]), distill))
         drafter_dirs["generic" if name == "mix" else name] = str(root / stage / "drafter")
     distills = [s.name for s in stages if s.name.startswith("distill-")]
     evaluation |= {"drafters": evaluation["drafters"] | drafter_dirs, "router_dir": str(root / "fit"), "domains": list(cfg.domains)}
@@ -134,7 +103,7 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     stages.append(Stage("collect", collect, _collect, after=distills))
     fit = composed("fit", list(cfg.fit)) | {"labels": str(root / "collect" / "labels.jsonl")}
     stages.append(Stage("fit", fit, _fit, after=["collect"]))
-    stages.append(Stage("eval", evaluation, _eval, after=[*distills, "fit"]))
+    stages.append(Stage("eval", evaluation, evaluate, after=[*distills, "fit"]))
     return stages
 
 

@@ -1,0 +1,63 @@
+"""The demo's structured config (conf/demo.yaml): the one placement, the domains, each domain's
+loss, the Hydra overrides each stage composes its own config with, and how the training and
+evaluation stages are launched."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specdecode.core.config import Placement, require
+from specdecode.data.domains import DOMAINS
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+LAUNCHERS = ("accelerate", "in_process")
+
+
+def accelerate_config_file(name: str) -> Path:
+    """`cpu` → conf/accelerate/cpu.yaml; a path ending in .yaml is taken as it is.
+
+    Raises:
+        ValueError: naming the value and the configs conf/accelerate/ holds, if there is no such file.
+    """
+    path = Path(name) if name.endswith((".yaml", ".yml")) else CONF_DIR / "accelerate" / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in (CONF_DIR / "accelerate").glob("*.yaml"))
+        raise ValueError(f"accelerate_config={name!r}: no such accelerate config ({path}); one of {known} or a .yaml path")
+    return path
+
+
+@dataclass
+class DemoConfig(Placement):
+    """conf/demo.yaml. `device` / `dtype` reach every stage (`python eval/demo.py device=cuda
+    dtype=bfloat16` is the GPU demo); `losses` picks each domain's distillation loss (and `mix`'s,
+    the generic one)."""
+
+    output_dir: str = "outputs/demo"
+    domains: list[str] = field(default_factory=lambda: list(DOMAINS))
+    losses: dict[str, str] = field(default_factory=lambda: {d: "forward_kl" for d in (*DOMAINS, "mix")})
+    benchmark: list[str] = field(default_factory=list)
+    distill: list[str] = field(default_factory=list)
+    collect: list[str] = field(default_factory=list)
+    fit: list[str] = field(default_factory=list)
+    eval: list[str] = field(default_factory=list)
+    run_benchmark: bool = True
+    # The training and evaluation stages run as `accelerate launch <app>` with
+    # conf/accelerate/<accelerate_config>.yaml (multi_gpu: DDP over the GPUs) or a .yaml path;
+    # in_process calls the library in this process (tests, debugging).
+    launcher: str = "accelerate"
+    accelerate_config: str = "cpu"
+    # The conf/ file each stage composes (smoke runs swap in their own collect and fit configs).
+    configs: dict[str, str] = field(
+        default_factory=lambda: {"benchmark": "benchmark", "distill": "distill", "collect": "collect", "fit": "fit_router", "eval": "eval"}
+    )
+
+    def __post_init__(self) -> None:
+        self.check_placement()
+        for domain in self.domains:
+            require(domain in DOMAINS, "domains", domain, f"one of {list(DOMAINS)}")
+        for name in (*self.domains, "mix"):
+            require(name in self.losses, f"losses.{name}", None, "each domain and mix needs a loss")
+        require(self.launcher in LAUNCHERS, "launcher", self.launcher, f"one of {list(LAUNCHERS)}")
+        if self.launcher == "accelerate":
+            accelerate_config_file(self.accelerate_config)

@@ -1,0 +1,52 @@
+"""The apps' structured configs in Hydra's ConfigStore: each conf/<app>.yaml names its schema first
+in its defaults list (`- train_job_schema`), so Hydra composes the YAML, its groups and the command
+line's overrides onto the dataclass. A misspelt key or a value of the wrong type then fails at
+composition, naming the key, before any work; `OmegaConf.to_object` (or `from_dict`) builds the
+dataclass, whose `__post_init__` checks the values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+from specdecode.evaluation.config import BenchmarkConfig, EvalConfig
+from specdecode.pipeline.config import CONF_DIR, DemoConfig
+from specdecode.routing.config import CollectConfig, FitRouterConfig
+from specdecode.training.config import TrainJobConfig
+
+# ConfigStore name → the dataclass behind the conf/*.yaml files that list it first in their defaults.
+SCHEMAS: dict[str, type] = {
+    "train_job_schema": TrainJobConfig,  # distill.yaml, finetune.yaml
+    "benchmark_schema": BenchmarkConfig,
+    "collect_schema": CollectConfig,  # collect.yaml (collect_smoke.yaml extends it)
+    "fit_router_schema": FitRouterConfig,  # fit_router.yaml (fit_router_smoke.yaml extends it)
+    "eval_schema": EvalConfig,
+    "demo_schema": DemoConfig,  # demo.yaml (demo_smoke.yaml extends it)
+}
+
+
+def register_schemas() -> None:
+    """Store every app's schema in Hydra's ConfigStore (idempotent: a second call stores the same
+    nodes again). The apps call it before `@hydra.main` composes; so do the demo's stage composition
+    and the tests."""
+    store = ConfigStore.instance()
+    for name, schema in SCHEMAS.items():
+        store.store(name=name, node=schema)
+
+
+def compose_config(config_name: str, overrides: list[str]) -> dict[str, Any]:
+    """The resolved config `python <app>.py <overrides>` would run with."""
+    register_schemas()
+    if GlobalHydra.instance().is_initialized():
+        # Inside a @hydra.main app (eval/demo.py), whose search path is this same conf/.
+        cfg = compose(config_name=config_name, overrides=overrides)
+    else:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name=config_name, overrides=overrides)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved.pop("hydra", None)
+    return resolved  # type: ignore[return-value]
