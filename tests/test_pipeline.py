@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode.pipeline.stages import Stage, finished_key, run_stages
+from specdecode.pipeline.stages import Stage, code_fingerprint, finished_key, run_stages
 
 
 def make_stages(calls: list[str], train_steps: int = 5, fail: str | None = None) -> list[Stage]:
@@ -55,3 +55,34 @@ def test_stage_order_is_checked(tmp_path) -> None:
     stages = [Stage("eval", {}, lambda c, o: None, after=["train"]), Stage("train", {}, lambda c, o: None)]
     with pytest.raises(ValueError, match="'eval' runs after 'train'"):
         run_stages(stages, tmp_path)
+
+
+def test_changed_code_reruns_every_stage(tmp_path, capsys) -> None:
+    calls: list[str] = []
+    run_stages(make_stages(calls), tmp_path, code="v1")
+    run_stages(make_stages(calls), tmp_path, code="v1")
+    assert calls == ["train", "collect", "bench", "eval"]
+    calls.clear()
+    capsys.readouterr()
+    run_stages(make_stages(calls), tmp_path, code="v2")
+    assert calls == ["train", "collect", "bench", "eval"]
+    assert "[train] the code or a package changed since it ran (v1 -> v2): rerunning" in capsys.readouterr().out
+
+
+def test_code_fingerprint_follows_the_sources_and_package_versions(tmp_path) -> None:
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "a.py").write_text("x = 1\n")
+    (package / "sub" / "b.py").write_text("y = 2\n")
+    (package / "notes.txt").write_text("not code")
+    first = code_fingerprint([package], ["torch"])
+    assert code_fingerprint([package], ["torch"]) == first  # deterministic
+    (package / "notes.txt").write_text("still not code")
+    assert code_fingerprint([package], ["torch"]) == first
+    (package / "sub" / "b.py").write_text("y = 3\n")
+    edited = code_fingerprint([package], ["torch"])
+    assert edited != first
+    (package / "sub" / "b.py").rename(package / "b2.py")  # same bytes, another module
+    assert code_fingerprint([package], ["torch"]) != edited
+    # A package's version is part of it: torch is installed, this name is not.
+    assert code_fingerprint([package], ["torch"]) != code_fingerprint([package], ["no-such-distribution-xyz"])

@@ -1,5 +1,5 @@
 """The main job on the embedded default: benchmark → distill per domain and on the mix → router
-labels → router fit → evaluation, each stage cached by its resolved config (`make demo`).
+labels → router fit → evaluation, each stage cached by its resolved config and the code (`make demo`).
 
 Every stage's config is composed from the checked-in YAML under conf/ with the demo's overrides,
 so the demo runs exactly what the individual commands run, and its cache key is that config.
@@ -21,7 +21,7 @@ from specdecode.evaluation.config import BenchmarkConfig
 from specdecode.pipeline.config import DemoConfig, accelerate_config_file
 from specdecode.pipeline.launch import launch_app
 from specdecode.pipeline.schemas import compose_config
-from specdecode.pipeline.stages import Stage, run_stages
+from specdecode.pipeline.stages import Stage, code_fingerprint, run_stages
 from specdecode.routing.config import CollectConfig, FitRouterConfig
 from specdecode.training.config import TrainJobConfig
 
@@ -112,7 +112,7 @@ def run_demo(cfg: DemoConfig) -> Path:
     """Run (or resume) the demo; publish results.json and report.md at the top of `output_dir`."""
     resolve_device(cfg.device)  # a device this machine lacks fails here, before any stage runs
     root = Path(cfg.output_dir)
-    outputs = run_stages(demo_stages(cfg), root)
+    outputs = run_stages(demo_stages(cfg), root, code_fingerprint())
     evaluation = outputs["eval"]
     for png in evaluation.glob("*.png"):
         shutil.copy2(png, root / png.name)

