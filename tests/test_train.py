@@ -99,9 +99,14 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path: Path) -> None:
 
 
 def test_resume_after_sigkill_ends_at_the_same_weights(tmp_path: Path) -> None:
-    args = ("train.max_steps=6", "train.checkpoint_every=2", "train.eval_every=2")
+    # Killed mid-warm-up: the resumed run must continue the scheduler, not restart it from lr 0.
+    args = ("train.max_steps=6", "train.checkpoint_every=2", "train.eval_every=2", "train.warmup_steps=4", "train.lr=1e-2")
     straight = run_app("distill", tmp_path / "straight", *args)
     assert straight.returncode == 0, straight.stderr[-3000:]
+    # transformers' constant-with-warm-up schedule: step k (1-based) uses lr * min(1, (k - 1) / 4).
+    logged = [json.loads(line) for line in (tmp_path / "straight" / "out" / "metrics.jsonl").read_text().splitlines()]
+    lrs = [r["lr"] for r in logged if "lr" in r]
+    assert lrs == pytest.approx([0.0, 2.5e-3, 5e-3, 7.5e-3, 1e-2, 1e-2])
     killed = run_app("distill", tmp_path / "killed", *args, "train.debug_kill_after_step=3")
     assert killed.returncode == -signal.SIGKILL
     assert not (tmp_path / "killed" / "out" / "drafter").exists()

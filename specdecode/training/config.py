@@ -64,6 +64,7 @@ class TrainConfig:
     grad_accum: int = 1
     lr: float = 3e-4
     weight_decay: float = 0.0
+    # transformers' get_constant_schedule_with_warmup: lr rises linearly from 0 over these steps, then stays.
     warmup_steps: int = 10
     max_grad_norm: float = 1.0
     max_steps: int = 200

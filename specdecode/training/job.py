@@ -30,7 +30,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from omegaconf import OmegaConf
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_constant_schedule_with_warmup
 
 from specdecode.core.atomic import atomic_folder, write_atomic
 from specdecode.models.config import TargetConfig
@@ -137,6 +137,10 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     model = FeatureDrafterLogits(drafter, train.unroll_steps) if teacher.features else DrafterLogits(drafter)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=train.lr, weight_decay=train.weight_decay)
     model, optimizer = accelerator.prepare(model, optimizer)
+    # transformers' warm-up (linear from 0 to train.lr over warmup_steps, then constant); stepped
+    # once per optimizer step by the loop, and saved in every checkpoint, so a resume continues it
+    scheduler = get_constant_schedule_with_warmup(optimizer, train.warmup_steps)
+    accelerator.register_for_checkpointing(scheduler)
     objective.model = model
 
     # 3. resume or start, then train
@@ -144,7 +148,7 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     if train.resume and (restored := resume(accelerator, checkpoints, asdict(cfg))) is not None:
         state, best = restored
         logger.log({"resumed_from_step": state.step})
-    state, best = train_loop(accelerator, model, optimizer, train, len(teacher.train_cache.sequences),
+    state, best = train_loop(accelerator, model, optimizer, scheduler, train, len(teacher.train_cache.sequences),
                              objective.make_batches, objective.loss_sum, objective.evaluate, checkpoints, logger,
                              state, best, asdict(cfg))
 

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
@@ -109,6 +110,7 @@ def train_loop(
     accelerator: Accelerator,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
     cfg: TrainConfig,
     num_sequences: int,
     make_batches: Callable[[list[int], int, bool], list[Batch]],
@@ -146,7 +148,8 @@ def train_loop(
         mine = indices[accelerator.process_index * per_process : (accelerator.process_index + 1) * per_process]
         on_policy = random.Random(f"{cfg.seed}-{state.step}").random() < cfg.lambda_on_policy
         # 2.-3. forward / backward per micro-batch, one optimizer step
-        mean_loss, count = _step(accelerator, model, optimizer, cfg, make_batches(mine, state.step, on_policy), loss_sum, state.step)
+        lr = scheduler.get_last_lr()[0]  # what this step uses
+        mean_loss, count = _step(accelerator, model, optimizer, scheduler, cfg, make_batches(mine, state.step, on_policy), loss_sum)
         state.step += 1
         state.train_tokens += count
         state.train_seconds += time.perf_counter() - start
@@ -155,7 +158,7 @@ def train_loop(
         bar.set_postfix(loss=f"{mean_loss:.4f}", **({"minutes": f"{state.train_seconds / 60:.1f}/{cfg.max_minutes:g}"} if cfg.max_minutes else {}))
         # 4. log, evaluate, checkpoint
         if state.step % cfg.log_every == 0:
-            logger.log({"step": state.step, "loss": mean_loss, "on_policy": on_policy,
+            logger.log({"step": state.step, "loss": mean_loss, "lr": lr, "on_policy": on_policy,
                         "tokens_per_s": state.train_tokens / state.train_seconds}, bar)
         if state.step % cfg.eval_every == 0:
             select()
@@ -172,11 +175,11 @@ def train_loop(
 
 
 def _step(
-    accelerator: Accelerator, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainConfig,
-    micro_batches: list[Batch], loss_sum: Callable[[nn.Module, Batch], torch.Tensor], step: int,
+    accelerator: Accelerator, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler,
+    cfg: TrainConfig, micro_batches: list[Batch], loss_sum: Callable[[nn.Module, Batch], torch.Tensor],
 ) -> tuple[float, int]:
-    """One optimizer step over `micro_batches`; returns the step's mean loss per counted token and
-    the number of tokens counted on all processes."""
+    """One optimizer step (and one scheduler step) over `micro_batches`; returns the step's mean
+    loss per counted token and the number of tokens counted on all processes."""
     # the global token count of the step: the divisor of every micro-batch's summed loss
     local = sum(b["positions"].sum() for b in micro_batches).to(accelerator.device)
     count = accelerator.reduce(local.clone(), "sum").clamp_min(1)
@@ -190,9 +193,8 @@ def _step(
             total += loss.detach()
             if accelerator.sync_gradients:
                 accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                for group in optimizer.param_groups:
-                    group["lr"] = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup_steps))
                 optimizer.step()
+                scheduler.step()
                 optimizer.zero_grad()
     return (accelerator.reduce(total, "sum") / count).item(), int(count.item())
 
