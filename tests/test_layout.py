@@ -2,7 +2,7 @@
 `specdecode` import (at module level or inside a function) goes to the same layer or a lower one;
 no import circle; modules and functions that fit on a screen.
 
-`python tests/test_layout.py` prints the layers, the modules' sizes and the functions over 60 lines.
+`python tests/test_layout.py` prints the layers, the modules' sizes and the longest functions.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ LAYERS = ("core", "data", "models", "decoding", "training", "routing", "evaluati
 ROOT_LAYER = len(LAYERS)
 
 MAX_MODULE_LINES = 350
-MAX_FUNCTION_LINES = 80
-REPORTED_FUNCTION_LINES = 60
+# Code lines of a function: from `def` to its last line, less its docstring (documentation is not
+# what makes a function hard to hold in one's head, and should not be cut to fit).
+MAX_FUNCTION_LINES = 60
 # Over the limits, capped at their size so they cannot grow (none today). Lower a cap, or drop its
 # entry, when its function shrinks.
 MODULE_LINE_CAPS: dict[str, int] = {}
@@ -88,15 +89,24 @@ def graph() -> dict[str, set[str]]:
     return {name: {target for target, _, _ in imports(name) if target != name} for name in modules()}
 
 
+def code_lines(function: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines from `def` to the last line of the body, less the docstring's."""
+    total = function.end_lineno - function.lineno + 1  # type: ignore[operator]
+    first = function.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        total -= first.end_lineno - first.lineno + 1  # type: ignore[operator]
+    return total
+
+
 def function_lengths() -> dict[str, int]:
-    """Lines from `def` to the last line of the body, by dotted name (methods and nested
-    functions included, under their class or enclosing function)."""
+    """Code lines (`code_lines`) of every function by dotted name (methods and nested functions
+    included, under their class or enclosing function)."""
     lengths = {}
 
     def walk(node: ast.AST, prefix: str) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                lengths[f"{prefix}.{child.name}"] = child.end_lineno - child.lineno + 1  # type: ignore[operator]
+                lengths[f"{prefix}.{child.name}"] = code_lines(child)
                 walk(child, f"{prefix}.{child.name}")
             elif isinstance(child, ast.ClassDef):
                 walk(child, f"{prefix}.{child.name}")
@@ -189,7 +199,6 @@ if __name__ == "__main__":
     for index, name in enumerate(LAYERS):
         members = [m for m in modules() if layer(m) == index]
         print(f"{index} {name}: " + ", ".join(f"{m.split('.', 2)[-1]} ({module_lines(m)})" for m in members))
-    print(f"functions over {REPORTED_FUNCTION_LINES} lines:")
-    for name, length in sorted(function_lengths().items(), key=lambda item: -item[1]):
-        if length > REPORTED_FUNCTION_LINES:
-            print(f"  {length:4d} {name}")
+    print("longest functions (code lines, docstrings not counted):")
+    for name, length in sorted(function_lengths().items(), key=lambda item: -item[1])[:8]:
+        print(f"  {length:4d} {name}")

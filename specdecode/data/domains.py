@@ -124,6 +124,16 @@ def load_domain(
         FileNotFoundError: `path` does not exist.
         OSError: `datasets.load_dataset` failed for an "hf" source (no hub, unknown id, ...).
     """
+    _check_arguments(domain, source, split, limit, heldout_fraction, path, hf_id)
+    examples = _source_examples(domain, source, path, hf_id, hf_split, prompt_column, response_column)
+    kept = split_examples(examples, split, heldout_fraction)
+    return kept if limit is None else kept[:limit]
+
+
+def _check_arguments(
+    domain: str, source: str, split: str, limit: int | None, heldout_fraction: float, path: str | Path | None, hf_id: str | None
+) -> None:
+    """`load_domain`'s checks, before any data is read (see its Raises)."""
     if domain not in DOMAINS:
         raise ValueError(f"unknown domain {domain!r}; valid domains: {', '.join(DOMAINS)}")
     if source not in SOURCES:
@@ -136,33 +146,29 @@ def load_domain(
     # A path or hub id passed to the wrong source is almost always a config mistake; silently
     # training on the embedded defaults instead would be worse than stopping.
     if path is not None and source != "file":
-        raise ValueError(
-            f"path={str(path)!r} is only read with source='file', got source={source!r}"
-        )
+        raise ValueError(f"path={str(path)!r} is only read with source='file', got source={source!r}")
     if hf_id is not None and source != "hf":
         raise ValueError(f"hf_id={hf_id!r} is only read with source='hf', got source={source!r}")
+    if source == "hf" and not hf_id:
+        raise ValueError(f"source='hf' needs hf_id (a dataset id), got {hf_id!r}")
+    if source == "file" and path is None:
+        raise ValueError("source='file' needs path (a .jsonl, .csv or .parquet file), got None")
 
-    examples: Iterable[Example]
+
+def _source_examples(
+    domain: str, source: str, path: str | Path | None, hf_id: str | None, hf_split: str, prompt_column: str, response_column: str | None
+) -> Iterable[Example]:
+    """Every example of `domain` in `source`, before the split (arguments already checked)."""
     if source == "embedded":
-        examples = _embedded(domain)
-    elif source == "synthetic":
-        dataset = synthetic_dataset(domain)
-        examples = _to_examples(dataset, domain, "prompt", "response", "synthetic data")
-    elif source == "hf":
-        if not hf_id:
-            raise ValueError(f"source='hf' needs hf_id (a dataset id), got {hf_id!r}")
-        examples = _from_hf(domain, hf_id, hf_split, prompt_column, response_column)
-    else:
-        if path is None:
-            raise ValueError("source='file' needs path (a .jsonl, .csv or .parquet file), got None")
-        dataset = read_data_file(Path(path))
-        examples = _to_examples(
-            dataset, domain, prompt_column, response_column, f"file {str(path)!r}"
-        )
-        if not examples:
-            raise ValueError(f"data file {str(path)!r} holds no row with a non-empty {prompt_column!r}")
-    kept = split_examples(examples, split, heldout_fraction)
-    return kept if limit is None else kept[:limit]
+        return _embedded(domain)
+    if source == "synthetic":
+        return _to_examples(synthetic_dataset(domain), domain, "prompt", "response", "synthetic data")
+    if source == "hf":
+        return _from_hf(domain, hf_id, hf_split, prompt_column, response_column)  # type: ignore[arg-type]
+    examples = _to_examples(read_data_file(Path(path)), domain, prompt_column, response_column, f"file {str(path)!r}")  # type: ignore[arg-type]
+    if not examples:
+        raise ValueError(f"data file {str(path)!r} holds no row with a non-empty {prompt_column!r}")
+    return examples
 
 
 def format_prompt(tokenizer: Any, prompt: str) -> list[int]:
