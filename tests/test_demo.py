@@ -129,12 +129,29 @@ def test_launch_failure_names_the_app_and_status(tmp_path) -> None:
 @pytest.mark.parametrize(
     "override, needle",
     [
+        ("device=cuda:1 accelerate_config=cpu", r"accelerate_config='cpu' runs on the CPU \(use_cpu: true in .*cpu.yaml\) but device='cuda:1'"),
         ("launcher=slurm", r"launcher='slurm': one of \['accelerate', 'in_process'\]"),
-        ("accelerate_config=tpu_pod", r"accelerate_config='tpu_pod': no such accelerate config .*; one of \['cpu', 'multi_gpu', 'single_gpu'\]"),
+        ("accelerate_config=tpu_pod", r"accelerate_config='tpu_pod': no such accelerate config .*; auto, one of \['cpu', 'multi_gpu', 'single_gpu'\]"),
     ],
 )
 def test_bad_launcher_is_named(tmp_path, override: str, needle: str) -> None:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="demo_smoke", overrides=[override])
+        cfg = compose(config_name="demo_smoke", overrides=override.split())
     with pytest.raises(ValueError, match=needle):
         OmegaConf.to_object(cfg)
+
+
+def test_auto_accelerate_config_follows_the_device(tmp_path) -> None:
+    """auto: the CPU config on the CPU, the single-GPU one on a GPU; a single process on cuda:N
+    sees every GPU (the config's `gpu_ids: "0"` would hide N), a multi-process config keeps its own."""
+    from specdecode.pipeline.config import accelerate_config_file
+    from specdecode.pipeline.launch import launch_command
+
+    assert accelerate_config_file("auto", "cpu") == CONF_DIR / "accelerate" / "cpu.yaml"
+    single = accelerate_config_file("auto", "cuda:1")
+    assert single == CONF_DIR / "accelerate" / "single_gpu.yaml"
+    assert launch_command("distill", single, tmp_path, "cuda:1")[4:7] == [str(single), "--gpu_ids", "all"]
+    assert "--gpu_ids" not in launch_command("distill", single, tmp_path, "cuda")
+    multi = accelerate_config_file("multi_gpu", "cuda:1")
+    assert "--gpu_ids" not in launch_command("eval", multi, tmp_path, "cuda:1")
+    assert DemoConfig(device="cuda:1").accelerate_config == "auto"  # built on a CPU machine: nothing resolved yet

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from specdecode.core.config import Placement, require
 from specdecode.data.domains import DOMAINS
 
@@ -14,16 +16,25 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 LAUNCHERS = ("accelerate", "in_process")
 
 
-def accelerate_config_file(name: str) -> Path:
-    """`cpu` → conf/accelerate/cpu.yaml; a path ending in .yaml is taken as it is.
+def accelerate_config_file(name: str, device: str = "cpu") -> Path:
+    """The accelerate config the launched stages run with: `auto` picks conf/accelerate/cpu.yaml
+    for `device=cpu` and single_gpu.yaml otherwise; `cpu` → conf/accelerate/cpu.yaml; a path ending
+    in .yaml is taken as it is.
 
     Raises:
-        ValueError: naming the value and the configs conf/accelerate/ holds, if there is no such file.
+        ValueError: naming the value and the configs conf/accelerate/ holds, if there is no such
+            file; or if the file runs on the CPU (`use_cpu: true`) while `device` is not the CPU
+            (accelerate would move the models back to the CPU).
     """
+    if name == "auto":
+        name = "cpu" if device == "cpu" else "single_gpu"
     path = Path(name) if name.endswith((".yaml", ".yml")) else CONF_DIR / "accelerate" / f"{name}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in (CONF_DIR / "accelerate").glob("*.yaml"))
-        raise ValueError(f"accelerate_config={name!r}: no such accelerate config ({path}); one of {known} or a .yaml path")
+        raise ValueError(f"accelerate_config={name!r}: no such accelerate config ({path}); auto, one of {known} or a .yaml path")
+    if OmegaConf.load(path).get("use_cpu", False) and device != "cpu":
+        raise ValueError(f"accelerate_config={name!r} runs on the CPU (use_cpu: true in {path}) but device={device!r}; "
+                         "use accelerate_config=auto, single_gpu or multi_gpu")
     return path
 
 
@@ -43,10 +54,10 @@ class DemoConfig(Placement):
     eval: list[str] = field(default_factory=list)
     run_benchmark: bool = True
     # The training and evaluation stages run as `accelerate launch <app>` with
-    # conf/accelerate/<accelerate_config>.yaml (multi_gpu: DDP over the GPUs) or a .yaml path;
-    # in_process calls the library in this process (tests, debugging).
+    # conf/accelerate/<accelerate_config>.yaml (auto: cpu or single_gpu after `device`; multi_gpu:
+    # DDP over the GPUs) or a .yaml path; in_process calls the library in this process.
     launcher: str = "accelerate"
-    accelerate_config: str = "cpu"
+    accelerate_config: str = "auto"
     # The conf/ file each stage composes (smoke runs swap in their own collect and fit configs).
     configs: dict[str, str] = field(
         default_factory=lambda: {"benchmark": "benchmark", "distill": "distill", "collect": "collect", "fit": "fit_router", "eval": "eval"}
@@ -60,4 +71,4 @@ class DemoConfig(Placement):
             require(name in self.losses, f"losses.{name}", None, "each domain and mix needs a loss")
         require(self.launcher in LAUNCHERS, "launcher", self.launcher, f"one of {list(LAUNCHERS)}")
         if self.launcher == "accelerate":
-            accelerate_config_file(self.accelerate_config)
+            accelerate_config_file(self.accelerate_config, self.device)

@@ -38,11 +38,11 @@ def _distill(config: dict, out: Path) -> None:
     run_distill(from_dict(TrainJobConfig, config | {"output_dir": str(out)}))
 
 
-def _launched(app: str, accelerate: str) -> Callable[[dict, Path], None]:
+def _launched(app: str, accelerate: str, device: str) -> Callable[[dict, Path], None]:
     """A stage that runs `accelerate launch <app's script>` on its config, writing into `out`."""
 
     def run(config: dict, out: Path) -> None:
-        launch_app(app, config | {"output_dir": str(out)}, accelerate_config_file(accelerate), out / "hydra")
+        launch_app(app, config | {"output_dir": str(out)}, accelerate_config_file(accelerate, device), out / "hydra")
 
     return run
 
@@ -77,8 +77,8 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     # Training and evaluation go through `accelerate launch` (the launcher users type; several
     # processes where the accelerate config asks for them); the other stages are single-process.
     launched = cfg.launcher == "accelerate"
-    distill = _launched("distill", cfg.accelerate_config) if launched else _distill
-    evaluate = _launched("eval", cfg.accelerate_config) if launched else _eval
+    distill = _launched("distill", cfg.accelerate_config, cfg.device) if launched else _distill
+    evaluate = _launched("eval", cfg.accelerate_config, cfg.device) if launched else _eval
     placement = {"device": cfg.device, "dtype": cfg.dtype, "skinny_matmul": cfg.skinny_matmul}
 
     def composed(stage: str, overrides: list[str]) -> dict[str, Any]:

@@ -28,12 +28,18 @@ APPS: dict[str, tuple[str, str]] = {
 }
 
 
-def launch_command(app: str, accelerate_config: Path, config_dir: Path) -> list[str]:
+def launch_command(app: str, accelerate_config: Path, config_dir: Path, device: str = "cpu") -> list[str]:
     """`python -m accelerate.commands.launch --config_file <file> <app script> --config-path <dir>
-    --config-name stage` (the interpreter running the demo, so its environment)."""
+    --config-name stage` (the interpreter running the demo, so its environment).
+
+    A single process on `cuda:N` gets `--gpu_ids all`: a config's `gpu_ids: "0"` would hide every
+    other GPU (CUDA_VISIBLE_DEVICES), and the app honours N itself.
+    """
     script, _ = APPS[app]
+    single = OmegaConf.load(accelerate_config).get("num_processes", 1) == 1
+    gpu_ids = ["--gpu_ids", "all"] if single and device.startswith("cuda:") else []
     return [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accelerate_config),
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accelerate_config), *gpu_ids,
         str(ROOT / script), "--config-path", str(config_dir), "--config-name", "stage",
     ]
 
@@ -66,7 +72,7 @@ def launch_app(app: str, config: dict[str, Any], accelerate_config: Path, hydra_
     """
     with tempfile.TemporaryDirectory(prefix=f"specdecode-{app}-") as config_dir:
         write_stage_config(app, config, Path(config_dir), hydra_dir)
-        command = launch_command(app, accelerate_config, Path(config_dir))
+        command = launch_command(app, accelerate_config, Path(config_dir), str(config.get("device", "cpu")))
         # The demo's working directory, not the repo's: relative paths in `config` mean the same.
         completed = subprocess.run(command, check=False)
     if completed.returncode != 0:
