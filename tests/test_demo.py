@@ -155,3 +155,13 @@ def test_auto_accelerate_config_follows_the_device(tmp_path) -> None:
     multi = accelerate_config_file("multi_gpu", "cuda:1")
     assert "--gpu_ids" not in launch_command("eval", multi, tmp_path, "cuda:1")
     assert DemoConfig(device="cuda:1").accelerate_config == "auto"  # built on a CPU machine: nothing resolved yet
+
+
+def test_the_generic_drafter_trains_on_the_union_of_the_domain_drafters_data(tmp_path) -> None:
+    """The mix stage asks for every domain's budget, so its sequences are the domain stages' own
+    cached ones (tests/test_train.py checks that such a job generates nothing new)."""
+    stages = {s.name: s.config for s in demo_stages(smoke_config(str(tmp_path / "demo")))}
+    domains = stages["distill-mix"]["data"]["domains"]
+    assert len(domains) == 3
+    for key in ("train_sequences", "heldout_sequences"):
+        assert stages["distill-mix"]["train"][key] == len(domains) * stages["distill-code"]["train"][key]

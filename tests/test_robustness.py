@@ -30,7 +30,8 @@ from specdecode.routing.collect import run_collect
 from specdecode.routing.config import CollectConfig, FitRouterConfig
 from specdecode.routing.fit import run_fit
 from specdecode.training.job import run_distill
-from specdecode.training.teacher import TeacherCache, TrainSequence, load_cache, save_cache
+from specdecode.training.sequences import TrainSequence
+from specdecode.training.teacher import TeacherCache, load_cache, save_cache
 from tests.test_train import smoke_cfg
 
 

@@ -26,7 +26,8 @@ from specdecode.training.checkpoints import complete_checkpoints, latest_checkpo
 from specdecode.training.config import LossConfig, TrainConfig, TrainJobConfig
 from specdecode.training.job import run_distill, run_finetune
 from specdecode.training.loop import global_batch_indices
-from specdecode.training.teacher import cache_key, dense_teacher_logits
+from specdecode.training.sequences import TrainSequence, round_robin, round_robin_shares
+from specdecode.training.teacher import cache_key, concat_caches, dense_teacher_logits, score_topk
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -471,7 +472,7 @@ def test_truncated_checkpoint_is_named_and_resume_falls_back(tmp_path: Path) -> 
 
 def test_target_continuations_are_generated_once_for_both_drafter_kinds(tmp_path: Path, monkeypatch) -> None:
     """A slice drafter trained after a feature drafter on the same data reuses its sequences."""
-    import specdecode.training.teacher
+    import specdecode.training.sequences
 
     common = ("train.seq_source=target", "train.max_steps=1", "train.gamma_candidates=[]")
     run_distill(smoke_cfg(tmp_path / "a", "drafter.kind=feature", *common, f"cache_dir={tmp_path / 'cache'}"))
@@ -479,7 +480,7 @@ def test_target_continuations_are_generated_once_for_both_drafter_kinds(tmp_path
     def no_generation(*args, **kwargs):
         raise AssertionError("target continuations were generated again")
 
-    monkeypatch.setattr(specdecode.training.teacher, "generate_continuations", no_generation)
+    monkeypatch.setattr(specdecode.training.sequences, "generate_continuations", no_generation)
     run_distill(smoke_cfg(tmp_path / "b", *common, f"cache_dir={tmp_path / 'cache'}"))
     assert len(list((tmp_path / "cache").glob("sequences-train-*.pt"))) == 1
     assert len(list((tmp_path / "cache").glob("distill-train-*.pt"))) == 2
@@ -530,3 +531,45 @@ def test_cache_barriers_do_not_depend_on_what_is_cached(tmp_path: Path, monkeypa
     fresh, entered[:] = len(entered), []
     run_distill(smoke_cfg(tmp_path, "train.max_steps=0", "output_dir=" + str(tmp_path / "second")))
     assert fresh == len(entered) > 0  # the second run found every cache the first one wrote
+
+
+@pytest.mark.parametrize("sizes", [[5, 5, 5], [2, 7, 4], [0, 3, 1], [6]])
+@pytest.mark.parametrize("limit", [None, 0, 1, 4, 7, 9, 100])
+def test_round_robin_shares_are_the_prefix_of_the_interleaving(sizes: list[int], limit: int | None) -> None:
+    """A mix built from each domain's first `share` items is the first `limit` items of the mix."""
+    parts = [[(d, i) for i in range(n)] for d, n in enumerate(sizes)]
+    shares = round_robin_shares(sizes, limit)
+    expected = round_robin(parts) if limit is None else round_robin(parts)[:limit]
+    assert round_robin([part[:n] for part, n in zip(parts, shares)]) == expected
+
+
+def test_mix_trains_on_its_domains_cached_sequences(tmp_path: Path) -> None:
+    """The generic (mix) drafter's data is the domain drafters' own: after the domain jobs, a mix
+    job with their summed budget generates and scores nothing and trains on all their sequences."""
+    cache = tmp_path / "cache"
+    target = ("train.seq_source=target", "train.max_steps=1", "train.gamma_candidates=[]")
+    for domain in ("code", "math", "chat"):
+        run_distill(smoke_cfg(tmp_path / domain, f"data={domain}", f"cache_dir={cache}", "train.train_sequences=8",
+                              "train.heldout_sequences=4", *target))
+    before = {p: p.stat().st_mtime_ns for p in cache.iterdir()}
+    assert len(before) == 12  # per domain: train and held-out sequences, and their scored caches
+    metrics = run_distill(smoke_cfg(tmp_path / "mix", "data=mix", f"cache_dir={cache}", "train.train_sequences=24",
+                                    "train.heldout_sequences=12", *target))
+    assert {p: p.stat().st_mtime_ns for p in cache.iterdir()} == before
+    assert (metrics["train_sequences"], metrics["heldout_sequences"]) == (24, 12)
+
+
+@pytest.mark.parametrize("features", [False, True])
+def test_concatenated_caches_equal_one_cache_of_all_sequences(features: bool) -> None:
+    target, _ = load_model("smoke")
+    torch.manual_seed(0)
+    sequences = [TrainSequence(torch.randint(0, 90, (n,)).tolist(), start) for n, start in ((9, 3), (12, 5), (7, 2), (10, 9))]
+    whole = score_topk(target, sequences, 0 if features else 8, pad_id=0, features=features)
+    parts = concat_caches([score_topk(target, sequences[:1], 0 if features else 8, 0, features=features),
+                           score_topk(target, sequences[1:], 0 if features else 8, 0, features=features)])
+    assert parts.sequences == whole.sequences
+    for name in ("offsets", "topk_ids", "topk_logits", "token_offsets", "features"):
+        a, b = getattr(parts, name), getattr(whole, name)
+        assert (a is None) == (b is None) == (name in ("token_offsets", "features") and not features), name
+        if a is not None:
+            assert a.shape == b.shape and torch.allclose(a.float(), b.float(), atol=1e-3), name

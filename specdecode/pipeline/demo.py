@@ -94,7 +94,15 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     drafter_dirs: dict[str, str] = {}
     for name in (*cfg.domains, "mix"):
         stage = f"distill-{name}"
-        stages.append(Stage(stage, composed("distill", [f"data={name}", f"loss={cfg.losses[name]}", *cfg.distill]), distill))
+        config = composed("distill", [f"data={name}", f"loss={cfg.losses[name]}", *cfg.distill])
+        if name == "mix":
+            # The generic drafter trains on the union of the domain drafters' sequences: a mix's
+            # sequences are its domains' cached ones (specdecode.training.sequences.domain_parts), so
+            # it gets every domain's data and costs no target continuations of its own.
+            for key in ("train_sequences", "heldout_sequences"):
+                if config["train"][key] is not None:
+                    config["train"][key] *= len(config["data"]["domains"])
+        stages.append(Stage(stage, config, distill))
         drafter_dirs["generic" if name == "mix" else name] = str(root / stage / "drafter")
     distills = [s.name for s in stages if s.name.startswith("distill-")]
     evaluation |= {"drafters": evaluation["drafters"] | drafter_dirs, "router_dir": str(root / "fit"), "domains": list(cfg.domains)}

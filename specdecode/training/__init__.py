@@ -1,10 +1,11 @@
-"""Drafter training (train/distill.py, train/finetune.py): distillation losses, the teacher cache
-of the target's outputs, the accelerate loop, checkpoints, and the jobs that tie them together."""
+"""Drafter training (train/distill.py, train/finetune.py): distillation losses, the training
+sequences and the teacher cache of the target's outputs, the accelerate loop, checkpoints, and the jobs that tie them together."""
 
 from specdecode.training.config import LossConfig, TrainConfig, TrainJobConfig
 from specdecode.training.job import run_distill, run_finetune
 from specdecode.training.losses import LOSSES, expected_acceptance, get_loss
-from specdecode.training.teacher import TeacherCache, TrainSequence, load_cache, save_cache
+from specdecode.training.sequences import TrainSequence
+from specdecode.training.teacher import TeacherCache, load_cache, save_cache
 
 __all__ = [
     "LOSSES",

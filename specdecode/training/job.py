@@ -3,7 +3,7 @@
 
 A job: validate the config (before any heavy work), load the target, build the drafter (derived
 from the target with a truncated-vocab head, or any HF model with the target's tokenizer), build or
-load the teacher cache (specdecode.training.teacher), train (specdecode.training.loop), and write to `output_dir`:
+load the training sequences and the teacher cache (specdecode.training.sequences, .teacher), train (specdecode.training.loop), and write to `output_dir`:
 `drafter/` (HF `save_pretrained`, the checkpoint with the best held-out expected acceptance, not
 the lowest loss), `metrics.json`, `config.yaml`, `metrics.jsonl` and `checkpoints/`; with
 `logger=wandb` the same records also go to a wandb run (accelerate's tracker) under `wandb/`.
@@ -33,6 +33,7 @@ from omegaconf import OmegaConf
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_constant_schedule_with_warmup
 
 from specdecode.core.atomic import atomic_folder, write_atomic
+from specdecode.data.config import DataConfig
 from specdecode.models.config import TargetConfig
 from specdecode.training.config import TrainJobConfig
 from specdecode.core.devices import placed_accelerator
@@ -41,16 +42,15 @@ from specdecode.training.feature_training import FeatureDrafterLogits
 from specdecode.training.objective import Objective, Teacher
 from specdecode.models.loading import build_drafter, check_drafter_tokenizer, load_model, reads_features
 from specdecode.decoding.speedup import choose_gamma
-from specdecode.training.teacher import (
-    TeacherCache,
+from specdecode.training.sequences import (
     TrainSequence,
     build_sequences,
-    cache_key,
-    load_cache,
+    domain_parts,
     load_examples,
-    save_cache,
-    score_topk,
+    round_robin_shares,
+    training_pool,
 )
+from specdecode.training.teacher import TeacherCache, cache_key, concat_caches, load_cache, save_cache, score_topk
 from specdecode.training.checkpoints import LoopState, check_checkpoints, checkpoint_folder, project_configuration, resume
 from specdecode.training.loop import DrafterLogits, MetricsLogger, load_trainable_state, peak_memory_mb, train_loop
 from specdecode.models.compat import default_eos
@@ -178,17 +178,28 @@ def _teacher(cfg: TrainJobConfig, job: str, target: PreTrainedModel, tokenizer: 
     features = reads_features(cfg.drafter)
     topk = train.teacher_topk if job == "distill" and not features else 0
 
-    def sequences(split: str, limit: int | None) -> list[TrainSequence]:
+    def sequences(data: DataConfig, split: str, limit: int | None) -> list[TrainSequence]:
         """The split's training sequences, cached apart from what is scored on them, so drafters of
         either kind trained on the same data share one (costly) set of target continuations."""
-        key = cache_key(cfg.target, cfg.data, train, split, 0, limit, dtype=cfg.dtype)
+        key = cache_key(cfg.target, data, train, split, 0, limit, dtype=cfg.dtype)
         return _load_or_build(cache_dir / f"sequences-{split}-{key}.pt", lambda: score_topk(target, build_sequences(
-            load_examples(cfg.data, split), tokenizer, target, train, eos, limit), 0, pad_id), accelerator.is_main_process).sequences
+            load_examples(data, split), tokenizer, target, train, eos, limit), 0, pad_id), accelerator.is_main_process).sequences
+
+    def domain_scored(data: DataConfig, split: str, name: str, k: int, limit: int | None) -> TeacherCache:
+        key = cache_key(cfg.target, data, train, split, k, limit, features, cfg.dtype)
+        return _cached(cache_dir / f"{name}-{key}.pt",
+                       lambda: score_topk(target, sequences(data, split, limit), k, pad_id, features=features), accelerator)
 
     def scored(split: str, name: str, k: int, limit: int | None) -> TeacherCache:
-        key = cache_key(cfg.target, cfg.data, train, split, k, limit, features, cfg.dtype)
-        return _cached(cache_dir / f"{name}-{key}.pt",
-                       lambda: score_topk(target, sequences(split, limit), k, pad_id, features=features), accelerator)
+        """A domain's cache, or a mix's: its domains' own caches (`domain_parts`), each domain's
+        share of the first `limit` interleaved sequences, so a generic drafter trained beside the
+        domain drafters costs no target pass of its own."""
+        if len(cfg.data.domains) == 1:
+            return domain_scored(cfg.data, split, name, k, limit)
+        parts = domain_parts(cfg.data)
+        sizes = [len(training_pool(load_examples(part, split), train)) for part in parts]
+        shares = round_robin_shares(sizes, limit)
+        return concat_caches([domain_scored(part, split, name, k, n) for part, n in zip(parts, shares)])
 
     train_cache = scored("train", f"{job}-train", topk, train.train_sequences)
     heldout = scored("heldout", "heldout", 0, train.heldout_sequences)

@@ -51,8 +51,14 @@ class DrafterLogits(nn.Module):
         super().__init__()
         self.drafter = drafter
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """`[B, T, K]` logits, or `[P, K]` at the `positions` `[B, T]` bool only.
+
+        Only response positions carry a loss (about a third of a training sequence's tokens): the
+        head and the loss over K ids at the others were half of a CPU training step."""
         hidden = self.drafter.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        if positions is not None:
+            hidden = hidden[positions]
         head = self.drafter.get_output_embeddings()
         if isinstance(head, DraftVocabHead):
             return F.linear(hidden, head.weight, head.bias)

@@ -17,16 +17,8 @@ from specdecode.training.config import TrainJobConfig
 from specdecode.training.feature_training import feature_regression_sum, frozen_head_rows, pass_positions
 from specdecode.training.losses import get_loss
 from specdecode.training.loop import Batch
-from specdecode.training.teacher import (
-    TeacherCache,
-    TrainSequence,
-    dense_teacher_logits,
-    generate_continuations,
-    heldout_targets,
-    pad_batch,
-    padded_features,
-    score_topk,
-)
+from specdecode.training.sequences import TrainSequence, generate_continuations
+from specdecode.training.teacher import TeacherCache, dense_teacher_logits, heldout_targets, pad_batch, padded_features, score_topk
 
 
 @dataclass
@@ -94,13 +86,14 @@ class Objective:
             positions = positions & (labels >= 0)
             batch["labels"] = labels
         elif not self.teacher.features:
-            topk = self.teacher.topk
-            ids = torch.zeros(*positions.shape, topk, dtype=torch.int32)
-            logits = torch.zeros(*positions.shape, topk)
-            ids[positions] = torch.cat([scored.topk_ids[scored.offsets[i] : scored.offsets[i + 1]] for i in picks])
-            logits[positions] = torch.cat([scored.topk_logits[scored.offsets[i] : scored.offsets[i + 1]] for i in picks])
-            positions = positions & (self.vocab_to_draft[ids.long()] >= 0).any(-1)
-            batch |= {"topk_ids": ids, "topk_logits": logits}
+            # `[P, k]`, flat in the row-major order of `positions` (each sequence's loss positions
+            # are contiguous, and the cache stores them in that order)
+            ids = torch.cat([scored.topk_ids[scored.offsets[i] : scored.offsets[i + 1]] for i in picks])
+            logits = torch.cat([scored.topk_logits[scored.offsets[i] : scored.offsets[i + 1]] for i in picks])
+            # a position whose top k holds no draft id has no teacher over the drafter's vocabulary
+            usable = (self.vocab_to_draft[ids.long()] >= 0).any(-1)
+            positions = positions.masked_scatter(positions, usable)
+            batch |= {"topk_ids": ids[usable], "topk_logits": logits[usable]}
         return batch | {"positions": positions}
 
     def make_batches(self, indices: list[int], step: int, on_policy: bool) -> list[Batch]:
@@ -122,12 +115,13 @@ class Objective:
         """The batch's summed loss (the loop divides by the tokens counted on all processes)."""
         if self.teacher.features:
             return self._feature_loss_sum(module, batch)
-        student = module(batch["input_ids"], batch["attention_mask"])  # [B, T, K]
+        positions = batch["positions"]
+        student = module(batch["input_ids"], batch["attention_mask"], positions)  # [P, K]
         if self.job == "finetune":
-            return F.cross_entropy(student[batch["positions"]], batch["labels"][batch["positions"]], reduction="sum")
+            return F.cross_entropy(student, batch["labels"][positions], reduction="sum")
         vocab_to_draft = self.vocab_to_draft.to(student.device)
-        teacher = dense_teacher_logits(batch["topk_ids"], batch["topk_logits"], vocab_to_draft, student.shape[-1])
-        return self.loss_fn(student, teacher, batch["positions"], temperature=self.tau, reduction="sum", **self.loss_kwargs)
+        teacher = dense_teacher_logits(batch["topk_ids"], batch["topk_logits"], vocab_to_draft, student.shape[-1])  # [P, K]
+        return self.loss_fn(student, teacher, None, temperature=self.tau, reduction="sum", **self.loss_kwargs)
 
     def _feature_loss_sum(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
         """Token loss of every unrolled pass (vs the frozen head on the target's features, or the
@@ -156,7 +150,7 @@ class Objective:
         input_ids, attention_mask, positions = pad_batch([heldout.sequences[i] for i in indices], self.teacher.pad_id)
         input_ids, attention_mask, positions = input_ids.to(device), attention_mask.to(device), positions.to(device)
         if not self.teacher.features:
-            logits = module(input_ids, attention_mask)[positions].unsqueeze(0)
+            logits = module(input_ids, attention_mask, positions).unsqueeze(0)
             return logits, torch.ones(logits.shape[:2], dtype=torch.bool, device=logits.device)
         logits, _ = module(input_ids, attention_mask, padded_features(heldout, indices, input_ids.shape[1]).to(device))
         scored = pass_positions(positions, logits.shape[0])

@@ -1,4 +1,5 @@
-"""Training sequences and what the target says about them, computed once and cached.
+"""What the target says about the training sequences (specdecode.training.sequences), computed
+once and cached.
 
 On a CPU the target's no-grad forward costs more than the drafter's whole training step (NOTES.md:
 ~250 training tokens/s when it is recomputed every step), so every target forward is paid once per
@@ -37,32 +38,18 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel
 
 from specdecode.core.atomic import write_atomic
 from specdecode.data.config import DataConfig
-from specdecode.data.domains import format_prompt, load_domain
-from specdecode.data.example import Example
-from specdecode.decoding.decode import autoregressive_generate
 from specdecode.models.config import SMOKE_TARGET, TargetConfig
 from specdecode.models.gguf_cache import DEFAULT_TARGET
 from specdecode.training.config import TrainConfig
+from specdecode.training.sequences import TrainSequence
 
-CACHE_VERSION = 1
+# 2: a mix's caches are its domains' (domain_parts)
+CACHE_VERSION = 2
 SCORE_BATCH = 8
-
-
-@dataclass
-class TrainSequence:
-    """Token ids `tokens` [L]; the response starts at `response_start` (>= 1), so the loss
-    positions are t = response_start - 1 .. L - 2 (each predicts token t + 1): L - response_start."""
-
-    tokens: list[int]
-    response_start: int
-
-    @property
-    def num_targets(self) -> int:
-        return len(self.tokens) - self.response_start
 
 
 @dataclass
@@ -91,87 +78,21 @@ class TeacherCache:
         return self.features[self.token_offsets[index] : self.token_offsets[index + 1]]
 
 
-def load_examples(data: DataConfig, split: str) -> list[Example]:
-    """The split's examples of every domain in `data.domains`, interleaved (a `mix` prefix covers
-    all domains), in a deterministic order."""
-    per_domain = [
-        load_domain(
-            domain, source=data.source, split=split, heldout_fraction=data.heldout_fraction,  # type: ignore[arg-type]
-            path=data.path, hf_id=data.hf_id, hf_split=data.hf_split,
-            prompt_column=data.prompt_column, response_column=data.response_column,
-        )
-        for domain in data.domains
-    ]
-    longest = max(len(examples) for examples in per_domain)
-    return [examples[i] for i in range(longest) for examples in per_domain if i < len(examples)]
+def concat_caches(parts: Sequence[TeacherCache]) -> TeacherCache:
+    """One cache holding `parts`' sequences one part after another (a mix of domain caches)."""
+    def offsets(counts: list[int]) -> torch.Tensor:
+        return torch.tensor([0, *counts]).cumsum(0)
 
-
-def build_sequences(
-    examples: Sequence[Example],
-    tokenizer: PreTrainedTokenizerBase,
-    target: PreTrainedModel,
-    train: TrainConfig,
-    eos: Sequence[int],
-    limit: int | None,
-) -> list[TrainSequence]:
-    """Prompt (chat-formatted, left-truncated to `max_prompt_tokens`) + response, cut at `max_len`.
-
-    The response is the example's own (`seq_source: data`, examples without one are skipped) or the
-    target's continuation (`seq_source: target`, sequence-level distillation), generated in batches
-    at `train.temperature`.
-    """
-    pool = [ex for ex in examples if train.seq_source == "target" or ex.response]
-    pool = pool if limit is None else pool[:limit]
-    prompts = [format_prompt(tokenizer, ex.prompt)[-train.max_prompt_tokens :] for ex in pool]
-    if train.seq_source == "data":
-        stop = [eos[0]] if eos else []
-        responses = [tokenizer(ex.response, add_special_tokens=False)["input_ids"] + stop for ex in pool]
-    else:
-        # One continuation per prompt and temperature: more data from the same prompts, spread
-        # around the target's own distribution (greedy = exactly what greedy decoding will see).
-        responses, repeated = [], []
-        for i, temperature in enumerate(train.seq_temperatures or [train.temperature]):
-            responses += generate_continuations(target, prompts, train, eos, seed=train.seed + 1000 * i, temperature=temperature)
-            repeated += prompts
-        prompts = repeated
-    sequences = []
-    for prompt, response in zip(prompts, responses):
-        tokens = (prompt + list(response))[: train.max_len]
-        if len(tokens) > len(prompt):
-            sequences.append(TrainSequence(tokens=tokens, response_start=len(prompt)))
-    return sequences
-
-
-def generate_continuations(
-    model: PreTrainedModel, prompts: Sequence[list[int]], train: TrainConfig, eos: Sequence[int], seed: int,
-    batch_size: int = 32, temperature: float | None = None,
-) -> list[list[int]]:
-    """`model`'s continuations of `prompts` (batched, ragged), at most `max_new_tokens` each, at
-    `temperature` (default `train.temperature`; 0 = greedy).
-
-    Batch 32: on the 2-core CPU the target generates ~79 tokens/s at batch 32 vs ~61 at batch 16
-    (the weights are read once per step for the whole batch)."""
-    was_training = model.training
-    model.eval()
-    out: list[list[int]] = []
-    # Similar lengths batch together (less padding); the output keeps the prompts' order.
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    by_index: dict[int, list[int]] = {}
-    bar = tqdm(total=len(prompts), desc="target continuations", disable=len(prompts) <= batch_size, leave=False)
-    for start in range(0, len(order), batch_size):
-        picks = order[start : start + batch_size]
-        batch = [list(prompts[i]) for i in picks]
-        budgets = [min(train.max_new_tokens, train.max_len - len(p)) for p in batch]
-        result = autoregressive_generate(
-            model, batch, max_new_tokens=budgets, temperature=train.temperature if temperature is None else temperature,
-            eos_token_ids=list(eos) or None, seed=seed + start,
-        )
-        by_index.update(zip(picks, result.sequences))
-        bar.update(len(picks))
-    bar.close()
-    out = [by_index[i] for i in range(len(prompts))]
-    model.train(was_training)
-    return out
+    features = [p.features for p in parts]
+    has_features = all(f is not None for f in features)
+    return TeacherCache(
+        [s for p in parts for s in p.sequences],
+        offsets([s.num_targets for p in parts for s in p.sequences]),
+        torch.cat([p.topk_ids for p in parts]),
+        torch.cat([p.topk_logits for p in parts]),
+        torch.cat(features) if has_features else None,  # type: ignore[arg-type]
+        offsets([len(s.tokens) for p in parts for s in p.sequences]) if has_features else None,
+    )
 
 
 def pad_batch(sequences: Sequence[TrainSequence], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -263,9 +184,12 @@ def cache_key(
     fields = {
         "version": CACHE_VERSION, "split": split, "target": asdict(target), "dtype": dtype, "data": asdict(data),
         "seq_source": train.seq_source, "max_prompt_tokens": train.max_prompt_tokens, "max_len": train.max_len,
-        "max_new_tokens": train.max_new_tokens, "temperature": train.temperature, "topk": topk,
+        "max_new_tokens": train.max_new_tokens, "topk": topk,
         "limit": limit, "seed": train.seed if train.seq_source == "target" else None,
-        "seq_temperatures": train.seq_temperatures if train.seq_source == "target" else None, "features": features,
+        # the temperatures the continuations were sampled at; the loss's temperature is not in the
+        # cache (the logits are stored raw), so distilling at another one reuses it
+        "generation_temperatures": (train.seq_temperatures or [train.temperature]) if train.seq_source == "target" else None,
+        "features": features,
         "content": content_fingerprint(target, data),
     }
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,0 +1,149 @@
+"""Training sequences: a prompt (chat-formatted) and a response, the dataset's own or the target's
+continuation (sequence-level distillation), and how several domains are mixed.
+
+A mix (`data=mix`) is made of its domains' sequences, each domain's share of the first `limit`
+interleaved ones (`round_robin_shares`), so the caches a domain drafter's job builds are the ones a
+generic drafter's job reads (`domain_parts`): the costly target continuations are paid once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TypeVar
+
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from specdecode.data.config import DataConfig
+from specdecode.data.domains import format_prompt, load_domain
+from specdecode.data.example import Example
+from specdecode.decoding.decode import autoregressive_generate
+from specdecode.training.config import TrainConfig
+
+T = TypeVar("T")
+
+
+@dataclass
+class TrainSequence:
+    """Token ids `tokens` [L]; the response starts at `response_start` (>= 1), so the loss
+    positions are t = response_start - 1 .. L - 2 (each predicts token t + 1): L - response_start."""
+
+    tokens: list[int]
+    response_start: int
+
+    @property
+    def num_targets(self) -> int:
+        return len(self.tokens) - self.response_start
+
+
+def load_examples(data: DataConfig, split: str) -> list[Example]:
+    """The split's examples of every domain in `data.domains`, interleaved (a `mix` prefix covers
+    all domains), in a deterministic order."""
+    return round_robin([
+        load_domain(
+            domain, source=data.source, split=split, heldout_fraction=data.heldout_fraction,  # type: ignore[arg-type]
+            path=data.path, hf_id=data.hf_id, hf_split=data.hf_split,
+            prompt_column=data.prompt_column, response_column=data.response_column,
+        )
+        for domain in data.domains
+    ])
+
+
+def round_robin(parts: Sequence[Sequence[T]]) -> list[T]:
+    """One item of each part in turn (a part that runs out is skipped): how domains are mixed."""
+    longest = max((len(part) for part in parts), default=0)
+    return [part[i] for i in range(longest) for part in parts if i < len(part)]
+
+
+def round_robin_shares(sizes: Sequence[int], limit: int | None) -> list[int]:
+    """How many items of each part the first `limit` items of `round_robin` take (None: all)."""
+    shares = [0] * len(sizes)
+    remaining = sum(sizes) if limit is None else min(limit, sum(sizes))
+    while remaining:
+        for d, size in enumerate(sizes):
+            if remaining and shares[d] < size:
+                shares[d] += 1
+                remaining -= 1
+    return shares
+
+
+def domain_parts(data: DataConfig) -> list[DataConfig]:
+    """A mix's domains, each as the single-domain config its own drafter is trained with: a mix's
+    sequences are its domains' cached sequences, so the generic drafter needs no target
+    continuations of its own."""
+    return [replace(data, name=domain, domains=[domain]) for domain in data.domains]
+
+
+def training_pool(examples: Sequence[Example], train: TrainConfig) -> list[Example]:
+    """The examples a training sequence can be made of: with `seq_source: data`, those with a
+    response of their own (the target writes the others' with `seq_source: target`)."""
+    return [ex for ex in examples if train.seq_source == "target" or ex.response]
+
+
+def build_sequences(
+    examples: Sequence[Example],
+    tokenizer: PreTrainedTokenizerBase,
+    target: PreTrainedModel,
+    train: TrainConfig,
+    eos: Sequence[int],
+    limit: int | None,
+) -> list[TrainSequence]:
+    """Prompt (chat-formatted, left-truncated to `max_prompt_tokens`) + response, cut at `max_len`.
+
+    The response is the example's own (`seq_source: data`, examples without one are skipped) or the
+    target's continuation (`seq_source: target`, sequence-level distillation), generated in batches
+    at `train.temperature`.
+    """
+    pool = training_pool(examples, train)
+    pool = pool if limit is None else pool[:limit]
+    prompts = [format_prompt(tokenizer, ex.prompt)[-train.max_prompt_tokens :] for ex in pool]
+    if train.seq_source == "data":
+        stop = [eos[0]] if eos else []
+        responses = [tokenizer(ex.response, add_special_tokens=False)["input_ids"] + stop for ex in pool]
+    else:
+        # One continuation per prompt and temperature: more data from the same prompts, spread
+        # around the target's own distribution (greedy = exactly what greedy decoding will see).
+        responses, repeated = [], []
+        for i, temperature in enumerate(train.seq_temperatures or [train.temperature]):
+            responses += generate_continuations(target, prompts, train, eos, seed=train.seed + 1000 * i, temperature=temperature)
+            repeated += prompts
+        prompts = repeated
+    sequences = []
+    for prompt, response in zip(prompts, responses):
+        tokens = (prompt + list(response))[: train.max_len]
+        if len(tokens) > len(prompt):
+            sequences.append(TrainSequence(tokens=tokens, response_start=len(prompt)))
+    return sequences
+
+
+def generate_continuations(
+    model: PreTrainedModel, prompts: Sequence[list[int]], train: TrainConfig, eos: Sequence[int], seed: int,
+    batch_size: int = 32, temperature: float | None = None,
+) -> list[list[int]]:
+    """`model`'s continuations of `prompts` (batched, ragged), at most `max_new_tokens` each, at
+    `temperature` (default `train.temperature`; 0 = greedy).
+
+    Batch 32: on the 2-core CPU the target generates ~79 tokens/s at batch 32 vs ~61 at batch 16
+    (the weights are read once per step for the whole batch)."""
+    was_training = model.training
+    model.eval()
+    out: list[list[int]] = []
+    # Similar lengths batch together (less padding); the output keeps the prompts' order.
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    by_index: dict[int, list[int]] = {}
+    bar = tqdm(total=len(prompts), desc="target continuations", disable=len(prompts) <= batch_size, leave=False)
+    for start in range(0, len(order), batch_size):
+        picks = order[start : start + batch_size]
+        batch = [list(prompts[i]) for i in picks]
+        budgets = [min(train.max_new_tokens, train.max_len - len(p)) for p in batch]
+        result = autoregressive_generate(
+            model, batch, max_new_tokens=budgets, temperature=train.temperature if temperature is None else temperature,
+            eos_token_ids=list(eos) or None, seed=seed + start,
+        )
+        by_index.update(zip(picks, result.sequences))
+        bar.update(len(picks))
+    bar.close()
+    out = [by_index[i] for i in range(len(prompts))]
+    model.train(was_training)
+    return out
