@@ -4,6 +4,7 @@ ordinary path for training, row-major outputs, and decoding with them stays exac
 from __future__ import annotations
 
 import copy
+import time
 
 import pytest
 import torch
@@ -79,10 +80,43 @@ def test_tied_weights_stay_tied() -> None:
 
 
 def test_load_model_switch() -> None:
-    on, _ = load_model("smoke")
+    on, _ = load_model("smoke", skinny_matmul=True)
     off, _ = load_model("smoke", skinny_matmul=False)
     assert any(isinstance(m, SkinnyLinear) for m in on.modules())
     assert not any(isinstance(m, SkinnyLinear) for m in off.modules())
+
+
+@pytest.mark.parametrize("skinny_wins", [True, False])
+def test_load_model_keeps_the_kernel_measured_faster(monkeypatch: pytest.MonkeyPatch, skinny_wins: bool) -> None:
+    """skinny_matmul=None (the default) times both kernels and keeps the faster one."""
+    import specdecode.models.cpu_matmul as cpu_matmul
+
+    real_linear = F.linear
+    slow = 0.002  # seconds per few-row call of the losing kernel: far above a tiny model's timing noise
+
+    def timed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if skinny_wins and x.numel() // x.shape[-1] > 1:
+            time.sleep(slow)
+        return real_linear(x, weight, bias)
+
+    def timed_skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if not skinny_wins:
+            time.sleep(slow)
+        return real_linear(x, weight, bias)
+
+    monkeypatch.setattr(cpu_matmul.F, "linear", timed_linear)
+    monkeypatch.setattr(SkinnyLinear, "forward", lambda self, x: timed_skinny(x, self.weight, self.bias))
+    model, _ = load_model("smoke")
+    assert cpu_matmul.uses_skinny_linears(model) is skinny_wins
+
+
+def test_the_measurement_leaves_the_models_kernels_as_they_were() -> None:
+    from specdecode.models.cpu_matmul import skinny_is_faster, uses_skinny_linears
+
+    for skinny in (True, False):
+        model, _ = load_model("smoke", skinny_matmul=skinny)
+        skinny_is_faster(model, widths=(2, 3), repeats=1)
+        assert uses_skinny_linears(model) is skinny
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 5])

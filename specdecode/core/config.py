@@ -22,6 +22,7 @@ T = TypeVar("T")
 # and KV-cache slots (each row reserves gamma + 1 slack slots); a typo like gamma=100000 would
 # draft that many tokens per step whatever the token budget.
 MAX_GAMMA = 64
+GAMMA_RANGE = f"an int in [1, {MAX_GAMMA}]"
 
 
 def from_dict(cls: type[T], data: dict[str, Any] | DictConfig, where: str = "") -> T:
@@ -60,6 +61,11 @@ def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def is_gamma(value: object) -> bool:
+    """A draft length every entry point accepts: an int in [1, MAX_GAMMA] (`GAMMA_RANGE`)."""
+    return is_int(value) and 1 <= value <= MAX_GAMMA  # type: ignore[operator]
+
+
 def is_number(value: object) -> bool:
     """An int or float that is not a bool."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -73,11 +79,13 @@ class Placement:
 
     device: str = "cpu"
     dtype: str = "float32"
-    # On CPU, linear layers over 2..64 rows run as `weight @ x.T` (specdecode.models.cpu_matmul),
-    # which makes a verify pass cost about one decode step; false keeps plain `F.linear`.
-    skinny_matmul: bool = True
+    # On CPU, linear layers over 2..64 rows as `weight @ x.T` (specdecode.models.cpu_matmul): on
+    # some CPUs a verify pass then costs about one decode step, on others twice as much. null
+    # times both kernels at load and keeps the faster; true / false force one.
+    skinny_matmul: bool | None = None
 
     def check_placement(self) -> None:
         self.device = check_device_name(self.device)
         self.dtype = check_dtype_name(self.dtype)
-        require(isinstance(self.skinny_matmul, bool), "skinny_matmul", self.skinny_matmul, "true or false")
+        require(self.skinny_matmul is None or isinstance(self.skinny_matmul, bool), "skinny_matmul", self.skinny_matmul,
+                "true, false or null (time both kernels at load and keep the faster)")

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedModel
 
-from specdecode.core.config import MAX_GAMMA, is_int
+from specdecode.core.config import GAMMA_RANGE, is_gamma, is_int
 from specdecode.decoding.sampling import SamplingParams
 from specdecode.models.compat import check_vocab_sizes, default_eos
 
@@ -32,8 +32,8 @@ def validate_request(
     `gamma` is bounded by `specdecode.core.config.MAX_GAMMA` (64): each step drafts gamma tokens whatever
     the rows' remaining budgets, so an unbounded gamma is unbounded wasted work.
     """
-    if gamma is not None and (not is_int(gamma) or not 1 <= gamma <= MAX_GAMMA):
-        raise ValueError(f"gamma must be an int in [1, {MAX_GAMMA}], got {gamma!r}")
+    if gamma is not None and not is_gamma(gamma):
+        raise ValueError(f"gamma must be {GAMMA_RANGE}, got {gamma!r}")
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
         raise TypeError(f"prompts must be a list of token-id lists, got {type(prompts).__name__}")

@@ -32,6 +32,7 @@ from specdecode.decoding.stats import GenerationResult
 from specdecode.evaluation.config import BenchmarkConfig
 from specdecode.evaluation.report import fmt
 from specdecode.models.compat import default_eos
+from specdecode.models.cpu_matmul import uses_skinny_linears
 from specdecode.models.feature_drafter import FeatureDrafter
 from specdecode.models.loading import build_drafter, load_model
 
@@ -131,7 +132,9 @@ def run_benchmark(cfg: BenchmarkConfig) -> dict:
     results = {
         "config": asdict(cfg),
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
-                    "torch": torch.__version__, "device": str(target.device)},
+                    "torch": torch.__version__, "device": str(target.device),
+                    # the CPU kernel in use (skinny_matmul=null measures both at load and keeps the faster)
+                    "skinny_linears": uses_skinny_linears(target)},
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "prompts": [{"domain": d, "tokens": len(p)} for d, p in prompts],
         "step_costs": costs.to_dict(),
@@ -261,7 +264,7 @@ def report_markdown(results: dict) -> str:
         f"(c = {costs['cost_ratio']:.3f}).",
         "Verify of gamma + 1 tokens over a step: "
         + ", ".join(f"gamma {g}: {r:.2f}×" for g, r in costs.get("verify_ratios", {}).items())
-        + f" (skinny_matmul={cfg.get('skinny_matmul', True)}).",
+        + f" (skinny linears {'on' if results['machine'].get('skinny_linears') else 'off'}; skinny_matmul={cfg.get('skinny_matmul')}).",
     ]
     if results.get("ours_vs_transformers_assisted"):
         lines.append(f"Ours vs transformers assisted generation (same drafter, gamma): {results['ours_vs_transformers_assisted']:.2f}×.")

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdecode.core.config import MAX_GAMMA, Placement, is_number, require
+from specdecode.core.config import GAMMA_RANGE, Placement, is_gamma, is_number, require
 from specdecode.data.domains import DOMAINS
 from specdecode.models.config import DrafterConfig, TargetConfig
 
@@ -35,7 +35,7 @@ class BenchmarkConfig(Placement):
 
     def __post_init__(self) -> None:
         self.check_placement()
-        require(isinstance(self.gamma, int) and 1 <= self.gamma <= MAX_GAMMA, "gamma", self.gamma, f"an int in [1, {MAX_GAMMA}]")
+        require(is_gamma(self.gamma), "gamma", self.gamma, GAMMA_RANGE)
         require(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, "an int >= 1")
         require(self.num_prompts >= 1, "num_prompts", self.num_prompts, ">= 1")
         require(1 <= self.batch1_prompts <= self.num_prompts, "batch1_prompts", self.batch1_prompts, f"in [1, num_prompts={self.num_prompts}]")
@@ -90,15 +90,14 @@ class EvalConfig(Placement):
             require(name == "generic" or name in DOMAINS, "drafters", name, f"generic or one of {list(DOMAINS)}")
             require(Path(path).exists(), f"drafters.{name}", path, "does not exist")
         require(self.prompts_per_domain >= 1, "prompts_per_domain", self.prompts_per_domain, ">= 1")
-        require(self.gamma is None or (isinstance(self.gamma, int) and 1 <= self.gamma <= MAX_GAMMA), "gamma", self.gamma,
-                f"null (each drafter's own) or an int in [1, {MAX_GAMMA}]")
+        require(self.gamma is None or is_gamma(self.gamma), "gamma", self.gamma, f"null (each drafter's own) or {GAMMA_RANGE}")
         require(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, ">= 1")
         for t in self.temperatures:
             require(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0, "temperatures", t, "finite numbers >= 0")
         for b in self.batch_sizes:
             require(isinstance(b, int) and b >= 1, "batch_sizes", b, "ints >= 1")
         for g in self.sweep_gammas:
-            require(isinstance(g, int) and not isinstance(g, bool) and 1 <= g <= MAX_GAMMA, "sweep_gammas", g, f"ints in [1, {MAX_GAMMA}]")
+            require(is_gamma(g), "sweep_gammas", g, GAMMA_RANGE)
         for method in self.sweep_methods:
             require(method in ("undistilled", "generic", "routed") or method.removeprefix("specialized:") in DOMAINS and method.startswith("specialized:"),
                     "sweep_methods", method, "undistilled, generic, routed or specialized:<domain>")

@@ -12,16 +12,28 @@ keeps MKL on a streaming kernel: a 4-row pass then costs about what a 1-row pass
 The numbers are the same products summed by another kernel: results agree with `F.linear` to
 float rounding, not bitwise, just as MKL's own 1-row and many-row kernels do not agree bitwise.
 Training (inputs that need grad) and GPU tensors take the ordinary path.
+
+Which kernel is faster depends on the CPU, so the default is to measure (`skinny_is_faster`, run
+by `load_model` when `skinny_matmul` is None). On the 2026-11-23 machine skinny linears brought a
+4-token verify from ~1.7x to ~1.1x a step; on the 2026-11-24 one (a 480 MB L3 cache holding most of
+SmolLM2's weights, a one-token step of 31 ms instead of 58) they cost 2.0x at every width while
+`F.linear` cost 1.03x for 2 rows, 1.07x for 3 and 1.5x for 4 (README, "CPU kernels").
 """
 
 from __future__ import annotations
 
+import statistics
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import PreTrainedModel
 
 # Above this many rows (e.g. a prefill, a training batch) the blocked GEMM is the faster kernel.
 SKINNY_MAX_ROWS = 64
+# The pass widths the automatic choice times: verify passes of gamma + 1 tokens for gamma 1..4.
+AUTO_WIDTHS = (2, 3, 4, 5)
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -72,3 +84,39 @@ def use_skinny_linears(model: nn.Module) -> int:
             module.__class__ = SkinnyLinear
             count += 1
     return count
+
+
+def use_plain_linears(model: nn.Module) -> None:
+    """Undo `use_skinny_linears`: every `SkinnyLinear` in `model` back to `nn.Linear`, in place."""
+    for module in model.modules():
+        if type(module) is SkinnyLinear:
+            module.__class__ = nn.Linear
+
+
+def uses_skinny_linears(model: nn.Module) -> bool:
+    return any(isinstance(m, SkinnyLinear) for m in model.modules())
+
+
+@torch.inference_mode()
+def skinny_is_faster(model: PreTrainedModel, widths: tuple[int, ...] = AUTO_WIDTHS, repeats: int = 5) -> bool:
+    """Whether skinny linears make `model`'s few-token passes faster than `F.linear` on this CPU.
+
+    Times a batch-1 forward of each of `widths` tokens with both kernels (the kernels take turns
+    within each repeat, so a drifting machine biases both alike; the first round warms up) and
+    compares the summed medians. `model` comes back with the kernels it had. A few passes: about a
+    second for SmolLM2-135M.
+    """
+    had_skinny = uses_skinny_linears(model)
+    vocab = model.config.get_text_config().vocab_size
+    inputs = {w: (torch.arange(w, device=model.device) % vocab).unsqueeze(0) for w in widths}
+    times: dict[bool, dict[int, list[float]]] = {kernel: {w: [] for w in widths} for kernel in (False, True)}
+    for _ in range(repeats + 1):
+        for skinny in (False, True):
+            use_skinny_linears(model) if skinny else use_plain_linears(model)
+            for width, ids in inputs.items():
+                start = time.perf_counter()
+                model(input_ids=ids)
+                times[skinny][width].append(time.perf_counter() - start)
+    use_skinny_linears(model) if had_skinny else use_plain_linears(model)
+    total = {kernel: sum(statistics.median(t[1:]) for t in by_width.values()) for kernel, by_width in times.items()}
+    return total[True] < total[False]

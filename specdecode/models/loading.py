@@ -18,7 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from specdecode.models.compat import check_tokenizers, check_vocab_sizes
 from specdecode.models.config import SMOKE_TARGET, DrafterConfig
-from specdecode.models.cpu_matmul import SkinnyLinear, use_skinny_linears
+from specdecode.models.cpu_matmul import skinny_is_faster, use_skinny_linears, uses_skinny_linears
 from specdecode.models.draft_vocab import apply_draft_vocab_from_config
 from specdecode.models.drafters import derive_drafter
 from specdecode.models.feature_drafter import CONFIG_KEY as FEATURE_CONFIG_KEY
@@ -42,7 +42,7 @@ def load_model(
     *,
     dtype: str | torch.dtype = "float32",
     device: str | torch.device = "cpu",
-    skinny_matmul: bool = True,
+    skinny_matmul: bool | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer, in eval mode on `device`.
 
@@ -56,8 +56,10 @@ def load_model(
         dtype: parameter dtype, a name (`"float32"`, `"bfloat16"`, `"float16"`) or a torch dtype.
         device: where to put the model.
         skinny_matmul: on CPU, compute linear layers over 2..64 rows as `weight @ x.T`
-            (`specdecode.models.cpu_matmul`): a verify pass of a few tokens then costs about one
-            decode step instead of ~1.7x. False keeps `F.linear` everywhere. Ignored off CPU.
+            (`specdecode.models.cpu_matmul`), which on some CPUs makes a verify pass of a few
+            tokens cost about one decode step instead of ~1.7x, and on others costs 2x. None
+            (default) times both kernels on this machine and keeps the faster; False keeps
+            `F.linear` everywhere. Ignored off CPU.
 
     Returns:
         `(model, tokenizer)`. A drafter saved with a truncated vocabulary comes back truncated
@@ -90,10 +92,13 @@ def load_model(
     return _placed(model, torch_dtype, device, skinny_matmul), tokenizer
 
 
-def _placed(model: PreTrainedModel, dtype: torch.dtype, device: torch.device, skinny_matmul: bool) -> PreTrainedModel:
-    """`model` in eval mode on `device` in `dtype`, with skinny linears on CPU if asked."""
+def _placed(model: PreTrainedModel, dtype: torch.dtype, device: torch.device, skinny_matmul: bool | None) -> PreTrainedModel:
+    """`model` in eval mode on `device` in `dtype`, with skinny linears on CPU if asked, or if
+    measured faster here (None)."""
     model = model.to(device=device, dtype=dtype).eval()
-    if skinny_matmul and device.type == "cpu":
+    # a feature drafter's linear layers are its body's (plus the fusion layer): time the body
+    timed = model.body if isinstance(model, FeatureDrafter) else model
+    if device.type == "cpu" and (skinny_matmul or (skinny_matmul is None and skinny_is_faster(timed))):
         use_skinny_linears(model)
     return model
 
@@ -150,7 +155,7 @@ def build_drafter(
     drafter; the truncated vocabulary picked from `corpus()`, tokenised text, called only when
     needed) or a pretrained folder / hub id (either kind) whose tokenizer must be the target's.
     The drafter uses the target's linear kernels (skinny on CPU if the target's are)."""
-    skinny = any(isinstance(m, SkinnyLinear) for m in target.modules())
+    skinny = uses_skinny_linears(target)
     if cfg.kind in ("derived", "feature"):
         vocab_docs = corpus() if cfg.draft_vocab is not None else None
         if cfg.kind == "feature":

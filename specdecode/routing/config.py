@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdecode.core.config import MAX_GAMMA, Placement, from_dict, is_int, is_number, require
+from specdecode.core.config import GAMMA_RANGE, Placement, from_dict, is_gamma, is_int, is_number, require
 from specdecode.data.domains import DOMAINS
 from specdecode.models.config import DrafterConfig, TargetConfig
 
@@ -104,11 +104,11 @@ class CollectConfig(Placement):
             value = getattr(self, name)
             require(value is None or (is_int(value) and value >= 1), name, value, "null or an int >= 1")
         require(is_number(self.heldout_fraction) and 0 < self.heldout_fraction < 1, "heldout_fraction", self.heldout_fraction, "in (0, 1)")
-        for name in ("max_prompt_tokens", "max_new_tokens", "gamma", "batch_size", "cost_repeats", "vocab_corpus_docs"):
+        require(is_gamma(self.gamma), "gamma", self.gamma, GAMMA_RANGE)
+        for name in ("max_prompt_tokens", "max_new_tokens", "batch_size", "cost_repeats", "vocab_corpus_docs"):
             value = getattr(self, name)
             require(is_int(value) and value >= 1, name, value, "an int >= 1")
         require(is_number(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0, "temperature", self.temperature, "a finite number >= 0")
-        require(self.gamma <= MAX_GAMMA, "gamma", self.gamma, f"at most {MAX_GAMMA}")
         names = [d.name for d in self.drafters]
         if self.cost_ratios is not None:
             ratios = dict(self.cost_ratios)

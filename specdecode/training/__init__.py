@@ -1,5 +1,6 @@
 """Drafter training (train/distill.py, train/finetune.py): distillation losses, the training
-sequences and the teacher cache of the target's outputs, the accelerate loop, checkpoints, and the jobs that tie them together."""
+sequences and the teacher cache of the target's outputs, the accelerate loop, checkpoints, and the
+jobs that tie them together."""
 
 from specdecode.training.config import LossConfig, TrainConfig, TrainJobConfig
 from specdecode.training.job import run_distill, run_finetune

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from specdecode.core.config import Placement, is_int, is_number, require
+from specdecode.core.config import MAX_GAMMA, Placement, is_gamma, is_int, is_number, require
 from specdecode.data.config import DataConfig
 from specdecode.models.config import DrafterConfig, TargetConfig
 from specdecode.training.losses import LOSSES
@@ -95,8 +95,8 @@ class TrainConfig:
         require(self.early_stop_evals is None or (is_int(self.early_stop_evals) and self.early_stop_evals >= 1), "train.early_stop_evals", self.early_stop_evals, "null or an int >= 1")
         require(is_int(self.unroll_steps) and 1 <= self.unroll_steps <= 8, "train.unroll_steps", self.unroll_steps, "an int in [1, 8]")
         require(is_number(self.feature_loss_weight) and self.feature_loss_weight >= 0, "train.feature_loss_weight", self.feature_loss_weight, ">= 0")
-        require(isinstance(self.gamma_candidates, (list, tuple)) and all(is_int(g) and 1 <= g <= 64 for g in self.gamma_candidates),
-                "train.gamma_candidates", self.gamma_candidates, "a list of ints in [1, 64] (empty: keep the default gamma)")
+        require(isinstance(self.gamma_candidates, (list, tuple)) and all(is_gamma(g) for g in self.gamma_candidates),
+                "train.gamma_candidates", self.gamma_candidates, f"a list of ints in [1, {MAX_GAMMA}] (empty: keep the default gamma)")
         self.gamma_candidates = list(self.gamma_candidates)
         for name in ("max_prompt_tokens", "max_len", "max_new_tokens", "teacher_topk", "heldout_sequences", "batch_size",
                      "grad_accum", "eval_every", "checkpoint_every", "log_every", "vocab_corpus_docs"):

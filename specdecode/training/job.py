@@ -3,7 +3,8 @@
 
 A job: validate the config (before any heavy work), load the target, build the drafter (derived
 from the target with a truncated-vocab head, or any HF model with the target's tokenizer), build or
-load the training sequences and the teacher cache (specdecode.training.sequences, .teacher), train (specdecode.training.loop), and write to `output_dir`:
+load the training sequences and the teacher cache (specdecode.training.sequences, .teacher), train
+(specdecode.training.loop), and write to `output_dir`:
 `drafter/` (HF `save_pretrained`, the checkpoint with the best held-out expected acceptance, not
 the lowest loss), `metrics.json`, `config.yaml`, `metrics.jsonl` and `checkpoints/`; with
 `logger=wandb` the same records also go to a wandb run (accelerate's tracker) under `wandb/`.
@@ -69,7 +70,7 @@ def run_finetune(cfg: TrainJobConfig) -> dict[str, Any]:
 
 
 def load_target(
-    cfg: TargetConfig, dtype: str, device: torch.device, skinny_matmul: bool = True
+    cfg: TargetConfig, dtype: str, device: torch.device, skinny_matmul: bool | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The target in eval mode, frozen (`smoke` is the tiny in-process one, see `load_model`)."""
     target, tokenizer = load_model(cfg.name, dtype=dtype, device=device, skinny_matmul=skinny_matmul)
