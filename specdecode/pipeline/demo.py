@@ -133,18 +133,19 @@ def run_demo(cfg: DemoConfig) -> Path:
             report += ["", f"## {title} (stage `{name}`)", "", (outputs[name] / "report.md").read_text()]
     report += [
         "",
-        "## Distillation (held-out expected acceptance, mean Σ min(p, q))",
+        "## Distillation (held-out acceptance by each job's selection metric; greedy: argmax agreement)",
         "",
-        "| drafter | loss | before | best | gain | steps | train tokens/s | peak memory MB |",
-        "|---|---|---|---|---|---|---|---|",
+        "| drafter | loss | selection metric | before | best | gain | steps | epochs | stored gamma | train tokens/s | peak memory MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, path in outputs.items():
         metrics_path = path / "metrics.json"
         if name.startswith("distill-") and metrics_path.is_file():
             m = json.loads(metrics_path.read_text())
             report.append(
-                f"| {m['data']} | {m['loss']} | {m['acceptance_before']:.3f} | {m['acceptance_best']:.3f} | "
-                f"{m['acceptance_gain']:+.3f} | {m['steps']} | {m['train_tokens_per_s']:.0f} | {m['peak_memory_mb']:.0f} |"
+                f"| {m['data']} | {m['loss']} | {m['selection_metric']} | {m['acceptance_before']:.3f} | {m['acceptance_best']:.3f} | "
+                f"{m['acceptance_gain']:+.3f} | {m['steps']} | {m['epochs']:.1f} | {(m.get('gamma') or {}).get('chosen', '–')} | "
+                f"{m['train_tokens_per_s']:.0f} | {m['peak_memory_mb']:.0f} |"
             )
     write_atomic(root / "report.md", "\n".join(report) + "\n")
     return root
