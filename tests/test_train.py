@@ -573,3 +573,16 @@ def test_concatenated_caches_equal_one_cache_of_all_sequences(features: bool) ->
         assert (a is None) == (b is None) == (name in ("token_offsets", "features") and not features), name
         if a is not None:
             assert a.shape == b.shape and torch.allclose(a.float(), b.float(), atol=1e-3), name
+
+
+def test_positions_whose_top_k_holds_no_draft_id_are_dropped_in_order() -> None:
+    from specdecode.training.objective import drop_positions_without_teacher
+
+    vocab_to_draft = torch.tensor([0, 1, -1, -1, 2])  # ids 2 and 3 are outside the draft vocabulary
+    positions = torch.tensor([[False, True, True], [True, True, False]])
+    ids = torch.tensor([[0, 2], [2, 3], [3, 4], [3, 2]])  # the 2nd and 4th positions have no draft id
+    logits = torch.arange(8.0).view(4, 2)
+    kept, kept_ids, kept_logits = drop_positions_without_teacher(positions, ids, logits, vocab_to_draft)
+    assert kept.tolist() == [[False, True, False], [True, False, False]]
+    assert kept_ids.tolist() == [[0, 2], [3, 4]] and kept_logits.tolist() == [[0.0, 1.0], [4.0, 5.0]]
+    assert int(kept.sum()) == len(kept_ids)

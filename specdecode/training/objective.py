@@ -21,6 +21,23 @@ from specdecode.training.sequences import TrainSequence, generate_continuations
 from specdecode.training.teacher import TeacherCache, dense_teacher_logits, heldout_targets, pad_batch, padded_features, score_topk
 
 
+def drop_positions_without_teacher(
+    positions: torch.Tensor, topk_ids: torch.Tensor, topk_logits: torch.Tensor, vocab_to_draft: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A position whose top k holds no draft id has no teacher over the drafter's vocabulary: drop it.
+
+    Args:
+        positions: `[B, T]` bool, the loss positions; `topk_ids` / `topk_logits` `[P, k]` hold theirs
+            in row-major order (P = positions.sum()).
+        vocab_to_draft: `[V]` draft index of each vocabulary id, -1 outside the draft vocabulary.
+
+    Returns:
+        The positions without those, and their `[P', k]` ids and logits, in the same order.
+    """
+    usable = (vocab_to_draft[topk_ids.long()] >= 0).any(-1)
+    return positions.masked_scatter(positions, usable), topk_ids[usable], topk_logits[usable]
+
+
 @dataclass
 class Teacher:
     """What the job learns from: the frozen target, its cached outputs on the training and held-out
@@ -90,10 +107,8 @@ class Objective:
             # are contiguous, and the cache stores them in that order)
             ids = torch.cat([scored.topk_ids[scored.offsets[i] : scored.offsets[i + 1]] for i in picks])
             logits = torch.cat([scored.topk_logits[scored.offsets[i] : scored.offsets[i + 1]] for i in picks])
-            # a position whose top k holds no draft id has no teacher over the drafter's vocabulary
-            usable = (self.vocab_to_draft[ids.long()] >= 0).any(-1)
-            positions = positions.masked_scatter(positions, usable)
-            batch |= {"topk_ids": ids[usable], "topk_logits": logits[usable]}
+            positions, ids, logits = drop_positions_without_teacher(positions, ids, logits, self.vocab_to_draft)
+            batch |= {"topk_ids": ids, "topk_logits": logits}
         return batch | {"positions": positions}
 
     def make_batches(self, indices: list[int], step: int, on_policy: bool) -> list[Batch]:
