@@ -137,3 +137,33 @@ def test_step_costs_time_a_feature_drafter_step(target) -> None:
 
     costs = measure_step_costs(target, random_feature_drafter(target), list(range(10)), gamma=3, repeats=2)
     assert costs.drafter_step_s > 0 and costs.cost_ratio > 0
+
+
+def test_training_logits_at_loss_positions_are_the_unrolled_passes_there(target) -> None:
+    """`FeatureDrafterLogits` runs the head only at the loss positions; what it returns there must
+    be the unrolled passes' head outputs, shifted onto standard positions (pass output t - 1 at t),
+    in row-major order. Fails if the shift, the order or the pass stacking is off."""
+    from specdecode.training.feature_training import FeatureDrafterLogits, pass_positions
+
+    drafter = random_feature_drafter(target, seed=3)
+    generator = torch.Generator().manual_seed(4)
+    input_ids = torch.randint(0, V, (3, 9), generator=generator)
+    padding = torch.ones(3, 9, dtype=torch.long)
+    padding[1, 6:] = 0  # a right-padded row
+    features = torch.randn(3, 9, 32, generator=generator)
+    positions = torch.zeros(3, 9, dtype=torch.bool)
+    positions[0, 4:] = True
+    positions[1, 1:6] = True
+    positions[2, [2, 7]] = True
+    with torch.no_grad():
+        logits, predicted = FeatureDrafterLogits(drafter, 3)(input_ids, padding, features, positions)
+        passes = unrolled_features(drafter, features[:, :-1], input_ids[:, 1:], padding[:, 1:], 3)
+    count = int(positions.sum())
+    assert logits.shape == (3, count, V) and predicted.shape == (3, count, 32)
+    rows, cols = positions.nonzero(as_tuple=True)
+    for j, hidden in enumerate(passes):
+        expected = hidden[rows, cols - 1]
+        torch.testing.assert_close(predicted[j], expected)
+        torch.testing.assert_close(logits[j], drafter.logits(expected))
+    # pass 3 cannot score position 1 or 2 (it needs two drafted steps before it)
+    assert pass_positions(positions, 3)[:, positions][2].tolist() == (cols >= 3).tolist()

@@ -494,9 +494,9 @@ def test_feature_drafter_batches_carry_the_features_of_their_own_sequences(tmp_p
     seen = []
     original = FeatureDrafterLogits.forward
 
-    def recording(self, input_ids, attention_mask, features):
+    def recording(self, input_ids, attention_mask, features, positions):
         seen.append((input_ids.clone(), attention_mask.clone(), features.clone()))
-        return original(self, input_ids, attention_mask, features)
+        return original(self, input_ids, attention_mask, features, positions)
 
     with pytest.raises(ValueError, match=r"train.lambda_on_policy=0.5: must be 0 with drafter.kind='feature'"):
         smoke_cfg(tmp_path, "drafter.kind=feature", "train.lambda_on_policy=0.5")

@@ -135,16 +135,17 @@ def run_demo(cfg: DemoConfig) -> Path:
         "",
         "## Distillation (held-out acceptance by each job's selection metric; greedy: argmax agreement)",
         "",
-        "| drafter | loss | selection metric | before | best | gain | steps | epochs | stored gamma | train tokens/s | peak memory MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| drafter | kind | loss | selection metric | before | best | gain | steps | epochs | train min | stored gamma | train tokens/s | peak memory MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, path in outputs.items():
         metrics_path = path / "metrics.json"
         if name.startswith("distill-") and metrics_path.is_file():
             m = json.loads(metrics_path.read_text())
             report.append(
-                f"| {m['data']} | {m['loss']} | {m['selection_metric']} | {m['acceptance_before']:.3f} | {m['acceptance_best']:.3f} | "
-                f"{m['acceptance_gain']:+.3f} | {m['steps']} | {m['epochs']:.1f} | {(m.get('gamma') or {}).get('chosen', '–')} | "
+                f"| {m['data']} | {m['drafter_kind']} | {m['loss']} | {m['selection_metric']} | {m['acceptance_before']:.3f} | "
+                f"{m['acceptance_best']:.3f} | {m['acceptance_gain']:+.3f} | {m['steps']} | {m['epochs']:.1f} | "
+                f"{m['train_seconds'] / 60:.1f} | {(m.get('gamma') or {}).get('chosen', '–')} | "
                 f"{m['train_tokens_per_s']:.0f} | {m['peak_memory_mb']:.0f} |"
             )
     write_atomic(root / "report.md", "\n".join(report) + "\n")

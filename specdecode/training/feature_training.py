@@ -29,19 +29,21 @@ class FeatureDrafterLogits(nn.Module):
         self.steps = steps
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, features: torch.Tensor
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, features: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`input_ids`, `attention_mask` `[B, T]`, target `features` `[B, T, H]` →
+        """`input_ids`, `attention_mask` `[B, T]`, target `features` `[B, T, H]` and the `[B, T]`
+        bool loss `positions` (standard positions, P of them) →
 
-        logits `[S, B, T, K]` over the drafter's K vocabulary ids and predicted features
-        `[S, B, T, H]` for the S passes, on standard positions (position 0 is zero: nothing
-        predicts x_1 there). Pass j is only meaningful from position j on.
+        logits `[S, P, K]` over the drafter's K vocabulary ids and predicted features `[S, P, H]`
+        of the S passes at those positions, in row-major order. Pass j is only meaningful from
+        position j on (`pass_positions`). The head runs at the P positions only: over all B × T
+        it was most of a training step (the prompt positions carry no loss).
         """
         passes = unrolled_features(self.drafter, features[:, :-1], input_ids[:, 1:], attention_mask[:, 1:], self.steps)
-        predicted = torch.stack([F.pad(p, (0, 0, 1, 0)) for p in passes])
+        # standard position t holds the pass's output made at t - 1; position 0 has none (zero)
+        predicted = torch.stack([F.pad(p, (0, 0, 1, 0))[positions] for p in passes])
         head = self.drafter.get_output_embeddings()
-        logits = F.linear(predicted, head.weight, head.bias)
-        return logits, predicted
+        return F.linear(predicted, head.weight, head.bias), predicted
 
 
 def pass_positions(positions: torch.Tensor, steps: int) -> torch.Tensor:
@@ -58,7 +60,6 @@ def frozen_head_rows(target_head: nn.Module, draft_ids: torch.Tensor) -> tuple[t
     return weight, bias
 
 
-def feature_regression_sum(predicted: torch.Tensor, features: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Σ over counted positions of the mean over H of smooth-L1(predicted, target feature)."""
-    per_token = F.smooth_l1_loss(predicted, features.to(predicted.dtype), reduction="none").mean(-1)
-    return per_token[positions].sum()
+def feature_regression_sum(predicted: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    """Σ over positions of the mean over H of smooth-L1(predicted, target feature), both `[P, H]`."""
+    return F.smooth_l1_loss(predicted, features.to(predicted.dtype), reduction="none").mean(-1).sum()

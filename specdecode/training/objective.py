@@ -140,21 +140,24 @@ class Objective:
 
     def _feature_loss_sum(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
         """Token loss of every unrolled pass (vs the frozen head on the target's features, or the
-        next token) plus the weighted regression of the target's feature."""
-        logits, predicted = module(batch["input_ids"], batch["attention_mask"], batch["features"])  # [S, B, T, K|H]
-        masks = pass_positions(batch["positions"], logits.shape[0])
+        next token) plus the weighted regression of the target's feature, at the loss positions."""
+        positions = batch["positions"]
+        logits, predicted = module(batch["input_ids"], batch["attention_mask"], batch["features"], positions)  # [S, P, K|H]
+        scored = pass_positions(positions, logits.shape[0])[:, positions]  # [S, P]
+        features = batch["features"][positions]  # [P, H]
         weight = self.cfg.train.feature_loss_weight
         total = logits.new_zeros(())
         if self.job == "distill":
             bias = None if self.teacher_bias is None else self.teacher_bias.to(logits.device)
-            teacher = F.linear(batch["features"], self.teacher_weight.to(logits.device), bias)
+            teacher = F.linear(features, self.teacher_weight.to(logits.device), bias)  # [P, K]
         for j in range(logits.shape[0]):
+            mine = scored[j]
             if self.job == "finetune":
-                total = total + F.cross_entropy(logits[j][masks[j]], batch["labels"][masks[j]], reduction="sum")
+                total = total + F.cross_entropy(logits[j][mine], batch["labels"][positions][mine], reduction="sum")
             else:
-                total = total + self.loss_fn(logits[j], teacher, masks[j], temperature=self.tau, reduction="sum", **self.loss_kwargs)
+                total = total + self.loss_fn(logits[j][mine], teacher[mine], None, temperature=self.tau, reduction="sum", **self.loss_kwargs)
             if weight:
-                total = total + weight * feature_regression_sum(predicted[j], batch["features"], masks[j])
+                total = total + weight * feature_regression_sum(predicted[j][mine], features[mine])
         return total
 
     def _heldout_logits(self, module: torch.nn.Module, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,9 +170,9 @@ class Objective:
         if not self.teacher.features:
             logits = module(input_ids, attention_mask, positions).unsqueeze(0)
             return logits, torch.ones(logits.shape[:2], dtype=torch.bool, device=logits.device)
-        logits, _ = module(input_ids, attention_mask, padded_features(heldout, indices, input_ids.shape[1]).to(device))
-        scored = pass_positions(positions, logits.shape[0])
-        return logits[:, positions], scored[:, positions]
+        features = padded_features(heldout, indices, input_ids.shape[1]).to(device)
+        logits, _ = module(input_ids, attention_mask, features, positions)
+        return logits, pass_positions(positions, logits.shape[0])[:, positions]
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
