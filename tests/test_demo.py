@@ -47,6 +47,8 @@ def test_smoke_pipeline_end_to_end_and_cached(tmp_path, capsys) -> None:
     assert (root / "gamma_sweep.png").stat().st_size > 1000
     report = (root / "report.md").read_text()
     assert "| code | routed |" in report and "## Router" in report and "## Distillation" in report
+    # one distillation row per drafter, naming its kind (the smoke demo trains slices)
+    assert "| code | slice | forward_kl |" in report and "| mix | slice | forward_kl |" in report
     for stage in ("distill-code", "distill-mix", "collect", "fit", "eval"):
         assert (root / stage / "STAGE.json").is_file()
 
