@@ -87,6 +87,23 @@ def test_finetune_and_target_generated_sequences(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "drafter" / "config.json").is_file()
 
 
+def test_finetune_trains_a_feature_drafter_on_next_tokens(tmp_path: Path) -> None:
+    """Fine-tuning a feature drafter: cross-entropy of every unrolled pass against the next token at
+    the loss positions (the only loss here: no feature regression), falling with training; the
+    saved folder is a feature drafter again."""
+    from specdecode.models.feature_drafter import FeatureDrafter
+
+    metrics = run_finetune(smoke_cfg(tmp_path, "drafter.kind=feature", "train.seq_source=target", "train.max_steps=30",
+                                     "train.lr=2e-2", "train.log_every=1", "train.gamma_candidates=[]",
+                                     "train.feature_loss_weight=0", job="finetune"))
+    assert metrics["loss"] == "cross_entropy" and metrics["drafter_kind"] == "feature" and metrics["steps"] == 30
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+              if '"loss"' in line and "heldout" not in line]
+    assert len(losses) >= 10 and sum(losses[-5:]) < sum(losses[:5])
+    drafter, _ = load_model(tmp_path / "out" / "drafter")
+    assert isinstance(drafter, FeatureDrafter)
+
+
 def test_on_policy_steps_run_and_count_tokens(tmp_path: Path) -> None:
     metrics = run_distill(smoke_cfg(tmp_path, "train.lambda_on_policy=1.0", "train.max_steps=2"))
     assert metrics["steps"] == 2 and metrics["train_tokens"] > 0

@@ -150,10 +150,12 @@ class Objective:
         if self.job == "distill":
             bias = None if self.teacher_bias is None else self.teacher_bias.to(logits.device)
             teacher = F.linear(features, self.teacher_weight.to(logits.device), bias)  # [P, K]
+        else:
+            labels = batch["labels"][positions]  # [P]
         for j in range(logits.shape[0]):
             mine = scored[j]
             if self.job == "finetune":
-                total = total + F.cross_entropy(logits[j][mine], batch["labels"][positions][mine], reduction="sum")
+                total = total + F.cross_entropy(logits[j][mine], labels[mine], reduction="sum")
             else:
                 total = total + self.loss_fn(logits[j][mine], teacher[mine], None, temperature=self.tau, reduction="sum", **self.loss_kwargs)
             if weight:
