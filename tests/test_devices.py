@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from specdecode.core.config import from_dict
-from specdecode.core.devices import check_device_name, placed_accelerator, resolve_device
+from specdecode.core.devices import check_device_name, placed_accelerator, resolve_device, resolve_mixed_precision
 from specdecode.evaluation.config import EvalConfig
 from specdecode.evaluation.suite import run_eval
 from specdecode.models.config import TargetConfig
@@ -37,6 +37,15 @@ def test_device_names_accepted(name: str) -> None:
 def test_bad_device_names_are_named(name: object) -> None:
     with pytest.raises(ValueError, match=rf"device={name!r}: expected cpu, cuda, cuda:N or mps".replace("(", r"\(").replace(")", r"\)")):
         check_device_name(name)
+
+
+@pytest.mark.parametrize("amx", [True, False])
+def test_auto_mixed_precision_is_bf16_only_where_the_cpu_computes_it(monkeypatch: pytest.MonkeyPatch, amx: bool) -> None:
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"amx_bf16": amx, "avx512_bf16": True})
+    assert resolve_mixed_precision("auto", torch.device("cpu")) == ("bf16" if amx else "no")
+    assert [resolve_mixed_precision(s, torch.device("cpu")) for s in ("no", "bf16", "fp16")] == ["no", "bf16", "fp16"]
+    with pytest.raises(ValueError, match=r"mixed_precision='fp8': expected auto\|no\|bf16\|fp16"):
+        resolve_mixed_precision("fp8", torch.device("cpu"))
 
 
 @pytest.mark.parametrize("app", ["benchmark", "distill", "finetune", "collect", "fit_router", "eval", "demo"])

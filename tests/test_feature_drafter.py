@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from specdecode import speculative_generate
 from specdecode.decoding.drafting import FeatureDrafting
-from specdecode.models.feature_drafter import FeatureDrafter, derive_feature_drafter, unrolled_features, unrolled_mask
+from specdecode.models.feature_drafter import FeatureDrafter, derive_feature_drafter, target_features, unrolled_features, unrolled_mask
 from tests.models_for_tests import tiny_llama
 
 V = 64
@@ -40,9 +40,12 @@ def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) ->
     return out[0, len(prompt) :].tolist()
 
 
-@pytest.mark.parametrize("gamma", [1, 3, 5])
-def test_greedy_matches_transformers_greedy(target, ragged_prompts, gamma) -> None:
-    drafter = random_feature_drafter(target)
+MULTI = (1, 2, -1)  # the tiny target's states after layers 1 and 2, and its last
+
+
+@pytest.mark.parametrize("gamma, layers", [(1, (-1,)), (3, (-1,)), (5, (-1,)), (3, MULTI)])
+def test_greedy_matches_transformers_greedy(target, ragged_prompts, gamma, layers) -> None:
+    drafter = random_feature_drafter(target, feature_layers=layers)
     expected = [hf_greedy(target, p, 24) for p in ragged_prompts]
     batched = speculative_generate(target, drafter, ragged_prompts, gamma=gamma, max_new_tokens=24, eos_token_ids=[])
     single = speculative_generate(target, drafter, ragged_prompts[3:4], gamma=gamma, max_new_tokens=24, eos_token_ids=[])
@@ -57,13 +60,14 @@ def test_truncated_vocabulary_feature_drafter_is_exact(target, ragged_prompts) -
     assert result.sequences == [hf_greedy(target, p, 16) for p in ragged_prompts]
 
 
-def test_decode_time_drafts_equal_the_unrolled_training_forward(target, ragged_prompts, monkeypatch) -> None:
+@pytest.mark.parametrize("layers", [(-1,), MULTI])
+def test_decode_time_drafts_equal_the_unrolled_training_forward(target, ragged_prompts, monkeypatch, layers) -> None:
     """What the cached, ragged decode loop feeds the drafter must be what training unrolls: each
     step's q equals a from-scratch forward of `unrolled_features` over committed tokens + drafts,
     with the target's features recomputed over the whole sequence. Fails if a window, a feature
-    offset, a cache trim or the training mask is off by one."""
+    offset, a cache trim, the training mask or (multi-layer) the fed-back slot is off."""
     gamma = 3
-    drafter = random_feature_drafter(target, seed=2)
+    drafter = random_feature_drafter(target, seed=2, feature_layers=layers)
     records = []
     original = FeatureDrafting.propose
 
@@ -81,7 +85,7 @@ def test_decode_time_drafts_equal_the_unrolled_training_forward(target, ragged_p
             for row in range(tokens.shape[0]):
                 length = int(lengths[row])
                 sequence = torch.cat([tokens[row, :length], draft[row, : gamma - 1]]).unsqueeze(0)
-                features = target(sequence, output_hidden_states=True).hidden_states[-1]
+                features = target_features(target, target(sequence, output_hidden_states=True).hidden_states, layers)
                 passes = unrolled_features(drafter, features[:, :-1], sequence[:, 1:], torch.ones_like(sequence[:, 1:]), gamma)
                 for j in range(gamma):  # draft j + 1 is made at position length - 2 + j by pass j + 1
                     expected = drafter.logits(passes[j][0, length - 2 + j]).softmax(-1)
@@ -117,6 +121,38 @@ def test_save_and_load_round_trip(target, tmp_path) -> None:
     assert AutoModelForCausalLM.from_pretrained(tmp_path).config.num_hidden_layers == 1
 
 
+def test_multi_layer_drafter_reads_normed_inner_states_and_round_trips(target, tmp_path) -> None:
+    """feature_layers=(1, 2, -1): the features are [norm(h_1); norm(h_2); h_last] (`[.., 3H]`); the
+    untrained fusion ignores the inner slots (it is the one-layer drafter); saved and loaded, the
+    layers and the fusion come back."""
+    from specdecode.models.draft_vocab import apply_draft_vocab_from_config
+    from specdecode.models.feature_drafter import wrap_if_feature_drafter
+
+    ids = torch.randint(0, V, (2, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        states = target(ids, output_hidden_states=True).hidden_states
+        features = target_features(target, states, MULTI)
+        norm = target.get_decoder().norm
+        torch.testing.assert_close(features, torch.cat([norm(states[1]), norm(states[2]), states[-1]], -1))
+        torch.manual_seed(0)
+        one = derive_feature_drafter(target, 1)
+        torch.manual_seed(0)
+        multi = derive_feature_drafter(target, 1, feature_layers=MULTI)
+        torch.testing.assert_close(multi(features, ids), one(states[-1], ids))
+    drafter = random_feature_drafter(target, feature_layers=MULTI)
+    drafter.save_pretrained(tmp_path)
+    restored = wrap_if_feature_drafter(apply_draft_vocab_from_config(AutoModelForCausalLM.from_pretrained(tmp_path)), tmp_path)
+    assert restored.feature_layers == MULTI and restored.feature_width == 3 * 32
+    with torch.no_grad():
+        torch.testing.assert_close(restored(features, ids), drafter(features, ids))
+
+
+@pytest.mark.parametrize("layers", [[1, 2], [3, -1], [0, -1], [2, 2, -1], [], "-1"])
+def test_bad_feature_layers_are_named(target, layers) -> None:
+    with pytest.raises(ValueError, match=r"drafter.feature_layers=.*followed by -1"):
+        derive_feature_drafter(target, 1, feature_layers=layers)
+
+
 def test_missing_fusion_file_is_named(target, tmp_path) -> None:
     from specdecode.models.feature_drafter import FC_FILE, wrap_if_feature_drafter
 
@@ -132,10 +168,11 @@ def test_bad_init_layer_is_named(target) -> None:
         derive_feature_drafter(target, 1, init_from_layer=7)
 
 
-def test_step_costs_time_a_feature_drafter_step(target) -> None:
+@pytest.mark.parametrize("layers", [(-1,), MULTI])
+def test_step_costs_time_a_feature_drafter_step(target, layers) -> None:
     from specdecode.decoding.speedup import measure_step_costs
 
-    costs = measure_step_costs(target, random_feature_drafter(target), list(range(10)), gamma=3, repeats=2)
+    costs = measure_step_costs(target, random_feature_drafter(target, feature_layers=layers), list(range(10)), gamma=3, repeats=2)
     assert costs.drafter_step_s > 0 and costs.cost_ratio > 0
 
 
@@ -167,3 +204,24 @@ def test_training_logits_at_loss_positions_are_the_unrolled_passes_there(target)
         torch.testing.assert_close(logits[j], drafter.logits(expected))
     # pass 3 cannot score position 1 or 2 (it needs two drafted steps before it)
     assert pass_positions(positions, 3)[:, positions][2].tolist() == (cols >= 3).tolist()
+
+
+def test_training_logits_under_bf16_autocast_are_fp32_and_close_to_the_fp32_ones(target) -> None:
+    """Mixed precision (`train.mixed_precision=bf16`): the passes run in bf16 autocast (so they
+    differ from fp32 by bf16 roundings, ~6% in norm on this random drafter, not more) and come
+    back in fp32 for the losses."""
+    from specdecode.training.feature_training import FeatureDrafterLogits
+
+    drafter = random_feature_drafter(target, seed=3)
+    generator = torch.Generator().manual_seed(4)
+    input_ids = torch.randint(0, V, (2, 8), generator=generator)
+    padding = torch.ones(2, 8, dtype=torch.long)
+    features = torch.randn(2, 8, 32, generator=generator)
+    positions = torch.zeros(2, 8, dtype=torch.bool)
+    positions[:, 3:] = True
+    with torch.no_grad():
+        full = FeatureDrafterLogits(drafter, 2)(input_ids, padding, features, positions)
+        mixed = FeatureDrafterLogits(drafter, 2, torch.bfloat16)(input_ids, padding, features, positions)
+    for a, b in zip(full, mixed):
+        assert b.dtype == torch.float32 and not torch.equal(a, b)
+        assert float((b - a).norm() / a.norm()) < 0.1

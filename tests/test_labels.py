@@ -147,14 +147,15 @@ def test_read_labels_errors_name_the_file(tmp_path: Path) -> None:
         read_labels(tmp_path / "orphan.jsonl")
 
 
-def test_feature_drafter_labels_equal_direct_teacher_forcing(models) -> None:
+@pytest.mark.parametrize("layers", [(-1,), (1, -1)])
+def test_feature_drafter_labels_equal_direct_teacher_forcing(models, layers) -> None:
     """Left-padded batched labels of a feature drafter equal an unpadded forward of it over the
-    target's own features (its position t - 1 predicts token t + 1)."""
-    from specdecode.models.feature_drafter import derive_feature_drafter
+    target's own features (its position t - 1 predicts token t + 1), of every layer it reads."""
+    from specdecode.models.feature_drafter import derive_feature_drafter, target_features
 
     target, _ = models
     torch.manual_seed(4)
-    drafter = derive_feature_drafter(target, 1)
+    drafter = derive_feature_drafter(target, 1, feature_layers=layers)
     with torch.no_grad():
         drafter.fc.weight.normal_(0, 0.4)
     # (a one-token prompt has no feature before its last token: its first label position is padding)
@@ -166,7 +167,8 @@ def test_feature_drafter_labels_equal_direct_teacher_forcing(models) -> None:
         scored = torch.arange(len(prompt) - 1, len(prompt) + len(continuation) - 1)
         with torch.no_grad():
             out = target(ids, output_hidden_states=True)
-            q = drafter.logits(drafter(out.hidden_states[-1][:, :-1], ids[:, 1:]))[0, scored - 1]
+            features = target_features(target, out.hidden_states, layers)
+            q = drafter.logits(drafter(features[:, :-1], ids[:, 1:]))[0, scored - 1]
         p = out.logits[0, scored]
         match = (p.argmax(-1) == q.argmax(-1)).float().mean().item()
         acceptance = torch.minimum(p.softmax(-1), q.softmax(-1)).sum(-1).mean().item()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import struct
@@ -20,12 +21,12 @@ from omegaconf import OmegaConf
 from specdecode.core.config import from_dict
 from specdecode.data.config import DataConfig
 from specdecode.models import load_model
-from specdecode.models.config import TargetConfig
+from specdecode.models.config import DrafterConfig, TargetConfig
 from specdecode.models.smoke import smoke_tokenizer
 from specdecode.training.checkpoints import complete_checkpoints, latest_checkpoint
 from specdecode.training.config import LossConfig, TrainConfig, TrainJobConfig
 from specdecode.training.job import run_distill, run_finetune
-from specdecode.training.loop import global_batch_indices
+from specdecode.training.loop import BudgetSchedule, budget_progress, global_batch_indices
 from specdecode.training.sequences import TrainSequence, round_robin, round_robin_shares
 from specdecode.training.teacher import cache_key, concat_caches, dense_teacher_logits, score_topk
 
@@ -104,6 +105,43 @@ def test_finetune_trains_a_feature_drafter_on_next_tokens(tmp_path: Path) -> Non
     assert isinstance(drafter, FeatureDrafter)
 
 
+def test_bf16_autocast_trains_fp32_weights_and_is_recorded(tmp_path: Path) -> None:
+    """train.mixed_precision=bf16 reaches the drafter's forward (the run differs from the fp32 one;
+    the module's own test checks it is autocast), its weights stay fp32, it still learns, and
+    metrics.json says so."""
+    args = ("drafter.kind=feature", "train.seq_source=target", "train.max_steps=12", "train.checkpoint_every=6",
+            "train.eval_every=6", "train.lr=2e-2", "train.gamma_candidates=[]")
+    fp32 = run_distill(smoke_cfg(tmp_path / "a", *args))
+    bf16 = run_distill(smoke_cfg(tmp_path / "b", *args, "train.mixed_precision=bf16"))
+    assert (fp32["mixed_precision"], bf16["mixed_precision"]) == ("no", "bf16")
+    assert bf16["acceptance_best"] > bf16["acceptance_before"]
+    a, b = (checkpoint_weights(tmp_path / d / "out", 12) for d in ("a", "b"))
+    assert all(w.dtype == torch.float32 for w in b.values())
+    assert any(not torch.equal(a[name], b[name]) for name in a)
+
+
+@pytest.mark.parametrize("decay, halfway", [("constant", 1.0), ("linear", 0.5), ("cosine", 0.5)])
+def test_lr_schedule_warms_up_then_decays_over_the_budget(decay: str, halfway: float) -> None:
+    schedule = BudgetSchedule(warmup_steps=4, decay=decay)
+    assert [schedule(s) for s in (0, 2, 4, 9)] == pytest.approx([0.0, 0.5, 1.0, 1.0])
+    schedule.progress = 0.5
+    assert [schedule(2), schedule(9)] == pytest.approx([0.5 * halfway, halfway])
+    schedule.progress = 1.0
+    assert schedule(9) == pytest.approx(1.0 if decay == "constant" else 0.0)
+    if decay == "cosine":
+        schedule.progress = 0.25
+        assert schedule(9) == pytest.approx(0.5 * (1 + math.cos(math.pi / 4)))
+
+
+def test_budget_progress_is_whichever_limit_is_nearer() -> None:
+    by_steps = TrainConfig(max_steps=100)
+    both = TrainConfig(max_steps=100, max_minutes=10)
+    assert budget_progress(25, 590.0, by_steps) == pytest.approx(0.25)
+    assert budget_progress(25, 300.0, both) == pytest.approx(0.5)
+    assert budget_progress(75, 300.0, both) == pytest.approx(0.75)
+    assert budget_progress(25, 900.0, both) == 1.0
+
+
 def test_on_policy_steps_run_and_count_tokens(tmp_path: Path) -> None:
     metrics = run_distill(smoke_cfg(tmp_path, "train.lambda_on_policy=1.0", "train.max_steps=2"))
     assert metrics["steps"] == 2 and metrics["train_tokens"] > 0
@@ -118,13 +156,15 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path: Path) -> None:
 
 def test_resume_after_sigkill_ends_at_the_same_weights(tmp_path: Path) -> None:
     # Killed mid-warm-up: the resumed run must continue the scheduler, not restart it from lr 0.
-    args = ("train.max_steps=6", "train.checkpoint_every=2", "train.eval_every=2", "train.warmup_steps=4", "train.lr=1e-2")
+    # ... and the linear decay over the 6 steps, whose progress the checkpoint carries.
+    args = ("train.max_steps=6", "train.checkpoint_every=2", "train.eval_every=2", "train.warmup_steps=4", "train.lr=1e-2",
+            "train.lr_decay=linear")
     straight = run_app("distill", tmp_path / "straight", *args)
     assert straight.returncode == 0, straight.stderr[-3000:]
-    # transformers' constant-with-warm-up schedule: step k (1-based) uses lr * min(1, (k - 1) / 4).
+    # step s (0-based) uses lr * min(1, s / 4) * (1 - s / 6)
     logged = [json.loads(line) for line in (tmp_path / "straight" / "out" / "metrics.jsonl").read_text().splitlines()]
     lrs = [r["lr"] for r in logged if "lr" in r]
-    assert lrs == pytest.approx([0.0, 2.5e-3, 5e-3, 7.5e-3, 1e-2, 1e-2])
+    assert lrs == pytest.approx([1e-2 * min(1, s / 4) * (1 - s / 6) for s in range(6)])
     killed = run_app("distill", tmp_path / "killed", *args, "train.debug_kill_after_step=3")
     assert killed.returncode == -signal.SIGKILL
     assert not (tmp_path / "killed" / "out" / "drafter").exists()
@@ -193,6 +233,9 @@ def test_accelerate_configs_load(name: str) -> None:
         (lambda: TrainConfig(seq_source="web"), r"train.seq_source='web'"),
         (lambda: TrainConfig(batch_size=6, grad_accum=4), r"train.batch_size=6"),
         (lambda: TrainConfig(temperature=float("inf")), r"train.temperature=inf: a finite number"),
+        (lambda: DrafterConfig(kind="feature", feature_layers=[4]), r"drafter.feature_layers=\[4\]: expected distinct"),
+        (lambda: TrainConfig(lr_decay="step"), r"train.lr_decay='step': constant\|linear\|cosine"),
+        (lambda: TrainConfig(mixed_precision="fp8"), r"train.mixed_precision='fp8': auto\|no\|bf16\|fp16"),
         (lambda: TrainConfig(keep_checkpoints=1), r"train.keep_checkpoints=1: at least 2 \(accelerate deletes the oldest"),
         (lambda: from_dict(TrainJobConfig, {"train": {"max_stepz": 3}}), r"train.max_stepz"),
     ],
@@ -300,16 +343,19 @@ def test_dense_teacher_logits_keep_topk_draft_ids_only() -> None:
     assert dense.tolist() == [[3.0, float("-inf"), 5.0]]
 
 
-def test_feature_drafter_distills_from_cached_features_and_reloads(tmp_path: Path) -> None:
-    """drafter=feature: the cache keeps the target's features, unrolled training raises greedy
-    acceptance, metrics carry both acceptance figures and epochs, and the saved folder is a
-    feature drafter again (greedy decoding with it equals the target's)."""
+@pytest.mark.parametrize("layers", ["[-1]", "[2,-1]"])
+def test_feature_drafter_distills_from_cached_features_and_reloads(tmp_path: Path, layers: str) -> None:
+    """drafter=feature: the cache keeps the target's features (of every layer it reads), unrolled
+    training raises greedy acceptance, metrics carry both acceptance figures and epochs, the gamma
+    is chosen from timed steps, and the saved folder is a feature drafter of those layers again
+    (greedy decoding with it equals the target's)."""
     from specdecode import autoregressive_generate, speculative_generate
     from specdecode.models.feature_drafter import FeatureDrafter
     from specdecode.training.teacher import load_cache
 
     metrics = run_distill(smoke_cfg(tmp_path, "drafter.kind=feature", "train.max_steps=40", "train.eval_every=20", "train.lr=2e-2",
-                                    "train.seq_source=target", "train.seq_temperatures=[0.0,1.0]", "train.unroll_steps=2"))
+                                    "train.seq_source=target", "train.seq_temperatures=[0.0,1.0]", "train.unroll_steps=2",
+                                    f"drafter.feature_layers={layers}"))
     assert metrics["drafter_kind"] == "feature" and metrics["selection_metric"] == "greedy acceptance"
     # the tiny random target's argmax is near-uniform noise, so progress shows in Σ min(p, q)
     assert max(h["expected"] for h in metrics["history"]) > metrics["history"][0]["expected"] + 0.04
@@ -320,7 +366,8 @@ def test_feature_drafter_distills_from_cached_features_and_reloads(tmp_path: Pat
     assert caches[0].features.shape[0] == int(caches[0].token_offsets[-1]) and len(caches[0].sequences) == 2 * 64
     drafter, _ = load_model(tmp_path / "out" / "drafter")
     target, _ = load_model("smoke")
-    assert isinstance(drafter, FeatureDrafter)
+    assert isinstance(drafter, FeatureDrafter) and list(drafter.feature_layers) == json.loads(layers)
+    assert caches[0].features.shape[1] == drafter.feature_width == 64 * len(json.loads(layers))
     # training chose the gamma to decode with from the measured costs, and stored it with the drafter
     assert drafter.config.specdecode_gamma == metrics["gamma"]["chosen"] in [1, 2, 3, 4, 5, 6, 8]
     prompts = [s.tokens[: s.response_start] for s in caches[0].sequences[:3]]
@@ -503,9 +550,12 @@ def test_target_continuations_are_generated_once_for_both_drafter_kinds(tmp_path
     assert len(list((tmp_path / "cache").glob("distill-train-*.pt"))) == 2
 
 
-def test_feature_drafter_batches_carry_the_features_of_their_own_sequences(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("layers", ["[-1]", "[1,3,-1]"])
+def test_feature_drafter_batches_carry_the_features_of_their_own_sequences(tmp_path: Path, monkeypatch, layers: str) -> None:
     """The features a feature drafter trains on are the target's hidden states of exactly the
-    tokens in the batch; on-policy training, which it cannot do, is refused before any work."""
+    tokens in the batch (all the layers it reads); on-policy training, which it cannot do, is
+    refused before any work."""
+    from specdecode.models.feature_drafter import target_features
     from specdecode.training.feature_training import FeatureDrafterLogits
 
     seen = []
@@ -518,14 +568,15 @@ def test_feature_drafter_batches_carry_the_features_of_their_own_sequences(tmp_p
     with pytest.raises(ValueError, match=r"train.lambda_on_policy=0.5: must be 0 with drafter.kind='feature'"):
         smoke_cfg(tmp_path, "drafter.kind=feature", "train.lambda_on_policy=0.5")
     monkeypatch.setattr(FeatureDrafterLogits, "forward", recording)
-    run_distill(smoke_cfg(tmp_path, "drafter.kind=feature", "train.max_steps=4",
+    run_distill(smoke_cfg(tmp_path, "drafter.kind=feature", f"drafter.feature_layers={layers}", "train.max_steps=4",
                           "train.eval_every=100", "train.gamma_candidates=[]"))
     target, _ = load_model("smoke")
     training = [s for s in seen if s[0].shape[0] == 8]  # the training batches (held-out chunks differ)
     assert len(training) >= 4
     with torch.no_grad():
         for input_ids, attention_mask, features in training:
-            expected = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True).hidden_states[-1]
+            states = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True).hidden_states
+            expected = target_features(target, states, json.loads(layers))
             real = attention_mask.bool()
             torch.testing.assert_close(features[real], expected[real].half().float(), atol=2e-3, rtol=2e-3)
 
@@ -581,9 +632,10 @@ def test_concatenated_caches_equal_one_cache_of_all_sequences(features: bool) ->
     target, _ = load_model("smoke")
     torch.manual_seed(0)
     sequences = [TrainSequence(torch.randint(0, 90, (n,)).tolist(), start) for n, start in ((9, 3), (12, 5), (7, 2), (10, 9))]
-    whole = score_topk(target, sequences, 0 if features else 8, pad_id=0, features=features)
-    parts = concat_caches([score_topk(target, sequences[:1], 0 if features else 8, 0, features=features),
-                           score_topk(target, sequences[1:], 0 if features else 8, 0, features=features)])
+    layers = (1, -1) if features else None
+    whole = score_topk(target, sequences, 0 if features else 8, pad_id=0, features=layers)
+    parts = concat_caches([score_topk(target, sequences[:1], 0 if features else 8, 0, features=layers),
+                           score_topk(target, sequences[1:], 0 if features else 8, 0, features=layers)])
     assert parts.sequences == whole.sequences
     for name in ("offsets", "topk_ids", "topk_logits", "token_offsets", "features"):
         a, b = getattr(parts, name), getattr(whole, name)

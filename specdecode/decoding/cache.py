@@ -13,11 +13,13 @@ skips its own mask construction and never needs to know the rows are ragged.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
+
+from specdecode.models.feature_drafter import target_features
 
 
 class RaggedKVCache(Cache):
@@ -119,14 +121,15 @@ def cached_forward(
     input_ids: torch.Tensor,
     logits_to_keep: int | torch.Tensor = 0,
     *,
-    return_hidden: bool = False,
+    feature_layers: Sequence[int] | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Run `input_ids` `[B, T]` after each row's cached tokens → logits `[B, T', V]`.
 
     `logits_to_keep` as in transformers: 0 = all T positions, n = the last n, a 1-D tensor = those
     positions (the LM head is a large part of a small model's cost, so ask only for what is used).
-    With `return_hidden`, also the last hidden states of all T positions `[B, T, H]` (post-norm:
-    what the LM head reads), which feature drafters consume.
+    With `feature_layers`, also the features of all T positions that a feature drafter reading
+    those layers consumes (`target_features`: `[B, T, n·H]`; the post-norm last hidden state,
+    what the LM head reads, for the default `(-1,)`).
     """
     position_ids, mask = cache.prepare(input_ids.shape[1], model.dtype)
     output = model(
@@ -136,11 +139,11 @@ def cached_forward(
         past_key_values=cache,
         use_cache=True,
         logits_to_keep=logits_to_keep,
-        output_hidden_states=return_hidden,
+        output_hidden_states=feature_layers is not None,
     )
     cache.advance(input_ids.shape[1])
-    if return_hidden:
-        return output.logits, output.hidden_states[-1]
+    if feature_layers is not None:
+        return output.logits, target_features(model, output.hidden_states, feature_layers)
     return output.logits
 
 

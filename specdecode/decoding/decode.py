@@ -97,16 +97,16 @@ class _Batch:
 
 
 def _prefill(
-    model: PreTrainedModel, cache: RaggedKVCache, batch: _Batch, return_hidden: bool = False
+    model: PreTrainedModel, cache: RaggedKVCache, batch: _Batch, feature_layers: tuple[int, ...] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Cache the right-padded prompts; return the logits at each row's last prompt token `[B, V]`
-    and, with `return_hidden`, the last hidden states of all prompt positions `[B, T, H]`."""
+    and, with `feature_layers`, the drafter's features of all prompt positions `[B, T, n·H]`."""
     longest = max(batch.prompt_lengths)
     last = batch.lengths - 1
     # Ask only for the positions some row ends at (a handful), not the whole prompt's logits.
     positions = torch.unique(last)
-    out = cached_forward(model, cache, batch.tokens[:, :longest], logits_to_keep=positions, return_hidden=return_hidden)
-    logits, hidden = out if return_hidden else (out, None)
+    out = cached_forward(model, cache, batch.tokens[:, :longest], logits_to_keep=positions, feature_layers=feature_layers)
+    logits, hidden = out if feature_layers is not None else (out, None)
     cache.set_lengths(batch.lengths.clone(), longest)
     column = torch.searchsorted(positions, last)
     return logits[torch.arange(len(last), device=last.device), column], hidden
@@ -198,12 +198,12 @@ def speculative_generate(
     batch = _Batch.from_prompts(prompts, budgets, slack=gamma + 2, eos=eos, device=device)
     target_cache = RaggedKVCache.for_model(target, len(prompts), batch.capacity)
     drafting = drafting_for(drafter, len(prompts), batch.capacity)
-    features = drafting.needs_features
+    features = drafting.feature_layers
     counters = StepCounters(gamma, device)
     finisher = _Finisher(len(prompts))
 
     # 0. prefill: the target's first token is an ordinary sample; the drafter only reads the prompt.
-    first, hidden = _prefill(target, target_cache, batch, return_hidden=features)
+    first, hidden = _prefill(target, target_cache, batch, feature_layers=features)
     drafting.prefill(batch.tokens, batch.lengths, max(batch.prompt_lengths), hidden)
     counters.record_target_call(len(prompts))
     counters.drafter_calls += 1
@@ -216,8 +216,8 @@ def speculative_generate(
         draft, q = drafting.propose(batch.tokens, batch.lengths, max_length, gamma, params, generator)
 
         # 2. verify in one target pass: the pending token and the gamma drafts
-        out = cached_forward(target, target_cache, torch.cat([batch.last(1), draft], dim=1), return_hidden=features)
-        logits, hidden = out if features else (out, None)
+        out = cached_forward(target, target_cache, torch.cat([batch.last(1), draft], dim=1), feature_layers=features)
+        logits, hidden = out if features is not None else (out, None)
         drafting.observe(hidden, batch.lengths - 1)
         p = logits_to_probs(logits, params)
 

@@ -5,7 +5,7 @@
   those two (one extra token costs the drafter almost nothing and spares a second code path for
   steps where every draft was accepted and the drafter never saw the last draft).
 * `FeatureDrafting`: a `FeatureDrafter` that reads the target's last hidden states. The verify
-  pass already computes them; they are kept per row in a `[B, S_cap, H]` buffer. Drafter position
+  pass already computes them; they are kept per row in a `[B, S_cap, n·H]` buffer (n target layers). Drafter position
   t needs f_t and x_{t+1}, so after a step that committed n + 1 tokens the drafter has n + 1
   positions whose true features are new. Each step starts with one fixed-width window of
   gamma + 1 positions (`count[b]` <= gamma + 1 of them real, the rest padding beyond the row's
@@ -22,13 +22,14 @@ from transformers import PreTrainedModel
 
 from specdecode.decoding.cache import RaggedKVCache, cached_call, cached_forward
 from specdecode.decoding.sampling import SamplingParams, draw, logits_to_probs
-from specdecode.models.feature_drafter import FeatureDrafter
+from specdecode.models.feature_drafter import FeatureDrafter, feed_back
 
 
 class SliceDrafting:
     """A plain causal-LM drafter (see the module docstring)."""
 
-    needs_features = False
+    # which target hidden states it reads (`target_features`); None: none
+    feature_layers: tuple[int, ...] | None = None
 
     def __init__(self, drafter: PreTrainedModel, batch_size: int, capacity: int) -> None:
         self.drafter = drafter
@@ -64,14 +65,12 @@ class SliceDrafting:
 class FeatureDrafting:
     """A `FeatureDrafter` fed the target's hidden states (see the module docstring)."""
 
-    needs_features = True
-
     def __init__(self, drafter: FeatureDrafter, batch_size: int, capacity: int) -> None:
         self.drafter = drafter
+        self.feature_layers: tuple[int, ...] | None = drafter.feature_layers
         self.capacity = capacity
         self.cache = RaggedKVCache.for_model(drafter, batch_size, capacity)
-        hidden = drafter.config.get_text_config().hidden_size
-        self.features = torch.zeros(batch_size, capacity, hidden, dtype=drafter.dtype, device=drafter.device)
+        self.features = torch.zeros(batch_size, capacity, drafter.feature_width, dtype=drafter.dtype, device=drafter.device)
         # Per row: drafter positions [0, start) hold true-feature entries; the host-side bound and
         # the width of the next window (the longest prompt at first, then gamma + 1).
         self.start = torch.zeros(batch_size, dtype=torch.long, device=drafter.device)
@@ -79,7 +78,7 @@ class FeatureDrafting:
         self.width = 0
 
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
-        """Keep the target's prompt features `[B, longest, H]`; the drafter reads them in the
+        """Keep the target's prompt features `[B, longest, n·H]`; the drafter reads them in the
         first window, once the target's first token (x_{t+1} of the last prompt position) exists."""
         assert features is not None
         self.features[:, :longest] = features.to(self.features.dtype)
@@ -110,12 +109,12 @@ class FeatureDrafting:
             drafts.append(draft)
             q.append(q_i)
             if i + 1 < gamma:
-                feature = cached_call(self.cache, 1, self.drafter.dtype,
-                                      lambda **kw: self.drafter(feature, draft, **kw))
+                fed = feed_back(feature, self.features.shape[-1])
+                feature = cached_call(self.cache, 1, self.drafter.dtype, lambda **kw: self.drafter(fed, draft, **kw))
         return torch.cat(drafts, dim=1), torch.stack(q, dim=1)
 
     def observe(self, features: torch.Tensor | None, start: torch.Tensor) -> None:
-        """Store the verify pass's features `[B, W, H]` at positions `start[b] + w`."""
+        """Store the verify pass's features `[B, W, n·H]` at positions `start[b] + w`."""
         assert features is not None
         width = features.shape[1]
         index = (start.unsqueeze(1) + torch.arange(width, device=start.device)).clamp_max(self.capacity - 1)

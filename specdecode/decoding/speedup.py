@@ -122,10 +122,9 @@ def _time_forwards(model: PreTrainedModel, context: Sequence[int], widths: Seque
 def _time_feature_step(drafter: FeatureDrafter, context: Sequence[int], repeats: int) -> float:
     """Median time of one feature-drafter drafting step (one position + its head) after `context`."""
     device = drafter.device
-    hidden = drafter.config.get_text_config().hidden_size
     cache = RaggedKVCache.for_model(drafter, 1, len(context) + 1)
     tokens = torch.tensor([list(context)], device=device)
-    features = torch.randn(1, len(context), hidden, device=device, dtype=drafter.dtype)
+    features = torch.randn(1, len(context), drafter.feature_width, device=device, dtype=drafter.dtype)
     cached_call(cache, len(context) - 1, drafter.dtype, lambda **kw: drafter(features[:, :-1], tokens[:, 1:], **kw))
     times = []
     for _ in range(repeats + 1):  # the first pass warms up and is not counted

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from specdecode.core.config import require
 
@@ -22,6 +23,23 @@ class TargetConfig:
 
 
 DRAFTER_KINDS = ("derived", "feature", "pretrained")
+LAST_FEATURE = (-1,)
+"""The default `feature_layers` of a feature drafter: the target's last (post-norm) hidden state only (EAGLE-1)."""
+
+
+def check_feature_layers(layers: Sequence[int], num_target_layers: int | None = None, name: str = "feature_layers") -> tuple[int, ...]:
+    """`layers` as a tuple if it is a list of distinct ints ending with -1 (the last hidden state,
+    which the drafter predicts and the head reads), the others in [1, num_target_layers - 1]."""
+    layers = tuple(layers) if isinstance(layers, (list, tuple)) else ()
+    inner = layers[:-1]
+    ok = (bool(layers) and all(isinstance(i, int) and not isinstance(i, bool) for i in layers) and layers[-1] == -1
+          and len(set(inner)) == len(inner) and all(i >= 1 and (num_target_layers is None or i < num_target_layers) for i in inner))
+    if not ok:
+        bound = f"{num_target_layers - 1}" if num_target_layers is not None else "L - 1"
+        raise ValueError(f"{name}={list(layers) if layers else layers!r}: expected distinct target layers in [1, {bound}] "
+                         "followed by -1 (the last hidden state), e.g. [-1] or [2, 15, -1]")
+    return layers
+
 
 
 @dataclass
@@ -38,9 +56,14 @@ class DrafterConfig:
     draft_vocab: int | None = 8192
     path: str | None = None
     init_from_layer: int = -1
+    # feature drafters: the target hidden states they read, the last (-1, post-norm) last; e.g.
+    # [2, 15, -1] adds the states after layers 2 and 15 (EAGLE-3's low / middle / high features)
+    feature_layers: list[int] = field(default_factory=lambda: [-1])
 
     def __post_init__(self) -> None:
         require(self.kind in DRAFTER_KINDS, "drafter.kind", self.kind, "|".join(DRAFTER_KINDS))
+        if self.kind == "feature":
+            self.feature_layers = list(check_feature_layers(self.feature_layers, name="drafter.feature_layers"))
         if self.kind in ("derived", "feature"):
             require(isinstance(self.num_layers, int) and self.num_layers >= 1, "drafter.num_layers", self.num_layers, "an int >= 1")
             require(

@@ -11,26 +11,56 @@ Features are the target's *post-norm* last hidden states (what its LM head reads
 ~50), not the pre-norm residual stream (outlier dimensions ~8,000), which made feature regression
 fail in the calibration run of ../shared/NOTES.md.
 
+Multi-layer features (EAGLE-3, Li et al. 2025): with `feature_layers` = (l_1, ..., l_{n-1}, -1)
+the drafter reads, beside the last state, the target's states after layers l_i (each through the
+target's final norm, which tames the residual stream's outlier dimensions), so f_t is `[n·H]`.
+Drafting steps 2..gamma have only the drafter's own predicted last feature: it is fed in the last
+slot with zeros in the others (`feed_back`), and training unrolls that as decoding runs it. The
+fusion starts as [I, 0, ..., 0, I], so an untrained multi-layer drafter is the one-layer one.
+
 Structure: `body` is a plain HF causal LM cut from the target (`derive_drafter`: embeddings,
 `num_layers` decoder layers, final norm, LM head), driven with `inputs_embeds = fc([emb(x); f])`.
 On disk a feature drafter is `body.save_pretrained(folder)` (so transformers can read the folder)
-with `config.feature_drafter = {"fusion": "concat_linear"}` and the fusion layer in
-`feature_fc.safetensors`; `load_model(folder)` restores it.
+with `config.feature_drafter = {"fusion": "concat_linear", "layers": [...]}` and the fusion layer
+in `feature_fc.safetensors`; `load_model(folder)` restores it.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PreTrainedModel
 
+from specdecode.models.config import LAST_FEATURE, check_feature_layers
+
 FC_FILE = "feature_fc.safetensors"
 CONFIG_KEY = "feature_drafter"
+
+
+def target_features(target: PreTrainedModel, hidden_states: Sequence[torch.Tensor], layers: Sequence[int]) -> torch.Tensor:
+    """What a drafter reading `layers` takes from one target forward: `[..., n·H]`.
+
+    `hidden_states` is transformers' `output_hidden_states` tuple (embeddings, then the state after
+    each layer; the last entry is post-norm). Inner layers go through the target's final norm.
+    """
+    if tuple(layers) == LAST_FEATURE:
+        return hidden_states[-1]
+    norm = target.get_decoder().norm
+    parts = [hidden_states[-1] if i == -1 else norm(hidden_states[i]) for i in layers]
+    return torch.cat(parts, dim=-1)
+
+
+def feed_back(predicted: torch.Tensor, width: int) -> torch.Tensor:
+    """A predicted last feature `[..., H]` as a drafter input of `width` = n·H: zeros in the inner
+    layers' slots (drafting steps 2..gamma have no target states for them)."""
+    return F.pad(predicted, (width - predicted.shape[-1], 0))
 
 
 class FeatureDrafter(nn.Module):
@@ -39,17 +69,21 @@ class FeatureDrafter(nn.Module):
     Attributes:
         body: a causal LM sharing the target's hidden size and vocabulary; its decoder is run on
             fused embeddings, its LM head scores the predicted feature.
-        fc: `[H, 2H]` fusion of the token embedding and the target feature.
+        fc: `[H, (1 + n)H]` fusion of the token embedding and the n target features.
+        feature_layers: the target hidden states it reads (`target_features`), the last last.
     """
 
-    def __init__(self, body: PreTrainedModel, fc: nn.Linear) -> None:
+    def __init__(self, body: PreTrainedModel, fc: nn.Linear, feature_layers: Sequence[int] = LAST_FEATURE) -> None:
         super().__init__()
         hidden = body.config.get_text_config().hidden_size
-        if tuple(fc.weight.shape) != (hidden, 2 * hidden):
-            raise ValueError(f"fusion layer has shape {tuple(fc.weight.shape)}, expected {(hidden, 2 * hidden)}")
+        self.feature_layers = check_feature_layers(feature_layers)
+        expected = (hidden, (1 + len(self.feature_layers)) * hidden)
+        if tuple(fc.weight.shape) != expected:
+            raise ValueError(f"fusion layer has shape {tuple(fc.weight.shape)}, expected {expected} "
+                             f"for feature_layers={list(self.feature_layers)}")
         self.body = body
         self.fc = fc
-        setattr(body.config, CONFIG_KEY, {"fusion": "concat_linear"})
+        setattr(body.config, CONFIG_KEY, {"fusion": "concat_linear", "layers": list(self.feature_layers)})
 
     # The decode loop, validation and training read these like a plain HF model's.
     @property
@@ -74,8 +108,13 @@ class FeatureDrafter(nn.Module):
     def get_output_embeddings(self) -> nn.Module:
         return self.body.get_output_embeddings()
 
+    @property
+    def feature_width(self) -> int:
+        """n·H: the width of the features it reads (`target_features`)."""
+        return self.fc.weight.shape[1] - self.body.config.get_text_config().hidden_size
+
     def fuse(self, features: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
-        """`[B, T, H]` features f_t and `[B, T]` tokens x_{t+1} → `[B, T, H]` decoder inputs."""
+        """`[B, T, n·H]` features f_t and `[B, T]` tokens x_{t+1} → `[B, T, H]` decoder inputs."""
         embeddings = self.get_input_embeddings()(next_ids)
         return self.fc(torch.cat([embeddings, features.to(embeddings.dtype)], dim=-1))
 
@@ -87,7 +126,8 @@ class FeatureDrafter(nn.Module):
         position_ids: torch.Tensor | None = None,
         past_key_values: Any = None,
     ) -> torch.Tensor:
-        """Predicted next features `[B, T, H]` (post-norm, the LM head's input) for positions t.
+        """Predicted next features `[B, T, H]` (post-norm, the LM head's input) for positions t,
+        from `[B, T, n·H]` `features` (`target_features`, or `feed_back` of predicted ones).
 
         `attention_mask` is a `[B, T]` padding mask or a prepared additive `[B, 1, T, S]` mask
         (the KV cache's, or the unrolled-training mask of `unrolled_mask`).
@@ -121,21 +161,24 @@ def derive_feature_drafter(
     draft_vocab: Any = None,
     corpus: Any = None,
     init_from_layer: int = -1,
+    feature_layers: Sequence[int] = LAST_FEATURE,
 ) -> FeatureDrafter:
     """A feature drafter built from the target's weights, ready to train.
 
     The body is `derive_drafter(target, num_layers, draft_vocab=..., corpus=...)` with its decoder
     layers re-initialised from the target's layers ending at `init_from_layer` (default: the last
     ones, which already map late features to late features). The fusion starts as the sum of the
-    embedding and the feature, so the untrained drafter runs the target's last layer on them.
+    embedding and the last feature (inner `feature_layers` weighted 0), so the untrained drafter
+    runs the target's last layer on them.
 
     Raises:
-        ValueError: bad `num_layers` / `init_from_layer` / vocabulary (from `derive_drafter`).
+        ValueError: bad `num_layers` / `init_from_layer` / `feature_layers` / vocabulary.
     """
     from specdecode.models.drafters import derive_drafter
 
-    body = derive_drafter(target, num_layers, draft_vocab=draft_vocab, corpus=corpus)
     layers = target.get_decoder().layers
+    feature_layers = check_feature_layers(feature_layers, len(layers), "drafter.feature_layers")
+    body = derive_drafter(target, num_layers, draft_vocab=draft_vocab, corpus=corpus)
     last = init_from_layer % len(layers) if -len(layers) <= init_from_layer < len(layers) else None
     if last is None or last + 1 < num_layers:
         raise ValueError(f"init_from_layer={init_from_layer} must pick one of the target's {len(layers)} layers "
@@ -143,11 +186,12 @@ def derive_feature_drafter(
     for i, layer in enumerate(body.get_decoder().layers):
         layer.load_state_dict(layers[last + 1 - num_layers + i].state_dict())
     hidden = body.config.get_text_config().hidden_size
-    fc = nn.Linear(2 * hidden, hidden, bias=False, device=target.device, dtype=target.dtype)
+    fc = nn.Linear((1 + len(feature_layers)) * hidden, hidden, bias=False, device=target.device, dtype=target.dtype)
     with torch.no_grad():
         eye = torch.eye(hidden, device=target.device, dtype=target.dtype)
-        fc.weight.copy_(torch.cat([eye, eye], dim=1))
-    return FeatureDrafter(body, fc).eval()
+        inner = torch.zeros(hidden, (len(feature_layers) - 1) * hidden, device=target.device, dtype=target.dtype)
+        fc.weight.copy_(torch.cat([eye, inner, eye], dim=1))
+    return FeatureDrafter(body, fc, feature_layers).eval()
 
 
 def wrap_if_feature_drafter(model: PreTrainedModel, folder: str | os.PathLike[str]) -> PreTrainedModel | FeatureDrafter:
@@ -156,7 +200,8 @@ def wrap_if_feature_drafter(model: PreTrainedModel, folder: str | os.PathLike[st
     Raises:
         FileNotFoundError: the config says feature drafter but `feature_fc.safetensors` is missing.
     """
-    if getattr(model.config, CONFIG_KEY, None) is None:
+    settings = getattr(model.config, CONFIG_KEY, None)
+    if settings is None:
         return model
     path = Path(folder) / FC_FILE
     if not path.is_file():
@@ -165,7 +210,8 @@ def wrap_if_feature_drafter(model: PreTrainedModel, folder: str | os.PathLike[st
     fc = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=model.device, dtype=model.dtype)
     with torch.no_grad():
         fc.weight.copy_(weight)
-    return FeatureDrafter(model, fc).eval()
+    # folders written before multi-layer features carry no "layers": the last state only
+    return FeatureDrafter(model, fc, settings.get("layers", list(LAST_FEATURE))).eval()
 
 
 def unrolled_mask(length: int, steps: int, padding: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -205,8 +251,9 @@ def unrolled_features(
 ) -> list[torch.Tensor]:
     """Predicted features of `steps` drafting passes, each `[B, T, H]`, trained as decoding runs them.
 
-    Pass 1 reads the true features `features` `[B, T, H]` (f_t with x_{t+1} = `next_ids[:, t]`);
-    pass j reads pass j-1's prediction for position t (made at t - 1), as drafting step j does.
+    Pass 1 reads the true features `features` `[B, T, n·H]` (f_t with x_{t+1} = `next_ids[:, t]`);
+    pass j reads pass j-1's prediction for position t (made at t - 1, through `feed_back`), as
+    drafting step j does.
     `drafter` is a `FeatureDrafter` (or a wrapper with the same `forward`, e.g. DDP's).
     """
     batch, length, _ = features.shape
@@ -217,7 +264,7 @@ def unrolled_features(
     for j in range(2, steps + 1):
         # Position t of pass j reads the previous pass's prediction made at t - 1 (shifted right);
         # position 0 has none and is never scored, so it reads its true feature.
-        previous = torch.cat([features[:, :1], outputs[-1][:, :-1]], dim=1)
+        previous = torch.cat([features[:, :1], feed_back(outputs[-1][:, :-1], features.shape[-1])], dim=1)
         fed_features.append(previous)
         fed_ids.append(next_ids)
         mask = unrolled_mask(length, j, padding, hidden.dtype)

@@ -22,7 +22,7 @@ from specdecode.models.cpu_matmul import skinny_is_faster, use_skinny_linears, u
 from specdecode.models.draft_vocab import apply_draft_vocab_from_config
 from specdecode.models.drafters import derive_drafter
 from specdecode.models.feature_drafter import CONFIG_KEY as FEATURE_CONFIG_KEY
-from specdecode.models.feature_drafter import FeatureDrafter, derive_feature_drafter, wrap_if_feature_drafter
+from specdecode.models.feature_drafter import LAST_FEATURE, FeatureDrafter, derive_feature_drafter, wrap_if_feature_drafter
 from specdecode.models.gguf_cache import DEFAULT_TARGET, default_target_gguf, gguf_to_hf_folder
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -160,7 +160,7 @@ def build_drafter(
         vocab_docs = corpus() if cfg.draft_vocab is not None else None
         if cfg.kind == "feature":
             derived = derive_feature_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs,
-                                             init_from_layer=cfg.init_from_layer)
+                                             init_from_layer=cfg.init_from_layer, feature_layers=cfg.feature_layers)
         else:
             derived = derive_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs)
         if skinny:
@@ -185,9 +185,11 @@ def check_drafter_tokenizer(cfg: DrafterConfig, tokenizer: PreTrainedTokenizerBa
         raise ValueError(f"drafter.path={cfg.path!r}: its tokenizer is not the target's: {error}") from None
 
 
-def reads_features(cfg: DrafterConfig) -> bool:
-    """Whether the drafter a config names is a feature drafter (a pretrained folder says so in its
-    config), known before the teacher cache is built, since that cache then keeps features."""
+def reads_features(cfg: DrafterConfig) -> tuple[int, ...] | None:
+    """The target layers the drafter a config names reads if it is a feature drafter (a pretrained
+    folder says so in its config), else None; known before the teacher cache is built, since that
+    cache then keeps those features."""
     if cfg.kind != "pretrained":
-        return cfg.kind == "feature"
-    return getattr(AutoConfig.from_pretrained(str(cfg.path)), FEATURE_CONFIG_KEY, None) is not None
+        return tuple(cfg.feature_layers) if cfg.kind == "feature" else None
+    settings = getattr(AutoConfig.from_pretrained(str(cfg.path)), FEATURE_CONFIG_KEY, None)
+    return None if settings is None else tuple(settings.get("layers", LAST_FEATURE))

@@ -34,7 +34,7 @@ from specdecode.data.example import Example
 from specdecode.decoding.decode import autoregressive_generate
 from specdecode.decoding.speedup import predicted_speedup
 from specdecode.models.compat import check_vocab_sizes
-from specdecode.models.feature_drafter import FeatureDrafter
+from specdecode.models.feature_drafter import FeatureDrafter, target_features
 from specdecode.training.losses import expected_acceptance
 
 LABEL_KEYS = ("acceptance", "greedy_match", "speedup", "greedy_speedup")
@@ -104,7 +104,8 @@ def teacher_forced_acceptance(
             return drafter(input_ids=tokens, attention_mask=attention, position_ids=position_ids, logits_to_keep=keep).logits
         # A feature drafter predicts token t + 1 at its position t - 1, from the target's feature
         # there and token t (left padding: a position is real where its feature is).
-        hidden = drafter(out.hidden_states[-1][:, :-1], tokens[:, 1:], attention_mask=attention[:, :-1],
+        features = target_features(target, out.hidden_states, drafter.feature_layers)
+        hidden = drafter(features[:, :-1], tokens[:, 1:], attention_mask=attention[:, :-1],
                          position_ids=position_ids[:, :-1])
         return drafter.logits(hidden[:, keep - 1])
 

@@ -7,12 +7,14 @@ import math
 from dataclasses import dataclass, field
 
 from specdecode.core.config import MAX_GAMMA, Placement, is_gamma, is_int, is_number, require
+from specdecode.core.devices import MIXED_PRECISIONS
 from specdecode.data.config import DataConfig
 from specdecode.models.config import DrafterConfig, TargetConfig
 from specdecode.training.losses import LOSSES
 
 TRAIN_SEQ_SOURCES = ("data", "target")
 TRAIN_LOGGERS = ("jsonl", "wandb")
+LR_DECAYS = ("constant", "linear", "cosine")
 
 
 @dataclass
@@ -64,9 +66,15 @@ class TrainConfig:
     grad_accum: int = 1
     lr: float = 3e-4
     weight_decay: float = 0.0
-    # transformers' get_constant_schedule_with_warmup: lr rises linearly from 0 over these steps, then stays.
+    # lr rises linearly from 0 over warmup_steps, then decays over the budget (max_steps or
+    # max_minutes, whichever ends training first): constant | linear | cosine (to 0 at the end).
     warmup_steps: int = 10
+    lr_decay: str = "constant"
     max_grad_norm: float = 1.0
+    # The drafter's forward under autocast: auto = bf16 where the device computes it natively (a
+    # bf16 GPU, a CPU with AMX: a step ~2x faster there), else no; or no | bf16 | fp16. The
+    # target's cached outputs and the losses stay in the job's dtype.
+    mixed_precision: str = "auto"
     max_steps: int = 200
     max_minutes: float | None = None
     eval_every: int = 50
@@ -110,6 +118,8 @@ class TrainConfig:
         require(is_int(self.max_steps) and self.max_steps >= 0, "train.max_steps", self.max_steps, "an int >= 0")
         require(self.max_minutes is None or (is_number(self.max_minutes) and self.max_minutes > 0), "train.max_minutes", self.max_minutes, "null or > 0")
         require(is_number(self.lr) and self.lr > 0, "train.lr", self.lr, "> 0")
+        require(self.mixed_precision in MIXED_PRECISIONS, "train.mixed_precision", self.mixed_precision, "|".join(MIXED_PRECISIONS))
+        require(self.lr_decay in LR_DECAYS, "train.lr_decay", self.lr_decay, "|".join(LR_DECAYS))
         require(is_int(self.warmup_steps) and self.warmup_steps >= 0, "train.warmup_steps", self.warmup_steps, "an int >= 0")
         require(self.debug_kill_after_step is None or is_int(self.debug_kill_after_step), "train.debug_kill_after_step", self.debug_kill_after_step, "null or an int")
 

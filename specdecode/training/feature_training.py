@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdecode.core.devices import autocast_context
 from specdecode.models.feature_drafter import FeatureDrafter, unrolled_features
 
 
@@ -23,10 +24,12 @@ class FeatureDrafterLogits(nn.Module):
     A module of its own so DDP wraps the whole computation (as `training.DrafterLogits`).
     """
 
-    def __init__(self, drafter: FeatureDrafter, steps: int) -> None:
+    def __init__(self, drafter: FeatureDrafter, steps: int, autocast: torch.dtype | None = None) -> None:
         super().__init__()
         self.drafter = drafter
         self.steps = steps
+        # mixed precision: the passes under autocast at this dtype, the outputs returned in fp32
+        self.autocast = autocast
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, features: torch.Tensor, positions: torch.Tensor
@@ -39,11 +42,13 @@ class FeatureDrafterLogits(nn.Module):
         position j on (`pass_positions`). The head runs at the P positions only: over all B × T
         it was most of a training step (the prompt positions carry no loss).
         """
-        passes = unrolled_features(self.drafter, features[:, :-1], input_ids[:, 1:], attention_mask[:, 1:], self.steps)
-        # standard position t holds the pass's output made at t - 1; position 0 has none (zero)
-        predicted = torch.stack([F.pad(p, (0, 0, 1, 0))[positions] for p in passes])
-        head = self.drafter.get_output_embeddings()
-        return F.linear(predicted, head.weight, head.bias), predicted
+        with autocast_context(input_ids.device, self.autocast):
+            passes = unrolled_features(self.drafter, features[:, :-1], input_ids[:, 1:], attention_mask[:, 1:], self.steps)
+            # standard position t holds the pass's output made at t - 1; position 0 has none (zero)
+            predicted = torch.stack([F.pad(p, (0, 0, 1, 0))[positions] for p in passes])
+            head = self.drafter.get_output_embeddings()
+            logits = F.linear(predicted, head.weight, head.bias)
+        return (logits, predicted) if self.autocast is None else (logits.float(), predicted.float())
 
 
 def pass_positions(positions: torch.Tensor, steps: int) -> torch.Tensor:

@@ -31,13 +31,13 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from omegaconf import OmegaConf
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_constant_schedule_with_warmup
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdecode.core.atomic import atomic_folder, write_atomic
 from specdecode.data.config import DataConfig
 from specdecode.models.config import TargetConfig
 from specdecode.training.config import TrainJobConfig
-from specdecode.core.devices import placed_accelerator
+from specdecode.core.devices import autocast_dtype, placed_accelerator, resolve_mixed_precision
 from specdecode.core.locking import locks_output_dir
 from specdecode.training.feature_training import FeatureDrafterLogits
 from specdecode.training.objective import Objective, Teacher
@@ -53,7 +53,7 @@ from specdecode.training.sequences import (
 )
 from specdecode.training.teacher import TeacherCache, cache_key, concat_caches, load_cache, save_cache, score_topk
 from specdecode.training.checkpoints import LoopState, check_checkpoints, checkpoint_folder, project_configuration, resume
-from specdecode.training.loop import DrafterLogits, MetricsLogger, load_trainable_state, peak_memory_mb, train_loop
+from specdecode.training.loop import DrafterLogits, MetricsLogger, load_trainable_state, lr_scheduler, peak_memory_mb, train_loop
 from specdecode.models.compat import default_eos
 
 JOBS = ("distill", "finetune")
@@ -135,12 +135,12 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     drafter = _trainable_drafter(cfg, teacher, tokenizer)
     objective = Objective(cfg, job, teacher, drafter, accelerator)
     cache_seconds = time.perf_counter() - cache_start
-    model = FeatureDrafterLogits(drafter, train.unroll_steps) if teacher.features else DrafterLogits(drafter)
+    autocast = autocast_dtype(resolve_mixed_precision(train.mixed_precision, accelerator.device))
+    model = FeatureDrafterLogits(drafter, train.unroll_steps, autocast) if teacher.features else DrafterLogits(drafter, autocast)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=train.lr, weight_decay=train.weight_decay)
     model, optimizer = accelerator.prepare(model, optimizer)
-    # transformers' warm-up (linear from 0 to train.lr over warmup_steps, then constant); stepped
-    # once per optimizer step by the loop, and saved in every checkpoint, so a resume continues it
-    scheduler = get_constant_schedule_with_warmup(optimizer, train.warmup_steps)
+    # warm-up, then train.lr_decay over the budget; in every checkpoint, so a resume continues it
+    scheduler = lr_scheduler(optimizer, train)
     accelerator.register_for_checkpointing(scheduler)
     objective.model = model
 
@@ -176,7 +176,8 @@ def _teacher(cfg: TrainJobConfig, job: str, target: PreTrainedModel, tokenizer: 
     cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else Path(cfg.output_dir).parent / "teacher_cache"
     eos = default_eos(target)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
-    features = reads_features(cfg.drafter)
+    layers = reads_features(cfg.drafter)
+    features = layers is not None
     topk = train.teacher_topk if job == "distill" and not features else 0
 
     def sequences(data: DataConfig, split: str, limit: int | None) -> list[TrainSequence]:
@@ -187,9 +188,9 @@ def _teacher(cfg: TrainJobConfig, job: str, target: PreTrainedModel, tokenizer: 
             load_examples(data, split), tokenizer, target, train, eos, limit), 0, pad_id), accelerator.is_main_process).sequences
 
     def domain_scored(data: DataConfig, split: str, name: str, k: int, limit: int | None) -> TeacherCache:
-        key = cache_key(cfg.target, data, train, split, k, limit, features, cfg.dtype)
+        key = cache_key(cfg.target, data, train, split, k, limit, layers, cfg.dtype)
         return _cached(cache_dir / f"{name}-{key}.pt",
-                       lambda: score_topk(target, sequences(data, split, limit), k, pad_id, features=features), accelerator)
+                       lambda: score_topk(target, sequences(data, split, limit), k, pad_id, features=layers), accelerator)
 
     def scored(split: str, name: str, k: int, limit: int | None) -> TeacherCache:
         """A domain's cache, or a mix's: its domains' own caches (`domain_parts`), each domain's
@@ -239,7 +240,7 @@ def _metrics(cfg: TrainJobConfig, job: str, state: LoopState, objective: Objecti
         "cache_and_setup_seconds": cache_seconds, "peak_memory_mb": peak_memory_mb(accelerator.device),
         "train_sequences": num_train, "heldout_sequences": len(teacher.heldout.sequences),
         "heldout_positions": int(teacher.heldout.offsets[-1]), "draft_vocab": len(objective.draft_ids),
-        "num_processes": accelerator.num_processes, "drafter_kind": "feature" if teacher.features else "slice",
+        "num_processes": accelerator.num_processes, "mixed_precision": resolve_mixed_precision(train.mixed_precision, accelerator.device), "drafter_kind": "feature" if teacher.features else "slice",
         "select_temperature": train.select_temperature,
         "selection_metric": "greedy acceptance" if train.select_temperature == 0 else f"expected acceptance at T={train.select_temperature}",
         "best": next((h for h in state.history if h["step"] == state.best_step), None),

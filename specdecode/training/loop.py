@@ -17,6 +17,7 @@ specdecode/training/checkpoints.py.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import resource
@@ -30,12 +31,13 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from torch import nn
-from torch.optim.lr_scheduler import LRScheduler
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
+from specdecode.core.devices import autocast_context
 from specdecode.training.checkpoints import LoopState, checkpoint_path, is_complete, save_checkpoint
-from specdecode.training.config import TrainConfig
+from specdecode.training.config import LR_DECAYS, TrainConfig
 from specdecode.models.draft_vocab import DraftVocabHead
 
 Batch = dict[str, torch.Tensor]
@@ -47,22 +49,24 @@ class DrafterLogits(nn.Module):
     scatter: the losses only need the K scored ids.
     """
 
-    def __init__(self, drafter: PreTrainedModel) -> None:
+    def __init__(self, drafter: PreTrainedModel, autocast: torch.dtype | None = None) -> None:
         super().__init__()
         self.drafter = drafter
+        # mixed precision: the forward under autocast at this dtype, the logits returned in fp32
+        self.autocast = autocast
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """`[B, T, K]` logits, or `[P, K]` at the `positions` `[B, T]` bool only.
 
         Only response positions carry a loss (about a third of a training sequence's tokens): the
         head and the loss over K ids at the others were half of a CPU training step."""
-        hidden = self.drafter.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        if positions is not None:
-            hidden = hidden[positions]
-        head = self.drafter.get_output_embeddings()
-        if isinstance(head, DraftVocabHead):
-            return F.linear(hidden, head.weight, head.bias)
-        return head(hidden)
+        with autocast_context(input_ids.device, self.autocast):
+            hidden = self.drafter.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            if positions is not None:
+                hidden = hidden[positions]
+            head = self.drafter.get_output_embeddings()
+            logits = F.linear(hidden, head.weight, head.bias) if isinstance(head, DraftVocabHead) else head(hidden)
+        return logits if self.autocast is None else logits.float()
 
 
 class MetricsLogger:
@@ -112,6 +116,52 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+class BudgetSchedule:
+    """The learning-rate multiplier of a step, as a `LambdaLR` lambda: linear warm-up from 0 over
+    `warmup_steps` steps (transformers' `get_constant_schedule_with_warmup`), times `decay` of the
+    training budget's `progress` in [0, 1]: `constant` 1, `linear` 1 - p, `cosine` (1 + cos πp) / 2.
+
+    The budget is `max_steps` or `max_minutes`, whichever ends training first, so the loop sets
+    `progress` (`budget_progress`) before each step: a time-limited run decays over its minutes,
+    which no step count known in advance could do. A callable object, not a function, so that
+    `LambdaLR.state_dict` saves `progress` and a resumed run continues the decay.
+    """
+
+    def __init__(self, warmup_steps: int, decay: str) -> None:
+        if decay not in LR_DECAYS:
+            raise ValueError(f"lr_decay={decay!r}: expected {'|'.join(LR_DECAYS)}")
+        self.warmup_steps = warmup_steps
+        self.decay = decay
+        self.progress = 0.0
+
+    def __call__(self, step: int) -> float:
+        warm = step / self.warmup_steps if step < self.warmup_steps else 1.0
+        p = min(max(self.progress, 0.0), 1.0)
+        if self.decay == "linear":
+            return warm * (1.0 - p)
+        if self.decay == "cosine":
+            return warm * 0.5 * (1.0 + math.cos(math.pi * p))
+        return warm
+
+
+def lr_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> LambdaLR:
+    """`cfg.lr` warmed up over `cfg.warmup_steps` and decayed over the budget (`BudgetSchedule`)."""
+    return LambdaLR(optimizer, BudgetSchedule(cfg.warmup_steps, cfg.lr_decay))
+
+
+def budget_progress(steps: int, seconds: float, cfg: TrainConfig) -> float:
+    """How much of the training budget `steps` optimizer steps in `seconds` of training have used."""
+    by_steps = steps / cfg.max_steps if cfg.max_steps else 1.0
+    by_time = seconds / (60 * cfg.max_minutes) if cfg.max_minutes else 0.0
+    return min(1.0, max(by_steps, by_time))
+
+
+def _set_progress(scheduler: LRScheduler, progress: float) -> None:
+    for schedule in getattr(scheduler, "lr_lambdas", ()):
+        if isinstance(schedule, BudgetSchedule):
+            schedule.progress = progress
+
+
 def train_loop(
     accelerator: Accelerator,
     model: nn.Module,
@@ -155,6 +205,8 @@ def train_loop(
         on_policy = random.Random(f"{cfg.seed}-{state.step}").random() < cfg.lambda_on_policy
         # 2.-3. forward / backward per micro-batch, one optimizer step
         lr = scheduler.get_last_lr()[0]  # what this step uses
+        # the next step's lr, set as this one ends, follows the budget used by then (mean step time)
+        _set_progress(scheduler, budget_progress(state.step + 1, state.train_seconds * (1 + 1 / max(state.step, 1)), cfg))
         mean_loss, count = _step(accelerator, model, optimizer, scheduler, cfg, make_batches(mine, state.step, on_policy), loss_sum)
         state.step += 1
         state.train_tokens += count

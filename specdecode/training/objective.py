@@ -144,7 +144,8 @@ class Objective:
         positions = batch["positions"]
         logits, predicted = module(batch["input_ids"], batch["attention_mask"], batch["features"], positions)  # [S, P, K|H]
         scored = pass_positions(positions, logits.shape[0])[:, positions]  # [S, P]
-        features = batch["features"][positions]  # [P, H]
+        # [P, H]: the last state, which the drafter predicts and the head reads (the last slot of n·H)
+        features = batch["features"][positions][:, -predicted.shape[-1]:]
         weight = self.cfg.train.feature_loss_weight
         total = logits.new_zeros(())
         if self.job == "distill":

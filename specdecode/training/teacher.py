@@ -24,8 +24,9 @@ carry a loss (the drafter drafts responses, never prompts), so only those are sc
 
 Feature drafters (specdecode.models.feature_drafter) read the target's last hidden state at *every*
 position, prompt included (they attend over it), so for them the cache keeps those features
-(`features`, fp16, ~1.2 KB per token for SmolLM2) instead of top-k logits: the teacher's logits
-over the draft vocabulary are then the frozen head applied to them, exact rather than top-k.
+(`features`, fp16, ~1.2 KB per token and target layer for SmolLM2; `target_features`, the last
+state last) instead of top-k logits: the teacher's logits over the draft vocabulary are then the
+frozen head applied to the last state, exact rather than top-k.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from specdecode.core.atomic import write_atomic
 from specdecode.data.config import DataConfig
 from specdecode.models.config import SMOKE_TARGET, TargetConfig
 from specdecode.models.gguf_cache import DEFAULT_TARGET
+from specdecode.models.feature_drafter import LAST_FEATURE, target_features
 from specdecode.training.config import TrainConfig
 from specdecode.training.sequences import TrainSequence
 
@@ -110,48 +112,52 @@ def pad_batch(sequences: Sequence[TrainSequence], pad_id: int) -> tuple[torch.Te
 
 @torch.no_grad()
 def _target_outputs(
-    target: PreTrainedModel, sequences: Sequence[TrainSequence], pad_id: int, logits: bool = True
+    target: PreTrainedModel, sequences: Sequence[TrainSequence], pad_id: int, logits: bool = True,
+    feature_layers: Sequence[int] = LAST_FEATURE,
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """One forward over `sequences`: `[Σ num_targets, V]` fp32 logits at the loss positions (None
     without `logits`: the `[B, T, V]` head output is most of a small target's cost) and the
-    `[Σ L_i, H]` last hidden states (post-norm) at every token."""
+    `[Σ L_i, n·H]` features of `feature_layers` (`target_features`) at every token."""
     input_ids, attention_mask, positions = pad_batch(sequences, pad_id)
     input_ids, attention_mask = input_ids.to(target.device), attention_mask.to(target.device)
     tokens = attention_mask.bool()
     if not logits:
-        return None, target.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[tokens]
+        states = target.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True).hidden_states
+        return None, target_features(target, states, feature_layers)[tokens]
     # The model's own forward (some architectures post-process the head's output, e.g. softcapping).
     out = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
-    return out.logits[positions.to(out.logits.device)].float(), out.hidden_states[-1][tokens]
+    return out.logits[positions.to(out.logits.device)].float(), target_features(target, out.hidden_states, feature_layers)[tokens]
 
 
 def score_topk(
-    target: PreTrainedModel, sequences: Sequence[TrainSequence], k: int, pad_id: int, *, features: bool = False
+    target: PreTrainedModel, sequences: Sequence[TrainSequence], k: int, pad_id: int, *,
+    features: Sequence[int] | None = None,
 ) -> TeacherCache:
     """Run the target over `sequences` (batches of `SCORE_BATCH`) and keep its top-k logits and,
-    with `features`, its last hidden states at every token; k = 0 and no features keeps the
-    sequences only and runs nothing."""
+    with `features` (the layers a feature drafter reads), its features at every token
+    (`target_features`); k = 0 and no features keeps the sequences only and runs nothing."""
     counts = torch.tensor([0] + [s.num_targets for s in sequences])
     token_offsets = torch.tensor([0] + [len(s.tokens) for s in sequences]).cumsum(0)
     total = int(counts.sum())
     # (an empty list runs nothing either: the caller names why)
-    if (k == 0 and not features) or not sequences:
+    if (k == 0 and features is None) or not sequences:
         return TeacherCache(list(sequences), counts.cumsum(0), torch.zeros(total, k, dtype=torch.int32), torch.zeros(total, k))
     ids, values, hidden = [], [], []
     for start in tqdm(range(0, len(sequences), SCORE_BATCH), desc="target forward (teacher cache)", leave=False,
                       disable=len(sequences) <= 4 * SCORE_BATCH):
-        logits, batch_hidden = _target_outputs(target, sequences[start : start + SCORE_BATCH], pad_id, logits=k > 0)
+        logits, batch_hidden = _target_outputs(target, sequences[start : start + SCORE_BATCH], pad_id, logits=k > 0,
+                                               feature_layers=features or LAST_FEATURE)
         if logits is not None:
             top = logits.topk(min(k, logits.shape[-1]), dim=-1)
             ids.append(top.indices.to(torch.int32).cpu())
             values.append(top.values.cpu())
-        if features:
+        if features is not None:
             hidden.append(batch_hidden.half().cpu())
     if k == 0:
         ids, values = [torch.zeros(total, 0, dtype=torch.int32)], [torch.zeros(total, 0)]
     return TeacherCache(
         list(sequences), counts.cumsum(0), torch.cat(ids), torch.cat(values),
-        torch.cat(hidden) if features else None, token_offsets if features else None,
+        torch.cat(hidden) if features is not None else None, token_offsets if features is not None else None,
     )
 
 
@@ -174,7 +180,7 @@ def heldout_targets(
 
 def cache_key(
     target: TargetConfig, data: DataConfig, train: TrainConfig, split: str, topk: int, limit: int | None,
-    features: bool = False, dtype: str = "float32",
+    features: Sequence[int] | None = None, dtype: str = "float32",
 ) -> str:
     """Everything the cached sequences and logits depend on, hashed: a changed field is a new file.
 
@@ -189,7 +195,8 @@ def cache_key(
         # the temperatures the continuations were sampled at; the loss's temperature is not in the
         # cache (the logits are stored raw), so distilling at another one reuses it
         "generation_temperatures": (train.seq_temperatures or [train.temperature]) if train.seq_source == "target" else None,
-        "features": features,
+        # the last state only hashes as before multi-layer features, so those caches stay valid
+        "features": (tuple(features) == LAST_FEATURE or list(features)) if features is not None else False,
         "content": content_fingerprint(target, data),
     }
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
@@ -232,7 +239,7 @@ def load_cache(path: Path) -> TeacherCache:
 
 
 def padded_features(cache: TeacherCache, indices: Sequence[int], width: int) -> torch.Tensor:
-    """Right-padded `[B, width, H]` fp32 target features of `cache.sequences[i]` for i in `indices`."""
+    """Right-padded `[B, width, n·H]` fp32 target features of `cache.sequences[i]` for i in `indices`."""
     rows = [cache.sequence_features(i) for i in indices]
     out = torch.zeros(len(rows), width, rows[0].shape[-1])
     for row, values in enumerate(rows):
