@@ -107,3 +107,13 @@ def test_from_dict_converts_to_the_field_types_and_names_bad_keys() -> None:
         from_dict(BenchmarkConfig, {"gamma": "x"})
     with pytest.raises(ValueError, match=r"^gamma=0: an int in \[1, 64\]"):  # __post_init__ still runs
         from_dict(BenchmarkConfig, {"gamma": 0})
+
+
+def test_distillation_defaults_to_the_targets_continuations_and_smoke_to_the_data() -> None:
+    """The measured default (README, "... and more data"): the target's greedy and T = 0.7
+    continuations; the smoke experiment keeps the dataset's responses so tests generate nothing."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        default = OmegaConf.to_object(compose(config_name="distill"))
+        smoke = OmegaConf.to_object(compose(config_name="distill", overrides=["experiment=smoke"]))
+    assert (default.train.seq_source, default.train.seq_temperatures) == ("target", [0.0, 0.7])
+    assert (smoke.train.seq_source, smoke.train.seq_temperatures) == ("data", None)
