@@ -9,6 +9,7 @@ import signal
 import struct
 import subprocess
 import sys
+import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -277,6 +278,8 @@ def wandb_records(run_file: Path) -> list[Any]:
             position += 32768 - position % 32768
             continue
         crc, length, kind = struct.unpack("<IHB", data[position : position + 7])
+        if position + 7 + length > len(data):  # a chunk still being written: the records so far
+            break
         payload = data[position + 7 : position + 7 + length]
         assert zlib.crc32(bytes([kind]) + payload) == crc, f"{run_file}: bad chunk at byte {position}"
         position += 7 + length
@@ -285,6 +288,21 @@ def wandb_records(run_file: Path) -> list[Any]:
             records.append(Record.FromString(pieces))
             pieces = b""
     return records
+
+
+def finished_wandb_records(run_file: Path, timeout_s: float = 60.0) -> list[Any]:
+    """The run's records once its `exit` record is in the file. wandb's service process writes the
+    file; in one full-suite run on a fresh clone it was read with no history record at all right
+    after the job returned (not reproduced in 5 runs under CPU load; cause not confirmed). If it was
+    read before the service finished writing, this waits for the run's last record (polling, up to
+    `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = wandb_records(run_file)
+        if any(record.WhichOneof("record_type") == "exit" for record in records):
+            return records
+        assert time.monotonic() < deadline, f"{run_file}: no exit record after {timeout_s} s"
+        time.sleep(0.2)
 
 
 def updates(items: Any) -> dict[str, Any]:
@@ -302,7 +320,7 @@ def test_wandb_logger_writes_an_offline_run_holding_the_logged_metrics(tmp_path:
     metrics = run_distill(smoke_cfg(tmp_path, "logger=wandb", "wandb_mode=offline", "train.max_steps=2", "train.eval_every=1"))
 
     (run_file,) = (tmp_path / "out" / "wandb").glob("offline-run-*/run-*.wandb")
-    records = wandb_records(run_file)
+    records = finished_wandb_records(run_file)
     # every record of metrics.jsonl (unchanged by the tracker) is in the run's history at its step
     logged = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert {r["step"] for r in logged} == {0, 1, 2} and any("loss" in r for r in logged)
@@ -314,7 +332,7 @@ def test_wandb_logger_writes_an_offline_run_holding_the_logged_metrics(tmp_path:
     # Every row from step 1 on must be there. The step-0 row (the evaluation before training) was
     # missing from the run once, in one full-suite run on a fresh clone, and present in every other
     # run (cause not found): it is checked when present, and wandb's behaviour noted in the README.
-    assert {1, 2} <= set(history)
+    assert {1, 2} <= set(history), [record.WhichOneof("record_type") for record in records]
     for record in logged:
         if record["step"] > 0 or record["step"] in history:
             assert history[record["step"]] == pytest.approx(history[record["step"]] | record), record
