@@ -41,7 +41,6 @@ def check_feature_layers(layers: Sequence[int], num_target_layers: int | None = 
     return layers
 
 
-
 @dataclass
 class DrafterConfig:
     """`derived`: cut from the target (first num_layers layers, optional truncated vocab);

@@ -59,7 +59,10 @@ def target_features(target: PreTrainedModel, hidden_states: Sequence[torch.Tenso
 
 def feed_back(predicted: torch.Tensor, width: int) -> torch.Tensor:
     """A predicted last feature `[..., H]` as a drafter input of `width` = n·H: zeros in the inner
-    layers' slots (drafting steps 2..gamma have no target states for them)."""
+    layers' slots (drafting steps 2..gamma have no target states for them). A one-layer drafter's
+    feature is its own input as is (no copy on the drafting path)."""
+    if predicted.shape[-1] == width:
+        return predicted
     return F.pad(predicted, (width - predicted.shape[-1], 0))
 
 

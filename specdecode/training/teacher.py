@@ -113,20 +113,21 @@ def pad_batch(sequences: Sequence[TrainSequence], pad_id: int) -> tuple[torch.Te
 @torch.no_grad()
 def _target_outputs(
     target: PreTrainedModel, sequences: Sequence[TrainSequence], pad_id: int, logits: bool = True,
-    feature_layers: Sequence[int] = LAST_FEATURE,
-) -> tuple[torch.Tensor | None, torch.Tensor]:
+    feature_layers: Sequence[int] | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """One forward over `sequences`: `[Σ num_targets, V]` fp32 logits at the loss positions (None
-    without `logits`: the `[B, T, V]` head output is most of a small target's cost) and the
-    `[Σ L_i, n·H]` features of `feature_layers` (`target_features`) at every token."""
+    without `logits`: the `[B, T, V]` head output is most of a small target's cost) and, with
+    `feature_layers`, the `[Σ L_i, n·H]` features of those layers (`target_features`) at every
+    token (None without: the hidden states are then neither kept nor gathered)."""
     input_ids, attention_mask, positions = pad_batch(sequences, pad_id)
     input_ids, attention_mask = input_ids.to(target.device), attention_mask.to(target.device)
-    tokens = attention_mask.bool()
-    if not logits:
-        states = target.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True).hidden_states
-        return None, target_features(target, states, feature_layers)[tokens]
-    # The model's own forward (some architectures post-process the head's output, e.g. softcapping).
-    out = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
-    return out.logits[positions.to(out.logits.device)].float(), target_features(target, out.hidden_states, feature_layers)[tokens]
+    states = feature_layers is not None
+    # The model's own forward for logits (some architectures post-process the head's output, e.g.
+    # softcapping); the decoder alone when only features are wanted.
+    model = target if logits else target.get_decoder()
+    out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=states)
+    features = target_features(target, out.hidden_states, feature_layers)[attention_mask.bool()] if states else None
+    return (out.logits[positions.to(out.logits.device)].float() if logits else None), features
 
 
 def score_topk(
@@ -146,7 +147,7 @@ def score_topk(
     for start in tqdm(range(0, len(sequences), SCORE_BATCH), desc="target forward (teacher cache)", leave=False,
                       disable=len(sequences) <= 4 * SCORE_BATCH):
         logits, batch_hidden = _target_outputs(target, sequences[start : start + SCORE_BATCH], pad_id, logits=k > 0,
-                                               feature_layers=features or LAST_FEATURE)
+                                               feature_layers=features)
         if logits is not None:
             top = logits.topk(min(k, logits.shape[-1]), dim=-1)
             ids.append(top.indices.to(torch.int32).cpu())
