@@ -60,14 +60,15 @@ def test_truncated_vocabulary_feature_drafter_is_exact(target, ragged_prompts) -
     assert result.sequences == [hf_greedy(target, p, 16) for p in ragged_prompts]
 
 
-@pytest.mark.parametrize("layers", [(-1,), MULTI])
-def test_decode_time_drafts_equal_the_unrolled_training_forward(target, ragged_prompts, monkeypatch, layers) -> None:
+@pytest.mark.parametrize("layers, draft_vocab", [((-1,), None), (MULTI, None), ((-1,), list(range(0, V, 3)))])
+def test_decode_time_drafts_equal_the_unrolled_training_forward(target, ragged_prompts, monkeypatch, layers, draft_vocab) -> None:
     """What the cached, ragged decode loop feeds the drafter must be what training unrolls: each
     step's q equals a from-scratch forward of `unrolled_features` over committed tokens + drafts,
     with the target's features recomputed over the whole sequence. Fails if a window, a feature
-    offset, a cache trim, the training mask or (multi-layer) the fed-back slot is off."""
+    offset, a cache trim, the training mask, (multi-layer) the fed-back slot or (truncated head)
+    the q computed over the draft ids and spread to the vocabulary is off."""
     gamma = 3
-    drafter = random_feature_drafter(target, seed=2, feature_layers=layers)
+    drafter = random_feature_drafter(target, seed=2, feature_layers=layers, draft_vocab=draft_vocab)
     records = []
     original = FeatureDrafting.propose
 

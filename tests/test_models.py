@@ -15,6 +15,7 @@ from safetensors import safe_open
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from specdecode import models
+from specdecode.decoding.sampling import SamplingParams, logits_to_probs
 from specdecode.models import gguf_cache
 from specdecode.models import (
     DraftVocabHead,
@@ -179,6 +180,26 @@ def test_truncated_head_keeps_a_bias() -> None:
         state = head.state_dict()
     torch.testing.assert_close(state["bias"], full.bias.detach())
     assert set(state) == {"weight", "bias"}
+
+
+@pytest.mark.parametrize(
+    "params", [SamplingParams(0.0), SamplingParams(1.0), SamplingParams(0.7, top_k=2), SamplingParams(0.7, top_k=9),
+               SamplingParams(1.3, top_p=0.6)], ids=["greedy", "t1", "t0.7-k2", "t0.7-k9", "t1.3-p0.6"],
+)
+def test_distribution_over_draft_ids_spread_is_the_full_vocabulary_one(params: SamplingParams) -> None:
+    """Decoding computes q over a truncated head's K ids and spreads it to V (`FeatureDrafting`):
+    that must be exactly the distribution of the full-vocabulary logits `forward` returns, under
+    temperature, top-k (also k > K) and top-p, with ties broken alike (draft ids are sorted)."""
+    full = torch.nn.Linear(8, 16, bias=True)
+    head = DraftVocabHead.from_linear(full, [1, 2, 5, 7, 11, 12])
+    hidden = torch.randn(5, 8)
+    with torch.no_grad():
+        expected = logits_to_probs(head(hidden), params)
+        spread = head.spread(logits_to_probs(head.draft_logits(hidden), params))
+    # the same values; only the softmax's sum may round differently over 16 entries than over 6
+    torch.testing.assert_close(spread, expected, rtol=1e-6, atol=0)
+    assert spread.shape == (5, 16) and not spread[:, [0, 3, 4, 6, 8, 9, 10, 13, 14, 15]].any()
+    assert torch.equal(spread.argmax(-1), expected.argmax(-1))
 
 
 def test_truncated_head_gradient_reaches_only_its_rows() -> None:

@@ -161,14 +161,20 @@ def test_distribution_test_catches_resampling_from_p(mc_models, monkeypatch) -> 
     assert g_test_pvalue(observed, exact_joint(target, params)) < SIGNIFICANCE
 
 
-@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, top_k=3)], ids=["t1.0", "t0.7-k3"])
-def test_sampled_output_follows_target_with_a_feature_drafter(mc_models, params) -> None:
-    """The same Monte-Carlo test with an EAGLE-style drafter reading the target's features."""
+@pytest.mark.parametrize(
+    "params, draft_vocab",
+    [(SamplingParams(1.0), None), (SamplingParams(0.7, top_k=3), None), (SamplingParams(1.0), [0, 2, 3]),
+     (SamplingParams(0.7, top_k=2), [0, 2, 3])],
+    ids=["t1.0", "t0.7-k3", "t1.0-vocab3", "t0.7-k2-vocab3"],
+)
+def test_sampled_output_follows_target_with_a_feature_drafter(mc_models, params, draft_vocab) -> None:
+    """The same Monte-Carlo test with an EAGLE-style drafter reading the target's features, with
+    the full vocabulary and a truncated one (its q is computed over the draft ids, then spread)."""
     from specdecode.models.feature_drafter import derive_feature_drafter
 
     target, _ = mc_models
     torch.manual_seed(13)
-    drafter = derive_feature_drafter(target, 1)
+    drafter = derive_feature_drafter(target, 1, draft_vocab=draft_vocab)
     with torch.no_grad():
         drafter.fc.weight.normal_(0, 0.3)
     observed = sampled_joint(target, drafter, params, seed=1)

@@ -22,6 +22,7 @@ from transformers import PreTrainedModel
 
 from specdecode.decoding.cache import RaggedKVCache, cached_call, cached_forward
 from specdecode.decoding.sampling import SamplingParams, draw, logits_to_probs
+from specdecode.models.draft_vocab import DraftVocabHead
 from specdecode.models.feature_drafter import FeatureDrafter, feed_back
 
 
@@ -76,6 +77,11 @@ class FeatureDrafting:
         self.start = torch.zeros(batch_size, dtype=torch.long, device=drafter.device)
         self.start_bound = 0
         self.width = 0
+        head = drafter.get_output_embeddings()
+        # A truncated head's K ids are all a draft can be: q is computed and sampled over them and
+        # spread to the full vocabulary once per step (softmax, top-k/p and the sampling noise over
+        # 49k ids cost more than the drafter's whole step on SmolLM2; the other ids' q is 0 exactly).
+        self.draft_head = head if isinstance(head, DraftVocabHead) else None
 
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
         """Keep the target's prompt features `[B, longest, n·H]`; the drafter reads them in the
@@ -104,14 +110,24 @@ class FeatureDrafting:
         # 2. gamma drafts, each fed back with the feature it was predicted from
         drafts, q = [], []
         for i in range(gamma):
-            q_i = logits_to_probs(self.drafter.logits(feature[:, -1]), params)
-            draft = draw(q_i, params, generator).unsqueeze(1)
+            q_i, draft = self._draw(feature[:, -1], params, generator)
+            draft = draft.unsqueeze(1)
             drafts.append(draft)
             q.append(q_i)
             if i + 1 < gamma:
                 fed = feed_back(feature, self.features.shape[-1])
                 feature = cached_call(self.cache, 1, self.drafter.dtype, lambda **kw: self.drafter(fed, draft, **kw))
-        return torch.cat(drafts, dim=1), torch.stack(q, dim=1)
+        probs = torch.stack(q, dim=1)
+        return torch.cat(drafts, dim=1), probs if self.draft_head is None else self.draft_head.spread(probs)
+
+    def _draw(self, feature: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """q `[B, K]` from predicted features `[B, H]` and the draft `[B]` drawn from it (K = V
+        without a truncated head; with one, q is over its draft ids and the draft is mapped back)."""
+        if self.draft_head is None:
+            q = logits_to_probs(self.drafter.logits(feature), params)
+            return q, draw(q, params, generator)
+        q = logits_to_probs(self.draft_head.draft_logits(feature), params)
+        return q, self.draft_head.draft_ids[draw(q, params, generator)]
 
     def observe(self, features: torch.Tensor | None, start: torch.Tensor) -> None:
         """Store the verify pass's features `[B, W, n·H]` at positions `start[b] + w`."""

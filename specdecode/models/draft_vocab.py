@@ -94,11 +94,16 @@ class DraftVocabHead(nn.Module):
         Returns:
             [B, T, V] logits: `hidden @ weight.T (+ bias)` at `draft_ids`, `finfo.min` elsewhere.
         """
-        draft_logits = F.linear(hidden, self.weight, self.bias)  # [B, T, K]
-        logits = draft_logits.new_full(
-            (*draft_logits.shape[:-1], self.vocab_size), torch.finfo(draft_logits.dtype).min
-        )
-        return logits.index_copy(-1, self.draft_ids, draft_logits)
+        draft_logits = self.draft_logits(hidden)
+        return self.spread(draft_logits, torch.finfo(draft_logits.dtype).min)
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`[..., H]` → `[..., K]`: the logits of the draft ids only, in `draft_ids` order."""
+        return F.linear(hidden, self.weight, self.bias)
+
+    def spread(self, values: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        """`[..., K]` values of the draft ids → `[..., V]`, `fill` at every other id."""
+        return values.new_full((*values.shape[:-1], self.vocab_size), fill).index_copy(-1, self.draft_ids, values)
 
     def extra_repr(self) -> str:
         return (
