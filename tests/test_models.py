@@ -14,17 +14,20 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from specdecode import models
+from specdecode import autoregressive_generate, models, speculative_generate
 from specdecode.decoding.sampling import SamplingParams, logits_to_probs
 from specdecode.models import gguf_cache
 from specdecode.models import (
+    DrafterConfig,
     DraftVocabHead,
     apply_draft_vocab_from_config,
+    build_drafter,
     check_tokenizers,
     check_vocab_sizes,
     derive_drafter,
     load_model,
     most_frequent_token_ids,
+    pad_vocab,
     resolve_dtype,
     validate_draft_ids,
 )
@@ -381,6 +384,31 @@ def test_check_vocab_sizes(make_tiny_llama: Callable[..., LlamaForCausalLM]) -> 
     check_vocab_sizes(target, derive_drafter(target, 1, draft_vocab=DRAFT_IDS))
     with pytest.raises(ValueError, match=r"vocab_size=64.*vocab_size=80"):
         check_vocab_sizes(target, make_tiny_llama(vocab_size=80))
+
+
+def test_a_drafter_padded_less_than_the_target_is_grown_to_its_vocabulary(
+    target: LlamaForCausalLM, prompt: torch.Tensor, tmp_path: Path, make_tiny_tokenizer: MakeTokenizer,
+    make_tiny_llama: Callable[..., LlamaForCausalLM],
+) -> None:
+    """Qwen2.5-0.5B (151,936 ids) drafting for the 7B (152,064): one tokenizer, less padding. The
+    pretrained drafter is grown to the target's vocabulary, its logits at its own ids unchanged and
+    the minimum at the padding ids (q = 0 there); decoding with it is exact. A larger drafter
+    vocabulary is refused, naming both sizes."""
+    small = make_tiny_llama(seed=3, vocab_size=60)  # tied embeddings, as Qwen2.5-0.5B's
+    ids = prompt.clamp_max(59)
+    before = logits_of(small, ids)
+    small.save_pretrained(tmp_path)
+    make_tiny_tokenizer().save_pretrained(tmp_path)
+    drafter = build_drafter(DrafterConfig(kind="pretrained", path=str(tmp_path), draft_vocab=None), target, make_tiny_tokenizer(), corpus=list)
+    after = logits_of(drafter, ids)
+    assert after.shape[-1] == 64
+    torch.testing.assert_close(after[..., :60], before, rtol=0, atol=0)
+    assert (after[..., 60:] == torch.finfo(after.dtype).min).all()
+    prompts = ids.tolist()
+    expected = autoregressive_generate(target, prompts, max_new_tokens=12, eos_token_ids=[]).sequences
+    assert speculative_generate(target, drafter, prompts, gamma=3, max_new_tokens=12, eos_token_ids=[]).sequences == expected
+    with pytest.raises(ValueError, match=r"the drafter's vocabulary \(80 ids\) is larger than the target's \(64\)"):
+        pad_vocab(make_tiny_llama(vocab_size=80), 64)
 
 
 # ------------------------------------------------------------------------------------------

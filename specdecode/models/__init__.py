@@ -9,6 +9,7 @@ from specdecode.models.draft_vocab import (
     apply_draft_vocab_from_config,
     draft_vocab_ids,
     most_frequent_token_ids,
+    pad_vocab,
     validate_draft_ids,
 )
 from specdecode.models.drafters import derive_drafter
@@ -36,6 +37,7 @@ __all__ = [
     "gguf_to_hf_folder",
     "load_model",
     "most_frequent_token_ids",
+    "pad_vocab",
     "resolve_dtype",
     "validate_draft_ids",
 ]

@@ -235,6 +235,33 @@ def truncate_vocab(drafter: PreTrainedModel, draft_ids: torch.Tensor) -> None:
     drafter.all_tied_weights_keys = drafter.get_expanded_tied_weights_keys(all_submodels=True)
 
 
+def pad_vocab(drafter: PreTrainedModel, vocab_size: int) -> PreTrainedModel:
+    """Grow a drafter whose embedding matrix is padded less than the target's to `vocab_size`.
+
+    Models of one family share a tokenizer but may pad their embeddings differently (Qwen2.5-0.5B
+    has 151,936 rows, the 7B 152,064; no tokenizer id reaches the extra rows). p and q must live in
+    one vocabulary, so the drafter is resized and its head made a `DraftVocabHead` over its own
+    ids: the padding ids get the dtype's minimum logit, so q is exactly 0 there and the drafter
+    never proposes one. Its logits at its own ids are unchanged. A no-op when the sizes match.
+
+    Raises:
+        ValueError: the drafter's vocabulary is larger than `vocab_size` (its extra ids could be
+            proposed but have no target probability), naming both sizes.
+        TypeError: the LM head is not a plain `nn.Linear` (e.g. already truncated).
+    """
+    own = drafter.config.get_text_config().vocab_size
+    if own == vocab_size:
+        return drafter
+    if own > vocab_size:
+        raise ValueError(f"the drafter's vocabulary ({own} ids) is larger than the target's ({vocab_size}): "
+                         "it could propose ids the target has no probability for")
+    if type(drafter.get_output_embeddings()) is not nn.Linear:
+        raise TypeError(f"can only pad a drafter with an nn.Linear LM head, got {type(drafter.get_output_embeddings()).__name__}")
+    drafter.resize_token_embeddings(vocab_size, mean_resizing=False)
+    truncate_vocab(drafter, torch.arange(own, device=drafter.get_output_embeddings().weight.device))
+    return drafter
+
+
 def apply_draft_vocab_from_config(model: PreTrainedModel) -> PreTrainedModel:
     """Restore a truncated-vocab drafter loaded as a plain full-vocab model.
 

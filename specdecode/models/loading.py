@@ -19,7 +19,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from specdecode.models.compat import check_tokenizers, check_vocab_sizes
 from specdecode.models.config import SMOKE_TARGET, DrafterConfig
 from specdecode.models.cpu_matmul import skinny_is_faster, use_skinny_linears, uses_skinny_linears
-from specdecode.models.draft_vocab import apply_draft_vocab_from_config
+from specdecode.models.draft_vocab import apply_draft_vocab_from_config, pad_vocab
 from specdecode.models.drafters import derive_drafter
 from specdecode.models.feature_drafter import CONFIG_KEY as FEATURE_CONFIG_KEY
 from specdecode.models.feature_drafter import LAST_FEATURE, FeatureDrafter, derive_feature_drafter, wrap_if_feature_drafter
@@ -168,6 +168,8 @@ def build_drafter(
         return derived
     drafter, drafter_tokenizer = load_model(str(cfg.path), dtype=target.dtype, device=target.device, skinny_matmul=skinny)
     check_tokenizers(tokenizer, drafter_tokenizer)
+    if not isinstance(drafter, FeatureDrafter):  # e.g. Qwen2.5-0.5B for the 7B: same tokenizer, less padding
+        drafter = pad_vocab(drafter, target.config.get_text_config().vocab_size)
     check_vocab_sizes(target, drafter)
     return drafter
 
