@@ -31,6 +31,7 @@ from specdecode.models import (
     resolve_dtype,
     validate_draft_ids,
 )
+from specdecode.models.cpu_matmul import use_skinny_linears
 
 DRAFT_IDS = [1, 3, 4, 10, 17, 30, 31, 63]  # includes EOS (1) and both ends of the vocabulary
 MakeTokenizer = Callable[..., PreTrainedTokenizerFast]
@@ -386,14 +387,18 @@ def test_check_vocab_sizes(make_tiny_llama: Callable[..., LlamaForCausalLM]) -> 
         check_vocab_sizes(target, make_tiny_llama(vocab_size=80))
 
 
+@pytest.mark.parametrize("skinny", [False, True], ids=["F.linear", "skinny"])
 def test_a_drafter_padded_less_than_the_target_is_grown_to_its_vocabulary(
     target: LlamaForCausalLM, prompt: torch.Tensor, tmp_path: Path, make_tiny_tokenizer: MakeTokenizer,
-    make_tiny_llama: Callable[..., LlamaForCausalLM],
+    make_tiny_llama: Callable[..., LlamaForCausalLM], skinny: bool,
 ) -> None:
     """Qwen2.5-0.5B (151,936 ids) drafting for the 7B (152,064): one tokenizer, less padding. The
     pretrained drafter is grown to the target's vocabulary, its logits at its own ids unchanged and
-    the minimum at the padding ids (q = 0 there); decoding with it is exact. A larger drafter
+    the minimum at the padding ids (q = 0 there); decoding with it is exact, with either CPU kernel
+    (the drafter then loads with skinny linears, its head one of them). A larger drafter
     vocabulary is refused, naming both sizes."""
+    if skinny:
+        use_skinny_linears(target)
     small = make_tiny_llama(seed=3, vocab_size=60)  # tied embeddings, as Qwen2.5-0.5B's
     ids = prompt.clamp_max(59)
     before = logits_of(small, ids)

@@ -255,8 +255,9 @@ def pad_vocab(drafter: PreTrainedModel, vocab_size: int) -> PreTrainedModel:
     if own > vocab_size:
         raise ValueError(f"the drafter's vocabulary ({own} ids) is larger than the target's ({vocab_size}): "
                          "it could propose ids the target has no probability for")
-    if type(drafter.get_output_embeddings()) is not nn.Linear:
-        raise TypeError(f"can only pad a drafter with an nn.Linear LM head, got {type(drafter.get_output_embeddings()).__name__}")
+    head = drafter.get_output_embeddings()
+    if not isinstance(head, nn.Linear):  # (a skinny-kernel head is one)
+        raise TypeError(f"can only pad a drafter with an nn.Linear LM head, got {type(head).__name__}")
     drafter.resize_token_embeddings(vocab_size, mean_resizing=False)
     truncate_vocab(drafter, torch.arange(own, device=drafter.get_output_embeddings().weight.device))
     return drafter
