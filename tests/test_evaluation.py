@@ -77,6 +77,23 @@ def test_run_eval_writes_every_method_with_exact_greedy(tiny_setup) -> None:
         assert (tmp_path / "eval" / png).stat().st_size > 1000
 
 
+@pytest.mark.parametrize("chooser", ["routed", "oracle"])
+def test_routed_or_oracle_alone_load_the_drafters_they_choose_between(tiny_setup, chooser: str) -> None:
+    """`methods=[autoregressive, routed]` routes to drafters whose own rows were not asked for (it
+    once failed with KeyError 'specialized:code' after loading everything); the oracle runs the
+    candidates to pick from but writes only its own rows. Greedy stays exact."""
+    tmp_path, folders = tiny_setup
+    cfg = EvalConfig(
+        target=TargetConfig(name=str(tmp_path / "target")), methods=["autoregressive", chooser], drafters=folders,
+        router_dir="unused-by-the-fake-loader", domains=["code"], prompts_per_domain=2, max_prompt_tokens=150,
+        max_new_tokens=6, gamma=2, temperatures=[0.0], batch_sizes=[1], sweep_gammas=[1, 2],
+        output_dir=str(tmp_path / "eval"),
+    )
+    rows = run_eval(cfg, router_loader=lambda path: FixedRouter("generic", "code", cut=0))["rows"]
+    assert {(r["method"], r["gamma"]) for r in rows} == {("autoregressive", 0), (chooser, 2)} | ({(chooser, 1)} if chooser == "routed" else set())
+    assert all(r["exact_match"] == 1.0 for r in rows)
+
+
 def test_gamma_sweep_rows_for_the_swept_methods_only(tiny_setup) -> None:
     tmp_path, folders = tiny_setup
     cfg = EvalConfig(
@@ -147,6 +164,7 @@ def test_merged_counts_sum_work_and_take_the_slowest_process_time() -> None:
         (dict(methods=["generic"]), "autoregressive"),
         (dict(methods=["autoregressive", "generic"]), "drafters.generic"),
         (dict(methods=["autoregressive", "routed"]), "router_dir"),
+        (dict(methods=["autoregressive", "oracle"], batch_sizes=[2]), "batch_sizes"),
         (dict(methods=["autoregressive"], domains=["poetry"]), "poetry"),
         (dict(methods=["autoregressive"], drafters={"code": "/no/such/folder"}), "/no/such/folder"),
         (dict(methods=["autoregressive"], batch_sizes=[0]), "batch_sizes"),

@@ -96,6 +96,8 @@ class EvalConfig(Placement):
             require(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0, "temperatures", t, "finite numbers >= 0")
         for b in self.batch_sizes:
             require(isinstance(b, int) and b >= 1, "batch_sizes", b, "ints >= 1")
+        if "oracle" in self.methods:
+            require(1 in self.batch_sizes, "batch_sizes", self.batch_sizes, "must include 1 for method oracle (it picks from batch-1 runs)")
         for g in self.sweep_gammas:
             require(is_gamma(g), "sweep_gammas", g, GAMMA_RANGE)
         for method in self.sweep_methods:

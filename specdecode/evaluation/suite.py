@@ -73,8 +73,11 @@ def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], ob
     if "undistilled" in cfg.methods:
         corpus = lambda: vocab_corpus(tokenizer, 2000, source=cfg.source, domains=cfg.domains)  # noqa: E731
         drafters["undistilled"] = build_drafter(cfg.undistilled, target, tokenizer, corpus)
+    # The router and the oracle choose between the trained drafters: they load for either, even
+    # where their own rows were not asked for.
+    choosers = {"routed", "oracle"} & set(cfg.methods)
     for name, path in cfg.drafters.items():
-        if ("generic" if name == "generic" else "specialized") not in cfg.methods:
+        if _family(name) not in cfg.methods and not choosers:
             continue
         model, drafter_tokenizer = load_model(path, dtype=cfg.dtype, device=device, skinny_matmul=cfg.skinny_matmul)
         check_tokenizers(tokenizer, drafter_tokenizer)
@@ -85,6 +88,12 @@ def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], ob
             router_loader = partial(Router.load, device=str(device))
         router = router_loader(cfg.router_dir)  # type: ignore[arg-type]
     return _Models(target, tokenizer, default_eos(target), drafters, router)
+
+
+def _family(name: str) -> str:
+    """The method a generator's rows belong to: `autoregressive`, `undistilled`, `generic`, or
+    `specialized` for `code` / `specialized:code`."""
+    return name if name in ("autoregressive", "undistilled", "generic") else "specialized"
 
 
 def _generators(models: _Models, gamma: int | None, decode: dict) -> dict[str, Generate]:
@@ -120,7 +129,11 @@ def _eval_domain(cfg: EvalConfig, models: _Models, domain: str, texts: list[str]
         sweep_reference: list[list[int]] | None = None
         for batch_size in sorted(cfg.batch_sizes):
             progress.set_postfix_str(f"{domain} T={temperature} B={batch_size}")
-            records = {name: run_batched(fn, ids, batch_size) for name, fn in generators.items()}
+            # A drafter loaded only for the router runs no rows of its own; the oracle picks from
+            # every candidate's batch-1 run, so those run whenever it is asked for.
+            needed = [name for name in generators
+                      if _family(name) in cfg.methods or ("oracle" in cfg.methods and name in models.candidates)]
+            records = {name: run_batched(generators[name], ids, batch_size) for name in needed}
             if route_choices is not None:
                 records["routed"] = _routed(generators, route_choices, ids, batch_size, routing_s or 0.0)
             if "oracle" in cfg.methods and models.candidates:
@@ -135,6 +148,8 @@ def _eval_domain(cfg: EvalConfig, models: _Models, domain: str, texts: list[str]
             if batch_size == sweep_batch:
                 sweep_reference = reference
             for name, record in records.items():
+                if name != "oracle" and name != "routed" and _family(name) not in cfg.methods:
+                    continue  # ran for the oracle's choice only
                 local[(domain, name, temperature, batch_size, 0 if name == "autoregressive" else cfg.gamma)] = record.counts(reference)
             progress.update(1)
         if temperature in cfg.sweep_temperatures:
@@ -160,7 +175,7 @@ def _sweep(
                 if route_choices is None:
                     continue
                 record = _routed(generators, route_choices, ids, batch_size, routing_s or 0.0)
-            elif method in generators:
+            elif method in generators and _family(method) in cfg.methods:
                 record = run_batched(generators[method], ids, batch_size)
             else:
                 continue
