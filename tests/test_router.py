@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from safetensors.torch import load_file, save_file
 
 from specdecode.core.config import from_dict
 from specdecode.decoding.decode import autoregressive_generate
@@ -58,12 +59,64 @@ def test_mlp_learns_a_separable_task() -> None:
     points = centres[labels] + torch.randn(300, 8, generator=generator)
     # Each drafter's label is high on its own cluster, with noise; the argmax must recover the cluster.
     targets = torch.nn.functional.one_hot(labels, 3).float() + 0.1 * torch.randn(300, 3, generator=generator)
-    router, history = fit_router(points[:240], targets[:240], DRAFTERS, KeywordEmbedder(), hidden=32, dropout=0.0,
-                                 epochs=100, patience=20, seed=0, prompt_length=False)
+    router, histories = fit_router(points[:240], targets[:240], DRAFTERS, KeywordEmbedder(), hidden=32, dropout=0.0,
+                                   epochs=100, patience=20, seed=0, prompt_length=False, members=3)
     chosen = router.scores_from_features(points[240:]).argmax(1)
     assert (chosen == labels[240:]).float().mean().item() >= 0.95
-    assert history.val_loss[history.best_epoch] < history.val_loss[0]
-    assert len(history.val_rows) == 48
+    assert router.members == len(histories) == 3
+    for history in histories:
+        assert history.val_loss[history.best_epoch] < history.val_loss[0]
+        assert len(history.val_rows) == 48
+    assert len({tuple(sorted(h.val_rows)) for h in histories}) == 3  # each member validates on its own rows
+
+
+def test_an_ensemble_averages_the_single_fits_of_its_seeds(tmp_path: Path) -> None:
+    """Member e of a `members=E` router is the one-MLP fit of seed `seed + e` (its split, init and
+    statistics), and the router's scores are their mean; it saves and loads as such."""
+    generator = torch.Generator().manual_seed(4)
+    features, targets = torch.randn(50, 6, generator=generator), torch.randn(50, 3, generator=generator)
+    kwargs = dict(hidden=8, dropout=0.1, epochs=20, patience=5, prompt_length=False)
+    ensemble, _ = fit_router(features, targets, DRAFTERS, KeywordEmbedder(), seed=7, members=3, **kwargs)
+    singles = [fit_router(features, targets, DRAFTERS, KeywordEmbedder(), seed=7 + e, members=1, **kwargs)[0] for e in range(3)]
+    expected = torch.stack([single.scores_from_features(features) for single in singles]).mean(0)
+    torch.testing.assert_close(ensemble.scores_from_features(features), expected)
+    assert not torch.allclose(singles[0].scores_from_features(features), expected)  # the members differ
+    ensemble.save(tmp_path)
+    assert json.loads((tmp_path / "router.json").read_text())["members"] == 3
+    loaded = Router.load(tmp_path, embedder=KeywordEmbedder())
+    assert loaded.members == 3 and torch.equal(loaded.scores_from_features(features), ensemble.scores_from_features(features))
+    with pytest.raises(ValueError, match="members=0"):
+        fit_router(features, targets, DRAFTERS, KeywordEmbedder(), members=0)
+
+
+def test_a_feature_no_training_prompt_has_does_not_swamp_the_scores() -> None:
+    """A hashing bucket that is 0 on every training row and 1 on a new prompt moves its scores by
+    about what one feature moves them, not by the ~1e6 a near-zero scale would give it."""
+    generator = torch.Generator().manual_seed(5)
+    features = torch.randn(60, 6, generator=generator)
+    features[:, 2] = 0.0  # the empty bucket
+    targets = torch.nn.functional.one_hot(features[:, 0].gt(0).long(), 3).float()
+    router, _ = fit_router(features, targets, DRAFTERS, KeywordEmbedder(), hidden=8, dropout=0.0, epochs=50, seed=0,
+                           members=1, prompt_length=False)
+    new = features[:5].clone()
+    new[:, 2] = 1.0
+    assert (router.scores_from_features(new) - router.scores_from_features(features[:5])).abs().max().item() < 5.0
+
+
+def test_a_router_saved_before_ensembles_loads_as_one_member(tmp_path: Path) -> None:
+    """Older router folders hold one MLP (`mlp.layers.*`), `[F]` / `[K]` statistics and no
+    `members` in router.json: they load, scoring as they did."""
+    router = _fit_on_domains(KeywordEmbedder(), members=1)
+    router.save(tmp_path)
+    tensors = load_file(tmp_path / "router.safetensors")
+    old = {k.replace("mlp.0.", "mlp.", 1) if k.startswith("mlp.") else k: v if k.startswith("mlp.") else v[0] for k, v in tensors.items()}
+    save_file(old, tmp_path / "router.safetensors")
+    config = json.loads((tmp_path / "router.json").read_text())
+    del config["members"]
+    (tmp_path / "router.json").write_text(json.dumps(config))
+    loaded = Router.load(tmp_path, embedder=KeywordEmbedder())
+    texts = [t for d in DRAFTERS for t in _texts(d, 4, offset=60)]
+    assert loaded.members == 1 and torch.equal(loaded.scores(texts), router.scores(texts))
 
 
 def test_fit_is_seeded_and_leaves_global_rng_alone() -> None:
@@ -177,6 +230,9 @@ def test_default_configs_validate() -> None:
         from_dict(FitRouterConfig, _compose("fit_router", ["objective=alpha"]))
     with pytest.raises(ValueError, match="router.embedder.kind"):
         from_dict(FitRouterConfig, _compose("fit_router", ["router.embedder.kind=word2vec"]))
+    assert fit.router.members == 5
+    with pytest.raises(ValueError, match="router.members=0"):
+        from_dict(FitRouterConfig, _compose("fit_router", ["router.members=0"]))
 
 
 def test_smoke_collect_then_fit_end_to_end(tmp_path: Path, capsys) -> None:
@@ -193,6 +249,7 @@ def test_smoke_collect_then_fit_end_to_end(tmp_path: Path, capsys) -> None:
         assert policies["oracle"][metric] >= max(policies["routed"][metric], policies["best single"][metric], policies["random"][metric]) - 1e-9
     assert sum(sum(row.values()) for row in report["confusion"].values()) == 6
     assert report["routing_latency_ms_per_prompt"] > 0
+    assert report["fit"]["members"] == 2 == len(report["fit"]["best_epoch"])  # conf/router/hashing.yaml
     assert "| routed |" in capsys.readouterr().out
     with pytest.raises(ValueError, match="labels="):
         run_fit(from_dict(FitRouterConfig, {"labels": str(tmp_path / "none.jsonl")}), progress=False)

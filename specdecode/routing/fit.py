@@ -1,5 +1,6 @@
-"""Fitting the router (router/fit.py): the MLP regresses the labels' train rows, early-stopped
-on a held-out slice of them, and is reported on the labels' held-out rows."""
+"""Fitting the router (router/fit.py): each of its MLPs regresses the labels' train rows,
+early-stopped on its own held-out slice of them, and the ensemble is reported on the labels'
+held-out rows."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ def fit_router(
     prompt_length: bool = True,
     hidden: int = 256,
     dropout: float = 0.1,
+    members: int = 5,
     epochs: int = 300,
     batch_size: int = 64,
     lr: float = 1e-3,
@@ -52,20 +54,23 @@ def fit_router(
     relative: bool = True,
     objective: str = "speedup",
     embedder_spec: dict[str, Any] | None = None,
-) -> tuple[Router, FitHistory]:
-    """Fit the MLP to `targets` on a seeded train / validation split, keeping the best validation epoch.
+) -> tuple[Router, list[FitHistory]]:
+    """Fit `members` MLPs to `targets`, member e on a train / validation split seeded `seed + e`,
+    each keeping its best validation epoch; the router averages their scores.
 
     Args:
         features: `[N, F]` raw features (`prompt_features`), N >= 2.
         targets: `[N, K]` per-drafter objective (e.g. predicted speedup).
         drafters: the K names, in the targets' column order.
         embedder: what made the features (kept in the router for routing new texts).
+        members: E, the MLPs averaged (`RouterModelConfig.members`); member 0 is the single fit of
+            the same seed, so `members=1` is one MLP.
         relative: regress `targets - targets.mean(1)` (see `FitRouterConfig.relative`).
         embedder_spec: the embedder's config, saved so `Router.load` can rebuild it.
         The rest are the usual MLP / AdamW / early-stopping knobs.
 
     Returns:
-        The router (in eval mode) and the fit's history.
+        The router (in eval mode) and each member's fit history.
     """
     if features.dim() != 2 or targets.dim() != 2 or features.shape[0] != targets.shape[0]:
         raise ValueError(f"features {tuple(features.shape)} and targets {tuple(targets.shape)} must be [N, F] and [N, K]")
@@ -73,28 +78,39 @@ def fit_router(
         raise ValueError(f"targets have {targets.shape[1]} columns but {len(drafters)} drafters were named: {list(drafters)}")
     if features.shape[0] < 2:
         raise ValueError(f"need at least 2 labelled prompts to fit a router, got {features.shape[0]}")
+    if members < 1:
+        raise ValueError(f"members={members}: a router needs at least one MLP")
     features, targets = features.float(), targets.float()
     if relative:
         targets = targets - targets.mean(dim=1, keepdim=True)
-    generator = torch.Generator().manual_seed(seed)
-    order = torch.randperm(features.shape[0], generator=generator)
-    num_val = min(max(1, round(val_fraction * features.shape[0])), features.shape[0] - 1)
-    val, train = order[:num_val], order[num_val:]
+    mlps, stats, histories = [], [], []
+    for member_seed in range(seed, seed + members):
+        generator = torch.Generator().manual_seed(member_seed)
+        order = torch.randperm(features.shape[0], generator=generator)
+        num_val = min(max(1, round(val_fraction * features.shape[0])), features.shape[0] - 1)
+        val, train = order[:num_val], order[num_val:]
 
-    # Statistics from the training rows only, so validation measures generalisation honestly; the
-    # floor keeps constant columns (a drafter whose label never varies) finite.
-    feature_mean, feature_std = features[train].mean(0), features[train].std(0, unbiased=False).clamp_min(1e-6)
-    target_mean, target_std = targets[train].mean(0), targets[train].std(0, unbiased=False).clamp_min(1e-6)
-    x = (features - feature_mean) / feature_std
-    y = (targets - target_mean) / target_std
+        # Statistics from the member's training rows only, so its validation measures
+        # generalisation honestly. A feature constant on those rows (a hashing bucket no training
+        # prompt fills) keeps scale 1: a tiny floor there would multiply it by ~1e6 for the first
+        # prompt that has it and swamp every score. The target floor keeps constant columns (a
+        # drafter whose label never varies) finite.
+        feature_std = features[train].std(0, unbiased=False)
+        feature_mean, feature_std = features[train].mean(0), torch.where(feature_std > 1e-6, feature_std, 1.0)
+        target_mean, target_std = targets[train].mean(0), targets[train].std(0, unbiased=False).clamp_min(1e-6)
+        x = (features - feature_mean) / feature_std
+        y = (targets - target_mean) / target_std
 
-    history = FitHistory(val_rows=val.tolist())
-    mlp = _train_mlp(x, y, train, val, generator, history, hidden=hidden, dropout=dropout, epochs=epochs,
-                     batch_size=batch_size, lr=lr, weight_decay=weight_decay, patience=patience, seed=seed)
-    router = Router(mlp.eval(), embedder, list(drafters), feature_mean, feature_std, target_mean, target_std,
+        history = FitHistory(val_rows=val.tolist())
+        mlps.append(_train_mlp(x, y, train, val, generator, history, hidden=hidden, dropout=dropout, epochs=epochs,
+                               batch_size=batch_size, lr=lr, weight_decay=weight_decay, patience=patience, seed=member_seed))
+        stats.append((feature_mean, feature_std, target_mean, target_std))
+        histories.append(history)
+    feature_mean, feature_std, target_mean, target_std = (torch.stack(column) for column in zip(*stats))
+    router = Router(nn.ModuleList(mlps).eval(), embedder, list(drafters), feature_mean, feature_std, target_mean, target_std,
                     prompt_length=prompt_length, objective=objective, relative=relative,
                     embedder_spec=embedder_spec, hidden=hidden, dropout=dropout)
-    return router, history
+    return router, histories
 
 
 def _train_mlp(
@@ -154,9 +170,10 @@ def run_fit(cfg: FitRouterConfig, *, progress: bool = True) -> dict[str, Any]:
     bar.update(1)
     features = prompt_features(embedder, [r["prompt"] for r in train_rows], prompt_length=cfg.router.prompt_length)
     bar.update(1)
-    router, history = fit_router(
+    router, histories = fit_router(
         features, label_matrix(train_rows, cfg.objective, drafters), drafters, embedder,
         prompt_length=cfg.router.prompt_length, hidden=cfg.router.hidden, dropout=cfg.router.dropout,
+        members=cfg.router.members,
         epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, weight_decay=cfg.weight_decay,
         val_fraction=cfg.val_fraction, patience=cfg.patience, seed=cfg.seed, relative=cfg.relative,
         objective=cfg.objective, embedder_spec=asdict(cfg.router.embedder),
@@ -165,8 +182,10 @@ def run_fit(cfg: FitRouterConfig, *, progress: bool = True) -> dict[str, Any]:
     router.save(output)
     bar.update(1)
     report = routing_report(router, heldout_rows, latency_repeats=cfg.latency_repeats)
-    report["fit"] = {"train_prompts": len(train_rows), "val_prompts": len(history.val_rows), "best_epoch": history.best_epoch,
-                     "epochs_run": len(history.val_loss), "best_val_mse": history.val_loss[history.best_epoch]}
+    report["fit"] = {"train_prompts": len(train_rows), "members": len(histories),
+                     "val_prompts": [len(h.val_rows) for h in histories], "best_epoch": [h.best_epoch for h in histories],
+                     "epochs_run": [len(h.val_loss) for h in histories],
+                     "best_val_mse": [h.val_loss[h.best_epoch] for h in histories]}
     report["labels"] = {"path": str(cfg.labels), "gamma": meta["gamma"], "cost_ratios": meta["cost_ratios"],
                         "verify_ratio": meta["verify_ratio"], "temperature": meta["temperature"]}
     report["config"] = asdict(cfg)

@@ -76,7 +76,8 @@ def report_markdown(report: dict[str, Any]) -> str:
         return "–" if value is None else f"{100 * value:.0f}%"
 
     lines = [
-        f"# Router — {report['prompts']} held-out prompts, objective `{report['objective']}`",
+        f"# Router — {report['prompts']} held-out prompts, objective `{report['objective']}`"
+        + (f", {report['fit']['members']} MLPs averaged" if "fit" in report else ""),
         "",
         "| policy | acceptance | greedy match | predicted speedup |",
         "|---|---|---|---|",

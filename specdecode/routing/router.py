@@ -1,14 +1,18 @@
 """The router: an MLP over a prompt's features that scores each drafter, and its files.
 
-    text ─ embedder ─▶ [D] ⊕ log(1 + chars) ─ standardise ─▶ MLP ─▶ [K] scores ─▶ argmax drafter
+    text ─ embedder ─▶ [D] ⊕ log(1 + chars) ─ standardise ─▶ E MLPs ─▶ mean ─▶ [K] scores ─▶ argmax drafter
 
 Different prompts are accepted best by different drafters (code by the code drafter, ...). The
 router regresses, per drafter, the label `specdecode.routing.labels` measured (predicted speedup by
 default, or acceptance) from the prompt text alone, and routes each prompt to the argmax; fitting
-is `specdecode.routing.fit`, routed decoding `specdecode.routing.generate`.
+is `specdecode.routing.fit`, routed decoding `specdecode.routing.generate`. It is an ensemble of E
+MLPs, each fitted on its own seeded train / validation split with its own statistics, whose
+de-standardised scores are averaged: per-prompt labels are noisy and a single fit's held-out
+choices depend on its split (README, "Route").
 
-On disk a router is `router.safetensors` (MLP weights, feature and target statistics) and
-`router.json` (the drafters it routes between, in order, the embedder, features and sizes).
+On disk a router is `router.safetensors` (each member's weights, feature and target statistics)
+and `router.json` (the drafters it routes between, in order, the embedder, features and sizes).
+Routers saved before ensembles (one MLP, no `members` in router.json) load as one member.
 """
 
 from __future__ import annotations
@@ -44,13 +48,13 @@ class RouterMLP(nn.Module):
 
 @dataclass(eq=False)
 class Router:
-    """An MLP, its embedder and the statistics that map raw features in and scores out.
+    """E MLPs, their embedder and the statistics that map raw features in and scores out.
 
-    feature_mean / feature_std: `[F]`; target_mean / target_std: `[K]`; drafters: the K names, in
-    the MLP's output order.
+    mlp: the E members; feature_mean / feature_std: `[E, F]`; target_mean / target_std: `[E, K]`
+    (member e's own); drafters: the K names, in the MLPs' output order.
     """
 
-    mlp: RouterMLP
+    mlp: nn.ModuleList
     embedder: Embedder
     drafters: list[str]
     feature_mean: torch.Tensor
@@ -67,9 +71,16 @@ class Router:
     @torch.inference_mode()
     def scores_from_features(self, features: torch.Tensor) -> torch.Tensor:
         """Raw features `[N, F]` → predicted objective per drafter `[N, K]` (relative to the
-        prompt's mean over drafters when `relative`)."""
+        prompt's mean over drafters when `relative`), the mean over the E members."""
         self.mlp.eval()
-        return self.mlp((features - self.feature_mean) / self.feature_std) * self.target_std + self.target_mean
+        scores = [member((features - self.feature_mean[e]) / self.feature_std[e]) * self.target_std[e] + self.target_mean[e]
+                  for e, member in enumerate(self.mlp)]
+        return torch.stack(scores).mean(0)
+
+    @property
+    def members(self) -> int:
+        """E, the number of MLPs averaged."""
+        return len(self.mlp)
 
     def scores(self, texts: Sequence[str]) -> torch.Tensor:
         """`[N, K]` predicted objective of each drafter for each text."""
@@ -97,7 +108,8 @@ class Router:
             "drafters": self.drafters,
             "embedder": self.embedder_spec,
             "features": ["embedding", "log1p_chars"] if self.prompt_length else ["embedding"],
-            "num_features": int(self.feature_mean.numel()),
+            "num_features": int(self.feature_mean.shape[-1]),
+            "members": self.members,
             "hidden": self.hidden,
             "dropout": self.dropout,
             "objective": self.objective,
@@ -120,7 +132,11 @@ class Router:
                 raise ValueError(f"router {str(directory)!r} was fitted with a custom embedder; pass embedder=")
             embedder = make_embedder(config["embedder"], device)
         tensors = load_file(directory / "router.safetensors")
-        mlp = RouterMLP(config["num_features"], len(config["drafters"]), config["hidden"], config["dropout"])
+        if "members" not in config:  # saved before ensembles: one MLP, `[F]` / `[K]` statistics
+            tensors = {f"mlp.0.{k.removeprefix('mlp.')}" if k.startswith("mlp.") else k: v if k.startswith("mlp.") else v.unsqueeze(0)
+                       for k, v in tensors.items()}
+        mlp = nn.ModuleList(RouterMLP(config["num_features"], len(config["drafters"]), config["hidden"], config["dropout"])
+                            for _ in range(config.get("members", 1)))
         mlp.load_state_dict({k.removeprefix("mlp."): v for k, v in tensors.items() if k.startswith("mlp.")})
         return cls(mlp.eval(), embedder, list(config["drafters"]), tensors["feature_mean"], tensors["feature_std"],
                    tensors["target_mean"], tensors["target_std"], prompt_length="log1p_chars" in config["features"],
