@@ -62,8 +62,9 @@ class EvalConfig(Placement):
     prompts_per_domain: int = 10
     max_prompt_tokens: int = 256
     max_new_tokens: int = 64
-    # null: each drafter at the gamma stored with it by training (specdecode.decoding.decode.drafter_gamma).
-    gamma: int | None = 4
+    # null: each drafter at the gamma stored with it by training (specdecode.decoding.decode.drafter_gamma;
+    # 4 for one without, e.g. `undistilled`); an int runs every drafter at that gamma.
+    gamma: int | None = None
     temperatures: list[float] = field(default_factory=lambda: [0.0])
     batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
     # Gamma sweep: `sweep_methods` also run at each of `sweep_gammas`, at the smallest batch size and
