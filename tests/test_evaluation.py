@@ -7,7 +7,8 @@ import json
 import pytest
 
 from specdecode.evaluation.config import EvalConfig
-from specdecode.evaluation.records import RunRecord, merge_counts, pick_per_prompt
+from specdecode.evaluation import suite
+from specdecode.evaluation.records import RunRecord, merge_counts, pick_per_prompt, run_batched
 from specdecode.evaluation.report import merge_results
 from specdecode.evaluation.suite import run_eval
 from specdecode.models import derive_drafter
@@ -78,20 +79,25 @@ def test_run_eval_writes_every_method_with_exact_greedy(tiny_setup) -> None:
 
 
 @pytest.mark.parametrize("chooser", ["routed", "oracle"])
-def test_routed_or_oracle_alone_load_the_drafters_they_choose_between(tiny_setup, chooser: str) -> None:
+def test_routed_or_oracle_alone_load_the_drafters_they_choose_between(tiny_setup, chooser: str, monkeypatch) -> None:
     """`methods=[autoregressive, routed]` routes to drafters whose own rows were not asked for (it
     once failed with KeyError 'specialized:code' after loading everything); the oracle runs the
-    candidates to pick from but writes only its own rows. Greedy stays exact."""
+    candidates at batch 1 to pick from, and writes only its own rows. Greedy stays exact."""
     tmp_path, folders = tiny_setup
+    batched = []  # batch size of each whole-method run (the oracle's and the router's groups run apart)
+    monkeypatch.setattr(suite, "run_batched", lambda fn, ids, batch_size: batched.append(batch_size) or run_batched(fn, ids, batch_size))
     cfg = EvalConfig(
         target=TargetConfig(name=str(tmp_path / "target")), methods=["autoregressive", chooser], drafters=folders,
         router_dir="unused-by-the-fake-loader", domains=["code"], prompts_per_domain=2, max_prompt_tokens=150,
-        max_new_tokens=6, gamma=2, temperatures=[0.0], batch_sizes=[1], sweep_gammas=[1, 2],
+        max_new_tokens=6, gamma=2, temperatures=[0.0], batch_sizes=[1, 2], sweep_gammas=[1, 2],
         output_dir=str(tmp_path / "eval"),
     )
     rows = run_eval(cfg, router_loader=lambda path: FixedRouter("generic", "code", cut=0))["rows"]
-    assert {(r["method"], r["gamma"]) for r in rows} == {("autoregressive", 0), (chooser, 2)} | ({(chooser, 1)} if chooser == "routed" else set())
+    expected = {("autoregressive", 0, 1), ("autoregressive", 0, 2), (chooser, 2, 1), (chooser, 2, 2)}
+    assert {(r["method"], r["gamma"], r["batch_size"]) for r in rows} == expected | ({(chooser, 1, 1)} if chooser == "routed" else set())
     assert all(r["exact_match"] == 1.0 for r in rows)
+    # autoregressive at each batch size; the oracle's two candidates at batch 1 only
+    assert sorted(batched) == ([1, 1, 1, 2] if chooser == "oracle" else [1, 2])
 
 
 def test_gamma_sweep_rows_for_the_swept_methods_only(tiny_setup) -> None:
@@ -165,6 +171,7 @@ def test_merged_counts_sum_work_and_take_the_slowest_process_time() -> None:
         (dict(methods=["autoregressive", "generic"]), "drafters.generic"),
         (dict(methods=["autoregressive", "routed"]), "router_dir"),
         (dict(methods=["autoregressive", "oracle"], batch_sizes=[2]), "batch_sizes"),
+        (dict(methods=["autoregressive"], sweep_gammas=[1, 2]), "gamma=None"),
         (dict(methods=["autoregressive"], domains=["poetry"]), "poetry"),
         (dict(methods=["autoregressive"], drafters={"code": "/no/such/folder"}), "/no/such/folder"),
         (dict(methods=["autoregressive"], batch_sizes=[0]), "batch_sizes"),

@@ -111,12 +111,15 @@ def test_a_router_saved_before_ensembles_loads_as_one_member(tmp_path: Path) -> 
     tensors = load_file(tmp_path / "router.safetensors")
     old = {k.replace("mlp.0.", "mlp.", 1) if k.startswith("mlp.") else k: v if k.startswith("mlp.") else v[0] for k, v in tensors.items()}
     save_file(old, tmp_path / "router.safetensors")
+    floored = old | {"feature_std": old["feature_std"].clone().index_fill_(0, torch.tensor([0]), 1e-6)}
     config = json.loads((tmp_path / "router.json").read_text())
     del config["members"]
     (tmp_path / "router.json").write_text(json.dumps(config))
     loaded = Router.load(tmp_path, embedder=KeywordEmbedder())
     texts = [t for d in DRAFTERS for t in _texts(d, 4, offset=60)]
     assert loaded.members == 1 and torch.equal(loaded.scores(texts), router.scores(texts))
+    save_file(floored, tmp_path / "router.safetensors")  # the old floor of a constant feature reads as scale 1
+    assert Router.load(tmp_path, embedder=KeywordEmbedder()).feature_std[0, 0].item() == 1.0
 
 
 def test_fit_is_seeded_and_leaves_global_rng_alone() -> None:

@@ -101,6 +101,10 @@ class EvalConfig(Placement):
             require(1 in self.batch_sizes, "batch_sizes", self.batch_sizes, "must include 1 for method oracle (it picks from batch-1 runs)")
         for g in self.sweep_gammas:
             require(is_gamma(g), "sweep_gammas", g, GAMMA_RANGE)
+        # With stored gammas the main rows would land on the sweep's gammas as duplicates of
+        # different runs (a routed row mixes its drafters' gammas); a sweep compares one gamma.
+        require(not self.sweep_gammas or self.gamma is not None, "gamma", self.gamma,
+                f"an int when sweep_gammas={self.sweep_gammas} (e.g. gamma=2): the sweep's rows sit beside the main gamma's")
         for method in self.sweep_methods:
             require(method in ("undistilled", "generic", "routed") or method.removeprefix("specialized:") in DOMAINS and method.startswith("specialized:"),
                     "sweep_methods", method, "undistilled, generic, routed or specialized:<domain>")

@@ -130,9 +130,9 @@ def _eval_domain(cfg: EvalConfig, models: _Models, domain: str, texts: list[str]
         for batch_size in sorted(cfg.batch_sizes):
             progress.set_postfix_str(f"{domain} T={temperature} B={batch_size}")
             # A drafter loaded only for the router runs no rows of its own; the oracle picks from
-            # every candidate's batch-1 run, so those run whenever it is asked for.
-            needed = [name for name in generators
-                      if _family(name) in cfg.methods or ("oracle" in cfg.methods and name in models.candidates)]
+            # every candidate's batch-1 run, so those run at batch 1 whenever it is asked for.
+            needed = [name for name in generators if _family(name) in cfg.methods
+                      or ("oracle" in cfg.methods and name in models.candidates and batch_size == 1)]
             records = {name: run_batched(generators[name], ids, batch_size) for name in needed}
             if route_choices is not None:
                 records["routed"] = _routed(generators, route_choices, ids, batch_size, routing_s or 0.0)

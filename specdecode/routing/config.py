@@ -145,14 +145,14 @@ class EmbedderConfig:
 
 @dataclass
 class RouterModelConfig:
-    """The router: embedder features (+ log prompt length) → MLP → one score per drafter."""
+    """The router: embedder features (+ log prompt length) → `members` MLPs, averaged → one score per drafter."""
 
     embedder: EmbedderConfig = field(default_factory=EmbedderConfig)
     prompt_length: bool = True
     hidden: int = 256
     dropout: float = 0.1
     # MLPs averaged, each on its own seeded train / validation split: per-prompt labels are noisy,
-    # and one fit's held-out gain moved 0.68-0.88 with the seed on the demo's labels (README, "Route").
+    # and one fit's held-out gain moved 0.67-0.86 with the seed on the demo's labels (README, "Route").
     members: int = 5
 
     def __post_init__(self) -> None:

@@ -77,7 +77,7 @@ def report_markdown(report: dict[str, Any]) -> str:
 
     lines = [
         f"# Router — {report['prompts']} held-out prompts, objective `{report['objective']}`"
-        + (f", {report['fit']['members']} MLPs averaged" if "fit" in report else ""),
+        + (f", {report['fit']['members']} MLPs averaged" if "fit" in report and report["fit"]["members"] > 1 else ""),
         "",
         "| policy | acceptance | greedy match | predicted speedup |",
         "|---|---|---|---|",

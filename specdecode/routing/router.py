@@ -1,4 +1,4 @@
-"""The router: an MLP over a prompt's features that scores each drafter, and its files.
+"""The router: MLPs over a prompt's features that score each drafter, averaged, and its files.
 
     text ─ embedder ─▶ [D] ⊕ log(1 + chars) ─ standardise ─▶ E MLPs ─▶ mean ─▶ [K] scores ─▶ argmax drafter
 
@@ -138,7 +138,10 @@ class Router:
         mlp = nn.ModuleList(RouterMLP(config["num_features"], len(config["drafters"]), config["hidden"], config["dropout"])
                             for _ in range(config.get("members", 1)))
         mlp.load_state_dict({k.removeprefix("mlp."): v for k, v in tensors.items() if k.startswith("mlp.")})
-        return cls(mlp.eval(), embedder, list(config["drafters"]), tensors["feature_mean"], tensors["feature_std"],
+        # Older routers floored a feature constant on their training rows at 1e-6, which swamps the
+        # scores of the first prompt that has it; it was 0 on every training row, so scale 1 is as good.
+        feature_std = torch.where(tensors["feature_std"] > 1e-6, tensors["feature_std"], 1.0)
+        return cls(mlp.eval(), embedder, list(config["drafters"]), tensors["feature_mean"], feature_std,
                    tensors["target_mean"], tensors["target_std"], prompt_length="log1p_chars" in config["features"],
                    objective=config["objective"], relative=config["relative"], embedder_spec=config["embedder"],
                    hidden=config["hidden"], dropout=config["dropout"])
