@@ -12,6 +12,8 @@ from specdecode.core.config import from_dict
 from specdecode.data.example import Example
 from specdecode.decoding.decode import autoregressive_generate
 from specdecode.decoding.speedup import predicted_speedup
+from specdecode.models import derive_drafter
+from specdecode.models.smoke import smoke_target, smoke_tokenizer
 from specdecode.routing.collect import run_collect
 from specdecode.routing.config import CollectConfig
 from specdecode.routing.labels import collect_labels, label_rows, meta_path, read_labels, teacher_forced_acceptance
@@ -84,11 +86,17 @@ def test_predicted_speedup_uses_cost_ratio(models) -> None:
     # A 4x dearer drafter with the same acceptance must be predicted slower.
     labels.acceptance[:] = torch.tensor([[0.6, 0.6], [0.5, 0.8]])
     examples = [("train", Example(f"p{i}", None, "code")) for i in range(2)]
-    rows = label_rows(labels, examples, [3, 7], gamma=4, cost_ratios=[0.05, 0.2], verify_ratio=1.3)
+    rows = label_rows(labels, examples, [3, 7], gammas=[4, 4], cost_ratios=[0.05, 0.2], verify_ratios=[1.3, 1.3])
     for row, alphas in zip(rows, labels.acceptance.tolist()):
         for name, alpha, c in zip(["one", "two"], alphas, [0.05, 0.2]):
             assert row["speedup"][name] == pytest.approx(predicted_speedup(alpha, 4, c, 1.3), abs=1e-5)
     assert rows[0]["speedup"]["one"] > rows[0]["speedup"]["two"]
+    # Each drafter priced at its own gamma and that gamma's verify ratio.
+    mixed = label_rows(labels, examples, [3, 7], gammas=[1, 6], cost_ratios=[0.05, 0.2], verify_ratios=[1.0, 1.7])
+    assert mixed[1]["speedup"]["one"] == pytest.approx(predicted_speedup(0.5, 1, 0.05, 1.0), abs=1e-5)
+    assert mixed[1]["speedup"]["two"] == pytest.approx(predicted_speedup(0.8, 6, 0.2, 1.7), abs=1e-5)
+    with pytest.raises(ValueError, match="2 drafter columns but 1 gammas"):
+        label_rows(labels, examples, [3, 7], gammas=[4], cost_ratios=[0.05, 0.2], verify_ratios=[1.3, 1.3])
     assert rows[0]["prompt"] == "p0" and rows[0]["domain"] == "code" and rows[0]["split"] == "train"
     assert rows[1]["prompt_tokens"] == 7 and rows[1]["continuation_tokens"] == 5
 
@@ -108,13 +116,33 @@ def test_run_collect_writes_rows_and_meta(tmp_path: Path) -> None:
     path = run_collect(_smoke_collect(tmp_path), progress=False)
     rows, meta = read_labels(path)
     assert meta_path(path).is_file() and meta["drafters"] == ["shallow", "deep"]
-    assert meta["cost_ratios"] == {"shallow": 0.2, "deep": 0.6} and meta["gamma"] == 4
+    assert meta["cost_ratios"] == {"shallow": 0.2, "deep": 0.6} and meta["gammas"] == {"shallow": 4, "deep": 4}  # derived: 4
     assert [r["split"] for r in rows].count("train") == 9 and [r["split"] for r in rows].count("heldout") == 6
     assert {r["domain"] for r in rows} == {"code", "math", "chat"}
     for row in rows:
         assert set(row["acceptance"]) == {"shallow", "deep"}
         assert all(0 <= a <= 1 for a in row["acceptance"].values())
         assert row["speedup"]["deep"] == pytest.approx(predicted_speedup(row["acceptance"]["deep"], 4, 0.6, 1.0), abs=1e-4)
+
+
+def test_each_drafter_is_priced_at_its_stored_gamma_unless_one_is_set(tmp_path: Path) -> None:
+    """gamma null: a trained drafter's speedup label uses the gamma stored with it (what decoding
+    uses by default), a derived one 4; gamma=3 prices both at 3. Costs are measured (verify ratio
+    per gamma)."""
+    trained = derive_drafter(smoke_target(), 1)
+    trained.config.specdecode_gamma = 2
+    trained.save_pretrained(tmp_path / "trained")
+    smoke_tokenizer().save_pretrained(tmp_path / "trained")
+    drafters = [{"name": "trained", "kind": "pretrained", "path": str(tmp_path / "trained")}, {"name": "derived", "kind": "derived", "num_layers": 1}]
+    for gamma, expected in ((None, {"trained": 2, "derived": 4}), (3, {"trained": 3, "derived": 3})):
+        path = run_collect(_smoke_collect(tmp_path, drafters=drafters, gamma=gamma, cost_ratios=None, verify_ratio=None,
+                                          cost_repeats=1, train_limit=1, heldout_limit=1), progress=False)
+        rows, meta = read_labels(path)
+        assert meta["gammas"] == expected and meta["step_costs"]["trained"]["gamma"] == expected["trained"]
+        for row in rows:
+            for name in expected:
+                assert row["speedup"][name] == pytest.approx(predicted_speedup(
+                    row["acceptance"][name], expected[name], meta["cost_ratios"][name], meta["verify_ratios"][name]), abs=1e-4)
 
 
 def test_collect_config_errors_name_the_field(tmp_path: Path) -> None:
@@ -128,7 +156,7 @@ def test_collect_config_errors_name_the_field(tmp_path: Path) -> None:
         _smoke_collect(tmp_path, drafters=[{"name": "x", "kind": "pretrained"}, {"name": "y", "kind": "derived"}])
     with pytest.raises(ValueError, match="output"):
         _smoke_collect(tmp_path, output="labels.parquet")
-    with pytest.raises(ValueError, match=r"gamma=65: an int in \[1, 64\]"):
+    with pytest.raises(ValueError, match=r"gamma=65: null \(each drafter's own\) or an int in \[1, 64\]"):
         _smoke_collect(tmp_path, gamma=65)
     with pytest.raises(ValueError, match="temperature=nan"):
         _smoke_collect(tmp_path, temperature=float("nan"))

@@ -19,6 +19,7 @@ from specdecode.core.locking import check_writable
 from specdecode.data.corpus import vocab_corpus
 from specdecode.data.domains import format_prompt, load_domain
 from specdecode.data.example import Example
+from specdecode.decoding.decode import drafter_gamma
 from specdecode.decoding.speedup import measure_step_costs
 from specdecode.models.compat import default_eos
 from specdecode.models.loading import build_drafter, load_model
@@ -45,17 +46,19 @@ def run_collect(cfg: CollectConfig, *, progress: bool = True) -> Path:
     ids = [p for _, _, p in examples]
     labels = collect_labels(target, drafters, ids, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                             eos_token_ids=eos, batch_size=cfg.batch_size, progress=progress)
-    cost_ratios, verify_ratio, measured = _costs(cfg, target, drafters, ids, labels.continuations)
+    gammas = {name: cfg.gamma or drafter_gamma(drafter) for name, drafter in drafters}
+    cost_ratios, verify_ratios, measured = _costs(cfg, target, drafters, gammas, ids, labels.continuations)
     rows = label_rows(labels, [(s, e) for s, e, _ in examples], [len(p) for p in ids],
-                      gamma=cfg.gamma, cost_ratios=[cost_ratios[n] for n in labels.drafters], verify_ratio=verify_ratio)
+                      gammas=[gammas[n] for n in labels.drafters], cost_ratios=[cost_ratios[n] for n in labels.drafters],
+                      verify_ratios=[verify_ratios[n] for n in labels.drafters])
     output = Path(cfg.output)
     write_atomic(output, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
     meta = {
         "drafters": labels.drafters,
         "cost_ratios": cost_ratios,
-        "verify_ratio": verify_ratio,
+        "verify_ratios": verify_ratios,
         "step_costs": measured,
-        "gamma": cfg.gamma,
+        "gammas": gammas,
         "temperature": cfg.temperature,
         "label": "mean over the target's greedy continuation of Σ min(p, q) (acceptance) and "
                  "1[argmax q = argmax p] (greedy_match); speedups by Leviathan Thm 3.8 with measured verify cost",
@@ -107,19 +110,30 @@ def _costs(
     cfg: CollectConfig,
     target: PreTrainedModel,
     drafters: Sequence[tuple[str, PreTrainedModel]],
+    gammas: dict[str, int],
     prompts: Sequence[Sequence[int]],
     continuations: Sequence[Sequence[int]],
-) -> tuple[dict[str, float], float, dict[str, Any]]:
-    """Cost ratio c per drafter and the verify ratio: configured, or timed after a typical context."""
+) -> tuple[dict[str, float], dict[str, float], dict[str, Any]]:
+    """Cost ratio c per drafter and the verify ratio at its gamma: configured, or timed after a
+    typical context."""
     measured: dict[str, Any] = {}
     if cfg.cost_ratios is None or cfg.verify_ratio is None:
         # The median-length prompt with its continuation: a context like the ones being labelled.
         middle = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(continuations[i]))[len(prompts) // 2]
         context = list(prompts[middle]) + list(continuations[middle])
-        if len(context) <= cfg.gamma + 1:
-            context = [t for p in prompts for t in p][: 4 * (cfg.gamma + 1)]
-        measured = {name: measure_step_costs(target, drafter, context, cfg.gamma, cfg.cost_repeats).to_dict()
+        longest = max(gammas.values())
+        if len(context) <= longest + 1:
+            context = ([t for p in prompts for t in p] * (longest + 2))[: 4 * (longest + 1)]
+        measured = {name: measure_step_costs(target, drafter, context, gammas[name], cfg.cost_repeats).to_dict()
                     for name, drafter in drafters}
     cost_ratios = cfg.cost_ratios or {name: costs["cost_ratio"] for name, costs in measured.items()}
-    verify_ratio = cfg.verify_ratio or statistics.median(costs["verify_ratio"] for costs in measured.values())
-    return cost_ratios, verify_ratio, measured
+    if cfg.verify_ratio is not None:
+        verify_ratios = {name: cfg.verify_ratio for name, _ in drafters}
+    else:
+        # Every drafter timed the target's verify; those at one gamma timed the same thing, so
+        # each gamma gets their median (less timing noise than any one).
+        by_gamma: dict[int, list[float]] = {}
+        for name, costs in measured.items():
+            by_gamma.setdefault(gammas[name], []).append(costs["verify_ratio"])
+        verify_ratios = {name: statistics.median(by_gamma[gammas[name]]) for name, _ in drafters}
+    return cost_ratios, verify_ratios, measured

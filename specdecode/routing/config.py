@@ -77,7 +77,10 @@ class CollectConfig(Placement):
     max_new_tokens: int = 48
     # Temperature of p and q in Σ min(p, q); 0 = greedy decoding, scored at temperature 1.
     temperature: float = 0.0
-    gamma: int = 4
+    # The gamma each drafter's predicted speedup is priced at: null = the one its training stored with
+    # it (what eval and speculative_generate decode with by default; 4 for a derived drafter); an
+    # int prices every drafter at it (the demo sets its evaluation's).
+    gamma: int | None = None
     batch_size: int = 8
     cost_ratios: dict[str, float] | None = None
     verify_ratio: float | None = None
@@ -104,7 +107,7 @@ class CollectConfig(Placement):
             value = getattr(self, name)
             require(value is None or (is_int(value) and value >= 1), name, value, "null or an int >= 1")
         require(is_number(self.heldout_fraction) and 0 < self.heldout_fraction < 1, "heldout_fraction", self.heldout_fraction, "in (0, 1)")
-        require(is_gamma(self.gamma), "gamma", self.gamma, GAMMA_RANGE)
+        require(self.gamma is None or is_gamma(self.gamma), "gamma", self.gamma, f"null (each drafter's own) or {GAMMA_RANGE}")
         for name in ("max_prompt_tokens", "max_new_tokens", "batch_size", "cost_repeats", "vocab_corpus_docs"):
             value = getattr(self, name)
             require(is_int(value) and value >= 1, name, value, "an int >= 1")

@@ -186,8 +186,9 @@ def run_fit(cfg: FitRouterConfig, *, progress: bool = True) -> dict[str, Any]:
                      "val_prompts": [len(h.val_rows) for h in histories], "best_epoch": [h.best_epoch for h in histories],
                      "epochs_run": [len(h.val_loss) for h in histories],
                      "best_val_mse": [h.val_loss[h.best_epoch] for h in histories]}
-    report["labels"] = {"path": str(cfg.labels), "gamma": meta["gamma"], "cost_ratios": meta["cost_ratios"],
-                        "verify_ratio": meta["verify_ratio"], "temperature": meta["temperature"]}
+    # (labels collected before per-drafter gammas hold one `gamma` and `verify_ratio`)
+    report["labels"] = {"path": str(cfg.labels), "gammas": meta.get("gammas", meta.get("gamma")), "cost_ratios": meta["cost_ratios"],
+                        "verify_ratios": meta.get("verify_ratios", meta.get("verify_ratio")), "temperature": meta["temperature"]}
     report["config"] = asdict(cfg)
     bar.update(1)
     bar.close()

@@ -15,7 +15,7 @@ cost ratio c (`speedup`, `greedy_speedup`), so a cheap drafter can beat a better
 
 The dataset is a JSON-lines file, one prompt per line (`prompt`, `domain`, `split`, token counts,
 and per-drafter dicts for each label), plus `<name>.meta.json` with the drafters in order, their
-cost ratios, gamma and how the labels were made.
+cost ratios, the gamma each was priced at, the verify ratio at it, and how the labels were made.
 """
 
 from __future__ import annotations
@@ -208,12 +208,14 @@ def collect_labels(
     return Labels([name for name, _ in drafters], acceptance, greedy, continuations)
 
 
-def speedups(alpha: torch.Tensor, gamma: int, cost_ratios: Sequence[float], verify_ratio: float) -> torch.Tensor:
-    """Leviathan Thm 3.8 (measured verify cost) per prompt and drafter: `[N, K]` alpha → `[N, K]`."""
-    if alpha.shape[1] != len(cost_ratios):
-        raise ValueError(f"alpha has {alpha.shape[1]} drafter columns but {len(cost_ratios)} cost ratios were given")
+def speedups(alpha: torch.Tensor, gammas: Sequence[int], cost_ratios: Sequence[float], verify_ratios: Sequence[float]) -> torch.Tensor:
+    """Leviathan Thm 3.8 (measured verify cost) per prompt and drafter: `[N, K]` alpha → `[N, K]`,
+    drafter k priced at its own `gammas[k]`, `cost_ratios[k]` and `verify_ratios[k]` (at that gamma)."""
+    if not alpha.shape[1] == len(gammas) == len(cost_ratios) == len(verify_ratios):
+        raise ValueError(f"alpha has {alpha.shape[1]} drafter columns but {len(gammas)} gammas, {len(cost_ratios)} cost ratios "
+                         f"and {len(verify_ratios)} verify ratios were given")
     return torch.tensor([
-        [predicted_speedup(min(max(a, 0.0), 1.0), gamma, c, verify_ratio) for a, c in zip(row, cost_ratios)]
+        [predicted_speedup(min(max(a, 0.0), 1.0), g, c, v) for a, g, c, v in zip(row, gammas, cost_ratios, verify_ratios)]
         for row in alpha.tolist()
     ])
 
@@ -223,9 +225,9 @@ def label_rows(
     examples: Sequence[tuple[str, Example]],
     prompt_tokens: Sequence[int],
     *,
-    gamma: int,
+    gammas: Sequence[int],
     cost_ratios: Sequence[float],
-    verify_ratio: float,
+    verify_ratios: Sequence[float],
 ) -> list[dict[str, Any]]:
     """One JSON-ready dict per prompt: text, domain, split, token counts and per-drafter labels.
 
@@ -233,13 +235,13 @@ def label_rows(
         labels: from `collect_labels`, N prompts × K drafters.
         examples: N `(split, example)` pairs, in the labels' order.
         prompt_tokens: N prompt lengths in tokens.
-        gamma, cost_ratios (K, in the labels' drafter order), verify_ratio: for the speedups.
+        gammas, cost_ratios, verify_ratios (K each, in the labels' drafter order): for the speedups.
     """
     columns = {
         "acceptance": labels.acceptance,
         "greedy_match": labels.greedy_match,
-        "speedup": speedups(labels.acceptance, gamma, cost_ratios, verify_ratio),
-        "greedy_speedup": speedups(labels.greedy_match, gamma, cost_ratios, verify_ratio),
+        "speedup": speedups(labels.acceptance, gammas, cost_ratios, verify_ratios),
+        "greedy_speedup": speedups(labels.greedy_match, gammas, cost_ratios, verify_ratios),
     }
     rows = []
     for i, (split, example) in enumerate(examples):
