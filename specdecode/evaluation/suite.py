@@ -129,27 +129,22 @@ def _eval_domain(cfg: EvalConfig, models: _Models, domain: str, texts: list[str]
         sweep_reference: list[list[int]] | None = None
         for batch_size in sorted(cfg.batch_sizes):
             progress.set_postfix_str(f"{domain} T={temperature} B={batch_size}")
-            # A drafter loaded only for the router runs no rows of its own; the oracle picks from
-            # every candidate's batch-1 run, so those run at batch 1 whenever it is asked for.
-            needed = [name for name in generators if _family(name) in cfg.methods
-                      or ("oracle" in cfg.methods and name in models.candidates and batch_size == 1)]
-            records = {name: run_batched(generators[name], ids, batch_size) for name in needed}
+            # A drafter loaded only for the router or the oracle runs no rows of its own.
+            records = {name: run_batched(fn, ids, batch_size) for name, fn in generators.items() if _family(name) in cfg.methods}
             if route_choices is not None:
                 records["routed"] = _routed(generators, route_choices, ids, batch_size, routing_s or 0.0)
             if "oracle" in cfg.methods and models.candidates:
-                if oracle_choices is None:
-                    if batch_size != 1:
-                        raise ValueError("method oracle needs batch size 1 in batch_sizes (it picks from batch-1 runs)")
-                    oracle_choices = pick_per_prompt({n: records[n] for n in models.candidates})
-                    records["oracle"] = RunRecord([records[c].results[i] for i, c in enumerate(oracle_choices)])
+                if oracle_choices is None:  # batch 1, the smallest (EvalConfig requires it)
+                    # It picks from every candidate's batch-1 run, whether their rows were asked for or not.
+                    pool = {n: records[n] if n in records else run_batched(generators[n], ids, 1) for n in models.candidates}
+                    oracle_choices = pick_per_prompt(pool)
+                    records["oracle"] = RunRecord([pool[c].results[i] for i, c in enumerate(oracle_choices)])
                 else:
                     records["oracle"] = run_grouped(generators, oracle_choices, ids, batch_size)
             reference = records["autoregressive"].sequences if temperature == 0.0 else None
             if batch_size == sweep_batch:
                 sweep_reference = reference
             for name, record in records.items():
-                if name != "oracle" and name != "routed" and _family(name) not in cfg.methods:
-                    continue  # ran for the oracle's choice only
                 local[(domain, name, temperature, batch_size, 0 if name == "autoregressive" else cfg.gamma)] = record.counts(reference)
             progress.update(1)
         if temperature in cfg.sweep_temperatures:

@@ -22,7 +22,7 @@ from specdecode.routing.config import FitRouterConfig
 from specdecode.routing.embedders import Embedder, make_embedder, prompt_features
 from specdecode.routing.labels import read_labels
 from specdecode.routing.report import report_markdown, routing_report
-from specdecode.routing.router import NO_DRAFTER, Router, RouterMLP, label_matrix
+from specdecode.routing.router import NO_DRAFTER, Router, RouterMLP, feature_scale, label_matrix
 
 @dataclass
 class FitHistory:
@@ -91,12 +91,9 @@ def fit_router(
         val, train = order[:num_val], order[num_val:]
 
         # Statistics from the member's training rows only, so its validation measures
-        # generalisation honestly. A feature constant on those rows (a hashing bucket no training
-        # prompt fills) keeps scale 1: a tiny floor there would multiply it by ~1e6 for the first
-        # prompt that has it and swamp every score. The target floor keeps constant columns (a
-        # drafter whose label never varies) finite.
-        feature_std = features[train].std(0, unbiased=False)
-        feature_mean, feature_std = features[train].mean(0), torch.where(feature_std > 1e-6, feature_std, 1.0)
+        # generalisation honestly; the target floor keeps constant columns (a drafter whose label
+        # never varies) finite.
+        feature_mean, feature_std = features[train].mean(0), feature_scale(features[train].std(0, unbiased=False))
         target_mean, target_std = targets[train].mean(0), targets[train].std(0, unbiased=False).clamp_min(1e-6)
         x = (features - feature_mean) / feature_std
         y = (targets - target_mean) / target_std

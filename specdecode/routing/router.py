@@ -138,13 +138,20 @@ class Router:
         mlp = nn.ModuleList(RouterMLP(config["num_features"], len(config["drafters"]), config["hidden"], config["dropout"])
                             for _ in range(config.get("members", 1)))
         mlp.load_state_dict({k.removeprefix("mlp."): v for k, v in tensors.items() if k.startswith("mlp.")})
-        # Older routers floored a feature constant on their training rows at 1e-6, which swamps the
-        # scores of the first prompt that has it; it was 0 on every training row, so scale 1 is as good.
-        feature_std = torch.where(tensors["feature_std"] > 1e-6, tensors["feature_std"], 1.0)
-        return cls(mlp.eval(), embedder, list(config["drafters"]), tensors["feature_mean"], feature_std,
+        # Older routers floored such a feature's scale at 1e-6 instead: it was 0 on every training
+        # row, so scale 1 changes nothing there and stops it swamping new prompts' scores.
+        return cls(mlp.eval(), embedder, list(config["drafters"]), tensors["feature_mean"], feature_scale(tensors["feature_std"]),
                    tensors["target_mean"], tensors["target_std"], prompt_length="log1p_chars" in config["features"],
                    objective=config["objective"], relative=config["relative"], embedder_spec=config["embedder"],
                    hidden=config["hidden"], dropout=config["dropout"])
+
+
+def feature_scale(std: torch.Tensor) -> torch.Tensor:
+    """The standardising scale of features with training-row standard deviation `std` `[..., F]`.
+    A feature constant on the training rows (a hashing bucket no training prompt fills) keeps
+    scale 1: a tiny floor there would multiply it by ~1e6 for the first prompt that has it and
+    swamp every score."""
+    return torch.where(std > 1e-6, std, 1.0)
 
 
 def label_matrix(rows: Sequence[Mapping[str, Any]], key: str, drafters: Sequence[str]) -> torch.Tensor:
