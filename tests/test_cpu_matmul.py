@@ -14,7 +14,8 @@ from transformers import LlamaForCausalLM
 
 from specdecode import speculative_generate
 from specdecode.models import load_model
-from specdecode.models.cpu_matmul import SKINNY_MAX_ROWS, SkinnyLinear, skinny_linear, use_skinny_linears
+from specdecode.models.cpu_matmul import SKINNY_MAX_ROWS, SkinnyLinear, skinny_linear, use_skinny_linears, uses_skinny_linears
+from specdecode.models.loading import cast_copy
 from tests.models_for_tests import tiny_llama, tiny_llama_config
 
 
@@ -147,3 +148,17 @@ def test_derived_drafters_follow_the_targets_kernels(kind: str) -> None:
         target, tokenizer = load_model("smoke", skinny_matmul=skinny)
         drafter = build_drafter(DrafterConfig(kind=kind, num_layers=1, draft_vocab=None), target, tokenizer, lambda: [])
         assert any(isinstance(m, SkinnyLinear) for m in drafter.modules()) is skinny
+
+
+def test_cast_copy_is_a_plain_copy_in_the_new_dtype_and_leaves_the_model_alone() -> None:
+    """The bf16 copy that writes training data: same weights rounded, plain linears (the skinny
+    kernel was timed for the original's dtype), frozen; the original keeps its dtype and kernel."""
+    model, _ = load_model("smoke", skinny_matmul=True)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    copy = cast_copy(model, torch.bfloat16)
+    assert copy is not model and copy.dtype == torch.bfloat16 and not copy.training
+    assert not uses_skinny_linears(copy) and uses_skinny_linears(model)
+    assert not any(p.requires_grad for p in copy.parameters())
+    assert all(torch.equal(v, before[k]) and v.dtype == torch.float32 for k, v in model.state_dict().items())
+    assert all(torch.equal(v, before[k].to(torch.bfloat16)) for k, v in copy.state_dict().items())
+    assert cast_copy(model, torch.float32) is model

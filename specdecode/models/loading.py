@@ -9,6 +9,7 @@ with a truncated vocabulary comes back truncated (`specdecode.models.drafters.Dr
 
 from __future__ import annotations
 
+import copy as copy_module
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from specdecode.models.compat import check_tokenizers, check_vocab_sizes
 from specdecode.models.config import SMOKE_TARGET, DrafterConfig
-from specdecode.models.cpu_matmul import skinny_is_faster, use_skinny_linears, uses_skinny_linears
+from specdecode.models.cpu_matmul import skinny_is_faster, use_plain_linears, use_skinny_linears, uses_skinny_linears
 from specdecode.models.draft_vocab import apply_draft_vocab_from_config, pad_vocab
 from specdecode.models.drafters import derive_drafter
 from specdecode.models.feature_drafter import CONFIG_KEY as FEATURE_CONFIG_KEY
@@ -101,6 +102,21 @@ def _placed(model: PreTrainedModel, dtype: torch.dtype, device: torch.device, sk
     if device.type == "cpu" and (skinny_matmul or (skinny_matmul is None and skinny_is_faster(timed))):
         use_skinny_linears(model)
     return model
+
+
+def cast_copy(model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
+    """A frozen eval-mode copy of `model` in `dtype` (`model` itself when it already is), with plain
+    linear layers: the skinny kernel was chosen by timing `model`'s own dtype (models.cpu_matmul).
+
+    For work that tolerates rounding but not the time, e.g. writing training data: on the 2-core
+    AMX CPU a bf16 copy of SmolLM2 generated 2x the tokens per second of the fp32 model at batch
+    64 and scored 8 x 144 tokens 3.2x as fast. Costs the copy's memory (half the fp32 model's).
+    """
+    if model.dtype == dtype:
+        return model
+    copy = copy_module.deepcopy(model).to(dtype=dtype).eval().requires_grad_(False)
+    use_plain_linears(copy)
+    return copy
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:

@@ -20,7 +20,9 @@ spot. Nothing can be cached there, so such a step costs a drafter generation plu
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+from collections.abc import Callable
 import json
 import time
 from dataclasses import asdict
@@ -41,7 +43,7 @@ from specdecode.core.devices import autocast_dtype, placed_accelerator, resolve_
 from specdecode.core.locking import locks_output_dir
 from specdecode.training.feature_training import FeatureDrafterLogits
 from specdecode.training.objective import Objective, Teacher
-from specdecode.models.loading import build_drafter, check_drafter_tokenizer, load_model, reads_features
+from specdecode.models.loading import build_drafter, cast_copy, check_drafter_tokenizer, load_model, reads_features
 from specdecode.decoding.speedup import choose_gamma
 from specdecode.training.sequences import (
     TrainSequence,
@@ -179,18 +181,30 @@ def _teacher(cfg: TrainJobConfig, job: str, target: PreTrainedModel, tokenizer: 
     layers = reads_features(cfg.drafter)
     features = layers is not None
     topk = train.teacher_topk if job == "distill" and not features else 0
+    # The training split is written and scored by the target in train.data_precision (a cast copy,
+    # made only if a cache has to be built); the held-out split, which model selection measures
+    # against, by the target as loaded. A dtype is part of a cache's key.
+    data_dtype = _data_dtype(train.data_precision, target)
+    data_target = functools.cache(lambda: cast_copy(target, data_dtype))
+
+    def split_target(split: str) -> tuple[Callable[[], PreTrainedModel], str]:
+        if split == "train" and data_dtype != target.dtype:
+            return data_target, str(data_dtype).removeprefix("torch.")
+        return lambda: target, cfg.dtype
 
     def sequences(data: DataConfig, split: str, limit: int | None) -> list[TrainSequence]:
         """The split's training sequences, cached apart from what is scored on them, so drafters of
         either kind trained on the same data share one (costly) set of target continuations."""
-        key = cache_key(cfg.target, data, train, split, 0, limit, dtype=cfg.dtype)
-        return _load_or_build(cache_dir / f"sequences-{split}-{key}.pt", lambda: score_topk(target, build_sequences(
-            load_examples(data, split), tokenizer, target, train, eos, limit), 0, pad_id), accelerator.is_main_process).sequences
+        model, dtype = split_target(split)
+        key = cache_key(cfg.target, data, train, split, 0, limit, dtype=dtype)
+        return _load_or_build(cache_dir / f"sequences-{split}-{key}.pt", lambda: score_topk(model(), build_sequences(
+            load_examples(data, split), tokenizer, model(), train, eos, limit), 0, pad_id), accelerator.is_main_process).sequences
 
     def domain_scored(data: DataConfig, split: str, name: str, k: int, limit: int | None) -> TeacherCache:
-        key = cache_key(cfg.target, data, train, split, k, limit, layers, cfg.dtype)
+        model, dtype = split_target(split)
+        key = cache_key(cfg.target, data, train, split, k, limit, layers, dtype)
         return _cached(cache_dir / f"{name}-{key}.pt",
-                       lambda: score_topk(target, sequences(data, split, limit), k, pad_id, features=layers), accelerator)
+                       lambda: score_topk(model(), sequences(data, split, limit), k, pad_id, features=layers), accelerator)
 
     def scored(split: str, name: str, k: int, limit: int | None) -> TeacherCache:
         """A domain's cache, or a mix's: its domains' own caches (`domain_parts`), each domain's
@@ -209,6 +223,11 @@ def _teacher(cfg: TrainJobConfig, job: str, target: PreTrainedModel, tokenizer: 
         where = f"data.path={cfg.data.path!r}" if cfg.data.source == "file" else f"data.name={cfg.data.name!r}"
         raise ValueError(f"{where}: no usable {'train' if not train_cache.sequences else 'held-out'} sequences")
     return Teacher(target, train_cache, heldout, pad_id, eos, topk, features)
+
+
+def _data_dtype(precision: str, target: PreTrainedModel) -> torch.dtype:
+    """The dtype `train.data_precision` asks the target to write training data in (`no`: its own)."""
+    return autocast_dtype(resolve_mixed_precision(precision, target.device)) or target.dtype
 
 
 def _trainable_drafter(cfg: TrainJobConfig, teacher: Teacher, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
@@ -240,7 +259,8 @@ def _metrics(cfg: TrainJobConfig, job: str, state: LoopState, objective: Objecti
         "cache_and_setup_seconds": cache_seconds, "peak_memory_mb": peak_memory_mb(accelerator.device),
         "train_sequences": num_train, "heldout_sequences": len(teacher.heldout.sequences),
         "heldout_positions": int(teacher.heldout.offsets[-1]), "draft_vocab": len(objective.draft_ids),
-        "num_processes": accelerator.num_processes, "mixed_precision": resolve_mixed_precision(train.mixed_precision, accelerator.device), "drafter_kind": "feature" if teacher.features else "slice",
+        "num_processes": accelerator.num_processes, "mixed_precision": resolve_mixed_precision(train.mixed_precision, accelerator.device),
+        "data_dtype": str(_data_dtype(train.data_precision, teacher.target)).removeprefix("torch."), "drafter_kind": "feature" if teacher.features else "slice",
         "select_temperature": train.select_temperature,
         "selection_metric": "greedy acceptance" if train.select_temperature == 0 else f"expected acceptance at T={train.select_temperature}",
         "best": next((h for h in state.history if h["step"] == state.best_step), None),

@@ -119,13 +119,14 @@ def build_sequences(
 
 def generate_continuations(
     model: PreTrainedModel, prompts: Sequence[list[int]], train: TrainConfig, eos: Sequence[int], seed: int,
-    batch_size: int = 32, temperature: float | None = None,
+    batch_size: int = 64, temperature: float | None = None,
 ) -> list[list[int]]:
     """`model`'s continuations of `prompts` (batched, ragged), at most `max_new_tokens` each, at
     `temperature` (default `train.temperature`; 0 = greedy).
 
-    Batch 32: on the 2-core CPU the target generates ~79 tokens/s at batch 32 vs ~61 at batch 16
-    (the weights are read once per step for the whole batch)."""
+    Batch 64: the weights are read once per step for the whole batch; on the 2-core CPU SmolLM2
+    wrote 128 chat prompts' ≤ 48-token continuations in 21.8 s at batch 64 against 26.1 s at 32
+    (fp32), 12.7 s against 15.3 s in bf16."""
     was_training = model.training
     model.eval()
     out: list[list[int]] = []
