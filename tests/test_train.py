@@ -28,7 +28,7 @@ from specdecode.training.checkpoints import complete_checkpoints, latest_checkpo
 from specdecode.training.config import LossConfig, TrainConfig, TrainJobConfig
 from specdecode.training.job import run_distill, run_finetune
 from specdecode.training.loop import BudgetSchedule, budget_progress, global_batch_indices
-from specdecode.training.sequences import TrainSequence, round_robin, round_robin_shares
+from specdecode.training.sequences import TrainSequence, mix_limit, round_robin, round_robin_shares
 from specdecode.training.teacher import cache_key, concat_caches, dense_teacher_logits, score_topk
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -662,18 +662,23 @@ def test_round_robin_shares_are_the_prefix_of_the_interleaving(sizes: list[int],
 
 def test_mix_trains_on_its_domains_cached_sequences(tmp_path: Path) -> None:
     """The generic (mix) drafter's data is the domain drafters' own: after the domain jobs, a mix
-    job with their summed budget generates and scores nothing and trains on all their sequences."""
+    job with their summed budget (`mix_limit`, as the demo sets it) generates and scores nothing
+    and trains on all their sequences, also where a domain has fewer examples than the limit
+    (held-out: code has 28, math 27, chat 37; the limit is 30)."""
     cache = tmp_path / "cache"
     target = ("train.seq_source=target", "train.max_steps=1", "train.gamma_candidates=[]")
     for domain in ("code", "math", "chat"):
         run_distill(smoke_cfg(tmp_path / domain, f"data={domain}", f"cache_dir={cache}", "train.train_sequences=8",
-                              "train.heldout_sequences=4", *target))
+                              "train.heldout_sequences=30", *target))
     before = {p: p.stat().st_mtime_ns for p in cache.iterdir()}
     assert len(before) == 12  # per domain: train and held-out sequences, and their scored caches
-    metrics = run_distill(smoke_cfg(tmp_path / "mix", "data=mix", f"cache_dir={cache}", "train.train_sequences=24",
-                                    "train.heldout_sequences=12", *target))
+    mix = smoke_cfg(tmp_path / "mix", "data=mix", *target)
+    limits = [mix_limit(mix.data, mix.train, "train", 8), mix_limit(mix.data, mix.train, "heldout", 30)]
+    assert limits == [24, 28 + 27 + 30]
+    metrics = run_distill(smoke_cfg(tmp_path / "mix", "data=mix", f"cache_dir={cache}", f"train.train_sequences={limits[0]}",
+                                    f"train.heldout_sequences={limits[1]}", *target))
     assert {p: p.stat().st_mtime_ns for p in cache.iterdir()} == before
-    assert (metrics["train_sequences"], metrics["heldout_sequences"]) == (24, 12)
+    assert (metrics["train_sequences"], metrics["heldout_sequences"]) == (24, 85)
 
 
 @pytest.mark.parametrize("features", [False, True])

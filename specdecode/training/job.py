@@ -49,7 +49,9 @@ from specdecode.training.sequences import (
     TrainSequence,
     build_sequences,
     domain_parts,
+    effective_limit,
     load_examples,
+    pool_size,
     round_robin_shares,
     training_pool,
 )
@@ -202,6 +204,8 @@ def _teacher(cfg: TrainJobConfig, job: str, target: PreTrainedModel, tokenizer: 
 
     def domain_scored(data: DataConfig, split: str, name: str, k: int, limit: int | None) -> TeacherCache:
         model, dtype = split_target(split)
+        # keyed by what it holds: a limit past the domain's examples names the same cache as their count
+        limit = effective_limit(limit, pool_size(data, train, split))
         key = cache_key(cfg.target, data, train, split, k, limit, layers, dtype)
         return _cached(cache_dir / f"{name}-{key}.pt",
                        lambda: score_topk(model(), sequences(data, split, limit), k, pad_id, features=layers), accelerator)

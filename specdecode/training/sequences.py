@@ -81,6 +81,24 @@ def training_pool(examples: Sequence[Example], train: TrainConfig) -> list[Examp
     return [ex for ex in examples if train.seq_source == "target" or ex.response]
 
 
+def pool_size(data: DataConfig, train: TrainConfig, split: str) -> int:
+    """How many sequences `data`'s split can give at most (`training_pool` of its examples)."""
+    return len(training_pool(load_examples(data, split), train))
+
+
+def effective_limit(limit: int | None, pool: int) -> int:
+    """The number of sequences a `limit` (None: all) takes from a pool of `pool`: what a cache of
+    them is keyed by, so a limit past the pool names the same cache as the pool's exact size."""
+    return pool if limit is None else min(limit, pool)
+
+
+def mix_limit(data: DataConfig, train: TrainConfig, split: str, per_domain: int | None) -> int:
+    """The mix `limit` whose `round_robin_shares` are each domain's `effective_limit(per_domain)`:
+    `per_domain` full rounds of the interleaving, so a mix job reads exactly the caches that domain
+    jobs with `train_sequences = per_domain` wrote, however many examples each domain has."""
+    return sum(effective_limit(per_domain, pool_size(part, train, split)) for part in domain_parts(data))
+
+
 def build_sequences(
     examples: Sequence[Example],
     tokenizer: PreTrainedTokenizerBase,
