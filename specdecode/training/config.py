@@ -78,7 +78,7 @@ class TrainConfig:
     # The precision the target writes and scores the training split in (its continuations with
     # seq_source=target, and the teacher cache: features or top-k logits): auto = bf16 where the
     # device computes it natively, as above, else no (the job's dtype); or no | bf16 | fp16. On
-    # the 2-core AMX CPU bf16 made that setup ~2.5x faster, i.e. more data per minute; the
+    # the 2-core AMX CPU bf16 made that setup ~2x faster per sequence, i.e. more data per minute; the
     # held-out split, which model selection is measured on, stays in the job's dtype.
     data_precision: str = "auto"
     max_steps: int = 200
