@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from collections.abc import Callable
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,6 @@ from specdecode.training.sequences import (
     load_examples,
     pool_size,
     round_robin_shares,
-    training_pool,
 )
 from specdecode.training.teacher import TeacherCache, cache_key, concat_caches, load_cache, save_cache, score_topk
 from specdecode.training.checkpoints import LoopState, check_checkpoints, checkpoint_folder, project_configuration, resume
@@ -191,7 +190,7 @@ def _teacher(cfg: TrainJobConfig, job: str, target: PreTrainedModel, tokenizer: 
 
     def split_target(split: str) -> tuple[Callable[[], PreTrainedModel], str]:
         if split == "train" and data_dtype != target.dtype:
-            return data_target, str(data_dtype).removeprefix("torch.")
+            return data_target, _dtype_name(data_dtype)
         return lambda: target, cfg.dtype
 
     def sequences(data: DataConfig, split: str, limit: int | None) -> list[TrainSequence]:
@@ -204,8 +203,6 @@ def _teacher(cfg: TrainJobConfig, job: str, target: PreTrainedModel, tokenizer: 
 
     def domain_scored(data: DataConfig, split: str, name: str, k: int, limit: int | None) -> TeacherCache:
         model, dtype = split_target(split)
-        # keyed by what it holds: a limit past the domain's examples names the same cache as their count
-        limit = effective_limit(limit, pool_size(data, train, split))
         key = cache_key(cfg.target, data, train, split, k, limit, layers, dtype)
         return _cached(cache_dir / f"{name}-{key}.pt",
                        lambda: score_topk(model(), sequences(data, split, limit), k, pad_id, features=layers), accelerator)
@@ -214,11 +211,12 @@ def _teacher(cfg: TrainJobConfig, job: str, target: PreTrainedModel, tokenizer: 
         """A domain's cache, or a mix's: its domains' own caches (`domain_parts`), each domain's
         share of the first `limit` interleaved sequences, so a generic drafter trained beside the
         domain drafters costs no target pass of its own."""
+        # A cache is keyed by the sequences it holds: a limit past a domain's examples names the
+        # same cache as their count (a mix's shares never pass them), so a mix finds its domains'.
         if len(cfg.data.domains) == 1:
-            return domain_scored(cfg.data, split, name, k, limit)
+            return domain_scored(cfg.data, split, name, k, effective_limit(limit, pool_size(cfg.data, train, split)))
         parts = domain_parts(cfg.data)
-        sizes = [len(training_pool(load_examples(part, split), train)) for part in parts]
-        shares = round_robin_shares(sizes, limit)
+        shares = round_robin_shares([pool_size(part, train, split) for part in parts], limit)
         return concat_caches([domain_scored(part, split, name, k, n) for part, n in zip(parts, shares)])
 
     train_cache = scored("train", f"{job}-train", topk, train.train_sequences)
@@ -232,6 +230,11 @@ def _teacher(cfg: TrainJobConfig, job: str, target: PreTrainedModel, tokenizer: 
 def _data_dtype(precision: str, target: PreTrainedModel) -> torch.dtype:
     """The dtype `train.data_precision` asks the target to write training data in (`no`: its own)."""
     return autocast_dtype(resolve_mixed_precision(precision, target.device)) or target.dtype
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    """`torch.bfloat16` → "bfloat16", as configs spell dtypes."""
+    return str(dtype).removeprefix("torch.")
 
 
 def _trainable_drafter(cfg: TrainJobConfig, teacher: Teacher, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
@@ -264,7 +267,7 @@ def _metrics(cfg: TrainJobConfig, job: str, state: LoopState, objective: Objecti
         "train_sequences": num_train, "heldout_sequences": len(teacher.heldout.sequences),
         "heldout_positions": int(teacher.heldout.offsets[-1]), "draft_vocab": len(objective.draft_ids),
         "num_processes": accelerator.num_processes, "mixed_precision": resolve_mixed_precision(train.mixed_precision, accelerator.device),
-        "data_dtype": str(_data_dtype(train.data_precision, teacher.target)).removeprefix("torch."), "drafter_kind": "feature" if teacher.features else "slice",
+        "data_dtype": _dtype_name(_data_dtype(train.data_precision, teacher.target)), "drafter_kind": "feature" if teacher.features else "slice",
         "select_temperature": train.select_temperature,
         "selection_metric": "greedy acceptance" if train.select_temperature == 0 else f"expected acceptance at T={train.select_temperature}",
         "best": next((h for h in state.history if h["step"] == state.best_step), None),
