@@ -207,6 +207,15 @@ def test_training_logits_at_loss_positions_are_the_unrolled_passes_there(target)
     assert pass_positions(positions, 3)[:, positions][2].tolist() == (cols >= 3).tolist()
 
 
+def training_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`FeatureDrafterLogits` inputs: 2 unpadded rows of 8 tokens, random features, loss from position 3."""
+    generator = torch.Generator().manual_seed(4)
+    positions = torch.zeros(2, 8, dtype=torch.bool)
+    positions[:, 3:] = True
+    return (torch.randint(0, V, (2, 8), generator=generator), torch.ones(2, 8, dtype=torch.long),
+            torch.randn(2, 8, 32, generator=generator), positions)
+
+
 def test_training_logits_under_bf16_autocast_are_fp32_and_close_to_the_fp32_ones(target) -> None:
     """Mixed precision (`train.mixed_precision=bf16`): the passes run in bf16 autocast (so they
     differ from fp32 by bf16 roundings, ~6% in norm on this random drafter, not more) and come
@@ -214,15 +223,41 @@ def test_training_logits_under_bf16_autocast_are_fp32_and_close_to_the_fp32_ones
     from specdecode.training.feature_training import FeatureDrafterLogits
 
     drafter = random_feature_drafter(target, seed=3)
-    generator = torch.Generator().manual_seed(4)
-    input_ids = torch.randint(0, V, (2, 8), generator=generator)
-    padding = torch.ones(2, 8, dtype=torch.long)
-    features = torch.randn(2, 8, 32, generator=generator)
-    positions = torch.zeros(2, 8, dtype=torch.bool)
-    positions[:, 3:] = True
+    input_ids, padding, features, positions = training_batch()
     with torch.no_grad():
         full = FeatureDrafterLogits(drafter, 2)(input_ids, padding, features, positions)
         mixed = FeatureDrafterLogits(drafter, 2, torch.bfloat16)(input_ids, padding, features, positions)
     for a, b in zip(full, mixed):
         assert b.dtype == torch.float32 and not torch.equal(a, b)
         assert float((b - a).norm() / a.norm()) < 0.1
+
+
+def test_feature_noise_perturbs_the_read_features_in_training_only(target) -> None:
+    """`train.feature_noise` (EAGLE's): in training mode the drafter reads the target features plus
+    U(-a, a) noise, so the outputs move (by at most what a one-layer drafter's Lipschitz bound
+    allows, here checked loosely); in eval mode (held-out selection) they are the noise-free ones.
+    Fails if the noise is skipped, leaks into evaluation, or is added at the wrong scale."""
+    from specdecode.training.feature_training import FeatureDrafterLogits
+
+    drafter = random_feature_drafter(target, seed=3)
+    input_ids, padding, features, positions = training_batch()
+    clean, noisy = FeatureDrafterLogits(drafter, 2), FeatureDrafterLogits(drafter, 2, noise=0.5)
+    with torch.no_grad():
+        reference = clean(input_ids, padding, features, positions)
+        noisy.eval()
+        for a, b in zip(reference, noisy(input_ids, padding, features, positions)):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        noisy.train()
+        torch.manual_seed(0)
+        perturbed = noisy(input_ids, padding, features, positions)
+        torch.manual_seed(0)
+        again = noisy(input_ids, padding, features, positions)
+    for a, b, c in zip(reference, perturbed, again):
+        torch.testing.assert_close(b, c, rtol=0, atol=0)  # the noise comes from the seeded global RNG (resumable)
+        change = float((b - a).norm() / a.norm())
+        assert 1e-3 < change < 1.0
+    # a tiny noise moves the outputs only a little: the scale is `noise`, not a unit one
+    tiny = FeatureDrafterLogits(drafter, 2, noise=1e-4).train()
+    with torch.no_grad():
+        small = tiny(input_ids, padding, features, positions)
+    assert float((small[1] - reference[1]).norm() / reference[1].norm()) < 1e-3

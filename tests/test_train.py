@@ -27,7 +27,7 @@ from specdecode.models.smoke import smoke_tokenizer
 from specdecode.training.checkpoints import complete_checkpoints, latest_checkpoint
 from specdecode.training.config import LossConfig, TrainConfig, TrainJobConfig
 from specdecode.training.job import run_distill, run_finetune
-from specdecode.training.loop import BudgetSchedule, budget_progress, global_batch_indices
+from specdecode.training.loop import BudgetSchedule, DrafterLogits, budget_progress, global_batch_indices
 from specdecode.training.sequences import TrainSequence, mix_limit, round_robin, round_robin_shares
 from specdecode.training.teacher import cache_key, concat_caches, dense_teacher_logits, score_topk
 
@@ -151,6 +151,49 @@ def test_data_precision_writes_and_scores_only_the_training_split_in_bf16(tmp_pa
     assert error.mean() < 0.2 < ((fp32 - fp32.roll(1, 0)).norm(dim=-1) / fp32.norm(dim=-1)).mean()
 
 
+@pytest.mark.parametrize("kind", ["derived", "feature"])
+def test_train_agreement_is_scored_like_the_heldout_agreement(kind: str) -> None:
+    """Each evaluation also reports `train_greedy`, the greedy agreement on the first training
+    sequences, computed as the held-out `greedy` is: on a training split identical to the held-out
+    one it must be the same figure, on another split another one; and the training log and
+    history carry it under its own name."""
+    from accelerate import Accelerator
+
+    from specdecode.models.loading import build_drafter
+    from specdecode.models.smoke import smoke_target
+    from specdecode.training.feature_training import FeatureDrafterLogits
+    from specdecode.training.objective import Objective, Teacher
+
+    target = smoke_target()
+    cfg = from_dict(TrainJobConfig, {"drafter": {"kind": kind, "num_layers": 1, "draft_vocab": None}})
+    generator = torch.Generator().manual_seed(3)
+    vocab = target.config.vocab_size
+
+    def split(n: int) -> list[TrainSequence]:
+        return [TrainSequence(torch.randint(0, vocab, (int(length),), generator=generator).tolist(), 4)
+                for length in torch.randint(8, 20, (n,), generator=generator)]
+
+    features = (-1,) if kind == "feature" else None
+    heldout, other = (score_topk(target, split(n), 8, 0, features=features) for n in (10, 12))
+    torch.manual_seed(0)
+    drafter = build_drafter(cfg.drafter, target, smoke_tokenizer(), lambda: [])
+    if kind == "feature":
+        with torch.no_grad():
+            drafter.fc.weight.normal_(0, 0.05)  # an untrained feature drafter agrees nowhere (see its init)
+    model = FeatureDrafterLogits(drafter, 2) if kind == "feature" else DrafterLogits(drafter)
+    figures = {}
+    for name, train_cache in (("same", heldout), ("other", other)):
+        teacher = Teacher(target, train_cache, heldout, 0, [], 8, kind == "feature")
+        objective = Objective(cfg, "distill", teacher, drafter, Accelerator(cpu=True))
+        objective.model = model
+        figures[name] = objective.evaluate()
+    same, other_split = figures["same"], figures["other"]
+    assert 0 < same["greedy"] < 1
+    assert same["train_greedy"] == pytest.approx(same["greedy"], abs=1e-6)
+    assert other_split["greedy"] == pytest.approx(same["greedy"], abs=1e-6)
+    assert other_split["train_greedy"] != pytest.approx(other_split["greedy"], abs=1e-6)
+
+
 @pytest.mark.parametrize("decay, halfway", [("constant", 1.0), ("linear", 0.5), ("cosine", 0.5)])
 def test_lr_schedule_warms_up_then_decays_over_the_budget(decay: str, halfway: float) -> None:
     schedule = BudgetSchedule(warmup_steps=4, decay=decay)
@@ -185,11 +228,14 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path: Path) -> None:
     assert_same_weights(checkpoint_weights(tmp_path / "a" / "out", 3), checkpoint_weights(tmp_path / "b" / "out", 3), 1e-5)
 
 
-def test_resume_after_sigkill_ends_at_the_same_weights(tmp_path: Path) -> None:
+@pytest.mark.parametrize("drafter", [(), ("drafter.kind=feature", "train.seq_source=target", "train.feature_noise=0.5")],
+                         ids=["slice", "feature-with-noise"])
+def test_resume_after_sigkill_ends_at_the_same_weights(tmp_path: Path, drafter: tuple[str, ...]) -> None:
     # Killed mid-warm-up: the resumed run must continue the scheduler, not restart it from lr 0.
-    # ... and the linear decay over the 6 steps, whose progress the checkpoint carries.
+    # ... and the linear decay over the 6 steps, whose progress the checkpoint carries; with
+    # feature noise, the noise draws too (they come from the RNG state each checkpoint restores).
     args = ("train.max_steps=6", "train.checkpoint_every=2", "train.eval_every=2", "train.warmup_steps=4", "train.lr=1e-2",
-            "train.lr_decay=linear")
+            "train.lr_decay=linear", *drafter)
     straight = run_app("distill", tmp_path / "straight", *args)
     assert straight.returncode == 0, straight.stderr[-3000:]
     # step s (0-based) uses lr * min(1, s / 4) * (1 - s / 6)
@@ -267,6 +313,7 @@ def test_accelerate_configs_load(name: str) -> None:
         (lambda: DrafterConfig(kind="feature", feature_layers=[4]), r"drafter.feature_layers=\[4\]: expected distinct"),
         (lambda: TrainConfig(lr_decay="step"), r"train.lr_decay='step': constant\|linear\|cosine"),
         (lambda: TrainConfig(mixed_precision="fp8"), r"train.mixed_precision='fp8': auto\|no\|bf16\|fp16"),
+        (lambda: TrainConfig(feature_noise=-0.1), r"train.feature_noise=-0.1: a finite number >= 0"),
         (lambda: TrainConfig(data_precision="int8"), r"train.data_precision='int8': auto\|no\|bf16\|fp16"),
         (lambda: TrainConfig(keep_checkpoints=1), r"train.keep_checkpoints=1: at least 2 \(accelerate deletes the oldest"),
         (lambda: from_dict(TrainJobConfig, {"train": {"max_stepz": 3}}), r"train.max_stepz"),
@@ -408,7 +455,9 @@ def test_feature_drafter_distills_from_cached_features_and_reloads(tmp_path: Pat
     assert metrics["drafter_kind"] == "feature" and metrics["selection_metric"] == "greedy acceptance"
     # the tiny random target's argmax is near-uniform noise, so progress shows in Σ min(p, q)
     assert max(h["expected"] for h in metrics["history"]) > metrics["history"][0]["expected"] + 0.04
-    assert {"greedy", "expected", "epochs"} <= metrics["history"][-1].keys() and metrics["epochs"] > 0
+    assert {"greedy", "expected", "train_greedy", "epochs"} <= metrics["history"][-1].keys() and metrics["epochs"] > 0
+    logged = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert all(0 <= r["train_greedy"] <= 1 and "heldout_train_greedy" not in r for r in logged if "heldout_greedy" in r)
     caches = [load_cache(p) for p in (tmp_path / "cache").glob("distill-train-*.pt")]
     assert len(caches) == 1 and caches[0].features is not None
     # two temperatures: every prompt appears twice

@@ -24,12 +24,16 @@ class FeatureDrafterLogits(nn.Module):
     A module of its own so DDP wraps the whole computation (as `training.DrafterLogits`).
     """
 
-    def __init__(self, drafter: FeatureDrafter, steps: int, autocast: torch.dtype | None = None) -> None:
+    def __init__(self, drafter: FeatureDrafter, steps: int, autocast: torch.dtype | None = None, noise: float = 0.0) -> None:
         super().__init__()
         self.drafter = drafter
         self.steps = steps
         # mixed precision: the passes under autocast at this dtype, the outputs returned in fp32
         self.autocast = autocast
+        # EAGLE's feature noise: in training mode, U(-noise, noise) is added to the target
+        # features the drafter reads (not to the regression targets), so that it learns to draft
+        # from features that are slightly off, as its own predicted ones are at steps 2..gamma.
+        self.noise = noise
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, features: torch.Tensor, positions: torch.Tensor
@@ -42,8 +46,11 @@ class FeatureDrafterLogits(nn.Module):
         position j on (`pass_positions`). The head runs at the P positions only: over all B × T
         it was most of a training step (the prompt positions carry no loss).
         """
+        inputs = features[:, :-1]
+        if self.training and self.noise > 0:
+            inputs = inputs + torch.empty_like(inputs).uniform_(-self.noise, self.noise)
         with autocast_context(input_ids.device, self.autocast):
-            passes = unrolled_features(self.drafter, features[:, :-1], input_ids[:, 1:], attention_mask[:, 1:], self.steps)
+            passes = unrolled_features(self.drafter, inputs, input_ids[:, 1:], attention_mask[:, 1:], self.steps)
             # standard position t holds the pass's output made at t - 1; position 0 has none (zero)
             predicted = torch.stack([F.pad(p, (0, 0, 1, 0))[positions] for p in passes])
             head = self.drafter.get_output_embeddings()

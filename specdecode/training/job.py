@@ -139,7 +139,7 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     objective = Objective(cfg, job, teacher, drafter, accelerator)
     cache_seconds = time.perf_counter() - cache_start
     autocast = autocast_dtype(resolve_mixed_precision(train.mixed_precision, accelerator.device))
-    model = FeatureDrafterLogits(drafter, train.unroll_steps, autocast) if teacher.features else DrafterLogits(drafter, autocast)
+    model = FeatureDrafterLogits(drafter, train.unroll_steps, autocast, train.feature_noise) if teacher.features else DrafterLogits(drafter, autocast)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=train.lr, weight_decay=train.weight_decay)
     model, optimizer = accelerator.prepare(model, optimizer)
     # warm-up, then train.lr_decay over the budget; in every checkpoint, so a resume continues it

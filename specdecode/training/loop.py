@@ -274,7 +274,8 @@ def _eval_and_select(
         best.clear()
         best.update(trainable_state(drafter))
     logger.log({"step": state.step, "epochs": round(epochs, 3), "heldout_acceptance": acceptance,
-                **{f"heldout_{k}": v for k, v in figures.items() if k != "score"}, "best": state.best_acceptance}, bar)
+                **{k if k.startswith("train_") else f"heldout_{k}": v for k, v in figures.items() if k != "score"},
+                "best": state.best_acceptance}, bar)
 
 
 def _stale(state: LoopState, cfg: TrainConfig) -> bool:
