@@ -17,13 +17,13 @@ from specdecode.core.atomic import write_atomic
 from specdecode.core.config import from_dict
 from specdecode.core.devices import resolve_device
 from specdecode.core.locking import locks_output_dir
+from specdecode.data.config import DataConfig
 from specdecode.evaluation.config import BenchmarkConfig
 from specdecode.pipeline.config import DemoConfig, accelerate_config_file
 from specdecode.pipeline.launch import launch_app
 from specdecode.pipeline.schemas import compose_config
 from specdecode.pipeline.stages import Stage, code_fingerprint, run_stages
 from specdecode.routing.config import CollectConfig, FitRouterConfig
-from specdecode.data.config import DataConfig
 from specdecode.training.config import TrainConfig, TrainJobConfig
 from specdecode.training.sequences import mix_limit
 

@@ -196,11 +196,15 @@ class Objective:
         row = 0
         for start in range(0, len(indices), 8):
             logits, scored = self._scored_logits(module, cache, indices[start : start + 8])
-            target = argmax[row : row + logits.shape[1]].to(logits.device)
+            greedy = self._agrees(logits, argmax[row : row + logits.shape[1]])
             row += logits.shape[1]
-            greedy = self.draft_ids.to(logits.device)[logits.argmax(-1)] == target.unsqueeze(0)
             totals += torch.stack([greedy[scored].sum().float(), scored.sum().float()])
         return totals
+
+    def _agrees(self, logits: torch.Tensor, argmax: torch.Tensor) -> torch.Tensor:
+        """`[S, P]` bool: the drafter's argmax of `[S, P, K]` draft-vocabulary `logits` is the
+        target's `argmax` `[P]` (vocabulary ids): greedy decoding's acceptance."""
+        return self.draft_ids.to(logits.device)[logits.argmax(-1)] == argmax.to(logits.device).unsqueeze(0)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -219,11 +223,10 @@ class Objective:
             logits, scored = self._scored_logits(module, self.teacher.heldout, self.my_indices[start : start + 8])  # [S, P, K], [S, P]
             count = logits.shape[1]
             p = self.heldout_p[row : row + count].to(logits.device, torch.float32)
-            argmax = self.heldout_argmax[row : row + count].to(logits.device)
+            greedy = self._agrees(logits, self.heldout_argmax[row : row + count]).float()
             row += count
             q = logits.float().div(self.select_tau).softmax(-1)
             expected = torch.minimum(p.unsqueeze(0), q).sum(-1)
-            greedy = (self.draft_ids.to(logits.device)[logits.argmax(-1)] == argmax.unsqueeze(0)).float()
             totals[:3] += torch.stack([expected[scored].sum(), greedy[scored].sum(), scored.sum().float()])
         module.train()
         summed = self.accelerator.gather_for_metrics(totals.unsqueeze(0)).sum(0)
