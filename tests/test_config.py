@@ -38,6 +38,7 @@ def test_benchmark_config_composes(target, drafter) -> None:
         (lambda: BenchmarkConfig(gamma=100_000), r"gamma=100000: an int in \[1, 64\]"),
         (lambda: BenchmarkConfig(temperature=float("inf")), "temperature=inf"),
         (lambda: BenchmarkConfig(dtype="float33"), "dtype='float33'"),
+        (lambda: from_dict(BenchmarkConfig, {"prompt_lookup": {"min_ngram": 0}}), "min_ngram must be an int >= 1, got 0"),
         (lambda: BenchmarkConfig(device="tpu:0"), "device='tpu:0': expected cpu, cuda, cuda:N or mps"),
         (lambda: TargetConfig(name=""), "target.name"),
         (lambda: DrafterConfig(kind="magic"), "magic"),

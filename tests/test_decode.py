@@ -46,14 +46,18 @@ def test_greedy_matches_transformers_greedy(target, ragged_prompts, drafter_kind
 
     batched = speculative_generate(target, drafter, ragged_prompts, gamma=gamma, max_new_tokens=24, eos_token_ids=[])
     single = speculative_generate(target, drafter, ragged_prompts[:1], gamma=gamma, max_new_tokens=24, eos_token_ids=[])
+    # the drafter alone, without prompt lookup (on by default; a looked-up draft can be rejected)
+    alone = speculative_generate(target, drafter, ragged_prompts, gamma=gamma, max_new_tokens=24, eos_token_ids=[], prompt_lookup=None)
 
     assert batched.sequences == expected
     assert single.sequences == expected[:1]
+    assert alone.sequences == expected
+    assert batched.stats.looked_up > 0 and alone.stats.looked_up == 0
     if drafter_kind == "self":
-        assert batched.stats.alpha == 1.0
-        assert batched.stats.accepted_length_histogram[:gamma] == [0] * gamma
+        assert alone.stats.alpha == 1.0
+        assert alone.stats.accepted_length_histogram[:gamma] == [0] * gamma
     else:
-        assert batched.stats.alpha < 1.0
+        assert alone.stats.alpha < 1.0
 
 
 def test_autoregressive_matches_transformers_greedy(target, ragged_prompts) -> None:
@@ -226,6 +230,7 @@ def test_caches_are_reused_never_recomputed(target, ragged_prompts) -> None:
         (dict(top_k=-3), ValueError, "-3"),
         (dict(prompts="hello"), TypeError, "str"),
         (dict(eos_token_ids=[64]), ValueError, "64"),
+        (dict(prompt_lookup=True), TypeError, "prompt_lookup must be a PromptLookup or None, got True"),
     ],
 )
 def test_bad_input_is_named_before_any_work(target, kwargs, error, needle) -> None:

@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from specdecode.evaluation.config import EvalConfig
+from specdecode import speculative_generate
+from specdecode.decoding.lookup import PromptLookup
+from specdecode.evaluation.config import EvalConfig, LookupConfig
 from specdecode.evaluation import suite
 from specdecode.evaluation.records import RunRecord, merge_counts, pick_per_prompt, run_batched
 from specdecode.evaluation.report import merge_results
@@ -177,11 +179,34 @@ def test_merged_counts_sum_work_and_take_the_slowest_process_time() -> None:
         (dict(methods=["autoregressive"], batch_sizes=[0]), "batch_sizes"),
         (dict(methods=["autoregressive"], gamma=65), "gamma=65"),
         (dict(methods=["autoregressive"], temperatures=[float("nan")]), "temperatures=nan"),
+        (dict(methods=["autoregressive"], prompt_lookup=LookupConfig(max_confidence=1.5)), "max_confidence must be in \\[0, 1\\], got 1.5"),
+        (dict(methods=["autoregressive"], prompt_lookup=LookupConfig(min_ngram=3, max_ngram=2)), "max_ngram must be an int >= min_ngram=3, got 2"),
+        (dict(methods=["autoregressive"], prompt_lookup=LookupConfig(enabled="yes")), "prompt_lookup.enabled='yes'"),
     ],
 )
 def test_bad_eval_config_names_the_field(kwargs, needle) -> None:
     with pytest.raises(ValueError, match=needle):
         EvalConfig(**kwargs)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_every_drafter_decodes_with_the_configured_prompt_lookup(tiny_setup, monkeypatch, enabled) -> None:
+    seen = []
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["prompt_lookup"])
+        return speculative_generate(*args, **kwargs)
+
+    monkeypatch.setattr(suite, "speculative_generate", recording)
+    tmp_path, folders = tiny_setup
+    lookup = LookupConfig(enabled=enabled, max_ngram=3, min_ngram=1, max_confidence=0.5)
+    cfg = EvalConfig(
+        target=TargetConfig(name=str(tmp_path / "target")), drafters=folders, router_dir="unused", domains=["code"],
+        methods=["autoregressive", "generic", "specialized", "routed"], prompts_per_domain=2, max_new_tokens=4, gamma=2,
+        prompt_lookup=lookup, batch_sizes=[1], output_dir=str(tmp_path / "eval"),
+    )
+    run_eval(cfg, router_loader=lambda path: FixedRouter("generic", "code"))
+    assert seen and set(seen) == {PromptLookup(3, 1, 0.5) if enabled else None}
 
 
 def test_merge_results_of_a_gamma_sweep(tmp_path) -> None:

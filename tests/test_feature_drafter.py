@@ -78,7 +78,8 @@ def test_decode_time_drafts_equal_the_unrolled_training_forward(target, ragged_p
         return draft, q
 
     monkeypatch.setattr(FeatureDrafting, "propose", recording)
-    speculative_generate(target, drafter, ragged_prompts, gamma=gamma, max_new_tokens=12, temperature=1.0, eos_token_ids=[], seed=0)
+    speculative_generate(target, drafter, ragged_prompts, gamma=gamma, max_new_tokens=12, temperature=1.0, eos_token_ids=[], seed=0,
+                         prompt_lookup=None)
     assert len(records) >= 3
     checked = 0
     with torch.no_grad():

@@ -14,9 +14,11 @@ import torch
 from scipy.stats import chi2
 
 import specdecode.decoding.decode
+import specdecode.decoding.drafting
 from specdecode import speculative_generate
+from specdecode.decoding.lookup import DEFAULT_LOOKUP, PromptLookup
 from specdecode.decoding.sampling import SamplingParams, logits_to_probs, sample
-from specdecode.decoding.verify import rejection_sample
+from specdecode.decoding.verify import greedy_accept, rejection_sample
 from tests.models_for_tests import tiny_llama
 
 SIGNIFICANCE = 1e-3
@@ -62,6 +64,22 @@ def test_greedy_accepts_exactly_the_matching_prefix() -> None:
     num_accepted, next_token = rejection_sample(draft, q, p, greedy=True)
     assert num_accepted.tolist() == [2, 0]
     assert next_token.tolist() == [3, 1]  # the target's own choice at the first mismatch
+
+
+def test_greedy_accept_is_rejection_sampling_with_one_hot_distributions() -> None:
+    """The decode loop's greedy path compares tokens instead of building one-hot p and q: on random
+    drafts and argmaxes (every prefix length, the bonus token included) it must agree exactly."""
+    generator = torch.Generator().manual_seed(0)
+    vocab, gamma = 4, 3  # a small vocabulary, so that many drafts match
+    draft = torch.randint(vocab, (500, gamma), generator=generator)
+    target_argmax = torch.randint(vocab, (500, gamma + 1), generator=generator)
+    target_argmax[:100, :gamma] = draft[:100]  # all accepted: the bonus token
+    p = torch.nn.functional.one_hot(target_argmax, vocab).float()
+    q = torch.nn.functional.one_hot(draft, vocab).float()
+    expected = rejection_sample(draft, q, p, greedy=True)
+    ours = greedy_accept(draft, target_argmax)
+    assert set(ours[0].tolist()) == set(range(gamma + 1))
+    assert torch.equal(ours[0], expected[0]) and torch.equal(ours[1], expected[1])
 
 
 def test_all_zero_residual_falls_back_to_p() -> None:
@@ -118,7 +136,9 @@ def exact_joint(target: torch.nn.Module, params: SamplingParams) -> torch.Tensor
     return joint.flatten()
 
 
-def sampled_joint(target: torch.nn.Module, drafter: torch.nn.Module, params: SamplingParams, seed: int) -> torch.Tensor:
+def sampled_joint(
+    target: torch.nn.Module, drafter: torch.nn.Module, params: SamplingParams, seed: int, lookup: PromptLookup | None = DEFAULT_LOOKUP
+) -> torch.Tensor:
     result = speculative_generate(
         target,
         drafter,
@@ -130,7 +150,11 @@ def sampled_joint(target: torch.nn.Module, drafter: torch.nn.Module, params: Sam
         top_p=params.top_p,
         eos_token_ids=[],
         seed=seed,
+        prompt_lookup=lookup,
     )
+    if lookup is EAGER_LOOKUP:
+        # the eager lookup must really replace drafts, or the tests using it test nothing
+        assert result.stats.looked_up > N_SAMPLES // 2
     codes = torch.tensor([sum(t * VOCAB ** (N_TOKENS - 1 - i) for i, t in enumerate(s)) for s in result.sequences])
     return torch.bincount(codes, minlength=VOCAB**N_TOKENS)
 
@@ -161,6 +185,27 @@ def test_distribution_test_catches_resampling_from_p(mc_models, monkeypatch) -> 
     assert g_test_pvalue(observed, exact_joint(target, params)) < SIGNIFICANCE
 
 
+# Looks up wherever a single earlier token matches, whatever the drafter's confidence and the
+# temperature: on these 3-token prompts most drafts then come from the lookup, with q one-hot at them.
+EAGER_LOOKUP = PromptLookup(max_ngram=2, min_ngram=1, max_confidence=1.0, max_temperature=2.0)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, top_k=3)], ids=["t1.0", "t0.7-k3"])
+def test_sampled_output_follows_target_with_prompt_lookup(mc_models, params) -> None:
+    target, drafter = mc_models
+    observed = sampled_joint(target, drafter, params, seed=2, lookup=EAGER_LOOKUP)
+    assert g_test_pvalue(observed, exact_joint(target, params)) > SIGNIFICANCE
+
+
+def test_distribution_test_catches_a_looked_up_draft_judged_by_the_drafters_q(mc_models, monkeypatch) -> None:
+    """Planted bug: a looked-up draft keeps the drafter's q instead of a one-hot at itself."""
+    monkeypatch.setattr(specdecode.decoding.drafting, "override_q", lambda q, drafts, used: q)
+    target, drafter = mc_models
+    params = SamplingParams(1.0)
+    observed = sampled_joint(target, drafter, params, seed=2, lookup=EAGER_LOOKUP)
+    assert g_test_pvalue(observed, exact_joint(target, params)) < SIGNIFICANCE
+
+
 @pytest.mark.parametrize(
     "params, draft_vocab",
     [(SamplingParams(1.0), None), (SamplingParams(0.7, top_k=3), None), (SamplingParams(1.0), [0, 2, 3]),
@@ -178,4 +223,7 @@ def test_sampled_output_follows_target_with_a_feature_drafter(mc_models, params,
     with torch.no_grad():
         drafter.fc.weight.normal_(0, 0.3)
     observed = sampled_joint(target, drafter, params, seed=1)
+    assert g_test_pvalue(observed, exact_joint(target, params)) > SIGNIFICANCE
+    # and with most drafts looked up: over a truncated vocabulary a looked-up id may lie outside it
+    observed = sampled_joint(target, drafter, params, seed=3, lookup=EAGER_LOOKUP)
     assert g_test_pvalue(observed, exact_joint(target, params)) > SIGNIFICANCE

@@ -21,10 +21,11 @@ from transformers import PreTrainedModel
 
 from specdecode.decoding.cache import RaggedKVCache, cached_forward
 from specdecode.decoding.drafting import _last, drafting_for
-from specdecode.decoding.sampling import draw, logits_to_probs
+from specdecode.decoding.lookup import DEFAULT_LOOKUP, PromptLookup
+from specdecode.decoding.sampling import logits_to_probs, next_tokens
 from specdecode.decoding.stats import GenerationResult, StepCounters
 from specdecode.decoding.validation import validate_models, validate_request
-from specdecode.decoding.verify import rejection_sample
+from specdecode.decoding.verify import greedy_accept, rejection_sample
 from specdecode.models.feature_drafter import FeatureDrafter
 
 
@@ -173,6 +174,7 @@ def speculative_generate(
     top_p: float = 1.0,
     eos_token_ids: Sequence[int] | int | None = None,
     seed: int | None = None,
+    prompt_lookup: PromptLookup | None = DEFAULT_LOOKUP,
 ) -> GenerationResult:
     """Generate from `target` with `drafter` proposing `gamma` tokens per target pass.
 
@@ -183,13 +185,13 @@ def speculative_generate(
     `drafter` is a causal LM sharing the target's vocabulary or a `FeatureDrafter` (it then reads
     the target's hidden states, which the verify pass computes anyway). `prompts` is a ragged batch
     of token-id lists (no padding); `max_new_tokens` is one budget or one per prompt; generation
-    stops per row at any of `eos_token_ids` (included in the output).
+    stops per row at any of `eos_token_ids` (included in the output). `prompt_lookup`: where the
+    drafter is unsure, copy what followed an earlier occurrence of the row's last tokens (exact;
+    `specdecode.decoding.lookup`); None: the drafter alone.
     """
-    validate_models(target, drafter)
+    validate_models(target, drafter, prompt_lookup)
     gamma = drafter_gamma(drafter) if gamma is None else gamma
-    params, budgets, eos = validate_request(
-        target, prompts, max_new_tokens, temperature, top_k, top_p, eos_token_ids, gamma=gamma
-    )
+    params, budgets, eos = validate_request(target, prompts, max_new_tokens, temperature, top_k, top_p, eos_token_ids, gamma=gamma)
     if max(budgets) == 0:
         return GenerationResult.build([[] for _ in prompts], StepCounters(gamma, target.device), 0.0)
     start = time.perf_counter()
@@ -197,7 +199,8 @@ def speculative_generate(
     generator = _generator(seed, device)
     batch = _Batch.from_prompts(prompts, budgets, slack=gamma + 2, eos=eos, device=device)
     target_cache = RaggedKVCache.for_model(target, len(prompts), batch.capacity)
-    drafting = drafting_for(drafter, len(prompts), batch.capacity)
+    lookup = prompt_lookup if prompt_lookup is not None and prompt_lookup.applies(params.temperature) else None
+    drafting = drafting_for(drafter, len(prompts), batch.capacity, lookup)
     features = drafting.feature_layers
     counters = StepCounters(gamma, device)
     finisher = _Finisher(len(prompts))
@@ -207,22 +210,22 @@ def speculative_generate(
     drafting.prefill(batch.tokens, batch.lengths, max(batch.prompt_lengths), hidden)
     counters.record_target_call(len(prompts))
     counters.drafter_calls += 1
-    finished = batch.commit(draw(logits_to_probs(first, params), params, generator).unsqueeze(1), torch.ones_like(batch.lengths))
+    finished = batch.commit(next_tokens(first, params, generator).unsqueeze(1), torch.ones_like(batch.lengths))
 
     while (max_length := finisher.step(batch, finished, (target_cache, drafting))) is not None:
         target_cache.set_lengths(batch.lengths - 1, max_length - 1)
 
-        # 1. draft gamma tokens, keeping q exactly as sampled from
+        # 1. draft gamma tokens, keeping q exactly as sampled from (None when greedy: not needed)
         draft, q = drafting.propose(batch.tokens, batch.lengths, max_length, gamma, params, generator)
 
         # 2. verify in one target pass: the pending token and the gamma drafts
         out = cached_forward(target, target_cache, torch.cat([batch.last(1), draft], dim=1), feature_layers=features)
         logits, hidden = out if features is not None else (out, None)
         drafting.observe(hidden, batch.lengths - 1)
-        p = logits_to_probs(logits, params)
 
         # 3. accept / resample
-        num_accepted, next_token = rejection_sample(draft, q, p, generator, greedy=params.greedy)
+        num_accepted, next_token = (greedy_accept(draft, logits.argmax(dim=-1)) if q is None
+                                    else rejection_sample(draft, q, logits_to_probs(logits, params), generator))
         new_tokens = torch.cat([draft, draft[:, :1]], dim=1).scatter(1, num_accepted.unsqueeze(1), next_token.unsqueeze(1))
         finished = batch.commit(new_tokens, num_accepted + 1)
         counters.record_step(num_accepted, drafter_calls=gamma)
@@ -230,6 +233,7 @@ def speculative_generate(
         # 4. trim caches: done at the top of the loop from the committed lengths (rejected drafts'
         # entries stay in their slots, masked, until overwritten).
 
+    counters.looked_up = drafting.looked_up
     return GenerationResult.build(finisher.sequences, counters, time.perf_counter() - start)
 
 
@@ -259,11 +263,11 @@ def autoregressive_generate(
 
     logits, _ = _prefill(target, cache, batch)
     counters.record_target_call(len(prompts))
-    finished = batch.commit(draw(logits_to_probs(logits, params), params, generator).unsqueeze(1), torch.ones_like(batch.lengths))
+    finished = batch.commit(next_tokens(logits, params, generator).unsqueeze(1), torch.ones_like(batch.lengths))
     while (max_length := finisher.step(batch, finished, (cache,))) is not None:
         cache.set_lengths(batch.lengths - 1, max_length - 1)
-        probs = logits_to_probs(cached_forward(target, cache, batch.last(1))[:, -1], params)
-        finished = batch.commit(draw(probs, params, generator).unsqueeze(1), torch.ones_like(batch.lengths))
+        logits = cached_forward(target, cache, batch.last(1))[:, -1]
+        finished = batch.commit(next_tokens(logits, params, generator).unsqueeze(1), torch.ones_like(batch.lengths))
         counters.record_target_call(len(finished))
 
     return GenerationResult.build(finisher.sequences, counters, time.perf_counter() - start)

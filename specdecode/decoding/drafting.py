@@ -12,16 +12,20 @@
   length, never visible to the real queries), which writes the true-feature entries over the
   drafted ones and yields the first draft; steps 2..gamma feed back the predicted feature.
 
-Both return the drafts `[B, gamma]` and the distributions they were drawn from `[B, gamma, V]`.
+Both return the drafts `[B, gamma]` and the distributions they were drawn from `[B, gamma, V]`
+(None when greedy: greedy verification compares tokens, and a one-hot q would only cost time).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from transformers import PreTrainedModel
 
 from specdecode.decoding.cache import RaggedKVCache, cached_call, cached_forward
-from specdecode.decoding.sampling import SamplingParams, draw, logits_to_probs
+from specdecode.decoding.lookup import PromptLookup, override_q
+from specdecode.decoding.sampling import SamplingParams, logits_to_probs, sample
 from specdecode.models.draft_vocab import DraftVocabHead
 from specdecode.models.feature_drafter import FeatureDrafter, feed_back
 
@@ -32,9 +36,11 @@ class SliceDrafting:
     # which target hidden states it reads (`target_features`); None: none
     feature_layers: tuple[int, ...] | None = None
 
-    def __init__(self, drafter: PreTrainedModel, batch_size: int, capacity: int) -> None:
+    def __init__(self, drafter: PreTrainedModel, batch_size: int, capacity: int, lookup: PromptLookup | None = None) -> None:
         self.drafter = drafter
         self.cache = RaggedKVCache.for_model(drafter, batch_size, capacity)
+        self.lookup = lookup
+        self.looked_up = torch.zeros((), dtype=torch.long, device=drafter.device)
 
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
         """Cache the right-padded prompts `tokens[:, :longest]` (the first token is not yet committed)."""
@@ -44,17 +50,17 @@ class SliceDrafting:
     def propose(
         self, tokens: torch.Tensor, lengths: torch.Tensor, max_length: int, gamma: int,
         params: SamplingParams, generator: torch.Generator | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft `gamma` tokens after each row's `lengths[b]` committed `tokens` `[B, S_cap]`."""
         self.cache.set_lengths(lengths - 2, max_length - 2)
         drafter_input = _last(tokens, lengths, 2)
-        drafts, q = [], []
+        step = _Drafts(tokens, lengths, self.lookup)
         for _ in range(gamma):
-            q_i = logits_to_probs(cached_forward(self.drafter, self.cache, drafter_input, logits_to_keep=1)[:, -1], params)
-            drafter_input = draw(q_i, params, generator).unsqueeze(1)
-            drafts.append(drafter_input)
-            q.append(q_i)
-        return torch.cat(drafts, dim=1), torch.stack(q, dim=1)
+            logits = cached_forward(self.drafter, self.cache, drafter_input, logits_to_keep=1)[:, -1]
+            drafter_input = step.add(logits, *_draw(logits, params, generator)).unsqueeze(1)
+        drafts, q, looked_up = step.result()
+        self.looked_up += looked_up
+        return drafts, q
 
     def observe(self, features: torch.Tensor | None, start: torch.Tensor) -> None:
         """A slice drafter reads no target features."""
@@ -66,8 +72,10 @@ class SliceDrafting:
 class FeatureDrafting:
     """A `FeatureDrafter` fed the target's hidden states (see the module docstring)."""
 
-    def __init__(self, drafter: FeatureDrafter, batch_size: int, capacity: int) -> None:
+    def __init__(self, drafter: FeatureDrafter, batch_size: int, capacity: int, lookup: PromptLookup | None = None) -> None:
         self.drafter = drafter
+        self.lookup = lookup
+        self.looked_up = torch.zeros((), dtype=torch.long, device=drafter.device)
         self.feature_layers: tuple[int, ...] | None = drafter.feature_layers
         self.capacity = capacity
         self.cache = RaggedKVCache.for_model(drafter, batch_size, capacity)
@@ -93,7 +101,7 @@ class FeatureDrafting:
     def propose(
         self, tokens: torch.Tensor, lengths: torch.Tensor, max_length: int, gamma: int,
         params: SamplingParams, generator: torch.Generator | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft `gamma` tokens after each row's `lengths[b]` committed `tokens` `[B, S_cap]`."""
         batch = torch.arange(tokens.shape[0], device=tokens.device)
         # 1. one window over the positions whose true features are new: [start, lengths - 1)
@@ -108,26 +116,18 @@ class FeatureDrafting:
         self.start, self.start_bound, self.width = lengths - 1, max_length - 1, gamma + 1
 
         # 2. gamma drafts, each fed back with the feature it was predicted from
-        drafts, q = [], []
+        step = _Drafts(tokens, lengths, self.lookup, None if self.draft_head is None else self.draft_head.spread)
         for i in range(gamma):
-            q_i, draft = self._draw(feature[:, -1], params, generator)
-            draft = draft.unsqueeze(1)
-            drafts.append(draft)
-            q.append(q_i)
+            # logits and q over the K draft ids of a truncated head (K = V without one)
+            logits = self.drafter.logits(feature[:, -1]) if self.draft_head is None else self.draft_head.draft_logits(feature[:, -1])
+            q_i, index = _draw(logits, params, generator)
+            draft = step.add(logits, q_i, index if self.draft_head is None else self.draft_head.draft_ids[index]).unsqueeze(1)
             if i + 1 < gamma:
                 fed = feed_back(feature, self.features.shape[-1])
                 feature = cached_call(self.cache, 1, self.drafter.dtype, lambda **kw: self.drafter(fed, draft, **kw))
-        probs = torch.stack(q, dim=1)
-        return torch.cat(drafts, dim=1), probs if self.draft_head is None else self.draft_head.spread(probs)
-
-    def _draw(self, feature: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """q `[B, K]` from predicted features `[B, H]` and the draft `[B]` drawn from it (K = V
-        without a truncated head; with one, q is over its draft ids and the draft is mapped back)."""
-        if self.draft_head is None:
-            q = logits_to_probs(self.drafter.logits(feature), params)
-            return q, draw(q, params, generator)
-        q = logits_to_probs(self.draft_head.draft_logits(feature), params)
-        return q, self.draft_head.draft_ids[draw(q, params, generator)]
+        drafts, q, looked_up = step.result()
+        self.looked_up += looked_up
+        return drafts, q
 
     def observe(self, features: torch.Tensor | None, start: torch.Tensor) -> None:
         """Store the verify pass's features `[B, W, n·H]` at positions `start[b] + w`."""
@@ -142,10 +142,63 @@ class FeatureDrafting:
         self.start = self.start.index_select(0, rows)
 
 
-def drafting_for(drafter: PreTrainedModel | FeatureDrafter, batch_size: int, capacity: int) -> SliceDrafting | FeatureDrafting:
+class _Drafts:
+    """The drafts of one step as they are drawn, with prompt lookup applied (`lookup.py`): a row
+    may take a looked-up token instead of its drawn one, and its q is then one-hot there."""
+
+    def __init__(
+        self, tokens: torch.Tensor, lengths: torch.Tensor, lookup: PromptLookup | None,
+        spread: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
+        self.lookup = lookup
+        # committed tokens, then this step's drafts (a copy: the batch's own buffer stays committed-only)
+        self.context = tokens.clone() if lookup is not None else tokens
+        self.lengths = lengths
+        self.spread = spread
+        self.drafts: list[torch.Tensor] = []
+        self.q: list[torch.Tensor | None] = []
+        self.used: list[torch.Tensor] = []
+
+    def add(self, logits: torch.Tensor, q: torch.Tensor | None, draft: torch.Tensor) -> torch.Tensor:
+        """Record a step's drawn `draft` `[B]` (drawn from `q` `[B, K]`, None when greedy, given
+        `logits` `[B, K]`); return the draft actually proposed."""
+        if self.lookup is not None:
+            at = self.lengths + len(self.drafts)
+            draft, used = self.lookup.choose(logits, draft, self.context, at)
+            self.context.scatter_(1, at.unsqueeze(1), draft.unsqueeze(1))
+            self.used.append(used)
+        self.drafts.append(draft)
+        self.q.append(q)
+        return draft
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Drafts `[B, gamma]`, their distributions `[B, gamma, V]` (None when greedy) and how many
+        drafts were looked up (a 0-d tensor, so counting never syncs)."""
+        drafts = torch.stack(self.drafts, dim=1)
+        used = torch.stack(self.used, dim=1) if self.used else torch.zeros_like(drafts, dtype=torch.bool)
+        if self.q[0] is None:
+            return drafts, None, used.sum()
+        q = torch.stack(self.q, dim=1)  # type: ignore[arg-type]
+        if self.spread is not None:
+            q = self.spread(q)
+        return drafts, override_q(q, drafts, used) if self.used else q, used.sum()
+
+
+def _draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """`[B, V]` drafter logits → (q `[B, V]`, the draft `[B]` drawn from it); greedy: (None, argmax),
+    since greedy verification compares tokens and needs no distribution."""
+    if params.greedy:
+        return None, logits.argmax(dim=-1)
+    q = logits_to_probs(logits, params)
+    return q, sample(q, generator)
+
+
+def drafting_for(
+    drafter: PreTrainedModel | FeatureDrafter, batch_size: int, capacity: int, lookup: PromptLookup | None = None
+) -> SliceDrafting | FeatureDrafting:
     if isinstance(drafter, FeatureDrafter):
-        return FeatureDrafting(drafter, batch_size, capacity)
-    return SliceDrafting(drafter, batch_size, capacity)
+        return FeatureDrafting(drafter, batch_size, capacity, lookup)
+    return SliceDrafting(drafter, batch_size, capacity, lookup)
 
 
 def _last(tokens: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Tensor:

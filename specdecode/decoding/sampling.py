@@ -79,6 +79,9 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     return (probs / noise).argmax(dim=-1)
 
 
-def draw(probs: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
-    """Sample from `probs` `[..., V]`, skipping the noise when greedy (the distribution is one-hot)."""
-    return probs.argmax(dim=-1) if params.greedy else sample(probs, generator)
+def next_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of `logits` `[..., V]` → `[...]`: the argmax when greedy (no distribution is
+    built: a one-hot over a 49k vocabulary costs more than the argmax itself), else a sample from
+    `logits_to_probs`."""
+    return logits.argmax(dim=-1) if params.greedy else sample(logits_to_probs(logits, params), generator)
+

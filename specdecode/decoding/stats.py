@@ -19,6 +19,9 @@ class StepCounters:
         self.drafted = 0
         # histogram[n]: row-steps that accepted exactly n of the gamma drafts.
         self.histogram = torch.zeros(gamma + 1, dtype=torch.long, device=device)
+        # drafts that prompt lookup proposed instead of the drafter (a device tensor: never synced
+        # before the end)
+        self.looked_up: torch.Tensor | int = 0
 
     def record_target_call(self, batch_size: int) -> None:
         self.target_calls += 1
@@ -41,7 +44,8 @@ class DecodeStats:
     successes, truncated at gamma); accepted / drafted would understate it, because drafts after the
     first rejection are never judged. tau is generated tokens per target call per row (prefill
     included; a batched call over B rows counts B), 1 for autoregressive decoding.
-    position_acceptance[i] = P(draft i accepted | drafts before it accepted).
+    position_acceptance[i] = P(draft i accepted | drafts before it accepted). looked_up counts the
+    drafts that prompt lookup (`specdecode.decoding.lookup`) proposed instead of the drafter.
     """
 
     gamma: int
@@ -57,6 +61,7 @@ class DecodeStats:
     generated_tokens: int
     wall_time_s: float
     tokens_per_s: float
+    looked_up: int = 0
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -97,5 +102,6 @@ class GenerationResult:
             generated_tokens=generated,
             wall_time_s=wall_time_s,
             tokens_per_s=generated / wall_time_s if wall_time_s > 0 else 0.0,
+            looked_up=int(counters.looked_up),
         )
         return cls(sequences=sequences, stats=stats)  # type: ignore[arg-type]

@@ -7,14 +7,17 @@ from collections.abc import Sequence
 from transformers import PreTrainedModel
 
 from specdecode.core.config import GAMMA_RANGE, is_gamma, is_int
+from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.sampling import SamplingParams
 from specdecode.models.compat import check_vocab_sizes, default_eos
 
 
-def validate_models(target: PreTrainedModel, drafter: PreTrainedModel) -> None:
+def validate_models(target: PreTrainedModel, drafter: PreTrainedModel, prompt_lookup: object = None) -> None:
     check_vocab_sizes(target, drafter)
     if target.device != drafter.device:
         raise ValueError(f"target is on {target.device} but drafter is on {drafter.device}")
+    if prompt_lookup is not None and not isinstance(prompt_lookup, PromptLookup):
+        raise TypeError(f"prompt_lookup must be a PromptLookup or None, got {prompt_lookup!r}")
 
 
 def validate_request(

@@ -155,9 +155,10 @@ def _measure(
     """Warm up, measure the step costs, then time each method at batch 1 and at batch B."""
     eos = default_eos(target)
     decode = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, eos_token_ids=eos, seed=cfg.seed)
+    lookup = cfg.prompt_lookup.build()
 
     # Warm-up: first calls pay one-off allocation and dispatch costs that would skew short runs.
-    speculative_generate(target, drafter, ids[:1], gamma=cfg.gamma, **decode | {"max_new_tokens": 8})
+    speculative_generate(target, drafter, ids[:1], gamma=cfg.gamma, prompt_lookup=lookup, **decode | {"max_new_tokens": 8})
     autoregressive_generate(target, ids[:1], **decode | {"max_new_tokens": 8})
     context = ids[0] + ids[1][: cfg.max_new_tokens // 2]
     costs = measure_step_costs(target, drafter, context, cfg.gamma, cfg.cost_repeats)
@@ -169,7 +170,7 @@ def _measure(
     batch1 = ids[: cfg.batch1_prompts]
     ar1 = [autoregressive_generate(target, [p], **decode) for p in tqdm(batch1, desc="batch 1: target alone", leave=False)]
     stage("batch 1 autoregressive")
-    sd1 = [speculative_generate(target, drafter, [p], gamma=cfg.gamma, **decode) for p in tqdm(batch1, desc="batch 1: ours", leave=False)]
+    sd1 = [speculative_generate(target, drafter, [p], gamma=cfg.gamma, prompt_lookup=lookup, **decode) for p in tqdm(batch1, desc="batch 1: ours", leave=False)]
     stage("batch 1 speculative")
     hf1: list[tuple[list[int], float]] = []
     # transformers' assisted generation runs causal-LM drafters only, not feature drafters.
@@ -178,7 +179,7 @@ def _measure(
     stage("batch 1 transformers assisted")
     batch = ids[: cfg.batch_size]
     arb = autoregressive_generate(target, batch, **decode)
-    sdb = speculative_generate(target, drafter, batch, gamma=cfg.gamma, **decode)
+    sdb = speculative_generate(target, drafter, batch, gamma=cfg.gamma, prompt_lookup=lookup, **decode)
     stage(f"batch {cfg.batch_size}")
     return costs, _Runs(ar1, sd1, hf1, arb, sdb)
 

@@ -9,7 +9,28 @@ from pathlib import Path
 
 from specdecode.core.config import GAMMA_RANGE, Placement, is_gamma, is_number, require
 from specdecode.data.domains import DOMAINS
+from specdecode.decoding.lookup import PromptLookup
 from specdecode.models.config import DrafterConfig, TargetConfig
+
+
+@dataclass
+class LookupConfig:
+    """Prompt lookup beside the drafters (`specdecode.decoding.lookup.PromptLookup`, README "Prompt
+    lookup"): where a row's last `min_ngram`..`max_ngram` tokens occurred before and its drafter's
+    top probability is below `max_confidence`, it drafts the token that followed, at decoding
+    temperatures up to `max_temperature`. `enabled: false` decodes with the drafters alone."""
+
+    enabled: bool = True
+    max_ngram: int = 4
+    min_ngram: int = 2
+    max_confidence: float = 0.7
+    max_temperature: float = 0.7
+
+    def build(self) -> PromptLookup | None:
+        """The `speculative_generate(prompt_lookup=...)` argument; ValueError names a bad setting."""
+        require(isinstance(self.enabled, bool), "prompt_lookup.enabled", self.enabled, "true or false")
+        lookup = PromptLookup(self.max_ngram, self.min_ngram, self.max_confidence, self.max_temperature)  # checked even when off
+        return lookup if self.enabled else None
 
 
 @dataclass
@@ -28,6 +49,9 @@ class BenchmarkConfig(Placement):
     temperature: float = 0.0
     seed: int = 0
     hf_assisted: bool = True
+    # Off by default: the benchmark compares decode loops (ours, transformers assisted generation)
+    # with one and the same drafter.
+    prompt_lookup: LookupConfig = field(default_factory=lambda: LookupConfig(enabled=False))
     cost_repeats: int = 10
     # Documents per domain tokenised to pick the drafter's truncated vocabulary.
     vocab_corpus_docs: int = 2000
@@ -42,6 +66,7 @@ class BenchmarkConfig(Placement):
         require(1 <= self.batch_size <= self.num_prompts, "batch_size", self.batch_size, f"in [1, num_prompts={self.num_prompts}]")
         require(is_number(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0, "temperature", self.temperature, "a finite number >= 0")
         require(self.cost_repeats >= 1, "cost_repeats", self.cost_repeats, ">= 1")
+        self.prompt_lookup.build()
 
 
 @dataclass
@@ -65,6 +90,8 @@ class EvalConfig(Placement):
     # null: each drafter at the gamma stored with it by training (specdecode.decoding.decode.drafter_gamma;
     # 4 for one without, e.g. `undistilled`); an int runs every drafter at that gamma.
     gamma: int | None = None
+    # Prompt lookup beside every drafter (routed and oracle included).
+    prompt_lookup: LookupConfig = field(default_factory=LookupConfig)
     temperatures: list[float] = field(default_factory=lambda: [0.0])
     batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
     # Gamma sweep: `sweep_methods` also run at each of `sweep_gammas`, at the smallest batch size and
@@ -93,6 +120,7 @@ class EvalConfig(Placement):
         require(self.prompts_per_domain >= 1, "prompts_per_domain", self.prompts_per_domain, ">= 1")
         require(self.gamma is None or is_gamma(self.gamma), "gamma", self.gamma, f"null (each drafter's own) or {GAMMA_RANGE}")
         require(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, ">= 1")
+        self.prompt_lookup.build()
         for t in self.temperatures:
             require(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0, "temperatures", t, "finite numbers >= 0")
         for b in self.batch_sizes:

@@ -28,6 +28,7 @@ from specdecode.core.locking import locks_output_dir
 from specdecode.data.corpus import vocab_corpus
 from specdecode.data.domains import format_prompt, load_domain
 from specdecode.decoding.decode import autoregressive_generate, speculative_generate
+from specdecode.decoding.lookup import PromptLookup
 from specdecode.evaluation.config import EvalConfig
 from specdecode.evaluation.records import Generate, RunRecord, finalize_rows, merge_counts, pick_per_prompt, run_batched, run_grouped
 from specdecode.evaluation.report import write_report
@@ -96,11 +97,12 @@ def _family(name: str) -> str:
     return name if name in ("autoregressive", "undistilled", "generic") else "specialized"
 
 
-def _generators(models: _Models, gamma: int | None, decode: dict) -> dict[str, Generate]:
-    """One decode function per method name at `gamma` (`autoregressive` ignores it)."""
+def _generators(models: _Models, gamma: int | None, decode: dict, lookup: PromptLookup | None) -> dict[str, Generate]:
+    """One decode function per method name at `gamma`, each drafter with `lookup` (`autoregressive`
+    ignores both)."""
     generators: dict[str, Generate] = {"autoregressive": partial(autoregressive_generate, models.target, **decode)}
     for name, drafter in models.drafters.items():
-        generators[name] = partial(speculative_generate, models.target, drafter, gamma=gamma, **decode)
+        generators[name] = partial(speculative_generate, models.target, drafter, gamma=gamma, prompt_lookup=lookup, **decode)
     return generators
 
 
@@ -124,7 +126,7 @@ def _eval_domain(cfg: EvalConfig, models: _Models, domain: str, texts: list[str]
     sweep_batch = min(cfg.batch_sizes)
     for temperature in cfg.temperatures:
         decode = dict(max_new_tokens=cfg.max_new_tokens, temperature=temperature, eos_token_ids=models.eos, seed=cfg.seed)
-        generators = _generators(models, cfg.gamma, decode)
+        generators = _generators(models, cfg.gamma, decode, cfg.prompt_lookup.build())
         oracle_choices: list[str] | None = None
         sweep_reference: list[list[int]] | None = None
         for batch_size in sorted(cfg.batch_sizes):
@@ -164,7 +166,7 @@ def _sweep(
         if gamma == cfg.gamma:
             continue
         progress.set_postfix_str(f"{domain} T={temperature} B={batch_size} gamma={gamma}")
-        generators = _generators(models, gamma, decode)
+        generators = _generators(models, gamma, decode, cfg.prompt_lookup.build())
         for method in cfg.sweep_methods:
             if method == "routed":
                 if route_choices is None:

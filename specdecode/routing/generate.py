@@ -101,7 +101,7 @@ def route_and_generate(
         if not rows:
             continue
         if drafter is None:  # the no-drafter route: plain decoding, on the same machinery
-            plain = {k: v for k, v in decode_kwargs.items() if k != "gamma"}
+            plain = {k: v for k, v in decode_kwargs.items() if k not in ("gamma", "prompt_lookup")}
             result = autoregressive_generate(target, [prompts[i] for i in rows], max_new_tokens=[budgets[i] for i in rows], **plain)
         else:
             result = speculative_generate(target, drafter, [prompts[i] for i in rows],

@@ -1,0 +1,118 @@
+"""Prompt lookup beside a trained drafter: copy the continuation of an earlier occurrence.
+
+Small targets repeat themselves and their prompts (a name from the question, a line of a list, a
+variable in code). Where the last n committed-or-drafted tokens already occurred earlier in the row
+(prompt lookup decoding, Saxena 2023; vLLM's n-gram speculator), the token that followed the most
+recent occurrence is a proposal that costs no forward pass. On the held-out target continuations of
+README "Prompt lookup", the feature drafters were right at such positions 25% (chat), 66% (code)
+and 48% (math) of the time and the lookup 70%, 69% and 61%: a drafter trained for minutes has not
+learnt to copy as well as its target does.
+
+So at every drafting step, a row whose context holds a match, and whose drafter is not confident
+(its top probability below `max_confidence`), drafts the looked-up token instead of its own. The
+choice depends only on the state before the draft is drawn, so the draft distribution is still
+known exactly: one-hot at the looked-up token (`override_q`). Rejection sampling stays exact at
+every temperature.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class PromptLookup:
+    """Where and how a row drafts a looked-up token (see the module docstring).
+
+    Attributes:
+        max_ngram / min_ngram: suffix lengths tried, longest first (a longer match predicts better).
+        max_confidence: the drafter's own top probability (softmax of its logits at temperature 1,
+            whatever the decoding temperature) below which a match overrides it; 1.0 overrides
+            wherever a match exists, 0.0 never.
+        max_temperature: decoding above this temperature drafts with the drafter alone. A
+            looked-up token is accepted with probability p(x), which falls as the temperature
+            rises: on the demo's drafters lookup sped up greedy and T = 0.7 decoding and slowed
+            T = 1.0 by 3-7% (README "Prompt lookup beside the drafters").
+    """
+
+    max_ngram: int = 4
+    min_ngram: int = 2
+    max_confidence: float = 0.7
+    max_temperature: float = 0.7
+
+    def __post_init__(self) -> None:
+        if isinstance(self.min_ngram, bool) or not isinstance(self.min_ngram, int) or self.min_ngram < 1:
+            raise ValueError(f"prompt lookup min_ngram must be an int >= 1, got {self.min_ngram!r}")
+        if isinstance(self.max_ngram, bool) or not isinstance(self.max_ngram, int) or self.max_ngram < self.min_ngram:
+            raise ValueError(f"prompt lookup max_ngram must be an int >= min_ngram={self.min_ngram}, got {self.max_ngram!r}")
+        if not isinstance(self.max_confidence, (int, float)) or not 0.0 <= self.max_confidence <= 1.0:
+            raise ValueError(f"prompt lookup max_confidence must be in [0, 1], got {self.max_confidence!r}")
+        if not isinstance(self.max_temperature, (int, float)) or not 0.0 <= self.max_temperature < math.inf:
+            raise ValueError(f"prompt lookup max_temperature must be a finite number >= 0, got {self.max_temperature!r}")
+
+    def applies(self, temperature: float) -> bool:
+        """Whether decoding at `temperature` uses the lookup (`max_temperature`)."""
+        return temperature <= self.max_temperature
+
+    def choose(
+        self, logits: torch.Tensor, drafts: torch.Tensor, context: torch.Tensor, lengths: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The drafts after lookup, `[B]`, and which rows took the looked-up token, `[B]` bool.
+
+        Args:
+            logits: `[B, K]` the drafter's logits at this step (over its draft ids, if truncated).
+            drafts: `[B]` the drafter's own drafts (full-vocabulary ids).
+            context: `[B, S]` each row's tokens; `[:lengths[b]]` are committed or already drafted.
+            lengths: `[B]`.
+        """
+        found, looked_up = lookup(context, lengths, self.max_ngram, self.min_ngram)
+        unsure = logits.float().softmax(dim=-1).amax(dim=-1) < self.max_confidence
+        use = found & unsure
+        return torch.where(use, looked_up, drafts), use
+
+
+# What `speculative_generate` uses unless told otherwise (README "Prompt lookup").
+DEFAULT_LOOKUP = PromptLookup()
+
+
+def lookup(context: torch.Tensor, lengths: torch.Tensor, max_ngram: int, min_ngram: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each row, the token that followed the most recent earlier occurrence of its last n tokens,
+    for the longest n in [min_ngram, max_ngram] that occurs.
+
+    Vectorised over rows and positions (one pass per n): `[B, S - n + 1, n]` windows compared with
+    each row's suffix, matches restricted to windows whose next token lies within the row
+    (`start + n < lengths[b]`), so neither the suffix itself nor anything past the row is read.
+
+    Args:
+        context: `[B, S]` token ids.
+        lengths: `[B]` valid tokens per row.
+
+    Returns:
+        `found` `[B]` bool and `token` `[B]` (meaningful where found).
+    """
+    batch, capacity = context.shape
+    found = torch.zeros(batch, dtype=torch.bool, device=context.device)
+    token = torch.zeros(batch, dtype=context.dtype, device=context.device)
+    for n in range(max_ngram, min_ngram - 1, -1):
+        if n >= capacity:
+            continue
+        suffix = context.gather(1, (lengths.unsqueeze(1) - n + torch.arange(n, device=context.device)).clamp_min(0))
+        starts = torch.arange(capacity - n + 1, device=context.device)
+        matches = (context.unfold(1, n, 1) == suffix.unsqueeze(1)).all(dim=-1)
+        matches &= starts + n < lengths.unsqueeze(1)
+        # the most recent match: the largest matching start (argmax of start + 1 where matched, else 0)
+        last = (matches * (starts + 1)).argmax(dim=1)
+        hit = matches.any(dim=1) & ~found
+        token = torch.where(hit, context.gather(1, (last + n).clamp_max(capacity - 1).unsqueeze(1)).squeeze(1), token)
+        found |= hit
+    return found, token
+
+
+def override_q(q: torch.Tensor, drafts: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
+    """Full-vocabulary draft distributions `[B, gamma, V]` with the looked-up steps (`used`
+    `[B, gamma]`) one-hot at their drafts `[B, gamma]`: what those drafts were drawn from."""
+    return torch.where(used.unsqueeze(-1), F.one_hot(drafts, q.shape[-1]).to(q.dtype), q)
