@@ -7,8 +7,8 @@ import json
 import pytest
 
 from specdecode import speculative_generate
-from specdecode.decoding.lookup import PromptLookup
-from specdecode.evaluation.config import EvalConfig, LookupConfig
+from specdecode.decoding.lookup import LookupConfig, PromptLookup
+from specdecode.evaluation.config import EvalConfig
 from specdecode.evaluation import suite
 from specdecode.evaluation.records import RunRecord, merge_counts, pick_per_prompt, run_batched
 from specdecode.evaluation.report import merge_results

@@ -60,6 +60,42 @@ def test_labels_equal_direct_teacher_forcing(models, temperature: float) -> None
     assert (labels.acceptance[:, :2] < 0.9).all()
 
 
+@pytest.mark.parametrize("temperature, applies", [(0.0, True), (2.0, False)])
+def test_labels_with_prompt_lookup_score_what_decoding_drafts(models, temperature, applies) -> None:
+    """Per prompt and position, unpadded: where decoding would draft the looked-up token (a match
+    and the drafter's top probability below max_confidence), q is one-hot there: acceptance p(x),
+    greedy match x == argmax p. Repetitive, ragged prompts, so the lookup fires often."""
+    from specdecode.decoding.lookup import PromptLookup, lookup
+
+    target, drafters = models
+    prompts = [[5, 6, 7, 5, 6, 7, 5], [9, 9, 9], [20, 21, 20], [30, 31, 32, 30, 31, 32, 30, 31, 33, 30, 31, 32, 30, 31]]
+    settings = PromptLookup(max_ngram=3, min_ngram=1, max_confidence=0.9, max_temperature=1.0)
+    labels = collect_labels(target, drafters, prompts, max_new_tokens=7, temperature=temperature, batch_size=4,
+                            progress=False, lookup=settings)
+    plain = collect_labels(target, drafters, prompts, max_new_tokens=7, temperature=temperature, batch_size=4, progress=False)
+    used = 0
+    for i, prompt in enumerate(prompts):
+        continuation = labels.continuations[i]
+        ids = torch.tensor([prompt + continuation])
+        scored = slice(len(prompt) - 1, len(prompt) + len(continuation) - 1)
+        for k, (_, drafter) in enumerate(drafters):
+            with torch.no_grad():
+                p = (target(ids).logits[0, scored] / (temperature or 1.0)).softmax(-1)
+                q_logits = drafter(ids).logits[0, scored]
+            q = (q_logits / (temperature or 1.0)).softmax(-1)
+            acceptance, match = torch.minimum(p, q).sum(-1), (p.argmax(-1) == q.argmax(-1)).float()
+            for j in range(len(continuation)):
+                length = len(prompt) + j
+                found, token = lookup(ids[:, :length], torch.tensor([length]), 3, 1)
+                if applies and found.item() and q_logits[j].softmax(-1).max() < 0.9:
+                    used += k < 2
+                    acceptance[j], match[j] = p[j, token.item()], float(p[j].argmax() == token.item())
+            assert labels.acceptance[i, k].item() == pytest.approx(acceptance.mean().item(), abs=1e-5)
+            assert labels.greedy_match[i, k].item() == pytest.approx(match.mean().item(), abs=1e-6)
+    assert (used > 10) == applies
+    assert torch.equal(labels.acceptance, plain.acceptance) != applies
+
+
 def test_labels_do_not_depend_on_batching(models) -> None:
     target, drafters = models
     one = collect_labels(target, drafters, PROMPTS, max_new_tokens=6, batch_size=1, progress=False)

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdecode.core.config import require
+
 
 @dataclass(frozen=True)
 class PromptLookup:
@@ -75,7 +77,28 @@ class PromptLookup:
         return torch.where(use, looked_up, drafts), use
 
 
-# What `speculative_generate` uses unless told otherwise (README "Prompt lookup").
+@dataclass
+class LookupConfig:
+    """The apps' prompt-lookup settings (conf/eval.yaml, collect.yaml, benchmark.yaml; README "Prompt
+    lookup beside the drafters"): where a row's last `min_ngram`..`max_ngram` tokens occurred before
+    and its drafter's top probability is below `max_confidence`, it drafts the token that followed,
+    at decoding temperatures up to `max_temperature` (`PromptLookup`). `enabled: false` decodes
+    with the drafters alone."""
+
+    enabled: bool = True
+    max_ngram: int = 4
+    min_ngram: int = 2
+    max_confidence: float = 0.7
+    max_temperature: float = 0.7
+
+    def build(self) -> PromptLookup | None:
+        """The `speculative_generate(prompt_lookup=...)` argument; ValueError names a bad setting."""
+        require(isinstance(self.enabled, bool), "prompt_lookup.enabled", self.enabled, "true or false")
+        lookup = PromptLookup(self.max_ngram, self.min_ngram, self.max_confidence, self.max_temperature)  # checked even when off
+        return lookup if self.enabled else None
+
+
+# What `speculative_generate` uses unless told otherwise (README "Prompt lookup beside the drafters").
 DEFAULT_LOOKUP = PromptLookup()
 
 
@@ -116,3 +139,24 @@ def override_q(q: torch.Tensor, drafts: torch.Tensor, used: torch.Tensor) -> tor
     """Full-vocabulary draft distributions `[B, gamma, V]` with the looked-up steps (`used`
     `[B, gamma]`) one-hot at their drafts `[B, gamma]`: what those drafts were drawn from."""
     return torch.where(used.unsqueeze(-1), F.one_hot(drafts, q.shape[-1]).to(q.dtype), q)
+
+
+def lookup_logits(
+    logits: torch.Tensor, tokens: torch.Tensor, attention: torch.Tensor, columns: torch.Tensor, settings: PromptLookup
+) -> torch.Tensor:
+    """Teacher forcing with lookup: a drafter's logits `[B, C, V]` at `columns` `[C]` of the
+    left-padded `tokens` / `attention` `[B, S]` (column t predicts token t + 1), with each position
+    where decoding would draft a looked-up token replaced by logits one-hot there (0 at it, -inf
+    elsewhere). Scored against the target, these give the acceptance decoding would see: p(x) in
+    Σ min(p, q), and the looked-up token in the argmax.
+    """
+    batch, width = tokens.shape
+    # Padding becomes distinct negative ids, so no window holding padding matches another window.
+    context = torch.where(attention.bool(), tokens, -1 - torch.arange(width, device=tokens.device))
+    # one lookup per (row, column): the row's tokens up to and including that column
+    found, token = lookup(context.repeat_interleave(len(columns), dim=0), (columns + 1).repeat(batch),
+                          settings.max_ngram, settings.min_ngram)
+    found, token = found.view(batch, -1), token.view(batch, -1)
+    use = found & (logits.float().softmax(dim=-1).amax(dim=-1) < settings.max_confidence)
+    one_hot = torch.full_like(logits, float("-inf")).scatter_(-1, token.clamp_min(0).unsqueeze(-1), 0.0)
+    return torch.where(use.unsqueeze(-1), one_hot, logits)

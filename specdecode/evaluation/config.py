@@ -9,28 +9,8 @@ from pathlib import Path
 
 from specdecode.core.config import GAMMA_RANGE, Placement, is_gamma, is_number, require
 from specdecode.data.domains import DOMAINS
-from specdecode.decoding.lookup import PromptLookup
+from specdecode.decoding.lookup import LookupConfig
 from specdecode.models.config import DrafterConfig, TargetConfig
-
-
-@dataclass
-class LookupConfig:
-    """Prompt lookup beside the drafters (`specdecode.decoding.lookup.PromptLookup`, README "Prompt
-    lookup"): where a row's last `min_ngram`..`max_ngram` tokens occurred before and its drafter's
-    top probability is below `max_confidence`, it drafts the token that followed, at decoding
-    temperatures up to `max_temperature`. `enabled: false` decodes with the drafters alone."""
-
-    enabled: bool = True
-    max_ngram: int = 4
-    min_ngram: int = 2
-    max_confidence: float = 0.7
-    max_temperature: float = 0.7
-
-    def build(self) -> PromptLookup | None:
-        """The `speculative_generate(prompt_lookup=...)` argument; ValueError names a bad setting."""
-        require(isinstance(self.enabled, bool), "prompt_lookup.enabled", self.enabled, "true or false")
-        lookup = PromptLookup(self.max_ngram, self.min_ngram, self.max_confidence, self.max_temperature)  # checked even when off
-        return lookup if self.enabled else None
 
 
 @dataclass

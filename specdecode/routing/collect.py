@@ -45,7 +45,7 @@ def run_collect(cfg: CollectConfig, *, progress: bool = True) -> Path:
     eos = default_eos(target)
     ids = [p for _, _, p in examples]
     labels = collect_labels(target, drafters, ids, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                            eos_token_ids=eos, batch_size=cfg.batch_size, progress=progress)
+                            eos_token_ids=eos, batch_size=cfg.batch_size, progress=progress, lookup=cfg.prompt_lookup.build())
     gammas = {name: cfg.gamma or drafter_gamma(drafter) for name, drafter in drafters}
     cost_ratios, verify_ratios, measured = _costs(cfg, target, drafters, gammas, ids, labels.continuations)
     rows = label_rows(labels, [(s, e) for s, e, _ in examples], [len(p) for p in ids],
@@ -61,7 +61,8 @@ def run_collect(cfg: CollectConfig, *, progress: bool = True) -> Path:
         "gammas": gammas,
         "temperature": cfg.temperature,
         "label": "mean over the target's greedy continuation of Σ min(p, q) (acceptance) and "
-                 "1[argmax q = argmax p] (greedy_match); speedups by Leviathan Thm 3.8 with measured verify cost",
+                 "1[argmax q = argmax p] (greedy_match), q one-hot where prompt lookup drafts (config.prompt_lookup); "
+                 "speedups by Leviathan Thm 3.8 with measured verify cost",
         "num_rows": len(rows),
         "config": asdict(cfg),
     }

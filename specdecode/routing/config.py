@@ -9,6 +9,7 @@ from typing import Any
 
 from specdecode.core.config import GAMMA_RANGE, Placement, from_dict, is_gamma, is_int, is_number, require
 from specdecode.data.domains import DOMAINS
+from specdecode.decoding.lookup import LookupConfig
 from specdecode.models.config import DrafterConfig, TargetConfig
 
 ROUTER_DATA_SOURCES = ("embedded", "synthetic")
@@ -77,6 +78,8 @@ class CollectConfig(Placement):
     max_new_tokens: int = 48
     # Temperature of p and q in Σ min(p, q); 0 = greedy decoding, scored at temperature 1.
     temperature: float = 0.0
+    # Score each drafter with prompt lookup beside it, as decoding runs it (conf/eval.yaml's default).
+    prompt_lookup: LookupConfig = field(default_factory=LookupConfig)
     # The gamma each drafter's predicted speedup is priced at: null = the one its training stored with
     # it (what eval and speculative_generate decode with by default; 4 for a derived drafter); an
     # int prices every drafter at it (the demo sets its evaluation's).
@@ -112,6 +115,7 @@ class CollectConfig(Placement):
             value = getattr(self, name)
             require(is_int(value) and value >= 1, name, value, "an int >= 1")
         require(is_number(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0, "temperature", self.temperature, "a finite number >= 0")
+        self.prompt_lookup.build()
         names = [d.name for d in self.drafters]
         if self.cost_ratios is not None:
             ratios = dict(self.cost_ratios)

@@ -13,6 +13,10 @@ a drafter that is close but on the wrong side of a near-tie). Both are stored: `
 `greedy_match`, and the speedup Leviathan's model predicts from each with the drafter's measured
 cost ratio c (`speedup`, `greedy_speedup`), so a cheap drafter can beat a better, dearer one.
 
+Prompt lookup. Decoding drafts a looked-up token where a row's last tokens occurred before and the
+drafter is unsure (`specdecode.decoding.lookup`); with `lookup`, the labels score each drafter as
+decoding runs it: at such positions its q is one-hot at the looked-up token.
+
 The dataset is a JSON-lines file, one prompt per line (`prompt`, `domain`, `split`, token counts,
 and per-drafter dicts for each label), plus `<name>.meta.json` with the drafters in order, their
 cost ratios, the gamma each was priced at, the verify ratio at it, and how the labels were made.
@@ -32,6 +36,7 @@ from transformers import PreTrainedModel
 
 from specdecode.data.example import Example
 from specdecode.decoding.decode import autoregressive_generate
+from specdecode.decoding.lookup import PromptLookup, lookup_logits
 from specdecode.decoding.speedup import predicted_speedup
 from specdecode.models.compat import check_vocab_sizes
 from specdecode.models.feature_drafter import FeatureDrafter, target_features
@@ -68,6 +73,7 @@ def teacher_forced_acceptance(
     continuations: Sequence[Sequence[int]],
     *,
     temperature: float = 0.0,
+    lookup: PromptLookup | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-prompt acceptance of each drafter along given continuations, in one pass per model.
 
@@ -81,6 +87,8 @@ def teacher_forced_acceptance(
         prompts: B token-id lists, each non-empty.
         continuations: B token-id lists, each non-empty: what follows each prompt.
         temperature: of p and q; 0 scores the temperature-1 distributions.
+        lookup: score each drafter with prompt lookup beside it, as decoding at `temperature`
+            runs it (`lookup_logits`); None: the drafter alone.
 
     Returns:
         `(acceptance, greedy_match)`, each `[B, K]` fp32: per prompt, the mean over its
@@ -112,6 +120,8 @@ def teacher_forced_acceptance(
     acceptance, greedy = [], []
     for drafter in drafters:
         q_logits = logits_of(drafter)
+        if lookup is not None and lookup.applies(temperature):
+            q_logits = lookup_logits(q_logits, tokens, attention, keep, lookup)
         # Row by row through the public metric, so the labels are by construction the number the
         # drafter-training job reports as held-out acceptance.
         acceptance.append(torch.stack([
@@ -162,6 +172,7 @@ def collect_labels(
     eos_token_ids: Sequence[int] | int | None = None,
     batch_size: int = 8,
     progress: bool = True,
+    lookup: PromptLookup | None = None,
 ) -> Labels:
     """The target's greedy continuations of `prompts` and every drafter's acceptance along them.
 
@@ -177,6 +188,7 @@ def collect_labels(
         eos_token_ids: stop ids for the continuation; None = the target's own.
         batch_size: prompts per batch.
         progress: show a tqdm bar.
+        lookup: score the drafters with prompt lookup beside them (`teacher_forced_acceptance`).
 
     Returns:
         `Labels` with `[N, K]` acceptance and greedy_match.
@@ -201,7 +213,7 @@ def collect_labels(
         rows = order[start : start + batch_size]
         batch = [list(prompts[i]) for i in rows]
         generated = autoregressive_generate(target, batch, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids)
-        a, g = teacher_forced_acceptance(target, models, batch, generated.sequences, temperature=temperature)
+        a, g = teacher_forced_acceptance(target, models, batch, generated.sequences, temperature=temperature, lookup=lookup)
         acceptance[rows], greedy[rows] = a, g
         for i, sequence in zip(rows, generated.sequences):
             continuations[i] = sequence
