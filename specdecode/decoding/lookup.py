@@ -4,9 +4,9 @@ Small targets repeat themselves and their prompts (a name from the question, a l
 variable in code). Where the last n committed-or-drafted tokens already occurred earlier in the row
 (prompt lookup decoding, Saxena 2023; vLLM's n-gram speculator), the token that followed the most
 recent occurrence is a proposal that costs no forward pass. On the held-out target continuations of
-README "Prompt lookup", the feature drafters were right at such positions 25% (chat), 66% (code)
-and 48% (math) of the time and the lookup 70%, 69% and 61%: a drafter trained for minutes has not
-learnt to copy as well as its target does.
+README "Prompt lookup beside the drafters", the feature drafters were right at such positions 25%
+(chat), 66% (code) and 48% (math) of the time and the lookup 70%, 69% and 61%: a drafter trained
+for minutes has not learnt to copy as well as its target does.
 
 So at every drafting step, a row whose context holds a match, and whose drafter is not confident
 (its top probability below `max_confidence`), drafts the looked-up token instead of its own. The
