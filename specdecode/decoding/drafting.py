@@ -54,13 +54,11 @@ class SliceDrafting:
         """Draft `gamma` tokens after each row's `lengths[b]` committed `tokens` `[B, S_cap]`."""
         self.cache.set_lengths(lengths - 2, max_length - 2)
         drafter_input = _last(tokens, lengths, 2)
-        step = _Drafts(tokens, lengths, self.lookup)
+        step = _Drafts(tokens, lengths, self.lookup, self.looked_up)
         for _ in range(gamma):
             logits = cached_forward(self.drafter, self.cache, drafter_input, logits_to_keep=1)[:, -1]
             drafter_input = step.add(logits, *_draw(logits, params, generator)).unsqueeze(1)
-        drafts, q, looked_up = step.result()
-        self.looked_up += looked_up
-        return drafts, q
+        return step.result()
 
     def observe(self, features: torch.Tensor | None, start: torch.Tensor) -> None:
         """A slice drafter reads no target features."""
@@ -116,7 +114,7 @@ class FeatureDrafting:
         self.start, self.start_bound, self.width = lengths - 1, max_length - 1, gamma + 1
 
         # 2. gamma drafts, each fed back with the feature it was predicted from
-        step = _Drafts(tokens, lengths, self.lookup, None if self.draft_head is None else self.draft_head.spread)
+        step = _Drafts(tokens, lengths, self.lookup, self.looked_up, None if self.draft_head is None else self.draft_head.spread)
         for i in range(gamma):
             # logits and q over the K draft ids of a truncated head (K = V without one)
             logits = self.drafter.logits(feature[:, -1]) if self.draft_head is None else self.draft_head.draft_logits(feature[:, -1])
@@ -125,9 +123,7 @@ class FeatureDrafting:
             if i + 1 < gamma:
                 fed = feed_back(feature, self.features.shape[-1])
                 feature = cached_call(self.cache, 1, self.drafter.dtype, lambda **kw: self.drafter(fed, draft, **kw))
-        drafts, q, looked_up = step.result()
-        self.looked_up += looked_up
-        return drafts, q
+        return step.result()
 
     def observe(self, features: torch.Tensor | None, start: torch.Tensor) -> None:
         """Store the verify pass's features `[B, W, n·H]` at positions `start[b] + w`."""
@@ -147,10 +143,12 @@ class _Drafts:
     may take a looked-up token instead of its drawn one, and its q is then one-hot there."""
 
     def __init__(
-        self, tokens: torch.Tensor, lengths: torch.Tensor, lookup: PromptLookup | None,
+        self, tokens: torch.Tensor, lengths: torch.Tensor, lookup: PromptLookup | None, looked_up: torch.Tensor,
         spread: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         self.lookup = lookup
+        # the drafting's running count of looked-up drafts (0-d, added to in place: never synced)
+        self.looked_up = looked_up
         # committed tokens, then this step's drafts (a copy: the batch's own buffer stays committed-only)
         self.context = tokens.clone() if lookup is not None else tokens
         self.lengths = lengths
@@ -171,17 +169,19 @@ class _Drafts:
         self.q.append(q)
         return draft
 
-    def result(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """Drafts `[B, gamma]`, their distributions `[B, gamma, V]` (None when greedy) and how many
-        drafts were looked up (a 0-d tensor, so counting never syncs)."""
+    def result(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Drafts `[B, gamma]` and their distributions `[B, gamma, V]` (None when greedy); counts
+        the looked-up ones."""
         drafts = torch.stack(self.drafts, dim=1)
-        used = torch.stack(self.used, dim=1) if self.used else torch.zeros_like(drafts, dtype=torch.bool)
+        used = torch.stack(self.used, dim=1) if self.used else None
+        if used is not None:
+            self.looked_up += used.sum()
         if self.q[0] is None:
-            return drafts, None, used.sum()
+            return drafts, None
         q = torch.stack(self.q, dim=1)  # type: ignore[arg-type]
         if self.spread is not None:
             q = self.spread(q)
-        return drafts, override_q(q, drafts, used) if self.used else q, used.sum()
+        return drafts, q if used is None else override_q(q, drafts, used)
 
 
 def _draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> tuple[torch.Tensor | None, torch.Tensor]:
