@@ -102,7 +102,7 @@ def test_from_dict_converts_to_the_field_types_and_names_bad_keys() -> None:
     built = from_dict(BenchmarkConfig, {"gamma": "3", "temperature": 1, "drafter": {"num_layers": "4"}})
     assert (built.gamma, built.temperature, built.drafter.num_layers) == (3, 1.0, 4)
     assert isinstance(built.drafter, DrafterConfig) and isinstance(built.temperature, float)
-    with pytest.raises(ValueError, match=r"^drafter\.layers: Key 'layers' not in 'DrafterConfig'; known: \['draft_vocab', 'feature_layers', 'init_from_layer', 'kind', 'num_layers', 'path'\]"):
+    with pytest.raises(ValueError, match=r"^drafter\.layers: Key 'layers' not in 'DrafterConfig'; known: \['draft_vocab', 'feature_layers', 'init_from_layer', 'kind', 'layout', 'num_layers', 'path'\]"):
         from_dict(BenchmarkConfig, {"drafter": {"layers": 3}})
     with pytest.raises(ValueError, match=r"^gamma: Value 'x' of type 'str' could not be converted to Integer"):
         from_dict(BenchmarkConfig, {"gamma": "x"})

@@ -166,8 +166,38 @@ def test_missing_fusion_file_is_named(target, tmp_path) -> None:
 
 
 def test_bad_init_layer_is_named(target) -> None:
-    with pytest.raises(ValueError, match="init_from_layer=7"):
+    with pytest.raises(ValueError, match=r"init_from_layer=7 .* or None \(random\)"):
         derive_feature_drafter(target, 1, init_from_layer=7)
+
+
+@pytest.mark.parametrize("layout", ["specdecode", "eagle"])
+def test_random_init_draws_fresh_layers_from_the_seed_and_stays_exact(ragged_prompts, layout) -> None:
+    """`init_from_layer=None`: the layers are transformers-style fresh weights (matrices with std
+    initializer_range, unit norms), not the target's, the same for the same seed and different for
+    another; the fusion still starts as embedding + feature, and decoding stays exact."""
+    target = tiny_llama(3, seed=0)
+    with torch.no_grad():  # norms that are not 1, so that a copied norm shows
+        for name, param in target.named_parameters():
+            if "norm" in name:
+                param.fill_(1.5)
+    drafter = derive_feature_drafter(target, 2, init_from_layer=None, layout=layout, seed=5)
+    again = derive_feature_drafter(target, 2, init_from_layer=None, layout=layout, seed=5)
+    other = derive_feature_drafter(target, 2, init_from_layer=None, layout=layout, seed=6)
+    copied = derive_feature_drafter(target, 2, init_from_layer=-1, layout=layout)
+    std = target.config.initializer_range
+    layer = drafter.body.get_decoder().layers[1]
+    for name, param in layer.named_parameters():
+        if param.dim() == 2:
+            assert abs(param.std().item() - std) < 0.2 * std, name
+            assert not torch.equal(param, copied.body.get_decoder().layers[1].get_parameter(name)), name
+        else:
+            assert torch.equal(param, torch.ones_like(param)), name
+    assert all(torch.equal(a, b) for a, b in zip(drafter.state_dict().values(), again.state_dict().values()))
+    assert not all(torch.equal(a, b) for a, b in zip(drafter.state_dict().values(), other.state_dict().values()))
+    assert torch.equal(drafter.fc.weight, copied.fc.weight)
+    out = speculative_generate(target, drafter, ragged_prompts[:3], gamma=3, max_new_tokens=12, eos_token_ids=[])
+    for prompt, tokens in zip(ragged_prompts[:3], out.sequences):
+        assert tokens == hf_greedy(target, prompt, 12)
 
 
 @pytest.mark.parametrize("layers", [(-1,), MULTI])

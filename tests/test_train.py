@@ -165,7 +165,10 @@ def test_train_agreement_is_scored_like_the_heldout_agreement(kind: str) -> None
     from specdecode.training.objective import Objective, Teacher
 
     target = smoke_target()
-    cfg = from_dict(TrainJobConfig, {"drafter": {"kind": kind, "num_layers": 1, "draft_vocab": None}})
+    # a feature drafter copied from the target's last layer, in the layout with its final norm, so
+    # that it agrees with the target at some positions and not all
+    drafter_cfg = {"kind": kind, "num_layers": 1, "draft_vocab": None, "init_from_layer": -1, "layout": "specdecode"}
+    cfg = from_dict(TrainJobConfig, {"drafter": drafter_cfg})
     generator = torch.Generator().manual_seed(3)
     vocab = target.config.vocab_size
 

@@ -13,6 +13,7 @@ from specdecode.models.draft_vocab import (
     validate_draft_ids,
 )
 from specdecode.models.drafters import derive_drafter
+from specdecode.models.eagle_export import export_eagle
 from specdecode.models.feature_drafter import FeatureDrafter, derive_feature_drafter
 from specdecode.models.gguf_cache import DEFAULT_TARGET, cache_dir, default_target_gguf, gguf_to_hf_folder
 from specdecode.models.loading import build_drafter, load_model, resolve_dtype
@@ -32,8 +33,9 @@ __all__ = [
     "default_eos",
     "default_target_gguf",
     "derive_drafter",
-    "draft_vocab_ids",
     "derive_feature_drafter",
+    "draft_vocab_ids",
+    "export_eagle",
     "gguf_to_hf_folder",
     "load_model",
     "most_frequent_token_ids",

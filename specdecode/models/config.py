@@ -23,6 +23,8 @@ class TargetConfig:
 
 
 DRAFTER_KINDS = ("derived", "feature", "pretrained")
+# how a feature drafter runs its body (specdecode.models.feature_drafter, "Layouts")
+FEATURE_LAYOUTS = ("specdecode", "eagle")
 LAST_FEATURE = (-1,)
 """The default `feature_layers` of a feature drafter: the target's last (post-norm) hidden state only (EAGLE-1)."""
 
@@ -45,7 +47,8 @@ def check_feature_layers(layers: Sequence[int], num_target_layers: int | None = 
 class DrafterConfig:
     """`derived`: cut from the target (first num_layers layers, optional truncated vocab);
     `feature`: an EAGLE-style drafter reading the target's hidden states (num_layers decoder layers
-    initialised from the target's layers ending at init_from_layer; specdecode.models.feature_drafter);
+    initialised from the target's layers ending at init_from_layer, or at random if it is null;
+    specdecode.models.feature_drafter);
     `pretrained`: a trained drafter folder of either kind, or any HF causal LM with the target's
     tokenizer, at `path`."""
 
@@ -54,13 +57,27 @@ class DrafterConfig:
     # Size of the truncated LM head (the most frequent tokens of the domain corpora); null = full.
     draft_vocab: int | None = 8192
     path: str | None = None
-    init_from_layer: int = -1
+    # feature drafters: null starts their layers at random, as transformers initialises a new model
+    # (EAGLE's choice, and higher held-out acceptance here); an int copies the target's layers
+    # ending at that one (-1: the last)
+    init_from_layer: int | None = None
     # feature drafters: the target hidden states they read, the last (-1, post-norm) last; e.g.
     # [2, 15, -1] adds the states after layers 2 and 15 (EAGLE-3's low / middle / high features)
     feature_layers: list[int] = field(default_factory=lambda: [-1])
+    # feature drafters: eagle (EAGLE-1's layout: no input norm before the first layer, no final
+    # norm; what vLLM's EAGLE drafters run, exportable with specdecode.models.eagle_export) |
+    # specdecode (both norms, the decoder as cut from the target); null: eagle for a feature
+    # drafter, specdecode (no layout) for the other kinds
+    layout: str | None = None
 
     def __post_init__(self) -> None:
         require(self.kind in DRAFTER_KINDS, "drafter.kind", self.kind, "|".join(DRAFTER_KINDS))
+        if self.layout is None:
+            self.layout = "eagle" if self.kind == "feature" else "specdecode"
+        require(self.layout in FEATURE_LAYOUTS, "drafter.layout", self.layout, "|".join(FEATURE_LAYOUTS))
+        if self.kind != "feature":
+            require(self.layout == "specdecode", "drafter.layout", self.layout,
+                    f"is set but drafter.kind={self.kind!r} (only a feature drafter has a layout); use specdecode")
         if self.kind == "feature":
             self.feature_layers = list(check_feature_layers(self.feature_layers, name="drafter.feature_layers"))
         if self.kind in ("derived", "feature"):

@@ -3,7 +3,7 @@
 A slice of the target's first layers sees too little of what the target knows. A feature drafter
 reads, at position t, the target's last hidden state f_t and the embedding of the next token
 x_{t+1}, fuses them with one linear layer over their concatenation, runs a few (default one)
-decoder layers and the final norm, and so predicts the target's next feature f_{t+1}; the target's
+decoder layers (started at random, as EAGLE does, or copied from the target), and so predicts the target's next feature f_{t+1}; the target's
 own frozen LM head (optionally truncated to the draft vocabulary) turns that into a distribution
 over x_{t+2}. Drafting steps 2..gamma feed back the drafter's predicted feature.
 
@@ -18,17 +18,25 @@ Drafting steps 2..gamma have only the drafter's own predicted last feature: it i
 slot with zeros in the others (`feed_back`), and training unrolls that as decoding runs it. The
 fusion starts as [I, 0, ..., 0, I], so an untrained multi-layer drafter is the one-layer one.
 
+Layouts. `eagle` (the default of `derive_feature_drafter` and conf/drafter/feature.yaml) is
+EAGLE-1's layout as vLLM runs it (`EagleLlamaForCausalLM`): the first layer takes the fused input
+without its input norm and the head reads the last layer's output without a final norm.
+`specdecode` runs the body's decoder as it is: an input norm before each layer's attention and
+the final norm before the head (and is what folders written before layouts existed load as). The two norms stay in the state dict
+(frozen, unused: `bypass`), so either layout saves and loads as the same plain folder; an
+`eagle` drafter can also be written in vLLM's EAGLE format (`specdecode.models.eagle_export`).
+
 Structure: `body` is a plain HF causal LM cut from the target (`derive_drafter`: embeddings,
 `num_layers` decoder layers, final norm, LM head), driven with `inputs_embeds = fc([emb(x); f])`.
 On disk a feature drafter is `body.save_pretrained(folder)` (so transformers can read the folder)
-with `config.feature_drafter = {"fusion": "concat_linear", "layers": [...]}` and the fusion layer
+with `config.feature_drafter = {"fusion": "concat_linear", "layers": [...], "layout": ...}` and the fusion layer
 in `feature_fc.safetensors`; `load_model(folder)` restores it.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +46,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PreTrainedModel
 
-from specdecode.models.config import LAST_FEATURE, check_feature_layers
+from specdecode.models.config import FEATURE_LAYOUTS, LAST_FEATURE, check_feature_layers
 
 FC_FILE = "feature_fc.safetensors"
 CONFIG_KEY = "feature_drafter"
@@ -76,8 +84,12 @@ class FeatureDrafter(nn.Module):
         feature_layers: the target hidden states it reads (`target_features`), the last last.
     """
 
-    def __init__(self, body: PreTrainedModel, fc: nn.Linear, feature_layers: Sequence[int] = LAST_FEATURE) -> None:
+    def __init__(
+        self, body: PreTrainedModel, fc: nn.Linear, feature_layers: Sequence[int] = LAST_FEATURE, layout: str = "specdecode"
+    ) -> None:
         super().__init__()
+        if layout not in FEATURE_LAYOUTS:
+            raise ValueError(f"layout={layout!r}: expected one of {'|'.join(FEATURE_LAYOUTS)}")
         hidden = body.config.get_text_config().hidden_size
         self.feature_layers = check_feature_layers(feature_layers)
         expected = (hidden, (1 + len(self.feature_layers)) * hidden)
@@ -86,7 +98,12 @@ class FeatureDrafter(nn.Module):
                              f"for feature_layers={list(self.feature_layers)}")
         self.body = body
         self.fc = fc
-        setattr(body.config, CONFIG_KEY, {"fusion": "concat_linear", "layers": list(self.feature_layers)})
+        self.layout = layout
+        if layout == "eagle":
+            decoder = body.get_decoder()
+            bypass(decoder.layers[0].input_layernorm)
+            bypass(decoder.norm)
+        setattr(body.config, CONFIG_KEY, {"fusion": "concat_linear", "layers": list(self.feature_layers), "layout": layout})
 
     # The decode loop, validation and training read these like a plain HF model's.
     @property
@@ -153,6 +170,14 @@ class FeatureDrafter(nn.Module):
         save_file({"weight": self.fc.weight.detach().contiguous().cpu()}, str(Path(path) / FC_FILE))
 
 
+def bypass(norm: nn.Module) -> None:
+    """Make `norm` pass its input through unchanged (a forward hook returning the input) and freeze
+    its weight: the layer is skipped, its parameters stay in the state dict, so a checkpoint keeps
+    the body's plain HF keys whichever layout wrote it."""
+    norm.requires_grad_(False)
+    norm.register_forward_hook(lambda module, args, output: args[0])
+
+
 def is_feature_drafter(model: object) -> bool:
     return isinstance(model, FeatureDrafter)
 
@@ -163,38 +188,77 @@ def derive_feature_drafter(
     *,
     draft_vocab: Any = None,
     corpus: Any = None,
-    init_from_layer: int = -1,
+    init_from_layer: int | None = None,
     feature_layers: Sequence[int] = LAST_FEATURE,
+    layout: str = "eagle",
+    seed: int = 0,
 ) -> FeatureDrafter:
     """A feature drafter built from the target's weights, ready to train.
 
     The body is `derive_drafter(target, num_layers, draft_vocab=..., corpus=...)` with its decoder
-    layers re-initialised from the target's layers ending at `init_from_layer` (default: the last
-    ones, which already map late features to late features). The fusion starts as the sum of the
-    embedding and the last feature (inner `feature_layers` weighted 0), so the untrained drafter
-    runs the target's last layer on them.
+    layers initialised either at random (`init_from_layer=None`, the default) as transformers
+    initialises a new model (weights N(0, initializer_range), norms 1; drawn from `seed`), as EAGLE
+    trains its layer from scratch, or as copies of the target's layers ending at `init_from_layer`
+    (-1: the last ones), which trained to lower held-out acceptance (README "Random layers and
+    EAGLE's layout"). The fusion starts as the sum of
+    the embedding and the last feature (inner `feature_layers` weighted 0), so the untrained
+    drafter runs its (first) layer on them. `layout` is "eagle" (the default: exportable to vLLM)
+    or "specdecode" (module docstring; an `eagle` drafter copied from the target starts with its
+    layers' residual branches' output projections at zero).
 
     Raises:
-        ValueError: bad `num_layers` / `init_from_layer` / `feature_layers` / vocabulary.
+        ValueError: bad `num_layers` / `init_from_layer` / `feature_layers` / `layout` / vocabulary.
     """
     from specdecode.models.drafters import derive_drafter
 
     layers = target.get_decoder().layers
     feature_layers = check_feature_layers(feature_layers, len(layers), "drafter.feature_layers")
     body = derive_drafter(target, num_layers, draft_vocab=draft_vocab, corpus=corpus)
+    if init_from_layer is None:
+        init_at_random(body.get_decoder().layers, getattr(body.config.get_text_config(), "initializer_range", 0.02), seed)
+        return _with_identity_fusion(body, feature_layers, layout)
     last = init_from_layer % len(layers) if -len(layers) <= init_from_layer < len(layers) else None
     if last is None or last + 1 < num_layers:
         raise ValueError(f"init_from_layer={init_from_layer} must pick one of the target's {len(layers)} layers "
-                         f"with at least num_layers={num_layers} layers up to it")
+                         f"with at least num_layers={num_layers} layers up to it, or None (random)")
     for i, layer in enumerate(body.get_decoder().layers):
         layer.load_state_dict(layers[last + 1 - num_layers + i].state_dict())
+        if layout == "eagle":
+            # Without the final norm the head would read the target's last layer's raw residual
+            # stream (outlier dimensions in the thousands) and training did not recover from it
+            # (held-out greedy agreement 0.02 after 400 steps on code): the layers' residual
+            # branches start at zero, so the untrained drafter passes its fused input through.
+            with torch.no_grad():
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()
+    return _with_identity_fusion(body, feature_layers, layout)
+
+
+def _with_identity_fusion(body: PreTrainedModel, feature_layers: Sequence[int], layout: str) -> FeatureDrafter:
+    """`body` behind a fusion that starts as [I, 0, ..., 0, I]: embedding + last feature."""
     hidden = body.config.get_text_config().hidden_size
-    fc = nn.Linear((1 + len(feature_layers)) * hidden, hidden, bias=False, device=target.device, dtype=target.dtype)
+    fc = nn.Linear((1 + len(feature_layers)) * hidden, hidden, bias=False, device=body.device, dtype=body.dtype)
     with torch.no_grad():
-        eye = torch.eye(hidden, device=target.device, dtype=target.dtype)
-        inner = torch.zeros(hidden, (len(feature_layers) - 1) * hidden, device=target.device, dtype=target.dtype)
+        eye = torch.eye(hidden, device=body.device, dtype=body.dtype)
+        inner = torch.zeros(hidden, (len(feature_layers) - 1) * hidden, device=body.device, dtype=body.dtype)
         fc.weight.copy_(torch.cat([eye, inner, eye], dim=1))
-    return FeatureDrafter(body, fc, feature_layers).eval()
+    return FeatureDrafter(body, fc, feature_layers, layout).eval()
+
+
+def init_at_random(layers: Iterable[nn.Module], std: float, seed: int) -> None:
+    """Re-initialise `layers` as transformers initialises a new Llama-like model: matrices
+    N(0, std), norm weights 1, biases 0. Drawn on the CPU from `seed`, so every device and every
+    process of a distributed job starts from the same weights."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in layers:
+            for name, param in layer.named_parameters():
+                if param.dim() >= 2:
+                    param.copy_(torch.randn(param.shape, generator=generator) * std)
+                elif name.endswith("bias"):
+                    param.zero_()
+                else:  # a norm's scale
+                    param.fill_(1.0)
 
 
 def wrap_if_feature_drafter(model: PreTrainedModel, folder: str | os.PathLike[str]) -> PreTrainedModel | FeatureDrafter:
@@ -213,8 +277,9 @@ def wrap_if_feature_drafter(model: PreTrainedModel, folder: str | os.PathLike[st
     fc = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=model.device, dtype=model.dtype)
     with torch.no_grad():
         fc.weight.copy_(weight)
-    # folders written before multi-layer features carry no "layers": the last state only
-    return FeatureDrafter(model, fc, settings.get("layers", list(LAST_FEATURE))).eval()
+    # folders written before multi-layer features (or layouts) carry no "layers" ("layout"): the
+    # last state only (the specdecode layout)
+    return FeatureDrafter(model, fc, settings.get("layers", list(LAST_FEATURE)), settings.get("layout", "specdecode")).eval()
 
 
 def unrolled_mask(length: int, steps: int, padding: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

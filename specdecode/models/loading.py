@@ -176,7 +176,8 @@ def build_drafter(
         vocab_docs = corpus() if cfg.draft_vocab is not None else None
         if cfg.kind == "feature":
             derived = derive_feature_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs,
-                                             init_from_layer=cfg.init_from_layer, feature_layers=cfg.feature_layers)
+                                             init_from_layer=cfg.init_from_layer, feature_layers=cfg.feature_layers,
+                                             layout=cfg.layout)
         else:
             derived = derive_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs)
         if skinny:
