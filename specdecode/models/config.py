@@ -43,6 +43,13 @@ def check_feature_layers(layers: Sequence[int], num_target_layers: int | None = 
     return layers
 
 
+def check_layout(layout: str, name: str = "layout") -> str:
+    """`layout` if it is one of FEATURE_LAYOUTS; otherwise a ValueError naming it."""
+    if layout not in FEATURE_LAYOUTS:
+        raise ValueError(f"{name}={layout!r}: expected one of {'|'.join(FEATURE_LAYOUTS)}")
+    return layout
+
+
 @dataclass
 class DrafterConfig:
     """`derived`: cut from the target (first num_layers layers, optional truncated vocab);
@@ -74,7 +81,7 @@ class DrafterConfig:
         require(self.kind in DRAFTER_KINDS, "drafter.kind", self.kind, "|".join(DRAFTER_KINDS))
         if self.layout is None:
             self.layout = "eagle" if self.kind == "feature" else "specdecode"
-        require(self.layout in FEATURE_LAYOUTS, "drafter.layout", self.layout, "|".join(FEATURE_LAYOUTS))
+        check_layout(self.layout, "drafter.layout")
         if self.kind != "feature":
             require(self.layout == "specdecode", "drafter.layout", self.layout,
                     f"is set but drafter.kind={self.kind!r} (only a feature drafter has a layout); use specdecode")

@@ -3,9 +3,10 @@
 A slice of the target's first layers sees too little of what the target knows. A feature drafter
 reads, at position t, the target's last hidden state f_t and the embedding of the next token
 x_{t+1}, fuses them with one linear layer over their concatenation, runs a few (default one)
-decoder layers (started at random, as EAGLE does, or copied from the target), and so predicts the target's next feature f_{t+1}; the target's
-own frozen LM head (optionally truncated to the draft vocabulary) turns that into a distribution
-over x_{t+2}. Drafting steps 2..gamma feed back the drafter's predicted feature.
+decoder layers (started at random, as EAGLE does, or copied from the target), and so predicts
+the target's next feature f_{t+1}; the target's own frozen LM head (optionally truncated to the
+draft vocabulary) turns that into a distribution over x_{t+2}. Drafting steps 2..gamma feed back
+the drafter's predicted feature.
 
 Features are the target's *post-norm* last hidden states (what its LM head reads; SmolLM2's absmax
 ~50), not the pre-norm residual stream (outlier dimensions ~8,000), which made feature regression
@@ -22,15 +23,16 @@ Layouts. `eagle` (the default of `derive_feature_drafter` and conf/drafter/featu
 EAGLE-1's layout as vLLM runs it (`EagleLlamaForCausalLM`): the first layer takes the fused input
 without its input norm and the head reads the last layer's output without a final norm.
 `specdecode` runs the body's decoder as it is: an input norm before each layer's attention and
-the final norm before the head (and is what folders written before layouts existed load as). The two norms stay in the state dict
-(frozen, unused: `bypass`), so either layout saves and loads as the same plain folder; an
-`eagle` drafter can also be written in vLLM's EAGLE format (`specdecode.models.eagle_export`).
+the final norm before the head (folders written before layouts existed load as it). The two
+norms stay in the state dict (frozen, unused: `bypass`), so either layout saves and loads as the
+same plain folder; an `eagle` drafter can also be written in vLLM's EAGLE format
+(`specdecode.models.eagle_export`).
 
 Structure: `body` is a plain HF causal LM cut from the target (`derive_drafter`: embeddings,
 `num_layers` decoder layers, final norm, LM head), driven with `inputs_embeds = fc([emb(x); f])`.
 On disk a feature drafter is `body.save_pretrained(folder)` (so transformers can read the folder)
-with `config.feature_drafter = {"fusion": "concat_linear", "layers": [...], "layout": ...}` and the fusion layer
-in `feature_fc.safetensors`; `load_model(folder)` restores it.
+with `config.feature_drafter = {"fusion": "concat_linear", "layers": [...], "layout": ...}` and
+the fusion layer in `feature_fc.safetensors`; `load_model(folder)` restores it.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PreTrainedModel
 
-from specdecode.models.config import FEATURE_LAYOUTS, LAST_FEATURE, check_feature_layers
+from specdecode.models.config import LAST_FEATURE, check_feature_layers, check_layout
 
 FC_FILE = "feature_fc.safetensors"
 CONFIG_KEY = "feature_drafter"
@@ -88,8 +90,7 @@ class FeatureDrafter(nn.Module):
         self, body: PreTrainedModel, fc: nn.Linear, feature_layers: Sequence[int] = LAST_FEATURE, layout: str = "specdecode"
     ) -> None:
         super().__init__()
-        if layout not in FEATURE_LAYOUTS:
-            raise ValueError(f"layout={layout!r}: expected one of {'|'.join(FEATURE_LAYOUTS)}")
+        check_layout(layout)
         hidden = body.config.get_text_config().hidden_size
         self.feature_layers = check_feature_layers(feature_layers)
         expected = (hidden, (1 + len(self.feature_layers)) * hidden)
@@ -200,11 +201,11 @@ def derive_feature_drafter(
     initialises a new model (weights N(0, initializer_range), norms 1; drawn from `seed`), as EAGLE
     trains its layer from scratch, or as copies of the target's layers ending at `init_from_layer`
     (-1: the last ones), which trained to lower held-out acceptance (README "Random layers and
-    EAGLE's layout"). The fusion starts as the sum of
-    the embedding and the last feature (inner `feature_layers` weighted 0), so the untrained
-    drafter runs its (first) layer on them. `layout` is "eagle" (the default: exportable to vLLM)
-    or "specdecode" (module docstring; an `eagle` drafter copied from the target starts with its
-    layers' residual branches' output projections at zero).
+    EAGLE's layout"). The fusion starts as the sum of the embedding and the last feature (inner
+    `feature_layers` weighted 0), so the untrained drafter runs its (first) layer on them.
+    `layout` is "eagle" (the default: exportable to vLLM) or "specdecode" (module docstring; an
+    `eagle` drafter copied from the target starts with its layers' residual branches' output
+    projections at zero).
 
     Raises:
         ValueError: bad `num_layers` / `init_from_layer` / `feature_layers` / `layout` / vocabulary.
@@ -213,34 +214,31 @@ def derive_feature_drafter(
 
     layers = target.get_decoder().layers
     feature_layers = check_feature_layers(feature_layers, len(layers), "drafter.feature_layers")
+    check_layout(layout)
+    if init_from_layer is not None:  # checked before the body (and its vocabulary) is built
+        last = init_from_layer % len(layers) if -len(layers) <= init_from_layer < len(layers) else None
+        if last is None or last + 1 < num_layers:
+            raise ValueError(f"init_from_layer={init_from_layer} must pick one of the target's {len(layers)} layers "
+                             f"with at least num_layers={num_layers} layers up to it, or None (random)")
     body = derive_drafter(target, num_layers, draft_vocab=draft_vocab, corpus=corpus)
     if init_from_layer is None:
         init_at_random(body.get_decoder().layers, getattr(body.config.get_text_config(), "initializer_range", 0.02), seed)
-        return _with_identity_fusion(body, feature_layers, layout)
-    last = init_from_layer % len(layers) if -len(layers) <= init_from_layer < len(layers) else None
-    if last is None or last + 1 < num_layers:
-        raise ValueError(f"init_from_layer={init_from_layer} must pick one of the target's {len(layers)} layers "
-                         f"with at least num_layers={num_layers} layers up to it, or None (random)")
-    for i, layer in enumerate(body.get_decoder().layers):
-        layer.load_state_dict(layers[last + 1 - num_layers + i].state_dict())
-        if layout == "eagle":
-            # Without the final norm the head would read the target's last layer's raw residual
-            # stream (outlier dimensions in the thousands) and training did not recover from it
-            # (held-out greedy agreement 0.02 after 400 steps on code): the layers' residual
-            # branches start at zero, so the untrained drafter passes its fused input through.
-            with torch.no_grad():
-                layer.self_attn.o_proj.weight.zero_()
-                layer.mlp.down_proj.weight.zero_()
-    return _with_identity_fusion(body, feature_layers, layout)
-
-
-def _with_identity_fusion(body: PreTrainedModel, feature_layers: Sequence[int], layout: str) -> FeatureDrafter:
-    """`body` behind a fusion that starts as [I, 0, ..., 0, I]: embedding + last feature."""
+    else:
+        for i, layer in enumerate(body.get_decoder().layers):
+            layer.load_state_dict(layers[last + 1 - num_layers + i].state_dict())
+            if layout == "eagle":
+                # Without the final norm the head would read the target's last layer's raw residual
+                # stream (outlier dimensions in the thousands) and training did not recover from it
+                # (held-out greedy agreement 0.02 after 400 steps on code): the layers' residual
+                # branches start at zero, so the untrained drafter passes its fused input through.
+                with torch.no_grad():
+                    layer.self_attn.o_proj.weight.zero_()
+                    layer.mlp.down_proj.weight.zero_()
     hidden = body.config.get_text_config().hidden_size
-    fc = nn.Linear((1 + len(feature_layers)) * hidden, hidden, bias=False, device=body.device, dtype=body.dtype)
+    fc = nn.Linear((1 + len(feature_layers)) * hidden, hidden, bias=False, device=target.device, dtype=target.dtype)
     with torch.no_grad():
-        eye = torch.eye(hidden, device=body.device, dtype=body.dtype)
-        inner = torch.zeros(hidden, (len(feature_layers) - 1) * hidden, device=body.device, dtype=body.dtype)
+        eye = torch.eye(hidden, device=target.device, dtype=target.dtype)
+        inner = torch.zeros(hidden, (len(feature_layers) - 1) * hidden, device=target.device, dtype=target.dtype)
         fc.weight.copy_(torch.cat([eye, inner, eye], dim=1))
     return FeatureDrafter(body, fc, feature_layers, layout).eval()
 
