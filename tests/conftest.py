@@ -23,6 +23,17 @@ def _single_thread_torch() -> None:
     torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _plain_kernels_unless_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`load_model`'s default (`skinny_matmul=None`) times two CPU kernels and keeps the faster;
+    on tiny models either can win by noise, and a test comparing logits bitwise would then see
+    another kernel's rounding now and then. Tests load with plain linears unless they ask for
+    skinny ones; the measurement's own tests (tests/test_cpu_matmul.py) put it back."""
+    import specdecode.models.loading as loading
+
+    monkeypatch.setattr(loading, "measure_skinny_rows", lambda model: None)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _config_schemas() -> None:
     """conf/*.yaml name their dataclass schemas first in their defaults; tests compose them with

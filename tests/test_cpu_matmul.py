@@ -4,7 +4,9 @@ ordinary path for training, row-major outputs, and decoding with them stays exac
 from __future__ import annotations
 
 import copy
+import re
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,19 +16,23 @@ from transformers import LlamaForCausalLM
 
 from specdecode import speculative_generate
 from specdecode.models import load_model
-from specdecode.models.cpu_matmul import SKINNY_MAX_ROWS, SkinnyLinear, skinny_linear, use_skinny_linears, uses_skinny_linears
+from specdecode.models.cpu_matmul import (
+    FEW_ROWS, SKINNY_MAX_ROWS, SkinnyLinear, measure_skinny_rows, skinny_linear, skinny_rows_of, use_skinny_linears,
+    uses_skinny_linears,
+)
 from specdecode.models.loading import cast_copy
 from tests.models_for_tests import tiny_llama, tiny_llama_config
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, SKINNY_MAX_ROWS, SKINNY_MAX_ROWS + 1, 200])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_skinny_linear_matches_f_linear(rows: int, with_bias: bool) -> None:
+@pytest.mark.parametrize("kernel_rows", [FEW_ROWS, (1, SKINNY_MAX_ROWS)])
+def test_skinny_linear_matches_f_linear(rows: int, with_bias: bool, kernel_rows: tuple[int, int]) -> None:
     torch.manual_seed(rows)
     weight = torch.randn(48, 40)
     bias = torch.randn(48) if with_bias else None
     x = torch.randn(1, rows, 40)  # [B, T, H] as a verify pass feeds it
-    out = skinny_linear(x, weight, bias)
+    out = skinny_linear(x, weight, bias, kernel_rows)
     assert out.shape == (1, rows, 48)
     # Row-major output: a transposed view here would hand attention a last-dim stride != 1.
     assert out.is_contiguous()
@@ -37,6 +43,57 @@ def test_skinny_linear_accepts_a_column_major_input() -> None:
     """An input that is itself a transposed view (another op's output) gives the same result."""
     weight, x = torch.randn(24, 16), torch.randn(16, 3).t()  # [3, 16], strides (1, 3)
     torch.testing.assert_close(skinny_linear(x, weight), F.linear(x, weight), rtol=1e-5, atol=1e-5)
+
+
+def test_a_single_row_is_computed_as_two(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With rows (1, ..) a one-row input reaches the matmul as two identical columns (MKL splits that
+    over the cores) and only its own row comes back; with the default rows it stays F.linear's."""
+    seen: list[tuple[int, ...]] = []
+    real_mm = torch.mm
+
+    def spy(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        seen.append(tuple(b.shape))
+        return real_mm(a, b)
+
+    monkeypatch.setattr(torch, "mm", spy)
+    weight, x = torch.randn(24, 16), torch.randn(1, 1, 16)
+    out = skinny_linear(x, weight, None, (1, SKINNY_MAX_ROWS))
+    assert seen == [(16, 2)] and out.shape == (1, 1, 24)
+    torch.testing.assert_close(out, F.linear(x, weight), rtol=1e-5, atol=1e-5)
+    skinny_linear(x, weight)
+    assert seen == [(16, 2)]  # FEW_ROWS: the single row did not reach torch.mm
+
+
+def test_a_truncated_draft_head_follows_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drafter's truncated head (no nn.Linear) takes the same rows as the model's linears, and
+    goes back to F.linear with them."""
+    from specdecode.models.cpu_matmul import use_plain_linears
+    from specdecode.models.draft_vocab import DraftVocabHead
+
+    torch.manual_seed(0)
+    full = torch.randn(40, 16)
+    model = nn.Sequential(nn.Linear(16, 16), DraftVocabHead(full, torch.tensor([1, 5, 7, 30])))
+    head = model[1]
+    hidden = torch.randn(1, 1, 16)
+    expected = F.linear(hidden, full[[1, 5, 7, 30]])
+    use_skinny_linears(model, (1, SKINNY_MAX_ROWS))
+    assert head.skinny_rows == (1, SKINNY_MAX_ROWS) and skinny_rows_of(model) == (1, SKINNY_MAX_ROWS)
+    seen: list[tuple[int, ...]] = []
+    real_mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b: seen.append(tuple(b.shape)) or real_mm(a, b))
+    with torch.inference_mode():  # as decoding runs it: a trainable head's weight needs grad otherwise
+        torch.testing.assert_close(head.draft_logits(hidden), expected, rtol=1e-5, atol=1e-5)
+        assert seen == [(16, 2)]
+        use_plain_linears(model)
+        assert head.skinny_rows is None
+        torch.testing.assert_close(head.draft_logits(hidden), expected, rtol=1e-5, atol=1e-5)
+        assert seen == [(16, 2)]
+
+
+@pytest.mark.parametrize("rows", [(0, 4), (3, 2), (1, SKINNY_MAX_ROWS + 1), (2,)])
+def test_use_skinny_linears_refuses_bad_rows(rows: tuple[int, ...]) -> None:
+    with pytest.raises(ValueError, match=r"skinny rows must be .*got " + re.escape(repr(rows))):
+        use_skinny_linears(nn.Linear(4, 4), rows)  # type: ignore[arg-type]
 
 
 def test_inputs_that_need_grad_take_the_ordinary_path() -> None:
@@ -87,46 +144,59 @@ def test_load_model_switch() -> None:
     assert not any(isinstance(m, SkinnyLinear) for m in off.modules())
 
 
-@pytest.mark.parametrize("skinny_wins", [True, False])
-def test_load_model_keeps_the_kernel_measured_faster(monkeypatch: pytest.MonkeyPatch, skinny_wins: bool) -> None:
-    """skinny_matmul=None (the default) times both kernels and keeps the faster one."""
+@pytest.mark.parametrize(
+    ("single_wins", "few_wins", "expected"),
+    [(True, True, (1, SKINNY_MAX_ROWS)), (False, True, FEW_ROWS), (True, False, (1, 1)), (False, False, None)],
+)
+def test_load_model_keeps_the_kernel_measured_faster(
+    monkeypatch: pytest.MonkeyPatch, single_wins: bool, few_wins: bool, expected: tuple[int, int] | None
+) -> None:
+    """skinny_matmul=None (the default) times both kernels and keeps the faster one, for a single
+    row and for a verify's few rows apart."""
     import specdecode.models.cpu_matmul as cpu_matmul
 
     real_linear = F.linear
-    slow = 0.002  # seconds per few-row call of the losing kernel: far above a tiny model's timing noise
+    slow = 0.002  # seconds per call of the losing kernel: far above a tiny model's timing noise
+
+    def loses(x: torch.Tensor, skinny: bool) -> bool:
+        wins = single_wins if x.numel() // x.shape[-1] == 1 else few_wins
+        return wins != skinny
 
     def timed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if skinny_wins and x.numel() // x.shape[-1] > 1:
+        if loses(x, skinny=False):
             time.sleep(slow)
         return real_linear(x, weight, bias)
 
     def timed_skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if not skinny_wins:
+        if loses(x, skinny=True):
             time.sleep(slow)
         return real_linear(x, weight, bias)
 
+    import specdecode.models.loading as loading
+
+    monkeypatch.setattr(loading, "measure_skinny_rows", cpu_matmul.measure_skinny_rows)  # conftest pins it
     monkeypatch.setattr(cpu_matmul.F, "linear", timed_linear)
     monkeypatch.setattr(SkinnyLinear, "forward", lambda self, x: timed_skinny(x, self.weight, self.bias))
     model, _ = load_model("smoke")
-    assert cpu_matmul.uses_skinny_linears(model) is skinny_wins
+    assert skinny_rows_of(model) == expected
+    assert uses_skinny_linears(model) is (expected is not None)
 
 
 def test_the_measurement_leaves_the_models_kernels_as_they_were() -> None:
-    from specdecode.models.cpu_matmul import skinny_is_faster, uses_skinny_linears
-
     for skinny in (True, False):
         model, _ = load_model("smoke", skinny_matmul=skinny)
-        skinny_is_faster(model, widths=(2, 3), repeats=1)
-        assert uses_skinny_linears(model) is skinny
+        measure_skinny_rows(model, widths=(1, 2, 3), repeats=1)
+        assert skinny_rows_of(model) == (FEW_ROWS if skinny else None)
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 5])
-def test_greedy_with_skinny_linears_matches_transformers(gamma: int) -> None:
+@pytest.mark.parametrize("rows", [FEW_ROWS, (1, SKINNY_MAX_ROWS)])
+def test_greedy_with_skinny_linears_matches_transformers(gamma: int, rows: tuple[int, int]) -> None:
     """The fast path decodes what transformers' greedy decodes with the plain model, ragged batch."""
     plain = tiny_llama(2, seed=0)
     target, drafter = copy.deepcopy(plain), tiny_llama(1, seed=1)
-    use_skinny_linears(target)
-    use_skinny_linears(drafter)
+    use_skinny_linears(target, rows)
+    use_skinny_linears(drafter, rows)
     generator = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 64, (n,), generator=generator).tolist() for n in (3, 7, 1, 12)]
     expected = [
@@ -140,14 +210,22 @@ def test_greedy_with_skinny_linears_matches_transformers(gamma: int) -> None:
     ).sequences
 
 
-@pytest.mark.parametrize("kind", ["derived", "feature"])
-def test_derived_drafters_follow_the_targets_kernels(kind: str) -> None:
+@pytest.mark.parametrize("kind", ["derived", "feature", "pretrained"])
+def test_drafters_follow_the_targets_kernels(kind: str, tmp_path: Path) -> None:
+    """Derived and pretrained drafters take the row counts the target's skinny linears take."""
     from specdecode.models import DrafterConfig, build_drafter
 
-    for skinny in (True, False):
-        target, tokenizer = load_model("smoke", skinny_matmul=skinny)
-        drafter = build_drafter(DrafterConfig(kind=kind, num_layers=1, draft_vocab=None), target, tokenizer, lambda: [])
-        assert any(isinstance(m, SkinnyLinear) for m in drafter.modules()) is skinny
+    for rows in (FEW_ROWS, (1, SKINNY_MAX_ROWS), None):
+        target, tokenizer = load_model("smoke", skinny_matmul=False)
+        if rows is not None:
+            use_skinny_linears(target, rows)
+        if kind == "pretrained" and not (tmp_path / "config.json").exists():
+            build_drafter(DrafterConfig(kind="derived", num_layers=1, draft_vocab=None), target, tokenizer, lambda: []).save_pretrained(tmp_path)
+            tokenizer.save_pretrained(tmp_path)
+        path = str(tmp_path) if kind == "pretrained" else None
+        drafter = build_drafter(DrafterConfig(kind=kind, num_layers=1, draft_vocab=None, path=path), target, tokenizer, lambda: [])
+        assert skinny_rows_of(drafter) == rows
+        assert all(m.skinny_rows == rows for m in drafter.modules() if isinstance(m, SkinnyLinear))
 
 
 def test_cast_copy_is_a_plain_copy_in_the_new_dtype_and_leaves_the_model_alone() -> None:

@@ -32,7 +32,7 @@ from specdecode.decoding.stats import GenerationResult
 from specdecode.evaluation.config import BenchmarkConfig
 from specdecode.evaluation.report import fmt
 from specdecode.models.compat import default_eos
-from specdecode.models.cpu_matmul import uses_skinny_linears
+from specdecode.models.cpu_matmul import skinny_rows_of
 from specdecode.models.feature_drafter import FeatureDrafter
 from specdecode.models.loading import build_drafter, load_model
 
@@ -133,8 +133,9 @@ def run_benchmark(cfg: BenchmarkConfig) -> dict:
         "config": asdict(cfg),
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
                     "torch": torch.__version__, "device": str(target.device),
-                    # the CPU kernel in use (skinny_matmul=null measures both at load and keeps the faster)
-                    "skinny_linears": uses_skinny_linears(target)},
+                    # the CPU kernel in use (skinny_matmul=null measures both at load and keeps the faster):
+                    # the row counts computed as weight @ x.T, null where F.linear does all
+                    "skinny_rows": skinny_rows_of(target)},
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "prompts": [{"domain": d, "tokens": len(p)} for d, p in prompts],
         "step_costs": costs.to_dict(),
@@ -265,7 +266,7 @@ def report_markdown(results: dict) -> str:
         f"(c = {costs['cost_ratio']:.3f}).",
         "Verify of gamma + 1 tokens over a step: "
         + ", ".join(f"gamma {g}: {r:.2f}×" for g, r in costs.get("verify_ratios", {}).items())
-        + f" (skinny linears {'on' if results['machine'].get('skinny_linears') else 'off'}; skinny_matmul={cfg.get('skinny_matmul')}).",
+        + f" ({_kernel_note(results['machine'])}; skinny_matmul={cfg.get('skinny_matmul')}).",
     ]
     if results.get("ours_vs_transformers_assisted"):
         lines.append(f"Ours vs transformers assisted generation (same drafter, gamma): {results['ours_vs_transformers_assisted']:.2f}×.")
@@ -273,3 +274,11 @@ def report_markdown(results: dict) -> str:
     lines.append("Predicted speedup: Leviathan et al. Thm 3.8 with the measured alpha, c and verify cost; "
                  "loop efficiency = measured / predicted.")
     return "\n".join(lines) + "\n"
+
+
+def _kernel_note(machine: dict) -> str:
+    """The CPU kernel a results.json records: `skinny_rows` (older files: the bool `skinny_linears`)."""
+    rows = machine.get("skinny_rows")
+    if rows:
+        return f"skinny linears for {rows[0]}..{rows[1]} rows" if rows[0] != rows[1] else f"skinny linears for {rows[0]} row"
+    return f"skinny linears {'on' if machine.get('skinny_linears') else 'off'}"

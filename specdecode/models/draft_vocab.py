@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
+from specdecode.models.cpu_matmul import skinny_linear
+
 
 class DraftVocabHead(nn.Module):
     """An LM head that scores only K draft token ids but returns full-vocabulary logits.
@@ -38,7 +40,11 @@ class DraftVocabHead(nn.Module):
         draft_ids: [K] long buffer, sorted ascending.
         base_weight: [V, H] frozen full head the checkpoint is rebuilt from.
         base_bias: [V] or None.
+        skinny_rows: the row counts its product takes as `skinny_linear` on CPU (set with the
+            model's other linears by `use_skinny_linears`); None: `F.linear`.
     """
+
+    skinny_rows: tuple[int, int] | None = None
 
     def __init__(
         self, full_weight: torch.Tensor, draft_ids: torch.Tensor, full_bias: torch.Tensor | None = None
@@ -99,6 +105,8 @@ class DraftVocabHead(nn.Module):
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """`[..., H]` → `[..., K]`: the logits of the draft ids only, in `draft_ids` order."""
+        if self.skinny_rows is not None:  # the CPU kernel the model's linears use (models.cpu_matmul)
+            return skinny_linear(hidden, self.weight, self.bias, self.skinny_rows)
         return F.linear(hidden, self.weight, self.bias)
 
     def spread(self, values: torch.Tensor, fill: float = 0.0) -> torch.Tensor:

@@ -19,7 +19,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from specdecode.models.compat import check_tokenizers, check_vocab_sizes
 from specdecode.models.config import SMOKE_TARGET, DrafterConfig
-from specdecode.models.cpu_matmul import skinny_is_faster, use_plain_linears, use_skinny_linears, uses_skinny_linears
+from specdecode.models.cpu_matmul import FEW_ROWS, measure_skinny_rows, skinny_rows_of, use_plain_linears, use_skinny_linears
 from specdecode.models.draft_vocab import apply_draft_vocab_from_config, pad_vocab
 from specdecode.models.drafters import derive_drafter
 from specdecode.models.feature_drafter import CONFIG_KEY as FEATURE_CONFIG_KEY
@@ -59,8 +59,10 @@ def load_model(
         skinny_matmul: on CPU, compute linear layers over 2..64 rows as `weight @ x.T`
             (`specdecode.models.cpu_matmul`), which on some CPUs makes a verify pass of a few
             tokens cost about one decode step instead of ~1.7x, and on others costs 2x. None
-            (default) times both kernels on this machine and keeps the faster; False keeps
-            `F.linear` everywhere. Ignored off CPU.
+            (default) times both kernels on this machine and keeps the faster, for a single row
+            (computed as two, faster where MKL runs a matrix-vector product on one core) and
+            for 2..64 rows apart; True forces it for 2..64 rows; False keeps `F.linear`
+            everywhere. Ignored off CPU.
 
     Returns:
         `(model, tokenizer)`. A drafter saved with a truncated vocabulary comes back truncated
@@ -99,8 +101,10 @@ def _placed(model: PreTrainedModel, dtype: torch.dtype, device: torch.device, sk
     model = model.to(device=device, dtype=dtype).eval()
     # a feature drafter's linear layers are its body's (plus the fusion layer): time the body
     timed = model.body if isinstance(model, FeatureDrafter) else model
-    if device.type == "cpu" and (skinny_matmul or (skinny_matmul is None and skinny_is_faster(timed))):
-        use_skinny_linears(model)
+    if device.type == "cpu" and skinny_matmul is not False:
+        rows = FEW_ROWS if skinny_matmul else measure_skinny_rows(timed)
+        if rows is not None:
+            use_skinny_linears(model, rows)
     return model
 
 
@@ -171,7 +175,7 @@ def build_drafter(
     drafter; the truncated vocabulary picked from `corpus()`, tokenised text, called only when
     needed) or a pretrained folder / hub id (either kind) whose tokenizer must be the target's.
     The drafter uses the target's linear kernels (skinny on CPU if the target's are)."""
-    skinny = uses_skinny_linears(target)
+    rows = skinny_rows_of(target)
     if cfg.kind in ("derived", "feature"):
         vocab_docs = corpus() if cfg.draft_vocab is not None else None
         if cfg.kind == "feature":
@@ -180,10 +184,12 @@ def build_drafter(
                                              layout=cfg.layout)
         else:
             derived = derive_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs)
-        if skinny:
-            use_skinny_linears(derived)
+        if rows is not None:
+            use_skinny_linears(derived, rows)
         return derived
-    drafter, drafter_tokenizer = load_model(str(cfg.path), dtype=target.dtype, device=target.device, skinny_matmul=skinny)
+    drafter, drafter_tokenizer = load_model(str(cfg.path), dtype=target.dtype, device=target.device, skinny_matmul=False)
+    if rows is not None:
+        use_skinny_linears(drafter, rows)
     check_tokenizers(tokenizer, drafter_tokenizer)
     if not isinstance(drafter, FeatureDrafter):  # e.g. Qwen2.5-0.5B for the 7B: same tokenizer, less padding
         drafter = pad_vocab(drafter, target.config.get_text_config().vocab_size)
