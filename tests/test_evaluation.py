@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
+import torch
 
 from specdecode import speculative_generate
 from specdecode.decoding.lookup import LookupConfig, PromptLookup
+from specdecode.decoding.stats import GenerationResult, StepCounters
 from specdecode.evaluation.config import EvalConfig
 from specdecode.evaluation import suite
-from specdecode.evaluation.records import RunRecord, merge_counts, pick_per_prompt, run_batched
+from specdecode.evaluation.records import RunRecord, merge_counts, pick_per_prompt, run_batched, run_interleaved
 from specdecode.evaluation.report import merge_results
 from specdecode.evaluation.suite import run_eval
 from specdecode.models import derive_drafter
@@ -88,6 +91,8 @@ def test_routed_or_oracle_alone_load_the_drafters_they_choose_between(tiny_setup
     tmp_path, folders = tiny_setup
     batched = []  # batch size of each whole-method run (the oracle's and the router's groups run apart)
     monkeypatch.setattr(suite, "run_batched", lambda fn, ids, batch_size: batched.append(batch_size) or run_batched(fn, ids, batch_size))
+    turns = []  # (batch size, methods) of each run where the methods take turns
+    monkeypatch.setattr(suite, "run_interleaved", lambda fns, ids, batch_size: turns.append((batch_size, sorted(fns))) or run_interleaved(fns, ids, batch_size))
     cfg = EvalConfig(
         target=TargetConfig(name=str(tmp_path / "target")), methods=["autoregressive", chooser], drafters=folders,
         router_dir="unused-by-the-fake-loader", domains=["code"], prompts_per_domain=2, max_prompt_tokens=150,
@@ -98,8 +103,41 @@ def test_routed_or_oracle_alone_load_the_drafters_they_choose_between(tiny_setup
     expected = {("autoregressive", 0, 1), ("autoregressive", 0, 2), (chooser, 2, 1), (chooser, 2, 2)}
     assert {(r["method"], r["gamma"], r["batch_size"]) for r in rows} == expected | ({(chooser, 1, 1)} if chooser == "routed" else set())
     assert all(r["exact_match"] == 1.0 for r in rows)
-    # autoregressive at each batch size; the oracle's two candidates at batch 1 only
-    assert sorted(batched) == ([1, 1, 1, 2] if chooser == "oracle" else [1, 2])
+    # autoregressive at each batch size (its own rows: the only method asked for); the oracle's two
+    # candidates at batch 1 only
+    assert turns == [(1, ["autoregressive"]), (2, ["autoregressive"])]
+    assert sorted(batched) == ([1, 1] if chooser == "oracle" else [])
+
+
+def test_methods_take_turns_batch_by_batch_so_drift_biases_none() -> None:
+    """Two identical methods on a machine that slows down during the run: taking turns, each gets
+    its own batches' sequences and about the same speed; one after the other, the second would
+    look ~30% slower."""
+    clock = [0]
+
+    def method(name: str) -> Any:
+        def generate(batch: list[list[int]]) -> GenerationResult:
+            clock[0] += 1
+            counters = StepCounters(0, torch.device("cpu"))
+            counters.record_target_call(len(batch))
+            # the machine's speed halves over the run: call k takes 1 + k / 8 seconds
+            return GenerationResult.build([[len(p), ord(name)] for p in batch], counters, 1.0 + clock[0] / 8)
+
+        return generate
+
+    prompts = [[1] * n for n in range(1, 9)]
+    calls: list[str] = []
+    generators = {name: (lambda fn, name: lambda batch: calls.append(name) or fn(batch))(method(name), name) for name in ("a", "b")}
+    records = run_interleaved(generators, prompts, batch_size=3)
+    assert calls == ["a", "b"] * 3
+    assert [len(r.sequences) for r in records["a"].results] == [3, 3, 2]
+    assert records["a"].sequences == [[n, ord("a")] for n in range(1, 9)]
+    assert records["b"].sequences == [[n, ord("b")] for n in range(1, 9)]
+    speed = {name: record.tokens / record.seconds for name, record in records.items()}
+    assert speed["b"] == pytest.approx(speed["a"], rel=0.15)
+    clock[0] = 0
+    one_after_the_other = {name: run_batched(fn, prompts, 3) for name, fn in generators.items()}
+    assert one_after_the_other["a"].seconds < 0.8 * one_after_the_other["b"].seconds  # what the turns avoid
 
 
 def test_gamma_sweep_rows_for_the_swept_methods_only(tiny_setup) -> None:

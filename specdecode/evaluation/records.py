@@ -78,6 +78,23 @@ def run_batched(generate: Generate, prompts: list[list[int]], batch_size: int) -
     return RunRecord([generate(prompts[i : i + batch_size]) for i in range(0, len(prompts), batch_size)])
 
 
+def run_interleaved(generators: dict[str, Generate], prompts: list[list[int]], batch_size: int) -> dict[str, RunRecord]:
+    """Decode `prompts` in consecutive batches of `batch_size` with every method, the methods taking
+    turns batch by batch.
+
+    Each method's record is what `run_batched` gives it, but a machine whose speed drifts during
+    the evaluation (a shared VM: the target alone ran at 14–29 tokens/s between runs of the same
+    prompts on 2026-11-25) slows every method alike, where running one method's prompts and then the
+    next's lets the drift decide a speedup.
+    """
+    results: dict[str, list[GenerationResult]] = {name: [] for name in generators}
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start : start + batch_size]
+        for name, generate in generators.items():
+            results[name].append(generate(chunk))
+    return {name: RunRecord(batches) for name, batches in results.items()}
+
+
 def run_grouped(generators: dict[str, Generate], choices: list[str], prompts: list[list[int]], batch_size: int) -> RunRecord:
     """Decode each prompt with its chosen method, batching prompts that share a choice.
 

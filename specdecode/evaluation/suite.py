@@ -30,7 +30,9 @@ from specdecode.data.domains import format_prompt, load_domain
 from specdecode.decoding.decode import autoregressive_generate, speculative_generate
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.evaluation.config import EvalConfig
-from specdecode.evaluation.records import Generate, RunRecord, finalize_rows, merge_counts, pick_per_prompt, run_batched, run_grouped
+from specdecode.evaluation.records import (
+    Generate, RunRecord, finalize_rows, merge_counts, pick_per_prompt, run_batched, run_grouped, run_interleaved,
+)
 from specdecode.evaluation.report import write_report
 from specdecode.models.compat import check_tokenizers, default_eos
 from specdecode.models.loading import build_drafter, load_model
@@ -131,8 +133,9 @@ def _eval_domain(cfg: EvalConfig, models: _Models, domain: str, texts: list[str]
         sweep_reference: list[list[int]] | None = None
         for batch_size in sorted(cfg.batch_sizes):
             progress.set_postfix_str(f"{domain} T={temperature} B={batch_size}")
-            # A drafter loaded only for the router or the oracle runs no rows of its own.
-            records = {name: run_batched(fn, ids, batch_size) for name, fn in generators.items() if _family(name) in cfg.methods}
+            # A drafter loaded only for the router or the oracle runs no rows of its own. The methods
+            # take turns batch by batch, so a drifting machine biases none of the speedups.
+            records = run_interleaved({name: fn for name, fn in generators.items() if _family(name) in cfg.methods}, ids, batch_size)
             if route_choices is not None:
                 records["routed"] = _routed(generators, route_choices, ids, batch_size, routing_s or 0.0)
             if "oracle" in cfg.methods and models.candidates:
