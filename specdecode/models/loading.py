@@ -175,25 +175,23 @@ def build_drafter(
     drafter; the truncated vocabulary picked from `corpus()`, tokenised text, called only when
     needed) or a pretrained folder / hub id (either kind) whose tokenizer must be the target's.
     The drafter uses the target's linear kernels (skinny on CPU if the target's are)."""
-    rows = skinny_rows_of(target)
     if cfg.kind in ("derived", "feature"):
         vocab_docs = corpus() if cfg.draft_vocab is not None else None
         if cfg.kind == "feature":
-            derived = derive_feature_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs,
+            drafter = derive_feature_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs,
                                              init_from_layer=cfg.init_from_layer, feature_layers=cfg.feature_layers,
                                              layout=cfg.layout)
         else:
-            derived = derive_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs)
-        if rows is not None:
-            use_skinny_linears(derived, rows)
-        return derived
-    drafter, drafter_tokenizer = load_model(str(cfg.path), dtype=target.dtype, device=target.device, skinny_matmul=False)
-    if rows is not None:
+            drafter = derive_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs)
+    else:
+        drafter, drafter_tokenizer = load_model(str(cfg.path), dtype=target.dtype, device=target.device, skinny_matmul=False)
+        check_tokenizers(tokenizer, drafter_tokenizer)
+        if not isinstance(drafter, FeatureDrafter):  # e.g. Qwen2.5-0.5B for the 7B: same tokenizer, less padding
+            drafter = pad_vocab(drafter, target.config.get_text_config().vocab_size)
+        check_vocab_sizes(target, drafter)
+    # after padding, so that a padded (truncated-head) vocabulary takes the kernel too
+    if (rows := skinny_rows_of(target)) is not None:
         use_skinny_linears(drafter, rows)
-    check_tokenizers(tokenizer, drafter_tokenizer)
-    if not isinstance(drafter, FeatureDrafter):  # e.g. Qwen2.5-0.5B for the 7B: same tokenizer, less padding
-        drafter = pad_vocab(drafter, target.config.get_text_config().vocab_size)
-    check_vocab_sizes(target, drafter)
     return drafter
 
 
