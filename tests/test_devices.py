@@ -39,10 +39,13 @@ def test_bad_device_names_are_named(name: object) -> None:
         check_device_name(name)
 
 
-@pytest.mark.parametrize("amx", [True, False])
-def test_auto_mixed_precision_is_bf16_only_where_the_cpu_computes_it(monkeypatch: pytest.MonkeyPatch, amx: bool) -> None:
-    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"amx_bf16": amx, "avx512_bf16": True})
-    assert resolve_mixed_precision("auto", torch.device("cpu")) == ("bf16" if amx else "no")
+@pytest.mark.parametrize(("amx", "avx512", "expected"), [(True, True, "bf16"), (False, True, "bf16"), (True, False, "bf16"),
+                                                          (False, False, "no")])
+def test_auto_mixed_precision_is_bf16_only_where_the_cpu_computes_it(
+    monkeypatch: pytest.MonkeyPatch, amx: bool, avx512: bool, expected: str
+) -> None:
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"amx_bf16": amx, "avx512_bf16": avx512, "avx2": True})
+    assert resolve_mixed_precision("auto", torch.device("cpu")) == expected
     assert [resolve_mixed_precision(s, torch.device("cpu")) for s in ("no", "bf16", "fp16")] == ["no", "bf16", "fp16"]
     with pytest.raises(ValueError, match=r"mixed_precision='fp8': expected auto\|no\|bf16\|fp16"):
         resolve_mixed_precision("fp8", torch.device("cpu"))
