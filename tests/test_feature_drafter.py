@@ -9,7 +9,8 @@ from transformers import AutoModelForCausalLM
 
 from specdecode import speculative_generate
 from specdecode.decoding.drafting import FeatureDrafting
-from specdecode.models.feature_drafter import FeatureDrafter, derive_feature_drafter, target_features, unrolled_features, unrolled_mask
+from specdecode.models.feature_drafter import FeatureDrafter, derive_feature_drafter, target_features
+from specdecode.training.feature_training import unrolled_features, unrolled_mask
 from tests.models_for_tests import tiny_llama
 
 V = 64
@@ -94,6 +95,55 @@ def test_decode_time_drafts_equal_the_unrolled_training_forward(target, ragged_p
                     torch.testing.assert_close(q[row, j], expected, atol=2e-4, rtol=1e-3)
                     checked += 1
     assert checked >= 3 * gamma
+
+
+MULTI_TEST = (1, -1)
+
+
+@pytest.mark.parametrize("steps, layers", [(2, (-1,)), (3, (-1,)), (4, MULTI_TEST)])
+def test_windowed_unrolled_passes_equal_every_position_where_needed(target, steps, layers) -> None:
+    """Passes 2..steps run only on a window around the needed positions (`needed=`): there, outputs
+    and gradients must be those of every pass at every position. Rows: a right-padded one, needed
+    positions scattered with gaps, one near the start (the window clamps at 0), one needing
+    nothing, one needing the last position (the window shifts left), a left-padded one. Fails if the window misses
+    the steps - 2 positions before a row's first needed one, a pass-i key is misplaced in the
+    mask, padding is visible, or the fed-back feature is read at the wrong offset."""
+    # float64 and a tame fusion (random_feature_drafter's, scaled by 0.1: at full scale 3 unrolled
+    # passes amplify rounding ~1e8-fold), so the two agree to ~1e-14 and a real difference stands out
+    drafter = random_feature_drafter(target, seed=6, feature_layers=layers).double().train()
+    with torch.no_grad():
+        drafter.fc.weight.mul_(0.1)
+    generator = torch.Generator().manual_seed(7)
+    batch, length = 6, 14
+    ids = torch.randint(0, V, (batch, length), generator=generator)
+    features = torch.randn(batch, length, drafter.feature_width, generator=generator, dtype=torch.float64)
+    padding = torch.ones(batch, length, dtype=torch.long)
+    padding[1, 10:] = 0
+    padding[5, :3] = 0  # left-padded
+    needed = torch.zeros(batch, length, dtype=torch.bool)
+    needed[0, 8:] = True
+    needed[1, [4, 6, 9]] = True
+    needed[2, 1:4] = True
+    needed[4, 12:] = True
+    needed[5, 4:9] = True
+    everywhere = unrolled_features(drafter, features, ids, padding, steps)
+    windowed = unrolled_features(drafter, features, ids, padding, steps, needed=needed)
+    assert len(windowed) == steps and all(w.shape == e.shape for w, e in zip(windowed, everywhere))
+    # pass j + 1 is made from position j on (`pass_positions`)
+    scored = [needed & (torch.arange(length) >= j) for j in range(steps)]
+    for j in range(steps):
+        torch.testing.assert_close(windowed[j][scored[j]], everywhere[j][scored[j]], atol=1e-12, rtol=1e-10)
+
+    weights = torch.randn(steps, batch, length, everywhere[0].shape[-1], generator=generator, dtype=torch.float64)
+
+    def grads(outputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        drafter.zero_grad()
+        sum((o * w)[m].sum() for o, w, m in zip(outputs, weights, scored)).backward()
+        return [p.grad.clone() for p in drafter.parameters() if p.grad is not None]
+
+    for got, want in zip(grads(unrolled_features(drafter, features, ids, padding, steps, needed=needed)),
+                         grads(unrolled_features(drafter, features, ids, padding, steps))):
+        assert torch.isfinite(want).all() and (got - want).abs().max() <= 1e-12 * want.abs().max()
 
 
 def test_unrolled_mask_pattern() -> None:

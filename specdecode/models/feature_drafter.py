@@ -151,7 +151,7 @@ class FeatureDrafter(nn.Module):
         from `[B, T, n·H]` `features` (`target_features`, or `feed_back` of predicted ones).
 
         `attention_mask` is a `[B, T]` padding mask or a prepared additive `[B, 1, T, S]` mask
-        (the KV cache's, or the unrolled-training mask of `unrolled_mask`).
+        (the KV cache's, or the unrolled-training masks of `specdecode.training.feature_training`).
         """
         return self.body.get_decoder()(
             inputs_embeds=self.fuse(features, next_ids),
@@ -278,63 +278,3 @@ def wrap_if_feature_drafter(model: PreTrainedModel, folder: str | os.PathLike[st
     # folders written before multi-layer features (or layouts) carry no "layers" ("layout"): the
     # last state only (the specdecode layout)
     return FeatureDrafter(model, fc, settings.get("layers", list(LAST_FEATURE)), settings.get("layout", "specdecode")).eval()
-
-
-def unrolled_mask(length: int, steps: int, padding: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Additive attention mask `[B, 1, kT, kT]` for training k drafting steps at once (EAGLE-3's
-    training-time test), the k passes laid end to end.
-
-    Pass j (1-based) at position s stands for the j-th drafting step made at s. Decoding, that
-    query sees the cache of true-feature entries up to s - j + 1 and the entries that steps 2..j
-    wrote at s - j + 2 .. s; so pass-1 keys at positions <= s - j + 1 and the pass-i key at
-    s - j + i (2 <= i <= j). Pass 1 is ordinary causal attention. `padding` `[B, T]` (1 = token)
-    hides padded keys.
-    """
-    device = padding.device
-    s = torch.arange(length, device=device)
-    blocks = []
-    for j in range(1, steps + 1):
-        row = []
-        for i in range(1, steps + 1):
-            if i == 1:
-                visible = s.view(1, -1) <= (s - j + 1).view(-1, 1)
-            elif i <= j:
-                visible = s.view(1, -1) == (s - j + i).view(-1, 1)
-            else:
-                visible = torch.zeros(length, length, dtype=torch.bool, device=device)
-            row.append(visible)
-        blocks.append(torch.cat(row, dim=1))
-    visible = torch.cat(blocks, dim=0).unsqueeze(0) & padding.bool().repeat(1, steps).unsqueeze(1)
-    # Queries with nothing visible (the first j - 1 positions of pass j, never scored) see
-    # themselves, so softmax stays finite.
-    visible = visible | torch.eye(steps * length, dtype=torch.bool, device=device).unsqueeze(0)
-    mask = torch.zeros(visible.shape, dtype=dtype, device=device)
-    return mask.masked_fill_(~visible, torch.finfo(dtype).min).unsqueeze(1)
-
-
-def unrolled_features(
-    drafter: nn.Module, features: torch.Tensor, next_ids: torch.Tensor, padding: torch.Tensor, steps: int
-) -> list[torch.Tensor]:
-    """Predicted features of `steps` drafting passes, each `[B, T, H]`, trained as decoding runs them.
-
-    Pass 1 reads the true features `features` `[B, T, n·H]` (f_t with x_{t+1} = `next_ids[:, t]`);
-    pass j reads pass j-1's prediction for position t (made at t - 1, through `feed_back`), as
-    drafting step j does.
-    `drafter` is a `FeatureDrafter` (or a wrapper with the same `forward`, e.g. DDP's).
-    """
-    batch, length, _ = features.shape
-    positions = torch.arange(length, device=features.device).expand(batch, -1)
-    hidden = drafter(features, next_ids, attention_mask=padding, position_ids=positions)
-    outputs = [hidden]
-    fed_features, fed_ids = [features], [next_ids]
-    for j in range(2, steps + 1):
-        # Position t of pass j reads the previous pass's prediction made at t - 1 (shifted right);
-        # position 0 has none and is never scored, so it reads its true feature.
-        previous = torch.cat([features[:, :1], feed_back(outputs[-1][:, :-1], features.shape[-1])], dim=1)
-        fed_features.append(previous)
-        fed_ids.append(next_ids)
-        mask = unrolled_mask(length, j, padding, hidden.dtype)
-        hidden = drafter(torch.cat(fed_features, 1), torch.cat(fed_ids, 1), attention_mask=mask,
-                         position_ids=positions.repeat(1, j))
-        outputs.append(hidden[:, -length:])
-    return outputs
