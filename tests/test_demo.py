@@ -117,6 +117,38 @@ def test_launched_stage_config_composes_back_to_the_same_config(tmp_path) -> Non
         assert resolved == json.loads(json.dumps(config)), stage
 
 
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("eval=['gamma=null','sweep_gammas=[1,2]']", r"^demo stage 'eval': gamma=None: an int when sweep_gammas=\[1, 2\]"),
+        ("distill=['experiment=smoke','train.keep_checkpoints=1']", r"keep_checkpoints=1: at least 2"),
+    ],
+)
+def test_a_bad_stage_override_fails_before_any_stage_runs(tmp_path, monkeypatch, override: str, needle: str) -> None:
+    """The evaluation's config is checked before the hour of stages ahead of it (the drafters and
+    router it names do not exist yet, and that is not an error); a bad one stops the demo with
+    nothing run and nothing written."""
+    import specdecode.pipeline.demo as demo
+
+    class Ran(Exception):
+        pass
+
+    ran: list[str] = []
+
+    def run_stages(stages, *args):
+        ran.extend(s.name for s in stages)
+        raise Ran
+
+    monkeypatch.setattr(demo, "run_stages", run_stages)
+    with pytest.raises(Ran):  # a good config passes the check
+        run_demo(smoke_config(str(tmp_path / "ok")))
+    assert "eval" in ran and "distill-code" in ran
+    ran.clear()
+    with pytest.raises(ValueError, match=needle):
+        run_demo(smoke_config(str(tmp_path / "demo"), [override]))
+    assert ran == [] and not (tmp_path / "demo" / "distill-code").exists()
+
+
 def test_launch_failure_names_the_app_and_status(tmp_path) -> None:
     from specdecode.pipeline.config import accelerate_config_file
     from specdecode.pipeline.launch import launch_app

@@ -18,7 +18,7 @@ from specdecode.core.config import from_dict
 from specdecode.core.devices import resolve_device
 from specdecode.core.locking import locks_output_dir
 from specdecode.data.config import DataConfig
-from specdecode.evaluation.config import BenchmarkConfig
+from specdecode.evaluation.config import BenchmarkConfig, EvalConfig
 from specdecode.pipeline.config import DemoConfig, accelerate_config_file
 from specdecode.pipeline.launch import launch_app
 from specdecode.pipeline.schemas import compose_config
@@ -52,7 +52,7 @@ def _launched(app: str, accelerate: str, device: str) -> Callable[[dict, Path], 
 def _collect(config: dict, out: Path) -> None:
     from specdecode.routing.collect import run_collect
 
-    run_collect(from_dict(CollectConfig, config | {"output": str(out / "labels.jsonl")}))
+    run_collect(from_dict(CollectConfig, config | {"output": str(out / _SCHEMAS["collect"][2])}))
 
 
 def _fit(config: dict, out: Path) -> None:
@@ -62,7 +62,6 @@ def _fit(config: dict, out: Path) -> None:
 
 
 def _eval(config: dict, out: Path) -> None:
-    from specdecode.evaluation.config import EvalConfig
     from specdecode.evaluation.suite import run_eval
 
     run_eval(from_dict(EvalConfig, config | {"output_dir": str(out)}))
@@ -121,12 +120,51 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     return stages
 
 
+# Each stage's typed config, and the key and file name (under the stage's folder, "" for the
+# folder itself) its output goes in: what the stage's run function builds first.
+_SCHEMAS: dict[str, tuple[type, str, str]] = {
+    "benchmark": (BenchmarkConfig, "output_dir", ""), "distill": (TrainJobConfig, "output_dir", ""),
+    "collect": (CollectConfig, "output", "labels.jsonl"), "fit": (FitRouterConfig, "output_dir", ""),
+    "eval": (EvalConfig, "output_dir", ""),
+}
+
+
+def check_stage_configs(stages: list[Stage], root: Path) -> None:
+    """Build every stage's typed config before any stage runs, so a bad override fails in seconds
+    (ValueError naming the stage and the value), not after the stages before it: a demo run once
+    reached its evaluation after 55 minutes and failed on the evaluation's overrides there.
+    Folders under `root` that earlier stages write (drafters, the router) stand in as `root`'s
+    parent, which exists: their existence is the one check that has to wait for those stages
+    (files keep their names, whose suffixes are checked)."""
+    def stand_in(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: stand_in(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [stand_in(v) for v in value]
+        if isinstance(value, str) and Path(value).is_relative_to(root) and not Path(value).suffix:
+            return str(root.parent)
+        return value
+
+    for stage in stages:
+        schema, output_key, file_name = _SCHEMAS[stage.name.split("-")[0]]
+        try:
+            from_dict(schema, stand_in(stage.config) | {output_key: str(root / stage.name / file_name)})
+        except ValueError as error:
+            raise ValueError(f"demo stage {stage.name!r}: {error}") from None
+
+
 @locks_output_dir
 def run_demo(cfg: DemoConfig) -> Path:
-    """Run (or resume) the demo; publish results.json and report.md at the top of `output_dir`."""
+    """Run (or resume) the demo; publish results.json and report.md at the top of `output_dir`.
+
+    Raises:
+        ValueError: a stage's composed config is invalid (checked before any stage runs).
+    """
     resolve_device(cfg.device)  # a device this machine lacks fails here, before any stage runs
     root = Path(cfg.output_dir)
-    outputs = run_stages(demo_stages(cfg), root, code_fingerprint())
+    stages = demo_stages(cfg)
+    check_stage_configs(stages, root)
+    outputs = run_stages(stages, root, code_fingerprint())
     evaluation = outputs["eval"]
     for png in evaluation.glob("*.png"):
         shutil.copy2(png, root / png.name)
