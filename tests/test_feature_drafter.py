@@ -9,8 +9,8 @@ from transformers import AutoModelForCausalLM
 
 from specdecode import speculative_generate
 from specdecode.decoding.drafting import FeatureDrafting
-from specdecode.models.feature_drafter import FeatureDrafter, derive_feature_drafter, target_features
-from specdecode.training.feature_training import unrolled_features, unrolled_mask
+from specdecode.models.feature_drafter import FeatureDrafter, derive_feature_drafter, feed_back, target_features
+from specdecode.training.feature_training import unrolled_features
 from tests.models_for_tests import tiny_llama
 
 V = 64
@@ -28,6 +28,62 @@ def random_feature_drafter(target: torch.nn.Module, seed: int = 1, **kwargs) -> 
     with torch.no_grad():
         drafter.fc.weight.normal_(0, 0.4)
     return drafter
+
+
+def end_to_end_mask(length: int, steps: int, padding: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive attention mask `[B, 1, kT, kT]` for training k drafting steps at once (EAGLE-3's
+    training-time test), the k passes laid end to end.
+
+    Pass j (1-based) at position s stands for the j-th drafting step made at s. Decoding, that
+    query sees the cache of true-feature entries up to s - j + 1 and the entries that steps 2..j
+    wrote at s - j + 2 .. s; so pass-1 keys at positions <= s - j + 1 and the pass-i key at
+    s - j + i (2 <= i <= j). Pass 1 is ordinary causal attention. `padding` `[B, T]` (1 = token)
+    hides padded keys.
+    """
+    device = padding.device
+    s = torch.arange(length, device=device)
+    blocks = []
+    for j in range(1, steps + 1):
+        row = []
+        for i in range(1, steps + 1):
+            if i == 1:
+                visible = s.view(1, -1) <= (s - j + 1).view(-1, 1)
+            elif i <= j:
+                visible = s.view(1, -1) == (s - j + i).view(-1, 1)
+            else:
+                visible = torch.zeros(length, length, dtype=torch.bool, device=device)
+            row.append(visible)
+        blocks.append(torch.cat(row, dim=1))
+    visible = torch.cat(blocks, dim=0).unsqueeze(0) & padding.bool().repeat(1, steps).unsqueeze(1)
+    # Queries with nothing visible (the first j - 1 positions of pass j, never scored) see
+    # themselves, so softmax stays finite.
+    visible = visible | torch.eye(steps * length, dtype=torch.bool, device=device).unsqueeze(0)
+    mask = torch.zeros(visible.shape, dtype=dtype, device=device)
+    return mask.masked_fill_(~visible, torch.finfo(dtype).min).unsqueeze(1)
+
+
+def passes_end_to_end(
+    drafter: nn.Module, features: torch.Tensor, next_ids: torch.Tensor, padding: torch.Tensor, steps: int
+) -> list[torch.Tensor]:
+    """The reference `unrolled_features` is checked against (what training ran before the windows):
+    every pass at every position, the passes laid end to end under `end_to_end_mask`, each call
+    recomputing the passes before it."""
+    batch, length, _ = features.shape
+    positions = torch.arange(length, device=features.device).expand(batch, -1)
+    hidden = drafter(features, next_ids, attention_mask=padding, position_ids=positions)
+    outputs = [hidden]
+    fed_features, fed_ids = [features], [next_ids]
+    for j in range(2, steps + 1):
+        # Position t of pass j reads the previous pass's prediction made at t - 1 (shifted right);
+        # position 0 has none and is never scored, so it reads its true feature.
+        previous = torch.cat([features[:, :1], feed_back(outputs[-1][:, :-1], features.shape[-1])], dim=1)
+        fed_features.append(previous)
+        fed_ids.append(next_ids)
+        mask = end_to_end_mask(length, j, padding, hidden.dtype)
+        hidden = drafter(torch.cat(fed_features, 1), torch.cat(fed_ids, 1), attention_mask=mask,
+                         position_ids=positions.repeat(1, j))
+        outputs.append(hidden[:, -length:])
+    return outputs
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +182,7 @@ def test_windowed_unrolled_passes_equal_every_position_where_needed(target, step
     needed[2, 1:4] = True
     needed[4, 12:] = True
     needed[5, 4:9] = True
-    everywhere = unrolled_features(drafter, features, ids, padding, steps)
+    everywhere = passes_end_to_end(drafter, features, ids, padding, steps)
     windowed = unrolled_features(drafter, features, ids, padding, steps, needed=needed)
     assert len(windowed) == steps and all(w.shape == e.shape for w, e in zip(windowed, everywhere))
     # pass j + 1 is made from position j on (`pass_positions`)
@@ -142,12 +198,12 @@ def test_windowed_unrolled_passes_equal_every_position_where_needed(target, step
         return [p.grad.clone() for p in drafter.parameters() if p.grad is not None]
 
     for got, want in zip(grads(unrolled_features(drafter, features, ids, padding, steps, needed=needed)),
-                         grads(unrolled_features(drafter, features, ids, padding, steps))):
+                         grads(passes_end_to_end(drafter, features, ids, padding, steps))):
         assert torch.isfinite(want).all() and (got - want).abs().max() <= 1e-12 * want.abs().max()
 
 
-def test_unrolled_mask_pattern() -> None:
-    mask = unrolled_mask(4, 2, torch.ones(1, 4), torch.float32)[0, 0] == 0
+def test_end_to_end_mask_pattern() -> None:
+    mask = end_to_end_mask(4, 2, torch.ones(1, 4), torch.float32)[0, 0] == 0
     # pass 2 at position 2: pass-1 keys 0..1 and its own pass-2 key at 2
     assert mask[4 + 2].tolist() == [True, True, False, False, False, False, True, False]
     # pass 1 is causal

@@ -87,38 +87,6 @@ def feature_regression_sum(predicted: torch.Tensor, features: torch.Tensor) -> t
     return F.smooth_l1_loss(predicted, features.to(predicted.dtype), reduction="none").mean(-1).sum()
 
 
-def unrolled_mask(length: int, steps: int, padding: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Additive attention mask `[B, 1, kT, kT]` for training k drafting steps at once (EAGLE-3's
-    training-time test), the k passes laid end to end.
-
-    Pass j (1-based) at position s stands for the j-th drafting step made at s. Decoding, that
-    query sees the cache of true-feature entries up to s - j + 1 and the entries that steps 2..j
-    wrote at s - j + 2 .. s; so pass-1 keys at positions <= s - j + 1 and the pass-i key at
-    s - j + i (2 <= i <= j). Pass 1 is ordinary causal attention. `padding` `[B, T]` (1 = token)
-    hides padded keys.
-    """
-    device = padding.device
-    s = torch.arange(length, device=device)
-    blocks = []
-    for j in range(1, steps + 1):
-        row = []
-        for i in range(1, steps + 1):
-            if i == 1:
-                visible = s.view(1, -1) <= (s - j + 1).view(-1, 1)
-            elif i <= j:
-                visible = s.view(1, -1) == (s - j + i).view(-1, 1)
-            else:
-                visible = torch.zeros(length, length, dtype=torch.bool, device=device)
-            row.append(visible)
-        blocks.append(torch.cat(row, dim=1))
-    visible = torch.cat(blocks, dim=0).unsqueeze(0) & padding.bool().repeat(1, steps).unsqueeze(1)
-    # Queries with nothing visible (the first j - 1 positions of pass j, never scored) see
-    # themselves, so softmax stays finite.
-    visible = visible | torch.eye(steps * length, dtype=torch.bool, device=device).unsqueeze(0)
-    mask = torch.zeros(visible.shape, dtype=dtype, device=device)
-    return mask.masked_fill_(~visible, torch.finfo(dtype).min).unsqueeze(1)
-
-
 def unrolled_features(
     drafter: nn.Module, features: torch.Tensor, next_ids: torch.Tensor, padding: torch.Tensor, steps: int,
     needed: torch.Tensor | None = None,
@@ -134,12 +102,12 @@ def unrolled_features(
     positions); passes 2..steps then run only on a window of each row around them
     (`_unrolled_windows`) and are zero elsewhere. Pass 1 runs everywhere, since every later query
     reads its keys. On chat batches (96 prompt + 48 response tokens) this cut the positions the
-    drafter computes from 3T to about 1.35T at 2 steps. None: every position of every pass (the
-    attention pattern of `unrolled_mask`, all passes laid end to end).
+    drafter computes from 3T (the passes laid end to end) to about 1.35T at 2 steps. None: every
+    position (pass j is meaningful from position j - 1 on).
     """
-    if needed is None:
-        return _unrolled_everywhere(drafter, features, next_ids, padding, steps)
     batch, length, _ = features.shape
+    if needed is None:
+        needed = torch.ones(batch, length, dtype=torch.bool, device=features.device)
     positions = torch.arange(length, device=features.device).expand(batch, -1)
     cache = DynamicCache()
     hidden = drafter(features, next_ids, attention_mask=padding, position_ids=positions, past_key_values=cache)
@@ -150,7 +118,8 @@ def unrolled_features(
     gather = index.unsqueeze(-1)
     window_ids = next_ids.gather(1, index)
     for j in range(2, steps + 1):
-        # as in `_unrolled_everywhere`: position t reads the previous pass's prediction made at t - 1
+        # position t reads the previous pass's prediction made at t - 1; position 0 has none and
+        # is never scored, so it reads its true feature
         previous = torch.cat([features[:, :1], feed_back(outputs[-1][:, :-1], features.shape[-1])], dim=1)
         fed = previous.gather(1, gather.expand(-1, -1, previous.shape[-1]))
         mask = _window_mask(index, j, padding, length, hidden.dtype)
@@ -179,8 +148,12 @@ def _unrolled_windows(needed: torch.Tensor, steps: int) -> torch.Tensor:
 
 def _window_mask(index: torch.Tensor, j: int, padding: torch.Tensor, length: int, dtype: torch.dtype) -> torch.Tensor:
     """Additive mask `[B, 1, W, T + (j - 1)W]` of pass j's window queries over the cached keys:
-    pass 1's T keys, then each earlier window pass's W keys and its own (the pattern of
-    `unrolled_mask`: pass-1 keys at positions <= s - j + 1, the pass-i key at s - j + i)."""
+    pass 1's T keys, then each earlier window pass's W keys and its own.
+
+    Pass j (1-based) at position s stands for the j-th drafting step made at s. Decoding, that
+    query sees the cache of true-feature entries up to s - j + 1 and the entries that steps 2..j
+    wrote at s - j + 2 .. s; so pass-1 keys at positions <= s - j + 1 and the pass-i key at
+    s - j + i (2 <= i <= j). `padding` `[B, T]` (1 = token) hides padded keys."""
     s = index.unsqueeze(-1)  # [B, W, 1]
     keys = padding.bool()
     first = (torch.arange(length, device=index.device).view(1, 1, -1) <= s - j + 1) & keys.unsqueeze(1)
@@ -193,25 +166,3 @@ def _window_mask(index: torch.Tensor, j: int, padding: torch.Tensor, length: int
     visible = visible | (own & ~visible.any(dim=-1, keepdim=True))
     mask = torch.zeros(visible.shape, dtype=dtype, device=index.device)
     return mask.masked_fill_(~visible, torch.finfo(dtype).min).unsqueeze(1)
-
-
-def _unrolled_everywhere(
-    drafter: nn.Module, features: torch.Tensor, next_ids: torch.Tensor, padding: torch.Tensor, steps: int
-) -> list[torch.Tensor]:
-    """`unrolled_features` at every position of every pass: the passes laid end to end under `unrolled_mask`."""
-    batch, length, _ = features.shape
-    positions = torch.arange(length, device=features.device).expand(batch, -1)
-    hidden = drafter(features, next_ids, attention_mask=padding, position_ids=positions)
-    outputs = [hidden]
-    fed_features, fed_ids = [features], [next_ids]
-    for j in range(2, steps + 1):
-        # Position t of pass j reads the previous pass's prediction made at t - 1 (shifted right);
-        # position 0 has none and is never scored, so it reads its true feature.
-        previous = torch.cat([features[:, :1], feed_back(outputs[-1][:, :-1], features.shape[-1])], dim=1)
-        fed_features.append(previous)
-        fed_ids.append(next_ids)
-        mask = unrolled_mask(length, j, padding, hidden.dtype)
-        hidden = drafter(torch.cat(fed_features, 1), torch.cat(fed_ids, 1), attention_mask=mask,
-                         position_ids=positions.repeat(1, j))
-        outputs.append(hidden[:, -length:])
-    return outputs
