@@ -32,6 +32,7 @@ def _plain_kernels_unless_measured(monkeypatch: pytest.MonkeyPatch) -> None:
     import specdecode.models.loading as loading
 
     monkeypatch.setattr(loading, "measure_skinny_rows", lambda model: None)
+    monkeypatch.setattr(loading, "measure_packed_rows", lambda model: None)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -25,12 +25,22 @@ since each kernel choice only touches its own row counts. On the 2026-11-23 mach
 brought a 4-token verify from ~1.7x to ~1.1x a step; on the 2026-11-24 one (a 480 MB L3 cache
 holding most of SmolLM2's weights, a one-token step of 31 ms instead of 58) they cost 2.0x at every
 width while `F.linear` cost 1.03x for 2 rows, 1.07x for 3 and 1.5x for 4 (README, "CPU kernels").
+
+Past two rows MKL's `weight @ x.T` leaves its streaming kernel too: on the 2-core AMD EPYC a 3..5-row
+product over SmolLM2's weights took ~25-32 ms where 2 rows took ~17, so a verify of gamma >= 2
+drafts cost 1.3-1.5x a step and gamma 1 was the fastest. oneDNN's inner product over weights
+reordered once into its blocked layout (`use_packed_linears`) streams them for 3..16 rows: ~21 ms
+there, flat from 3 to 5 rows. The reordered copy costs the weights' memory again, kept beside them
+(a single row and two rows stay faster on the plain weights), so it is only used where
+`measure_packed_rows` timed it faster, on float32 CPU weights, and never for inputs that need grad.
+It is rebuilt whenever the weights change (training steps, `load_state_dict`), by their version.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +54,11 @@ SKINNY_MAX_ROWS = 64
 AUTO_WIDTHS = (1, 2, 3, 4, 5)
 # The row counts a skinny linear takes, (lowest, highest): a verify pass's few rows, as `True` forces.
 FEW_ROWS = (2, SKINNY_MAX_ROWS)
+# The row counts oneDNN's reordered weights take where measured faster: verify passes of gamma 2..4
+# at batch 1 (3..5 rows) up to batched ones; above, a prefill's many rows take the blocked GEMM.
+PACKED_ROWS = (3, 16)
+# The widths `measure_packed_rows` times: verify passes of gamma 2..4.
+PACKED_WIDTHS = (3, 4, 5)
 
 
 def skinny_linear(
@@ -83,14 +98,62 @@ def skinny_linear(
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
-class SkinnyLinear(nn.Linear):
-    """An `nn.Linear` whose forward is `skinny_linear` over its `skinny_rows`; same parameters,
-    state dict and checkpoints."""
+def packed_available() -> bool:
+    """Whether this torch build has oneDNN's reordered-weight inner product (x86 CPU wheels do)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
-    skinny_rows: tuple[int, int] = FEW_ROWS
+
+class SkinnyLinear(nn.Linear):
+    """An `nn.Linear` whose forward is `skinny_linear` over its `skinny_rows` (None: `F.linear`),
+    and oneDNN's product over reordered weights for its `packed_rows` (None: never); same
+    parameters, state dict and checkpoints."""
+
+    skinny_rows: tuple[int, int] | None = FEW_ROWS
+    packed_rows: tuple[int, int] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed_rows is not None and self._takes_packed(x):
+            return self._packed_forward(x)
+        if self.skinny_rows is None:
+            return F.linear(x, self.weight, self.bias)
         return skinny_linear(x, self.weight, self.bias, self.skinny_rows)
+
+    def _takes_packed(self, x: torch.Tensor) -> bool:
+        count = x.numel() // max(x.shape[-1], 1)
+        rows = self.packed_rows
+        return (
+            rows is not None and rows[0] <= count <= rows[1]
+            and x.device.type == "cpu" and x.dtype == self.weight.dtype == torch.float32
+            # no_grad / inference_mode only: oneDNN's op has no backward, and its reordered copy,
+            # built under inference_mode, must not reach an autograd graph
+            and not torch.is_grad_enabled()
+        )
+
+    def _packed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """`F.linear` over `[..., H_in]` → `[..., H_out]` through the reordered weights, reordered
+        again first if the weights changed since (an optimizer step or a load bumps their version;
+        `.to()` moves their storage)."""
+        key = (self.weight._version, self.weight.data_ptr())
+        cached = self.__dict__.get("_packed")
+        if cached is None or cached[0] != key:
+            # The batch-size hint picks oneDNN's layout: any hint above 1 measured alike for 3..16
+            # rows; hint 1 took 1.5-2x longer for them.
+            with torch.no_grad():
+                cached = (key, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACKED_ROWS[0]))
+            self.__dict__["_packed"] = cached
+        flat = x.reshape(-1, x.shape[-1])
+        out = torch.ops.mkldnn._linear_pointwise(flat, cached[1], self.bias, "none", [], "")
+        return out.view(*x.shape[:-1], self.weight.shape[0])
+
+    def __getstate__(self) -> dict[str, object]:
+        # deepcopy / pickle: the reordered copy is a cache, rebuilt on use (oneDNN tensors have no storage to copy)
+        state = dict(super().__getstate__())
+        state.pop("_packed", None)
+        return state
+
+    def drop_packed(self) -> None:
+        """Free the reordered copy (it is rebuilt on the next call that takes it)."""
+        self.__dict__.pop("_packed", None)
 
 
 def use_skinny_linears(model: nn.Module, rows: tuple[int, int] = FEW_ROWS) -> int:
@@ -120,10 +183,43 @@ def _takes_skinny_rows(module: nn.Module) -> bool:
     return not isinstance(module, nn.Linear) and "skinny_rows" in vars(type(module))
 
 
+def use_packed_linears(model: nn.Module, rows: tuple[int, int] | None = PACKED_ROWS) -> int:
+    """Let `rows` row counts of every linear layer in `model` take oneDNN's product over weights
+    reordered once (None: none, the reordered copies freed), in place; return how many layers.
+
+    A plain `nn.Linear` becomes a `SkinnyLinear` that takes the skinny kernel for no rows, so the
+    other row counts keep `F.linear`. Raises ValueError on bad rows or where this torch build has
+    no oneDNN."""
+    if rows is not None:
+        if not (len(rows) == 2 and 1 <= rows[0] <= rows[1] <= SKINNY_MAX_ROWS):
+            raise ValueError(f"packed rows must be (lowest, highest) with 1 <= lowest <= highest <= {SKINNY_MAX_ROWS}, got {rows!r}")
+        if not packed_available():
+            raise ValueError("packed linears need oneDNN (torch.backends.mkldnn), which this torch build lacks")
+    count = 0
+    for module in model.modules():
+        if type(module) is nn.Linear and rows is not None:
+            module.__class__ = SkinnyLinear
+            module.skinny_rows = None  # the other row counts stay F.linear's
+        if type(module) is SkinnyLinear:
+            module.packed_rows = None if rows is None else (int(rows[0]), int(rows[1]))
+            module.drop_packed()
+            count += 1
+    return count
+
+
+def packed_rows_of(model: nn.Module) -> tuple[int, int] | None:
+    """The row counts `model`'s linears take through reordered weights (`use_packed_linears`)."""
+    return next((m.packed_rows for m in model.modules() if isinstance(m, SkinnyLinear)), None)
+
+
 def use_plain_linears(model: nn.Module) -> None:
-    """Undo `use_skinny_linears`: every `SkinnyLinear` in `model` back to `nn.Linear`, in place."""
+    """Undo `use_skinny_linears` and `use_packed_linears`: every `SkinnyLinear` in `model` back to
+    `nn.Linear` (reordered copies freed), in place."""
     for module in model.modules():
         if type(module) is SkinnyLinear:
+            module.drop_packed()
+            vars(module).pop("packed_rows", None)
+            vars(module).pop("skinny_rows", None)
             module.__class__ = nn.Linear
         elif _takes_skinny_rows(module):
             module.skinny_rows = None
@@ -146,12 +242,36 @@ def _use_kernel(model: nn.Module, rows: tuple[int, int] | None) -> None:
         use_plain_linears(model)
 
 
+def _time_kernels(
+    model: PreTrainedModel, widths: tuple[int, ...], repeats: int, use: Callable[[bool], None]
+) -> dict[bool, dict[int, list[float]]]:
+    """Seconds of a batch-1 forward of each of `widths` tokens with `use(False)`'s and `use(True)`'s
+    kernels, `repeats + 1` rounds (the kernels take turns within each round, so a drifting machine
+    biases both alike; the first round warms up and `_faster` drops it)."""
+    vocab = model.config.get_text_config().vocab_size
+    inputs = {w: (torch.arange(w, device=model.device) % vocab).unsqueeze(0) for w in widths}
+    times: dict[bool, dict[int, list[float]]] = {kernel: {w: [] for w in widths} for kernel in (False, True)}
+    for _ in range(repeats + 1):
+        for kernel in (False, True):
+            use(kernel)
+            for width, ids in inputs.items():
+                start = time.perf_counter()
+                model(input_ids=ids)
+                times[kernel][width].append(time.perf_counter() - start)
+    return times
+
+
+def _faster(times: dict[bool, dict[int, list[float]]], chosen: list[int]) -> bool:
+    """Whether the `True` kernel's summed median over the `chosen` widths beats the `False` one's."""
+    total = {kernel: sum(statistics.median(by_width[w][1:]) for w in chosen) for kernel, by_width in times.items()}
+    return bool(chosen) and total[True] < total[False]
+
+
 @torch.inference_mode()
 def measure_skinny_rows(model: PreTrainedModel, widths: tuple[int, ...] = AUTO_WIDTHS, repeats: int = 5) -> tuple[int, int] | None:
     """Which row counts skinny linears make faster than `F.linear` in `model`'s passes on this CPU.
 
-    Times a batch-1 forward of each of `widths` tokens with both kernels (the kernels take turns
-    within each repeat, so a drifting machine biases both alike; the first round warms up). A single
+    Times a batch-1 forward of each of `widths` tokens with both kernels (`_time_kernels`). A single
     row and the few rows of a verify pass are decided apart, each kernel touching only its own row
     counts: the one-token median for the first, the summed medians of the wider passes for the
     second. Returns the rows for `use_skinny_linears` (`(1, 64)`, `FEW_ROWS` or `(1, 1)`), None
@@ -159,23 +279,32 @@ def measure_skinny_rows(model: PreTrainedModel, widths: tuple[int, ...] = AUTO_W
     SmolLM2-135M on a 2-core CPU.
     """
     had = skinny_rows_of(model)
-    vocab = model.config.get_text_config().vocab_size
-    inputs = {w: (torch.arange(w, device=model.device) % vocab).unsqueeze(0) for w in widths}
-    times: dict[bool, dict[int, list[float]]] = {kernel: {w: [] for w in widths} for kernel in (False, True)}
-    for _ in range(repeats + 1):
-        for skinny in (False, True):
-            _use_kernel(model, (1, SKINNY_MAX_ROWS) if skinny else None)
-            for width, ids in inputs.items():
-                start = time.perf_counter()
-                model(input_ids=ids)
-                times[skinny][width].append(time.perf_counter() - start)
+    times = _time_kernels(model, widths, repeats, lambda skinny: _use_kernel(model, (1, SKINNY_MAX_ROWS) if skinny else None))
     _use_kernel(model, had)
-
-    def faster(chosen: list[int]) -> bool:
-        total = {kernel: sum(statistics.median(by_width[w][1:]) for w in chosen) for kernel, by_width in times.items()}
-        return bool(chosen) and total[True] < total[False]
-
-    single, few = faster([w for w in widths if w == 1]), faster([w for w in widths if w > 1])
+    single, few = _faster(times, [w for w in widths if w == 1]), _faster(times, [w for w in widths if w > 1])
     if single and few:
         return (1, SKINNY_MAX_ROWS)
     return FEW_ROWS if few else (1, 1) if single else None
+
+
+@torch.inference_mode()
+def measure_packed_rows(model: PreTrainedModel, widths: tuple[int, ...] = PACKED_WIDTHS, repeats: int = 5) -> tuple[int, int] | None:
+    """Whether oneDNN's reordered weights make `model`'s verify passes of `widths` tokens faster on
+    this CPU than the kernels it has (`_time_kernels`, summed medians): `PACKED_ROWS` if so, else
+    None. `model` comes back with the kernels it had (a float32 model on CPU; anything else, or a
+    torch without oneDNN: None, nothing timed). About 2 s for SmolLM2-135M on a 2-core CPU."""
+    if not packed_available() or model.device.type != "cpu" or model.dtype != torch.float32:
+        return None
+    had_packed, had_skinny = packed_rows_of(model), skinny_rows_of(model)
+    use_packed_linears(model, PACKED_ROWS)
+    linears = [m for m in model.modules() if isinstance(m, SkinnyLinear)]
+
+    def use(packed: bool) -> None:  # flips the rows only: the reordered copies stay built
+        for module in linears:
+            module.packed_rows = PACKED_ROWS if packed else None
+
+    times = _time_kernels(model, widths, repeats, use)
+    use_packed_linears(model, had_packed)
+    if had_packed is None and had_skinny is None:
+        use_plain_linears(model)
+    return PACKED_ROWS if _faster(times, list(widths)) else None

@@ -19,7 +19,10 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from specdecode.models.compat import check_tokenizers, check_vocab_sizes
 from specdecode.models.config import SMOKE_TARGET, DrafterConfig
-from specdecode.models.cpu_matmul import FEW_ROWS, measure_skinny_rows, skinny_rows_of, use_plain_linears, use_skinny_linears
+from specdecode.models.cpu_matmul import (
+    FEW_ROWS, measure_packed_rows, measure_skinny_rows, packed_rows_of, skinny_rows_of, use_packed_linears, use_plain_linears,
+    use_skinny_linears,
+)
 from specdecode.models.draft_vocab import apply_draft_vocab_from_config, pad_vocab
 from specdecode.models.drafters import derive_drafter
 from specdecode.models.feature_drafter import CONFIG_KEY as FEATURE_CONFIG_KEY
@@ -61,8 +64,10 @@ def load_model(
             tokens cost about one decode step instead of ~1.7x, and on others costs 2x. None
             (default) times both kernels on this machine and keeps the faster, for a single row
             (computed as two, faster where MKL runs a matrix-vector product on one core) and
-            for 2..64 rows apart; True forces it for 2..64 rows; False keeps `F.linear`
-            everywhere. Ignored off CPU.
+            for 2..64 rows apart, then times oneDNN's product over weights reordered once for
+            3..16 rows (a verify of gamma 2..4; it keeps a second copy of the weights) against
+            that and keeps it if faster (`packed_rows_of(model)` says which); True forces the
+            skinny kernel for 2..64 rows; False keeps `F.linear` everywhere. Ignored off CPU.
 
     Returns:
         `(model, tokenizer)`. A drafter saved with a truncated vocabulary comes back truncated
@@ -105,6 +110,9 @@ def _placed(model: PreTrainedModel, dtype: torch.dtype, device: torch.device, sk
         rows = FEW_ROWS if skinny_matmul else measure_skinny_rows(timed)
         if rows is not None:
             use_skinny_linears(model, rows)
+        # verify passes of 3..16 rows: oneDNN over reordered weights, where timed faster than the above
+        if skinny_matmul is None and (packed := measure_packed_rows(timed)) is not None:
+            use_packed_linears(model, packed)
     return model
 
 
@@ -192,6 +200,8 @@ def build_drafter(
     # after padding, so that a padded (truncated-head) vocabulary takes the kernel too
     if (rows := skinny_rows_of(target)) is not None:
         use_skinny_linears(drafter, rows)
+    if (packed := packed_rows_of(target)) is not None:
+        use_packed_linears(drafter, packed)
     return drafter
 
 
