@@ -87,3 +87,33 @@ def test_verify_widths_take_turns(monkeypatch: pytest.MonkeyPatch) -> None:
     assert set(ratios) == {1, 3} and all(r > 0 for r in ratios.values())
     # the cached context (20 - 4 tokens), then (1 warm-up + 2) rounds of widths 1, 2, 4
     assert widths == [16] + [1, 2, 4] * 3
+
+
+@pytest.mark.parametrize("perfect", [True, False])
+def test_choose_gamma_counts_tokens_per_pass_by_decoding(monkeypatch: pytest.MonkeyPatch, perfect: bool) -> None:
+    """With prompts, gamma follows the tokens per pass that decoding counted, not Leviathan's model
+    at the alpha it is given: a drafter that is the target itself gets the longest gamma even at
+    alpha 0, a drafter that is never right gets 1; without prompts the model decides."""
+    import copy
+
+    from specdecode import speculative_generate
+    from specdecode.decoding import speedup
+    from specdecode.decoding.speedup import StepCosts, choose_gamma
+
+    # fixed costs, so only the counted tokens per pass decide: c = 0.05, a flat verify (GPU-like)
+    monkeypatch.setattr(speedup, "measure_step_costs", lambda *a, **k: StepCosts(1.0, 1.0, 0.05, 1, 20))
+    monkeypatch.setattr(speedup, "measure_verify_ratios", lambda target, context, gammas, repeats: {g: 1.0 for g in gammas})
+    target = tiny_llama(2, seed=0)
+    drafter = copy.deepcopy(target) if perfect else tiny_llama(1, seed=1)
+    prompts = [[1, 2, 3, 4], [5, 6, 7, 8, 9, 10]]
+    figures = choose_gamma(target, drafter, list(range(20)), 0.0, [1, 2, 4, 8], prompts, max_new_tokens=24)
+    assert figures["method"] == "measured tau" and set(figures["tau"]) == {1, 2, 4, 8}
+    for gamma, tau in figures["tau"].items():
+        counted = speculative_generate(target, drafter, prompts, gamma=gamma, max_new_tokens=24, eos_token_ids=[]).stats.tau
+        assert tau == pytest.approx(counted)
+        assert figures["predicted_speedups"][gamma] == pytest.approx(tau / (gamma * 0.05 + 1.0))
+    assert figures["chosen"] == drafter.config.specdecode_gamma == (8 if perfect else 1)
+    if perfect:
+        assert figures["tau"][8] > 4 > figures["tau"][1]  # the drafts were accepted
+        model = choose_gamma(target, drafter, list(range(20)), 0.0, [1, 2, 4, 8])
+        assert model["method"] == "Leviathan's model at alpha" and model["chosen"] == 1

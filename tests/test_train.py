@@ -318,6 +318,8 @@ def test_accelerate_configs_load(name: str) -> None:
         (lambda: TrainConfig(mixed_precision="fp8"), r"train.mixed_precision='fp8': auto\|no\|bf16\|fp16"),
         (lambda: TrainConfig(feature_noise=-0.1), r"train.feature_noise=-0.1: a finite number >= 0"),
         (lambda: TrainConfig(data_precision="int8"), r"train.data_precision='int8': auto\|no\|bf16\|fp16"),
+        (lambda: TrainConfig(gamma_prompts=-1), r"train.gamma_prompts=-1: an int >= 0"),
+        (lambda: TrainConfig(gamma_new_tokens=0), r"train.gamma_new_tokens=0: an int >= 1"),
         (lambda: TrainConfig(keep_checkpoints=1), r"train.keep_checkpoints=1: at least 2 \(accelerate deletes the oldest"),
         (lambda: from_dict(TrainJobConfig, {"train": {"max_stepz": 3}}), r"train.max_stepz"),
     ],

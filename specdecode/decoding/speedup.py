@@ -167,12 +167,31 @@ def measure_step_costs(
     )
 
 
+def measured_tau(
+    target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, prompts: Sequence[Sequence[int]],
+    gammas: Sequence[int], max_new_tokens: int, temperature: float = 0.0,
+) -> dict[int, float]:
+    """gamma → tokens per target pass (DecodeStats.tau) when `speculative_generate` decodes `prompts`
+    (one ragged batch, prompt lookup as by default, seeded when sampling) at that gamma.
+
+    Counted, not timed: what i.i.d. alpha leaves out is in it (prompt lookup's copies, the later
+    drafts' lower acceptance as the drafter reads its own features)."""
+    from specdecode.decoding.decode import speculative_generate  # decode imports this module's users
+
+    prompts = [list(p) for p in prompts]
+    return {g: speculative_generate(target, drafter, prompts, max_new_tokens=max_new_tokens, gamma=g,
+                                    temperature=temperature, seed=0, eos_token_ids=[]).stats.tau for g in gammas}
+
+
 def choose_gamma(
-    target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, context: Sequence[int], alpha: float, candidates: Sequence[int]
+    target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, context: Sequence[int], alpha: float,
+    candidates: Sequence[int], prompts: Sequence[Sequence[int]] = (), max_new_tokens: int = 32, temperature: float = 0.0,
 ) -> dict[str, Any]:
-    """Store in `drafter.config.specdecode_gamma` the gamma Leviathan's model predicts fastest for
-    acceptance `alpha`, from step costs measured here after `context` (a drafter step, and a verify
-    of gamma + 1 tokens for each candidate). Returns the figures."""
+    """Store in `drafter.config.specdecode_gamma` the gamma predicted fastest, from step costs
+    measured here after `context` (a drafter step, and a verify of gamma + 1 tokens for each
+    candidate). With `prompts`, each candidate's tokens per pass are counted by decoding them
+    (`measured_tau`) and the speedup predicted as tau / (verify + gamma c); without, from
+    Leviathan's model at acceptance `alpha`. Returns the figures."""
     context = list(context)
     if len(context) <= max(candidates) + 1:  # too short to time the longest verify: repeat it
         context = (context * (max(candidates) + 2))[: max(candidates) + 2 + len(context)]
@@ -180,8 +199,18 @@ def choose_gamma(
     drafter.eval()
     costs = measure_step_costs(target, drafter, context, 1, repeats=5)
     verify = measure_verify_ratios(target, context, candidates, repeats=9)
+    figures: dict[str, Any] = {"alpha": alpha, "cost_ratio": costs.cost_ratio, "verify_ratios": verify,
+                               "context_tokens": len(context)}
+    if prompts:
+        tau = measured_tau(target, drafter, prompts, candidates, max_new_tokens, temperature)
+        speedups = {g: tau[g] / (g * costs.cost_ratio + verify[g]) for g in candidates}
+        gamma = max(speedups, key=lambda g: (speedups[g], -g))
+        speedup = speedups[gamma]
+        figures |= {"method": "measured tau", "tau": tau, "predicted_speedups": speedups, "prompts": len(prompts),
+                    "max_new_tokens": max_new_tokens}
+    else:
+        gamma, speedup = optimal_gamma(min(max(alpha, 0.0), 1.0), costs.cost_ratio, verify)
+        figures["method"] = "Leviathan's model at alpha"
     drafter.train(was_training)
-    gamma, speedup = optimal_gamma(min(max(alpha, 0.0), 1.0), costs.cost_ratio, verify)
     drafter.config.specdecode_gamma = gamma
-    return {"chosen": gamma, "predicted_speedup": speedup, "alpha": alpha, "cost_ratio": costs.cost_ratio,
-            "verify_ratios": verify, "context_tokens": len(context)}
+    return {"chosen": gamma, "predicted_speedup": speedup} | figures

@@ -54,9 +54,13 @@ class TrainConfig:
     # Feature drafters: uniform noise U(-a, a) added in training to the target features the drafter
     # reads (EAGLE's; the post-norm features have an RMS of ~2 on SmolLM2). 0 = none.
     feature_noise: float = 0.0
-    # After training: the gamma (of these) that Leviathan's model predicts fastest for the best
-    # held-out acceptance and the step costs measured then, stored with the drafter ([] = none).
+    # After training: the gamma (of these) predicted fastest from the step costs measured then,
+    # stored with the drafter ([] = none). Each candidate's tokens per target pass are counted by
+    # decoding the first gamma_prompts held-out prompts (gamma_new_tokens each, with prompt lookup,
+    # at select_temperature); gamma_prompts 0: Leviathan's model at the best held-out acceptance.
     gamma_candidates: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 8])
+    gamma_prompts: int = 8
+    gamma_new_tokens: int = 32
     max_prompt_tokens: int = 96
     max_len: int = 192
     max_new_tokens: int = 96
@@ -116,6 +120,8 @@ class TrainConfig:
         require(isinstance(self.gamma_candidates, (list, tuple)) and all(is_gamma(g) for g in self.gamma_candidates),
                 "train.gamma_candidates", self.gamma_candidates, f"a list of ints in [1, {MAX_GAMMA}] (empty: keep the default gamma)")
         self.gamma_candidates = list(self.gamma_candidates)
+        require(is_int(self.gamma_prompts) and self.gamma_prompts >= 0, "train.gamma_prompts", self.gamma_prompts, "an int >= 0 (0 = Leviathan's model)")
+        require(is_int(self.gamma_new_tokens) and self.gamma_new_tokens >= 1, "train.gamma_new_tokens", self.gamma_new_tokens, "an int >= 1")
         for name in ("max_prompt_tokens", "max_len", "max_new_tokens", "teacher_topk", "heldout_sequences", "batch_size",
                      "grad_accum", "eval_every", "checkpoint_every", "log_every", "vocab_corpus_docs"):
             value = getattr(self, name)
