@@ -28,7 +28,7 @@ from specdecode.training.checkpoints import complete_checkpoints, latest_checkpo
 from specdecode.training.config import LossConfig, TrainConfig, TrainJobConfig
 from specdecode.training.job import run_distill, run_finetune
 from specdecode.training.loop import BudgetSchedule, DrafterLogits, budget_progress, global_batch_indices
-from specdecode.training.sequences import TrainSequence, mix_limit, round_robin, round_robin_shares
+from specdecode.training.sequences import TrainSequence, decoding_prompts, load_examples, mix_limit, round_robin, round_robin_shares
 from specdecode.training.teacher import cache_key, concat_caches, dense_teacher_logits, score_topk
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -454,9 +454,10 @@ def test_feature_drafter_distills_from_cached_features_and_reloads(tmp_path: Pat
     from specdecode.models.feature_drafter import FeatureDrafter
     from specdecode.training.teacher import load_cache
 
-    metrics = run_distill(smoke_cfg(tmp_path, "drafter.kind=feature", "train.max_steps=40", "train.eval_every=20", "train.lr=2e-2",
-                                    "train.seq_source=target", "train.seq_temperatures=[0.0,1.0]", "train.unroll_steps=2",
-                                    f"drafter.feature_layers={layers}"))
+    cfg = smoke_cfg(tmp_path, "drafter.kind=feature", "train.max_steps=40", "train.eval_every=20", "train.lr=2e-2",
+                    "train.seq_source=target", "train.seq_temperatures=[0.0,1.0]", "train.unroll_steps=2",
+                    f"drafter.feature_layers={layers}")
+    metrics = run_distill(cfg)
     assert metrics["drafter_kind"] == "feature" and metrics["selection_metric"] == "greedy acceptance"
     # the tiny random target's argmax is near-uniform noise, so progress shows in Σ min(p, q)
     assert max(h["expected"] for h in metrics["history"]) > metrics["history"][0]["expected"] + 0.04
@@ -473,6 +474,9 @@ def test_feature_drafter_distills_from_cached_features_and_reloads(tmp_path: Pat
     assert caches[0].features.shape[1] == drafter.feature_width == 64 * len(json.loads(layers))
     # training chose the gamma to decode with from the measured costs, and stored it with the drafter
     assert drafter.config.specdecode_gamma == metrics["gamma"]["chosen"] in [1, 2, 3, 4, 5, 6, 8]
+    # counted by decoding the whole held-out prompts (not the training sequences' cut ones)
+    whole = decoding_prompts(cfg.data, smoke_tokenizer(), cfg.train.gamma_prompts)
+    assert metrics["gamma"]["method"] == "measured tau" and metrics["gamma"]["prompt_tokens"] == sum(map(len, whole))
     prompts = [s.tokens[: s.response_start] for s in caches[0].sequences[:3]]
     spec = speculative_generate(target, drafter, prompts, gamma=3, max_new_tokens=12, eos_token_ids=[])
     assert spec.sequences == autoregressive_generate(target, prompts, max_new_tokens=12, eos_token_ids=[]).sequences
@@ -763,3 +767,29 @@ def test_positions_whose_top_k_holds_no_draft_id_are_dropped_in_order() -> None:
     assert kept.tolist() == [[False, True, False], [True, False, False]]
     assert kept_ids.tolist() == [[0, 2], [3, 4]] and kept_logits.tolist() == [[0.0, 1.0], [4.0, 5.0]]
     assert int(kept.sum()) == len(kept_ids)
+
+
+def test_the_gamma_choice_decodes_whole_heldout_prompts() -> None:
+    """Training sequences cut prompts to max_prompt_tokens; the prompts the gamma choice decodes
+    are the held-out split's whole, chat-formatted, in order: prompt lookup copies from them."""
+    from specdecode.data.domains import format_prompt, load_domain
+    from specdecode.training.sequences import decoding_prompts
+
+    _, tokenizer = load_model("smoke")
+    data = DataConfig(source="synthetic", domains=["code", "math"])
+    prompts = decoding_prompts(data, tokenizer, 5)
+    heldout = [format_prompt(tokenizer, ex.prompt) for ex in load_examples(data, "heldout")]
+    assert prompts == heldout[:5] and len(prompts) == 5
+    assert max(map(len, prompts)) > TrainConfig(max_prompt_tokens=8).max_prompt_tokens  # whole, not cut
+    train_prompts = {tuple(format_prompt(tokenizer, ex.prompt)) for ex in load_domain("code", source="synthetic", split="train")}
+    assert not train_prompts & {tuple(p) for p in prompts}
+
+
+def test_the_job_counts_tokens_per_pass_on_whole_prompts(tmp_path: Path) -> None:
+    """With training prompts cut to 4 tokens, the gamma choice still decodes the whole ones."""
+    cfg = smoke_cfg(tmp_path, "train.max_steps=1", "train.max_prompt_tokens=4", "train.gamma_candidates=[1,2]",
+                    "train.gamma_prompts=3", "train.gamma_new_tokens=4")
+    gamma = run_distill(cfg)["gamma"]
+    whole = decoding_prompts(cfg.data, smoke_tokenizer(), 3)
+    assert gamma["prompts"] == 3 and gamma["prompt_tokens"] == sum(map(len, whole)) > 3 * 4
+    assert gamma["chosen"] in (1, 2) and set(gamma["tau"]) == {1, 2}

@@ -207,7 +207,7 @@ def choose_gamma(
         gamma = max(speedups, key=lambda g: (speedups[g], -g))
         speedup = speedups[gamma]
         figures |= {"method": "measured tau", "tau": tau, "predicted_speedups": speedups, "prompts": len(prompts),
-                    "max_new_tokens": max_new_tokens}
+                    "prompt_tokens": sum(len(p) for p in prompts), "max_new_tokens": max_new_tokens}
     else:
         gamma, speedup = optimal_gamma(min(max(alpha, 0.0), 1.0), costs.cost_ratio, verify)
         figures["method"] = "Leviathan's model at alpha"

@@ -56,11 +56,12 @@ class TrainConfig:
     feature_noise: float = 0.0
     # After training: the gamma (of these) predicted fastest from the step costs measured then,
     # stored with the drafter ([] = none). Each candidate's tokens per target pass are counted by
-    # decoding the first gamma_prompts held-out prompts (gamma_new_tokens each, with prompt lookup,
-    # at select_temperature); gamma_prompts 0: Leviathan's model at the best held-out acceptance.
+    # decoding the first gamma_prompts held-out prompts, whole (gamma_new_tokens each, as the
+    # evaluation decodes by default, with prompt lookup, at select_temperature); gamma_prompts 0:
+    # Leviathan's model at the best held-out acceptance.
     gamma_candidates: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 8])
     gamma_prompts: int = 8
-    gamma_new_tokens: int = 32
+    gamma_new_tokens: int = 64
     max_prompt_tokens: int = 96
     max_len: int = 192
     max_new_tokens: int = 96

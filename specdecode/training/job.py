@@ -39,7 +39,7 @@ from specdecode.core.atomic import atomic_folder, write_atomic
 from specdecode.data.config import DataConfig
 from specdecode.models.config import TargetConfig
 from specdecode.models.feature_drafter import FeatureDrafter
-from specdecode.training.config import TrainConfig, TrainJobConfig
+from specdecode.training.config import TrainJobConfig
 from specdecode.core.devices import autocast_dtype, placed_accelerator, resolve_mixed_precision
 from specdecode.core.locking import locks_output_dir
 from specdecode.training.feature_training import FeatureDrafterLogits
@@ -49,6 +49,7 @@ from specdecode.decoding.speedup import choose_gamma
 from specdecode.training.sequences import (
     TrainSequence,
     build_sequences,
+    decoding_prompts,
     domain_parts,
     effective_limit,
     load_examples,
@@ -163,19 +164,21 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
         final = accelerator.unwrap_model(model).drafter
         load_trainable_state(final, best)
         if train.gamma_candidates:
-            metrics["gamma"] = _choose_gamma(train, target, final, teacher, state.best_acceptance)
+            metrics["gamma"] = _choose_gamma(cfg, target, tokenizer, final, teacher, state.best_acceptance)
         _save(cfg, final, tokenizer, metrics, accelerator)
     accelerator.wait_for_everyone()
     accelerator.end_training()  # finishes the trackers (the wandb run)
     return metrics
 
 
-def _choose_gamma(train: TrainConfig, target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, teacher: Teacher,
-                  acceptance: float) -> dict[str, Any]:
+def _choose_gamma(cfg: TrainJobConfig, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                  drafter: PreTrainedModel | FeatureDrafter, teacher: Teacher, acceptance: float) -> dict[str, Any]:
     """Store the gamma predicted fastest with `drafter` (`choose_gamma`): step costs timed after the
-    longest held-out sequence, tokens per pass counted on the first `train.gamma_prompts` held-out prompts."""
+    longest held-out sequence, tokens per pass counted on the first `train.gamma_prompts` held-out
+    prompts, whole (`decoding_prompts`)."""
+    train = cfg.train
     context = max((s.tokens for s in teacher.heldout.sequences), key=len)
-    prompts = [s.tokens[: s.response_start] for s in teacher.heldout.sequences[: train.gamma_prompts]]
+    prompts = decoding_prompts(cfg.data, tokenizer, train.gamma_prompts)
     return choose_gamma(target, drafter, context, acceptance, train.gamma_candidates, prompts, train.gamma_new_tokens,
                         train.select_temperature)
 

@@ -99,6 +99,14 @@ def mix_limit(data: DataConfig, train: TrainConfig, split: str, per_domain: int 
     return sum(effective_limit(per_domain, pool_size(part, train, split)) for part in domain_parts(data))
 
 
+def decoding_prompts(data: DataConfig, tokenizer: PreTrainedTokenizerBase, count: int) -> list[list[int]]:
+    """The first `count` held-out prompts of `data`, chat-formatted and whole (not cut to
+    `max_prompt_tokens` as training sequences are), as a user's decoding would see them: what
+    the gamma choice decodes (`choose_gamma`). Prompt lookup copies from the prompt, so a cut
+    prompt would undervalue the longer gammas."""
+    return [format_prompt(tokenizer, ex.prompt) for ex in load_examples(data, "heldout")[:count]]
+
+
 def build_sequences(
     examples: Sequence[Example],
     tokenizer: PreTrainedTokenizerBase,
