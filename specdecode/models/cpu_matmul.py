@@ -112,7 +112,7 @@ class SkinnyLinear(nn.Linear):
     packed_rows: tuple[int, int] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed_rows is not None and self._takes_packed(x):
+        if self._takes_packed(x):
             return self._packed_forward(x)
         if self.skinny_rows is None:
             return F.linear(x, self.weight, self.bias)
