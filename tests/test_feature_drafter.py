@@ -148,7 +148,11 @@ def test_decode_time_drafts_equal_the_unrolled_training_forward(target, ragged_p
                 passes = unrolled_features(drafter, features[:, :-1], sequence[:, 1:], torch.ones_like(sequence[:, 1:]), gamma)
                 for j in range(gamma):  # draft j + 1 is made at position length - 2 + j by pass j + 1
                     expected = drafter.logits(passes[j][0, length - 2 + j]).softmax(-1)
-                    torch.testing.assert_close(q[row, j], expected, atol=2e-4, rtol=1e-3)
+                    # fp32 noise: this random, unnormalised drafter reaches logits of ~1,000 (hidden
+                    # states of ~1,500) at some steps, where another summation order moves a
+                    # probability by up to ~1e-3 on some CPUs; an off window, offset or trim moves
+                    # q by far more (each such mutation fails every case)
+                    torch.testing.assert_close(q[row, j], expected, atol=3e-3, rtol=1e-3)
                     checked += 1
     assert checked >= 3 * gamma
 
