@@ -51,6 +51,9 @@ def test_smoke_pipeline_end_to_end_and_cached(tmp_path, capsys) -> None:
     assert "| code | slice | forward_kl |" in report and "| mix | slice | forward_kl |" in report
     for stage in ("distill-code", "distill-mix", "collect", "fit", "eval"):
         assert (root / stage / "STAGE.json").is_file()
+    # the domain jobs were fine-tuned from the generic drafter's folder (specialists_from: generic)
+    job = OmegaConf.load(root / "distill-code" / "config.yaml")
+    assert job.drafter.kind == "pretrained" and job.drafter.path == str(root / "distill-mix" / "drafter")
 
     # A second run with the same config does no work; changing the fit reruns fit and eval only.
     capsys.readouterr()
@@ -199,3 +202,35 @@ def test_the_generic_drafter_trains_on_the_union_of_the_domain_drafters_data(tmp
     assert len(domains) == 3
     for key in ("train_sequences", "heldout_sequences"):
         assert stages["distill-mix"]["train"][key] == len(domains) * stages["distill-code"]["train"][key]
+
+
+def test_specialists_from_the_generic_drafter_train_after_it_and_start_from_it(tmp_path) -> None:
+    """specialists_from=generic: the mix trains first and every domain job starts from its drafter
+    folder (a stage after it, so a retrained generic drafter retrains them); the router and the
+    evaluation still list the drafters domains first."""
+    out = tmp_path / "demo"
+    scratch = {s.name: s for s in demo_stages(smoke_config(str(out), ["specialists_from=scratch"]))}
+    stages = demo_stages(smoke_config(str(out), ["specialists_from=generic"]))
+    names = [s.name for s in stages if s.name.startswith("distill-")]
+    assert names == ["distill-mix", "distill-code", "distill-math", "distill-chat"]
+    by_name = {s.name: s for s in stages}
+    assert by_name["distill-mix"].config == scratch["distill-mix"].config and by_name["distill-mix"].after == []
+    for domain in ("code", "math", "chat"):
+        stage = by_name[f"distill-{domain}"]
+        assert stage.after == ["distill-mix"] and scratch[f"distill-{domain}"].after == []
+        assert stage.config["drafter"]["kind"] == "pretrained"
+        assert stage.config["drafter"]["path"] == str(out / "distill-mix" / "drafter")
+        assert stage.config["data"] == scratch[f"distill-{domain}"].config["data"]
+    assert [d["name"] for d in by_name["collect"].config["drafters"]] == ["code", "math", "chat", "generic"]
+    with pytest.raises(ValueError, match="specialists_from='mix'"):
+        smoke_config(str(out), ["specialists_from=mix"])
+
+
+def test_smoke_pipeline_with_specialists_from_scratch(tmp_path) -> None:
+    """The demo's default is specialists_from=generic (test_smoke_pipeline_end_to_end_and_cached);
+    scratch trains every drafter fresh, the domains first."""
+    root = run_demo(smoke_config(str(tmp_path / "demo"), ["specialists_from=scratch"]))
+    rows = json.loads((root / "results.json").read_text())["rows"]
+    assert {r["exact_match"] for r in rows if r["temperature"] == 0.0} == {1.0}
+    job = OmegaConf.load(root / "distill-code" / "config.yaml")
+    assert job.drafter.kind != "pretrained"

@@ -4,7 +4,7 @@ Small targets repeat themselves and their prompts (a name from the question, a l
 variable in code). Where the last n committed-or-drafted tokens already occurred earlier in the row
 (prompt lookup decoding, Saxena 2023; vLLM's n-gram speculator), the token that followed the most
 recent occurrence is a proposal that costs no forward pass. On the held-out target continuations of
-README "Prompt lookup beside the drafters", the feature drafters were right at such positions 25%
+docs/results.md "Prompt lookup beside the drafters", the feature drafters were right at such positions 25%
 (chat), 66% (code) and 48% (math) of the time and the lookup 70%, 69% and 61%: a drafter trained
 for minutes has not learnt to copy as well as its target does.
 
@@ -38,7 +38,7 @@ class PromptLookup:
         max_temperature: decoding above this temperature drafts with the drafter alone. A
             looked-up token is accepted with probability p(x), which falls as the temperature
             rises: on the demo's drafters lookup sped up greedy and T = 0.7 decoding and slowed
-            T = 1.0 by 3-7% (README "Prompt lookup beside the drafters").
+            T = 1.0 by 3-7% (docs/results.md "Prompt lookup beside the drafters").
     """
 
     max_ngram: int = 4
@@ -79,7 +79,7 @@ class PromptLookup:
 
 @dataclass
 class LookupConfig:
-    """The apps' prompt-lookup settings (conf/eval.yaml, collect.yaml, benchmark.yaml; README "Prompt
+    """The apps' prompt-lookup settings (conf/eval.yaml, collect.yaml, benchmark.yaml; docs/results.md "Prompt
     lookup beside the drafters"): where a row's last `min_ngram`..`max_ngram` tokens occurred before
     and its drafter's top probability is below `max_confidence`, it drafts the token that followed,
     at decoding temperatures up to `max_temperature` (`PromptLookup`). `enabled: false` decodes
@@ -98,7 +98,7 @@ class LookupConfig:
         return lookup if self.enabled else None
 
 
-# What `speculative_generate` uses unless told otherwise (README "Prompt lookup beside the drafters").
+# What `speculative_generate` uses unless told otherwise (docs/results.md "Prompt lookup beside the drafters").
 DEFAULT_LOOKUP = PromptLookup()
 
 

@@ -164,7 +164,7 @@ def _measure(
     context = ids[0] + ids[1][: cfg.max_new_tokens // 2]
     costs = measure_step_costs(target, drafter, context, cfg.gamma, cfg.cost_repeats)
     # What a verify of 2..9 tokens costs here decides which gamma can pay (CPU kernels make it
-    # uneven in the token count; see README, "CPU verify cost").
+    # uneven in the token count; see docs/results.md, "CPU verify cost").
     costs.verify_ratios = measure_verify_ratios(target, context, VERIFY_GAMMAS, cfg.cost_repeats)
     stage("step costs measured")
 
@@ -238,7 +238,7 @@ def _match(sequences: Sequence[list[int]], reference: Sequence[list[int]]) -> fl
 
 
 def report_markdown(results: dict) -> str:
-    """The results as the markdown tables the README quotes."""
+    """The results as the markdown tables docs/results.md quotes."""
     cfg, costs = results["config"], results["step_costs"]
     lines = [
         f"# Decode benchmark — {results['date']}",

@@ -4,7 +4,7 @@ A decode step multiplies one row per sequence by every weight matrix, so on a CP
 sweep of the weights through memory. A verify pass multiplies gamma + 1 rows, and should cost about
 the same sweep. With `F.linear` it does not: for 2..16 rows MKL leaves its matrix-vector kernel for
 a blocked GEMM that packs the weights first, and on the 2-core development machine a 2..9-row pass
-over SmolLM2-135M's weights took 1.6-2.7x a 1-row pass (README, "Measured with and without skinny
+over SmolLM2-135M's weights took 1.6-2.7x a 1-row pass (docs/results.md, "Measured with and without skinny
 linears"). Computing the same
 product as `weight @ x.T` (the weights as the left operand, the few rows as the narrow right one)
 keeps MKL on a streaming kernel: a 4-row pass then costs about what a 1-row pass does.
@@ -17,14 +17,14 @@ A single row (every decode step of the target alone, every drafting step) is the
 some CPUs MKL runs a matrix-vector product on one core only, so a 1-row pass takes longer than a
 2-row one. Computed as two identical rows through the same `weight @ x.T`, it is a product MKL
 splits across the cores; the copy of one row costs nothing. On the 2026-11-25 machine (2-core AMD
-EPYC) that took SmolLM2-135M's one-token step from 60 to 38 ms (README, "One row as two").
+EPYC) that took SmolLM2-135M's one-token step from 60 to 38 ms (docs/results.md, "One row as two").
 
 Which kernel is faster depends on the CPU, so the default is to measure (`measure_skinny_rows`, run
 by `load_model` when `skinny_matmul` is None): the single row and the few rows are decided apart,
 since each kernel choice only touches its own row counts. On the 2026-11-23 machine skinny linears
 brought a 4-token verify from ~1.7x to ~1.1x a step; on the 2026-11-24 one (a 480 MB L3 cache
 holding most of SmolLM2's weights, a one-token step of 31 ms instead of 58) they cost 2.0x at every
-width while `F.linear` cost 1.03x for 2 rows, 1.07x for 3 and 1.5x for 4 (README, "CPU kernels").
+width while `F.linear` cost 1.03x for 2 rows, 1.07x for 3 and 1.5x for 4 (docs/results.md, "CPU kernels").
 
 Past two rows MKL's `weight @ x.T` leaves its streaming kernel too: on the 2-core AMD EPYC a 3..5-row
 product over SmolLM2's weights took ~25-32 ms where 2 rows took ~17, so a verify of gamma >= 2

@@ -14,6 +14,7 @@ from specdecode.data.domains import DOMAINS
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 LAUNCHERS = ("accelerate", "in_process")
+SPECIALISTS_FROM = ("scratch", "generic")
 
 
 def accelerate_config_file(name: str, device: str = "cpu") -> Path:
@@ -53,6 +54,11 @@ class DemoConfig(Placement):
     fit: list[str] = field(default_factory=list)
     eval: list[str] = field(default_factory=list)
     run_benchmark: bool = True
+    # Where each domain drafter starts: scratch (a fresh drafter of the distill config's kind) or
+    # generic (the generic drafter, which then trains first, on every domain's data): a domain
+    # drafter fine-tuned from it saw all the domains' data, and its best checkpoint is selected on its
+    # domain with the generic drafter itself as step 0.
+    specialists_from: str = "scratch"
     # The training and evaluation stages run as `accelerate launch <app>` with
     # conf/accelerate/<accelerate_config>.yaml (auto: cpu or single_gpu after `device`; multi_gpu:
     # DDP over the GPUs) or a .yaml path; in_process calls the library in this process.
@@ -70,5 +76,6 @@ class DemoConfig(Placement):
         for name in (*self.domains, "mix"):
             require(name in self.losses, f"losses.{name}", None, "each domain and mix needs a loss")
         require(self.launcher in LAUNCHERS, "launcher", self.launcher, f"one of {list(LAUNCHERS)}")
+        require(self.specialists_from in SPECIALISTS_FROM, "specialists_from", self.specialists_from, "|".join(SPECIALISTS_FROM))
         if self.launcher == "accelerate":
             accelerate_config_file(self.accelerate_config, self.device)

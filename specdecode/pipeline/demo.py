@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import asdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from specdecode.core.devices import resolve_device
 from specdecode.core.locking import locks_output_dir
 from specdecode.data.config import DataConfig
 from specdecode.evaluation.config import BenchmarkConfig, EvalConfig
+from specdecode.models.config import DrafterConfig
 from specdecode.pipeline.config import DemoConfig, accelerate_config_file
 from specdecode.pipeline.launch import launch_app
 from specdecode.pipeline.schemas import compose_config
@@ -93,13 +95,21 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     if cfg.run_benchmark:
         stages.append(Stage("benchmark", composed("benchmark", list(cfg.benchmark)) | gamma, _benchmark))
     drafter_dirs: dict[str, str] = {}
-    for name in (*cfg.domains, "mix"):
+    from_generic = cfg.specialists_from == "generic"
+    generic_dir = str(root / "distill-mix" / "drafter")
+    for name in ("mix", *cfg.domains) if from_generic else (*cfg.domains, "mix"):
         stage = f"distill-{name}"
         config = composed("distill", [f"data={name}", f"loss={cfg.losses[name]}", *cfg.distill])
+        after: list[str] = []
+        if name != "mix" and from_generic:
+            # Fine-tuned from the generic drafter (any kind: a pretrained folder keeps its own).
+            config["drafter"] = asdict(DrafterConfig(kind="pretrained", path=generic_dir, draft_vocab=None))
+            after = ["distill-mix"]
         if name == "mix":
             # The generic drafter trains on the union of the domain drafters' sequences: a mix's
             # sequences are its domains' cached ones (specdecode.training.sequences.domain_parts), so
-            # it gets every domain's data and costs no target continuations of its own. Its limit
+            # it gets every domain's data and costs no target continuations of its own (trained
+            # first, it writes them, and the domain jobs read them). Its limit
             # is the domain jobs' own, summed over domains as they cap it (`mix_limit`): a domain
             # with fewer examples than the limit otherwise shifts every domain's share, and the
             # mix regenerated all three domains' data (8.8 minutes in one demo run).
@@ -107,8 +117,10 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
             for key, split in (("train_sequences", "train"), ("heldout_sequences", "heldout")):
                 if config["train"][key] is not None:
                     config["train"][key] = mix_limit(data, train, split, config["train"][key])
-        stages.append(Stage(stage, config, distill))
+        stages.append(Stage(stage, config, distill, after=after))
         drafter_dirs["generic" if name == "mix" else name] = str(root / stage / "drafter")
+    # the router and the evaluation list the drafters in one order, whichever trained first
+    drafter_dirs = {name: drafter_dirs[name] for name in (*cfg.domains, "generic")}
     distills = [s.name for s in stages if s.name.startswith("distill-")]
     evaluation |= {"drafters": evaluation["drafters"] | drafter_dirs, "router_dir": str(root / "fit"), "domains": list(cfg.domains)}
     drafters = [{"name": n, "kind": "pretrained", "path": p} for n, p in drafter_dirs.items()]

@@ -1,5 +1,5 @@
 """How well a router routes: routed vs oracle vs best single drafter vs random on labelled rows,
-the domain × drafter confusion tables, routing latency; and the markdown the README quotes."""
+the domain × drafter confusion tables, routing latency; and the markdown docs/results.md quotes."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def routing_report(router: Router, rows: Sequence[Mapping[str, Any]], *, latency
 
 
 def report_markdown(report: dict[str, Any]) -> str:
-    """The report as the markdown tables the README quotes."""
+    """The report as the markdown tables docs/results.md quotes."""
     policies, gain = report["policies"], report["gain_recovered"]
 
     def pct(value: float | None) -> str:
