@@ -1,5 +1,6 @@
-"""The main job on the embedded default: benchmark → distill per domain and on the mix → router
-labels → router fit → evaluation, each stage cached by its resolved config and the code (`make demo`).
+"""The main job on the embedded default: benchmark → distill the generic drafter on the mix and each
+domain's drafter (from scratch, or fine-tuned from the generic one) → router labels → router fit →
+evaluation, each stage cached by its resolved config and the code (`make demo`).
 
 Every stage's config is composed from the checked-in YAML under conf/ with the demo's overrides,
 so the demo runs exactly what the individual commands run, and its cache key is that config.
@@ -9,8 +10,8 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
