@@ -92,7 +92,12 @@ def test_routed_or_oracle_alone_load_the_drafters_they_choose_between(tiny_setup
     batched = []  # batch size of each whole-method run (the oracle's and the router's groups run apart)
     monkeypatch.setattr(suite, "run_batched", lambda fn, ids, batch_size: batched.append(batch_size) or run_batched(fn, ids, batch_size))
     turns = []  # (batch size, methods) of each run where the methods take turns
-    monkeypatch.setattr(suite, "run_interleaved", lambda fns, ids, batch_size: turns.append((batch_size, sorted(fns))) or run_interleaved(fns, ids, batch_size))
+
+    def interleaved(fns, ids, batch_size, chosen=None, pool=None):
+        turns.append((batch_size, sorted(fns) + sorted(chosen or {})))
+        return run_interleaved(fns, ids, batch_size, chosen, pool)
+
+    monkeypatch.setattr(suite, "run_interleaved", interleaved)
     cfg = EvalConfig(
         target=TargetConfig(name=str(tmp_path / "target")), methods=["autoregressive", chooser], drafters=folders,
         router_dir="unused-by-the-fake-loader", domains=["code"], prompts_per_domain=2, max_prompt_tokens=150,
@@ -103,9 +108,13 @@ def test_routed_or_oracle_alone_load_the_drafters_they_choose_between(tiny_setup
     expected = {("autoregressive", 0, 1), ("autoregressive", 0, 2), (chooser, 2, 1), (chooser, 2, 2)}
     assert {(r["method"], r["gamma"], r["batch_size"]) for r in rows} == expected | ({(chooser, 1, 1)} if chooser == "routed" else set())
     assert all(r["exact_match"] == 1.0 for r in rows)
-    # autoregressive at each batch size (its own rows: the only method asked for); the oracle's two
-    # candidates at batch 1 only
-    assert turns == [(1, ["autoregressive"]), (2, ["autoregressive"])]
+    # autoregressive at each batch size (its own rows: the only method asked for), the router taking
+    # its turns beside it at both and in the gamma sweep; the oracle picks from its two candidates'
+    # runs at batch 1 (run apart: their rows were not asked for) and takes turns at batch 2
+    if chooser == "routed":
+        assert turns == [(1, ["autoregressive", "routed"]), (2, ["autoregressive", "routed"]), (1, ["routed"])]
+    else:
+        assert turns == [(1, ["autoregressive"]), (2, ["autoregressive", "oracle"])]
     assert sorted(batched) == ([1, 1] if chooser == "oracle" else [])
 
 
@@ -138,6 +147,38 @@ def test_methods_take_turns_batch_by_batch_so_drift_biases_none() -> None:
     clock[0] = 0
     one_after_the_other = {name: run_batched(fn, prompts, 3) for name, fn in generators.items()}
     assert one_after_the_other["a"].seconds < 0.8 * one_after_the_other["b"].seconds  # what the turns avoid
+
+
+def test_a_routed_method_takes_its_turns_too() -> None:
+    """The router's choices decode beside the methods that run every prompt, turn by turn (its row
+    once ran after theirs and lost a third of its speed to the machine's drift): at batch 1 in
+    prompt order, at batch 2 grouped by choice, sequences back in prompt order either way."""
+    calls: list[tuple[str, int]] = []
+
+    def method(name: str) -> Any:
+        def generate(batch: list[list[int]]) -> GenerationResult:
+            calls.append((name, len(batch)))
+            counters = StepCounters(0, torch.device("cpu"))
+            counters.record_target_call(len(batch))
+            return GenerationResult.build([[len(p), ord(name)] for p in batch], counters, float(len(calls)))
+
+        return generate
+
+    prompts = [[1] * n for n in range(1, 5)]
+    pool = {name: method(name) for name in ("a", "b", "x")}
+    choices = ["b", "a", "b", "a"]
+    records = run_interleaved({"x": pool["x"]}, prompts, 1, chosen={"routed": choices}, pool=pool)
+    assert calls == [("x", 1), ("b", 1), ("x", 1), ("a", 1), ("x", 1), ("b", 1), ("x", 1), ("a", 1)]
+    assert records["routed"].sequences == [[n, ord(c)] for n, c in zip(range(1, 5), choices)]
+    assert records["x"].sequences == [[n, ord("x")] for n in range(1, 5)]
+    calls.clear()
+    records = run_interleaved({"x": pool["x"]}, prompts, 2, chosen={"routed": choices}, pool=pool)
+    assert calls == [("x", 2), ("b", 2), ("x", 2), ("a", 2)]
+    assert records["routed"].sequences == [[n, ord(c)] for n, c in zip(range(1, 5), choices)]
+    with pytest.raises(ValueError, match=r"\['c'\]"):
+        run_interleaved({}, prompts, 1, chosen={"routed": ["a", "c", "a", "a"]}, pool=pool)
+    with pytest.raises(ValueError, match="3 choices for 4 prompts"):
+        run_interleaved({}, prompts, 1, chosen={"routed": ["a", "a", "a"]}, pool=pool)
 
 
 def test_gamma_sweep_rows_for_the_swept_methods_only(tiny_setup) -> None:

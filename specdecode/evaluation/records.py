@@ -78,40 +78,72 @@ def run_batched(generate: Generate, prompts: list[list[int]], batch_size: int) -
     return RunRecord([generate(prompts[i : i + batch_size]) for i in range(0, len(prompts), batch_size)])
 
 
-def run_interleaved(generators: dict[str, Generate], prompts: list[list[int]], batch_size: int) -> dict[str, RunRecord]:
-    """Decode `prompts` in consecutive batches of `batch_size` with every method, the methods taking
-    turns batch by batch.
-
-    Each method's record is what `run_batched` gives it, but a machine whose speed drifts during
-    the evaluation (a shared VM: the target alone ran at 14–29 tokens/s between runs of the same
-    prompts on 2026-11-25) slows every method alike, where running one method's prompts and then the
-    next's lets the drift decide a speedup.
-    """
-    results: dict[str, list[GenerationResult]] = {name: [] for name in generators}
-    for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start : start + batch_size]
-        for name, generate in generators.items():
-            results[name].append(generate(chunk))
-    return {name: RunRecord(batches) for name, batches in results.items()}
+# One call of a method: the decode function and the prompts (indices) it decodes together.
+Batch = tuple[Generate, list[int]]
 
 
-def run_grouped(generators: dict[str, Generate], choices: list[str], prompts: list[list[int]], batch_size: int) -> RunRecord:
-    """Decode each prompt with its chosen method, batching prompts that share a choice.
+def consecutive_batches(generate: Generate, count: int, batch_size: int) -> list[Batch]:
+    """`count` prompts in consecutive batches of `batch_size`, all decoded by `generate`."""
+    return [(generate, list(range(start, min(start + batch_size, count)))) for start in range(0, count, batch_size)]
 
-    At batch B this is what a deployment that groups requests by drafter does. Sequences come
-    back in prompt order.
-    """
+
+def grouped_batches(generators: dict[str, Generate], choices: list[str], batch_size: int) -> list[Batch]:
+    """Each prompt decoded by the generator its choice names, prompts that share a choice batched
+    together (what a deployment that groups requests by drafter does); batches ordered by their
+    first prompt, so at batch 1 the prompts run in their own order."""
     by_choice: dict[str, list[int]] = {}
     for i, choice in enumerate(choices):
         by_choice.setdefault(choice, []).append(i)
-    results, flat_index = [], []
-    for choice, members in by_choice.items():
-        for start in range(0, len(members), batch_size):
-            chunk = members[start : start + batch_size]
-            results.append(generators[choice]([prompts[i] for i in chunk]))
-            flat_index += chunk
-    position = {prompt: k for k, prompt in enumerate(flat_index)}
-    return RunRecord(results, order=[position[i] for i in range(len(prompts))])
+    batches = [
+        (generators[choice], members[start : start + batch_size])
+        for choice, members in by_choice.items()
+        for start in range(0, len(members), batch_size)
+    ]
+    return sorted(batches, key=lambda batch: batch[1][0])
+
+
+def run_interleaved(
+    generators: dict[str, Generate],
+    prompts: list[list[int]],
+    batch_size: int,
+    chosen: dict[str, list[str]] | None = None,
+    pool: dict[str, Generate] | None = None,
+) -> dict[str, RunRecord]:
+    """Decode `prompts` with every method, the methods taking turns batch by batch.
+
+    `generators` decode every prompt in consecutive batches of `batch_size` (each method's record
+    is what `run_batched` gives it). `chosen` names methods (`routed`, the oracle at batch > 1) that
+    decode prompt i with `pool[chosen[method][i]]`, batched as `grouped_batches` groups them; they
+    take turns with the others. Sequences come back in prompt order.
+
+    Why turns: a machine whose speed drifts during the evaluation (a shared VM: the target alone
+    ran at 14–29 tokens/s between runs of the same prompts on 2026-11-25) slows every method
+    alike, where running one method's prompts and then the next's lets the drift decide a speedup.
+    The router's row once ran after the others' turns and came out at 1.40× on code where the
+    drafter it chose for every prompt made 1.67×, the same decodes (docs/results.md, "Specialists
+    from the generic drafter in `make demo`").
+    """
+    plans = {name: consecutive_batches(fn, len(prompts), batch_size) for name, fn in generators.items()}
+    for name, choices in (chosen or {}).items():
+        if len(choices) != len(prompts):
+            raise ValueError(f"{name}: {len(choices)} choices for {len(prompts)} prompts")
+        if pool is None or any(c not in pool for c in choices):
+            missing = sorted(set(choices) - set(pool or {}))
+            raise ValueError(f"{name} chooses {missing}, which the pool of generators lacks")
+        plans[name] = grouped_batches(pool, choices, batch_size)
+    results: dict[str, list[GenerationResult]] = {name: [] for name in plans}
+    for turn in range(max((len(plan) for plan in plans.values()), default=0)):
+        for name, plan in plans.items():
+            if turn < len(plan):
+                generate, members = plan[turn]
+                results[name].append(generate([prompts[i] for i in members]))
+    records = {}
+    for name, plan in plans.items():
+        flat = [i for _, members in plan for i in members]
+        position = {prompt: k for k, prompt in enumerate(flat)}
+        order = None if flat == list(range(len(prompts))) else [position[i] for i in range(len(prompts))]
+        records[name] = RunRecord(results[name], order=order)
+    return records
 
 
 def pick_per_prompt(records: dict[str, RunRecord]) -> list[str]:

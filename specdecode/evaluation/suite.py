@@ -31,7 +31,7 @@ from specdecode.decoding.decode import autoregressive_generate, speculative_gene
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.evaluation.config import EvalConfig
 from specdecode.evaluation.records import (
-    Generate, RunRecord, finalize_rows, merge_counts, pick_per_prompt, run_batched, run_grouped, run_interleaved,
+    Generate, RunRecord, finalize_rows, merge_counts, pick_per_prompt, run_batched, run_interleaved,
 )
 from specdecode.evaluation.report import write_report
 from specdecode.models.compat import check_tokenizers, default_eos
@@ -108,11 +108,17 @@ def _generators(models: _Models, gamma: int | None, decode: dict, lookup: Prompt
     return generators
 
 
-def _routed(generators: dict[str, Generate], choices: list[str], ids: list[list[int]], batch_size: int, routing_s: float) -> RunRecord:
-    record = run_grouped(generators, choices, ids, batch_size)
-    # Routing is part of the routed method's cost.
-    record.extra_seconds = routing_s * len(ids)
-    return record
+def _run_turns(
+    generators: dict[str, Generate], methods: list[str], ids: list[list[int]], batch_size: int,
+    chosen: dict[str, list[str]], routing_s: float | None,
+) -> dict[str, RunRecord]:
+    """`methods` on every prompt and the `chosen` methods (routed, oracle) on theirs, all taking
+    turns batch by batch (`run_interleaved`); the routed record pays the router's seconds."""
+    records = run_interleaved({name: generators[name] for name in methods}, ids, batch_size, chosen=chosen, pool=generators)
+    if "routed" in records:
+        # Routing is part of the routed method's cost.
+        records["routed"].extra_seconds = (routing_s or 0.0) * len(ids)
+    return records
 
 
 def _eval_domain(cfg: EvalConfig, models: _Models, domain: str, texts: list[str], ids: list[list[int]], progress: Any) -> tuple[dict[tuple, dict], float | None]:
@@ -135,17 +141,18 @@ def _eval_domain(cfg: EvalConfig, models: _Models, domain: str, texts: list[str]
             progress.set_postfix_str(f"{domain} T={temperature} B={batch_size}")
             # A drafter loaded only for the router or the oracle runs no rows of its own. The methods
             # take turns batch by batch, so a drifting machine biases none of the speedups.
-            records = run_interleaved({name: fn for name, fn in generators.items() if _family(name) in cfg.methods}, ids, batch_size)
-            if route_choices is not None:
-                records["routed"] = _routed(generators, route_choices, ids, batch_size, routing_s or 0.0)
-            if "oracle" in cfg.methods and models.candidates:
-                if oracle_choices is None:  # batch 1, the smallest (EvalConfig requires it)
-                    # It picks from every candidate's batch-1 run, whether their rows were asked for or not.
-                    pool = {n: records[n] if n in records else run_batched(generators[n], ids, 1) for n in models.candidates}
-                    oracle_choices = pick_per_prompt(pool)
-                    records["oracle"] = RunRecord([pool[c].results[i] for i, c in enumerate(oracle_choices)])
-                else:
-                    records["oracle"] = run_grouped(generators, oracle_choices, ids, batch_size)
+            # The router's and (past batch 1) the oracle's rows take their turns too.
+            chosen = {"routed": route_choices} if route_choices is not None else {}
+            if oracle_choices is not None:
+                chosen["oracle"] = oracle_choices
+            methods = [name for name in generators if _family(name) in cfg.methods]
+            records = _run_turns(generators, methods, ids, batch_size, chosen, routing_s)
+            if "oracle" in cfg.methods and models.candidates and oracle_choices is None:
+                # Batch 1, the smallest (EvalConfig requires it): the oracle picks from every
+                # candidate's batch-1 run, whether their rows were asked for or not.
+                pool = {n: records[n] if n in records else run_batched(generators[n], ids, 1) for n in models.candidates}
+                oracle_choices = pick_per_prompt(pool)
+                records["oracle"] = RunRecord([pool[c].results[i] for i, c in enumerate(oracle_choices)])
             reference = records["autoregressive"].sequences if temperature == 0.0 else None
             if batch_size == sweep_batch:
                 sweep_reference = reference
@@ -170,15 +177,11 @@ def _sweep(
             continue
         progress.set_postfix_str(f"{domain} T={temperature} B={batch_size} gamma={gamma}")
         generators = _generators(models, gamma, decode, cfg.prompt_lookup.build())
-        for method in cfg.sweep_methods:
-            if method == "routed":
-                if route_choices is None:
-                    continue
-                record = _routed(generators, route_choices, ids, batch_size, routing_s or 0.0)
-            elif method in generators and _family(method) in cfg.methods:
-                record = run_batched(generators[method], ids, batch_size)
-            else:
-                continue
+        methods = [m for m in cfg.sweep_methods if m in generators and _family(m) in cfg.methods]
+        chosen = {"routed": route_choices} if "routed" in cfg.sweep_methods and route_choices is not None else {}
+        if not methods and not chosen:
+            continue
+        for method, record in _run_turns(generators, methods, ids, batch_size, chosen, routing_s).items():
             local[(domain, method, temperature, batch_size, gamma)] = record.counts(reference)
     progress.update(1)
     return local
