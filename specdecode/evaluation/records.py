@@ -73,11 +73,6 @@ def merge_counts(parts: list[dict]) -> dict:
     return merged
 
 
-def run_batched(generate: Generate, prompts: list[list[int]], batch_size: int) -> RunRecord:
-    """Decode `prompts` in consecutive batches of `batch_size`."""
-    return RunRecord([generate(prompts[i : i + batch_size]) for i in range(0, len(prompts), batch_size)])
-
-
 # One call of a method: the decode function and the prompts (indices) it decodes together.
 Batch = tuple[Generate, list[int]]
 
@@ -144,6 +139,11 @@ def run_interleaved(
         order = None if flat == list(range(len(prompts))) else [position[i] for i in range(len(prompts))]
         records[name] = RunRecord(results[name], order=order)
     return records
+
+
+def run_batched(generate: Generate, prompts: list[list[int]], batch_size: int) -> RunRecord:
+    """Decode `prompts` in consecutive batches of `batch_size` with one method."""
+    return run_interleaved({"one": generate}, prompts, batch_size)["one"]
 
 
 def pick_per_prompt(records: dict[str, RunRecord]) -> list[str]:
