@@ -122,8 +122,8 @@ def run_interleaved(
     for name, choices in (chosen or {}).items():
         if len(choices) != len(prompts):
             raise ValueError(f"{name}: {len(choices)} choices for {len(prompts)} prompts")
-        if pool is None or any(c not in pool for c in choices):
-            missing = sorted(set(choices) - set(pool or {}))
+        missing = sorted(set(choices) - set(pool or {}))
+        if missing:
             raise ValueError(f"{name} chooses {missing}, which the pool of generators lacks")
         plans[name] = grouped_batches(pool, choices, batch_size)
     results: dict[str, list[GenerationResult]] = {name: [] for name in plans}
