@@ -67,6 +67,31 @@ def test_autoregressive_matches_transformers_greedy(target, ragged_prompts) -> N
     assert result.stats.target_calls == 17
 
 
+@pytest.mark.parametrize("layers", [(-1,), (0, -1)])
+def test_autoregressive_features_are_the_targets_own(target, ragged_prompts, layers) -> None:
+    """With `feature_layers`, target-only decoding returns the features of every token it read, as
+    a forward over each row's whole text computes them (a ragged batch, per-row budgets including 0,
+    rows stopped by EOS), the unread last token's row zero, and the same tokens as without."""
+    from specdecode.models.feature_drafter import target_features
+
+    budgets = [9, 0, 14, 5, 11, 1, 8, 12]
+    plain = autoregressive_generate(target, ragged_prompts, max_new_tokens=budgets, eos_token_ids=[])
+    eos = plain.sequences[2][4]  # stops row 2 (and any row that writes it) early
+    plain = autoregressive_generate(target, ragged_prompts, max_new_tokens=budgets, eos_token_ids=[eos])
+    result = autoregressive_generate(target, ragged_prompts, max_new_tokens=budgets, eos_token_ids=[eos], feature_layers=layers)
+    assert result.sequences == plain.sequences and plain.features is None
+    assert len(result.sequences[2]) == 5 and result.sequences[1] == []
+    assert result.features is not None
+    for prompt, generated, features in zip(ragged_prompts, result.sequences, result.features):
+        text = torch.tensor([prompt + generated])
+        with torch.no_grad():
+            expected = target_features(target, target(input_ids=text, output_hidden_states=True).hidden_states, layers)[0]
+        assert features.shape == expected.shape
+        read = len(prompt) + max(len(generated) - 1, 0)
+        torch.testing.assert_close(features[:read], expected[:read], atol=1e-5, rtol=1e-4)
+        assert not generated or features[-1].eq(0).all()
+
+
 def test_batched_equals_per_row(target, ragged_prompts) -> None:
     """Under fp32 greedy, a row's output must not depend on the rows batched with it."""
     drafter = tiny_llama(1, seed=3)

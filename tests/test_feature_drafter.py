@@ -357,6 +357,34 @@ def training_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Te
             torch.randn(2, 8, 32, generator=generator), positions)
 
 
+@pytest.mark.parametrize("steps", [1, 3])
+def test_training_never_reads_a_sequences_last_feature(target, steps) -> None:
+    """Target continuations come with the features of the tokens the target read, and the last
+    token is never read (`autoregressive_generate`): its row is stored as zero. That is only sound
+    if training's outputs and regression targets at the loss positions do not depend on that row;
+    a right-padded batch of `pad_batch` sequences, with it random or zero, must train alike."""
+    from specdecode.training.feature_training import FeatureDrafterLogits
+    from specdecode.training.sequences import TrainSequence
+    from specdecode.training.teacher import pad_batch
+
+    drafter = random_feature_drafter(target, seed=3)
+    generator = torch.Generator().manual_seed(8)
+    sequences = [TrainSequence(torch.randint(0, V, (n,), generator=generator).tolist(), start)
+                 for n, start in ((11, 4), (7, 3), (9, 8))]
+    input_ids, padding, positions = pad_batch(sequences, 0)
+    features = torch.randn(3, 11, 32, generator=generator)
+    last = torch.tensor([len(s.tokens) - 1 for s in sequences])
+    zeroed, noisy = features.clone(), features.clone()
+    zeroed[torch.arange(3), last] = 0
+    noisy[torch.arange(3), last] = 100 * torch.randn(3, 32, generator=generator)
+    assert not positions[torch.arange(3), last].any()  # no regression target or teacher there
+    with torch.no_grad():
+        a = FeatureDrafterLogits(drafter, steps)(input_ids, padding, zeroed, positions)
+        b = FeatureDrafterLogits(drafter, steps)(input_ids, padding, noisy, positions)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+
+
 def test_training_logits_under_bf16_autocast_are_fp32_and_close_to_the_fp32_ones(target) -> None:
     """Mixed precision (`train.mixed_precision=bf16`): the passes run in bf16 autocast (so they
     differ from fp32 by bf16 roundings, ~6% in norm on this random drafter, not more) and come

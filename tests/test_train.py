@@ -651,10 +651,38 @@ def test_target_continuations_are_generated_once_for_both_drafter_kinds(tmp_path
     def no_generation(*args, **kwargs):
         raise AssertionError("target continuations were generated again")
 
-    monkeypatch.setattr(specdecode.training.sequences, "generate_continuations", no_generation)
+    monkeypatch.setattr(specdecode.training.sequences, "autoregressive_generate", no_generation)
     run_distill(smoke_cfg(tmp_path / "b", *common, f"cache_dir={tmp_path / 'cache'}"))
     assert len(list((tmp_path / "cache").glob("sequences-train-*.pt"))) == 1
     assert len(list((tmp_path / "cache").glob("distill-train-*.pt"))) == 2
+
+
+@pytest.mark.parametrize("layers", ["[-1]", "[1,3,-1]"])
+def test_a_feature_drafters_continuations_and_features_take_one_target_pass(tmp_path: Path, monkeypatch, layers: str) -> None:
+    """With `seq_source: target`, a feature drafter's features come from the decoding that wrote
+    the continuations: no scoring forward runs (score_topk), and they equal what a forward over the
+    finished sequences gives (fp16), except the last token's row, which the target never read: zero
+    (budgets stop each continuation within `max_len`, so no sequence is cut after a read token)."""
+    import specdecode.training.job
+    from specdecode.training.teacher import load_cache
+
+    def no_forward(*args, **kwargs):
+        raise AssertionError("a second target pass scored the continuations")
+
+    monkeypatch.setattr(specdecode.training.job, "score_topk", no_forward)
+    cfg = smoke_cfg(tmp_path, "drafter.kind=feature", f"drafter.feature_layers={layers}", "train.seq_source=target",
+                    "train.max_steps=2", "train.gamma_candidates=[]")
+    run_distill(cfg)
+    monkeypatch.undo()
+    [path] = (tmp_path / "cache").glob("distill-train-*.pt")
+    cache = load_cache(path)
+    target, _ = load_model("smoke")
+    scored = score_topk(target, cache.sequences, 0, 0, features=json.loads(layers))
+    assert cache.features is not None and cache.features.dtype == torch.float16 and torch.equal(cache.offsets, scored.offsets)
+    for i in range(len(cache.sequences)):
+        ours, theirs = cache.sequence_features(i).float(), scored.sequence_features(i).float()
+        torch.testing.assert_close(ours[:-1], theirs[:-1], atol=2e-3, rtol=2e-3)
+        assert ours[-1].eq(0).all() and not theirs[-1].eq(0).all()
 
 
 @pytest.mark.parametrize("layers", ["[-1]", "[1,3,-1]"])

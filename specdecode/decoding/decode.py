@@ -248,10 +248,20 @@ def autoregressive_generate(
     top_p: float = 1.0,
     eos_token_ids: Sequence[int] | int | None = None,
     seed: int | None = None,
+    feature_layers: Sequence[int] | None = None,
 ) -> GenerationResult:
-    """Target-only decoding on the same caches, batching and stopping rules as `speculative_generate`."""
+    """Target-only decoding on the same caches, batching and stopping rules as `speculative_generate`.
+
+    With `feature_layers`, `result.features[i]` `[len(prompts[i]) + len(sequences[i]), n·H]` (the
+    target's dtype and device) holds the target's features (`target_features`) of prompt i's tokens
+    and its continuation's, taken from the passes that wrote it: sequence-level distillation of a
+    feature drafter then costs one target pass, not a second forward over the text. The last
+    generated token is never fed (decoding stops once it is chosen), so its row is zero, as padding
+    is: a feature drafter's training never reads a sequence's last feature (its last loss position
+    predicts that token from the one before)."""
     params, budgets, eos = validate_request(target, prompts, max_new_tokens, temperature, top_k, top_p, eos_token_ids)
-    if max(budgets) == 0:
+    layers = tuple(feature_layers) if feature_layers is not None else None
+    if max(budgets) == 0 and layers is None:
         return GenerationResult.build([[] for _ in prompts], StepCounters(0, target.device), 0.0)
     start = time.perf_counter()
     device = target.device
@@ -261,13 +271,45 @@ def autoregressive_generate(
     counters = StepCounters(0, device)
     finisher = _Finisher(len(prompts))
 
-    logits, _ = _prefill(target, cache, batch)
+    logits, hidden = _prefill(target, cache, batch, feature_layers=layers)
+    features = _FeatureRows(hidden, batch.capacity) if hidden is not None else None
     counters.record_target_call(len(prompts))
     finished = batch.commit(next_tokens(logits, params, generator).unsqueeze(1), torch.ones_like(batch.lengths))
     while (max_length := finisher.step(batch, finished, (cache,))) is not None:
         cache.set_lengths(batch.lengths - 1, max_length - 1)
-        logits = cached_forward(target, cache, batch.last(1))[:, -1]
-        finished = batch.commit(next_tokens(logits, params, generator).unsqueeze(1), torch.ones_like(batch.lengths))
+        out = cached_forward(target, cache, batch.last(1), feature_layers=layers)
+        logits, hidden = out if layers is not None else (out, None)
+        if features is not None:
+            features.write(batch.rows, batch.lengths - 1, hidden[:, -1])
+        finished = batch.commit(next_tokens(logits[:, -1], params, generator).unsqueeze(1), torch.ones_like(batch.lengths))
         counters.record_target_call(len(finished))
 
-    return GenerationResult.build(finisher.sequences, counters, time.perf_counter() - start)
+    result = GenerationResult.build(finisher.sequences, counters, time.perf_counter() - start)
+    if features is not None:
+        result.features = features.rows(batch.prompt_lengths, result.sequences)
+    return result
+
+
+class _FeatureRows:
+    """The target's features of every token a target-only decode read, per row of the caller's
+    prompt list: `[B, S_cap, n·H]`, written in place (no host sync), cut per row at the end."""
+
+    def __init__(self, prompt_features: torch.Tensor, capacity: int) -> None:
+        batch, longest, width = prompt_features.shape
+        self.values = prompt_features.new_zeros(batch, capacity, width)
+        self.values[:, :longest] = prompt_features
+
+    def write(self, rows: torch.Tensor, positions: torch.Tensor, features: torch.Tensor) -> None:
+        """Row `rows[b]`'s token at `positions[b]` has features `features[b]` `[B', n·H]`."""
+        self.values[rows, positions] = features
+
+    def rows(self, prompt_lengths: Sequence[int], sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """`[P_i + R_i, n·H]` per row; the last generated token's row (never fed) is zero. Past a
+        row's prompt the prefill wrote other rows' padding, which every fed token overwrote."""
+        out = []
+        for i, (length, generated) in enumerate(zip(prompt_lengths, sequences)):
+            row = self.values[i, : length + len(generated)].clone()
+            if generated:
+                row[-1] = 0
+            out.append(row)
+        return out

@@ -69,10 +69,12 @@ class DecodeStats:
 
 @dataclass
 class GenerationResult:
-    """`sequences[i]`: the ids generated for prompt i (EOS included when hit), `stats`: see DecodeStats."""
+    """`sequences[i]`: the ids generated for prompt i (EOS included when hit), `stats`: see DecodeStats,
+    `features`: the target's features per prompt when asked for (`autoregressive_generate`)."""
 
     sequences: list[list[int]]
     stats: DecodeStats = field(repr=False)
+    features: list[torch.Tensor] | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, sequences: list[list[int] | None], counters: StepCounters, wall_time_s: float) -> GenerationResult:

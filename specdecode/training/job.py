@@ -47,7 +47,6 @@ from specdecode.training.objective import Objective, Teacher
 from specdecode.models.loading import build_drafter, cast_copy, check_drafter_tokenizer, load_model, reads_features
 from specdecode.decoding.speedup import choose_gamma
 from specdecode.training.sequences import (
-    TrainSequence,
     build_sequences,
     decoding_prompts,
     domain_parts,
@@ -56,7 +55,16 @@ from specdecode.training.sequences import (
     pool_size,
     round_robin_shares,
 )
-from specdecode.training.teacher import TeacherCache, cache_key, concat_caches, load_cache, save_cache, score_topk
+from specdecode.training.teacher import (
+    TeacherCache,
+    cache_key,
+    concat_caches,
+    feature_cache,
+    load_cache,
+    save_cache,
+    score_topk,
+    sequences_only,
+)
 from specdecode.training.checkpoints import LoopState, check_checkpoints, checkpoint_folder, project_configuration, resume
 from specdecode.training.loop import DrafterLogits, MetricsLogger, load_trainable_state, lr_scheduler, peak_memory_mb, train_loop
 from specdecode.models.compat import default_eos
@@ -88,25 +96,21 @@ def _check_environment(cfg: TrainJobConfig) -> None:
         raise ImportError("logger=wandb needs the wandb package, which is not installed: pip install wandb")
 
 
-def _load_or_build(path: Path, build: Any, save: bool) -> TeacherCache:
-    """Load `path`, or build it (and save it when `save`). No barrier: see `_cached`."""
-    if path.is_file():
-        return load_cache(path)
-    cache = build()
-    if save:
-        save_cache(cache, path)
-    return cache
-
-
 def _cached(path: Path, build: Any, accelerator: Accelerator) -> TeacherCache:
     """Load `path`, or build it on the main process first (the others then read the file).
 
     One barrier per call on every process. A cache built from another cache (the scored sequences
-    from the generated ones) reads the inner one with `_load_or_build`, never a nested `_cached`:
-    only the main process runs a build, so a nested barrier would be one the others never reach.
+    from the generated ones) reads or writes the inner one without a barrier, never a nested
+    `_cached`: only the main process runs a build, so a nested barrier would be one the others
+    never reach.
     """
     with accelerator.main_process_first():
-        return _load_or_build(path, build, save=accelerator.is_main_process)
+        if path.is_file():
+            return load_cache(path)
+        cache = build()
+        if accelerator.is_main_process:
+            save_cache(cache, path)
+        return cache
 
 
 @locks_output_dir
@@ -193,9 +197,8 @@ def _teacher(cfg: TrainJobConfig, job: str, target: PreTrainedModel, tokenizer: 
     eos = default_eos(target)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     layers = reads_features(cfg.drafter)
-    features = layers is not None
-    topk = train.teacher_topk if job == "distill" and not features else 0
-    # The training split is written and scored by the target in train.data_precision (a cast copy,
+    topk = train.teacher_topk if job == "distill" and layers is None else 0
+    # The training split is written (and scored) by the target in train.data_precision (a cast copy,
     # made only if a cache has to be built); the held-out split, which model selection measures
     # against, by the target as loaded. A dtype is part of a cache's key.
     data_dtype = _data_dtype(train.data_precision, target)
@@ -206,19 +209,28 @@ def _teacher(cfg: TrainJobConfig, job: str, target: PreTrainedModel, tokenizer: 
             return data_target, _dtype_name(data_dtype)
         return lambda: target, cfg.dtype
 
-    def sequences(data: DataConfig, split: str, limit: int | None) -> list[TrainSequence]:
-        """The split's training sequences, cached apart from what is scored on them, so drafters of
-        either kind trained on the same data share one (costly) set of target continuations."""
+    def written(data: DataConfig, split: str, limit: int | None) -> TeacherCache:
+        """The split's sequences, cached apart from what is scored on them (one set of costly
+        target continuations for drafters of either kind); a feature drafter writing them takes
+        the features from the same passes (`build_sequences`: one target pass, not two)."""
         model, dtype = split_target(split)
-        key = cache_key(cfg.target, data, train, split, 0, limit, dtype=dtype)
-        return _load_or_build(cache_dir / f"sequences-{split}-{key}.pt", lambda: score_topk(model(), build_sequences(
-            load_examples(data, split), tokenizer, model(), train, eos, limit), 0, pad_id), accelerator.is_main_process).sequences
+        path = cache_dir / f"sequences-{split}-{cache_key(cfg.target, data, train, split, 0, limit, dtype=dtype)}.pt"
+        if path.is_file():
+            return load_cache(path)
+        sequences, read = build_sequences(load_examples(data, split), tokenizer, model(), train, eos, limit,
+                                          layers if train.seq_source == "target" else None)
+        if accelerator.is_main_process:
+            save_cache(sequences_only(sequences), path)
+        return sequences_only(sequences) if read is None else feature_cache(sequences, read)
 
     def domain_scored(data: DataConfig, split: str, name: str, k: int, limit: int | None) -> TeacherCache:
         model, dtype = split_target(split)
-        key = cache_key(cfg.target, data, train, split, k, limit, layers, dtype)
-        return _cached(cache_dir / f"{name}-{key}.pt",
-                       lambda: score_topk(model(), sequences(data, split, limit), k, pad_id, features=layers), accelerator)
+
+        def build() -> TeacherCache:
+            cache = written(data, split, limit)
+            return cache if cache.features is not None else score_topk(model(), cache.sequences, k, pad_id, features=layers)
+
+        return _cached(cache_dir / f"{name}-{cache_key(cfg.target, data, train, split, k, limit, layers, dtype)}.pt", build, accelerator)
 
     def scored(split: str, name: str, k: int, limit: int | None) -> TeacherCache:
         """A domain's cache, or a mix's: its domains' own caches (`domain_parts`), each domain's
@@ -237,7 +249,7 @@ def _teacher(cfg: TrainJobConfig, job: str, target: PreTrainedModel, tokenizer: 
     if not train_cache.sequences or not heldout.sequences:
         where = f"data.path={cfg.data.path!r}" if cfg.data.source == "file" else f"data.name={cfg.data.name!r}"
         raise ValueError(f"{where}: no usable {'train' if not train_cache.sequences else 'held-out'} sequences")
-    return Teacher(target, train_cache, heldout, pad_id, eos, topk, features)
+    return Teacher(target, train_cache, heldout, pad_id, eos, topk, layers is not None)
 
 
 def _data_dtype(precision: str, target: PreTrainedModel) -> torch.dtype:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
+import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -114,33 +115,50 @@ def build_sequences(
     train: TrainConfig,
     eos: Sequence[int],
     limit: int | None,
-) -> list[TrainSequence]:
+    feature_layers: Sequence[int] | None = None,
+) -> tuple[list[TrainSequence], list[torch.Tensor] | None]:
     """Prompt (chat-formatted, left-truncated to `max_prompt_tokens`) + response, cut at `max_len`.
 
     The response is the example's own (`seq_source: data`, examples without one are skipped) or the
     target's continuation (`seq_source: target`, sequence-level distillation), generated in batches
-    at `train.temperature`.
+    at `train.temperature`. With `feature_layers` (`seq_source: target` only), also the target's
+    features of each sequence's tokens `[L_i, n·H]` (fp16, CPU), taken from the passes that wrote
+    its continuation (`autoregressive_generate`): a feature drafter's data in one target pass, not
+    a generation and then a forward over the text (384 s instead of 668 s for the code domain's 640
+    continuations in fp32 on the 2-core CPU, docs/results.md "The training data in one target
+    pass"). A sequence's last row is zero where that token was never fed (`autoregressive_generate`).
     """
+    if feature_layers is not None and train.seq_source != "target":
+        raise ValueError(f"train.seq_source={train.seq_source!r}: only the target's own continuations come with its "
+                         "features (score the dataset's responses with a forward instead)")
     pool = training_pool(examples, train)
     pool = pool if limit is None else pool[:limit]
     prompts = [format_prompt(tokenizer, ex.prompt)[-train.max_prompt_tokens :] for ex in pool]
+    features: list[torch.Tensor] | None = None
     if train.seq_source == "data":
         stop = [eos[0]] if eos else []
         responses = [tokenizer(ex.response, add_special_tokens=False)["input_ids"] + stop for ex in pool]
     else:
         # One continuation per prompt and temperature: more data from the same prompts, spread
         # around the target's own distribution (greedy = exactly what greedy decoding will see).
-        responses, repeated = [], []
+        responses, repeated, features = [], [], [] if feature_layers is not None else None
         for i, temperature in enumerate(train.seq_temperatures or [train.temperature]):
-            responses += generate_continuations(target, prompts, train, eos, seed=train.seed + 1000 * i, temperature=temperature)
+            written, read = _continuations(target, prompts, train, eos, seed=train.seed + 1000 * i,
+                                           temperature=temperature, feature_layers=feature_layers)
+            responses += written
             repeated += prompts
+            if features is not None:
+                features += read  # type: ignore[arg-type]
         prompts = repeated
-    sequences = []
-    for prompt, response in zip(prompts, responses):
+    sequences, kept = [], []
+    for i, (prompt, response) in enumerate(zip(prompts, responses)):
         tokens = (prompt + list(response))[: train.max_len]
         if len(tokens) > len(prompt):
             sequences.append(TrainSequence(tokens=tokens, response_start=len(prompt)))
-    return sequences
+            kept.append(i)
+    if features is not None:
+        features = [features[i][: len(s.tokens)] for i, s in zip(kept, sequences)]
+    return sequences, features
 
 
 def generate_continuations(
@@ -153,24 +171,36 @@ def generate_continuations(
     Batch 64: the weights are read once per step for the whole batch; on the 2-core CPU SmolLM2
     wrote 128 chat prompts' ≤ 48-token continuations in 21.8 s at batch 64 against 26.1 s at 32
     (fp32), 12.7 s against 15.3 s in bf16."""
+    return _continuations(model, prompts, train, eos, seed, batch_size, temperature)[0]
+
+
+def _continuations(
+    model: PreTrainedModel, prompts: Sequence[list[int]], train: TrainConfig, eos: Sequence[int], seed: int,
+    batch_size: int = 64, temperature: float | None = None, feature_layers: Sequence[int] | None = None,
+) -> tuple[list[list[int]], list[torch.Tensor] | None]:
+    """`generate_continuations`, and with `feature_layers` each prompt + continuation's features
+    `[len(prompt) + len(continuation), n·H]` fp16 on the CPU (`autoregressive_generate`)."""
     was_training = model.training
     model.eval()
-    out: list[list[int]] = []
     # Similar lengths batch together (less padding); the output keeps the prompts' order.
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     by_index: dict[int, list[int]] = {}
-    bar = tqdm(total=len(prompts), desc="target continuations", disable=len(prompts) <= batch_size, leave=False)
+    features_by_index: dict[int, torch.Tensor] = {}
+    bar = tqdm(total=len(prompts), desc="target continuations" + (" and features" if feature_layers is not None else ""),
+               disable=len(prompts) <= batch_size, leave=False)
     for start in range(0, len(order), batch_size):
         picks = order[start : start + batch_size]
         batch = [list(prompts[i]) for i in picks]
         budgets = [min(train.max_new_tokens, train.max_len - len(p)) for p in batch]
         result = autoregressive_generate(
             model, batch, max_new_tokens=budgets, temperature=train.temperature if temperature is None else temperature,
-            eos_token_ids=list(eos) or None, seed=seed + start,
+            eos_token_ids=list(eos) or None, seed=seed + start, feature_layers=feature_layers,
         )
         by_index.update(zip(picks, result.sequences))
+        if result.features is not None:
+            features_by_index.update(zip(picks, (f.half().cpu() for f in result.features)))
         bar.update(len(picks))
     bar.close()
-    out = [by_index[i] for i in range(len(prompts))]
     model.train(was_training)
-    return out
+    out = [by_index[i] for i in range(len(prompts))]
+    return out, ([features_by_index[i] for i in range(len(prompts))] if feature_layers is not None else None)

@@ -137,12 +137,9 @@ def score_topk(
     """Run the target over `sequences` (batches of `SCORE_BATCH`) and keep its top-k logits and,
     with `features` (the layers a feature drafter reads), its features at every token
     (`target_features`); k = 0 and no features keeps the sequences only and runs nothing."""
-    counts = torch.tensor([0] + [s.num_targets for s in sequences])
-    token_offsets = torch.tensor([0] + [len(s.tokens) for s in sequences]).cumsum(0)
-    total = int(counts.sum())
     # (an empty list runs nothing either: the caller names why)
     if (k == 0 and features is None) or not sequences:
-        return TeacherCache(list(sequences), counts.cumsum(0), torch.zeros(total, k, dtype=torch.int32), torch.zeros(total, k))
+        return sequences_only(sequences, k)
     ids, values, hidden = [], [], []
     for start in tqdm(range(0, len(sequences), SCORE_BATCH), desc="target forward (teacher cache)", leave=False,
                       disable=len(sequences) <= 4 * SCORE_BATCH):
@@ -155,11 +152,33 @@ def score_topk(
         if features is not None:
             hidden.append(batch_hidden.half().cpu())
     if k == 0:
-        ids, values = [torch.zeros(total, 0, dtype=torch.int32)], [torch.zeros(total, 0)]
+        return feature_cache(sequences, hidden)
     return TeacherCache(
-        list(sequences), counts.cumsum(0), torch.cat(ids), torch.cat(values),
-        torch.cat(hidden) if features is not None else None, token_offsets if features is not None else None,
+        list(sequences), torch.tensor([0] + [s.num_targets for s in sequences]).cumsum(0), torch.cat(ids), torch.cat(values),
+        torch.cat(hidden) if features is not None else None,
+        torch.tensor([0] + [len(s.tokens) for s in sequences]).cumsum(0) if features is not None else None,
     )
+
+
+def sequences_only(sequences: Sequence[TrainSequence], k: int = 0) -> TeacherCache:
+    """A cache of `sequences` with nothing the target said about them (k empty logit columns)."""
+    counts = torch.tensor([0] + [s.num_targets for s in sequences])
+    total = int(counts.sum())
+    return TeacherCache(list(sequences), counts.cumsum(0), torch.zeros(total, k, dtype=torch.int32), torch.zeros(total, k))
+
+
+def feature_cache(sequences: Sequence[TrainSequence], features: Sequence[torch.Tensor]) -> TeacherCache:
+    """A feature drafter's cache (no top-k logits) of `sequences` and their target `features`, one
+    `[Σ L_i, n·H]` fp16 block per sequence or batch of them, in order."""
+    cache = sequences_only(sequences)
+    if not sequences:  # nothing to train on: the caller names why
+        return cache
+    cache.features = torch.cat(list(features)).half()
+    cache.token_offsets = torch.tensor([0] + [len(s.tokens) for s in sequences]).cumsum(0)
+    if cache.features.shape[0] != int(cache.token_offsets[-1]):
+        raise ValueError(f"features have {cache.features.shape[0]} rows for {int(cache.token_offsets[-1])} tokens "
+                         f"of {len(sequences)} sequences")
+    return cache
 
 
 @torch.no_grad()
