@@ -657,6 +657,16 @@ def test_target_continuations_are_generated_once_for_both_drafter_kinds(tmp_path
     assert len(list((tmp_path / "cache").glob("distill-train-*.pt"))) == 2
 
 
+def test_features_of_dataset_responses_are_refused_before_any_work() -> None:
+    """Only the target's own continuations come with its features; asking for them with the
+    dataset's responses is named before anything is generated."""
+    from specdecode.training.sequences import build_sequences
+
+    train = TrainConfig(seq_source="data")
+    with pytest.raises(ValueError, match=r"train.seq_source='data': only the target's own continuations"):
+        build_sequences([], smoke_tokenizer(), None, train, [0], None, feature_layers=[-1])  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("layers", ["[-1]", "[1,3,-1]"])
 def test_a_feature_drafters_continuations_and_features_take_one_target_pass(tmp_path: Path, monkeypatch, layers: str) -> None:
     """With `seq_source: target`, a feature drafter's features come from the decoding that wrote
