@@ -118,6 +118,31 @@ def test_routed_or_oracle_alone_load_the_drafters_they_choose_between(tiny_setup
     assert sorted(batched) == ([1, 1] if chooser == "oracle" else [])
 
 
+@pytest.mark.parametrize("cheap", ["generic", "specialized:code"])
+def test_the_oracle_weighs_tokens_per_pass_by_what_a_pass_costs(tiny_setup, cheap: str, monkeypatch) -> None:
+    """The oracle picks per prompt from tau over the measured pass cost: a drafter whose passes
+    cost 100 target steps is never picked, whatever its tau."""
+    tmp_path, folders = tiny_setup
+    timed = []
+
+    def pass_costs(target, drafters, gammas, context, repeats=3):
+        timed.append(dict(gammas))
+        return {name: 1.0 if name == cheap else 100.0 for name in drafters}
+
+    monkeypatch.setattr(suite, "measure_pass_costs", pass_costs)
+    cfg = EvalConfig(
+        target=TargetConfig(name=str(tmp_path / "target")), methods=["autoregressive", "generic", "specialized", "oracle"],
+        drafters=folders, domains=["code", "math"], prompts_per_domain=3, max_prompt_tokens=150, max_new_tokens=8,
+        gamma=2, temperatures=[0.0], batch_sizes=[1], output_dir=str(tmp_path / "eval"),
+    )
+    rows = {(r["domain"], r["method"]): r for r in run_eval(cfg)["rows"]}
+    assert timed == [{"generic": 2, "specialized:code": 2}]  # once per evaluation, at the gamma decoded
+    assert rows[("code", "generic")]["tau"] != rows[("code", "specialized:code")]["tau"]  # the choice matters
+    for domain in ("code", "math"):
+        assert rows[(domain, "oracle")]["tau"] == rows[(domain, cheap)]["tau"]
+        assert rows[(domain, "oracle")]["exact_match"] == 1.0
+
+
 def test_methods_take_turns_batch_by_batch_so_drift_biases_none() -> None:
     """Two identical methods on a machine that slows down during the run: taking turns, each gets
     its own batches' sequences and about the same speed; one after the other, the second would
@@ -226,7 +251,7 @@ def test_bad_sweep_names_the_value(field, value, needle) -> None:
         EvalConfig(methods=["autoregressive"], **{field: value})
 
 
-def test_oracle_picks_the_best_tau_per_prompt() -> None:
+def test_oracle_picks_the_most_tokens_per_unit_of_pass_cost() -> None:
     from types import SimpleNamespace
 
     def record(taus):
@@ -234,6 +259,14 @@ def test_oracle_picks_the_best_tau_per_prompt() -> None:
 
     choices = pick_per_prompt({"generic": record([1.0, 2.0, 1.5]), "specialized:code": record([1.2, 1.0, 1.5])})
     assert choices == ["specialized:code", "generic", "generic"]
+    # Longer drafts buy more tokens per pass at a price: per unit of pass cost, the cheaper drafter
+    # wins the first prompt back (1.0 / 1.0 > 1.2 / 1.3) and the third (1.5 > 1.6 / 1.3)
+    costs = {"generic": 1.0, "specialized:code": 1.3}
+    choices = pick_per_prompt({"generic": record([1.0, 2.0, 1.5]), "specialized:code": record([1.2, 1.0, 1.6])}, costs)
+    assert choices == ["generic", "generic", "generic"]
+    assert pick_per_prompt({"generic": record([1.0]), "specialized:code": record([2.0])}, {"generic": 1.0, "specialized:code": 1.9}) == ["specialized:code"]
+    with pytest.raises(ValueError, match="specialized:code"):
+        pick_per_prompt({"generic": record([1.0]), "specialized:code": record([2.0])}, {"generic": 1.0})
 
 
 def test_merged_counts_sum_work_and_take_the_slowest_process_time() -> None:

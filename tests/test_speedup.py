@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
-from specdecode.decoding.speedup import expected_tokens_per_step, measure_step_costs, predicted_speedup
+from specdecode.decoding.speedup import StepCosts, expected_tokens_per_step, measure_step_costs, predicted_speedup
 from tests.models_for_tests import tiny_llama
 
 
@@ -41,6 +43,29 @@ def test_measure_step_costs_reports_positive_times() -> None:
     assert costs.cost_ratio == costs.drafter_step_s / costs.target_step_s
     with pytest.raises(ValueError, match="gamma"):
         measure_step_costs(target, drafter, [1, 2, 3], gamma=3)
+
+
+def test_pass_costs_are_a_verify_plus_gamma_drafter_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each gamma's verify is timed once and shared; each drafter adds gamma of its own steps. A
+    context shorter than the longest verify is repeated, not refused."""
+    from specdecode.decoding import speedup
+
+    timed_gammas = []
+
+    def verify(target, context, gammas, repeats):
+        assert len(context) > max(gammas) + 1
+        timed_gammas.append(list(gammas))
+        return {g: 1.0 + 0.1 * g for g in gammas}
+
+    def step(target, drafter, context, gamma, repeats):
+        return StepCosts(0.1, 0.1, drafter.seconds, gamma, len(context))
+
+    monkeypatch.setattr(speedup, "measure_verify_ratios", verify)
+    monkeypatch.setattr(speedup, "measure_step_costs", step)
+    drafters = {"a": SimpleNamespace(seconds=0.01), "b": SimpleNamespace(seconds=0.02), "c": SimpleNamespace(seconds=0.01)}
+    costs = speedup.measure_pass_costs(None, drafters, {"a": 3, "b": 3, "c": 1}, [5, 6], repeats=2)
+    assert timed_gammas == [[1, 3]]
+    assert costs == pytest.approx({"a": 1.3 + 3 * 0.1, "b": 1.3 + 3 * 0.2, "c": 1.1 + 0.1})
 
 
 def test_optimal_gamma_follows_acceptance_and_verify_cost() -> None:

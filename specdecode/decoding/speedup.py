@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -60,6 +60,14 @@ def optimal_gamma(alpha: float, cost_ratio: float, verify_ratios: dict[int, floa
     speedups = {g: predicted_speedup(alpha, g, cost_ratio, v) for g, v in verify_ratios.items()}
     best = max(speedups, key=lambda g: (speedups[g], -g))
     return best, speedups[best]
+
+
+# Timed rounds behind a verify ratio (choose_gamma, the oracle's pass costs). Each round times
+# every width once, ~0.1 s each for the embedded target on a 2-core CPU. With 9, four measurements
+# in one process on 2026-11-26 put a 3-token verify at 1.00-1.41x a step and a 4-token one at
+# 0.94-1.15x (one training job stored gamma 4 on a 4-token verify timed at 1.44x); with 36, at
+# 1.23-1.28x and 1.11-1.12x.
+VERIFY_REPEATS = 30
 
 
 @dataclass
@@ -167,6 +175,28 @@ def measure_step_costs(
     )
 
 
+@torch.inference_mode()
+def measure_pass_costs(
+    target: PreTrainedModel, drafters: Mapping[str, PreTrainedModel | FeatureDrafter], gammas: Mapping[str, int],
+    context: Sequence[int], repeats: int = VERIFY_REPEATS,
+) -> dict[str, float]:
+    """name → one speculative pass of that drafter at `gammas[name]`, in target steps: a verify of
+    gamma + 1 tokens plus gamma drafter steps, timed after `context` (each gamma's verify once, the
+    same figure for every drafter at it)."""
+    context = _long_enough(context, max(gammas.values()))
+    verify = measure_verify_ratios(target, context, sorted(set(gammas.values())), repeats)
+    return {name: verify[gammas[name]] + gammas[name] * measure_step_costs(target, drafter, context, 1, repeats).cost_ratio
+            for name, drafter in drafters.items()}
+
+
+def _long_enough(context: Sequence[int], gamma: int) -> list[int]:
+    """`context`, repeated where it is too short to time a verify of gamma + 1 tokens after it."""
+    context = list(context)
+    if len(context) <= gamma + 1:
+        context = (context * (gamma + 2))[: gamma + 2 + len(context)]
+    return context
+
+
 def measured_tau(
     target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, prompts: Sequence[Sequence[int]],
     gammas: Sequence[int], max_new_tokens: int, temperature: float = 0.0,
@@ -192,13 +222,11 @@ def choose_gamma(
     candidate). With `prompts`, each candidate's tokens per pass are counted by decoding them
     (`measured_tau`) and the speedup predicted as tau / (verify + gamma c); without, from
     Leviathan's model at acceptance `alpha`. Returns the figures."""
-    context = list(context)
-    if len(context) <= max(candidates) + 1:  # too short to time the longest verify: repeat it
-        context = (context * (max(candidates) + 2))[: max(candidates) + 2 + len(context)]
+    context = _long_enough(context, max(candidates))
     was_training = drafter.training
     drafter.eval()
     costs = measure_step_costs(target, drafter, context, 1, repeats=5)
-    verify = measure_verify_ratios(target, context, candidates, repeats=9)
+    verify = measure_verify_ratios(target, context, candidates, VERIFY_REPEATS)
     figures: dict[str, Any] = {"alpha": alpha, "cost_ratio": costs.cost_ratio, "verify_ratios": verify,
                                "context_tokens": len(context)}
     if prompts:

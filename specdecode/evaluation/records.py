@@ -146,12 +146,23 @@ def run_batched(generate: Generate, prompts: list[list[int]], batch_size: int) -
     return run_interleaved({"one": generate}, prompts, batch_size)["one"]
 
 
-def pick_per_prompt(records: dict[str, RunRecord]) -> list[str]:
-    """The oracle's choice: for each prompt, the method whose batch-1 run realised the highest tau
-    (tokens per target call), ties to the first listed. Needs batch-1 records (one result per prompt)."""
+def pick_per_prompt(records: dict[str, RunRecord], pass_costs: dict[str, float] | None = None) -> list[str]:
+    """The oracle's choice: for each prompt, the method whose batch-1 run was predicted fastest,
+    tau (tokens per target pass) over `pass_costs[method]` (what one of its passes costs in target
+    steps, verify + gamma drafter steps; 1 each without), ties to the first listed. Needs batch-1
+    records (one result per prompt).
+
+    Why not the highest tau: tau grows with gamma, so where the drafters run at different gammas
+    it picks the longest drafts, not the fastest decode (on 2026-11-26 the oracle by tau was
+    slower than the best single drafter). Why not the measured seconds: each prompt's time is
+    noisy, and picking the fastest run would credit the oracle with its own timing luck."""
     names = list(records)
+    missing = sorted(set(names) - set(pass_costs)) if pass_costs is not None else []
+    if missing:
+        raise ValueError(f"pass_costs lacks {missing}")
+    cost = {n: 1.0 if pass_costs is None else pass_costs[n] for n in names}
     count = len(records[names[0]].results)
-    return [max(names, key=lambda n: records[n].results[i].stats.tau) for i in range(count)]
+    return [max(names, key=lambda n: records[n].results[i].stats.tau / cost[n]) for i in range(count)]
 
 
 def finalize_rows(keyed_counts: dict[tuple, dict]) -> list[dict]:

@@ -3,8 +3,8 @@
 For each domain's held-out prompts, each temperature and batch size, each method is run for real:
 `autoregressive` (the baseline), `undistilled` (a derived drafter before training), `generic`
 (distilled on the mix), `specialized:<domain>` (each domain drafter, on every domain), `routed`
-(the router picks a drafter per prompt), and `oracle` (per prompt, the drafter that realised the
-highest acceptance at batch 1). Rows report alpha, tau, tokens/s, speedup over autoregressive at
+(the router picks a drafter per prompt), and `oracle` (per prompt, the drafter predicted fastest
+from its batch-1 run: tokens per pass over the pass's measured cost). Rows report alpha, tau, tokens/s, speedup over autoregressive at
 the same batch size, and exact match with target-only greedy (measured, never assumed).
 """
 
@@ -27,8 +27,9 @@ from specdecode.core.devices import placed_accelerator
 from specdecode.core.locking import locks_output_dir
 from specdecode.data.corpus import vocab_corpus
 from specdecode.data.domains import format_prompt, load_domain
-from specdecode.decoding.decode import autoregressive_generate, speculative_generate
+from specdecode.decoding.decode import autoregressive_generate, drafter_gamma, speculative_generate
 from specdecode.decoding.lookup import PromptLookup
+from specdecode.decoding.speedup import measure_pass_costs
 from specdecode.evaluation.config import EvalConfig
 from specdecode.evaluation.records import (
     Generate, RunRecord, finalize_rows, merge_counts, pick_per_prompt, run_batched, run_interleaved,
@@ -63,6 +64,8 @@ class _Models:
     eos: list[int]
     drafters: dict[str, Any]
     router: Any = None
+    # candidate → one of its passes in target steps (`measure_pass_costs`), timed when the oracle first picks.
+    pass_costs: dict[str, float] | None = None
 
     @property
     def candidates(self) -> list[str]:
@@ -151,7 +154,12 @@ def _eval_domain(cfg: EvalConfig, models: _Models, domain: str, texts: list[str]
                 # Batch 1, the smallest (EvalConfig requires it): the oracle picks from every
                 # candidate's batch-1 run, whether their rows were asked for or not.
                 pool = {n: records[n] if n in records else run_batched(generators[n], ids, 1) for n in models.candidates}
-                oracle_choices = pick_per_prompt(pool)
+                if models.pass_costs is None and ids:
+                    # Once, after this domain's longest prompt: a machine property, not a prompt's.
+                    models.pass_costs = measure_pass_costs(
+                        models.target, {n: models.drafters[n] for n in models.candidates},
+                        {n: cfg.gamma or drafter_gamma(models.drafters[n]) for n in models.candidates}, max(ids, key=len))
+                oracle_choices = pick_per_prompt(pool, models.pass_costs)
                 records["oracle"] = RunRecord([pool[c].results[i] for i, c in enumerate(oracle_choices)])
             reference = records["autoregressive"].sequences if temperature == 0.0 else None
             if batch_size == sweep_batch:
