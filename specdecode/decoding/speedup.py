@@ -63,10 +63,10 @@ def optimal_gamma(alpha: float, cost_ratio: float, verify_ratios: dict[int, floa
 
 
 # Timed rounds behind a verify ratio (choose_gamma, the oracle's pass costs). Each round times
-# every width once, ~0.1 s each for the embedded target on a 2-core CPU. With 9, four measurements
-# in one process on 2026-11-26 put a 3-token verify at 1.00-1.41x a step and a 4-token one at
-# 0.94-1.15x (one training job stored gamma 4 on a 4-token verify timed at 1.44x); with 36, at
-# 1.23-1.28x and 1.11-1.12x.
+# every width once, ~0.1 s each for the embedded target on a 2-core CPU. With 9, nine measurements
+# (three processes) on 2026-11-26 put a 3-token verify at 1.00-1.41x a step and a 4-token one at
+# 0.94-1.15x (one training job stored gamma 4 on a 4-token verify timed at 1.44x); with 36, four
+# put them at 1.23-1.28x and 1.11-1.12x.
 VERIFY_REPEATS = 30
 
 
