@@ -4,8 +4,9 @@ For each domain's held-out prompts, each temperature and batch size, each method
 `autoregressive` (the baseline), `undistilled` (a derived drafter before training), `generic`
 (distilled on the mix), `specialized:<domain>` (each domain drafter, on every domain), `routed`
 (the router picks a drafter per prompt), and `oracle` (per prompt, the drafter predicted fastest
-from its batch-1 run: tokens per pass over the pass's measured cost). Rows report alpha, tau, tokens/s, speedup over autoregressive at
-the same batch size, and exact match with target-only greedy (measured, never assumed).
+from its batch-1 run: tokens per pass over the pass's measured cost). Rows report alpha, tau,
+tokens/s, speedup over autoregressive at the same batch size, and exact match with target-only
+greedy (measured, never assumed).
 """
 
 from __future__ import annotations
