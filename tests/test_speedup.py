@@ -66,6 +66,12 @@ def test_pass_costs_are_a_verify_plus_gamma_drafter_steps(monkeypatch: pytest.Mo
     costs = speedup.measure_pass_costs(None, drafters, {"a": 3, "b": 3, "c": 1}, [5, 6], repeats=2)
     assert timed_gammas == [[1, 3]]
     assert costs == pytest.approx({"a": 1.3 + 3 * 0.1, "b": 1.3 + 3 * 0.2, "c": 1.1 + 0.1})
+    timed_gammas.clear()
+    with pytest.raises(ValueError, match=r"none for \['b'\]"):
+        speedup.measure_pass_costs(None, drafters, {"a": 3, "c": 1}, [5, 6])
+    with pytest.raises(ValueError, match="drafters=\\[\\]"):
+        speedup.measure_pass_costs(None, {}, {"a": 3}, [5, 6])
+    assert timed_gammas == []  # refused before any timing
 
 
 def test_optimal_gamma_follows_acceptance_and_verify_cost() -> None:

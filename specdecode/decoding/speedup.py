@@ -183,6 +183,11 @@ def measure_pass_costs(
     """name → one speculative pass of that drafter at `gammas[name]`, in target steps: a verify of
     gamma + 1 tokens plus gamma drafter steps, timed after `context` (each gamma's verify once, the
     same figure for every drafter at it)."""
+    missing = sorted(set(drafters) - set(gammas))
+    if not drafters or missing:
+        raise ValueError(f"measure_pass_costs needs a gamma for each of one or more drafters: drafters={sorted(drafters)}, "
+                         f"gammas={dict(gammas)}" + (f", none for {missing}" if missing else ""))
+    gammas = {name: gammas[name] for name in drafters}
     context = _long_enough(context, max(gammas.values()))
     verify = measure_verify_ratios(target, context, sorted(set(gammas.values())), repeats)
     return {name: verify[gammas[name]] + gammas[name] * measure_step_costs(target, drafter, context, 1, repeats).cost_ratio
