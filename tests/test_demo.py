@@ -35,7 +35,7 @@ def test_smoke_pipeline_end_to_end_and_cached(tmp_path, capsys) -> None:
     assert set(results) >= {"config", "rows"}
     methods = {r["method"] for r in results["rows"]}
     assert methods == {"autoregressive", "undistilled", "generic", "specialized:code", "specialized:math",
-                       "specialized:chat", "routed", "oracle"}
+                       "specialized:chat", "routed", "oracle", "routed_choices"}
     for row in results["rows"]:
         assert SCHEMA <= set(row), row
         if row["temperature"] == 0.0:
@@ -47,6 +47,12 @@ def test_smoke_pipeline_end_to_end_and_cached(tmp_path, capsys) -> None:
     assert (root / "gamma_sweep.png").stat().st_size > 1000
     report = (root / "report.md").read_text()
     assert "| code | routed |" in report and "## Router" in report and "## Distillation" in report
+    # the router's share of the oracle's gain in every setting with an oracle, the sweep's rows left out
+    shares = results["router_share"]
+    assert {(s["temperature"], s["batch_size"]) for s in shares} == {
+        (r["temperature"], r["batch_size"]) for r in results["rows"] if r["method"] == "oracle"}
+    assert all("routed_share" in s for s in shares)
+    assert "## The router's share of the oracle's gain" in report
     # one distillation row per drafter, naming its kind (the smoke demo trains slices)
     assert "| code | slice | forward_kl |" in report and "| mix | slice | forward_kl |" in report
     for stage in ("distill-code", "distill-mix", "collect", "fit", "eval"):

@@ -13,7 +13,9 @@ from specdecode.decoding.lookup import LookupConfig, PromptLookup
 from specdecode.decoding.stats import GenerationResult, StepCounters
 from specdecode.evaluation.config import EvalConfig
 from specdecode.evaluation import suite
-from specdecode.evaluation.records import RunRecord, merge_counts, pick_per_prompt, run_batched, run_interleaved
+from specdecode.evaluation.records import (
+    RunRecord, composed, merge_counts, pick_per_prompt, router_share, run_batched, run_interleaved,
+)
 from specdecode.evaluation.report import merge_results
 from specdecode.evaluation.suite import run_eval
 from specdecode.models import derive_drafter
@@ -66,9 +68,19 @@ def test_run_eval_writes_every_method_with_exact_greedy(tiny_setup) -> None:
 
     written = json.loads((tmp_path / "eval" / "results.json").read_text())
     assert written["rows"] == results["rows"]
-    methods = {r["method"] for r in written["rows"]}
+    methods = {r["method"] for r in written["rows"] if r["method"] != "routed_choices"}
     assert methods == {"autoregressive", "undistilled", "generic", "specialized:code", "routed", "oracle"}
-    assert len(written["rows"]) == 2 * 2 * 2 * len(methods)  # domains x temperatures x batch sizes x methods
+    # domains x temperatures x batch sizes x methods, and the router's choices on the oracle's runs at batch 1
+    assert len(written["rows"]) == 2 * 2 * 2 * len(methods) + 2 * 2
+    by_key = {(r["domain"], r["method"], r["temperature"], r["batch_size"]): r for r in written["rows"]}
+    for domain in ("code", "math"):
+        for temperature in (0.0, 1.0):
+            routed, choices = by_key[(domain, "routed", temperature, 1)], by_key[(domain, "routed_choices", temperature, 1)]
+            # the same choices, decoded the same way (seeded), timed in the drafters' own runs
+            assert (choices["tokens"], choices["tau"], choices["alpha"]) == (routed["tokens"], routed["tau"], routed["alpha"])
+            assert choices["exact_match"] == (1.0 if temperature == 0.0 else None)
+    assert sorted((s["temperature"], s["batch_size"]) for s in written["router_share"]) == [(0.0, 1), (0.0, 2), (1.0, 1), (1.0, 2)]
+    assert all("routed_choices_share" in s for s in written["router_share"] if s["batch_size"] == 1)
     for r in written["rows"]:
         assert ROW_FIELDS <= set(r)
         if r["temperature"] == 0.0:
@@ -79,6 +91,7 @@ def test_run_eval_writes_every_method_with_exact_greedy(tiny_setup) -> None:
             assert r["speedup"] == 1.0 and r["tau"] == 1.0
     report = (tmp_path / "eval" / "report.md").read_text()
     assert "| code | routed |" in report
+    assert "## The router's share of the oracle's gain" in report
     for png in ("speedup.png", "gamma_sweep.png", "position_acceptance.png"):
         assert (tmp_path / "eval" / png).stat().st_size > 1000
 
@@ -131,11 +144,16 @@ def test_the_oracle_weighs_tokens_per_pass_by_what_a_pass_costs(tiny_setup, chea
 
     monkeypatch.setattr(suite, "measure_pass_costs", pass_costs)
     cfg = EvalConfig(
-        target=TargetConfig(name=str(tmp_path / "target")), methods=["autoregressive", "generic", "specialized", "oracle"],
-        drafters=folders, domains=["code", "math"], prompts_per_domain=3, max_prompt_tokens=150, max_new_tokens=8,
-        gamma=2, temperatures=[0.0], batch_sizes=[1], output_dir=str(tmp_path / "eval"),
+        target=TargetConfig(name=str(tmp_path / "target")),
+        methods=["autoregressive", "generic", "specialized", "routed", "oracle"], drafters=folders,
+        router_dir="unused-by-the-fake-loader", domains=["code", "math"], prompts_per_domain=3, max_prompt_tokens=150,
+        max_new_tokens=8, gamma=2, temperatures=[0.0], batch_sizes=[1], output_dir=str(tmp_path / "eval"),
     )
-    rows = {(r["domain"], r["method"]): r for r in run_eval(cfg)["rows"]}
+    results = run_eval(cfg, router_loader=lambda path: FixedRouter("generic", "generic"))
+    rows = {(r["domain"], r["method"]): r for r in results["rows"]}
+    for domain, routing_s in results["routing_seconds_per_prompt"].items():
+        # the router's choices (generic throughout) on the generic drafter's own run, plus routing
+        assert rows[(domain, "routed_choices")]["seconds"] == pytest.approx(rows[(domain, "generic")]["seconds"] + 3 * routing_s)
     assert timed == [{"generic": 2, "specialized:code": 2}]  # once per evaluation, at the gamma decoded
     assert rows[("code", "generic")]["tau"] != rows[("code", "specialized:code")]["tau"]  # the choice matters
     for domain in ("code", "math"):
@@ -163,7 +181,7 @@ def test_methods_take_turns_batch_by_batch_so_drift_biases_none() -> None:
     calls: list[str] = []
     generators = {name: (lambda fn, name: lambda batch: calls.append(name) or fn(batch))(method(name), name) for name in ("a", "b")}
     records = run_interleaved(generators, prompts, batch_size=3)
-    assert calls == ["a", "b"] * 3
+    assert calls == ["a", "b", "b", "a", "a", "b"]  # turn k starts at the k-th method: none always runs last
     assert [len(r.sequences) for r in records["a"].results] == [3, 3, 2]
     assert records["a"].sequences == [[n, ord("a")] for n in range(1, 9)]
     assert records["b"].sequences == [[n, ord("b")] for n in range(1, 9)]
@@ -193,12 +211,12 @@ def test_a_routed_method_takes_its_turns_too() -> None:
     pool = {name: method(name) for name in ("a", "b", "x")}
     choices = ["b", "a", "b", "a"]
     records = run_interleaved({"x": pool["x"]}, prompts, 1, chosen={"routed": choices}, pool=pool)
-    assert calls == [("x", 1), ("b", 1), ("x", 1), ("a", 1), ("x", 1), ("b", 1), ("x", 1), ("a", 1)]
+    assert calls == [("x", 1), ("b", 1), ("a", 1), ("x", 1), ("x", 1), ("b", 1), ("a", 1), ("x", 1)]
     assert records["routed"].sequences == [[n, ord(c)] for n, c in zip(range(1, 5), choices)]
     assert records["x"].sequences == [[n, ord("x")] for n in range(1, 5)]
     calls.clear()
     records = run_interleaved({"x": pool["x"]}, prompts, 2, chosen={"routed": choices}, pool=pool)
-    assert calls == [("x", 2), ("b", 2), ("x", 2), ("a", 2)]
+    assert calls == [("x", 2), ("b", 2), ("a", 2), ("x", 2)]
     assert records["routed"].sequences == [[n, ord(c)] for n, c in zip(range(1, 5), choices)]
     with pytest.raises(ValueError, match=r"\['c'\]"):
         run_interleaved({}, prompts, 1, chosen={"routed": ["a", "c", "a", "a"]}, pool=pool)
@@ -210,7 +228,7 @@ def test_gamma_sweep_rows_for_the_swept_methods_only(tiny_setup) -> None:
     tmp_path, folders = tiny_setup
     cfg = EvalConfig(
         target=TargetConfig(name=str(tmp_path / "target")),
-        methods=["autoregressive", "generic", "specialized", "routed"],
+        methods=["autoregressive", "generic", "specialized", "routed", "oracle"],
         drafters=folders,
         router_dir="unused-by-the-fake-loader",
         domains=["code"],
@@ -224,7 +242,11 @@ def test_gamma_sweep_rows_for_the_swept_methods_only(tiny_setup) -> None:
         sweep_temperatures=[0.0, 1.0],
         output_dir=str(tmp_path / "eval"),
     )
-    rows = run_eval(cfg, router_loader=lambda path: FixedRouter("generic", "code"))["rows"]
+    results = run_eval(cfg, router_loader=lambda path: FixedRouter("generic", "code"))
+    rows = results["rows"]
+    # the router's share is of the main gamma's rows, not the sweep's
+    assert results["router_share"] == router_share([r for r in rows if r["gamma"] in (0, 2)])
+    assert all(share["routed_speedup"] is not None for share in results["router_share"])
     gammas = {}
     for r in rows:
         gammas.setdefault((r["method"], r["temperature"], r["batch_size"]), set()).add(r["gamma"])
@@ -267,6 +289,33 @@ def test_oracle_picks_the_most_tokens_per_unit_of_pass_cost() -> None:
     assert pick_per_prompt({"generic": record([1.0]), "specialized:code": record([2.0])}, {"generic": 1.0, "specialized:code": 1.9}) == ["specialized:code"]
     with pytest.raises(ValueError, match="specialized:code"):
         pick_per_prompt({"generic": record([1.0]), "specialized:code": record([2.0])}, {"generic": 1.0})
+    # a chooser's row is prompt i's result from its choice's run, plus its own seconds
+    pool = {"generic": record([1.0, 2.0, 1.5]), "specialized:code": record([1.2, 1.0, 1.6])}
+    row = composed(pool, ["specialized:code", "generic", "specialized:code"], extra_seconds=0.5)
+    assert [r.stats.tau for r in row.results] == [1.2, 2.0, 1.6] and row.extra_seconds == 0.5
+    with pytest.raises(ValueError, match=r"\['autoregressive'\]"):
+        composed(pool, ["generic", "autoregressive", "generic"])
+
+
+def test_router_share_is_its_gain_over_the_best_single_drafter_out_of_the_oracles() -> None:
+    """(routed − best single) / (oracle − best single) on speedups averaged over domains, per
+    temperature and batch size; None where the oracle gains nothing; settings without an oracle
+    are skipped. Figures chosen so that a per-domain or unaveraged share would differ."""
+    def row(domain: str, method: str, speedup: float, temperature: float = 0.0, batch: int = 1) -> dict:
+        return {"domain": domain, "method": method, "speedup": speedup, "temperature": temperature, "batch_size": batch}
+
+    speedups = {  # (code, math): generic averages 1.3, code 1.35 (the best single), oracle 1.55, routed 1.5
+        "autoregressive": (1.0, 1.0), "generic": (1.2, 1.4), "specialized:code": (1.6, 1.1),
+        "oracle": (1.7, 1.4), "routed": (1.6, 1.4), "routed_choices": (1.65, 1.4),
+    }
+    rows = [row(d, m, v[i]) for m, v in speedups.items() for i, d in enumerate(("code", "math"))]
+    rows += [row(d, m, 1.2, temperature=0.7) for m in ("autoregressive", "generic", "oracle", "routed") for d in ("code", "math")]
+    rows += [row(d, m, 1.2, batch=4) for m in ("autoregressive", "generic", "routed") for d in ("code", "math")]
+    first, flat = router_share(rows)
+    assert (first["temperature"], first["batch_size"], first["best_single"]) == (0.0, 1, "specialized:code")
+    assert first["best_single_speedup"] == pytest.approx(1.35) and first["oracle_speedup"] == pytest.approx(1.55)
+    assert first["routed_share"] == pytest.approx(0.75) and first["routed_choices_share"] == pytest.approx(0.875)
+    assert (flat["temperature"], flat["routed_share"]) == (0.7, None) and "routed_choices_share" not in flat
 
 
 def test_merged_counts_sum_work_and_take_the_slowest_process_time() -> None:

@@ -11,6 +11,9 @@ from specdecode.decoding.stats import GenerationResult
 
 Generate = Callable[[list[list[int]]], GenerationResult]
 
+# The router's choices scored on the drafters' own batch-1 runs, as the oracle's row is (`composed`).
+ROUTED_CHOICES = "routed_choices"
+
 
 @dataclass
 class RunRecord:
@@ -116,7 +119,10 @@ def run_interleaved(
     alike, where running one method's prompts and then the next's lets the drift decide a speedup.
     The router's row once ran after the others' turns and came out at 1.40× on code where the
     drafter it chose for every prompt made 1.67×, the same decodes (docs/results.md, "Specialists
-    from the generic drafter in `make demo`").
+    from the generic drafter in `make demo`"). Turn k starts at the k-th method (mod their number),
+    so no method always runs first or last in a turn: with a fixed order, the router's row (last
+    in every turn) was slower than the drafter it chose for every code and every math prompt in
+    the 2026-11-26 demo, the same decodes (1.65× / 1.69× on code, 1.41× / 1.48× on math).
     """
     plans = {name: consecutive_batches(fn, len(prompts), batch_size) for name, fn in generators.items()}
     for name, choices in (chosen or {}).items():
@@ -127,10 +133,11 @@ def run_interleaved(
             raise ValueError(f"{name} chooses {missing}, which the pool of generators lacks")
         plans[name] = grouped_batches(pool, choices, batch_size)
     results: dict[str, list[GenerationResult]] = {name: [] for name in plans}
+    names = list(plans)
     for turn in range(max((len(plan) for plan in plans.values()), default=0)):
-        for name, plan in plans.items():
-            if turn < len(plan):
-                generate, members = plan[turn]
+        for name in names[turn % len(names) :] + names[: turn % len(names)]:
+            if turn < len(plans[name]):
+                generate, members = plans[name][turn]
                 results[name].append(generate([prompts[i] for i in members]))
     records = {}
     for name, plan in plans.items():
@@ -144,6 +151,15 @@ def run_interleaved(
 def run_batched(generate: Generate, prompts: list[list[int]], batch_size: int) -> RunRecord:
     """Decode `prompts` in consecutive batches of `batch_size` with one method."""
     return run_interleaved({"one": generate}, prompts, batch_size)["one"]
+
+
+def composed(pool: dict[str, RunRecord], choices: list[str], extra_seconds: float = 0.0) -> RunRecord:
+    """Prompt i's result from `pool[choices[i]]`'s batch-1 run (one result per prompt): a chooser's
+    row made of the runs it chose from, with `extra_seconds` for its own work (the router's)."""
+    missing = sorted(set(choices) - set(pool))
+    if missing:
+        raise ValueError(f"choices name {missing}, which the pool of runs lacks")
+    return RunRecord([pool[c].results[i] for i, c in enumerate(choices)], extra_seconds=extra_seconds)
 
 
 def pick_per_prompt(records: dict[str, RunRecord], pass_costs: dict[str, float] | None = None) -> list[str]:
@@ -193,3 +209,34 @@ def finalize_rows(keyed_counts: dict[tuple, dict]) -> list[dict]:
             }
         )
     return rows
+
+
+def router_share(rows: list[dict]) -> list[dict]:
+    """The router's share of the oracle's gain over the best single drafter, per (temperature,
+    batch size) with an oracle row in every domain: (routed − best single) / (oracle − best single)
+    on the speedups averaged over the domains (the issue's "router recovers ≥ 90%" figure), for the
+    routed row as it ran and for `routed_choices` (its choices scored on the runs the oracle is
+    scored on, so that the two differ only on the prompts where their choices do). `rows`
+    hold one gamma per method (no sweep rows). A share is None where the oracle beats no single
+    drafter (nothing to recover)."""
+    shares = []
+    for temperature, batch_size in dict.fromkeys((r["temperature"], r["batch_size"]) for r in rows):
+        here = [r for r in rows if (r["temperature"], r["batch_size"]) == (temperature, batch_size)]
+        domains = {r["domain"] for r in here}
+        speedups: dict[str, list[float]] = {}
+        for r in here:
+            speedups.setdefault(r["method"], []).append(r["speedup"] or 0.0)
+        mean = {m: sum(v) / len(v) for m, v in speedups.items() if len(v) == len(domains)}
+        singles = [m for m in mean if m == "generic" or m.startswith("specialized:")]
+        if "oracle" not in mean or not singles:
+            continue
+        best = max(singles, key=lambda m: mean[m])
+        gain = mean["oracle"] - mean[best]
+        entry: dict = {"temperature": temperature, "batch_size": batch_size, "best_single": best,
+                       "best_single_speedup": mean[best], "oracle_speedup": mean["oracle"]}
+        for chooser in ("routed", ROUTED_CHOICES):
+            if chooser in mean:
+                entry[f"{chooser}_speedup"] = mean[chooser]
+                entry[f"{chooser}_share"] = (mean[chooser] - mean[best]) / gain if gain > 0 else None
+        shares.append(entry)
+    return shares

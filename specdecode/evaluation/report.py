@@ -54,6 +54,27 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def share_table(shares: list[dict]) -> str:
+    """The router's share of the oracle's gain (`router_share`) as a markdown table."""
+    lines = [
+        "| T | batch | best single drafter | oracle | routed (share) | routed_choices (share) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in shares:
+        cells = [f"{fmt(s.get(f'{c}_speedup'), 3)}× ({fmt_share(s.get(f'{c}_share'))})" if f"{c}_speedup" in s else "–"
+                 for c in ("routed", "routed_choices")]
+        lines.append(
+            f"| {s['temperature']} | {s['batch_size']} | {s['best_single']} {fmt(s['best_single_speedup'], 3)}× | "
+            f"{fmt(s['oracle_speedup'], 3)}× | {cells[0]} | {cells[1]} |"
+        )
+    return "\n".join(lines)
+
+
+def fmt_share(share: float | None) -> str:
+    """A share as a whole percentage; a dash where there was no gain to share."""
+    return "–" if share is None else f"{100 * share:.0f}%"
+
+
 def plot_speedup(rows: list[dict], path: Path) -> None:
     """Bars: speedup over autoregressive per domain and method (greedy, batch 1, one gamma)."""
     chosen = [r for r in rows if r["temperature"] == 0.0 and r["batch_size"] == min(x["batch_size"] for x in rows)]
@@ -141,6 +162,21 @@ def write_report(results: dict, out_dir: Path) -> Path:
             "Speedup is tokens/s over `autoregressive` at the same domain, temperature and batch size; "
             "exact match is the share of prompts whose output equals target-only greedy (greedy rows only).",
             "",
+            *(
+                [
+                    "## The router's share of the oracle's gain",
+                    "",
+                    share_table(results["router_share"]),
+                    "",
+                    "Speedups averaged over the domains; share = (routed − best single) / (oracle − best single). "
+                    "`routed_choices` scores the router's choices on the drafters' own batch-1 runs, the runs "
+                    "the oracle picks from, plus the router's seconds, so that it and the oracle differ only on "
+                    "the prompts where their choices do; the routed row is the router's own run, timed apart.",
+                    "",
+                ]
+                if results.get("router_share")
+                else []
+            ),
             "![speedup per domain and method](speedup.png)",
             "![acceptance and tokens/s vs gamma](gamma_sweep.png)",
             "![per-position acceptance](position_acceptance.png)",

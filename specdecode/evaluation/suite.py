@@ -4,9 +4,12 @@ For each domain's held-out prompts, each temperature and batch size, each method
 `autoregressive` (the baseline), `undistilled` (a derived drafter before training), `generic`
 (distilled on the mix), `specialized:<domain>` (each domain drafter, on every domain), `routed`
 (the router picks a drafter per prompt), and `oracle` (per prompt, the drafter predicted fastest
-from its batch-1 run: tokens per pass over the pass's measured cost). Rows report alpha, tau,
-tokens/s, speedup over autoregressive at the same batch size, and exact match with target-only
-greedy (measured, never assumed).
+from its batch-1 run: tokens per pass over the pass's measured cost). Beside the oracle at batch 1,
+`routed_choices` scores the router's choices on the same runs the oracle picks from (plus the
+router's seconds): in the router's share of the oracle's gain (`router_share`), the two then
+differ only on the prompts where their choices do. Rows report alpha, tau, tokens/s, speedup over
+autoregressive at the same batch size, and exact match with target-only greedy (measured, never
+assumed).
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.speedup import measure_pass_costs
 from specdecode.evaluation.config import EvalConfig
 from specdecode.evaluation.records import (
-    Generate, RunRecord, finalize_rows, merge_counts, pick_per_prompt, run_batched, run_interleaved,
+    ROUTED_CHOICES, Generate, RunRecord, composed, finalize_rows, merge_counts, pick_per_prompt, router_share,
+    run_batched, run_interleaved,
 )
 from specdecode.evaluation.report import write_report
 from specdecode.models.compat import check_tokenizers, default_eos
@@ -161,7 +165,12 @@ def _eval_domain(cfg: EvalConfig, models: _Models, domain: str, texts: list[str]
                         models.target, {n: models.drafters[n] for n in models.candidates},
                         {n: cfg.gamma or drafter_gamma(models.drafters[n]) for n in models.candidates}, max(ids, key=len))
                 oracle_choices = pick_per_prompt(pool, models.pass_costs)
-                records["oracle"] = RunRecord([pool[c].results[i] for i, c in enumerate(oracle_choices)])
+                records["oracle"] = composed(pool, oracle_choices)
+                if route_choices is not None:
+                    # The router's choices on the runs the oracle picks from: beside the oracle's
+                    # row, they differ only where their choices do (`router_share`).
+                    runs = pool | {"autoregressive": records["autoregressive"]}
+                    records[ROUTED_CHOICES] = composed(runs, route_choices, (routing_s or 0.0) * len(ids))
             reference = records["autoregressive"].sequences if temperature == 0.0 else None
             if batch_size == sweep_batch:
                 sweep_reference = reference
@@ -227,12 +236,14 @@ def _publish(cfg: EvalConfig, accelerator: Any, local: dict[tuple, dict], routin
     results: dict = {}
     if accelerator.is_main_process:
         merged = {key: merge_counts([part[key] for part in gathered]) for key in gathered[0]}
+        main = {key: counts for key, counts in merged.items() if key[4] in (0, cfg.gamma)}  # no sweep rows
         results = {
             "config": asdict(cfg),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "processes": accelerator.num_processes,
             "routing_seconds_per_prompt": routing_seconds,
             "rows": finalize_rows(merged),
+            "router_share": router_share(finalize_rows(main)),
         }
         out = Path(cfg.output_dir)
         write_atomic(out / "results.json", json.dumps(results, indent=2))
