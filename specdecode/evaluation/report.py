@@ -70,6 +70,23 @@ def share_table(shares: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def share_section(shares: list[dict]) -> list[str]:
+    """report.md's lines on the router's share of the oracle's gain; none without a share."""
+    if not shares:
+        return []
+    return [
+        "## The router's share of the oracle's gain",
+        "",
+        share_table(shares),
+        "",
+        "Speedups averaged over the domains; share = (routed − best single) / (oracle − best single). "
+        "`routed_choices` scores the router's choices on the drafters' own batch-1 runs, the runs the oracle "
+        "picks from, plus the router's seconds, so that it and the oracle differ only on the prompts where "
+        "their choices do; the routed row is the router's own run, timed apart.",
+        "",
+    ]
+
+
 def fmt_share(share: float | None) -> str:
     """A share as a whole percentage; a dash where there was no gain to share."""
     return "–" if share is None else f"{100 * share:.0f}%"
@@ -162,21 +179,7 @@ def write_report(results: dict, out_dir: Path) -> Path:
             "Speedup is tokens/s over `autoregressive` at the same domain, temperature and batch size; "
             "exact match is the share of prompts whose output equals target-only greedy (greedy rows only).",
             "",
-            *(
-                [
-                    "## The router's share of the oracle's gain",
-                    "",
-                    share_table(results["router_share"]),
-                    "",
-                    "Speedups averaged over the domains; share = (routed − best single) / (oracle − best single). "
-                    "`routed_choices` scores the router's choices on the drafters' own batch-1 runs, the runs "
-                    "the oracle picks from, plus the router's seconds, so that it and the oracle differ only on "
-                    "the prompts where their choices do; the routed row is the router's own run, timed apart.",
-                    "",
-                ]
-                if results.get("router_share")
-                else []
-            ),
+            *share_section(results.get("router_share") or []),
             "![speedup per domain and method](speedup.png)",
             "![acceptance and tokens/s vs gamma](gamma_sweep.png)",
             "![per-position acceptance](position_acceptance.png)",
