@@ -34,6 +34,19 @@ class FixedRouter:
         return [self.long if len(t) > self.cut else self.short for t in texts]
 
 
+class RecordingRouter(FixedRouter):
+    """A `FixedRouter` that keeps every choice it made."""
+
+    def __init__(self, short: str, long: str, cut: int = 200) -> None:
+        super().__init__(short, long, cut)
+        self.chosen: list[str] = []
+
+    def choose(self, texts: list[str]) -> list[str]:
+        choices = super().choose(texts)
+        self.chosen += choices
+        return choices
+
+
 @pytest.fixture
 def tiny_setup(tmp_path, make_tiny_llama, make_tiny_tokenizer):
     target = make_tiny_llama(num_hidden_layers=3)
@@ -64,7 +77,11 @@ def test_run_eval_writes_every_method_with_exact_greedy(tiny_setup) -> None:
         batch_sizes=[1, 2],
         output_dir=str(tmp_path / "eval"),
     )
-    results = run_eval(cfg, router_loader=lambda path: FixedRouter("generic", "code"))
+    # Short prompts go to the undistilled drafter: a route outside the oracle's candidates, whose
+    # batch-1 run the router's choices (`routed_choices`) are then scored on too.
+    router = RecordingRouter("undistilled", "code")
+    results = run_eval(cfg, router_loader=lambda path: router)
+    assert set(router.chosen) == {"undistilled", "code"}
 
     written = json.loads((tmp_path / "eval" / "results.json").read_text())
     assert written["rows"] == results["rows"]
@@ -159,6 +176,21 @@ def test_the_oracle_weighs_tokens_per_pass_by_what_a_pass_costs(tiny_setup, chea
     for domain in ("code", "math"):
         assert rows[(domain, "oracle")]["tau"] == rows[(domain, cheap)]["tau"]
         assert rows[(domain, "oracle")]["exact_match"] == 1.0
+
+
+def test_no_share_where_a_drafter_chosen_from_has_no_rows(tiny_setup, monkeypatch) -> None:
+    """The router and the oracle choose between every trained drafter; where one has no rows of its
+    own (its method not asked for), the best single drafter is unknown and no share is given."""
+    tmp_path, folders = tiny_setup
+    monkeypatch.setattr(suite, "measure_pass_costs", lambda target, drafters, gammas, context, repeats=3: dict.fromkeys(drafters, 1.0))
+    cfg = EvalConfig(
+        target=TargetConfig(name=str(tmp_path / "target")), methods=["autoregressive", "generic", "routed", "oracle"],
+        drafters=folders, router_dir="unused-by-the-fake-loader", domains=["code"], prompts_per_domain=2,
+        max_prompt_tokens=150, max_new_tokens=4, gamma=2, temperatures=[0.0], batch_sizes=[1], output_dir=str(tmp_path / "eval"),
+    )
+    results = run_eval(cfg, router_loader=lambda path: FixedRouter("code", "code"))
+    assert {r["method"] for r in results["rows"]} == {"autoregressive", "generic", "routed", "oracle", "routed_choices"}
+    assert results["router_share"] == []
 
 
 def test_methods_take_turns_batch_by_batch_so_drift_biases_none() -> None:
@@ -276,8 +308,8 @@ def test_bad_sweep_names_the_value(field, value, needle) -> None:
 def test_oracle_picks_the_most_tokens_per_unit_of_pass_cost() -> None:
     from types import SimpleNamespace
 
-    def record(taus):
-        return RunRecord([SimpleNamespace(stats=SimpleNamespace(tau=t)) for t in taus])  # type: ignore[list-item]
+    def record(taus, per_batch: int = 1):
+        return RunRecord([SimpleNamespace(stats=SimpleNamespace(tau=t), sequences=[[0]] * per_batch) for t in taus])  # type: ignore[list-item]
 
     choices = pick_per_prompt({"generic": record([1.0, 2.0, 1.5]), "specialized:code": record([1.2, 1.0, 1.5])})
     assert choices == ["specialized:code", "generic", "generic"]
@@ -295,6 +327,10 @@ def test_oracle_picks_the_most_tokens_per_unit_of_pass_cost() -> None:
     assert [r.stats.tau for r in row.results] == [1.2, 2.0, 1.6] and row.extra_seconds == 0.5
     with pytest.raises(ValueError, match=r"\['autoregressive'\]"):
         composed(pool, ["generic", "autoregressive", "generic"])
+    # only batch-1 runs of the chosen prompts, in their order, compose: anything else would mismatch prompts
+    for bad in (record([1.0, 2.0], per_batch=2), record([1.0, 2.0]), RunRecord(record([1.0, 2.0, 1.5]).results, order=[2, 1, 0])):
+        with pytest.raises(ValueError, match="pool\\['generic'\\] is no batch-1 run of the 3 prompts"):
+            composed(pool | {"generic": bad}, ["specialized:code", "generic", "specialized:code"])
 
 
 def test_router_share_is_its_gain_over_the_best_single_drafter_out_of_the_oracles() -> None:
@@ -316,6 +352,44 @@ def test_router_share_is_its_gain_over_the_best_single_drafter_out_of_the_oracle
     assert first["best_single_speedup"] == pytest.approx(1.35) and first["oracle_speedup"] == pytest.approx(1.55)
     assert first["routed_share"] == pytest.approx(0.75) and first["routed_choices_share"] == pytest.approx(0.875)
     assert (flat["temperature"], flat["routed_share"]) == (0.7, None) and "routed_choices_share" not in flat
+    # named, the drafters chosen between decide the settings: T = 0.7 has no code specialist's rows
+    assert router_share(rows, ["generic", "specialized:code"]) == [first]
+    # an oracle below the best single drafter leaves nothing to recover
+    below = [r | {"speedup": 1.0} if r["method"] == "oracle" else r for r in rows]
+    assert router_share(below)[0]["routed_share"] is None
+    # a drafter the router chooses from without rows of its own: the best single drafter is unknown
+    assert router_share(rows, ["generic", "specialized:code", "specialized:math"]) == []
+    # a single drafter missing a domain (or a speedup) is no candidate when none are named, and
+    # leaves its setting without a share when it is named
+    gap = [r for r in rows if (r["method"], r["domain"], r["temperature"]) != ("specialized:code", "math", 0.0)]
+    partial = router_share(gap)[0]
+    assert partial["best_single"] == "generic" and partial["routed_share"] == pytest.approx((1.5 - 1.3) / (1.55 - 1.3))
+    assert router_share(gap, ["generic", "specialized:code"]) == []
+    unknown = [r | {"speedup": None} if (r["method"], r["domain"], r["temperature"]) == ("oracle", "math", 0.0) else r for r in rows]
+    assert router_share(unknown) == [flat]  # not an oracle at (1.7 + 0) / 2
+    # no router row (an oracle alone): no share to give
+    assert router_share([r for r in rows if r["method"] not in ("routed", "routed_choices")]) == []
+
+
+def test_share_table_marks_missing_shares_and_tags_merged_runs(tmp_path) -> None:
+    """report.md's share table: a dash where a chooser has no row or no gain to share, and a gamma
+    column for the shares of several runs (`merge_results`, e.g. a multirun over gamma)."""
+    from specdecode.evaluation.report import share_table
+
+    share = {"temperature": 0.0, "batch_size": 1, "best_single": "generic", "best_single_speedup": 1.3,
+             "oracle_speedup": 1.5, "routed_speedup": 1.45, "routed_share": 0.75}
+    table = share_table([share, share | {"temperature": 0.7, "routed_share": None}])
+    assert table.splitlines()[2] == "| 0.0 | 1 | generic 1.300× | 1.500× | 1.450× (75%) | – |"
+    assert table.splitlines()[3].endswith("| 1.450× (–) | – |")
+    for gamma in (1, 2):
+        folder = tmp_path / f"gamma={gamma}"
+        folder.mkdir()
+        data = {"rows": [], "config": {"gamma": gamma}, "router_share": [share | {"routed_share": gamma / 4}]}
+        (folder / "results.json").write_text(json.dumps(data))
+    merged = merge_results(tmp_path.glob("*/results.json"))
+    assert [(s["gamma"], s["routed_share"]) for s in merged["router_share"]] == [(1, 0.25), (2, 0.5)]
+    lines = share_table(merged["router_share"]).splitlines()
+    assert lines[0].startswith("| gamma | T | batch |") and lines[3].startswith("| 2 | 0.0 | 1 |") and "(50%)" in lines[3]
 
 
 def test_merged_counts_sum_work_and_take_the_slowest_process_time() -> None:

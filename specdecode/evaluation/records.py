@@ -4,7 +4,7 @@ batching policies the methods decode with (consecutive batches, grouped by chose
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from specdecode.decoding.stats import GenerationResult
@@ -120,9 +120,11 @@ def run_interleaved(
     The router's row once ran after the others' turns and came out at 1.40× on code where the
     drafter it chose for every prompt made 1.67×, the same decodes (docs/results.md, "Specialists
     from the generic drafter in `make demo`"). Turn k starts at the k-th method (mod their number),
-    so no method always runs first or last in a turn: with a fixed order, the router's row (last
-    in every turn) was slower than the drafter it chose for every code and every math prompt in
-    the 2026-11-26 demo, the same decodes (1.65× / 1.69× on code, 1.41× / 1.48× on math).
+    so over as many turns as methods each method runs at every place in a turn once: with a fixed
+    order, the router's row (last in every turn) was slower than the drafter it chose for every
+    code and every math prompt in the 2026-11-26 demo, the same decodes (1.65× / 1.69× on code,
+    1.41× / 1.48× on math). Fewer turns than methods leave the places uneven, and a single turn
+    (a batch as large as the prompts) runs in the listed order.
     """
     plans = {name: consecutive_batches(fn, len(prompts), batch_size) for name, fn in generators.items()}
     for name, choices in (chosen or {}).items():
@@ -159,6 +161,11 @@ def composed(pool: dict[str, RunRecord], choices: list[str], extra_seconds: floa
     missing = sorted(set(choices) - set(pool))
     if missing:
         raise ValueError(f"choices name {missing}, which the pool of runs lacks")
+    for name in sorted(set(choices)):
+        run = pool[name]
+        if run.order is not None or len(run.results) != len(choices) or any(len(r.sequences) != 1 for r in run.results):
+            raise ValueError(f"pool[{name!r}] is no batch-1 run of the {len(choices)} prompts chosen for "
+                             f"({len(run.results)} batches, order {run.order})")
     return RunRecord([pool[c].results[i] for i, c in enumerate(choices)], extra_seconds=extra_seconds)
 
 
@@ -211,26 +218,34 @@ def finalize_rows(keyed_counts: dict[tuple, dict]) -> list[dict]:
     return rows
 
 
-def router_share(rows: list[dict]) -> list[dict]:
+def router_share(rows: list[dict], singles: Sequence[str] | None = None) -> list[dict]:
     """The router's share of the oracle's gain over the best single drafter, per (temperature,
-    batch size) with an oracle row in every domain: (routed − best single) / (oracle − best single)
-    on the speedups averaged over the domains (the issue's "router recovers ≥ 90%" figure), for the
-    routed row as it ran and for `routed_choices` (its choices scored on the runs the oracle is
-    scored on, so that the two differ only on the prompts where their choices do). `rows`
-    hold one gamma per method (no sweep rows). A share is None where the oracle beats no single
-    drafter (nothing to recover)."""
+    batch size) with an oracle row and a chooser's row (routed, `routed_choices`) in every domain:
+    (chooser − best single) / (oracle − best single) on the speedups averaged over the domains (the
+    issue's "router recovers ≥ 90%" figure), for the routed row as it ran and for `routed_choices`
+    (its choices scored on the runs the oracle is scored on, so that the two differ only on the
+    prompts where their choices do). `rows` hold one gamma per method (no sweep rows).
+
+    `singles` are the drafters the oracle and the router choose between, as rows name them
+    (`generic`, `specialized:code`, ...; None: every such method with rows): a setting where one
+    of them has no row in some domain gets no share, since the best single drafter is unknown
+    there. A row without a speedup counts as missing. A share is None where the oracle is not
+    above the best single drafter (nothing to recover)."""
     shares = []
     for temperature, batch_size in dict.fromkeys((r["temperature"], r["batch_size"]) for r in rows):
         here = [r for r in rows if (r["temperature"], r["batch_size"]) == (temperature, batch_size)]
         domains = {r["domain"] for r in here}
         speedups: dict[str, list[float]] = {}
         for r in here:
-            speedups.setdefault(r["method"], []).append(r["speedup"] or 0.0)
+            if r["speedup"] is not None:
+                speedups.setdefault(r["method"], []).append(r["speedup"])
         mean = {m: sum(v) / len(v) for m, v in speedups.items() if len(v) == len(domains)}
-        singles = [m for m in mean if m == "generic" or m.startswith("specialized:")]
-        if "oracle" not in mean or not singles:
+        candidates = list(singles) if singles is not None else [m for m in mean if m == "generic" or m.startswith("specialized:")]
+        if "oracle" not in mean or not candidates or any(m not in mean for m in candidates):
             continue
-        best = max(singles, key=lambda m: mean[m])
+        if not any(chooser in mean for chooser in ("routed", ROUTED_CHOICES)):
+            continue
+        best = max(candidates, key=lambda m: mean[m])
         gain = mean["oracle"] - mean[best]
         entry: dict = {"temperature": temperature, "batch_size": batch_size, "best_single": best,
                        "best_single_speedup": mean[best], "oracle_speedup": mean["oracle"]}

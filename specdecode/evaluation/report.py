@@ -29,11 +29,14 @@ def fmt(value: object, digits: int = 2) -> str:
 
 
 def merge_results(paths: Iterable[Path]) -> dict:
-    """Rows of several results.json files (e.g. a Hydra multirun over gamma) as one result."""
-    merged: dict = {"rows": [], "sources": []}
+    """Rows of several results.json files (e.g. a Hydra multirun over gamma) as one result; their
+    router shares too, each tagged with its run's gamma."""
+    merged: dict = {"rows": [], "sources": [], "router_share": []}
     for path in sorted(paths):
         data = json.loads(Path(path).read_text())
         merged["rows"] += data["rows"]
+        gamma = (data.get("config") or {}).get("gamma")
+        merged["router_share"] += [share | {"gamma": gamma} for share in data.get("router_share") or []]
         merged["sources"].append(str(path))
         merged.setdefault("config", data.get("config"))
         merged.setdefault("date", data.get("date"))
@@ -55,16 +58,19 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def share_table(shares: list[dict]) -> str:
-    """The router's share of the oracle's gain (`router_share`) as a markdown table."""
+    """The router's share of the oracle's gain (`router_share`) as a markdown table (with a gamma
+    column where the shares come from several runs, `merge_results`)."""
+    tagged = any("gamma" in s for s in shares)
     lines = [
-        "| T | batch | best single drafter | oracle | routed (share) | routed_choices (share) |",
-        "|---|---|---|---|---|---|",
+        ("| gamma " if tagged else "") + "| T | batch | best single drafter | oracle | routed (share) | routed_choices (share) |",
+        "|---" * (7 if tagged else 6) + "|",
     ]
     for s in shares:
         cells = [f"{fmt(s.get(f'{c}_speedup'), 3)}× ({fmt_share(s.get(f'{c}_share'))})" if f"{c}_speedup" in s else "–"
                  for c in ("routed", "routed_choices")]
         lines.append(
-            f"| {s['temperature']} | {s['batch_size']} | {s['best_single']} {fmt(s['best_single_speedup'], 3)}× | "
+            (f"| {fmt(s.get('gamma'))} " if tagged else "")
+            + f"| {s['temperature']} | {s['batch_size']} | {s['best_single']} {fmt(s['best_single_speedup'], 3)}× | "
             f"{fmt(s['oracle_speedup'], 3)}× | {cells[0]} | {cells[1]} |"
         )
     return "\n".join(lines)

@@ -92,13 +92,18 @@ def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], ob
             continue
         model, drafter_tokenizer = load_model(path, dtype=cfg.dtype, device=device, skinny_matmul=cfg.skinny_matmul)
         check_tokenizers(tokenizer, drafter_tokenizer)
-        drafters["generic" if name == "generic" else f"specialized:{name}"] = model
+        drafters[_method_name(name)] = model
     router = None
     if "routed" in cfg.methods:
         if router_loader is None:
             router_loader = partial(Router.load, device=str(device))
         router = router_loader(cfg.router_dir)  # type: ignore[arg-type]
     return _Models(target, tokenizer, default_eos(target), drafters, router)
+
+
+def _method_name(drafter: str) -> str:
+    """The method a trained drafter of `cfg.drafters` decodes as: `generic`, or `specialized:<name>`."""
+    return "generic" if drafter == "generic" else f"specialized:{drafter}"
 
 
 def _family(name: str) -> str:
@@ -168,8 +173,9 @@ def _eval_domain(cfg: EvalConfig, models: _Models, domain: str, texts: list[str]
                 records["oracle"] = composed(pool, oracle_choices)
                 if route_choices is not None:
                     # The router's choices on the runs the oracle picks from: beside the oracle's
-                    # row, they differ only where their choices do (`router_share`).
-                    runs = pool | {"autoregressive": records["autoregressive"]}
+                    # row, they differ only where their choices do (`router_share`). Every batch-1
+                    # run counts: a router may route to `undistilled`, no candidate of the oracle's.
+                    runs = pool | {n: r for n, r in records.items() if n in generators}
                     records[ROUTED_CHOICES] = composed(runs, route_choices, (routing_s or 0.0) * len(ids))
             reference = records["autoregressive"].sequences if temperature == 0.0 else None
             if batch_size == sweep_batch:
@@ -243,7 +249,8 @@ def _publish(cfg: EvalConfig, accelerator: Any, local: dict[tuple, dict], routin
             "processes": accelerator.num_processes,
             "routing_seconds_per_prompt": routing_seconds,
             "rows": finalize_rows(merged),
-            "router_share": router_share(finalize_rows(main)),
+            # the drafters the router and the oracle choose between (`_Models.candidates`), as rows name them
+            "router_share": router_share(finalize_rows(main), [_method_name(n) for n in cfg.drafters]),
         }
         out = Path(cfg.output_dir)
         write_atomic(out / "results.json", json.dumps(results, indent=2))
