@@ -263,4 +263,4 @@ def _router_key(drafter_name: str) -> str:
     """Router drafter names are `generic` or a domain; evaluation methods name them as rows do."""
     if drafter_name == NO_DRAFTER:
         return "autoregressive"
-    return drafter_name if drafter_name in ("generic", "undistilled") else f"specialized:{drafter_name}"
+    return drafter_name if drafter_name == "undistilled" else _method_name(drafter_name)
