@@ -120,31 +120,95 @@ def test_verify_widths_take_turns(monkeypatch: pytest.MonkeyPatch) -> None:
     assert widths == [16] + [1, 2, 4] * 3
 
 
+class FakeClock:
+    """`time.perf_counter` for the timed decodes: each decode advances it by its target passes times
+    a pass's cost (1 for the target alone, `costs[gamma]` for a speculative one), so what the gamma
+    choice measures is fixed by the test, not by the machine."""
+
+    def __init__(self, costs: dict[int, float]) -> None:
+        self.now, self.costs = 0.0, costs
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def wrap(self, generate, cost_of):  # type: ignore[no-untyped-def]
+        def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
+            result = generate(*args, **kwargs)
+            self.now += result.stats.target_calls * cost_of(kwargs)
+            return result
+        return timed
+
+
 @pytest.mark.parametrize("perfect", [True, False])
-def test_choose_gamma_counts_tokens_per_pass_by_decoding(monkeypatch: pytest.MonkeyPatch, perfect: bool) -> None:
-    """With prompts, gamma follows the tokens per pass that decoding counted, not Leviathan's model
-    at the alpha it is given: a drafter that is the target itself gets the longest gamma even at
-    alpha 0, a drafter that is never right gets 1; without prompts the model decides."""
+def test_choose_gamma_keeps_the_fastest_timed_decode(monkeypatch: pytest.MonkeyPatch, perfect: bool) -> None:
+    """With prompts, gamma is the one whose batch-1 decodes took least time beside the target alone's,
+    tokens per pass counted on the same decodes: a drafter that is the target itself gets the longest
+    gamma (at alpha 0, where Leviathan's model picks 1), unless its verify is dear enough to lose
+    that; a drafter that is never right gets 1."""
     import copy
 
-    from specdecode import speculative_generate
-    from specdecode.decoding import speedup
-    from specdecode.decoding.speedup import StepCosts, choose_gamma
+    from specdecode.decoding import decode, speedup
+    from specdecode.decoding.speedup import choose_gamma
 
-    # fixed costs, so only the counted tokens per pass decide: c = 0.05, a flat verify (GPU-like)
-    monkeypatch.setattr(speedup, "measure_step_costs", lambda *a, **k: StepCosts(1.0, 1.0, 0.05, 1, 20))
-    monkeypatch.setattr(speedup, "measure_verify_ratios", lambda target, context, gammas, repeats: {g: 1.0 for g in gammas})
     target = tiny_llama(2, seed=0)
     drafter = copy.deepcopy(target) if perfect else tiny_llama(1, seed=1)
     prompts = [[1, 2, 3, 4], [5, 6, 7, 8, 9, 10]]
-    figures = choose_gamma(target, drafter, list(range(20)), 0.0, [1, 2, 4, 8], prompts, max_new_tokens=24)
-    assert figures["method"] == "measured tau" and set(figures["tau"]) == {1, 2, 4, 8}
-    for gamma, tau in figures["tau"].items():
-        counted = speculative_generate(target, drafter, prompts, gamma=gamma, max_new_tokens=24, eos_token_ids=[]).stats.tau
-        assert tau == pytest.approx(counted)
-        assert figures["predicted_speedups"][gamma] == pytest.approx(tau / (gamma * 0.05 + 1.0))
+    counted = {g: [decode.speculative_generate(target, drafter, [p], gamma=g, max_new_tokens=24, eos_token_ids=[]).stats.target_calls
+                   for p in prompts] for g in (1, 2, 4, 8)}
+
+    def choose(costs: dict[int, float]) -> dict:  # type: ignore[type-arg]
+        clock = FakeClock(costs)
+        with monkeypatch.context() as patch:
+            patch.setattr(speedup, "time", clock)
+            patch.setattr(decode, "speculative_generate", clock.wrap(decode.speculative_generate, lambda kw: costs[kw["gamma"]]))
+            patch.setattr(decode, "autoregressive_generate", clock.wrap(decode.autoregressive_generate, lambda kw: 1.0))
+            return choose_gamma(target, drafter, list(range(20)), 0.0, [1, 2, 4, 8], prompts, max_new_tokens=24)
+
+    flat = {g: 1.0 + 0.05 * g for g in (1, 2, 4, 8)}  # c = 0.05, a flat verify (GPU-like)
+    figures = choose(flat)
+    assert figures["method"] == "timed decodes" and figures["autoregressive_seconds"] == 48  # 24 passes each (the prefill, then 23 steps)
+    for gamma, calls in counted.items():
+        assert figures["tau"][gamma] == pytest.approx(48 / sum(calls))
+        assert figures["seconds"][gamma] == pytest.approx(sum(calls) * flat[gamma])
+        assert figures["measured_speedups"][gamma] == pytest.approx(figures["autoregressive_seconds"] / figures["seconds"][gamma])
     assert figures["chosen"] == drafter.config.specdecode_gamma == (8 if perfect else 1)
+    assert figures["speedup"] == max(figures["measured_speedups"].values())
     if perfect:
         assert figures["tau"][8] > 4 > figures["tau"][1]  # the drafts were accepted
+        # the same counted tokens, a 9-token verify three times a step: the time, not tau, decides
+        dear = choose(flat | {8: 3.0})
+        assert dear["tau"] == figures["tau"] and dear["chosen"] == drafter.config.specdecode_gamma == 4
         model = choose_gamma(target, drafter, list(range(20)), 0.0, [1, 2, 4, 8])
         assert model["method"] == "Leviathan's model at alpha" and model["chosen"] == 1
+
+
+def test_timed_decodes_rotate_the_order_per_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every prompt runs the target alone and each gamma back to back, the order rotated by one per
+    prompt (drift on a shared machine biases none of them), after one untimed warm-up of each; every
+    decode is batch 1 with the same fixed budget."""
+    from specdecode.decoding import decode
+    from specdecode.decoding.speedup import timed_decodes
+
+    calls: list[tuple[int, tuple[int, ...], int]] = []
+    real_spec, real_ar = decode.speculative_generate, decode.autoregressive_generate
+
+    def spec(target, drafter, prompts, **kw):  # type: ignore[no-untyped-def]
+        calls.append((kw["gamma"], *map(tuple, prompts), kw["max_new_tokens"]))
+        assert kw["eos_token_ids"] == []
+        return real_spec(target, drafter, prompts, **kw)
+
+    def ar(target, prompts, **kw):  # type: ignore[no-untyped-def]
+        calls.append((0, *map(tuple, prompts), kw["max_new_tokens"]))
+        return real_ar(target, prompts, **kw)
+
+    monkeypatch.setattr(decode, "speculative_generate", spec)
+    monkeypatch.setattr(decode, "autoregressive_generate", ar)
+    target = tiny_llama(2, seed=0)
+    prompts = [[1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    timed = timed_decodes(target, tiny_llama(1, seed=1), prompts, [1, 3], max_new_tokens=12)
+    assert calls[:3] == [(0, (1, 2, 3), 8), (1, (1, 2, 3), 8), (3, (1, 2, 3), 8)]  # warm-up: 2 gamma + 2 tokens
+    assert [c[0] for c in calls[3:]] == [0, 1, 3, 1, 3, 0, 3, 0, 1]
+    assert [c[1] for c in calls[3:]] == [tuple(p) for p in prompts for _ in range(3)] and {c[2] for c in calls[3:]} == {12}
+    assert timed["tokens"] == 36 and set(timed["seconds"]) == set(timed["tau"]) == {1, 3}
+    with pytest.raises(ValueError, match="one or more prompts"):
+        timed_decodes(target, target, [], [1], max_new_tokens=4)

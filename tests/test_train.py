@@ -476,7 +476,7 @@ def test_feature_drafter_distills_from_cached_features_and_reloads(tmp_path: Pat
     assert drafter.config.specdecode_gamma == metrics["gamma"]["chosen"] in [1, 2, 3, 4, 5, 6, 8]
     # counted by decoding the whole held-out prompts (not the training sequences' cut ones)
     whole = decoding_prompts(cfg.data, smoke_tokenizer(), cfg.train.gamma_prompts)
-    assert metrics["gamma"]["method"] == "measured tau" and metrics["gamma"]["prompt_tokens"] == sum(map(len, whole))
+    assert metrics["gamma"]["method"] == "timed decodes" and metrics["gamma"]["prompt_tokens"] == sum(map(len, whole))
     prompts = [s.tokens[: s.response_start] for s in caches[0].sequences[:3]]
     spec = speculative_generate(target, drafter, prompts, gamma=3, max_new_tokens=12, eos_token_ids=[])
     assert spec.sequences == autoregressive_generate(target, prompts, max_new_tokens=12, eos_token_ids=[]).sequences

@@ -62,7 +62,7 @@ def optimal_gamma(alpha: float, cost_ratio: float, verify_ratios: dict[int, floa
     return best, speedups[best]
 
 
-# Timed rounds behind a verify ratio (choose_gamma, the oracle's pass costs). Each round times
+# Timed rounds behind a verify ratio (choose_gamma without prompts, the oracle's pass costs). Each round times
 # every width once, ~0.1 s each for the embedded target on a 2-core CPU. With 9, nine measurements
 # (three processes) on 2026-11-26 put a 3-token verify at 1.00-1.41x a step and a 4-token one at
 # 0.94-1.15x (one training job stored gamma 4 on a 4-token verify timed at 1.44x); with 36, four
@@ -202,48 +202,83 @@ def _long_enough(context: Sequence[int], gamma: int) -> list[int]:
     return context
 
 
-def measured_tau(
+def timed_decodes(
     target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, prompts: Sequence[Sequence[int]],
     gammas: Sequence[int], max_new_tokens: int, temperature: float = 0.0,
-) -> dict[int, float]:
-    """gamma → tokens per target pass (DecodeStats.tau) when `speculative_generate` decodes `prompts`
-    (one ragged batch, prompt lookup as by default, seeded when sampling) at that gamma.
+) -> dict[str, Any]:
+    """Decode each of `prompts` alone (batch 1, as users and the evaluation time it) with the target
+    alone and with `drafter` at each of `gammas` (`speculative_generate`, prompt lookup as by
+    default, a fixed budget, seeded when sampling), timing every decode.
 
-    Counted, not timed: what i.i.d. alpha leaves out is in it (prompt lookup's copies, the later
-    drafts' lower acceptance as the drafter reads its own features)."""
-    from specdecode.decoding.decode import speculative_generate  # decode imports this module's users
+    Each prompt runs all of them back to back, in an order rotated by one per prompt, so a machine
+    whose speed drifts biases none of them; each gamma decodes once, untimed, before (its verify
+    width's first pass pays one-off kernel set-up). Counted and timed: what a one-pass timing of
+    the verify leaves out is in it (prompt lookup's copies, the later drafts' lower acceptance, the
+    prefill, the loop's own work, and a CPU's uneven cost per verify width).
+
+    Returns:
+        `{"autoregressive_s": float, "seconds": {gamma: float}, "tau": {gamma: float}, "tokens": int}`,
+        seconds summed over the prompts, tau their generated tokens over their target passes.
+    """
+    from specdecode.decoding.decode import autoregressive_generate, speculative_generate  # decode imports this module's users
 
     prompts = [list(p) for p in prompts]
-    return {g: speculative_generate(target, drafter, prompts, max_new_tokens=max_new_tokens, gamma=g,
-                                    temperature=temperature, seed=0, eos_token_ids=[]).stats.tau for g in gammas}
+    if not prompts or not gammas:
+        raise ValueError(f"timed_decodes needs one or more prompts and gammas, got {len(prompts)} prompts and gammas={list(gammas)}")
+    runs: dict[int, Any] = {0: lambda ids, n: autoregressive_generate(target, [ids], max_new_tokens=n, temperature=temperature,
+                                                                         seed=0, eos_token_ids=[])}
+    for g in gammas:
+        runs[g] = lambda ids, n, g=g: speculative_generate(target, drafter, [ids], max_new_tokens=n, gamma=g,
+                                                            temperature=temperature, seed=0, eos_token_ids=[])
+    for run in runs.values():  # warm-up, not counted
+        run(prompts[0], min(max_new_tokens, 2 * max(gammas) + 2))
+    seconds = dict.fromkeys(runs, 0.0)
+    passes = dict.fromkeys(runs, 0)
+    tokens = 0
+    order = list(runs)
+    for i, ids in enumerate(prompts):
+        for key in order[i % len(order):] + order[: i % len(order)]:
+            start = time.perf_counter()
+            result = runs[key](ids, max_new_tokens)
+            seconds[key] += time.perf_counter() - start
+            passes[key] += result.stats.target_calls
+        tokens += max_new_tokens
+    return {"autoregressive_s": seconds[0], "seconds": {g: seconds[g] for g in gammas},
+            "tau": {g: tokens / passes[g] for g in gammas}, "tokens": tokens}
 
 
 def choose_gamma(
     target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, context: Sequence[int], alpha: float,
     candidates: Sequence[int], prompts: Sequence[Sequence[int]] = (), max_new_tokens: int = 32, temperature: float = 0.0,
 ) -> dict[str, Any]:
-    """Store in `drafter.config.specdecode_gamma` the gamma predicted fastest, from step costs
-    measured here after `context` (a drafter step, and a verify of gamma + 1 tokens for each
-    candidate). With `prompts`, each candidate's tokens per pass are counted by decoding them
-    (`measured_tau`) and the speedup predicted as tau / (verify + gamma c); without, from
-    Leviathan's model at acceptance `alpha`. Returns the figures."""
-    context = _long_enough(context, max(candidates))
+    """Store in `drafter.config.specdecode_gamma` the gamma that decodes fastest.
+
+    With `prompts`, each candidate decodes them, timed beside the target alone (`timed_decodes`),
+    and the fastest measured is kept. Without, Leviathan's model decides at acceptance `alpha`, on
+    step costs timed after `context` (a drafter step, and a verify of gamma + 1 tokens for each
+    candidate). Returns the figures.
+
+    Why timed decodes: the verify timings the model needs move by a third between processes on a
+    shared 2-core CPU (a 4-token verify at 1.03x and 1.37x a step in two demos' jobs), and the
+    choice followed them to gammas that decoded slower (docs/results.md, "Gamma from timed decodes").
+    """
     was_training = drafter.training
     drafter.eval()
-    costs = measure_step_costs(target, drafter, context, 1, repeats=5)
-    verify = measure_verify_ratios(target, context, candidates, VERIFY_REPEATS)
-    figures: dict[str, Any] = {"alpha": alpha, "cost_ratio": costs.cost_ratio, "verify_ratios": verify,
-                               "context_tokens": len(context)}
+    figures: dict[str, Any] = {"alpha": alpha}
     if prompts:
-        tau = measured_tau(target, drafter, prompts, candidates, max_new_tokens, temperature)
-        speedups = {g: tau[g] / (g * costs.cost_ratio + verify[g]) for g in candidates}
-        gamma = max(speedups, key=lambda g: (speedups[g], -g))
-        speedup = speedups[gamma]
-        figures |= {"method": "measured tau", "tau": tau, "predicted_speedups": speedups, "prompts": len(prompts),
-                    "prompt_tokens": sum(len(p) for p in prompts), "max_new_tokens": max_new_tokens}
+        timed = timed_decodes(target, drafter, prompts, candidates, max_new_tokens, temperature)
+        speedups = {g: timed["autoregressive_s"] / s for g, s in timed["seconds"].items()}
+        figures |= {"method": "timed decodes", "tau": timed["tau"], "measured_speedups": speedups,
+                    "seconds": timed["seconds"], "autoregressive_seconds": timed["autoregressive_s"],
+                    "prompts": len(prompts), "prompt_tokens": sum(len(p) for p in prompts), "max_new_tokens": max_new_tokens}
     else:
-        gamma, speedup = optimal_gamma(min(max(alpha, 0.0), 1.0), costs.cost_ratio, verify)
-        figures["method"] = "Leviathan's model at alpha"
+        context = _long_enough(context, max(candidates))
+        costs = measure_step_costs(target, drafter, context, 1, repeats=5)
+        verify = measure_verify_ratios(target, context, candidates, VERIFY_REPEATS)
+        speedups = {g: predicted_speedup(min(max(alpha, 0.0), 1.0), g, costs.cost_ratio, v) for g, v in verify.items()}
+        figures |= {"method": "Leviathan's model at alpha", "cost_ratio": costs.cost_ratio, "verify_ratios": verify,
+                    "predicted_speedups": speedups, "context_tokens": len(context)}
+    gamma = max(speedups, key=lambda g: (speedups[g], -g))  # ties: the shorter drafts
     drafter.train(was_training)
     drafter.config.specdecode_gamma = gamma
-    return {"chosen": gamma, "predicted_speedup": speedup} | figures
+    return {"chosen": gamma, "speedup": speedups[gamma]} | figures

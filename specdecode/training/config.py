@@ -54,11 +54,11 @@ class TrainConfig:
     # Feature drafters: uniform noise U(-a, a) added in training to the target features the drafter
     # reads (EAGLE's; the post-norm features have an RMS of ~2 on SmolLM2). 0 = none.
     feature_noise: float = 0.0
-    # After training: the gamma (of these) predicted fastest from the step costs measured then,
-    # stored with the drafter ([] = none). Each candidate's tokens per target pass are counted by
-    # decoding the first gamma_prompts held-out prompts, whole (gamma_new_tokens each, as the
-    # evaluation decodes by default, with prompt lookup, at select_temperature); gamma_prompts 0:
-    # Leviathan's model at the best held-out acceptance.
+    # After training: the gamma (of these) that decoded fastest, stored with the drafter ([] = none).
+    # The first gamma_prompts held-out prompts, whole, are decoded one at a time (gamma_new_tokens
+    # each, with prompt lookup, at select_temperature) by the target alone and at each candidate,
+    # timed (`choose_gamma`); gamma_prompts 0: Leviathan's model at the best held-out acceptance,
+    # on step costs timed once.
     gamma_candidates: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 8])
     gamma_prompts: int = 8
     gamma_new_tokens: int = 64

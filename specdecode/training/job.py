@@ -177,9 +177,10 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
 
 def _choose_gamma(cfg: TrainJobConfig, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                   drafter: PreTrainedModel | FeatureDrafter, teacher: Teacher, acceptance: float) -> dict[str, Any]:
-    """Store the gamma predicted fastest with `drafter` (`choose_gamma`): step costs timed after the
-    longest held-out sequence, tokens per pass counted on the first `train.gamma_prompts` held-out
-    prompts, whole (`decoding_prompts`)."""
+    """Store the gamma that decodes fastest with `drafter` (`choose_gamma`): the first
+    `train.gamma_prompts` held-out prompts, whole (`decoding_prompts`), decoded one at a time and
+    timed at each candidate; with none, Leviathan's model on step costs timed after the longest
+    held-out sequence."""
     train = cfg.train
     context = max((s.tokens for s in teacher.heldout.sequences), key=len)
     prompts = decoding_prompts(cfg.data, tokenizer, train.gamma_prompts)
