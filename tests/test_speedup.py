@@ -1,8 +1,9 @@
-"""The speedup model and the step-cost measurement."""
+"""The speedup model, the step-cost measurement and the gamma choice from timed decodes."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -156,7 +157,7 @@ def test_choose_gamma_keeps_the_fastest_timed_decode(monkeypatch: pytest.MonkeyP
     counted = {g: [decode.speculative_generate(target, drafter, [p], gamma=g, max_new_tokens=24, eos_token_ids=[]).stats.target_calls
                    for p in prompts] for g in (1, 2, 4, 8)}
 
-    def choose(costs: dict[int, float]) -> dict:  # type: ignore[type-arg]
+    def choose(costs: dict[int, float]) -> dict[str, Any]:
         clock = FakeClock(costs)
         with monkeypatch.context() as patch:
             patch.setattr(speedup, "time", clock)
@@ -185,7 +186,7 @@ def test_choose_gamma_keeps_the_fastest_timed_decode(monkeypatch: pytest.MonkeyP
 def test_timed_decodes_rotate_the_order_per_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every prompt runs the target alone and each gamma back to back, the order rotated by one per
     prompt (drift on a shared machine biases none of them), after one untimed warm-up of each; every
-    decode is batch 1 with the same fixed budget."""
+    decode is batch 1 with the same fixed budget, temperature and seed."""
     from specdecode.decoding import decode
     from specdecode.decoding.speedup import timed_decodes
 
@@ -194,21 +195,26 @@ def test_timed_decodes_rotate_the_order_per_prompt(monkeypatch: pytest.MonkeyPat
 
     def spec(target, drafter, prompts, **kw):  # type: ignore[no-untyped-def]
         calls.append((kw["gamma"], *map(tuple, prompts), kw["max_new_tokens"]))
-        assert kw["eos_token_ids"] == []
+        assert (kw["eos_token_ids"], kw["temperature"], kw["seed"]) == ([], 0.7, 0)
         return real_spec(target, drafter, prompts, **kw)
 
     def ar(target, prompts, **kw):  # type: ignore[no-untyped-def]
         calls.append((0, *map(tuple, prompts), kw["max_new_tokens"]))
+        assert (kw["eos_token_ids"], kw["temperature"], kw["seed"]) == ([], 0.7, 0)
         return real_ar(target, prompts, **kw)
 
     monkeypatch.setattr(decode, "speculative_generate", spec)
     monkeypatch.setattr(decode, "autoregressive_generate", ar)
     target = tiny_llama(2, seed=0)
     prompts = [[1, 2, 3], [4, 5, 6, 7], [8, 9]]
-    timed = timed_decodes(target, tiny_llama(1, seed=1), prompts, [1, 3], max_new_tokens=12)
+    timed = timed_decodes(target, tiny_llama(1, seed=1), prompts, [1, 3], max_new_tokens=12, temperature=0.7)
     assert calls[:3] == [(0, (1, 2, 3), 8), (1, (1, 2, 3), 8), (3, (1, 2, 3), 8)]  # warm-up: 2 gamma + 2 tokens
     assert [c[0] for c in calls[3:]] == [0, 1, 3, 1, 3, 0, 3, 0, 1]
     assert [c[1] for c in calls[3:]] == [tuple(p) for p in prompts for _ in range(3)] and {c[2] for c in calls[3:]} == {12}
     assert timed["tokens"] == 36 and set(timed["seconds"]) == set(timed["tau"]) == {1, 3}
-    with pytest.raises(ValueError, match="one or more prompts"):
-        timed_decodes(target, target, [], [1], max_new_tokens=4)
+    calls.clear()
+    timed_decodes(target, tiny_llama(1, seed=1), prompts[:1], [3], max_new_tokens=5, temperature=0.7)
+    assert [c[2] for c in calls] == [5, 5, 5, 5]  # a budget under 2 gamma + 2 warms up at the budget
+    for bad, named in (({"prompts": []}, "got 0 prompts"), ({"gammas": []}, r"gammas=\[\]"), ({"max_new_tokens": 1}, "max_new_tokens=1")):
+        with pytest.raises(ValueError, match=named):
+            timed_decodes(target, target, **({"prompts": prompts, "gammas": [1], "max_new_tokens": 4} | bad))

@@ -319,7 +319,7 @@ def test_accelerate_configs_load(name: str) -> None:
         (lambda: TrainConfig(feature_noise=-0.1), r"train.feature_noise=-0.1: a finite number >= 0"),
         (lambda: TrainConfig(data_precision="int8"), r"train.data_precision='int8': auto\|no\|bf16\|fp16"),
         (lambda: TrainConfig(gamma_prompts=-1), r"train.gamma_prompts=-1: an int >= 0"),
-        (lambda: TrainConfig(gamma_new_tokens=0), r"train.gamma_new_tokens=0: an int >= 1"),
+        (lambda: TrainConfig(gamma_new_tokens=1), r"train.gamma_new_tokens=1: an int >= 2"),
         (lambda: TrainConfig(keep_checkpoints=1), r"train.keep_checkpoints=1: at least 2 \(accelerate deletes the oldest"),
         (lambda: from_dict(TrainJobConfig, {"train": {"max_stepz": 3}}), r"train.max_stepz"),
     ],
@@ -448,7 +448,7 @@ def test_dense_teacher_logits_keep_topk_draft_ids_only() -> None:
 def test_feature_drafter_distills_from_cached_features_and_reloads(tmp_path: Path, layers: str) -> None:
     """drafter=feature: the cache keeps the target's features (of every layer it reads), unrolled
     training raises greedy acceptance, metrics carry both acceptance figures and epochs, the gamma
-    is chosen from timed steps, and the saved folder is a feature drafter of those layers again
+    is chosen from timed decodes, and the saved folder is a feature drafter of those layers again
     (greedy decoding with it equals the target's)."""
     from specdecode import autoregressive_generate, speculative_generate
     from specdecode.models.feature_drafter import FeatureDrafter
@@ -472,9 +472,9 @@ def test_feature_drafter_distills_from_cached_features_and_reloads(tmp_path: Pat
     target, _ = load_model("smoke")
     assert isinstance(drafter, FeatureDrafter) and list(drafter.feature_layers) == json.loads(layers)
     assert caches[0].features.shape[1] == drafter.feature_width == 64 * len(json.loads(layers))
-    # training chose the gamma to decode with from the measured costs, and stored it with the drafter
+    # training chose the gamma that decoded fastest, and stored it with the drafter
     assert drafter.config.specdecode_gamma == metrics["gamma"]["chosen"] in [1, 2, 3, 4, 5, 6, 8]
-    # counted by decoding the whole held-out prompts (not the training sequences' cut ones)
+    # timed by decoding the whole held-out prompts (not the training sequences' cut ones)
     whole = decoding_prompts(cfg.data, smoke_tokenizer(), cfg.train.gamma_prompts)
     assert metrics["gamma"]["method"] == "timed decodes" and metrics["gamma"]["prompt_tokens"] == sum(map(len, whole))
     prompts = [s.tokens[: s.response_start] for s in caches[0].sequences[:3]]
@@ -823,11 +823,22 @@ def test_the_gamma_choice_decodes_whole_heldout_prompts() -> None:
     assert not train_prompts & {tuple(p) for p in prompts}
 
 
-def test_the_job_counts_tokens_per_pass_on_whole_prompts(tmp_path: Path) -> None:
-    """With training prompts cut to 4 tokens, the gamma choice still decodes the whole ones."""
+def test_the_job_times_decodes_of_whole_prompts_that_fit(tmp_path: Path) -> None:
+    """With training prompts cut to 4 tokens, the gamma choice still decodes the whole ones; prompts
+    with no room for gamma_new_tokens in the target's context (512) are left out, and with none left
+    Leviathan's model decides instead of the run failing after training."""
     cfg = smoke_cfg(tmp_path, "train.max_steps=1", "train.max_prompt_tokens=4", "train.gamma_candidates=[1,2]",
                     "train.gamma_prompts=3", "train.gamma_new_tokens=4")
     gamma = run_distill(cfg)["gamma"]
     whole = decoding_prompts(cfg.data, smoke_tokenizer(), 3)
-    assert gamma["prompts"] == 3 and gamma["prompt_tokens"] == sum(map(len, whole)) > 3 * 4
-    assert gamma["chosen"] in (1, 2) and set(gamma["tau"]) == {1, 2}
+    assert gamma["method"] == "timed decodes" and gamma["prompts"] == 3
+    assert gamma["prompt_tokens"] == sum(map(len, whole)) > 3 * 4
+    assert gamma["chosen"] in (1, 2) and set(gamma["tau"]) == set(gamma["measured_speedups"]) == {1, 2}
+    shortest = min(map(len, whole))
+    room = smoke_cfg(tmp_path / "room", "train.max_steps=1", "train.gamma_candidates=[1,2]", "train.gamma_prompts=3",
+                     f"train.gamma_new_tokens={512 - shortest}")
+    fits = run_distill(room)["gamma"]
+    assert fits["prompts"] == sum(len(p) == shortest for p in whole) >= 1 and fits["prompt_tokens"] == fits["prompts"] * shortest
+    none = smoke_cfg(tmp_path / "none", "train.max_steps=1", "train.gamma_candidates=[1,2]", "train.gamma_prompts=3",
+                     f"train.gamma_new_tokens={512 - shortest + 1}")
+    assert run_distill(none)["gamma"]["method"] == "Leviathan's model at alpha"

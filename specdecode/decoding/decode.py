@@ -178,8 +178,8 @@ def speculative_generate(
 ) -> GenerationResult:
     """Generate from `target` with `drafter` proposing `gamma` tokens per target pass.
 
-    `gamma=None` uses the drafter's own (`config.specdecode_gamma`, chosen by training from its
-    measured acceptance and costs), else `DEFAULT_GAMMA`.
+    `gamma=None` uses the drafter's own (`config.specdecode_gamma`, the candidate its training
+    timed fastest on held-out prompts: `choose_gamma`), else `DEFAULT_GAMMA`.
 
     The output distribution is exactly the target's (greedy: token-identical to target-only greedy).
     `drafter` is a causal LM sharing the target's vocabulary or a `FeatureDrafter` (it then reads

@@ -1,4 +1,5 @@
-"""What speculative decoding should buy: measured step costs and Leviathan et al.'s speedup model.
+"""What speculative decoding should buy: measured step costs, Leviathan et al.'s speedup model,
+and the gamma a drafter decodes fastest at (`choose_gamma`, from timed decodes).
 
 Theorem 3.8 of Leviathan et al. (2023) assumes a verify pass of gamma + 1 tokens costs the same as
 a one-token step. That holds on a GPU, not on a CPU (a 5-token verify there costs ~1.45x a step), so
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -202,6 +203,10 @@ def _long_enough(context: Sequence[int], gamma: int) -> list[int]:
     return context
 
 
+# A decode timed by `timed_decodes`: (prompt ids, new tokens) -> its result (GenerationResult).
+TimedRun = Callable[[list[int], int], Any]
+
+
 def timed_decodes(
     target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, prompts: Sequence[Sequence[int]],
     gammas: Sequence[int], max_new_tokens: int, temperature: float = 0.0,
@@ -211,30 +216,34 @@ def timed_decodes(
     default, a fixed budget, seeded when sampling), timing every decode.
 
     Each prompt runs all of them back to back, in an order rotated by one per prompt, so a machine
-    whose speed drifts biases none of them; each gamma decodes once, untimed, before (its verify
-    width's first pass pays one-off kernel set-up). Counted and timed: what a one-pass timing of
-    the verify leaves out is in it (prompt lookup's copies, the later drafts' lower acceptance, the
-    prefill, the loop's own work, and a CPU's uneven cost per verify width).
+    whose speed drifts biases none of them (evenly when the prompts are a multiple of the runs).
+    Each run decodes once, untimed, before (a verify width's first pass pays one-off kernel set-up).
+    Counted and timed: what a one-pass timing of the verify leaves out is in it (prompt lookup's
+    copies, the later drafts' lower acceptance, the prefill, the loop's own work, and a CPU's
+    uneven cost per verify width).
 
     Returns:
         `{"autoregressive_s": float, "seconds": {gamma: float}, "tau": {gamma: float}, "tokens": int}`,
-        seconds summed over the prompts, tau their generated tokens over their target passes.
+        seconds summed over the prompts, tau each gamma's generated tokens over its target passes
+        (the prefill counts as one, as in `DecodeStats.tau`).
     """
     from specdecode.decoding.decode import autoregressive_generate, speculative_generate  # decode imports this module's users
 
     prompts = [list(p) for p in prompts]
-    if not prompts or not gammas:
-        raise ValueError(f"timed_decodes needs one or more prompts and gammas, got {len(prompts)} prompts and gammas={list(gammas)}")
-    runs: dict[int, Any] = {0: lambda ids, n: autoregressive_generate(target, [ids], max_new_tokens=n, temperature=temperature,
-                                                                         seed=0, eos_token_ids=[])}
+    if not prompts or not gammas or isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 2:
+        raise ValueError(f"timed_decodes needs one or more prompts and gammas and max_new_tokens >= 2 (a verify after the "
+                         f"prefill), got {len(prompts)} prompts, gammas={list(gammas)}, max_new_tokens={max_new_tokens!r}")
+    # key 0: the target alone, the baseline every gamma's speedup is measured against
+    runs: dict[int, TimedRun] = {0: lambda ids, n: autoregressive_generate(
+        target, [ids], max_new_tokens=n, temperature=temperature, seed=0, eos_token_ids=[])}
     for g in gammas:
         runs[g] = lambda ids, n, g=g: speculative_generate(target, drafter, [ids], max_new_tokens=n, gamma=g,
                                                             temperature=temperature, seed=0, eos_token_ids=[])
-    for run in runs.values():  # warm-up, not counted
+    for run in runs.values():  # warm-up, not counted: room for two verifies of the widest gamma
         run(prompts[0], min(max_new_tokens, 2 * max(gammas) + 2))
     seconds = dict.fromkeys(runs, 0.0)
     passes = dict.fromkeys(runs, 0)
-    tokens = 0
+    tokens = dict.fromkeys(runs, 0)
     order = list(runs)
     for i, ids in enumerate(prompts):
         for key in order[i % len(order):] + order[: i % len(order)]:
@@ -242,9 +251,9 @@ def timed_decodes(
             result = runs[key](ids, max_new_tokens)
             seconds[key] += time.perf_counter() - start
             passes[key] += result.stats.target_calls
-        tokens += max_new_tokens
+            tokens[key] += len(result.sequences[0])
     return {"autoregressive_s": seconds[0], "seconds": {g: seconds[g] for g in gammas},
-            "tau": {g: tokens / passes[g] for g in gammas}, "tokens": tokens}
+            "tau": {g: tokens[g] / passes[g] for g in gammas}, "tokens": tokens[0]}
 
 
 def choose_gamma(
@@ -264,6 +273,17 @@ def choose_gamma(
     """
     was_training = drafter.training
     drafter.eval()
+    try:
+        return _choose_gamma(target, drafter, context, alpha, candidates, prompts, max_new_tokens, temperature)
+    finally:
+        drafter.train(was_training)
+
+
+def _choose_gamma(
+    target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, context: Sequence[int], alpha: float,
+    candidates: Sequence[int], prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float,
+) -> dict[str, Any]:
+    """`choose_gamma` on a drafter in eval mode."""
     figures: dict[str, Any] = {"alpha": alpha}
     if prompts:
         timed = timed_decodes(target, drafter, prompts, candidates, max_new_tokens, temperature)
@@ -279,6 +299,5 @@ def choose_gamma(
         figures |= {"method": "Leviathan's model at alpha", "cost_ratio": costs.cost_ratio, "verify_ratios": verify,
                     "predicted_speedups": speedups, "context_tokens": len(context)}
     gamma = max(speedups, key=lambda g: (speedups[g], -g))  # ties: the shorter drafts
-    drafter.train(was_training)
     drafter.config.specdecode_gamma = gamma
     return {"chosen": gamma, "speedup": speedups[gamma]} | figures

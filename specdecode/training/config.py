@@ -122,7 +122,8 @@ class TrainConfig:
                 "train.gamma_candidates", self.gamma_candidates, f"a list of ints in [1, {MAX_GAMMA}] (empty: keep the default gamma)")
         self.gamma_candidates = list(self.gamma_candidates)
         require(is_int(self.gamma_prompts) and self.gamma_prompts >= 0, "train.gamma_prompts", self.gamma_prompts, "an int >= 0 (0 = Leviathan's model)")
-        require(is_int(self.gamma_new_tokens) and self.gamma_new_tokens >= 1, "train.gamma_new_tokens", self.gamma_new_tokens, "an int >= 1")
+        require(is_int(self.gamma_new_tokens) and self.gamma_new_tokens >= 2, "train.gamma_new_tokens", self.gamma_new_tokens,
+                "an int >= 2 (a verify after the prefill)")
         for name in ("max_prompt_tokens", "max_len", "max_new_tokens", "teacher_topk", "heldout_sequences", "batch_size",
                      "grad_accum", "eval_every", "checkpoint_every", "log_every", "vocab_corpus_docs"):
             value = getattr(self, name)

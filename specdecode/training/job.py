@@ -179,11 +179,14 @@ def _choose_gamma(cfg: TrainJobConfig, target: PreTrainedModel, tokenizer: PreTr
                   drafter: PreTrainedModel | FeatureDrafter, teacher: Teacher, acceptance: float) -> dict[str, Any]:
     """Store the gamma that decodes fastest with `drafter` (`choose_gamma`): the first
     `train.gamma_prompts` held-out prompts, whole (`decoding_prompts`), decoded one at a time and
-    timed at each candidate; with none, Leviathan's model on step costs timed after the longest
-    held-out sequence."""
+    timed at each candidate (those that fit the target's context with `train.gamma_new_tokens`
+    after them); with none, Leviathan's model on step costs timed after the longest held-out sequence."""
     train = cfg.train
     context = max((s.tokens for s in teacher.heldout.sequences), key=len)
-    prompts = decoding_prompts(cfg.data, tokenizer, train.gamma_prompts)
+    # a prompt the target cannot decode gamma_new_tokens after is left out (all left out: the model)
+    limit = getattr(target.config, "max_position_embeddings", None)
+    prompts = [p for p in decoding_prompts(cfg.data, tokenizer, train.gamma_prompts)
+               if limit is None or len(p) + train.gamma_new_tokens <= limit]
     return choose_gamma(target, drafter, context, acceptance, train.gamma_candidates, prompts, train.gamma_new_tokens,
                         train.select_temperature)
 
