@@ -218,3 +218,33 @@ def test_timed_decodes_rotate_the_order_per_prompt(monkeypatch: pytest.MonkeyPat
     for bad, named in (({"prompts": []}, "got 0 prompts"), ({"gammas": []}, r"gammas=\[\]"), ({"max_new_tokens": 1}, "max_new_tokens=1")):
         with pytest.raises(ValueError, match=named):
             timed_decodes(target, target, **({"prompts": prompts, "gammas": [1], "max_new_tokens": 4} | bad))
+
+
+def test_within_noise_of_fastest_is_the_one_standard_error_rule() -> None:
+    """A gamma stays a candidate while its mean per-prompt log time ratio to the fastest is within
+    one standard error; a consistent lead, however small, excludes the slower."""
+    from specdecode.decoding.speedup import within_noise_of_fastest
+
+    noisy = {1: [1.0, 1.1, 0.9, 1.0], 3: [0.97, 1.16, 0.85, 0.99], 4: [1.05, 1.16, 0.95, 1.05]}
+    # gamma 3 is fastest in total (3.97 s against 4.0 s); gamma 1's time ratios to it, 1.031 / 0.948 /
+    # 1.059 / 1.010, average 0.0111 in log against a standard error of 0.0235; gamma 4's, 1.082 /
+    # 1.0 / 1.118 / 1.061, average 0.0623 against 0.0234
+    assert within_noise_of_fastest(noisy) == [1, 3]
+    steady = {1: [1.03 * t for t in noisy[3]], 3: noisy[3]}  # 3% slower on every prompt: no noise at all
+    assert within_noise_of_fastest(steady) == [3]
+    assert within_noise_of_fastest({1: [1.0], 2: [0.99]}) == [2]  # one prompt: no error to measure
+    assert within_noise_of_fastest({2: [1.0, 2.0], 4: [1.0, 2.0]}) == [2, 4]  # a tie in total goes to the shorter
+
+
+def test_choose_gamma_takes_the_shortest_drafts_within_noise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stored gamma is the shortest of those the timing cannot tell from the fastest, with the
+    figures that chose it."""
+    from specdecode.decoding import speedup
+
+    timed = {"autoregressive_s": 8.0, "seconds": {1: 4.0, 3: 3.97, 4: 4.21}, "tau": {1: 1.5, 3: 2.0, 4: 2.1},
+             "per_prompt_s": {1: [1.0, 1.1, 0.9, 1.0], 3: [0.97, 1.16, 0.85, 0.99], 4: [1.05, 1.16, 0.95, 1.05]}}
+    monkeypatch.setattr(speedup, "timed_decodes", lambda *a, **k: timed)
+    drafter = tiny_llama(1, seed=1)
+    figures = speedup.choose_gamma(tiny_llama(2, seed=0), drafter, [], 0.0, [1, 3, 4], [[1, 2, 3]], max_new_tokens=8)
+    assert figures["within_noise_of_fastest"] == [1, 3] and figures["chosen"] == drafter.config.specdecode_gamma == 1
+    assert figures["speedup"] == pytest.approx(2.0) and figures["measured_speedups"][3] == pytest.approx(8.0 / 3.97)

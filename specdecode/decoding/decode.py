@@ -179,7 +179,7 @@ def speculative_generate(
     """Generate from `target` with `drafter` proposing `gamma` tokens per target pass.
 
     `gamma=None` uses the drafter's own (`config.specdecode_gamma`, the candidate its training
-    timed fastest on held-out prompts: `choose_gamma`), else `DEFAULT_GAMMA`.
+    timed fastest on held-out prompts, the shortest within noise: `choose_gamma`), else `DEFAULT_GAMMA`.
 
     The output distribution is exactly the target's (greedy: token-identical to target-only greedy).
     `drafter` is a causal LM sharing the target's vocabulary or a `FeatureDrafter` (it then reads

@@ -54,7 +54,8 @@ class TrainConfig:
     # Feature drafters: uniform noise U(-a, a) added in training to the target features the drafter
     # reads (EAGLE's; the post-norm features have an RMS of ~2 on SmolLM2). 0 = none.
     feature_noise: float = 0.0
-    # After training: the gamma (of these) that decoded fastest, stored with the drafter ([] = none).
+    # After training: the gamma (of these) that decoded fastest (the shortest within noise of it),
+    # stored with the drafter ([] = none).
     # The first gamma_prompts held-out prompts, whole, are decoded one at a time (gamma_new_tokens
     # each, with prompt lookup, at select_temperature) by the target alone and at each candidate,
     # timed (`choose_gamma`); gamma_prompts 0: Leviathan's model at the best held-out acceptance,
