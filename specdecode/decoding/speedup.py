@@ -59,9 +59,19 @@ def optimal_gamma(alpha: float, cost_ratio: float, verify_ratios: dict[int, floa
     """
     if not verify_ratios:
         raise ValueError("verify_ratios is empty: measure at least one gamma")
-    speedups = {g: predicted_speedup(alpha, g, cost_ratio, v) for g, v in verify_ratios.items()}
-    best = max(speedups, key=lambda g: (speedups[g], -g))
+    speedups = predicted_speedups(alpha, cost_ratio, verify_ratios)
+    best = _fastest(speedups)
     return best, speedups[best]
+
+
+def predicted_speedups(alpha: float, cost_ratio: float, verify_ratios: Mapping[int, float]) -> dict[int, float]:
+    """gamma → `predicted_speedup` at that gamma's own measured verify cost (`verify_ratios`)."""
+    return {g: predicted_speedup(alpha, g, cost_ratio, v) for g, v in verify_ratios.items()}
+
+
+def _fastest(speedups: Mapping[int, float]) -> int:
+    """The gamma with the highest speedup; ties: the shorter drafts."""
+    return max(speedups, key=lambda g: (speedups[g], -g))
 
 
 # Timed rounds behind a verify ratio (choose_gamma without prompts, the oracle's pass costs). Each round times
@@ -302,8 +312,8 @@ def _choose_gamma(
         context = _long_enough(context, max(candidates))
         costs = measure_step_costs(target, drafter, context, 1, repeats=5)
         verify = measure_verify_ratios(target, context, candidates, VERIFY_REPEATS)
-        speedups = {g: predicted_speedup(min(max(alpha, 0.0), 1.0), g, costs.cost_ratio, v) for g, v in verify.items()}
-        gamma = max(speedups, key=lambda g: (speedups[g], -g))  # ties: the shorter drafts
+        speedups = predicted_speedups(min(max(alpha, 0.0), 1.0), costs.cost_ratio, verify)
+        gamma = _fastest(speedups)
         figures |= {"method": "Leviathan's model at alpha", "cost_ratio": costs.cost_ratio, "verify_ratios": verify,
                     "predicted_speedups": speedups, "context_tokens": len(context)}
     drafter.config.specdecode_gamma = gamma
