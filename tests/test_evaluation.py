@@ -453,3 +453,28 @@ def test_merge_results_of_a_gamma_sweep(tmp_path) -> None:
     assert [r["gamma"] for r in merged["rows"]] == [1, 2]
     with pytest.raises(ValueError, match="no results"):
         merge_results([])
+
+
+def test_every_method_decodes_once_untimed_before_the_first_timed_run(tiny_setup, monkeypatch) -> None:
+    """A process's first decodes pay one-off costs (CUDA's start, the first pass at each width): each
+    method warms up on one prompt, with room for two verifies of its gamma, before any timed turn."""
+    tmp_path, folders = tiny_setup
+    calls: list[tuple[str, int]] = []
+
+    def recording(real, label):
+        def run(*args, **kwargs):
+            drafter = args[1] if label == "speculative" else None
+            calls.append((label if drafter is None else f"{label}:{id(drafter)}", kwargs["max_new_tokens"]))
+            return real(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(suite, "autoregressive_generate", recording(suite.autoregressive_generate, "autoregressive"))
+    monkeypatch.setattr(suite, "speculative_generate", recording(suite.speculative_generate, "speculative"))
+    cfg = EvalConfig(target=TargetConfig(name=str(tmp_path / "target")), drafters=folders, domains=["code", "math"],
+                     methods=["autoregressive", "generic", "specialized"], prompts_per_domain=2, max_prompt_tokens=150,
+                     max_new_tokens=12, gamma=2, temperatures=[0.0], batch_sizes=[1], output_dir=str(tmp_path / "eval"))
+    rows = run_eval(cfg)["rows"]
+    warm = calls[:3]
+    assert {budget for _, budget in warm} == {2 * 2 + 2} and len({name for name, _ in warm}) == 3
+    assert all(budget == 12 for _, budget in calls[3:]) and {n for n, _ in calls[3:]} == {n for n, _ in warm}
+    assert all(r["exact_match"] == 1.0 for r in rows)

@@ -225,15 +225,31 @@ def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = No
     progress = tqdm(total=steps, desc="eval", disable=not accelerator.is_main_process)
     local: dict[tuple, dict] = {}
     routing_seconds: dict[str, float] = {}
+    warmed = False
     for domain in cfg.domains:
         prompts = heldout_prompts(models.tokenizer, domain, cfg.prompts_per_domain, cfg.max_prompt_tokens, cfg.source)
         with accelerator.split_between_processes(prompts) as mine:
+            if mine and not warmed:
+                _warm_up(cfg, models, mine[0][1])
+                warmed = True
             counts, routing_s = _eval_domain(cfg, models, domain, [t for t, _ in mine], [p for _, p in mine], progress)
         local |= counts
         if routing_s is not None:
             routing_seconds[domain] = routing_s
     progress.close()
     return _publish(cfg, accelerator, local, routing_seconds)
+
+
+def _warm_up(cfg: EvalConfig, models: _Models, prompt: list[int]) -> None:
+    """Every method decodes `prompt` once, untimed, before the first timed run: a process's first
+    decodes pay one-off costs (CUDA's context and kernel loads, the CPU's first passes at each
+    width) that would otherwise land on the first domain's first turns. Room for two verifies of the
+    longest gamma, as `timed_decodes` warms up."""
+    gammas = [cfg.gamma or drafter_gamma(d) for d in models.drafters.values()]
+    budget = min(cfg.max_new_tokens, 2 * max(gammas, default=1) + 2)
+    decode = dict(max_new_tokens=budget, temperature=cfg.temperatures[0], eos_token_ids=models.eos, seed=cfg.seed)
+    for generate in _generators(models, cfg.gamma, decode, cfg.prompt_lookup.build()).values():
+        generate([prompt])
 
 
 def _publish(cfg: EvalConfig, accelerator: Any, local: dict[tuple, dict], routing_seconds: dict[str, float]) -> dict:
