@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-all demo benchmark clean
+.PHONY: install test test-gpu test-all demo benchmark clean
 
 install: $(STAMP)
 
@@ -19,6 +19,10 @@ $(STAMP): pyproject.toml
 
 test: install
 	$(PY) -m pytest -q -m "not slow and not gpu"
+
+# The CUDA tests (tests/test_cuda.py; skipped where torch sees no GPU).
+test-gpu: install
+	$(PY) -m pytest -q -m gpu
 
 test-all: install
 	$(PY) -m pytest -q

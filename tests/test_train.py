@@ -657,6 +657,32 @@ def test_target_continuations_are_generated_once_for_both_drafter_kinds(tmp_path
     assert len(list((tmp_path / "cache").glob("distill-train-*.pt"))) == 2
 
 
+def test_generation_batch_sets_the_continuation_batches_and_keys_only_other_batchings(tmp_path: Path, monkeypatch) -> None:
+    """`train.generation_batch` prompts per target decoding; a batching other than the default is a
+    new cache (its sampled continuations differ), the default hashes as before the knob existed."""
+    import specdecode.training.sequences
+
+    real, sizes = specdecode.training.sequences.autoregressive_generate, []
+
+    def recording(model, prompts, **kwargs):
+        sizes.append(len(prompts))
+        return real(model, prompts, **kwargs)
+
+    monkeypatch.setattr(specdecode.training.sequences, "autoregressive_generate", recording)
+    cfg = smoke_cfg(tmp_path, "train.seq_source=target", "train.max_steps=1", "train.gamma_candidates=[]",
+                    "train.generation_batch=24", "train.heldout_sequences=10")
+    run_distill(cfg)
+    # 64 training prompts and 10 held-out ones, 24 at a time
+    assert sorted(sizes) == sorted([24, 24, 16, 10])
+
+    def key(*overrides: str) -> str:
+        c = smoke_cfg(tmp_path, *overrides)
+        return cache_key(c.target, c.data, c.train, "train", 16, 64)
+
+    assert key("train.seq_source=target", "train.generation_batch=24") != key("train.seq_source=target")
+    assert key("train.generation_batch=24") == key()  # the dataset's responses: nothing is generated
+
+
 def test_features_of_dataset_responses_are_refused_before_any_work() -> None:
     """Only the target's own continuations come with its features; asking for them with the
     dataset's responses is named before anything is generated."""

@@ -144,7 +144,8 @@ def build_sequences(
         responses, repeated, features = [], [], [] if feature_layers is not None else None
         for i, temperature in enumerate(train.seq_temperatures or [train.temperature]):
             written, read = _continuations(target, prompts, train, eos, seed=train.seed + 1000 * i,
-                                           temperature=temperature, feature_layers=feature_layers)
+                                           batch_size=train.generation_batch, temperature=temperature,
+                                           feature_layers=feature_layers)
             responses += written
             repeated += prompts
             if features is not None:

@@ -219,6 +219,10 @@ def cache_key(
         "features": (tuple(features) == LAST_FEATURE or list(features)) if features is not None else False,
         "content": content_fingerprint(target, data),
     }
+    # A batch's sampled continuations draw from one seeded generator, so another batching samples
+    # others; the default is left out of the hash, so the caches written before it stay valid.
+    if train.seq_source == "target" and train.generation_batch != TrainConfig.generation_batch:
+        fields["generation_batch"] = train.generation_batch
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
