@@ -182,6 +182,32 @@ def test_load_model_keeps_the_kernel_measured_faster(
     assert uses_skinny_linears(model) is (expected is not None)
 
 
+def test_the_kernel_pick_compares_the_kernels_round_by_round() -> None:
+    """A kernel faster in most rounds wins though a drift in one round (the machine slowed while it
+    ran) gives it the higher median of its own times; the warm-up round is left out."""
+    import specdecode.models.cpu_matmul as cpu_matmul
+
+    plain = {1: [99.0, 10, 10, 10, 50, 50]}
+    skinny = {1: [1.0, 9, 9, 55, 45, 45]}  # faster in 4 of 5 rounds; medians 45 against 10
+    assert cpu_matmul._faster({False: plain, True: skinny}, [1])
+    assert not cpu_matmul._faster({False: skinny, True: plain}, [1])
+    assert not cpu_matmul._faster({False: plain, True: skinny}, [])
+
+
+def test_a_single_row_is_timed_over_more_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    import specdecode.models.cpu_matmul as cpu_matmul
+
+    calls, real = [], cpu_matmul._time_kernels
+
+    def recording(model, widths, repeats, use):
+        calls.append((widths, repeats))
+        return real(model, widths, repeats, use)
+
+    monkeypatch.setattr(cpu_matmul, "_time_kernels", recording)
+    measure_skinny_rows(tiny_llama(1), widths=(1, 2, 3), repeats=2)
+    assert calls == [((1,), 2 * cpu_matmul.SINGLE_ROW_ROUNDS), ((2, 3), 2)] and cpu_matmul.SINGLE_ROW_ROUNDS > 1
+
+
 def test_the_measurement_leaves_the_models_kernels_as_they_were() -> None:
     for skinny in (True, False):
         model, _ = load_model("smoke", skinny_matmul=skinny)

@@ -473,7 +473,10 @@ def test_every_method_decodes_once_untimed_before_the_first_timed_run(tiny_setup
     cfg = EvalConfig(target=TargetConfig(name=str(tmp_path / "target")), drafters=folders, domains=["code", "math"],
                      methods=["autoregressive", "generic", "specialized"], prompts_per_domain=2, max_prompt_tokens=150,
                      max_new_tokens=12, gamma=2, temperatures=[0.0], batch_sizes=[1], output_dir=str(tmp_path / "eval"))
-    rows = run_eval(cfg)["rows"]
+    results = run_eval(cfg)
+    rows = results["rows"]
+    # each model's CPU kernels, as picked in this process (conftest pins the picks to plain)
+    assert results["cpu_kernels"] == {n: {"skinny_rows": None, "packed_rows": None} for n in ("target", "generic", "specialized:code")}
     warm = calls[:3]
     assert {budget for _, budget in warm} == {2 * 2 + 2} and len({name for name, _ in warm}) == 3
     assert all(budget == 12 for _, budget in calls[3:]) and {n for n, _ in calls[3:]} == {n for n, _ in warm}

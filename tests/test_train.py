@@ -26,6 +26,7 @@ from specdecode.models.config import DrafterConfig, TargetConfig
 from specdecode.models.smoke import smoke_tokenizer
 from specdecode.training.checkpoints import complete_checkpoints, latest_checkpoint
 from specdecode.training.config import LossConfig, TrainConfig, TrainJobConfig
+from specdecode.models.cpu_matmul import FEW_ROWS
 from specdecode.training.job import run_distill, run_finetune
 from specdecode.training.loop import BudgetSchedule, DrafterLogits, budget_progress, global_batch_indices
 from specdecode.training.sequences import TrainSequence, decoding_prompts, load_examples, mix_limit, round_robin, round_robin_shares
@@ -75,6 +76,12 @@ def test_distill_steps_raise_heldout_acceptance(tmp_path: Path) -> None:
     assert OmegaConf.load(out / "config.yaml").loss.name == "forward_kl"
     drafter, tokenizer = load_model(out / "drafter")
     assert drafter.config.draft_vocab_ids is not None and len(tokenizer) == len(smoke_tokenizer())
+    assert metrics["cpu_kernels"] == {"skinny_rows": None, "packed_rows": None}  # conftest pins the picks to plain
+
+
+def test_metrics_record_the_targets_cpu_kernels(tmp_path: Path) -> None:
+    metrics = run_distill(smoke_cfg(tmp_path, "skinny_matmul=true", "train.max_steps=1", "train.gamma_candidates=[]"))
+    assert metrics["cpu_kernels"] == {"skinny_rows": list(FEW_ROWS), "packed_rows": None}
 
 
 @pytest.mark.parametrize("loss", ["reverse_kl", "jsd", "tvd"])

@@ -40,6 +40,7 @@ from specdecode.evaluation.records import (
     run_batched, run_interleaved,
 )
 from specdecode.evaluation.report import write_report
+from specdecode.models.cpu_matmul import kernel_picks
 from specdecode.models.compat import check_tokenizers, default_eos
 from specdecode.models.loading import build_drafter, load_model
 from specdecode.routing.router import NO_DRAFTER, Router
@@ -237,7 +238,7 @@ def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = No
         if routing_s is not None:
             routing_seconds[domain] = routing_s
     progress.close()
-    return _publish(cfg, accelerator, local, routing_seconds)
+    return _publish(cfg, accelerator, models, local, routing_seconds)
 
 
 def _warm_up(cfg: EvalConfig, models: _Models, prompt: list[int]) -> None:
@@ -252,7 +253,7 @@ def _warm_up(cfg: EvalConfig, models: _Models, prompt: list[int]) -> None:
         generate([prompt])
 
 
-def _publish(cfg: EvalConfig, accelerator: Any, local: dict[tuple, dict], routing_seconds: dict[str, float]) -> dict:
+def _publish(cfg: EvalConfig, accelerator: Any, models: _Models, local: dict[tuple, dict], routing_seconds: dict[str, float]) -> dict:
     """Gather every process's counts; the main process writes results.json and report.md."""
     gathered = accelerator.gather_for_metrics([local], use_gather_object=True)
     results: dict = {}
@@ -264,6 +265,8 @@ def _publish(cfg: EvalConfig, accelerator: Any, local: dict[tuple, dict], routin
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "processes": accelerator.num_processes,
             "routing_seconds_per_prompt": routing_seconds,
+            # the main process's CPU kernels (models.cpu_matmul): they set every pass these timings hold
+            "cpu_kernels": {"target": kernel_picks(models.target)} | {name: kernel_picks(d) for name, d in models.drafters.items()},
             "rows": finalize_rows(merged),
             # the drafters the router and the oracle choose between (`_Models.candidates`), as rows name them
             "router_share": router_share(finalize_rows(main), [_method_name(n) for n in cfg.drafters]),

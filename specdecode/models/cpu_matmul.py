@@ -59,6 +59,10 @@ FEW_ROWS = (2, SKINNY_MAX_ROWS)
 PACKED_ROWS = (3, 16)
 # The widths `measure_packed_rows` times: verify passes of gamma 2..4.
 PACKED_WIDTHS = (3, 4, 5)
+# A single row's kernels are timed over this many times the rounds of the wider passes: they differ
+# by ~14% on the 2-core EPYC (the few rows' by ~2x), and five rounds picked the slower one in 2 of 10
+# timings there (docs/results.md, "Gamma from timed decodes"). A one-token pass is the cheapest to time.
+SINGLE_ROW_ROUNDS = 3
 
 
 def skinny_linear(
@@ -235,6 +239,14 @@ def skinny_rows_of(model: nn.Module) -> tuple[int, int] | None:
     return next((m.skinny_rows for m in model.modules() if isinstance(m, SkinnyLinear)), None)
 
 
+def kernel_picks(model: nn.Module) -> dict[str, list[int] | None]:
+    """The row counts `model`'s linears run as skinny linears and through reordered weights (None:
+    `F.linear`), as `load_model` picked them: written beside the timings a process makes, since a
+    pick can differ between processes and moves every pass the rows cover."""
+    skinny, packed = skinny_rows_of(model), packed_rows_of(model)
+    return {"skinny_rows": list(skinny) if skinny else None, "packed_rows": list(packed) if packed else None}
+
+
 def _use_kernel(model: nn.Module, rows: tuple[int, int] | None) -> None:
     if rows is not None:
         use_skinny_linears(model, rows)
@@ -262,26 +274,37 @@ def _time_kernels(
 
 
 def _faster(times: dict[bool, dict[int, list[float]]], chosen: list[int]) -> bool:
-    """Whether the `True` kernel's summed median over the `chosen` widths beats the `False` one's."""
-    total = {kernel: sum(statistics.median(by_width[w][1:]) for w in chosen) for kernel, by_width in times.items()}
-    return bool(chosen) and total[True] < total[False]
+    """Whether the `True` kernel beats the `False` one over the `chosen` widths: the median, over the
+    rounds after the warm-up, of the ratio of their summed times in the same round, below 1. The
+    kernels take turns within a round, so each round's ratio cancels the machine's drift (one
+    width's median moved between 92 and 140 ms across timings on the 2-core EPYC)."""
+    if not chosen:
+        return False
+    rounds = range(1, len(times[True][chosen[0]]))
+    ratios = [sum(times[True][w][r] for w in chosen) / sum(times[False][w][r] for w in chosen) for r in rounds]
+    return statistics.median(ratios) < 1
 
 
 @torch.inference_mode()
 def measure_skinny_rows(model: PreTrainedModel, widths: tuple[int, ...] = AUTO_WIDTHS, repeats: int = 5) -> tuple[int, int] | None:
     """Which row counts skinny linears make faster than `F.linear` in `model`'s passes on this CPU.
 
-    Times a batch-1 forward of each of `widths` tokens with both kernels (`_time_kernels`). A single
-    row and the few rows of a verify pass are decided apart, each kernel touching only its own row
-    counts: the one-token median for the first, the summed medians of the wider passes for the
-    second. Returns the rows for `use_skinny_linears` (`(1, 64)`, `FEW_ROWS` or `(1, 1)`), None
-    where `F.linear` won both. `model` comes back with the kernels it had. About 3 s for
+    Times a batch-1 forward of each of `widths` tokens with both kernels (`_time_kernels`; the
+    one-token pass over `SINGLE_ROW_ROUNDS` times the rounds). A single row and the few rows of a
+    verify pass are decided apart (`_faster`), each kernel touching only its own row counts.
+    Returns the rows for `use_skinny_linears` (`(1, 64)`, `FEW_ROWS` or `(1, 1)`), None where
+    `F.linear` won both. `model` comes back with the kernels it had. About 5 s for
     SmolLM2-135M on a 2-core CPU.
     """
     had = skinny_rows_of(model)
-    times = _time_kernels(model, widths, repeats, lambda skinny: _use_kernel(model, (1, SKINNY_MAX_ROWS) if skinny else None))
+
+    def use(skinny: bool) -> None:
+        _use_kernel(model, (1, SKINNY_MAX_ROWS) if skinny else None)
+
+    wide = tuple(w for w in widths if w > 1)
+    single = 1 in widths and _faster(_time_kernels(model, (1,), SINGLE_ROW_ROUNDS * repeats, use), [1])
+    few = bool(wide) and _faster(_time_kernels(model, wide, repeats, use), list(wide))
     _use_kernel(model, had)
-    single, few = _faster(times, [w for w in widths if w == 1]), _faster(times, [w for w in widths if w > 1])
     if single and few:
         return (1, SKINNY_MAX_ROWS)
     return FEW_ROWS if few else (1, 1) if single else None

@@ -38,6 +38,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from specdecode.core.atomic import atomic_folder, write_atomic
 from specdecode.data.config import DataConfig
 from specdecode.models.config import TargetConfig
+from specdecode.models.cpu_matmul import kernel_picks
 from specdecode.models.feature_drafter import FeatureDrafter
 from specdecode.training.config import TrainJobConfig
 from specdecode.core.devices import autocast_dtype, placed_accelerator, resolve_mixed_precision
@@ -301,6 +302,8 @@ def _metrics(cfg: TrainJobConfig, job: str, state: LoopState, objective: Objecti
         "selection_metric": "greedy acceptance" if train.select_temperature == 0 else f"expected acceptance at T={train.select_temperature}",
         "best": next((h for h in state.history if h["step"] == state.best_step), None),
         "epochs": state.step * train.batch_size / num_train, "history": state.history,
+        # the target's CPU kernels in this process: they set the step and verify costs the gamma choice timed
+        "cpu_kernels": kernel_picks(teacher.target),
     }
 
 
