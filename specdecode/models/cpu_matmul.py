@@ -60,8 +60,9 @@ PACKED_ROWS = (3, 16)
 # The widths `measure_packed_rows` times: verify passes of gamma 2..4.
 PACKED_WIDTHS = (3, 4, 5)
 # A single row's kernels are timed over this many times the rounds of the wider passes: they differ
-# by ~14% on the 2-core EPYC (the few rows' by ~2x), and five rounds picked the slower one in 2 of 10
-# timings there (docs/results.md, "Gamma from timed decodes"). A one-token pass is the cheapest to time.
+# by ~10-14% on the 2-core EPYC (the few rows' by ~2x), and five rounds' medians picked the slower one
+# in 2 of 12 timings there, 15 rounds compared round by round in none (docs/results.md, "The one-row
+# kernel pick, round by round"). A one-token pass is the cheapest to time.
 SINGLE_ROW_ROUNDS = 3
 
 
