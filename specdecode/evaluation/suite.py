@@ -242,13 +242,15 @@ def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = No
 
 
 def _warm_up(cfg: EvalConfig, models: _Models, prompt: list[int]) -> None:
-    """Every method decodes `prompt` once, untimed, before the first timed run: a process's first
-    decodes pay one-off costs (CUDA's context and kernel loads, the CPU's first passes at each
-    width) that would otherwise land on the first domain's first turns. Room for two verifies of the
-    longest gamma, as `timed_decodes` warms up."""
-    gammas = [cfg.gamma or drafter_gamma(d) for d in models.drafters.values()]
+    """Every method decodes `prompt` once at batch 1, untimed, before the first timed run: a
+    process's first decodes pay one-off costs (CUDA's context and kernel loads, the CPU's first
+    passes at each width) that would otherwise land on the first domain's first turns. Room for two
+    verifies of the longest gamma (the sweep's too), with no EOS to cut it short, as `timed_decodes`
+    warms up."""
+    gammas = [cfg.gamma or drafter_gamma(d) for d in models.drafters.values()] + list(cfg.sweep_gammas)
     budget = min(cfg.max_new_tokens, 2 * max(gammas, default=1) + 2)
-    decode = dict(max_new_tokens=budget, temperature=cfg.temperatures[0], eos_token_ids=models.eos, seed=cfg.seed)
+    temperature = cfg.temperatures[0] if cfg.temperatures else 0.0
+    decode = dict(max_new_tokens=budget, temperature=temperature, eos_token_ids=[], seed=cfg.seed)
     for generate in _generators(models, cfg.gamma, decode, cfg.prompt_lookup.build()).values():
         generate([prompt])
 

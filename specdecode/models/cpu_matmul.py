@@ -33,6 +33,9 @@ reordered once into its blocked layout (`use_packed_linears`) streams them for 3
 there, flat from 3 to 5 rows. The reordered copy costs the weights' memory again, kept beside them
 (a single row and two rows stay faster on the plain weights), so it is only used where
 `measure_packed_rows` timed it faster, on float32 CPU weights, and never for inputs that need grad.
+On 2026-11-26 the same EPYC timed it ~11% slower than skinny linears for 3..5 rows (docs/results.md,
+"`make demo` with the one-standard-error gamma rule"): the measurement, not the machine's name,
+decides.
 It is rebuilt whenever the weights change (training steps, `load_state_dict`), by their version.
 """
 
@@ -294,8 +297,8 @@ def measure_skinny_rows(model: PreTrainedModel, widths: tuple[int, ...] = AUTO_W
     one-token pass over `SINGLE_ROW_ROUNDS` times the rounds). A single row and the few rows of a
     verify pass are decided apart (`_faster`), each kernel touching only its own row counts.
     Returns the rows for `use_skinny_linears` (`(1, 64)`, `FEW_ROWS` or `(1, 1)`), None where
-    `F.linear` won both. `model` comes back with the kernels it had. About 5 s for
-    SmolLM2-135M on a 2-core CPU.
+    `F.linear` won both. `model` comes back with the kernels it had. 7-9 s for
+    SmolLM2-135M on the 2-core EPYC (`outputs/s20/measure_time.py`).
     """
     had = skinny_rows_of(model)
 
@@ -312,11 +315,13 @@ def measure_skinny_rows(model: PreTrainedModel, widths: tuple[int, ...] = AUTO_W
 
 
 @torch.inference_mode()
-def measure_packed_rows(model: PreTrainedModel, widths: tuple[int, ...] = PACKED_WIDTHS, repeats: int = 5) -> tuple[int, int] | None:
+def measure_packed_rows(model: PreTrainedModel, widths: tuple[int, ...] = PACKED_WIDTHS, repeats: int = 15) -> tuple[int, int] | None:
     """Whether oneDNN's reordered weights make `model`'s verify passes of `widths` tokens faster on
-    this CPU than the kernels it has (`_time_kernels`, summed medians): `PACKED_ROWS` if so, else
+    this CPU than the kernels it has (`_time_kernels`, compared round by round by `_faster`; 15
+    rounds: on 5, a process of the 2026-11-26 demo picked them where they ran ~11% slower, which no
+    15-round pick did in 8 timings): `PACKED_ROWS` if so, else
     None. `model` comes back with the kernels it had (a float32 model on CPU; anything else, or a
-    torch without oneDNN: None, nothing timed). About 2 s for SmolLM2-135M on a 2-core CPU."""
+    torch without oneDNN: None, nothing timed). 7-9 s for SmolLM2-135M on the 2-core EPYC."""
     if not packed_available() or model.device.type != "cpu" or model.dtype != torch.float32:
         return None
     had_packed, had_skinny = packed_rows_of(model), skinny_rows_of(model)

@@ -67,7 +67,7 @@ class TrainConfig:
     max_len: int = 192
     max_new_tokens: int = 96
     # Prompts per batch when the target writes continuations (seq_source: target): 64 suits the 2-core
-    # CPU (its weights are read once per step for the batch); a GPU's step costs about the same at 256.
+    # CPU (its weights are read once per step for the batch); the H100 run of docs/results.md used 256.
     generation_batch: int = 64
     # The teacher cache keeps the target's top-k logits per position (see specdecode.training.teacher).
     teacher_topk: int = 64
