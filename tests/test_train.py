@@ -328,6 +328,7 @@ def test_accelerate_configs_load(name: str) -> None:
         (lambda: TrainConfig(gamma_prompts=-1), r"train.gamma_prompts=-1: an int >= 0"),
         (lambda: TrainConfig(gamma_new_tokens=1), r"train.gamma_new_tokens=1: an int >= 2"),
         (lambda: TrainConfig(keep_checkpoints=1), r"train.keep_checkpoints=1: at least 2 \(accelerate deletes the oldest"),
+        (lambda: TrainConfig(generation_batch=0), r"train.generation_batch=0: an int >= 1"),
         (lambda: from_dict(TrainJobConfig, {"train": {"max_stepz": 3}}), r"train.max_stepz"),
     ],
 )
