@@ -25,7 +25,7 @@ from specdecode.pipeline.demo import run_demo
 from specdecode.training.job import run_distill
 from tests.models_for_tests import tiny_llama
 from tests.test_demo import smoke_config
-from tests.test_feature_drafter import random_feature_drafter
+from tests.test_feature_drafter import hf_greedy, ragged_prompts, random_feature_drafter  # noqa: F401 (a fixture)
 from tests.test_train import smoke_cfg
 
 DEVICE = os.environ.get("SPECDECODE_GPU_TEST_DEVICE", "cuda")
@@ -36,19 +36,13 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def ragged_prompts() -> list[list[int]]:
-    generator = torch.Generator().manual_seed(5)
-    return [torch.randint(0, 64, (n,), generator=generator).tolist() for n in (3, 7, 1, 12, 5, 9, 2, 4)]
-
-
 @pytest.mark.parametrize("lookup", [None, DEFAULT_LOOKUP], ids=["drafter", "with-lookup"])
 @pytest.mark.parametrize("gamma", [1, 4])
 def test_feature_drafter_greedy_is_exact_on_the_device(ragged_prompts, lookup, gamma: int) -> None:
     target = tiny_llama(3, seed=0).to(DEVICE)
     drafter = random_feature_drafter(target, feature_layers=(1, -1)).to(DEVICE)
     # transformers' own greedy on the same device: the reference its kernels give there
-    expected = [hf_greedy_on(target, p, 20) for p in ragged_prompts]
+    expected = [hf_greedy(target, p, 20) for p in ragged_prompts]
     batched = speculative_generate(target, drafter, ragged_prompts, gamma=gamma, max_new_tokens=20,
                                    eos_token_ids=[], prompt_lookup=lookup)
     single = speculative_generate(target, drafter, ragged_prompts[3:4], gamma=gamma, max_new_tokens=20,
@@ -57,12 +51,6 @@ def test_feature_drafter_greedy_is_exact_on_the_device(ragged_prompts, lookup, g
     # drafts were both accepted and rejected there: the rollback path ran on the device too
     assert 0 < batched.stats.accepted < batched.stats.drafted
     assert autoregressive_generate(target, ragged_prompts, max_new_tokens=20, eos_token_ids=[]).sequences == expected
-
-
-def hf_greedy_on(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
-    out = model.generate(torch.tensor([prompt], device=DEVICE), max_new_tokens=max_new_tokens, do_sample=False,
-                         eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
 
 
 def test_feature_drafter_job_runs_on_the_device_in_its_default_precisions(tmp_path: Path) -> None:

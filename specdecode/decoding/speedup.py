@@ -214,6 +214,12 @@ def _long_enough(context: Sequence[int], gamma: int) -> list[int]:
     return context
 
 
+def warm_up_tokens(max_new_tokens: int, gammas: Sequence[int]) -> int:
+    """The budget of an untimed warm-up decode: room for two verifies of the widest of `gammas`
+    (each verify width's first pass pays one-off kernel set-up), at most `max_new_tokens`."""
+    return min(max_new_tokens, 2 * max(gammas, default=1) + 2)
+
+
 # A decode timed by `timed_decodes`: (prompt ids, new tokens) -> its result (GenerationResult).
 TimedRun = Callable[[list[int], int], Any]
 
@@ -251,8 +257,8 @@ def timed_decodes(
     for g in gammas:
         runs[g] = lambda ids, n, g=g: speculative_generate(target, drafter, [ids], max_new_tokens=n, gamma=g,
                                                             temperature=temperature, seed=0, eos_token_ids=[])
-    for run in runs.values():  # warm-up, not counted: room for two verifies of the widest gamma
-        run(prompts[0], min(max_new_tokens, 2 * max(gammas) + 2))
+    for run in runs.values():  # warm-up, not counted
+        run(prompts[0], warm_up_tokens(max_new_tokens, gammas))
     seconds: dict[int, list[float]] = {key: [] for key in runs}
     passes = dict.fromkeys(runs, 0)
     tokens = dict.fromkeys(runs, 0)

@@ -33,7 +33,7 @@ from specdecode.data.corpus import vocab_corpus
 from specdecode.data.domains import format_prompt, load_domain
 from specdecode.decoding.decode import autoregressive_generate, drafter_gamma, speculative_generate
 from specdecode.decoding.lookup import PromptLookup
-from specdecode.decoding.speedup import measure_pass_costs
+from specdecode.decoding.speedup import measure_pass_costs, warm_up_tokens
 from specdecode.evaluation.config import EvalConfig
 from specdecode.evaluation.records import (
     ROUTED_CHOICES, Generate, RunRecord, composed, finalize_rows, merge_counts, pick_per_prompt, router_share,
@@ -248,9 +248,8 @@ def _warm_up(cfg: EvalConfig, models: _Models, prompt: list[int]) -> None:
     verifies of the longest gamma (the sweep's too), with no EOS to cut it short, as `timed_decodes`
     warms up."""
     gammas = [cfg.gamma or drafter_gamma(d) for d in models.drafters.values()] + list(cfg.sweep_gammas)
-    budget = min(cfg.max_new_tokens, 2 * max(gammas, default=1) + 2)
     temperature = cfg.temperatures[0] if cfg.temperatures else 0.0
-    decode = dict(max_new_tokens=budget, temperature=temperature, eos_token_ids=[], seed=cfg.seed)
+    decode = dict(max_new_tokens=warm_up_tokens(cfg.max_new_tokens, gammas), temperature=temperature, eos_token_ids=[], seed=cfg.seed)
     for generate in _generators(models, cfg.gamma, decode, cfg.prompt_lookup.build()).values():
         generate([prompt])
 
