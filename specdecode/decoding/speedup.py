@@ -215,8 +215,7 @@ def _long_enough(context: Sequence[int], gamma: int) -> list[int]:
 
 
 def warm_up_tokens(max_new_tokens: int, gammas: Sequence[int]) -> int:
-    """The budget of an untimed warm-up decode: room for two verifies of the widest of `gammas`
-    (each verify width's first pass pays one-off kernel set-up), at most `max_new_tokens`."""
+    """An untimed warm-up decode's budget: two verifies of the widest of `gammas` (a width's first pass pays set-up)."""
     return min(max_new_tokens, 2 * max(gammas, default=1) + 2)
 
 
