@@ -118,3 +118,14 @@ def test_distillation_defaults_to_the_targets_continuations_and_smoke_to_the_dat
         smoke = OmegaConf.to_object(compose(config_name="distill", overrides=["experiment=smoke"]))
     assert (default.train.seq_source, default.train.seq_temperatures) == ("target", [0.0, 0.7])
     assert (smoke.train.seq_source, smoke.train.seq_temperatures) == ("data", None)
+
+
+@pytest.mark.parametrize("app", ["distill", "finetune"])
+def test_the_gpu_experiment_composes_onto_the_training_jobs(app: str) -> None:
+    """conf/experiment/gpu.yaml (the H100 recipe) is closed by the schema and picks the feature
+    drafter; the command line still wins over it."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        gpu = OmegaConf.to_object(compose(config_name=app, overrides=["experiment=gpu"]))
+        moved = OmegaConf.to_object(compose(config_name=app, overrides=["experiment=gpu", "device=cuda:1", "train.max_minutes=5"]))
+    assert (gpu.device, gpu.drafter.kind, gpu.train.generation_batch, gpu.train.gamma_candidates) == ("cuda", "feature", 256, [4])
+    assert (moved.device, moved.train.max_minutes) == ("cuda:1", 5.0)
