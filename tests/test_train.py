@@ -22,11 +22,11 @@ from omegaconf import OmegaConf
 from specdecode.core.config import from_dict
 from specdecode.data.config import DataConfig
 from specdecode.models import load_model
+from specdecode.models.cpu_matmul import FEW_ROWS
 from specdecode.models.config import DrafterConfig, TargetConfig
 from specdecode.models.smoke import smoke_tokenizer
 from specdecode.training.checkpoints import complete_checkpoints, latest_checkpoint
 from specdecode.training.config import LossConfig, TrainConfig, TrainJobConfig
-from specdecode.models.cpu_matmul import FEW_ROWS
 from specdecode.training.job import run_distill, run_finetune
 from specdecode.training.loop import BudgetSchedule, DrafterLogits, budget_progress, global_batch_indices
 from specdecode.training.sequences import TrainSequence, decoding_prompts, load_examples, mix_limit, round_robin, round_robin_shares
