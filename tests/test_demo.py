@@ -210,6 +210,19 @@ def test_the_generic_drafter_trains_on_the_union_of_the_domain_drafters_data(tmp
         assert stages["distill-mix"]["train"][key] == len(domains) * stages["distill-code"]["train"][key]
 
 
+def test_a_domain_with_more_training_sequences_keeps_them_in_the_mix(tmp_path) -> None:
+    """train.train_sequences_per_domain in the demo's distill overrides: that domain's job takes its
+    own number, the others train_sequences; the mix names every domain's share and asks for their
+    sum, so it still reads the domain stages' caches."""
+    per_domain = "'train.train_sequences_per_domain.chat=20'"
+    cache = f"distill=['experiment=smoke','cache_dir={tmp_path}/teacher_cache',{per_domain}]"
+    stages = {s.name: s.config["train"] for s in demo_stages(smoke_config(str(tmp_path / "demo"), [cache])) if "train" in s.config}
+    base = stages["distill-code"]["train_sequences"]
+    assert stages["distill-chat"]["train_sequences_per_domain"] == {"code": None, "math": None, "chat": 20} and base != 20
+    assert stages["distill-mix"]["train_sequences_per_domain"] == {"code": base, "math": base, "chat": 20}
+    assert stages["distill-mix"]["train_sequences"] == 2 * base + 20
+
+
 def test_specialists_from_the_generic_drafter_train_after_it_and_start_from_it(tmp_path) -> None:
     """specialists_from=generic: the mix trains first and every domain job starts from its drafter
     folder (a stage after it, so a retrained generic drafter retrains them); the router and the

@@ -790,25 +790,38 @@ def test_round_robin_shares_are_the_prefix_of_the_interleaving(sizes: list[int],
     assert round_robin([part[:n] for part, n in zip(parts, shares)]) == expected
 
 
-def test_mix_trains_on_its_domains_cached_sequences(tmp_path: Path) -> None:
+@pytest.mark.parametrize("chat", [None, 12])
+def test_mix_trains_on_its_domains_cached_sequences(tmp_path: Path, chat: int | None) -> None:
     """The generic (mix) drafter's data is the domain drafters' own: after the domain jobs, a mix
     job with their summed budget (`mix_limit`, as the demo sets it) generates and scores nothing
     and trains on all their sequences, also where a domain has fewer examples than the limit
-    (held-out: code has 28, math 27, chat 37; the limit is 30)."""
+    (held-out: code has 28, math 27, chat 37; the limit is 30), and where one domain takes more
+    than the others (`train.train_sequences_per_domain`, which the mix then names for each)."""
     cache = tmp_path / "cache"
     target = ("train.seq_source=target", "train.max_steps=1", "train.gamma_candidates=[]")
+    own = [f"train.train_sequences_per_domain.chat={chat}"] if chat else []
     for domain in ("code", "math", "chat"):
-        run_distill(smoke_cfg(tmp_path / domain, f"data={domain}", f"cache_dir={cache}", "train.train_sequences=8",
-                              "train.heldout_sequences=30", *target))
+        metrics = run_distill(smoke_cfg(tmp_path / domain, f"data={domain}", f"cache_dir={cache}", "train.train_sequences=8",
+                                        "train.heldout_sequences=30", *own, *target))
+    assert metrics["train_sequences"] == (chat or 8)  # the chat job's
     before = {p: p.stat().st_mtime_ns for p in cache.iterdir()}
     assert len(before) == 12  # per domain: train and held-out sequences, and their scored caches
-    mix = smoke_cfg(tmp_path / "mix", "data=mix", *target)
+    shares = [f"train.train_sequences_per_domain={{code:8,math:8,chat:{chat}}}"] if chat else []
+    mix = smoke_cfg(tmp_path / "mix", "data=mix", *shares, *target)
     limits = [mix_limit(mix.data, mix.train, "train", 8), mix_limit(mix.data, mix.train, "heldout", 30)]
-    assert limits == [24, 28 + 27 + 30]
+    assert limits == [16 + (chat or 8), 28 + 27 + 30]
     metrics = run_distill(smoke_cfg(tmp_path / "mix", "data=mix", f"cache_dir={cache}", f"train.train_sequences={limits[0]}",
-                                    f"train.heldout_sequences={limits[1]}", *target))
+                                    f"train.heldout_sequences={limits[1]}", *shares, *target))
     assert {p: p.stat().st_mtime_ns for p in cache.iterdir()} == before
-    assert (metrics["train_sequences"], metrics["heldout_sequences"]) == (24, 85)
+    assert (metrics["train_sequences"], metrics["heldout_sequences"]) == (limits[0], 85)
+
+
+def test_train_sequences_per_domain_names_domains_and_counts() -> None:
+    assert TrainConfig(train_sequences_per_domain={"chat": 3}).train_sequences_per_domain == {"chat": 3}
+    assert TrainConfig().train_sequences_per_domain == {"code": None, "math": None, "chat": None}
+    for bad in ({"poetry": 3}, {"chat": 0}, {"chat": 2.5}, [3]):
+        with pytest.raises(ValueError, match="train.train_sequences_per_domain"):
+            TrainConfig(train_sequences_per_domain=bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("features", [False, True])

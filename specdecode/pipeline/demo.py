@@ -114,6 +114,11 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
             # is the domain jobs' own, summed over domains as they cap it (`mix_limit`): a domain
             # with fewer examples than the limit otherwise shifts every domain's share, and the
             # mix regenerated all three domains' data (8.8 minutes in one demo run).
+            per_domain, limit = config["train"]["train_sequences_per_domain"], config["train"]["train_sequences"]
+            if any(n is not None for n in per_domain.values()) and limit is not None:
+                # a mix's train_sequences caps its total: each domain's share is named instead
+                config["train"]["train_sequences_per_domain"] = {
+                    d: limit if per_domain.get(d) is None else per_domain[d] for d in config["data"]["domains"]}
             data, train = from_dict(DataConfig, config["data"]), from_dict(TrainConfig, config["train"])
             for key, split in (("train_sequences", "train"), ("heldout_sequences", "heldout")):
                 if config["train"][key] is not None:

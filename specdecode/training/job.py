@@ -50,11 +50,12 @@ from specdecode.decoding.speedup import choose_gamma
 from specdecode.training.sequences import (
     build_sequences,
     decoding_prompts,
+    domain_limit,
     domain_parts,
     effective_limit,
     load_examples,
+    mix_shares,
     pool_size,
-    round_robin_shares,
 )
 from specdecode.training.teacher import (
     TeacherCache,
@@ -244,10 +245,10 @@ def _teacher(cfg: TrainJobConfig, job: str, target: PreTrainedModel, tokenizer: 
         # A cache is keyed by the sequences it holds: a limit past a domain's examples names the
         # same cache as their count (a mix's shares never pass them), so a mix finds its domains'.
         if len(cfg.data.domains) == 1:
+            limit = domain_limit(train, cfg.data.domains[0], split, limit)
             return domain_scored(cfg.data, split, name, k, effective_limit(limit, pool_size(cfg.data, train, split)))
-        parts = domain_parts(cfg.data)
-        shares = round_robin_shares([pool_size(part, train, split) for part in parts], limit)
-        return concat_caches([domain_scored(part, split, name, k, n) for part, n in zip(parts, shares)])
+        shares = mix_shares(cfg.data, train, split, limit)
+        return concat_caches([domain_scored(part, split, name, k, n) for part, n in zip(domain_parts(cfg.data), shares)])
 
     train_cache = scored("train", f"{job}-train", topk, train.train_sequences)
     heldout = scored("heldout", "heldout", 0, train.heldout_sequences)

@@ -93,11 +93,28 @@ def effective_limit(limit: int | None, pool: int) -> int:
     return pool if limit is None else min(limit, pool)
 
 
+def domain_limit(train: TrainConfig, domain: str, split: str, limit: int | None) -> int | None:
+    """The limit of one domain's `split`: `train.train_sequences_per_domain`'s for the training
+    split of a domain it gives a number, else `limit` (None: all)."""
+    own = train.train_sequences_per_domain.get(domain) if split == "train" else None
+    return limit if own is None else own
+
+
+def mix_shares(data: DataConfig, train: TrainConfig, split: str, limit: int | None) -> list[int]:
+    """Each domain's share (in `domain_parts` order) of a mix's first `limit` interleaved
+    sequences; a domain that `train.train_sequences_per_domain` gives a number gives at most that."""
+    sizes = [effective_limit(domain_limit(train, part.name, split, None), pool_size(part, train, split))
+             for part in domain_parts(data)]
+    return round_robin_shares(sizes, limit)
+
+
 def mix_limit(data: DataConfig, train: TrainConfig, split: str, per_domain: int | None) -> int:
-    """The mix `limit` whose `round_robin_shares` are each domain's `effective_limit(per_domain)`:
-    `per_domain` full rounds of the interleaving, so a mix job reads exactly the caches that domain
-    jobs with `train_sequences = per_domain` wrote, however many examples each domain has."""
-    return sum(effective_limit(per_domain, pool_size(part, train, split)) for part in domain_parts(data))
+    """The mix `limit` whose `round_robin_shares` are each domain's `effective_limit` in jobs with
+    `train_sequences = per_domain` (or the domain's `train_sequences_per_domain`, which a mix must
+    then name for every domain): whole rounds of the interleaving, so a mix job reads exactly the
+    caches those domain jobs wrote, however many examples each domain has."""
+    return sum(effective_limit(domain_limit(train, part.name, split, per_domain), pool_size(part, train, split))
+               for part in domain_parts(data))
 
 
 def decoding_prompts(data: DataConfig, tokenizer: PreTrainedTokenizerBase, count: int) -> list[list[int]]:
