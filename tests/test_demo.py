@@ -223,6 +223,15 @@ def test_a_domain_with_more_training_sequences_keeps_them_in_the_mix(tmp_path) -
     assert stages["distill-mix"]["train_sequences"] == 2 * base + 20
 
 
+def test_distill_per_domain_reaches_that_domains_job_alone(tmp_path) -> None:
+    stages = {s.name: s.config["train"] for s in demo_stages(smoke_config(str(tmp_path / "demo"), ["distill_per_domain.chat=['train.lr=0.25']"]))
+              if "train" in s.config}
+    assert stages["distill-chat"]["lr"] == 0.25
+    assert all(stages[name]["lr"] != 0.25 for name in ("distill-mix", "distill-code", "distill-math"))
+    with pytest.raises(ValueError, match="distill_per_domain"):
+        DemoConfig(distill_per_domain={"poetry": []})
+
+
 def test_specialists_from_the_generic_drafter_train_after_it_and_start_from_it(tmp_path) -> None:
     """specialists_from=generic: the mix trains first and every domain job starts from its drafter
     folder (a stage after it, so a retrained generic drafter retrains them); the router and the

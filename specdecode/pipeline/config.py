@@ -50,6 +50,9 @@ class DemoConfig(Placement):
     losses: dict[str, str] = field(default_factory=lambda: {d: "forward_kl" for d in (*DOMAINS, "mix")})
     benchmark: list[str] = field(default_factory=list)
     distill: list[str] = field(default_factory=list)
+    # More overrides for one domain drafter's job, after `distill` (the generic drafter's job takes
+    # none): e.g. {chat: [train.train_sequences=3840]} for the data-bound domain.
+    distill_per_domain: dict[str, list[str]] = field(default_factory=lambda: {d: [] for d in DOMAINS})
     collect: list[str] = field(default_factory=list)
     fit: list[str] = field(default_factory=list)
     eval: list[str] = field(default_factory=list)
@@ -73,6 +76,8 @@ class DemoConfig(Placement):
         self.check_placement()
         for domain in self.domains:
             require(domain in DOMAINS, "domains", domain, f"one of {list(DOMAINS)}")
+        for domain in self.distill_per_domain:
+            require(domain in DOMAINS, "distill_per_domain", domain, f"keys in {list(DOMAINS)}")
         for name in (*self.domains, "mix"):
             require(name in self.losses, f"losses.{name}", None, "each domain and mix needs a loss")
         require(self.launcher in LAUNCHERS, "launcher", self.launcher, f"one of {list(LAUNCHERS)}")

@@ -100,7 +100,7 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     generic_dir = str(root / "distill-mix" / "drafter")
     for name in ("mix", *cfg.domains) if from_generic else (*cfg.domains, "mix"):
         stage = f"distill-{name}"
-        config = composed("distill", [f"data={name}", f"loss={cfg.losses[name]}", *cfg.distill])
+        config = composed("distill", [f"data={name}", f"loss={cfg.losses[name]}", *cfg.distill, *cfg.distill_per_domain.get(name, [])])
         after: list[str] = []
         if name != "mix" and from_generic:
             # Fine-tuned from the generic drafter (any kind: a pretrained folder keeps its own).
