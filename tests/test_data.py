@@ -110,6 +110,38 @@ def test_heldout_membership_depends_on_prompt_only() -> None:
     assert heldout_score("\ud83d lone surrogate") >= 0.0  # scraped text must not crash the hash
 
 
+def test_later_turns_follow_their_opening_and_are_never_held_out() -> None:
+    openings = _examples(400)
+    later = [
+        Example(f"a later turn {i}", None, "chat", conversation=opening.prompt)
+        for i, opening in enumerate(openings)
+    ]
+    train = split_examples(openings + later, "train", 0.3)
+    trained_openings = {e.prompt for e in train if e.conversation is None}
+    kept_later = [e for e in train if e.conversation is not None]
+    # Exactly the later turns whose conversation opens with a training prompt, whatever their own
+    # text hashes to.
+    assert {e.conversation for e in kept_later} == trained_openings
+    assert any(is_heldout(e.prompt, 0.3) for e in kept_later)
+    assert split_examples(openings + later, "heldout", 0.3) == split_examples(openings, "heldout", 0.3)
+    assert split_examples(openings + later, "all", 0.3) == split_examples(openings, "all", 0.3) + kept_later
+
+
+def test_embedded_chat_later_turns_only_add_training_prompts() -> None:
+    opening = load_domain("chat")
+    everything = load_domain("chat", chat_turns="all")
+    heldout = {e.prompt for e in load_domain("chat", split="heldout")}
+    assert everything[: len(opening)] == opening  # a prefix: the first N sequences stay the same
+    later = everything[len(opening):]
+    assert len(later) > 2 * len(opening)
+    assert all(e.conversation not in heldout and e.prompt not in heldout for e in later)
+    assert all(20 <= len(e.prompt.strip()) and len(e.prompt) <= 4000 for e in later)
+    assert load_domain("chat", split="heldout", chat_turns="all") == load_domain("chat", split="heldout")
+    assert load_domain("math", chat_turns="all") == load_domain("math")
+    with pytest.raises(ValueError, match="'later'"):
+        load_domain("chat", chat_turns="later")
+
+
 def test_first_duplicate_wins() -> None:
     first = Example("same", "one", "chat")
     second = Example("same", "two", "chat")

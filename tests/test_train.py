@@ -315,6 +315,7 @@ def test_accelerate_configs_load(name: str) -> None:
         (lambda: DataConfig(source="file", path="/no/such/data.jsonl"), r"data.path='/no/such/data.jsonl': does not exist"),
         (lambda: DataConfig(source="file"), r"data.path=None"),
         (lambda: DataConfig(domains=["poetry"]), r"data.domains"),
+        (lambda: DataConfig(chat_turns="later"), r"data.chat_turns='later': opening\|all"),
         (lambda: TrainConfig(lambda_on_policy=1.5), r"train.lambda_on_policy=1.5: must be in \[0, 1\]"),
         (lambda: TrainConfig(lambda_on_policy=-0.1), r"train.lambda_on_policy=-0.1"),
         (lambda: TrainConfig(seq_source="web"), r"train.seq_source='web'"),

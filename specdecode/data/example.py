@@ -9,9 +9,13 @@ from dataclasses import dataclass
 class Example:
     """One prompt, the reference response if the source has one, and its domain.
 
-    Frozen because the embedded datasets are cached and shared between callers.
+    Frozen because the embedded datasets are cached and shared between callers. `conversation`, set
+    on a later turn of a conversation (ShareGPT's, `chat_turns="all"`), is the conversation's opening
+    prompt: the turn is a training prompt only, and only where its conversation's opening is one
+    (`specdecode.data.domains.split_examples`), so no held-out conversation leaks into training.
     """
 
     prompt: str
     response: str | None
     domain: str
+    conversation: str | None = None

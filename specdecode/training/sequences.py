@@ -45,7 +45,7 @@ def load_examples(data: DataConfig, split: str) -> list[Example]:
         load_domain(
             domain, source=data.source, split=split, heldout_fraction=data.heldout_fraction,  # type: ignore[arg-type]
             path=data.path, hf_id=data.hf_id, hf_split=data.hf_split,
-            prompt_column=data.prompt_column, response_column=data.response_column,
+            prompt_column=data.prompt_column, response_column=data.response_column, chat_turns=data.chat_turns,
         )
         for domain in data.domains
     ])
