@@ -159,6 +159,9 @@ def test_run_collect_writes_rows_and_meta(tmp_path: Path) -> None:
         assert set(row["acceptance"]) == {"shallow", "deep"}
         assert all(0 <= a <= 1 for a in row["acceptance"].values())
         assert row["speedup"]["deep"] == pytest.approx(predicted_speedup(row["acceptance"]["deep"], 4, 0.6, 1.0), abs=1e-4)
+        # greedy labels: the simulated decode at gamma 4, priced at verify 1.0 + 4 drafter steps
+        assert 1.0 <= row["decode_tau"]["deep"] <= 5.0
+        assert row["decode_speedup"]["deep"] == pytest.approx(row["decode_tau"]["deep"] / (1.0 + 4 * 0.6), abs=1e-5)
 
 
 def test_each_drafter_is_priced_at_its_stored_gamma_unless_one_is_set(tmp_path: Path) -> None:

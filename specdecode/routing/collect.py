@@ -44,9 +44,10 @@ def run_collect(cfg: CollectConfig, *, progress: bool = True) -> Path:
     drafters = [(d.name, build_drafter(d.as_drafter_config(), target, tokenizer, corpus).eval()) for d in cfg.drafters]
     eos = default_eos(target)
     ids = [p for _, _, p in examples]
-    labels = collect_labels(target, drafters, ids, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                            eos_token_ids=eos, batch_size=cfg.batch_size, progress=progress, lookup=cfg.prompt_lookup.build())
     gammas = {name: cfg.gamma or drafter_gamma(drafter) for name, drafter in drafters}
+    labels = collect_labels(target, drafters, ids, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                            eos_token_ids=eos, batch_size=cfg.batch_size, progress=progress, lookup=cfg.prompt_lookup.build(),
+                            gammas=[gammas[name] for name, _ in drafters])
     cost_ratios, verify_ratios, measured = _costs(cfg, target, drafters, gammas, ids, labels.continuations)
     rows = label_rows(labels, [(s, e) for s, e, _ in examples], [len(p) for p in ids],
                       gammas=[gammas[n] for n in labels.drafters], cost_ratios=[cost_ratios[n] for n in labels.drafters],
@@ -62,7 +63,9 @@ def run_collect(cfg: CollectConfig, *, progress: bool = True) -> Path:
         "temperature": cfg.temperature,
         "label": "mean over the target's greedy continuation of Σ min(p, q) (acceptance) and "
                  "1[argmax q = argmax p] (greedy_match), q one-hot where prompt lookup drafts (config.prompt_lookup); "
-                 "speedups by Leviathan Thm 3.8 with measured verify cost",
+                 "speedups by Leviathan Thm 3.8 with measured verify cost; greedy only: decode_tau, greedy "
+                 "decoding's tokens per target call simulated at each drafter's gamma, and decode_speedup, it over "
+                 "a pass's cost in target steps",
         "num_rows": len(rows),
         "config": asdict(cfg),
     }

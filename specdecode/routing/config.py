@@ -17,7 +17,8 @@ ROUTER_SPLITS = ("train", "heldout")
 EMBEDDER_KINDS = ("sentence-transformers", "hashing")
 # Label columns a router can regress (see specdecode.routing.labels): Σ min(p, q) acceptance, greedy argmax
 # agreement, and the speedups Leviathan's model predicts from each.
-ROUTER_OBJECTIVES = ("speedup", "acceptance", "greedy_speedup", "greedy_match")
+# decode_*: greedy labels only (specdecode.routing.labels, "Decoded labels")
+ROUTER_OBJECTIVES = ("speedup", "acceptance", "greedy_speedup", "greedy_match", "decode_speedup", "decode_tau")
 
 
 @dataclass

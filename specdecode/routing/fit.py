@@ -161,6 +161,10 @@ def run_fit(cfg: FitRouterConfig, *, progress: bool = True) -> dict[str, Any]:
     if len(train_rows) < 2 or not heldout_rows:
         raise ValueError(f"labels={cfg.labels!r} has {len(train_rows)} train and {len(heldout_rows)} held-out rows; "
                          "need >= 2 and >= 1 (collect with splits [train, heldout])")
+    missing = [i for i, r in enumerate(rows, start=1) if cfg.objective not in r]
+    if missing:
+        raise ValueError(f"objective={cfg.objective!r}: labels={cfg.labels!r} line {missing[0]} has no such label "
+                         f"(decode_* labels are greedy only: collect with temperature 0, or fit another objective)")
     drafters = list(meta["drafters"]) + ([NO_DRAFTER] if cfg.no_drafter else [])
     bar = tqdm(total=4, desc="fit router", unit="stage", disable=not progress)
     embedder = make_embedder(cfg.router.embedder, str(resolve_device(cfg.device)))

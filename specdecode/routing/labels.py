@@ -13,6 +13,12 @@ a drafter that is close but on the wrong side of a near-tie). Both are stored: `
 `greedy_match`, and the speedup Leviathan's model predicts from each with the drafter's measured
 cost ratio c (`speedup`, `greedy_speedup`), so a cheap drafter can beat a better, dearer one.
 
+Decoded labels. Greedy decoding's tokens per target pass on the same continuation, simulated
+exactly from the same passes (`specdecode.routing.simulate`: every drafting step, a feature
+drafter's later ones reading its own features), `decode_tau`, and it over what one pass costs in
+target steps (verify + gamma drafter steps), `decode_speedup`: the figure the evaluation's oracle
+picks by. Greedy only (temperature 0); the others count first drafts only.
+
 Prompt lookup. Decoding drafts a looked-up token where a row's last tokens occurred before and the
 drafter is unsure (`specdecode.decoding.lookup`); with `lookup`, the labels score each drafter as
 decoding runs it: at such positions its q is one-hot at the looked-up token.
@@ -40,9 +46,12 @@ from specdecode.decoding.lookup import PromptLookup, lookup_logits
 from specdecode.decoding.speedup import predicted_speedup
 from specdecode.models.compat import check_vocab_sizes
 from specdecode.models.feature_drafter import FeatureDrafter, target_features
+from specdecode.routing.simulate import draft_matches, simulated_tau
 from specdecode.training.losses import expected_acceptance
 
 LABEL_KEYS = ("acceptance", "greedy_match", "speedup", "greedy_speedup")
+# greedy labels only (`Labels.decode_tau`)
+DECODE_KEYS = ("decode_tau", "decode_speedup")
 
 
 @dataclass
@@ -50,13 +59,15 @@ class Labels:
     """Teacher-forced labels of N prompts for K drafters (in `drafters` order).
 
     acceptance / greedy_match: `[N, K]` means over each prompt's continuation positions of
-    Σ min(p, q) and of 1[argmax q = argmax p]; continuations: the target's greedy ids per prompt.
+    Σ min(p, q) and of 1[argmax q = argmax p]; continuations: the target's greedy ids per prompt;
+    decode_tau: `[N, K]` greedy decoding's tokens per target call on them (None: not simulated).
     """
 
     drafters: list[str]
     acceptance: torch.Tensor
     greedy_match: torch.Tensor
     continuations: list[list[int]]
+    decode_tau: torch.Tensor | None = None
 
 
 def meta_path(labels_path: str | Path) -> Path:
@@ -74,7 +85,8 @@ def teacher_forced_acceptance(
     *,
     temperature: float = 0.0,
     lookup: PromptLookup | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    gammas: Sequence[int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Per-prompt acceptance of each drafter along given continuations, in one pass per model.
 
     Prompts are left-padded and continuations right-padded, so every row's continuation starts at
@@ -89,15 +101,21 @@ def teacher_forced_acceptance(
         temperature: of p and q; 0 scores the temperature-1 distributions.
         lookup: score each drafter with prompt lookup beside it, as decoding at `temperature`
             runs it (`lookup_logits`); None: the drafter alone.
+        gammas: K drafts per pass: also simulate greedy decoding at them
+            (`specdecode.routing.simulate`); only at temperature 0 (None otherwise).
 
     Returns:
-        `(acceptance, greedy_match)`, each `[B, K]` fp32: per prompt, the mean over its
-        continuation positions of Σ_v min(p, q) and of 1[argmax q = argmax p].
+        `(acceptance, greedy_match, decode_tau)`, each `[B, K]` fp32: per prompt, the mean over its
+        continuation positions of Σ_v min(p, q) and of 1[argmax q = argmax p], and greedy
+        decoding's tokens per target call (None without `gammas` or at temperature > 0).
     """
     if len(prompts) != len(continuations):
         raise ValueError(f"got {len(prompts)} prompts but {len(continuations)} continuations")
     if any(len(p) == 0 for p in prompts) or any(len(c) == 0 for c in continuations):
         raise ValueError("every prompt and every continuation needs at least one token")
+    if gammas is not None and (len(gammas) != len(drafters) or not all(isinstance(g, int) and g >= 1 for g in gammas)):
+        raise ValueError(f"gammas={list(gammas)}: one int >= 1 per drafter ({len(drafters)})")
+    simulate = gammas is not None and temperature == 0
     batch = len(prompts)
     tokens, attention, position_ids, scored, keep = _pack(prompts, continuations, target.device)
 
@@ -117,9 +135,14 @@ def teacher_forced_acceptance(
                          position_ids=position_ids[:, :-1])
         return drafter.logits(hidden[:, keep - 1])
 
-    acceptance, greedy = [], []
-    for drafter in drafters:
+    acceptance, greedy, tau = [], [], []
+    for k, drafter in enumerate(drafters):
         q_logits = logits_of(drafter)
+        if simulate:
+            features = target_features(target, out.hidden_states, drafter.feature_layers) if isinstance(drafter, FeatureDrafter) else None
+            matches = draft_matches(drafter, tokens, attention, keep, p_argmax, gammas[k], features=features,  # type: ignore[index]
+                                    first_logits=q_logits, lookup=lookup if lookup is not None and lookup.applies(0.0) else None)
+            tau.append(simulated_tau(matches, scored.sum(1)))
         if lookup is not None and lookup.applies(temperature):
             q_logits = lookup_logits(q_logits, tokens, attention, keep, lookup)
         # Row by row through the public metric, so the labels are by construction the number the
@@ -130,7 +153,8 @@ def teacher_forced_acceptance(
         ]))
         match = (q_logits.argmax(-1) == p_argmax) & scored
         greedy.append(match.sum(1) / scored.sum(1))
-    return torch.stack(acceptance, dim=1).float().cpu(), torch.stack(greedy, dim=1).float().cpu()
+    decode_tau = torch.stack(tau, dim=1).float() if simulate else None
+    return torch.stack(acceptance, dim=1).float().cpu(), torch.stack(greedy, dim=1).float().cpu(), decode_tau
 
 
 def _pack(
@@ -173,6 +197,7 @@ def collect_labels(
     batch_size: int = 8,
     progress: bool = True,
     lookup: PromptLookup | None = None,
+    gammas: Sequence[int] | None = None,
 ) -> Labels:
     """The target's greedy continuations of `prompts` and every drafter's acceptance along them.
 
@@ -189,9 +214,11 @@ def collect_labels(
         batch_size: prompts per batch.
         progress: show a tqdm bar.
         lookup: score the drafters with prompt lookup beside them (`teacher_forced_acceptance`).
+        gammas: K drafts per pass, to simulate greedy decoding with (`Labels.decode_tau`, at
+            temperature 0); None: no decode labels.
 
     Returns:
-        `Labels` with `[N, K]` acceptance and greedy_match.
+        `Labels` with `[N, K]` acceptance and greedy_match (and decode_tau).
     """
     if not prompts:
         raise ValueError("prompts is empty: nothing to label")
@@ -207,17 +234,22 @@ def collect_labels(
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     acceptance = torch.zeros(len(prompts), len(drafters))
     greedy = torch.zeros(len(prompts), len(drafters))
+    simulate = gammas is not None and temperature == 0
+    decode_tau = torch.zeros(len(prompts), len(drafters)) if simulate else None
     continuations: list[list[int]] = [[] for _ in prompts]
     models = [drafter for _, drafter in drafters]
     for start in tqdm(range(0, len(order), batch_size), desc="labels", unit="batch", disable=not progress):
         rows = order[start : start + batch_size]
         batch = [list(prompts[i]) for i in rows]
         generated = autoregressive_generate(target, batch, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids)
-        a, g = teacher_forced_acceptance(target, models, batch, generated.sequences, temperature=temperature, lookup=lookup)
+        a, g, t = teacher_forced_acceptance(target, models, batch, generated.sequences, temperature=temperature,
+                                            lookup=lookup, gammas=gammas)
         acceptance[rows], greedy[rows] = a, g
+        if decode_tau is not None:
+            decode_tau[rows] = t
         for i, sequence in zip(rows, generated.sequences):
             continuations[i] = sequence
-    return Labels([name for name, _ in drafters], acceptance, greedy, continuations)
+    return Labels([name for name, _ in drafters], acceptance, greedy, continuations, decode_tau)
 
 
 def speedups(alpha: torch.Tensor, gammas: Sequence[int], cost_ratios: Sequence[float], verify_ratios: Sequence[float]) -> torch.Tensor:
@@ -255,6 +287,10 @@ def label_rows(
         "speedup": speedups(labels.acceptance, gammas, cost_ratios, verify_ratios),
         "greedy_speedup": speedups(labels.greedy_match, gammas, cost_ratios, verify_ratios),
     }
+    if labels.decode_tau is not None:
+        # tokens per call over a pass's cost in target steps: as the evaluation's oracle ranks runs
+        pass_costs = torch.tensor([v + g * c for g, c, v in zip(gammas, cost_ratios, verify_ratios)])
+        columns |= {"decode_tau": labels.decode_tau, "decode_speedup": labels.decode_tau / pass_costs}
     rows = []
     for i, (split, example) in enumerate(examples):
         row: dict[str, Any] = {

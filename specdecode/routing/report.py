@@ -33,7 +33,8 @@ def routing_report(router: Router, rows: Sequence[Mapping[str, Any]], *, latency
         timings.append(time.perf_counter() - start)
     chosen = torch.tensor(choices)
     policies: dict[str, dict[str, float]] = {}
-    metrics = ("acceptance", "greedy_match", "speedup")
+    # the decoded speedup where the labels have it (greedy), beside the teacher-forced figures
+    metrics = ("acceptance", "greedy_match", "speedup") + (("decode_speedup",) if all("decode_speedup" in r for r in rows) else ())
     for metric in metrics:
         values = label_matrix(rows, metric, drafters)  # [N, K]
         means = values.mean(0)
@@ -75,20 +76,22 @@ def report_markdown(report: dict[str, Any]) -> str:
     def pct(value: float | None) -> str:
         return "–" if value is None else f"{100 * value:.0f}%"
 
+    decoded = "decode_speedup" in gain
     lines = [
         f"# Router — {report['prompts']} held-out prompts, objective `{report['objective']}`"
         + (f", {report['fit']['members']} MLPs averaged" if "fit" in report and report["fit"]["members"] > 1 else ""),
         "",
-        "| policy | acceptance | greedy match | predicted speedup |",
-        "|---|---|---|---|",
+        "| policy | acceptance | greedy match | predicted speedup |" + (" decoded speedup |" if decoded else ""),
+        "|---|---|---|---|" + ("---|" if decoded else ""),
     ]
     for name in ("routed", "oracle", "best single", "random"):
         p = policies[name]
         label = name if name != "best single" else f"best single ({p['acceptance_drafter']} / {p['speedup_drafter']})"
-        lines.append(f"| {label} | {p['acceptance']:.4f} | {p['greedy_match']:.4f} | {p['speedup']:.3f}× |")
+        lines.append(f"| {label} | {p['acceptance']:.4f} | {p['greedy_match']:.4f} | {p['speedup']:.3f}× |"
+                     + (f" {p['decode_speedup']:.3f}× |" if decoded else ""))
     lines += [
         f"| gain recovered (routed − best single) / (oracle − best single) | {pct(gain['acceptance'])} | "
-        f"{pct(gain['greedy_match'])} | {pct(gain['speedup'])} |",
+        f"{pct(gain['greedy_match'])} | {pct(gain['speedup'])} |" + (f" {pct(gain['decode_speedup'])} |" if decoded else ""),
         "",
         f"Agreement with the oracle's choice: {100 * report['agreement_with_oracle']:.0f}%. Routing latency: "
         f"{report['routing_latency_ms_per_prompt']:.2f} ms per prompt (batch of {report['routing_batch']}, embedding "
