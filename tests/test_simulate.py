@@ -42,7 +42,9 @@ PROMPTS = [[5, 6, 7, 5, 6, 7, 5], [3, 9, 4, 3, 9, 4, 3, 9], [2, 8], [10, 11, 2, 
 
 @pytest.mark.parametrize("lookup", [None, PromptLookup(max_confidence=0.9)])
 def test_simulated_tau_equals_speculative_decoding(lookup: PromptLookup | None) -> None:
-    target = tiny_llama(3, seed=0, vocab_size=12)
+    target = tiny_llama(3, seed=2, vocab_size=12)
+    # seeds where the feature drafter's later drafts decide some passes: counting its first drafts
+    # alone gives 20 / 17 tokens per call on the third prompt instead of 20 / 15
     torch.manual_seed(3)
     feature = derive_feature_drafter(target, 1, draft_vocab=None)
     with torch.no_grad():
@@ -60,8 +62,8 @@ def test_simulated_tau_equals_speculative_decoding(lookup: PromptLookup | None) 
     if lookup is None:
         # The target drafting for itself is always accepted: 5 tokens per pass after the prefill's 1.
         assert labels.decode_tau[:, 2].tolist() == pytest.approx([20 / 5] * len(PROMPTS))
-    # Not a trivial case: the feature drafter's passes accept drafts on some prompts.
-    assert (labels.decode_tau[:, 0] > 1.0).any()
+    # Not a trivial case: some of the feature drafter's passes accept two drafts or more.
+    assert (labels.decode_tau[:, 0] > 1.3).any()
 
 
 def test_decode_labels_are_greedy_only_and_priced_per_pass() -> None:
