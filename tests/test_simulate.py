@@ -10,7 +10,7 @@ from specdecode.data.example import Example
 from specdecode.decoding.decode import speculative_generate
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.models.feature_drafter import derive_feature_drafter
-from specdecode.routing.labels import collect_labels, label_rows
+from specdecode.routing.labels import collect_labels, label_rows, teacher_forced_acceptance
 from specdecode.routing.simulate import target_calls
 from tests.models_for_tests import tiny_llama
 
@@ -71,6 +71,7 @@ def test_decode_labels_are_greedy_only_and_priced_per_pass() -> None:
     drafters = [("slice", tiny_llama(1, seed=1, vocab_size=12)), ("self", target)]
     sampled = collect_labels(target, drafters, PROMPTS, max_new_tokens=8, temperature=0.7, progress=False, gammas=[2, 3])
     assert sampled.decode_tau is None
+    assert teacher_forced_acceptance(target, [target], PROMPTS[:1], [[1, 2]], temperature=0.7, gammas=[2])[2] is None
     greedy = collect_labels(target, drafters, PROMPTS, max_new_tokens=8, progress=False, gammas=[2, 3])
     examples = [("train", Example(prompt=str(p), response=None, domain="code")) for p in PROMPTS]
     rows = label_rows(greedy, examples, [len(p) for p in PROMPTS],
