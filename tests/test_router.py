@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from specdecode.core.config import from_dict
 from specdecode.decoding.decode import autoregressive_generate
+from specdecode.routing.centroid import CentroidRouter
 from specdecode.routing.collect import run_collect
 from specdecode.routing.config import CollectConfig, FitRouterConfig
 from specdecode.routing.embedders import HashingEmbedder, SentenceTransformerEmbedder, prompt_features
@@ -151,6 +152,35 @@ def test_save_load_round_trip_gives_identical_decisions(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+def test_centroid_router_takes_each_kind_of_prompt_to_its_domains_best_drafter(tmp_path: Path) -> None:
+    """Per-prompt labels where each domain's own drafter is best only on average (on a third of
+    the prompts another one wins by more): the centroid router follows the average, on new texts
+    too, and reads back from disk through `Router.load`."""
+    texts = [t for d in DRAFTERS for t in _texts(d, 30)]
+    domains = [d for d in DRAFTERS for _ in range(30)]
+    generator = torch.Generator().manual_seed(0)
+    targets = torch.tensor([[1.5 if k == d else 1.0 for k in range(3)] for d in range(3) for _ in range(30)])
+    targets += torch.rand(targets.shape, generator=generator)  # noise of up to 1.0 per label
+    assert (targets.argmax(1) != torch.tensor([d for d in range(3) for _ in range(30)])).float().mean() > 0.2
+    embedder = HashingEmbedder(64)
+    router = CentroidRouter.fit(embedder.encode(texts), targets, domains, DRAFTERS, embedder,
+                                embedder_spec={"kind": "hashing", "name": "hashing", "dim": 64})
+    assert router.domains == sorted(DRAFTERS)
+    fresh = {domain: _texts(domain, 10, offset=100) for domain in DRAFTERS}
+    for domain in DRAFTERS:
+        assert router.nearest(fresh[domain]) == [domain] * 10
+        assert router.choose(fresh[domain]) == [domain] * 10
+    router.save(tmp_path)
+    loaded = Router.load(tmp_path)
+    assert isinstance(loaded, CentroidRouter) and json.loads((tmp_path / "router.json").read_text())["kind"] == "centroid"
+    every = [t for d in DRAFTERS for t in fresh[d]]
+    assert torch.equal(loaded.scores(every), router.scores(every)) and loaded.choose(every) == router.choose(every)
+    with pytest.raises(ValueError, match="N domains"):
+        CentroidRouter.fit(embedder.encode(texts), targets, domains[:-1], DRAFTERS, embedder)
+    with pytest.raises(ValueError, match="router.kind='tree'"):
+        from_dict(FitRouterConfig, _compose("fit_router", ["router.kind=tree"]))
+
+
 def test_custom_embedder_router_needs_it_back_on_load(tmp_path: Path) -> None:
     router = _fit_on_domains(KeywordEmbedder())
     router.save(tmp_path)
@@ -262,6 +292,9 @@ def test_smoke_collect_then_fit_end_to_end(tmp_path: Path, capsys) -> None:
         f"labels={labels}", f"output_dir={tmp_path / 'decoded'}", "objective=decode_speedup"])), progress=False)
     assert decoded["objective"] == "decode_speedup" and "decode_speedup" in decoded["gain_recovered"]
     assert "decoded speedup |" in capsys.readouterr().out
+    centroid = run_fit(from_dict(FitRouterConfig, _compose("fit_router_smoke", [
+        f"labels={labels}", f"output_dir={tmp_path / 'centroid'}", "router.kind=centroid"])), progress=False)
+    assert centroid["fit"]["kind"] == "centroid" and isinstance(Router.load(tmp_path / "centroid"), CentroidRouter)
     # Labels without them (sampled ones) are refused for that objective, naming it and the line.
     sampled = tmp_path / "sampled.jsonl"
     sampled.write_text("".join(json.dumps({k: v for k, v in json.loads(line).items() if not k.startswith("decode_")}) + "\n"

@@ -18,6 +18,7 @@ EMBEDDER_KINDS = ("sentence-transformers", "hashing")
 # Label columns a router can regress (see specdecode.routing.labels): Σ min(p, q) acceptance, greedy argmax
 # agreement, and the speedups Leviathan's model predicts from each.
 # decode_*: greedy labels only (specdecode.routing.labels, "Decoded labels")
+ROUTER_KINDS = ("mlp", "centroid")
 ROUTER_OBJECTIVES = ("speedup", "acceptance", "greedy_speedup", "greedy_match", "decode_speedup", "decode_tau")
 
 
@@ -156,6 +157,9 @@ class RouterModelConfig:
     """The router: embedder features (+ log prompt length) → `members` MLPs, averaged → one score per drafter."""
 
     embedder: EmbedderConfig = field(default_factory=EmbedderConfig)
+    # mlp: `members` MLPs regress each prompt's labels (specdecode.routing.fit); centroid: the nearest
+    # domain centroid's mean labels (specdecode.routing.centroid: only `embedder` applies).
+    kind: str = "mlp"
     prompt_length: bool = True
     hidden: int = 256
     dropout: float = 0.1
@@ -164,6 +168,7 @@ class RouterModelConfig:
     members: int = 5
 
     def __post_init__(self) -> None:
+        require(self.kind in ROUTER_KINDS, "router.kind", self.kind, "|".join(ROUTER_KINDS))
         require(is_int(self.hidden) and self.hidden >= 1, "router.hidden", self.hidden, "an int >= 1")
         require(is_int(self.members) and 1 <= self.members <= 64, "router.members", self.members, "an int in [1, 64]")
         require(is_number(self.dropout) and 0 <= self.dropout < 1, "router.dropout", self.dropout, "in [0, 1)")

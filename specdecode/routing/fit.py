@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from specdecode.core.atomic import write_atomic
 from specdecode.core.devices import resolve_device
 from specdecode.core.locking import check_writable
+from specdecode.routing.centroid import CentroidRouter
 from specdecode.routing.config import FitRouterConfig
 from specdecode.routing.embedders import Embedder, make_embedder, prompt_features
 from specdecode.routing.labels import read_labels
@@ -149,6 +150,21 @@ def _train_mlp(
     return mlp.eval()
 
 
+def _fit_mlp(
+    cfg: FitRouterConfig, features: torch.Tensor, targets: torch.Tensor, drafters: list[str], embedder: Embedder, bar: Any
+) -> tuple[Router, list[FitHistory]]:
+    """`fit_router` with `cfg`'s knobs; `bar` advances once the features are in."""
+    bar.update(1)
+    return fit_router(
+        features, targets, drafters, embedder,
+        prompt_length=cfg.router.prompt_length, hidden=cfg.router.hidden, dropout=cfg.router.dropout,
+        members=cfg.router.members,
+        epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, weight_decay=cfg.weight_decay,
+        val_fraction=cfg.val_fraction, patience=cfg.patience, seed=cfg.seed, relative=cfg.relative,
+        objective=cfg.objective, embedder_spec=asdict(cfg.router.embedder),
+    )
+
+
 def run_fit(cfg: FitRouterConfig, *, progress: bool = True) -> dict[str, Any]:
     """Fit a router on `cfg.labels`, save it to `cfg.output_dir`, and report on the held-out rows.
 
@@ -169,21 +185,21 @@ def run_fit(cfg: FitRouterConfig, *, progress: bool = True) -> dict[str, Any]:
     bar = tqdm(total=4, desc="fit router", unit="stage", disable=not progress)
     embedder = make_embedder(cfg.router.embedder, str(resolve_device(cfg.device)))
     bar.update(1)
-    features = prompt_features(embedder, [r["prompt"] for r in train_rows], prompt_length=cfg.router.prompt_length)
-    bar.update(1)
-    router, histories = fit_router(
-        features, label_matrix(train_rows, cfg.objective, drafters), drafters, embedder,
-        prompt_length=cfg.router.prompt_length, hidden=cfg.router.hidden, dropout=cfg.router.dropout,
-        members=cfg.router.members,
-        epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, weight_decay=cfg.weight_decay,
-        val_fraction=cfg.val_fraction, patience=cfg.patience, seed=cfg.seed, relative=cfg.relative,
-        objective=cfg.objective, embedder_spec=asdict(cfg.router.embedder),
-    )
+    texts, targets = [r["prompt"] for r in train_rows], label_matrix(train_rows, cfg.objective, drafters)
+    if cfg.router.kind == "centroid":
+        bar.update(1)
+        router: Router | CentroidRouter = CentroidRouter.fit(
+            embedder.encode(texts), targets, [r["domain"] for r in train_rows], drafters, embedder,
+            objective=cfg.objective, embedder_spec=asdict(cfg.router.embedder))
+        histories: list[FitHistory] = []
+    else:
+        router, histories = _fit_mlp(cfg, prompt_features(embedder, texts, prompt_length=cfg.router.prompt_length), targets,
+                                     drafters, embedder, bar)
     output = Path(cfg.output_dir)
     router.save(output)
     bar.update(1)
-    report = routing_report(router, heldout_rows, latency_repeats=cfg.latency_repeats)
-    report["fit"] = {"train_prompts": len(train_rows), "members": len(histories),
+    report = routing_report(router, heldout_rows, latency_repeats=cfg.latency_repeats)  # type: ignore[arg-type]
+    report["fit"] = {"train_prompts": len(train_rows), "kind": cfg.router.kind, "members": len(histories),
                      "val_prompts": [len(h.val_rows) for h in histories], "best_epoch": [h.best_epoch for h in histories],
                      "epochs_run": [len(h.val_loss) for h in histories],
                      "best_val_mse": [h.val_loss[h.best_epoch] for h in histories]}

@@ -28,6 +28,8 @@ from safetensors.torch import load_file, save
 from torch import nn
 
 from specdecode.core.atomic import write_atomic
+from specdecode.routing.centroid import KIND as CENTROID
+from specdecode.routing.centroid import CentroidRouter
 from specdecode.routing.embedders import Embedder, make_embedder, prompt_features
 
 # The route to plain decoding: chosen where every drafter is predicted to slow the prompt down.
@@ -120,8 +122,8 @@ class Router:
 
     @classmethod
     def load(cls, directory: str | Path, embedder: Embedder | None = None, device: str = "cpu") -> Router:
-        """Read a saved router; `embedder` overrides (or, for a custom one, supplies) the saved spec,
-        which is otherwise built on `device`."""
+        """Read a saved router (an MLP one, or a `CentroidRouter`); `embedder` overrides (or, for a
+        custom one, supplies) the saved spec, which is otherwise built on `device`."""
         directory = Path(directory)
         for name in ("router.json", "router.safetensors"):
             if not (directory / name).is_file():
@@ -131,6 +133,8 @@ class Router:
             if config["embedder"] is None:
                 raise ValueError(f"router {str(directory)!r} was fitted with a custom embedder; pass embedder=")
             embedder = make_embedder(config["embedder"], device)
+        if config.get("kind") == CENTROID:
+            return CentroidRouter.load_saved(directory, config, embedder)  # type: ignore[return-value]
         tensors = load_file(directory / "router.safetensors")
         if "members" not in config:  # saved before ensembles: one MLP, `[F]` / `[K]` statistics
             tensors = {f"mlp.0.{k.removeprefix('mlp.')}" if k.startswith("mlp.") else k: v if k.startswith("mlp.") else v.unsqueeze(0)
