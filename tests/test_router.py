@@ -161,6 +161,8 @@ def test_centroid_router_takes_each_kind_of_prompt_to_its_domains_best_drafter(t
     generator = torch.Generator().manual_seed(0)
     targets = torch.tensor([[1.5 if k == d else 1.0 for k in range(3)] for d in range(3) for _ in range(30)])
     targets += torch.rand(targets.shape, generator=generator)  # noise of up to 1.0 per label
+    for d in range(3):
+        targets[30 * d, (d + 1) % 3] = 3.0  # each domain's first prompt favours another drafter most
     assert (targets.argmax(1) != torch.tensor([d for d in range(3) for _ in range(30)])).float().mean() > 0.2
     embedder = HashingEmbedder(64)
     router = CentroidRouter.fit(embedder.encode(texts), targets, domains, DRAFTERS, embedder,
