@@ -50,8 +50,6 @@ from specdecode.routing.simulate import draft_matches, simulated_tau
 from specdecode.training.losses import expected_acceptance
 
 LABEL_KEYS = ("acceptance", "greedy_match", "speedup", "greedy_speedup")
-# greedy labels only (`Labels.decode_tau`)
-DECODE_KEYS = ("decode_tau", "decode_speedup")
 
 
 @dataclass
