@@ -26,13 +26,14 @@ import torch
 from safetensors.torch import load_file, save
 
 from specdecode.core.atomic import write_atomic
+from specdecode.routing.choice import ArgmaxRouting
 from specdecode.routing.embedders import Embedder
 
 KIND = "centroid"
 
 
 @dataclass
-class CentroidRouter:
+class CentroidRouter(ArgmaxRouting):
     """`centroids` `[D, F]` unit vectors of the `domains`; `table` `[D, K]` each domain's mean
     objective per drafter (in `drafters` order) over its training prompts."""
 
@@ -71,16 +72,6 @@ class CentroidRouter:
     def scores(self, texts: Sequence[str]) -> torch.Tensor:
         """`[N, K]` the nearest domain's mean objective of each drafter, per text."""
         return self.table[self._nearest(texts)]
-
-    def route(self, texts: Sequence[str]) -> list[int]:
-        """Index into `drafters` of the chosen drafter per text."""
-        if not texts:
-            raise ValueError("texts is empty: nothing to route")
-        return self.scores(texts).argmax(dim=1).tolist()
-
-    def choose(self, texts: Sequence[str]) -> list[str]:
-        """Name of the chosen drafter per text."""
-        return [self.drafters[i] for i in self.route(texts)]
 
     def save(self, directory: str | Path) -> Path:
         """Write `router.safetensors` and `router.json` into `directory`, each atomically."""

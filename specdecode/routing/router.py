@@ -30,6 +30,7 @@ from torch import nn
 from specdecode.core.atomic import write_atomic
 from specdecode.routing.centroid import KIND as CENTROID
 from specdecode.routing.centroid import CentroidRouter
+from specdecode.routing.choice import ArgmaxRouting
 from specdecode.routing.embedders import Embedder, make_embedder, prompt_features
 
 # The route to plain decoding: chosen where every drafter is predicted to slow the prompt down.
@@ -49,7 +50,7 @@ class RouterMLP(nn.Module):
 
 
 @dataclass(eq=False)
-class Router:
+class Router(ArgmaxRouting):
     """E MLPs, their embedder and the statistics that map raw features in and scores out.
 
     mlp: the E members; feature_mean / feature_std: `[E, F]`; target_mean / target_std: `[E, K]`
@@ -87,16 +88,6 @@ class Router:
     def scores(self, texts: Sequence[str]) -> torch.Tensor:
         """`[N, K]` predicted objective of each drafter for each text."""
         return self.scores_from_features(prompt_features(self.embedder, texts, prompt_length=self.prompt_length))
-
-    def route(self, texts: Sequence[str]) -> list[int]:
-        """Index into `drafters` of the chosen drafter per text."""
-        if not texts:
-            raise ValueError("texts is empty: nothing to route")
-        return self.scores(texts).argmax(dim=1).tolist()
-
-    def choose(self, texts: Sequence[str]) -> list[str]:
-        """Name of the chosen drafter per text."""
-        return [self.drafters[i] for i in self.route(texts)]
 
     def save(self, directory: str | Path) -> Path:
         """Write `router.safetensors` and `router.json` into `directory`, each atomically."""
