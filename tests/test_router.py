@@ -15,9 +15,9 @@ from safetensors.torch import load_file, save_file
 
 from specdecode.core.config import from_dict
 from specdecode.decoding.decode import autoregressive_generate
-from specdecode.routing.centroid import CentroidRouter
 from specdecode.routing.collect import run_collect
 from specdecode.routing.config import CollectConfig, FitRouterConfig
+from specdecode.routing.domain import DomainRouter
 from specdecode.routing.embedders import HashingEmbedder, SentenceTransformerEmbedder, prompt_features
 from specdecode.routing.fit import fit_router, run_fit
 from specdecode.routing.generate import route_and_generate
@@ -152,9 +152,9 @@ def test_save_load_round_trip_gives_identical_decisions(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".*.tmp"))
 
 
-def test_centroid_router_takes_each_kind_of_prompt_to_its_domains_best_drafter(tmp_path: Path) -> None:
+def test_domain_router_takes_each_kind_of_prompt_to_its_domains_best_drafter(tmp_path: Path) -> None:
     """Per-prompt labels where each domain's own drafter is best only on average (on a third of
-    the prompts another one wins by more): the centroid router follows the average, on new texts
+    the prompts another one wins by more): the domain router follows the average, on new texts
     too, and reads back from disk through `Router.load`."""
     texts = [t for d in DRAFTERS for t in _texts(d, 30)]
     domains = [d for d in DRAFTERS for _ in range(30)]
@@ -165,22 +165,57 @@ def test_centroid_router_takes_each_kind_of_prompt_to_its_domains_best_drafter(t
         targets[30 * d, (d + 1) % 3] = 3.0  # each domain's first prompt favours another drafter most
     assert (targets.argmax(1) != torch.tensor([d for d in range(3) for _ in range(30)])).float().mean() > 0.2
     embedder = HashingEmbedder(64)
-    router = CentroidRouter.fit(embedder.encode(texts), targets, domains, DRAFTERS, embedder,
-                                embedder_spec={"kind": "hashing", "name": "hashing", "dim": 64})
+    router = DomainRouter.fit(embedder.encode(texts), domains, targets, domains, DRAFTERS, embedder,
+                              embedder_spec={"kind": "hashing", "name": "hashing", "dim": 64})
     assert router.domains == sorted(DRAFTERS)
+    assert torch.allclose(router.table[router.domains.index("math")], targets[30:60].mean(0))
     fresh = {domain: _texts(domain, 10, offset=100) for domain in DRAFTERS}
     for domain in DRAFTERS:
-        assert router.nearest(fresh[domain]) == [domain] * 10
+        assert router.domain_of(fresh[domain]) == [domain] * 10
         assert router.choose(fresh[domain]) == [domain] * 10
     router.save(tmp_path)
     loaded = Router.load(tmp_path)
-    assert isinstance(loaded, CentroidRouter) and json.loads((tmp_path / "router.json").read_text())["kind"] == "centroid"
+    assert isinstance(loaded, DomainRouter) and json.loads((tmp_path / "router.json").read_text())["kind"] == "domain"
     every = [t for d in DRAFTERS for t in fresh[d]]
     assert torch.equal(loaded.scores(every), router.scores(every)) and loaded.choose(every) == router.choose(every)
-    with pytest.raises(ValueError, match="N domains"):
-        CentroidRouter.fit(embedder.encode(texts), targets, domains[:-1], DRAFTERS, embedder)
+    with pytest.raises(ValueError, match="M domains"):
+        DomainRouter.fit(embedder.encode(texts), domains[:-1], targets, domains, DRAFTERS, embedder)
+    with pytest.raises(ValueError, match=r"domains \['poetry'\] have no labels"):
+        DomainRouter.fit(embedder.encode(texts), domains[:-1] + ["poetry"], targets, domains, DRAFTERS, embedder)
     with pytest.raises(ValueError, match="router.kind='tree'"):
         from_dict(FitRouterConfig, _compose("fit_router", ["router.kind=tree"]))
+    with pytest.raises(ValueError, match="router.domain_prompts=-1"):
+        from_dict(FitRouterConfig, _compose("fit_router", ["router.domain_prompts=-1"]))
+
+
+class AngleEmbedder:
+    """A custom embedder: text "a<degrees>" → the unit vector at that angle in the plane."""
+
+    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+        angles = torch.tensor([float(t[1:]) for t in texts]).deg2rad()
+        return torch.stack([angles.cos(), angles.sin()], dim=1)
+
+
+def test_domain_router_classifies_where_the_nearest_centroid_does_not() -> None:
+    """Code prompts within 5° of 0°, chat prompts spread over 20°..90°: a chat prompt at 22° lies
+    nearer the code centroid than the chat one (the rule the classifier replaced), but on the chat
+    side of any line that separates the two; and a prompt the classifier cannot place (between
+    the domains, probability ~1/2 each) takes the drafter that pays on both, not either specialist."""
+    code, chat = [f"a{a}" for a in range(-5, 6)], [f"a{a}" for a in range(20, 91, 2)]
+    embedder = AngleEmbedder()
+    units = {name: torch.nn.functional.normalize(embedder.encode(texts).mean(0), dim=0) for name, texts in (("code", code), ("chat", chat))}
+    probe = embedder.encode(["a22"])[0]
+    assert probe @ units["code"] > probe @ units["chat"]  # the nearest centroid would say code
+    drafters = ["code", "chat", "generic"]
+    # code's own drafter pays 2.0 on code and 1.0 on chat, chat's the reverse; generic 1.8 on both
+    targets = torch.tensor([[2.0, 1.0, 1.8]] * len(code) + [[1.0, 2.0, 1.8]] * len(chat))
+    labelled = ["code"] * len(code) + ["chat"] * len(chat)
+    router = DomainRouter.fit(embedder.encode(code + chat), labelled, targets, labelled, drafters, embedder, l2=1e-3)
+    assert router.domain_of(code + chat + ["a22"]) == labelled + ["chat"]
+    assert router.choose(["a1", "a40", "a80"]) == ["code", "chat", "chat"] and router.choose(["a22"]) != ["code"]
+    middle = min((a / 10 for a in range(200)), key=lambda a: abs(router.probabilities([f"a{a}"])[0, 0].item() - 0.5))
+    assert 0.3 < router.probabilities([f"a{middle}"])[0, 0] < 0.7
+    assert router.choose([f"a{middle}"]) == ["generic"]
 
 
 def test_custom_embedder_router_needs_it_back_on_load(tmp_path: Path) -> None:
@@ -294,9 +329,12 @@ def test_smoke_collect_then_fit_end_to_end(tmp_path: Path, capsys) -> None:
         f"labels={labels}", f"output_dir={tmp_path / 'decoded'}", "objective=decode_speedup"])), progress=False)
     assert decoded["objective"] == "decode_speedup" and "decode_speedup" in decoded["gain_recovered"]
     assert "decoded speedup |" in capsys.readouterr().out
-    centroid = run_fit(from_dict(FitRouterConfig, _compose("fit_router_smoke", [
-        f"labels={labels}", f"output_dir={tmp_path / 'centroid'}", "router.kind=centroid"])), progress=False)
-    assert centroid["fit"]["kind"] == "centroid" and isinstance(Router.load(tmp_path / "centroid"), CentroidRouter)
+    # The domain router's classifier learns from the labels' prompts and more of their source's.
+    domain = run_fit(from_dict(FitRouterConfig, _compose("fit_router_smoke", [
+        f"labels={labels}", f"output_dir={tmp_path / 'domain'}", "router.kind=domain", "router.domain_prompts=40"])), progress=False)
+    assert domain["fit"]["kind"] == "domain" and isinstance(Router.load(tmp_path / "domain"), DomainRouter)
+    train_prompts = domain["fit"]["train_prompts"]
+    assert train_prompts < domain["fit"]["classifier_prompts"] <= train_prompts + 40 * len(DRAFTERS)
     # Labels without them (sampled ones) are refused for that objective, naming it and the line.
     sampled = tmp_path / "sampled.jsonl"
     sampled.write_text("".join(json.dumps({k: v for k, v in json.loads(line).items() if not k.startswith("decode_")}) + "\n"

@@ -18,8 +18,9 @@ from tqdm.auto import tqdm
 from specdecode.core.atomic import write_atomic
 from specdecode.core.devices import resolve_device
 from specdecode.core.locking import check_writable
-from specdecode.routing.centroid import CentroidRouter
+from specdecode.data.domains import load_domain
 from specdecode.routing.config import FitRouterConfig
+from specdecode.routing.domain import DomainRouter
 from specdecode.routing.embedders import Embedder, make_embedder, prompt_features
 from specdecode.routing.labels import read_labels
 from specdecode.routing.report import report_markdown, routing_report
@@ -165,6 +166,19 @@ def _fit_mlp(
     )
 
 
+def _domain_prompts(train_rows: list[dict[str, Any]], meta: dict[str, Any], per_domain: int) -> dict[str, str]:
+    """Prompt → domain for the domain classifier: the labels' train prompts, then the first
+    `per_domain` training prompts of each labelled domain from the source the labels were collected
+    on (labels.meta.json's config; the same split, so held-out prompts stay unseen)."""
+    tagged = {r["prompt"]: r["domain"] for r in train_rows}
+    collected = meta.get("config", {})
+    for domain in sorted({r["domain"] for r in train_rows}):
+        examples = load_domain(domain, source=collected.get("source", "embedded"), split="train", limit=per_domain,
+                               heldout_fraction=collected.get("heldout_fraction", 0.1)) if per_domain else []
+        tagged |= {ex.prompt: domain for ex in examples if ex.prompt not in tagged}
+    return tagged
+
+
 def run_fit(cfg: FitRouterConfig, *, progress: bool = True) -> dict[str, Any]:
     """Fit a router on `cfg.labels`, save it to `cfg.output_dir`, and report on the held-out rows.
 
@@ -186,20 +200,24 @@ def run_fit(cfg: FitRouterConfig, *, progress: bool = True) -> dict[str, Any]:
     embedder = make_embedder(cfg.router.embedder, str(resolve_device(cfg.device)))
     bar.update(1)
     texts, targets = [r["prompt"] for r in train_rows], label_matrix(train_rows, cfg.objective, drafters)
-    if cfg.router.kind == "centroid":
+    if cfg.router.kind == "domain":
+        tagged = _domain_prompts(train_rows, meta, cfg.router.domain_prompts)
         bar.update(1)
-        router: Router | CentroidRouter = CentroidRouter.fit(
-            embedder.encode(texts), targets, [r["domain"] for r in train_rows], drafters, embedder,
-            objective=cfg.objective, embedder_spec=asdict(cfg.router.embedder))
+        router: Router | DomainRouter = DomainRouter.fit(
+            embedder.encode(list(tagged)), list(tagged.values()), targets, [r["domain"] for r in train_rows], drafters,
+            embedder, l2=cfg.router.domain_l2, objective=cfg.objective, embedder_spec=asdict(cfg.router.embedder))
         histories: list[FitHistory] = []
+        classified = len(tagged)
     else:
+        classified = 0
         router, histories = _fit_mlp(cfg, prompt_features(embedder, texts, prompt_length=cfg.router.prompt_length), targets,
                                      drafters, embedder, bar)
     output = Path(cfg.output_dir)
     router.save(output)
     bar.update(1)
     report = routing_report(router, heldout_rows, latency_repeats=cfg.latency_repeats)  # type: ignore[arg-type]
-    report["fit"] = {"train_prompts": len(train_rows), "kind": cfg.router.kind, "members": len(histories),
+    report["fit"] = {"train_prompts": len(train_rows), "kind": cfg.router.kind, "classifier_prompts": classified,
+                     "members": len(histories),
                      "val_prompts": [len(h.val_rows) for h in histories], "best_epoch": [h.best_epoch for h in histories],
                      "epochs_run": [len(h.val_loss) for h in histories],
                      "best_val_mse": [h.val_loss[h.best_epoch] for h in histories]}

@@ -28,8 +28,8 @@ from safetensors.torch import load_file, save
 from torch import nn
 
 from specdecode.core.atomic import write_atomic
-from specdecode.routing.centroid import KIND as CENTROID
-from specdecode.routing.centroid import CentroidRouter
+from specdecode.routing.domain import KIND as DOMAIN
+from specdecode.routing.domain import DomainRouter
 from specdecode.routing.choice import ArgmaxRouting
 from specdecode.routing.embedders import Embedder, make_embedder, prompt_features
 
@@ -113,7 +113,7 @@ class Router(ArgmaxRouting):
 
     @classmethod
     def load(cls, directory: str | Path, embedder: Embedder | None = None, device: str = "cpu") -> Router:
-        """Read a saved router (an MLP one, or a `CentroidRouter`); `embedder` overrides (or, for a
+        """Read a saved router (an MLP one, or a `DomainRouter`); `embedder` overrides (or, for a
         custom one, supplies) the saved spec, which is otherwise built on `device`."""
         directory = Path(directory)
         for name in ("router.json", "router.safetensors"):
@@ -124,8 +124,8 @@ class Router(ArgmaxRouting):
             if config["embedder"] is None:
                 raise ValueError(f"router {str(directory)!r} was fitted with a custom embedder; pass embedder=")
             embedder = make_embedder(config["embedder"], device)
-        if config.get("kind") == CENTROID:
-            return CentroidRouter.load_saved(directory, config, embedder)  # type: ignore[return-value]
+        if config.get("kind") == DOMAIN:
+            return DomainRouter.load_saved(directory, config, embedder)  # type: ignore[return-value]
         tensors = load_file(directory / "router.safetensors")
         if "members" not in config:  # saved before ensembles: one MLP, `[F]` / `[K]` statistics
             tensors = {f"mlp.0.{k.removeprefix('mlp.')}" if k.startswith("mlp.") else k: v if k.startswith("mlp.") else v.unsqueeze(0)
