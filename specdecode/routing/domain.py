@@ -87,13 +87,17 @@ class DomainRouter(ArgmaxRouting):
         """`[N, D]` the classifier's probability of each domain, per text."""
         return (_unit(self.embedder.encode(list(texts))) @ self.weight + self.bias).softmax(dim=-1)
 
+    def most_probable(self, texts: Sequence[str]) -> torch.Tensor:
+        """`[N]` index (into `domains`) of each text's most probable domain."""
+        return self.probabilities(texts).argmax(dim=1)
+
     def domain_of(self, texts: Sequence[str]) -> list[str]:
         """The most probable domain of each text."""
-        return [self.domains[i] for i in self.probabilities(texts).argmax(dim=1).tolist()]
+        return [self.domains[i] for i in self.most_probable(texts).tolist()]
 
     def scores(self, texts: Sequence[str]) -> torch.Tensor:
         """`[N, K]` each drafter's mean objective on the text's most probable domain."""
-        return self.table[self.probabilities(texts).argmax(dim=1)]
+        return self.table[self.most_probable(texts)]
 
     def save(self, directory: str | Path) -> Path:
         """Write `router.safetensors` and `router.json` into `directory`, each atomically."""
