@@ -123,11 +123,11 @@ def mc_models() -> tuple[torch.nn.Module, torch.nn.Module]:
 
 
 @torch.inference_mode()
-def exact_joint(target: torch.nn.Module, params: SamplingParams) -> torch.Tensor:
-    """P(first N_TOKENS generated tokens) `[V ** N_TOKENS]`, by enumerating every prefix."""
+def exact_joint(target: torch.nn.Module, params: SamplingParams, prompt: list[int] = PROMPT) -> torch.Tensor:
+    """P(first N_TOKENS generated tokens after `prompt`) `[V ** N_TOKENS]`, by enumerating every prefix."""
     joint = torch.zeros([VOCAB] * N_TOKENS)
     for prefix in itertools.product(range(VOCAB), repeat=N_TOKENS - 1):
-        logits = target(torch.tensor([PROMPT + list(prefix)])).logits[0, len(PROMPT) - 1 :]
+        logits = target(torch.tensor([prompt + list(prefix)])).logits[0, len(prompt) - 1 :]
         probs = logits_to_probs(logits, params)
         prob = 1.0
         for i, token in enumerate(prefix):
@@ -155,7 +155,12 @@ def sampled_joint(
     if lookup is EAGER_LOOKUP:
         # the eager lookup must really replace drafts, or the tests using it test nothing
         assert result.stats.looked_up > N_SAMPLES // 2
-    codes = torch.tensor([sum(t * VOCAB ** (N_TOKENS - 1 - i) for i, t in enumerate(s)) for s in result.sequences])
+    return joint_counts(result.sequences)
+
+
+def joint_counts(sequences: list[list[int]]) -> torch.Tensor:
+    """Counts `[V ** N_TOKENS]` of the generated N_TOKENS-token sequences."""
+    codes = torch.tensor([sum(t * VOCAB ** (N_TOKENS - 1 - i) for i, t in enumerate(s)) for s in sequences])
     return torch.bincount(codes, minlength=VOCAB**N_TOKENS)
 
 
@@ -215,15 +220,61 @@ def test_distribution_test_catches_a_looked_up_draft_judged_by_the_drafters_q(mc
 def test_sampled_output_follows_target_with_a_feature_drafter(mc_models, params, draft_vocab) -> None:
     """The same Monte-Carlo test with an EAGLE-style drafter reading the target's features, with
     the full vocabulary and a truncated one (its q is computed over the draft ids, then spread)."""
-    from specdecode.models.feature_drafter import derive_feature_drafter
-
     target, _ = mc_models
-    torch.manual_seed(13)
-    drafter = derive_feature_drafter(target, 1, draft_vocab=draft_vocab)
-    with torch.no_grad():
-        drafter.fc.weight.normal_(0, 0.3)
+    drafter = mc_feature_drafter(target, draft_vocab)
     observed = sampled_joint(target, drafter, params, seed=1)
     assert g_test_pvalue(observed, exact_joint(target, params)) > SIGNIFICANCE
     # and with most drafts looked up: over a truncated vocabulary a looked-up id may lie outside it
     observed = sampled_joint(target, drafter, params, seed=3, lookup=EAGER_LOOKUP)
     assert g_test_pvalue(observed, exact_joint(target, params)) > SIGNIFICANCE
+
+
+def mc_feature_drafter(target: torch.nn.Module, draft_vocab: list[int] | None = None) -> torch.nn.Module:
+    """An untrained feature drafter of the MC target whose fusion weights are large enough that its
+    drafts depend on the features it reads (random layers, seeded)."""
+    from specdecode.models.feature_drafter import derive_feature_drafter
+
+    torch.manual_seed(13)
+    drafter = derive_feature_drafter(target, 1, draft_vocab=draft_vocab)
+    with torch.no_grad():
+        drafter.fc.weight.normal_(0, 0.3)
+    return drafter
+
+
+# A second prompt, longer than PROMPT: in one batch with it the rows' caches, positions and the
+# target features handed to the drafter are ragged.
+LONGER_PROMPT = [4, 0, 1, 3, 3, 2, 0]
+
+
+@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, top_k=3)], ids=["t1.0", "t0.7-k3"])
+def test_feature_drafter_samples_follow_the_target_in_a_ragged_batch(mc_models, params) -> None:
+    """Rows of two prompt lengths, interleaved in one batch: each prompt's rows follow the target's
+    distribution after that prompt."""
+    target, _ = mc_models
+    result = speculative_generate(
+        target, mc_feature_drafter(target), [PROMPT, LONGER_PROMPT] * (N_SAMPLES // 2), gamma=3,
+        max_new_tokens=N_TOKENS, temperature=params.temperature, top_k=params.top_k, eos_token_ids=[], seed=4,
+    )
+    assert result.stats.accepted > 0
+    for first, prompt in enumerate([PROMPT, LONGER_PROMPT]):
+        observed = joint_counts(result.sequences[first::2])
+        assert g_test_pvalue(observed, exact_joint(target, params, prompt)) > SIGNIFICANCE
+
+
+# Decodes one prompt at a time are slow next to one wide batch: fewer samples, the same test.
+N_SINGLE = 1200
+
+
+def test_feature_drafter_samples_follow_the_target_at_batch_1(mc_models) -> None:
+    """One row per call (seeds 0..N_SINGLE-1): the batch-1 path, whose caches are never padded."""
+    target, _ = mc_models
+    drafter = mc_feature_drafter(target)
+    params = SamplingParams(1.0)
+    sequences, accepted = [], 0
+    for seed in range(N_SINGLE):
+        result = speculative_generate(target, drafter, [LONGER_PROMPT], gamma=3, max_new_tokens=N_TOKENS,
+                                      temperature=params.temperature, eos_token_ids=[], seed=seed)
+        sequences += result.sequences
+        accepted += result.stats.accepted
+    assert accepted > 0
+    assert g_test_pvalue(joint_counts(sequences), exact_joint(target, params, LONGER_PROMPT)) > SIGNIFICANCE
