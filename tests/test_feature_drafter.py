@@ -21,12 +21,13 @@ def target() -> torch.nn.Module:
     return tiny_llama(3, seed=0)
 
 
-def random_feature_drafter(target: torch.nn.Module, seed: int = 1, **kwargs) -> FeatureDrafter:
-    """A feature drafter whose fusion is random, so its drafts are neither always right nor trivial."""
+def random_feature_drafter(target: torch.nn.Module, seed: int = 1, std: float = 0.4, **kwargs) -> FeatureDrafter:
+    """A feature drafter whose fusion is random (N(0, std²)), so its drafts are neither always right
+    nor trivial."""
     torch.manual_seed(seed)
     drafter = derive_feature_drafter(target, 1, **kwargs)
     with torch.no_grad():
-        drafter.fc.weight.normal_(0, 0.4)
+        drafter.fc.weight.normal_(0, std)
     return drafter
 
 

@@ -20,6 +20,7 @@ from specdecode.decoding.lookup import DEFAULT_LOOKUP, PromptLookup
 from specdecode.decoding.sampling import SamplingParams, logits_to_probs, sample
 from specdecode.decoding.verify import greedy_accept, rejection_sample
 from tests.models_for_tests import tiny_llama
+from tests.test_feature_drafter import random_feature_drafter
 
 SIGNIFICANCE = 1e-3
 
@@ -230,15 +231,9 @@ def test_sampled_output_follows_target_with_a_feature_drafter(mc_models, params,
 
 
 def mc_feature_drafter(target: torch.nn.Module, draft_vocab: list[int] | None = None) -> torch.nn.Module:
-    """An untrained feature drafter of the MC target whose fusion weights are large enough that its
-    drafts depend on the features it reads (random layers, seeded)."""
-    from specdecode.models.feature_drafter import derive_feature_drafter
-
-    torch.manual_seed(13)
-    drafter = derive_feature_drafter(target, 1, draft_vocab=draft_vocab)
-    with torch.no_grad():
-        drafter.fc.weight.normal_(0, 0.3)
-    return drafter
+    """The MC tests' feature drafter: random fusion (seed 13, std 0.3), so its drafts depend on the
+    features it reads."""
+    return random_feature_drafter(target, seed=13, std=0.3, draft_vocab=draft_vocab)
 
 
 # A second prompt, longer than PROMPT: in one batch with it the rows' caches, positions and the
