@@ -21,7 +21,7 @@ from specdecode.data.domains import (
     load_domain,
     split_examples,
 )
-from specdecode.data.embedded import _iter_truncated_json_array, humaneval
+from specdecode.data.embedded import humaneval, iter_truncated_json_array
 
 
 @pytest.mark.parametrize("domain", DOMAINS)
@@ -37,9 +37,7 @@ def test_embedded_domain_has_examples_with_expected_fields(domain: str) -> None:
 
 def test_embedded_contents() -> None:
     code = load_domain("code", split="all")
-    assert code[0].prompt.startswith(
-        "from typing import List\n\n\ndef has_close_elements("
-    )  # HumanEval/0
+    assert code[0].prompt.startswith("from typing import List\n\n\ndef has_close_elements(")  # HumanEval/0
     stdlib = [example for example in code if example.prompt.startswith(("def ", "async def ", "@"))]
     assert len(stdlib) > 500
     for example in stdlib:
@@ -72,10 +70,7 @@ def test_embedded_split_is_deterministic_disjoint_and_covering(domain: str) -> N
 
 
 def _examples(count: int, domain: str = "chat") -> list[Example]:
-    return [
-        Example(prompt=f"prompt number {index}", response=f"r{index}", domain=domain)
-        for index in range(count)
-    ]
+    return [Example(prompt=f"prompt number {index}", response=f"r{index}", domain=domain) for index in range(count)]
 
 
 def test_split_is_stable_under_reordering_and_deduplicates() -> None:
@@ -104,17 +99,14 @@ def test_heldout_membership_depends_on_prompt_only() -> None:
         if is_heldout(example.prompt, 0.1):
             assert is_heldout(example.prompt, 0.3)
     # A fixed value pins the hash itself: changing it would silently move prompts between splits.
-    assert heldout_score("What is the capital of France?") == pytest.approx(
-        0.06763134212117156, abs=0
-    )
+    assert heldout_score("What is the capital of France?") == pytest.approx(0.06763134212117156, abs=0)
     assert heldout_score("\ud83d lone surrogate") >= 0.0  # scraped text must not crash the hash
 
 
 def test_later_turns_follow_their_opening_and_are_never_held_out() -> None:
     openings = _examples(400)
     later = [
-        Example(f"a later turn {i}", None, "chat", conversation=opening.prompt)
-        for i, opening in enumerate(openings)
+        Example(f"a later turn {i}", None, "chat", conversation=opening.prompt) for i, opening in enumerate(openings)
     ]
     train = split_examples(openings + later, "train", 0.3)
     trained_openings = {e.prompt for e in train if e.conversation is None}
@@ -132,7 +124,7 @@ def test_embedded_chat_later_turns_only_add_training_prompts() -> None:
     everything = load_domain("chat", chat_turns="all")
     heldout = {e.prompt for e in load_domain("chat", split="heldout")}
     assert everything[: len(opening)] == opening  # a prefix: the first N sequences stay the same
-    later = everything[len(opening):]
+    later = everything[len(opening) :]
     assert len(later) > 2 * len(opening)
     assert all(e.conversation not in heldout and e.prompt not in heldout for e in later)
     assert all(20 <= len(e.prompt.strip()) and len(e.prompt) <= 4000 for e in later)
@@ -149,13 +141,13 @@ def test_first_duplicate_wins() -> None:
 
 
 def test_hf_source_uses_load_dataset_with_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[tuple[str, str]] = []
+    calls: list[tuple] = []
 
-    def load_dataset(hf_id: str, split: str) -> datasets.Dataset:
-        calls.append((hf_id, split))
-        return datasets.Dataset.from_list(
-            [{"question": "1+1?", "answer": "2"}, {"question": "2+2?", "answer": "4"}]
-        )
+    def load_dataset(
+        hf_id: str, name: str | None = None, *, split: str, revision: str | None = None
+    ) -> datasets.Dataset:
+        calls.append((hf_id, name, split, revision))
+        return datasets.Dataset.from_list([{"question": "1+1?", "answer": "2"}, {"question": "2+2?", "answer": "4"}])
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
     examples = load_domain(
@@ -163,18 +155,20 @@ def test_hf_source_uses_load_dataset_with_mapping(monkeypatch: pytest.MonkeyPatc
         source="hf",
         hf_id="org/gsm",
         hf_split="test",
+        hf_name="main",
+        revision="v1.0",
         split="all",
         prompt_column="question",
         response_column="answer",
     )
-    assert calls == [("org/gsm", "test")]
+    assert calls == [("org/gsm", "main", "test", "v1.0")]
     assert examples == [Example("1+1?", "2", "math"), Example("2+2?", "4", "math")]
     with pytest.raises(ValueError, match=r"'prompt'.*\['question', 'answer'\]"):
         load_domain("math", source="hf", hf_id="org/gsm", split="all")
 
 
 def test_hf_source_that_cannot_load_names_the_dataset(monkeypatch: pytest.MonkeyPatch) -> None:
-    def load_dataset(hf_id: str, split: str) -> datasets.Dataset:
+    def load_dataset(hf_id: str, name: str | None = None, **kwargs: Any) -> datasets.Dataset:
         raise ConnectionError("Couldn't reach the Hub")
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
@@ -265,9 +259,7 @@ def test_data_and_smoke_do_not_import_each_other() -> None:
         ({"hf_id": "org/name"}, ValueError, "'org/name'"),
     ],
 )
-def test_bad_arguments_are_named(
-    kwargs: dict[str, Any], error: type[Exception], named: str
-) -> None:
+def test_bad_arguments_are_named(kwargs: dict[str, Any], error: type[Exception], named: str) -> None:
     arguments = {"domain": "math", **kwargs}
     with pytest.raises(error, match=named.replace(".", r"\.").replace("-", r"\-")):
         load_domain(**arguments)
@@ -275,12 +267,12 @@ def test_bad_arguments_are_named(
 
 def test_truncated_json_array_stops_at_the_cut() -> None:
     complete = json.dumps([{"id": 1}, {"id": 2}, {"id": 3}], indent=2)
-    assert list(_iter_truncated_json_array(complete)) == [{"id": 1}, {"id": 2}, {"id": 3}]
+    assert list(iter_truncated_json_array(complete)) == [{"id": 1}, {"id": 2}, {"id": 3}]
     cut = complete[: complete.index('"id": 3') + 4]
-    assert list(_iter_truncated_json_array(cut)) == [{"id": 1}, {"id": 2}]
-    assert list(_iter_truncated_json_array("[]")) == []
+    assert list(iter_truncated_json_array(cut)) == [{"id": 1}, {"id": 2}]
+    assert list(iter_truncated_json_array("[]")) == []
     with pytest.raises(ValueError, match="malformed"):
-        list(_iter_truncated_json_array('[{"id": 1}, {oops}, {"id": 3}]'))
+        list(iter_truncated_json_array('[{"id": 1}, {oops}, {"id": 3}]'))
 
 
 class _WordTokenizer:
@@ -321,14 +313,10 @@ def test_format_prompt_with_real_transformers_tokenizer() -> None:
     from transformers import PreTrainedTokenizerFast
 
     words = ["<unk>", "<s>", "user", "assistant", ":", "hello", "world"]
-    model = tokenizers.models.WordLevel(
-        {word: index for index, word in enumerate(words)}, unk_token="<unk>"
-    )
+    model = tokenizers.models.WordLevel({word: index for index, word in enumerate(words)}, unk_token="<unk>")
     backend = tokenizers.Tokenizer(model)
     backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>"
-    )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>")
     assert format_prompt(tokenizer, "hello world") == [5, 6]
     tokenizer.chat_template = (
         "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"

@@ -59,9 +59,7 @@ def test_each_format_goes_through_load_dataset_and_leaves_no_cache(
         _write_csv(path, [["text", "label"], ["a", "x"], ["b", ""], ["", "z"], ["d", "w"]])
     else:
         _write_parquet(path)
-    examples = load_domain(
-        "chat", source="file", path=path, split="all", prompt_column="text", response_column="label"
-    )
+    examples = load_domain("chat", source="file", path=path, split="all", prompt_column="text", response_column="label")
     assert examples == [Example("a", "x", "chat"), Example("b", None, "chat"), Example("d", "w", "chat")]
     (call,) = load_dataset_calls
     assert call["builder"] == {".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}[suffix]
@@ -72,9 +70,7 @@ def test_each_format_goes_through_load_dataset_and_leaves_no_cache(
     assert list(folder.iterdir()) == [path]
 
 
-def test_reading_a_file_never_opens_a_connection(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_reading_a_file_never_opens_a_connection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def no_network(*args: Any, **kwargs: Any) -> None:
         raise AssertionError(f"a network connection was attempted: {args}")
 
@@ -82,9 +78,7 @@ def test_reading_a_file_never_opens_a_connection(
     monkeypatch.setattr(socket, "create_connection", no_network)
     path = tmp_path / "data.jsonl"
     _write_jsonl(path, [{"prompt": "offline"}])
-    assert load_domain("code", source="file", path=path, split="all") == [
-        Example("offline", None, "code")
-    ]
+    assert load_domain("code", source="file", path=path, split="all") == [Example("offline", None, "code")]
 
 
 def test_file_name_with_glob_characters_is_read_as_named(tmp_path: Path) -> None:
@@ -92,9 +86,7 @@ def test_file_name_with_glob_characters_is_read_as_named(tmp_path: Path) -> None
     named = tmp_path / "chat [v2]*.jsonl"
     _write_jsonl(named, [{"prompt": "the named file"}])
     _write_jsonl(tmp_path / "chat 2.jsonl", [{"prompt": "a file the pattern would match"}])
-    assert [e.prompt for e in load_domain("chat", source="file", path=named, split="all")] == [
-        "the named file"
-    ]
+    assert [e.prompt for e in load_domain("chat", source="file", path=named, split="all")] == ["the named file"]
 
 
 def test_jsonl_file_with_column_mapping(tmp_path: Path) -> None:
@@ -102,18 +94,12 @@ def test_jsonl_file_with_column_mapping(tmp_path: Path) -> None:
     rows = [{"q": f"question {i}", "a": f"answer {i}", "extra": i} for i in range(50)]
     rows += [{"q": "", "a": "skipped: empty prompt"}, {"q": "question 0", "a": "duplicate"}]
     _write_jsonl(path, rows)
-    examples = load_domain(
-        "math", source="file", path=path, split="all", prompt_column="q", response_column="a"
-    )
+    examples = load_domain("math", source="file", path=path, split="all", prompt_column="q", response_column="a")
     assert examples == [Example(f"question {i}", f"answer {i}", "math") for i in range(50)]
-    prompts_only = load_domain(
-        "math", source="file", path=str(path), split="all", prompt_column="q"
-    )
+    prompts_only = load_domain("math", source="file", path=str(path), split="all", prompt_column="q")
     assert all(example.response is None for example in prompts_only)
     train = load_domain("math", source="file", path=path, prompt_column="q", heldout_fraction=0.5)
-    assert [e.prompt for e in train] == [
-        e.prompt for e in examples if not is_heldout(e.prompt, 0.5)
-    ]
+    assert [e.prompt for e in train] == [e.prompt for e in examples if not is_heldout(e.prompt, 0.5)]
 
 
 def test_jsonl_column_of_mixed_types_reads_as_text(tmp_path: Path) -> None:
@@ -151,9 +137,7 @@ def test_csv_file_keeps_text_as_written(tmp_path: Path) -> None:
         response_column="output",
     )
     assert examples == [
-        Example(
-            'write a loop, "quoted", with commas\nand a newline', "for i in range(3): pass", "code"
-        ),
+        Example('write a loop, "quoted", with commas\nand a newline', "for i in range(3): pass", "code"),
         Example("long one", long_response, "code"),
         Example("no response", None, "code"),
         Example("007", "0.50", "code"),
@@ -178,13 +162,11 @@ def test_parquet_file_keeps_missing_cells_missing(tmp_path: Path) -> None:
 def test_missing_column_names_column_file_and_available_ones(tmp_path: Path) -> None:
     jsonl = tmp_path / "data.jsonl"
     _write_jsonl(jsonl, [{"question": "q", "answer": "a"}])
-    named = r"'{}' not found in file '.*{}'; available columns: \['question', 'answer'\]"
+    named = r"'{}' not found in domain 'math', file '.*{}'; available columns: \['question', 'answer'\]"
     with pytest.raises(ValueError, match=named.format("prompt", r"data\.jsonl")):
         load_domain("math", source="file", path=jsonl)
     with pytest.raises(ValueError, match=r"'solution'.*\['question', 'answer'\]"):
-        load_domain(
-            "math", source="file", path=jsonl, prompt_column="question", response_column="solution"
-        )
+        load_domain("math", source="file", path=jsonl, prompt_column="question", response_column="solution")
     table = tmp_path / "data.csv"
     table.write_text("question,answer\nq,a\n", encoding="utf-8")
     with pytest.raises(ValueError, match=named.format("text", r"data\.csv")):
@@ -214,7 +196,7 @@ def test_bad_jsonl_is_named_with_its_line(tmp_path: Path, content: str, named: s
 def test_unreadable_csv_and_parquet_are_named(tmp_path: Path) -> None:
     table = tmp_path / "broken.csv"
     table.write_text("", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"could not read '.*broken\.csv' as CSV"):
+    with pytest.raises(ValueError, match=r"data file '.*broken\.csv' is empty"):
         read_data_file(table)
     parquet = tmp_path / "broken.parquet"
     parquet.write_bytes(b"this is not parquet")

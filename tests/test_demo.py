@@ -14,7 +14,18 @@ from specdecode.core.config import from_dict
 from specdecode.pipeline.config import CONF_DIR, DemoConfig
 from specdecode.pipeline.demo import demo_stages, run_demo
 
-SCHEMA = {"domain", "method", "gamma", "temperature", "batch_size", "alpha", "tau", "tokens_per_s", "speedup", "exact_match"}
+SCHEMA = {
+    "domain",
+    "method",
+    "gamma",
+    "temperature",
+    "batch_size",
+    "alpha",
+    "tau",
+    "tokens_per_s",
+    "speedup",
+    "exact_match",
+}
 
 
 def smoke_config(output_dir: str, overrides: list[str] = ()) -> DemoConfig:
@@ -22,7 +33,9 @@ def smoke_config(output_dir: str, overrides: list[str] = ()) -> DemoConfig:
         # Everything under the test's folder, the teacher cache too.
         cache = f"distill=['experiment=smoke','cache_dir={output_dir}/teacher_cache']"
         # In this process (fast); test_demo_app_runs_under_hydra_main goes through accelerate launch.
-        cfg = compose(config_name="demo_smoke", overrides=[f"output_dir={output_dir}", cache, "launcher=in_process", *overrides])
+        cfg = compose(
+            config_name="demo_smoke", overrides=[f"output_dir={output_dir}", cache, "launcher=in_process", *overrides]
+        )
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved.pop("hydra", None)
     return from_dict(DemoConfig, resolved)
@@ -34,8 +47,17 @@ def test_smoke_pipeline_end_to_end_and_cached(tmp_path, capsys) -> None:
     results = json.loads((root / "results.json").read_text())
     assert set(results) >= {"config", "rows"}
     methods = {r["method"] for r in results["rows"]}
-    assert methods == {"autoregressive", "undistilled", "generic", "specialized:code", "specialized:math",
-                       "specialized:chat", "routed", "oracle", "routed_choices"}
+    assert methods == {
+        "autoregressive",
+        "undistilled",
+        "generic",
+        "specialized:code",
+        "specialized:math",
+        "specialized:chat",
+        "routed",
+        "oracle",
+        "routed_choices",
+    }
     for row in results["rows"]:
         assert SCHEMA <= set(row), row
         if row["temperature"] == 0.0:
@@ -50,7 +72,8 @@ def test_smoke_pipeline_end_to_end_and_cached(tmp_path, capsys) -> None:
     # the router's share of the oracle's gain in every setting with an oracle, the sweep's rows left out
     shares = results["router_share"]
     assert {(s["temperature"], s["batch_size"]) for s in shares} == {
-        (r["temperature"], r["batch_size"]) for r in results["rows"] if r["method"] == "oracle"}
+        (r["temperature"], r["batch_size"]) for r in results["rows"] if r["method"] == "oracle"
+    }
     assert all("routed_share" in s for s in shares)
     assert "## The router's share of the oracle's gain" in report
     # one distillation row per drafter, naming its kind (the smoke demo trains slices)
@@ -70,25 +93,87 @@ def test_smoke_pipeline_end_to_end_and_cached(tmp_path, capsys) -> None:
     assert "[fit] done" in log and "[eval] done" in log and "[collect] up to date" in log
 
 
-def test_demo_app_runs_under_hydra_main(tmp_path) -> None:
-    """`make demo`'s entry point: stage configs are composed inside a running @hydra.main app, and
-    the training and evaluation stages run under `accelerate launch` (conf/accelerate/cpu.yaml)."""
+def _user_domains(tmp_path: Path) -> Path:
+    """A user's config folder with two domains of their own: `support`, plain prompts and answers in
+    a .jsonl file, and `tickets`, chat `messages` (multi-turn, the last assistant turn the response)
+    in a .parquet file."""
+    import datasets
+
+    conf = tmp_path / "my_conf"
+    (conf / "data").mkdir(parents=True)
+    support = tmp_path / "support.jsonl"
+    support.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "question": f"My router {i} drops wifi at {i % 7} pm, what now?",
+                    "answer": f"Reboot it at {i % 5} pm.",
+                }
+            )
+            + "\n"
+            for i in range(200)
+        )
+    )
+    tickets = tmp_path / "tickets.parquet"
+    datasets.Dataset.from_list(
+        [
+            {
+                "messages": [
+                    {"role": "user", "content": f"Ticket {i}: invoice {i * 3} is wrong."},
+                    {"role": "assistant", "content": "Which line?"},
+                    {"role": "user", "content": f"Line {i % 5}, charged twice."},
+                    {"role": "assistant", "content": f"Refunded line {i % 5}."},
+                ]
+            }
+            for i in range(200)
+        ]
+    ).to_parquet(str(tickets))
+    (conf / "data" / "support.yaml").write_text(
+        f"name: support\nsource: file\npath: {support}\nprompt_column: question\nresponse_column: answer\n"
+    )
+    (conf / "data" / "tickets.yaml").write_text(
+        f"name: tickets\nsource: file\npath: {tickets}\nprompt_column: messages\n"
+    )
+    return conf
+
+
+def test_demo_app_runs_under_hydra_main_with_the_users_own_domains(tmp_path) -> None:
+    """`make demo`'s entry point with a user's domains beside a built-in one: stage configs are
+    composed inside a running @hydra.main app whose search path holds the user's conf/data/, the
+    training and evaluation stages run under `accelerate launch` (conf/accelerate/cpu.yaml), and every
+    stage reads each domain's data from its own file (distill → collect → fit → eval → report)."""
     import subprocess
     import sys
 
     out = tmp_path / "demo"
     command = [
-        sys.executable, str(CONF_DIR.parent / "eval" / "demo.py"), "--config-name", "demo_smoke",
-        f"output_dir={out}", f"distill=['experiment=smoke','cache_dir={out}/teacher_cache']",
-        "eval=['target.name=smoke','source=synthetic','undistilled.num_layers=1','undistilled.draft_vocab=null',"
+        sys.executable,
+        str(CONF_DIR.parent / "eval" / "demo.py"),
+        "--config-name",
+        "demo_smoke",
+        f"hydra.searchpath=[file://{_user_domains(tmp_path)}]",
+        "domains=[code,support,tickets]",
+        f"output_dir={out}",
+        f"distill=['experiment=smoke','cache_dir={out}/teacher_cache']",
+        "eval=['target.name=smoke','synthetic=true','undistilled.num_layers=1','undistilled.draft_vocab=null',"
         "'prompts_per_domain=2','max_prompt_tokens=96','max_new_tokens=4','gamma=2','temperatures=[0.0]','batch_sizes=[1]']",
     ]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     assert {r["exact_match"] for r in results["rows"]} == {1.0}
+    rows = {(r["domain"], r["method"]) for r in results["rows"]}
+    for domain in ("code", "support", "tickets"):
+        assert {(domain, "routed"), (domain, f"specialized:{domain}"), (domain, "generic")} <= rows, domain
+    # every stage read the user's files: the domain jobs, the generic drafter's mix, the labels
+    assert json.loads((out / "distill-tickets" / "metrics.json").read_text())["data"] == "tickets"
+    mix = OmegaConf.load(out / "distill-mix" / "config.yaml").data
+    assert list(mix.domains) == ["code", "support", "tickets"] and mix.members.tickets.prompt_column == "messages"
+    labelled = {json.loads(line)["domain"] for line in (out / "collect" / "labels.jsonl").read_text().splitlines()}
+    assert labelled == {"code", "support", "tickets"}
+    assert "Ticket" in (out / "collect" / "labels.jsonl").read_text()  # the messages' text, not synthetic prompts
     # Each launched stage left its Hydra log (the app composed its own config) in its folder.
-    for stage in ("distill-code", "distill-mix", "eval"):
+    for stage in ("distill-code", "distill-support", "distill-mix", "eval"):
         assert (out / stage / "hydra" / ".hydra" / "config.yaml").is_file(), stage
     assert not (out / "collect" / "hydra").exists()  # collect runs in the demo's process
 
@@ -98,11 +183,22 @@ def test_stage_wiring_survives_any_output_dir(tmp_path) -> None:
     root = tmp_path / "it's, [a] ${b}=c"
     cfg = dataclasses.replace(smoke_config(str(tmp_path / "demo")), output_dir=str(root))
     stages = {stage.name: stage.config for stage in demo_stages(cfg)}
-    drafters = {"code": root / "distill-code", "math": root / "distill-math", "chat": root / "distill-chat", "generic": root / "distill-mix"}
-    assert {d["name"]: Path(d["path"]) for d in stages["collect"]["drafters"]} == {n: p / "drafter" for n, p in drafters.items()}
-    assert {d["kind"] for d in stages["collect"]["drafters"]} == {"pretrained"} and stages["collect"]["domains"] == cfg.domains
+    drafters = {
+        "code": root / "distill-code",
+        "math": root / "distill-math",
+        "chat": root / "distill-chat",
+        "generic": root / "distill-mix",
+    }
+    assert {d["name"]: Path(d["path"]) for d in stages["collect"]["drafters"]} == {
+        n: p / "drafter" for n, p in drafters.items()
+    }
+    assert {d["kind"] for d in stages["collect"]["drafters"]} == {"pretrained"} and stages["collect"][
+        "domains"
+    ] == cfg.domains
     assert stages["fit"]["labels"] == str(root / "collect" / "labels.jsonl")
-    assert {n: Path(p) for n, p in stages["eval"]["drafters"].items()} == {n: p / "drafter" for n, p in drafters.items()}
+    assert {n: Path(p) for n, p in stages["eval"]["drafters"].items()} == {
+        n: p / "drafter" for n, p in drafters.items()
+    }
     assert stages["eval"]["router_dir"] == str(root / "fit") and stages["eval"]["domains"] == cfg.domains
     assert stages["eval"]["max_new_tokens"] == 8  # the stage's own overrides still apply
 
@@ -115,7 +211,9 @@ def test_launched_stage_config_composes_back_to_the_same_config(tmp_path) -> Non
     from specdecode.pipeline.launch import write_stage_config
 
     root = tmp_path / "odd ${x} 'dir'"
-    stages = {s.name: s for s in demo_stages(dataclasses.replace(smoke_config(str(tmp_path / "demo")), output_dir=str(root)))}
+    stages = {
+        s.name: s for s in demo_stages(dataclasses.replace(smoke_config(str(tmp_path / "demo")), output_dir=str(root)))
+    }
     for stage, app, schema in (("distill-code", "distill", "TrainJobConfig"), ("eval", "eval", "EvalConfig")):
         config = stages[stage].config | {"output_dir": str(root / stage)}
         write_stage_config(app, config, tmp_path, tmp_path / "hydra")
@@ -129,7 +227,10 @@ def test_launched_stage_config_composes_back_to_the_same_config(tmp_path) -> Non
 @pytest.mark.parametrize(
     "override, needle",
     [
-        ("eval=['gamma=null','sweep_gammas=[1,2]']", r"^demo stage 'eval': gamma=None: an int when sweep_gammas=\[1, 2\]"),
+        (
+            "eval=['gamma=null','sweep_gammas=[1,2]']",
+            r"^demo stage 'eval': gamma=None: an int when sweep_gammas=\[1, 2\]",
+        ),
         ("distill=['experiment=smoke','train.keep_checkpoints=1']", r"keep_checkpoints=1: at least 2"),
     ],
 )
@@ -165,16 +266,25 @@ def test_launch_failure_names_the_app_and_status(tmp_path) -> None:
     config = smoke_config(str(tmp_path / "demo"))
     distill = demo_stages(config)[0].config | {"output_dir": str(tmp_path / "out")}
     distill["train"] = distill["train"] | {"keep_checkpoints": 1}  # the app's __post_init__ refuses it
-    with pytest.raises(RuntimeError, match=r"^distill under accelerate launch exited with status 1: .*accelerate\.commands\.launch"):
+    with pytest.raises(
+        RuntimeError, match=r"^distill under accelerate launch exited with status 1: .*accelerate\.commands\.launch"
+    ):
         launch_app("distill", distill, accelerate_config_file("cpu"), tmp_path / "hydra")
 
 
 @pytest.mark.parametrize(
     "override, needle",
     [
-        ("device=cuda:1 accelerate_config=cpu", r"accelerate_config='cpu' runs on the CPU \(use_cpu: true in .*cpu.yaml\) but device='cuda:1'"),
+        (
+            "device=cuda:1 accelerate_config=cpu",
+            r"accelerate_config='cpu' runs on the CPU \(use_cpu: true in .*cpu.yaml\) but device='cuda:1'",
+        ),
         ("launcher=slurm", r"launcher='slurm': one of \['accelerate', 'in_process'\]"),
-        ("accelerate_config=tpu_pod", r"accelerate_config='tpu_pod': no such accelerate config .*; auto, one of \['cpu', 'multi_gpu', 'single_gpu'\]"),
+        (
+            "accelerate_config=tpu_pod",
+            r"accelerate_config='tpu_pod': no such accelerate config .*; "
+            r"auto, one of \['cpu', 'multi_gpu', 'single_gpu'\]",
+        ),
     ],
 )
 def test_bad_launcher_is_named(tmp_path, override: str, needle: str) -> None:
@@ -216,16 +326,25 @@ def test_a_domain_with_more_training_sequences_keeps_them_in_the_mix(tmp_path) -
     sum, so it still reads the domain stages' caches."""
     per_domain = "'train.train_sequences_per_domain.chat=20'"
     cache = f"distill=['experiment=smoke','cache_dir={tmp_path}/teacher_cache',{per_domain}]"
-    stages = {s.name: s.config["train"] for s in demo_stages(smoke_config(str(tmp_path / "demo"), [cache])) if "train" in s.config}
+    stages = {
+        s.name: s.config["train"]
+        for s in demo_stages(smoke_config(str(tmp_path / "demo"), [cache]))
+        if "train" in s.config
+    }
     base = stages["distill-code"]["train_sequences"]
-    assert stages["distill-chat"]["train_sequences_per_domain"] == {"code": None, "math": None, "chat": 20} and base != 20
+    assert (
+        stages["distill-chat"]["train_sequences_per_domain"] == {"code": None, "math": None, "chat": 20} and base != 20
+    )
     assert stages["distill-mix"]["train_sequences_per_domain"] == {"code": base, "math": base, "chat": 20}
     assert stages["distill-mix"]["train_sequences"] == 2 * base + 20
 
 
 def test_distill_per_domain_reaches_that_domains_job_alone(tmp_path) -> None:
-    stages = {s.name: s.config["train"] for s in demo_stages(smoke_config(str(tmp_path / "demo"), ["distill_per_domain.chat=['train.lr=0.25']"]))
-              if "train" in s.config}
+    stages = {
+        s.name: s.config["train"]
+        for s in demo_stages(smoke_config(str(tmp_path / "demo"), ["distill_per_domain.chat=['train.lr=0.25']"]))
+        if "train" in s.config
+    }
     assert stages["distill-chat"]["lr"] == 0.25
     assert all(stages[name]["lr"] != 0.25 for name in ("distill-mix", "distill-code", "distill-math"))
     with pytest.raises(ValueError, match="distill_per_domain"):

@@ -15,9 +15,8 @@ from specdecode.core.devices import check_device_name, placed_accelerator, resol
 from specdecode.evaluation.config import EvalConfig
 from specdecode.evaluation.suite import run_eval
 from specdecode.models.config import TargetConfig
-from specdecode.pipeline.config import DemoConfig
+from specdecode.pipeline.config import CONF_DIR, DemoConfig
 from specdecode.pipeline.demo import demo_stages, run_demo
-from specdecode.pipeline.config import CONF_DIR
 from specdecode.routing.config import CollectConfig, FitRouterConfig
 from specdecode.training.config import TrainJobConfig
 from specdecode.training.job import run_distill
@@ -35,12 +34,16 @@ def test_device_names_accepted(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["tpu:0", "cuda:", "cuda:x", "gpu", "", 3, None, "cpu:0:1"])
 def test_bad_device_names_are_named(name: object) -> None:
-    with pytest.raises(ValueError, match=rf"device={name!r}: expected cpu, cuda, cuda:N or mps".replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(
+        ValueError, match=rf"device={name!r}: expected cpu, cuda, cuda:N or mps".replace("(", r"\(").replace(")", r"\)")
+    ):
         check_device_name(name)
 
 
-@pytest.mark.parametrize(("amx", "avx512", "expected"), [(True, True, "bf16"), (False, True, "bf16"), (True, False, "bf16"),
-                                                          (False, False, "no")])
+@pytest.mark.parametrize(
+    ("amx", "avx512", "expected"),
+    [(True, True, "bf16"), (False, True, "bf16"), (True, False, "bf16"), (False, False, "no")],
+)
 def test_auto_mixed_precision_is_bf16_only_where_the_cpu_computes_it(
     monkeypatch: pytest.MonkeyPatch, amx: bool, avx512: bool, expected: str
 ) -> None:
@@ -55,7 +58,9 @@ def test_auto_mixed_precision_is_bf16_only_where_the_cpu_computes_it(
 def test_every_app_has_one_top_level_knob(app: str) -> None:
     """device / dtype sit at the top of each app's config and nowhere else (no target.device)."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = OmegaConf.to_container(compose(config_name=app, overrides=["device=cuda:1", "dtype=bfloat16"]), resolve=True)
+        cfg = OmegaConf.to_container(
+            compose(config_name=app, overrides=["device=cuda:1", "dtype=bfloat16"]), resolve=True
+        )
     assert (cfg["device"], cfg["dtype"]) == ("cuda:1", "bfloat16")
     assert "device" not in cfg.get("target", {}) and "dtype" not in cfg.get("target", {})
     assert "device" not in cfg.get("router", {}).get("embedder", {})
@@ -69,8 +74,15 @@ def test_a_device_this_machine_lacks_fails_before_any_work(tmp_path: Path) -> No
         placed_accelerator("cuda:1")
     out = tmp_path / "eval"
     with pytest.raises(ValueError, match=MISSING_GPU):
-        run_eval(EvalConfig(device="cuda:1", target=TargetConfig(name="smoke"), methods=["autoregressive"],
-                            source="synthetic", output_dir=str(out)))
+        run_eval(
+            EvalConfig(
+                device="cuda:1",
+                target=TargetConfig(name="smoke"),
+                methods=["autoregressive"],
+                synthetic=True,
+                output_dir=str(out),
+            )
+        )
     assert not (out / "results.json").exists()
     with pytest.raises(ValueError, match=MISSING_GPU):
         run_distill(smoke_cfg(tmp_path, "device=cuda:1"))

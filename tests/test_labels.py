@@ -29,8 +29,9 @@ def models() -> tuple[LlamaForCausalLM, list[tuple[str, LlamaForCausalLM]]]:
     return target, drafters
 
 
-def _direct(target: LlamaForCausalLM, drafter: LlamaForCausalLM, prompt: list[int], max_new_tokens: int,
-            temperature: float) -> tuple[float, float, list[int]]:
+def _direct(
+    target: LlamaForCausalLM, drafter: LlamaForCausalLM, prompt: list[int], max_new_tokens: int, temperature: float
+) -> tuple[float, float, list[int]]:
     """Unpadded, one prompt: the greedy continuation, mean Σ min(p, q) and argmax agreement along it."""
     continuation = autoregressive_generate(target, [prompt], max_new_tokens=max_new_tokens).sequences[0]
     ids = torch.tensor([prompt + continuation])
@@ -46,7 +47,9 @@ def _direct(target: LlamaForCausalLM, drafter: LlamaForCausalLM, prompt: list[in
 @pytest.mark.parametrize("temperature", [0.0, 2.0])
 def test_labels_equal_direct_teacher_forcing(models, temperature: float) -> None:
     target, drafters = models
-    labels = collect_labels(target, drafters, PROMPTS, max_new_tokens=9, temperature=temperature, batch_size=3, progress=False)
+    labels = collect_labels(
+        target, drafters, PROMPTS, max_new_tokens=9, temperature=temperature, batch_size=3, progress=False
+    )
     assert labels.drafters == ["one", "two", "self"]
     assert labels.acceptance.shape == labels.greedy_match.shape == (len(PROMPTS), 3)
     for i, prompt in enumerate(PROMPTS):
@@ -70,9 +73,19 @@ def test_labels_with_prompt_lookup_score_what_decoding_drafts(models, temperatur
     target, drafters = models
     prompts = [[5, 6, 7, 5, 6, 7, 5], [9, 9, 9], [20, 21, 20], [30, 31, 32, 30, 31, 32, 30, 31, 33, 30, 31, 32, 30, 31]]
     settings = PromptLookup(max_ngram=3, min_ngram=1, max_confidence=0.9, max_temperature=1.0)
-    labels = collect_labels(target, drafters, prompts, max_new_tokens=7, temperature=temperature, batch_size=4,
-                            progress=False, lookup=settings)
-    plain = collect_labels(target, drafters, prompts, max_new_tokens=7, temperature=temperature, batch_size=4, progress=False)
+    labels = collect_labels(
+        target,
+        drafters,
+        prompts,
+        max_new_tokens=7,
+        temperature=temperature,
+        batch_size=4,
+        progress=False,
+        lookup=settings,
+    )
+    plain = collect_labels(
+        target, drafters, prompts, max_new_tokens=7, temperature=temperature, batch_size=4, progress=False
+    )
     used = 0
     for i, prompt in enumerate(prompts):
         continuation = labels.continuations[i]
@@ -140,9 +153,16 @@ def test_predicted_speedup_uses_cost_ratio(models) -> None:
 def _smoke_collect(tmp_path: Path, **overrides) -> CollectConfig:
     data = {
         "target": {"name": "smoke"},
-        "drafters": [{"name": "shallow", "kind": "derived", "num_layers": 1}, {"name": "deep", "kind": "derived", "num_layers": 3}],
-        "source": "synthetic", "train_limit": 3, "heldout_limit": 2, "heldout_fraction": 0.25,
-        "max_new_tokens": 4, "cost_ratios": {"shallow": 0.2, "deep": 0.6}, "verify_ratio": 1.0,
+        "drafters": [
+            {"name": "shallow", "kind": "derived", "num_layers": 1},
+            {"name": "deep", "kind": "derived", "num_layers": 3},
+        ],
+        "synthetic": True,
+        "train_limit": 3,
+        "heldout_limit": 2,
+        "max_new_tokens": 4,
+        "cost_ratios": {"shallow": 0.2, "deep": 0.6},
+        "verify_ratio": 1.0,
         "output": str(tmp_path / "labels.jsonl"),
     }
     return from_dict(CollectConfig, data | overrides)
@@ -152,13 +172,18 @@ def test_run_collect_writes_rows_and_meta(tmp_path: Path) -> None:
     path = run_collect(_smoke_collect(tmp_path), progress=False)
     rows, meta = read_labels(path)
     assert meta_path(path).is_file() and meta["drafters"] == ["shallow", "deep"]
-    assert meta["cost_ratios"] == {"shallow": 0.2, "deep": 0.6} and meta["gammas"] == {"shallow": 4, "deep": 4}  # derived: 4
+    assert meta["cost_ratios"] == {"shallow": 0.2, "deep": 0.6} and meta["gammas"] == {
+        "shallow": 4,
+        "deep": 4,
+    }  # derived: 4
     assert [r["split"] for r in rows].count("train") == 9 and [r["split"] for r in rows].count("heldout") == 6
     assert {r["domain"] for r in rows} == {"code", "math", "chat"}
     for row in rows:
         assert set(row["acceptance"]) == {"shallow", "deep"}
         assert all(0 <= a <= 1 for a in row["acceptance"].values())
-        assert row["speedup"]["deep"] == pytest.approx(predicted_speedup(row["acceptance"]["deep"], 4, 0.6, 1.0), abs=1e-4)
+        assert row["speedup"]["deep"] == pytest.approx(
+            predicted_speedup(row["acceptance"]["deep"], 4, 0.6, 1.0), abs=1e-4
+        )
         # greedy labels: the simulated decode at gamma 4, priced at verify 1.0 + 4 drafter steps
         assert 1.0 <= row["decode_tau"]["deep"] <= 5.0
         assert row["decode_speedup"]["deep"] == pytest.approx(row["decode_tau"]["deep"] / (1.0 + 4 * 0.6), abs=1e-5)
@@ -172,16 +197,34 @@ def test_each_drafter_is_priced_at_its_stored_gamma_unless_one_is_set(tmp_path: 
     trained.config.specdecode_gamma = 2
     trained.save_pretrained(tmp_path / "trained")
     smoke_tokenizer().save_pretrained(tmp_path / "trained")
-    drafters = [{"name": "trained", "kind": "pretrained", "path": str(tmp_path / "trained")}, {"name": "derived", "kind": "derived", "num_layers": 1}]
+    drafters = [
+        {"name": "trained", "kind": "pretrained", "path": str(tmp_path / "trained")},
+        {"name": "derived", "kind": "derived", "num_layers": 1},
+    ]
     for gamma, expected in ((None, {"trained": 2, "derived": 4}), (3, {"trained": 3, "derived": 3})):
-        path = run_collect(_smoke_collect(tmp_path, drafters=drafters, gamma=gamma, cost_ratios=None, verify_ratio=None,
-                                          cost_repeats=1, train_limit=1, heldout_limit=1), progress=False)
+        path = run_collect(
+            _smoke_collect(
+                tmp_path,
+                drafters=drafters,
+                gamma=gamma,
+                cost_ratios=None,
+                verify_ratio=None,
+                cost_repeats=1,
+                train_limit=1,
+                heldout_limit=1,
+            ),
+            progress=False,
+        )
         rows, meta = read_labels(path)
         assert meta["gammas"] == expected and meta["step_costs"]["trained"]["gamma"] == expected["trained"]
         for row in rows:
             for name in expected:
-                assert row["speedup"][name] == pytest.approx(predicted_speedup(
-                    row["acceptance"][name], expected[name], meta["cost_ratios"][name], meta["verify_ratios"][name]), abs=1e-4)
+                assert row["speedup"][name] == pytest.approx(
+                    predicted_speedup(
+                        row["acceptance"][name], expected[name], meta["cost_ratios"][name], meta["verify_ratios"][name]
+                    ),
+                    abs=1e-4,
+                )
 
 
 def test_collect_config_errors_name_the_field(tmp_path: Path) -> None:
@@ -189,8 +232,10 @@ def test_collect_config_errors_name_the_field(tmp_path: Path) -> None:
         _smoke_collect(tmp_path, cost_ratios={"shallow": 0.2})
     with pytest.raises(ValueError, match=r"drafters\[\]\.name"):
         _smoke_collect(tmp_path, drafters=[{"name": "a", "kind": "derived"}, {"name": "a", "kind": "derived"}])
-    with pytest.raises(ValueError, match="domains"):
+    with pytest.raises(ValueError, match=r"unknown domain 'poetry': no data/poetry.yaml in the config search path"):
         _smoke_collect(tmp_path, domains=["poetry"])
+    with pytest.raises(ValueError, match=r"domains=\[\]: a non-empty list"):
+        _smoke_collect(tmp_path, domains=[])
     with pytest.raises(ValueError, match="drafter 'x'.*drafter.path"):
         _smoke_collect(tmp_path, drafters=[{"name": "x", "kind": "pretrained"}, {"name": "y", "kind": "derived"}])
     with pytest.raises(ValueError, match="output"):
@@ -200,8 +245,12 @@ def test_collect_config_errors_name_the_field(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="temperature=nan"):
         _smoke_collect(tmp_path, temperature=float("nan"))
     # A missing drafter folder fails before any model loads.
-    cfg = _smoke_collect(tmp_path, target={"name": "/no/such/target.gguf"}, cost_ratios=None,
-                         drafters=[{"name": "a", "kind": "derived"}, {"name": "b", "path": "./no/such/drafter"}])
+    cfg = _smoke_collect(
+        tmp_path,
+        target={"name": "/no/such/target.gguf"},
+        cost_ratios=None,
+        drafters=[{"name": "a", "kind": "derived"}, {"name": "b", "path": "./no/such/drafter"}],
+    )
     with pytest.raises(ValueError, match=r"drafters\[1\]\.path='./no/such/drafter'"):
         run_collect(cfg, progress=False)
 

@@ -5,8 +5,8 @@ picked from. Above `specdecode.core` only."""
 from specdecode.data.config import DataConfig
 from specdecode.data.corpus import vocab_corpus
 from specdecode.data.domains import DOMAINS, format_prompt, is_heldout, load_domain, split_examples
-from specdecode.data.example import Example
 from specdecode.data.embedded import synthetic_dataset
+from specdecode.data.example import Example
 
 __all__ = [
     "DOMAINS",

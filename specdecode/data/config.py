@@ -1,47 +1,207 @@
-"""The schema of the data config group (conf/data/): which domains, from which source."""
+"""The schema of the data config group (conf/data/): one domain's data, or a mix of domains; and
+where a domain's config is found by name.
+
+A domain is `data/<name>.yaml` on the config search path: the running Hydra app's (its conf/ and
+whatever the user added with `hydra.searchpath=[file:///their/conf]`), or, outside an app, this
+package's conf/ and any folders passed in."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import importlib.resources
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
 
 from specdecode.core.config import is_number, require
-from specdecode.data.domains import CHAT_TURNS, DOMAINS
-
-# `synthetic`: the smoke experiment's in-process examples (specdecode.data.embedded.synthetic_dataset), no package needed.
-TRAIN_DATA_SOURCES = ("embedded", "hf", "file", "synthetic")
+from specdecode.core.paths import CONF_DIR
+from specdecode.data.domains import CHAT_TURNS, DOMAIN_NAME, DOMAINS, SOURCES
+from specdecode.data.files import FILE_SUFFIXES, file_suffix
 
 
 @dataclass
 class DataConfig:
-    """Training prompts and responses: one or several domains (`mix`), mapped onto
-    `specdecode.data.domains.load_domain` (source, path, hf_id, hf_split, columns, heldout_fraction, chat_turns)."""
+    """A domain: its name and where its prompts (and optional responses) come from, mapped onto
+    `specdecode.data.domains.load_domain`. With `domains`, a mix: those domains interleaved, each
+    read through its own data config (`conf/data/<domain>.yaml` on the config search path)."""
 
     name: str = "code"
-    domains: list[str] = field(default_factory=lambda: ["code"])
     source: str = "embedded"
     path: str | None = None
     hf_id: str | None = None
+    hf_name: str | None = None
     hf_split: str = "train"
+    revision: str | None = None
     prompt_column: str = "prompt"
     response_column: str | None = None
     heldout_fraction: float = 0.1
-    # all: the embedded chat data's training prompts go on with its conversations' later user turns
-    # (3.2x the prompts; `load_domain`'s chat_turns), for jobs that run out of chat data.
+    # all: the embedded chat data's training prompts go on with its conversations' later user turns.
     chat_turns: str = "opening"
+    # Smoke runs: embedded data is replaced by tiny synthetic examples (other sources are read as they are).
+    synthetic: bool = False
+    # A mix's domains; null (or [name]) is this config's own domain.
+    domains: list[str] | None = None
+    # The mix's domains' data configs by name, resolved from the config search path where not given.
+    members: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-
-        require(bool(self.name), "data.name", self.name, "must name the data (it names the teacher cache)")
         require(
-            isinstance(self.domains, (list, tuple)) and bool(self.domains) and all(d in DOMAINS for d in self.domains),
-            "data.domains", self.domains, f"a non-empty list of {'|'.join(DOMAINS)}",
+            isinstance(self.name, str) and bool(DOMAIN_NAME.fullmatch(self.name)),
+            "data.name",
+            self.name,
+            "a domain name: letters, digits, '_', '.' or '-' (it names the drafter and the teacher cache)",
         )
-        require(self.source in TRAIN_DATA_SOURCES, "data.source", self.source, "|".join(TRAIN_DATA_SOURCES))
+        require(self.source in SOURCES, f"data.source (domain {self.name!r})", self.source, "|".join(SOURCES))
         if self.source == "file":
-            require(bool(self.path), "data.path", self.path, "source 'file' needs a path to a .jsonl, .csv or .parquet file")
-            require(Path(str(self.path)).expanduser().is_file(), "data.path", self.path, "does not exist")
+            require(
+                bool(self.path),
+                f"data.path (domain {self.name!r})",
+                self.path,
+                f"source 'file' needs a path to a {', '.join(FILE_SUFFIXES)} file",
+            )
+            path = Path(str(self.path)).expanduser()
+            require(path.is_file(), f"data.path (domain {self.name!r})", self.path, "does not exist")
+            require(
+                file_suffix(path) in FILE_SUFFIXES,
+                f"data.path (domain {self.name!r})",
+                self.path,
+                f"a {', '.join(FILE_SUFFIXES)} file",
+            )
+            require(path.stat().st_size > 0, f"data.path (domain {self.name!r})", self.path, "is empty")
         if self.source == "hf":
-            require(bool(self.hf_id), "data.hf_id", self.hf_id, "source 'hf' needs a dataset id")
+            require(
+                bool(self.hf_id), f"data.hf_id (domain {self.name!r})", self.hf_id, "source 'hf' needs a dataset id"
+            )
+        require(
+            bool(self.prompt_column), f"data.prompt_column (domain {self.name!r})", self.prompt_column, "a column name"
+        )
         require(self.chat_turns in CHAT_TURNS, "data.chat_turns", self.chat_turns, "|".join(CHAT_TURNS))
-        require(is_number(self.heldout_fraction) and 0 < self.heldout_fraction < 1, "data.heldout_fraction", self.heldout_fraction, "in (0, 1)")
+        require(
+            is_number(self.heldout_fraction) and 0 < self.heldout_fraction < 1,
+            "data.heldout_fraction",
+            self.heldout_fraction,
+            "in (0, 1)",
+        )
+        if self.domains is not None:
+            require(
+                isinstance(self.domains, (list, tuple))
+                and bool(self.domains)
+                and len(set(self.domains)) == len(self.domains),
+                "data.domains",
+                self.domains,
+                "null, or a non-empty list of distinct domain names",
+            )
+            self.domains = list(self.domains)
+            if self.domains == [self.name]:
+                self.domains = None
+        if self.is_mix:
+            self._resolve_members()
+
+    @property
+    def is_mix(self) -> bool:
+        return self.domains is not None
+
+    @property
+    def domain_names(self) -> list[str]:
+        """The domains this config's examples carry: the mix's, or its own name."""
+        return list(self.domains) if self.domains is not None else [self.name]
+
+    def parts(self) -> list[DataConfig]:
+        """One single-domain config per domain: the mix's members, or this config itself."""
+        if not self.is_mix:
+            return [self]
+        return [DataConfig(**self.members[name]) for name in self.domain_names]
+
+    def _resolve_members(self) -> None:
+        members = {}
+        for name in self.domain_names:
+            given = self.members.get(name)
+            member = DataConfig(**dict(given)) if given is not None else domain_data(name)
+            if self.synthetic or self.source == "synthetic":
+                member = replace(member, synthetic=True)
+            require(not member.is_mix, f"data.domains ({self.name!r})", name, "a single domain, not another mix")
+            members[name] = to_dict(member)
+        self.members = members
+
+
+def as_synthetic(data: DataConfig) -> DataConfig:
+    """`data` with the smoke runs' synthetic examples in place of embedded data (other sources kept)."""
+    return replace(data, source="synthetic", synthetic=False) if data.source == "embedded" else data
+
+
+def to_dict(data: DataConfig) -> dict[str, Any]:
+    """A single-domain config as plain values, as it goes into a stage's resolved config."""
+    return {f.name: getattr(data, f.name) for f in fields(DataConfig) if f.name not in ("domains", "members")} | (
+        {"domains": list(data.domains), "members": asdict(data)["members"]} if data.is_mix else {}
+    )
+
+
+def search_path(extra: Iterable[str | Path] = ()) -> list[Path]:
+    """The config folders a domain is looked up in, in order: the running Hydra app's file and
+    package sources (when there is one), then this package's conf/, then `extra`."""
+    folders: list[Path] = []
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        sources = HydraConfig.get().runtime.config_sources if HydraConfig.initialized() else []
+    except ValueError:
+        sources = []
+    for source in sources:
+        if source.schema == "file":
+            folders.append(Path(source.path))
+        elif source.schema == "pkg":
+            try:
+                folders.append(Path(str(importlib.resources.files(source.path))))
+            except (ModuleNotFoundError, TypeError):
+                continue
+    folders += [CONF_DIR, *(Path(str(e).removeprefix("file://")) for e in extra)]
+    return list(dict.fromkeys(p.resolve() for p in folders))
+
+
+def domain_data(name: str, extra: Iterable[str | Path] = ()) -> DataConfig:
+    """The data config of domain `name`: `data/<name>.yaml` on the search path.
+
+    Raises:
+        ValueError: no folder on the search path defines the domain (naming the folders searched);
+            two folders define it differently (naming both files), e.g. a user file that reuses a
+            built-in domain's name for other data; or the file's values are invalid.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"domain name {name!r} must be a non-empty string")
+    folders = search_path(extra)
+    found = [(folder / "data" / f"{name}.yaml") for folder in folders]
+    found = [path for path in found if path.is_file()]
+    if not found:
+        raise ValueError(
+            f"unknown domain {name!r}: no data/{name}.yaml in the config search path "
+            f"{[str(f) for f in folders]}; define it there (name, source, path or hf_id, prompt_column) "
+            "and add its folder with hydra.searchpath=[file:///your/conf]"
+        )
+    configs = [(path, _load(path, name)) for path in found]
+    first_path, first = configs[0]
+    for path, other in configs[1:]:
+        if other != first:
+            builtin = " (a built-in domain: give yours another name)" if name in DOMAINS else ""
+            raise ValueError(
+                f"domain {name!r} is defined twice, differently: {first_path} (source {first.source!r}) "
+                f"and {path} (source {other.source!r}){builtin}"
+            )
+    return first
+
+
+def _load(path: Path, name: str) -> DataConfig:
+    raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: a data config must be a mapping (name, source, ...), got {type(raw).__name__}")
+    raw = {k: v for k, v in raw.items() if k != "defaults"}
+    raw.setdefault("name", name)
+    if raw["name"] != name:
+        raise ValueError(f"{path}: name {raw['name']!r} differs from the file's name {name!r}")
+    try:
+        return DataConfig(**raw)
+    except TypeError as error:
+        raise ValueError(f"{path}: {error}") from None
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from specdecode.data.domains import DOMAINS, load_domain
+from specdecode.data.registry import domain_examples
 
 
 def vocab_corpus(
-    tokenizer: PreTrainedTokenizerBase, docs_per_domain: int, *, source: str = "embedded", domains: Sequence[str] = DOMAINS
+    tokenizer: PreTrainedTokenizerBase, docs_per_domain: int, data: Mapping[str, Any] | None = None
 ) -> list[list[int]]:
-    """Tokenised training text of the domains (prompts and responses): what a drafter must speak."""
-    corpus = []
-    for domain in domains:
-        for ex in load_domain(domain, source=source, split="train", limit=docs_per_domain):  # type: ignore[arg-type]
-            corpus.append(tokenizer(ex.prompt + "\n" + (ex.response or ""))["input_ids"])
-    return corpus
+    """Tokenised training text (prompts and responses) of each domain in `data` (name → data
+    config), or of the built-in domains' embedded data: what a drafter must speak."""
+    parts = (
+        [domain_examples(spec, "train", docs_per_domain) for spec in data.values()]
+        if data
+        else [load_domain(domain, split="train", limit=docs_per_domain) for domain in DOMAINS]
+    )
+    return [tokenizer(ex.prompt + "\n" + (ex.response or ""))["input_ids"] for part in parts for ex in part]

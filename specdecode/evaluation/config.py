@@ -3,13 +3,14 @@ eval/acceptance.py (conf/eval.yaml)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from specdecode.core.config import GAMMA_RANGE, Placement, is_gamma, is_number, require
+from specdecode.core.config import GAMMA_RANGE, TEMPERATURE_RANGE, Placement, is_gamma, is_temperature, require
 from specdecode.data.domains import DOMAINS
-from specdecode.decoding.lookup import LookupConfig
+from specdecode.data.registry import check_domains, resolve_domains
+from specdecode.decoding.lookup import PromptLookup
 from specdecode.models.config import DrafterConfig, TargetConfig
 
 
@@ -31,7 +32,7 @@ class BenchmarkConfig(Placement):
     hf_assisted: bool = True
     # Off by default: the benchmark compares decode loops (ours, transformers assisted generation)
     # with one and the same drafter.
-    prompt_lookup: LookupConfig = field(default_factory=lambda: LookupConfig(enabled=False))
+    prompt_lookup: PromptLookup = field(default_factory=lambda: PromptLookup(enabled=False))
     cost_repeats: int = 10
     # Documents per domain tokenised to pick the drafter's truncated vocabulary.
     vocab_corpus_docs: int = 2000
@@ -40,27 +41,45 @@ class BenchmarkConfig(Placement):
     def __post_init__(self) -> None:
         self.check_placement()
         require(is_gamma(self.gamma), "gamma", self.gamma, GAMMA_RANGE)
-        require(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, "an int >= 1")
+        require(
+            isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
+            "max_new_tokens",
+            self.max_new_tokens,
+            "an int >= 1",
+        )
         require(self.num_prompts >= 1, "num_prompts", self.num_prompts, ">= 1")
-        require(1 <= self.batch1_prompts <= self.num_prompts, "batch1_prompts", self.batch1_prompts, f"in [1, num_prompts={self.num_prompts}]")
-        require(1 <= self.batch_size <= self.num_prompts, "batch_size", self.batch_size, f"in [1, num_prompts={self.num_prompts}]")
-        require(is_number(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0, "temperature", self.temperature, "a finite number >= 0")
+        require(
+            1 <= self.batch1_prompts <= self.num_prompts,
+            "batch1_prompts",
+            self.batch1_prompts,
+            f"in [1, num_prompts={self.num_prompts}]",
+        )
+        require(
+            1 <= self.batch_size <= self.num_prompts,
+            "batch_size",
+            self.batch_size,
+            f"in [1, num_prompts={self.num_prompts}]",
+        )
+        require(is_temperature(self.temperature), "temperature", self.temperature, TEMPERATURE_RANGE)
         require(self.cost_repeats >= 1, "cost_repeats", self.cost_repeats, ">= 1")
-        self.prompt_lookup.build()
 
 
 @dataclass
 class EvalConfig(Placement):
     """eval/acceptance.py. `drafters` maps a name (`generic`, or a domain for its specialised
-    drafter) to a drafter folder; `router_dir` is a fitted router folder (enables `routed`)."""
+    drafter) to a drafter folder; `router_dir` is a fitted router folder (enables `routed`).
+    Each domain's held-out prompts come from its data config (`data`, or conf/data/<domain>.yaml
+    on the config search path)."""
 
     target: TargetConfig = field(default_factory=TargetConfig)
     undistilled: DrafterConfig = field(default_factory=DrafterConfig)
     drafters: dict[str, str] = field(default_factory=dict)
     router_dir: str | None = None
     domains: list[str] = field(default_factory=lambda: list(DOMAINS))
-    # Where prompts come from: the embedded held-out splits, or "synthetic" for smoke runs.
-    source: str = "embedded"
+    # Each domain's data config by name; a domain not given is looked up on the config search path.
+    data: dict[str, Any] = field(default_factory=dict)
+    # Smoke runs: embedded data becomes tiny synthetic examples (a user domain's file is read as it is).
+    synthetic: bool = False
     methods: list[str] = field(
         default_factory=lambda: ["autoregressive", "undistilled", "generic", "specialized", "routed", "oracle"]
     )
@@ -71,8 +90,8 @@ class EvalConfig(Placement):
     # 4 for one without, e.g. `undistilled`); an int runs every drafter at that gamma.
     gamma: int | None = None
     # Prompt lookup beside every drafter (routed and oracle included).
-    prompt_lookup: LookupConfig = field(default_factory=LookupConfig)
-    temperatures: list[float] = field(default_factory=lambda: [0.0])
+    prompt_lookup: PromptLookup = field(default_factory=PromptLookup)
+    temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7, 1.0])
     batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
     # Gamma sweep: `sweep_methods` also run at each of `sweep_gammas`, at the smallest batch size and
     # at each temperature in `sweep_temperatures` (that is also in `temperatures`). Empty: no sweep.
@@ -87,32 +106,58 @@ class EvalConfig(Placement):
         known = {"autoregressive", "undistilled", "generic", "specialized", "routed", "oracle"}
         for method in self.methods:
             require(method in known, "methods", method, f"one of {sorted(known)}")
-        for domain in self.domains:
-            require(domain in DOMAINS, "domains", domain, f"one of {list(DOMAINS)}")
+        check_domains(self.domains)
+        self.data = resolve_domains(self.domains, self.data, synthetic=self.synthetic)
         require("autoregressive" in self.methods, "methods", self.methods, "must include autoregressive (the baseline)")
         if "generic" in self.methods:
             require("generic" in self.drafters, "drafters.generic", None, "method generic needs a drafter folder")
         if "routed" in self.methods:
             require(bool(self.router_dir), "router_dir", self.router_dir, "method routed needs a fitted router folder")
         for name, path in self.drafters.items():
-            require(name == "generic" or name in DOMAINS, "drafters", name, f"generic or one of {list(DOMAINS)}")
+            require(
+                name == "generic" or name in self.domains, "drafters", name, f"generic or one of domains={self.domains}"
+            )
             require(Path(path).exists(), f"drafters.{name}", path, "does not exist")
         require(self.prompts_per_domain >= 1, "prompts_per_domain", self.prompts_per_domain, ">= 1")
-        require(self.gamma is None or is_gamma(self.gamma), "gamma", self.gamma, f"null (each drafter's own) or {GAMMA_RANGE}")
+        require(
+            self.gamma is None or is_gamma(self.gamma),
+            "gamma",
+            self.gamma,
+            f"null (each drafter's own) or {GAMMA_RANGE}",
+        )
         require(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, ">= 1")
-        self.prompt_lookup.build()
+        require(
+            bool(self.temperatures), "temperatures", self.temperatures, f"a non-empty list, each {TEMPERATURE_RANGE}"
+        )
         for t in self.temperatures:
-            require(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0, "temperatures", t, "finite numbers >= 0")
+            require(is_temperature(t), "temperatures", t, TEMPERATURE_RANGE)
+        require(bool(self.batch_sizes), "batch_sizes", self.batch_sizes, "a non-empty list of ints >= 1")
         for b in self.batch_sizes:
             require(isinstance(b, int) and b >= 1, "batch_sizes", b, "ints >= 1")
         if "oracle" in self.methods:
-            require(1 in self.batch_sizes, "batch_sizes", self.batch_sizes, "must include 1 for method oracle (it picks from batch-1 runs)")
+            require(
+                1 in self.batch_sizes,
+                "batch_sizes",
+                self.batch_sizes,
+                "must include 1 for method oracle (it picks from batch-1 runs)",
+            )
         for g in self.sweep_gammas:
             require(is_gamma(g), "sweep_gammas", g, GAMMA_RANGE)
         # With stored gammas the main rows would land on the sweep's gammas as duplicates of
         # different runs (a routed row mixes its drafters' gammas); a sweep compares one gamma.
-        require(not self.sweep_gammas or self.gamma is not None, "gamma", self.gamma,
-                f"an int when sweep_gammas={self.sweep_gammas} (e.g. gamma=2): the sweep's rows sit beside the main gamma's")
+        require(
+            not self.sweep_gammas or self.gamma is not None,
+            "gamma",
+            self.gamma,
+            f"an int when sweep_gammas={self.sweep_gammas} (e.g. gamma=2): "
+            "the sweep's rows sit beside the main gamma's",
+        )
         for method in self.sweep_methods:
-            require(method in ("undistilled", "generic", "routed") or method.removeprefix("specialized:") in DOMAINS and method.startswith("specialized:"),
-                    "sweep_methods", method, "undistilled, generic, routed or specialized:<domain>")
+            require(
+                method in ("undistilled", "generic", "routed")
+                or method.removeprefix("specialized:") in self.domains
+                and method.startswith("specialized:"),
+                "sweep_methods",
+                method,
+                "undistilled, generic, routed or specialized:<domain>",
+            )

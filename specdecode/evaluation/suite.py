@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from functools import partial
@@ -30,29 +30,42 @@ from specdecode.core.atomic import write_atomic
 from specdecode.core.devices import placed_accelerator
 from specdecode.core.locking import locks_output_dir
 from specdecode.data.corpus import vocab_corpus
-from specdecode.data.domains import format_prompt, load_domain
+from specdecode.data.domains import format_prompt
+from specdecode.data.registry import domain_examples, require_heldout
+from specdecode.decoding.compiled import resolve_compile
 from specdecode.decoding.decode import autoregressive_generate, drafter_gamma, speculative_generate
 from specdecode.decoding.lookup import PromptLookup
-from specdecode.decoding.speedup import measure_pass_costs, warm_up_tokens
+from specdecode.decoding.timing import measure_pass_costs, warm_up_tokens
+from specdecode.decoding.validation import validate_models
 from specdecode.evaluation.config import EvalConfig
 from specdecode.evaluation.records import (
-    ROUTED_CHOICES, Generate, RunRecord, composed, finalize_rows, merge_counts, pick_per_prompt, router_share,
-    run_batched, run_interleaved,
+    ROUTED_CHOICES,
+    Generate,
+    RunRecord,
+    composed,
+    finalize_rows,
+    merge_counts,
+    pick_per_prompt,
+    router_share,
+    run_batched,
+    run_interleaved,
 )
 from specdecode.evaluation.report import write_report
-from specdecode.models.cpu_matmul import kernel_picks
 from specdecode.models.compat import check_tokenizers, default_eos
-from specdecode.models.loading import build_drafter, load_model
+from specdecode.models.cpu_matmul import kernel_picks
+from specdecode.models.loading import build_drafter, load_model, load_target
 from specdecode.routing.router import NO_DRAFTER, Router
 
 
 def heldout_prompts(
-    tokenizer: PreTrainedTokenizerBase, domain: str, count: int, max_tokens: int, source: str = "embedded"
+    tokenizer: PreTrainedTokenizerBase, data: Mapping[str, Any], count: int, max_tokens: int
 ) -> list[tuple[str, list[int]]]:
-    """The first `count` held-out prompts of `domain` that fit `max_tokens` (skipped, never cut)."""
+    """The first `count` held-out prompts of a domain (its data config) that fit `max_tokens`
+    (skipped, never cut), as (text, chat-formatted ids)."""
     chosen = []
-    for example in load_domain(domain, source=source, split="heldout"):  # type: ignore[arg-type]
-        ids = format_prompt(tokenizer, example.prompt)
+    domain = data["name"]
+    for example in domain_examples(data, "heldout"):
+        ids = format_prompt(tokenizer, example)
         if len(ids) <= max_tokens:
             chosen.append((example.prompt, ids))
         if len(chosen) == count:
@@ -80,10 +93,10 @@ class _Models:
 
 
 def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], object] | None) -> _Models:
-    target, tokenizer = load_model(cfg.target.name, dtype=cfg.dtype, device=device, skinny_matmul=cfg.skinny_matmul)
+    target, tokenizer = load_target(cfg.target, dtype=cfg.dtype, device=device, skinny_matmul=cfg.skinny_matmul)
     drafters: dict[str, Any] = {}
     if "undistilled" in cfg.methods:
-        corpus = lambda: vocab_corpus(tokenizer, 2000, source=cfg.source, domains=cfg.domains)  # noqa: E731
+        corpus = lambda: vocab_corpus(tokenizer, 2000, cfg.data)  # noqa: E731
         drafters["undistilled"] = build_drafter(cfg.undistilled, target, tokenizer, corpus)
     # The router and the oracle choose between the trained drafters: they load for either, even
     # where their own rows were not asked for.
@@ -91,8 +104,12 @@ def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], ob
     for name, path in cfg.drafters.items():
         if _family(name) not in cfg.methods and not choosers:
             continue
-        model, drafter_tokenizer = load_model(path, dtype=cfg.dtype, device=device, skinny_matmul=cfg.skinny_matmul)
-        check_tokenizers(tokenizer, drafter_tokenizer)
+        try:  # a drafter of another target (tokenizer, vocabulary, hidden size) is named by its key
+            model, drafter_tokenizer = load_model(path, dtype=cfg.dtype, device=device, skinny_matmul=cfg.skinny_matmul)
+            check_tokenizers(tokenizer, drafter_tokenizer)
+            validate_models(target, model)
+        except ValueError as error:
+            raise ValueError(f"drafters.{name}={path!r}: {error}") from None
         drafters[_method_name(name)] = model
     router = None
     if "routed" in cfg.methods:
@@ -113,29 +130,45 @@ def _family(name: str) -> str:
     return name if name in ("autoregressive", "undistilled", "generic") else "specialized"
 
 
-def _generators(models: _Models, gamma: int | None, decode: dict, lookup: PromptLookup | None) -> dict[str, Generate]:
+def _core(cfg: EvalConfig, device: Any) -> dict[str, bool]:
+    """The decode core `compile` asks for: the static core under torch.compile, or the eager loop."""
+    compiled = resolve_compile(cfg.compile, device)
+    return {"static": compiled, "compile": compiled}
+
+
+def _generators(models: _Models, gamma: int | None, decode: dict, lookup: PromptLookup) -> dict[str, Generate]:
     """One decode function per method name at `gamma`, each drafter with `lookup` (`autoregressive`
     ignores both)."""
     generators: dict[str, Generate] = {"autoregressive": partial(autoregressive_generate, models.target, **decode)}
     for name, drafter in models.drafters.items():
-        generators[name] = partial(speculative_generate, models.target, drafter, gamma=gamma, prompt_lookup=lookup, **decode)
+        generators[name] = partial(
+            speculative_generate, models.target, drafter, gamma=gamma, prompt_lookup=lookup, **decode
+        )
     return generators
 
 
 def _run_turns(
-    generators: dict[str, Generate], methods: list[str], ids: list[list[int]], batch_size: int,
-    chosen: dict[str, list[str]], routing_s: float | None,
+    generators: dict[str, Generate],
+    methods: list[str],
+    ids: list[list[int]],
+    batch_size: int,
+    chosen: dict[str, list[str]],
+    routing_s: float | None,
 ) -> dict[str, RunRecord]:
     """`methods` on every prompt and the `chosen` methods (routed, oracle) on theirs, all taking
     turns batch by batch (`run_interleaved`); the routed record pays the router's seconds."""
-    records = run_interleaved({name: generators[name] for name in methods}, ids, batch_size, chosen=chosen, pool=generators)
+    records = run_interleaved(
+        {name: generators[name] for name in methods}, ids, batch_size, chosen=chosen, pool=generators
+    )
     if "routed" in records:
         # Routing is part of the routed method's cost.
         records["routed"].extra_seconds = (routing_s or 0.0) * len(ids)
     return records
 
 
-def _eval_domain(cfg: EvalConfig, models: _Models, domain: str, texts: list[str], ids: list[list[int]], progress: Any) -> tuple[dict[tuple, dict], float | None]:
+def _eval_domain(
+    cfg: EvalConfig, models: _Models, domain: str, texts: list[str], ids: list[list[int]], progress: Any
+) -> tuple[dict[tuple, dict], float | None]:
     """Counts of every method and setting on one domain's prompts (this process's share), keyed as
     `finalize_rows` expects; and the router's seconds per prompt (None without a router)."""
     local: dict[tuple, dict] = {}
@@ -147,8 +180,10 @@ def _eval_domain(cfg: EvalConfig, models: _Models, domain: str, texts: list[str]
         routing_s = (time.perf_counter() - start) / max(len(texts), 1)
     sweep_batch = min(cfg.batch_sizes)
     for temperature in cfg.temperatures:
-        decode = dict(max_new_tokens=cfg.max_new_tokens, temperature=temperature, eos_token_ids=models.eos, seed=cfg.seed)
-        generators = _generators(models, cfg.gamma, decode, cfg.prompt_lookup.build())
+        decode = dict(
+            max_new_tokens=cfg.max_new_tokens, temperature=temperature, eos_token_ids=models.eos, seed=cfg.seed
+        ) | _core(cfg, models.target.device)
+        generators = _generators(models, cfg.gamma, decode, cfg.prompt_lookup)
         oracle_choices: list[str] | None = None
         sweep_reference: list[list[int]] | None = None
         for batch_size in sorted(cfg.batch_sizes):
@@ -164,12 +199,17 @@ def _eval_domain(cfg: EvalConfig, models: _Models, domain: str, texts: list[str]
             if "oracle" in cfg.methods and models.candidates and oracle_choices is None:
                 # Batch 1, the smallest (EvalConfig requires it): the oracle picks from every
                 # candidate's batch-1 run, whether their rows were asked for or not.
-                pool = {n: records[n] if n in records else run_batched(generators[n], ids, 1) for n in models.candidates}
+                pool = {
+                    n: records[n] if n in records else run_batched(generators[n], ids, 1) for n in models.candidates
+                }
                 if models.pass_costs is None and ids:
                     # Once, after this domain's longest prompt: a machine property, not a prompt's.
                     models.pass_costs = measure_pass_costs(
-                        models.target, {n: models.drafters[n] for n in models.candidates},
-                        {n: cfg.gamma or drafter_gamma(models.drafters[n]) for n in models.candidates}, max(ids, key=len))
+                        models.target,
+                        {n: models.drafters[n] for n in models.candidates},
+                        {n: cfg.gamma or drafter_gamma(models.drafters[n]) for n in models.candidates},
+                        max(ids, key=len),
+                    )
                 oracle_choices = pick_per_prompt(pool, models.pass_costs)
                 records["oracle"] = composed(pool, oracle_choices)
                 if route_choices is not None:
@@ -182,16 +222,28 @@ def _eval_domain(cfg: EvalConfig, models: _Models, domain: str, texts: list[str]
             if batch_size == sweep_batch:
                 sweep_reference = reference
             for name, record in records.items():
-                local[(domain, name, temperature, batch_size, 0 if name == "autoregressive" else cfg.gamma)] = record.counts(reference)
+                local[(domain, name, temperature, batch_size, 0 if name == "autoregressive" else cfg.gamma)] = (
+                    record.counts(reference)
+                )
             progress.update(1)
         if temperature in cfg.sweep_temperatures:
-            local |= _sweep(cfg, models, domain, decode, ids, sweep_batch, sweep_reference, route_choices, routing_s, progress)
+            local |= _sweep(
+                cfg, models, domain, decode, ids, sweep_batch, sweep_reference, route_choices, routing_s, progress
+            )
     return local, routing_s
 
 
 def _sweep(
-    cfg: EvalConfig, models: _Models, domain: str, decode: dict, ids: list[list[int]], batch_size: int,
-    reference: list[list[int]] | None, route_choices: list[str] | None, routing_s: float | None, progress: Any,
+    cfg: EvalConfig,
+    models: _Models,
+    domain: str,
+    decode: dict,
+    ids: list[list[int]],
+    batch_size: int,
+    reference: list[list[int]] | None,
+    route_choices: list[str] | None,
+    routing_s: float | None,
+    progress: Any,
 ) -> dict[tuple, dict]:
     """The gamma sweep: `sweep_methods` at each of `sweep_gammas` (the main gamma's rows exist
     already); greedy rows are checked against target-only greedy (`reference`) like the others."""
@@ -201,7 +253,7 @@ def _sweep(
         if gamma == cfg.gamma:
             continue
         progress.set_postfix_str(f"{domain} T={temperature} B={batch_size} gamma={gamma}")
-        generators = _generators(models, gamma, decode, cfg.prompt_lookup.build())
+        generators = _generators(models, gamma, decode, cfg.prompt_lookup)
         methods = [m for m in cfg.sweep_methods if m in generators and _family(m) in cfg.methods]
         chosen = {"routed": route_choices} if "routed" in cfg.sweep_methods and route_choices is not None else {}
         if not methods and not chosen:
@@ -220,15 +272,18 @@ def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = No
     main process gathers the counts and writes the files (alpha, tau and exact match do not depend
     on the number of processes; tokens/s is then the whole system's throughput).
     """
+    require_heldout(cfg.data, cfg.prompts_per_domain, "prompts_per_domain")  # before any model loads
     accelerator, device = placed_accelerator(cfg.device)
     models = _load_models(cfg, device, router_loader)
-    steps = len(cfg.domains) * (len(cfg.temperatures) * len(cfg.batch_sizes) + len([t for t in cfg.temperatures if t in cfg.sweep_temperatures]))
+    steps = len(cfg.domains) * (
+        len(cfg.temperatures) * len(cfg.batch_sizes) + len([t for t in cfg.temperatures if t in cfg.sweep_temperatures])
+    )
     progress = tqdm(total=steps, desc="eval", disable=not accelerator.is_main_process)
     local: dict[tuple, dict] = {}
     routing_seconds: dict[str, float] = {}
     warmed = False
     for domain in cfg.domains:
-        prompts = heldout_prompts(models.tokenizer, domain, cfg.prompts_per_domain, cfg.max_prompt_tokens, cfg.source)
+        prompts = heldout_prompts(models.tokenizer, cfg.data[domain], cfg.prompts_per_domain, cfg.max_prompt_tokens)
         with accelerator.split_between_processes(prompts) as mine:
             if mine and not warmed:
                 _warm_up(cfg, models, mine[0][1])
@@ -249,12 +304,19 @@ def _warm_up(cfg: EvalConfig, models: _Models, prompt: list[int]) -> None:
     warms up."""
     gammas = [cfg.gamma or drafter_gamma(d) for d in models.drafters.values()] + list(cfg.sweep_gammas)
     temperature = cfg.temperatures[0] if cfg.temperatures else 0.0
-    decode = dict(max_new_tokens=warm_up_tokens(cfg.max_new_tokens, gammas), temperature=temperature, eos_token_ids=[], seed=cfg.seed)
-    for generate in _generators(models, cfg.gamma, decode, cfg.prompt_lookup.build()).values():
+    decode = dict(
+        max_new_tokens=warm_up_tokens(cfg.max_new_tokens, gammas),
+        temperature=temperature,
+        eos_token_ids=[],
+        seed=cfg.seed,
+    ) | _core(cfg, models.target.device)
+    for generate in _generators(models, cfg.gamma, decode, cfg.prompt_lookup).values():
         generate([prompt])
 
 
-def _publish(cfg: EvalConfig, accelerator: Any, models: _Models, local: dict[tuple, dict], routing_seconds: dict[str, float]) -> dict:
+def _publish(
+    cfg: EvalConfig, accelerator: Any, models: _Models, local: dict[tuple, dict], routing_seconds: dict[str, float]
+) -> dict:
     """Gather every process's counts; the main process writes results.json and report.md."""
     gathered = accelerator.gather_for_metrics([local], use_gather_object=True)
     results: dict = {}
@@ -267,7 +329,8 @@ def _publish(cfg: EvalConfig, accelerator: Any, models: _Models, local: dict[tup
             "processes": accelerator.num_processes,
             "routing_seconds_per_prompt": routing_seconds,
             # the main process's CPU kernels (models.cpu_matmul): they set every pass these timings hold
-            "cpu_kernels": {"target": kernel_picks(models.target)} | {name: kernel_picks(d) for name, d in models.drafters.items()},
+            "cpu_kernels": {"target": kernel_picks(models.target)}
+            | {name: kernel_picks(d) for name, d in models.drafters.items()},
             "rows": finalize_rows(merged),
             # the drafters the router and the oracle choose between (`_Models.candidates`), as rows name them
             "router_share": router_share(finalize_rows(main), [_method_name(n) for n in cfg.drafters]),

@@ -11,15 +11,51 @@ SMOKE_TARGET = "smoke"
 """`target.name` that selects the tiny in-process target (`specdecode.models.smoke`)."""
 
 
+# Attention kernels transformers takes as `attn_implementation` (null: the model's default).
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+
+
 @dataclass
 class TargetConfig:
     """The model being accelerated: an alias, HF hub id, local folder or .gguf file. Where it runs
     and in which dtype is the app's top-level `device` / `dtype` (`Placement`)."""
 
     name: str = "smollm2-135m-instruct"
+    # A hub id's branch, tag or commit (null: the default branch).
+    revision: str | None = None
+    # Run the model repo's own Python code (a model transformers does not ship); off unless asked.
+    trust_remote_code: bool = False
+    # eager | sdpa | flash_attention_2 | flash_attention_3 | flex_attention; null: the model's default.
+    attn_implementation: str | None = None
+    # auto: spread a target too large for one GPU over the visible GPUs (accelerate's big-model loading).
+    device_map: str | None = None
 
     def __post_init__(self) -> None:
         require(bool(self.name), "target.name", self.name, "must name a model")
+        check_hub_options(self.revision, self.trust_remote_code, "target")
+        require(
+            self.attn_implementation is None or self.attn_implementation in ATTN_IMPLEMENTATIONS,
+            "target.attn_implementation",
+            self.attn_implementation,
+            f"null or one of {list(ATTN_IMPLEMENTATIONS)}",
+        )
+        require(
+            self.device_map in (None, "auto"),
+            "target.device_map",
+            self.device_map,
+            "null (one device) or auto (over the visible GPUs)",
+        )
+
+
+def check_hub_options(revision: object, trust_remote_code: object, prefix: str) -> None:
+    """`revision` is null or a non-empty string and `trust_remote_code` a bool; else a ValueError naming the key."""
+    require(
+        revision is None or (isinstance(revision, str) and bool(revision)),
+        f"{prefix}.revision",
+        revision,
+        "null or a branch, tag or commit of the hub repo",
+    )
+    require(isinstance(trust_remote_code, bool), f"{prefix}.trust_remote_code", trust_remote_code, "true or false")
 
 
 DRAFTER_KINDS = ("derived", "feature", "pretrained")
@@ -29,17 +65,26 @@ LAST_FEATURE = (-1,)
 """The default `feature_layers` of a feature drafter: the target's last (post-norm) hidden state only (EAGLE-1)."""
 
 
-def check_feature_layers(layers: Sequence[int], num_target_layers: int | None = None, name: str = "feature_layers") -> tuple[int, ...]:
+def check_feature_layers(
+    layers: Sequence[int], num_target_layers: int | None = None, name: str = "feature_layers"
+) -> tuple[int, ...]:
     """`layers` as a tuple if it is a list of distinct ints ending with -1 (the last hidden state,
     which the drafter predicts and the head reads), the others in [1, num_target_layers - 1]."""
     layers = tuple(layers) if isinstance(layers, (list, tuple)) else ()
     inner = layers[:-1]
-    ok = (bool(layers) and all(isinstance(i, int) and not isinstance(i, bool) for i in layers) and layers[-1] == -1
-          and len(set(inner)) == len(inner) and all(i >= 1 and (num_target_layers is None or i < num_target_layers) for i in inner))
+    ok = (
+        bool(layers)
+        and all(isinstance(i, int) and not isinstance(i, bool) for i in layers)
+        and layers[-1] == -1
+        and len(set(inner)) == len(inner)
+        and all(i >= 1 and (num_target_layers is None or i < num_target_layers) for i in inner)
+    )
     if not ok:
         bound = f"{num_target_layers - 1}" if num_target_layers is not None else "L - 1"
-        raise ValueError(f"{name}={list(layers) if layers else layers!r}: expected distinct target layers in [1, {bound}] "
-                         "followed by -1 (the last hidden state), e.g. [-1] or [2, 15, -1]")
+        raise ValueError(
+            f"{name}={list(layers) if layers else layers!r}: expected distinct target layers in [1, {bound}] "
+            "followed by -1 (the last hidden state), e.g. [-1] or [2, 15, -1]"
+        )
     return layers
 
 
@@ -76,19 +121,32 @@ class DrafterConfig:
     # specdecode (both norms, the decoder as cut from the target); null: eagle for a feature
     # drafter, specdecode (no layout) for the other kinds
     layout: str | None = None
+    # pretrained drafters from the hub: the repo's branch, tag or commit, and whether to run its own code
+    revision: str | None = None
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
         require(self.kind in DRAFTER_KINDS, "drafter.kind", self.kind, "|".join(DRAFTER_KINDS))
+        check_hub_options(self.revision, self.trust_remote_code, "drafter")
         if self.layout is None:
             self.layout = "eagle" if self.kind == "feature" else "specdecode"
         check_layout(self.layout, "drafter.layout")
         if self.kind != "feature":
-            require(self.layout == "specdecode", "drafter.layout", self.layout,
-                    f"is set but drafter.kind={self.kind!r} (only a feature drafter has a layout); use specdecode")
+            require(
+                self.layout == "specdecode",
+                "drafter.layout",
+                self.layout,
+                f"is set but drafter.kind={self.kind!r} (only a feature drafter has a layout); use specdecode",
+            )
         if self.kind == "feature":
             self.feature_layers = list(check_feature_layers(self.feature_layers, name="drafter.feature_layers"))
         if self.kind in ("derived", "feature"):
-            require(isinstance(self.num_layers, int) and self.num_layers >= 1, "drafter.num_layers", self.num_layers, "an int >= 1")
+            require(
+                isinstance(self.num_layers, int) and self.num_layers >= 1,
+                "drafter.num_layers",
+                self.num_layers,
+                "an int >= 1",
+            )
             require(
                 self.draft_vocab is None or (isinstance(self.draft_vocab, int) and self.draft_vocab >= 1),
                 "drafter.draft_vocab",
@@ -96,9 +154,18 @@ class DrafterConfig:
                 "null or an int >= 1",
             )
             # A path here means the user meant to load a drafter; training a derived one instead would be silent.
-            require(self.path is None, "drafter.path", self.path,
-                    "is set but drafter.kind='derived' (cut from the target, it reads no path); use drafter=pretrained or drop the path")
+            require(
+                self.path is None,
+                "drafter.path",
+                self.path,
+                "is set but drafter.kind='derived' (cut from the target, it reads no path); "
+                "use drafter=pretrained or drop the path",
+            )
         else:
             require(bool(self.path), "drafter.path", self.path, "a pretrained drafter needs a path or hub id")
-            require(self.draft_vocab is None, "drafter.draft_vocab", self.draft_vocab,
-                    f"is set but drafter.kind={self.kind!r} (a pretrained drafter keeps its own head); use null")
+            require(
+                self.draft_vocab is None,
+                "drafter.draft_vocab",
+                self.draft_vocab,
+                f"is set but drafter.kind={self.kind!r} (a pretrained drafter keeps its own head); use null",
+            )

@@ -18,16 +18,28 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdecode.models.compat import check_tokenizers, check_vocab_sizes
-from specdecode.models.config import SMOKE_TARGET, DrafterConfig
+from specdecode.models.config import SMOKE_TARGET, DrafterConfig, TargetConfig
 from specdecode.models.cpu_matmul import (
-    FEW_ROWS, measure_packed_rows, measure_skinny_rows, packed_rows_of, skinny_rows_of, use_packed_linears, use_plain_linears,
+    FEW_ROWS,
+    packed_rows_of,
+    skinny_rows_of,
+    use_packed_linears,
+    use_plain_linears,
     use_skinny_linears,
 )
 from specdecode.models.draft_vocab import apply_draft_vocab_from_config, pad_vocab
 from specdecode.models.drafters import derive_drafter
+from specdecode.models.eagle3_drafter import wrap_drafter
 from specdecode.models.feature_drafter import CONFIG_KEY as FEATURE_CONFIG_KEY
-from specdecode.models.feature_drafter import LAST_FEATURE, FeatureDrafter, derive_feature_drafter, wrap_if_feature_drafter
+from specdecode.models.feature_drafter import (
+    FeatureDrafter,
+    check_fits_target,
+    derive_feature_drafter,
+    saved_settings,
+)
+from specdecode.models.folders import check_model_folder
 from specdecode.models.gguf_cache import DEFAULT_TARGET, default_target_gguf, gguf_to_hf_folder
+from specdecode.models.kernel_choice import cached_packed_rows, cached_skinny_rows
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -47,6 +59,10 @@ def load_model(
     dtype: str | torch.dtype = "float32",
     device: str | torch.device = "cpu",
     skinny_matmul: bool | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    attn_implementation: str | None = None,
+    device_map: str | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer, in eval mode on `device`.
 
@@ -62,12 +78,19 @@ def load_model(
         skinny_matmul: on CPU, compute linear layers over 2..64 rows as `weight @ x.T`
             (`specdecode.models.cpu_matmul`), which on some CPUs makes a verify pass of a few
             tokens cost about one decode step instead of ~1.7x, and on others costs 2x. None
-            (default) times both kernels on this machine and keeps the faster, for a single row
+            (default) takes the faster of both kernels on this machine, timed on its first load
+            and kept on disk (`specdecode.models.kernel_choice`), for a single row
             (computed as two, faster where MKL runs a matrix-vector product on one core) and
             for 2..64 rows apart, then times oneDNN's product over weights reordered once for
             3..16 rows (a verify of gamma 2..4; it keeps a second copy of the weights) against
-            that and keeps it if faster (`packed_rows_of(model)` says which); True forces the
+            that and takes it if faster (`packed_rows_of(model)` says which); True forces the
             skinny kernel for 2..64 rows; False keeps `F.linear` everywhere. Ignored off CPU.
+        revision: a hub id's branch, tag or commit (hub ids only).
+        trust_remote_code: run the repo's own model code; a model that needs it and lacks it fails
+            with a ValueError saying so.
+        attn_implementation: transformers' attention kernel (`sdpa`, `flash_attention_2`, ...).
+        device_map: `"auto"` spreads the model over the visible GPUs (accelerate's big-model
+            loading) instead of placing it on `device`; CUDA only.
 
     Returns:
         `(model, tokenizer)`. A drafter saved with a truncated vocabulary comes back truncated
@@ -86,32 +109,86 @@ def load_model(
 
         return _placed(smoke_target(), torch_dtype, device, skinny_matmul), smoke_tokenizer()
     source = _resolve_source(name_or_path)
+    if revision is not None and isinstance(source, Path):
+        raise ValueError(f"revision={revision!r} applies to hub ids; {str(name_or_path)!r} is local")
+    if device_map is not None and (device_map != "auto" or device.type != "cuda"):
+        raise ValueError(
+            f"device_map={device_map!r} spreads a model over GPUs: it needs device=cuda (got {device}) "
+            "and the value auto; a target that fits one device needs no device_map"
+        )
+    if (
+        device_map is not None
+        and torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+        and torch.distributed.get_world_size() > 1
+    ):
+        raise ValueError(
+            f"device_map={device_map!r} spreads one copy of the model over this machine's GPUs, so it runs "
+            f"in one process, not {torch.distributed.get_world_size()}: use accelerate_config=single_gpu"
+        )
 
     if isinstance(source, Path) and source.is_file():
         if source.suffix.lower() != ".gguf":
             raise ValueError(f"expected a .gguf file or a model folder, got the file {str(source)!r}")
         source = gguf_to_hf_folder(source)
 
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    hub = {"revision": revision, "trust_remote_code": trust_remote_code}
+    options = {"attn_implementation": attn_implementation, "device_map": device_map}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=torch_dtype, **hub, **{k: v for k, v in options.items() if v}
+        )
+        tokenizer = AutoTokenizer.from_pretrained(source, **hub)
+    except ValueError as error:
+        if "trust_remote_code" in str(error) and not trust_remote_code:
+            raise ValueError(
+                f"{str(name_or_path)!r} runs its own model code (custom architecture): set "
+                "trust_remote_code=true (target.trust_remote_code / drafter.trust_remote_code) "
+                "if you trust the repo"
+            ) from error
+        raise
     apply_draft_vocab_from_config(model)
     if isinstance(source, Path):
-        model = wrap_if_feature_drafter(model, source)
+        model = wrap_drafter(model, source)  # a feature or EAGLE-3 drafter folder comes back as one
+    if device_map is not None:
+        return model.eval(), tokenizer  # placed by accelerate over the GPUs
     return _placed(model, torch_dtype, device, skinny_matmul), tokenizer
 
 
-def _placed(model: PreTrainedModel, dtype: torch.dtype, device: torch.device, skinny_matmul: bool | None) -> PreTrainedModel:
+def load_target(
+    cfg: TargetConfig,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "cpu",
+    skinny_matmul: bool | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The target a `TargetConfig` names, with its hub options, frozen, in eval mode."""
+    target, tokenizer = load_model(
+        cfg.name,
+        dtype=dtype,
+        device=device,
+        skinny_matmul=skinny_matmul,
+        revision=cfg.revision,
+        trust_remote_code=cfg.trust_remote_code,
+        attn_implementation=cfg.attn_implementation,
+        device_map=cfg.device_map,
+    )
+    return target.requires_grad_(False), tokenizer
+
+
+def _placed(
+    model: PreTrainedModel, dtype: torch.dtype, device: torch.device, skinny_matmul: bool | None
+) -> PreTrainedModel:
     """`model` in eval mode on `device` in `dtype`, with skinny linears on CPU if asked, or if
-    measured faster here (None)."""
+    measured faster on this machine (None; measured once, then read from disk)."""
     model = model.to(device=device, dtype=dtype).eval()
     # a feature drafter's linear layers are its body's (plus the fusion layer): time the body
     timed = model.body if isinstance(model, FeatureDrafter) else model
     if device.type == "cpu" and skinny_matmul is not False:
-        rows = FEW_ROWS if skinny_matmul else measure_skinny_rows(timed)
+        rows = FEW_ROWS if skinny_matmul else cached_skinny_rows(timed)
         if rows is not None:
             use_skinny_linears(model, rows)
         # verify passes of 3..16 rows: oneDNN over reordered weights, where timed faster than the above
-        if skinny_matmul is None and (packed := measure_packed_rows(timed)) is not None:
+        if skinny_matmul is None and (packed := cached_packed_rows(timed)) is not None:
             use_packed_linears(model, packed)
     return model
 
@@ -120,9 +197,9 @@ def cast_copy(model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
     """A frozen eval-mode copy of `model` in `dtype` (`model` itself when it already is), with plain
     linear layers: the skinny kernel was chosen by timing `model`'s own dtype (models.cpu_matmul).
 
-    For work that tolerates rounding but not the time, e.g. writing training data: on the 2-core
-    AMX CPU a bf16 copy of SmolLM2 generated 2x the tokens per second of the fp32 model at batch
-    64 and scored 8 x 144 tokens 3.2x as fast. Costs the copy's memory (half the fp32 model's).
+    For work that tolerates rounding but not the time, e.g. writing training data where the device
+    computes bf16 natively (docs/experiments/2026-11-24-training-data-in-bf16.md). Costs the copy's
+    memory (half the fp32 model's).
     """
     if model.dtype == dtype:
         return model
@@ -144,15 +221,14 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
         resolved = _DTYPES.get(dtype.strip().lower().removeprefix("torch."))
         if resolved is not None:
             return resolved
-    raise ValueError(
-        f"unsupported dtype {dtype!r}; expected a floating torch.dtype or one of {sorted(_DTYPES)}"
-    )
+    raise ValueError(f"unsupported dtype {dtype!r}; expected a floating torch.dtype or one of {sorted(_DTYPES)}")
 
 
 def _resolve_source(name_or_path: str | os.PathLike[str]) -> str | Path:
     """Map the alias, local paths and hub ids to what `from_pretrained` should read.
 
     Returns a `Path` for anything local (a `.gguf` file or a folder) and the `str` for a hub id.
+    A local folder's files are checked first: ValueError names a damaged one (`check_model_folder`).
     """
     if isinstance(name_or_path, str) and name_or_path == DEFAULT_TARGET:
         return default_target_gguf()
@@ -160,6 +236,8 @@ def _resolve_source(name_or_path: str | os.PathLike[str]) -> str | Path:
     text = os.fspath(name_or_path)
     path = Path(text).expanduser()
     if path.exists():
+        if path.is_dir():
+            check_model_folder(path)  # a damaged file or a missing tokenizer, named before transformers reads it
         return path
     # Only things that cannot be a hub id are reported here; "org/name" falls through to the hub,
     # whose own error then says the repo is unknown.
@@ -186,16 +264,31 @@ def build_drafter(
     if cfg.kind in ("derived", "feature"):
         vocab_docs = corpus() if cfg.draft_vocab is not None else None
         if cfg.kind == "feature":
-            drafter = derive_feature_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs,
-                                             init_from_layer=cfg.init_from_layer, feature_layers=cfg.feature_layers,
-                                             layout=cfg.layout)
+            drafter = derive_feature_drafter(
+                target,
+                cfg.num_layers,
+                draft_vocab=cfg.draft_vocab,
+                corpus=vocab_docs,
+                init_from_layer=cfg.init_from_layer,
+                feature_layers=cfg.feature_layers,
+                layout=cfg.layout,
+            )
         else:
             drafter = derive_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs)
     else:
-        drafter, drafter_tokenizer = load_model(str(cfg.path), dtype=target.dtype, device=target.device, skinny_matmul=False)
+        drafter, drafter_tokenizer = load_model(
+            str(cfg.path),
+            dtype=target.dtype,
+            device=target.device,
+            skinny_matmul=False,
+            revision=cfg.revision,
+            trust_remote_code=cfg.trust_remote_code,
+        )
         check_tokenizers(tokenizer, drafter_tokenizer)
         if not isinstance(drafter, FeatureDrafter):  # e.g. Qwen2.5-0.5B for the 7B: same tokenizer, less padding
             drafter = pad_vocab(drafter, target.config.get_text_config().vocab_size)
+        else:
+            check_fits_target(drafter, target, f"drafter.path={cfg.path!r}")  # here, not mid-draft
         check_vocab_sizes(target, drafter)
     # after padding, so that a padded (truncated-head) vocabulary takes the kernel too
     if (rows := skinny_rows_of(target)) is not None:
@@ -213,6 +306,11 @@ def check_drafter_tokenizer(cfg: DrafterConfig, tokenizer: PreTrainedTokenizerBa
     if not path.exists() and str(cfg.path).startswith(("/", ".", "~")):
         raise ValueError(f"drafter.path={cfg.path!r} does not exist")
     try:
+        if path.is_dir():
+            check_model_folder(path)
+    except ValueError as error:
+        raise ValueError(f"drafter.path={cfg.path!r}: {error}") from None
+    try:
         check_tokenizers(tokenizer, AutoTokenizer.from_pretrained(str(cfg.path)))
     except ValueError as error:
         raise ValueError(f"drafter.path={cfg.path!r}: its tokenizer is not the target's: {error}") from None
@@ -225,4 +323,4 @@ def reads_features(cfg: DrafterConfig) -> tuple[int, ...] | None:
     if cfg.kind != "pretrained":
         return tuple(cfg.feature_layers) if cfg.kind == "feature" else None
     settings = getattr(AutoConfig.from_pretrained(str(cfg.path)), FEATURE_CONFIG_KEY, None)
-    return None if settings is None else tuple(settings.get("layers", LAST_FEATURE))
+    return None if settings is None else tuple(saved_settings(settings, cfg.path)[0])

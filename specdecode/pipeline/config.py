@@ -10,10 +10,13 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from specdecode.core.config import Placement, require
-from specdecode.data.domains import DOMAINS
+from specdecode.core.paths import CONF_DIR
+from specdecode.data.domains import DOMAIN_NAME, DOMAINS
+from specdecode.data.registry import check_domains
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 LAUNCHERS = ("accelerate", "in_process")
+# The distillation loss of a domain `losses` does not name.
+DEFAULT_LOSS = "forward_kl"
 SPECIALISTS_FROM = ("scratch", "generic")
 
 
@@ -32,10 +35,14 @@ def accelerate_config_file(name: str, device: str = "cpu") -> Path:
     path = Path(name) if name.endswith((".yaml", ".yml")) else CONF_DIR / "accelerate" / f"{name}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in (CONF_DIR / "accelerate").glob("*.yaml"))
-        raise ValueError(f"accelerate_config={name!r}: no such accelerate config ({path}); auto, one of {known} or a .yaml path")
+        raise ValueError(
+            f"accelerate_config={name!r}: no such accelerate config ({path}); auto, one of {known} or a .yaml path"
+        )
     if OmegaConf.load(path).get("use_cpu", False) and device != "cpu":
-        raise ValueError(f"accelerate_config={name!r} runs on the CPU (use_cpu: true in {path}) but device={device!r}; "
-                         "use accelerate_config=auto, single_gpu or multi_gpu")
+        raise ValueError(
+            f"accelerate_config={name!r} runs on the CPU (use_cpu: true in {path}) but device={device!r}; "
+            "use accelerate_config=auto, single_gpu or multi_gpu"
+        )
     return path
 
 
@@ -43,11 +50,13 @@ def accelerate_config_file(name: str, device: str = "cpu") -> Path:
 class DemoConfig(Placement):
     """conf/demo.yaml. `device` / `dtype` reach every stage (`python eval/demo.py device=cuda
     dtype=bfloat16` is the GPU demo); `losses` picks each domain's distillation loss (and `mix`'s,
-    the generic one)."""
+    the generic one). `domains` are any domains defined by conf/data/<name>.yaml on the config search
+    path (`hydra.searchpath=[file:///your/conf]` adds yours); a domain that `losses` or
+    `distill_per_domain` does not name trains with DEFAULT_LOSS and the shared `distill` overrides."""
 
     output_dir: str = "outputs/demo"
     domains: list[str] = field(default_factory=lambda: list(DOMAINS))
-    losses: dict[str, str] = field(default_factory=lambda: {d: "forward_kl" for d in (*DOMAINS, "mix")})
+    losses: dict[str, str] = field(default_factory=dict)
     benchmark: list[str] = field(default_factory=list)
     distill: list[str] = field(default_factory=list)
     # More overrides for one domain drafter's job, after `distill` (the generic drafter's job takes
@@ -61,7 +70,7 @@ class DemoConfig(Placement):
     # generic (the generic drafter, which then trains first, on every domain's data): a domain
     # drafter fine-tuned from it saw all the domains' data, and its best checkpoint is selected on its
     # domain with the generic drafter itself as step 0.
-    specialists_from: str = "scratch"
+    specialists_from: str = "generic"
     # The training and evaluation stages run as `accelerate launch <app>` with
     # conf/accelerate/<accelerate_config>.yaml (auto: cpu or single_gpu after `device`; multi_gpu:
     # DDP over the GPUs) or a .yaml path; in_process calls the library in this process.
@@ -69,18 +78,38 @@ class DemoConfig(Placement):
     accelerate_config: str = "auto"
     # The conf/ file each stage composes (smoke runs swap in their own collect and fit configs).
     configs: dict[str, str] = field(
-        default_factory=lambda: {"benchmark": "benchmark", "distill": "distill", "collect": "collect", "fit": "fit_router", "eval": "eval"}
+        default_factory=lambda: {
+            "benchmark": "benchmark",
+            "distill": "distill",
+            "collect": "collect",
+            "fit": "fit_router",
+            "eval": "eval",
+        }
     )
 
     def __post_init__(self) -> None:
         self.check_placement()
-        for domain in self.domains:
-            require(domain in DOMAINS, "domains", domain, f"one of {list(DOMAINS)}")
+        self.domains = check_domains(self.domains)
+        require(
+            "mix" not in self.domains,
+            "domains",
+            self.domains,
+            "domain names other than mix (the generic drafter's data)",
+        )
         for domain in self.distill_per_domain:
-            require(domain in DOMAINS, "distill_per_domain", domain, f"keys in {list(DOMAINS)}")
-        for name in (*self.domains, "mix"):
-            require(name in self.losses, f"losses.{name}", None, "each domain and mix needs a loss")
+            require(
+                bool(DOMAIN_NAME.fullmatch(str(domain))), "distill_per_domain", domain, "keys that are domain names"
+            )
         require(self.launcher in LAUNCHERS, "launcher", self.launcher, f"one of {list(LAUNCHERS)}")
-        require(self.specialists_from in SPECIALISTS_FROM, "specialists_from", self.specialists_from, "|".join(SPECIALISTS_FROM))
+        require(
+            self.specialists_from in SPECIALISTS_FROM,
+            "specialists_from",
+            self.specialists_from,
+            "|".join(SPECIALISTS_FROM),
+        )
         if self.launcher == "accelerate":
             accelerate_config_file(self.accelerate_config, self.device)
+
+    def loss(self, name: str) -> str:
+        """The distillation loss of domain `name` (or of `mix`, the generic drafter)."""
+        return self.losses.get(name, DEFAULT_LOSS)

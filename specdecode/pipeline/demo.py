@@ -19,7 +19,8 @@ from specdecode.core.atomic import write_atomic
 from specdecode.core.config import from_dict
 from specdecode.core.devices import resolve_device
 from specdecode.core.locking import locks_output_dir
-from specdecode.data.config import DataConfig
+from specdecode.data.config import DataConfig, to_dict
+from specdecode.data.registry import resolve_domains
 from specdecode.evaluation.config import BenchmarkConfig, EvalConfig
 from specdecode.models.config import DrafterConfig
 from specdecode.pipeline.config import DemoConfig, accelerate_config_file
@@ -70,6 +71,29 @@ def _eval(config: dict, out: Path) -> None:
     run_eval(from_dict(EvalConfig, config | {"output_dir": str(out)}))
 
 
+def _mix_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The generic drafter's job config: its domains' data configs resolved into it and its
+    sequence limits set to read exactly the domain jobs' caches."""
+    # A mix's sequences are its domains' cached ones (specdecode.training.sequences.domain_parts):
+    # trained first, the generic drafter writes them and the domain jobs read them. Its limit is
+    # the domain jobs' own, summed over domains as they cap it (`mix_limit`), so a domain with
+    # fewer examples than the limit does not shift every domain's share and miss their caches.
+    per_domain, limit = config["train"]["train_sequences_per_domain"], config["train"]["train_sequences"]
+    if any(n is not None for n in per_domain.values()) and limit is not None:
+        # a mix's train_sequences caps its total: each domain's share is named instead
+        config["train"]["train_sequences_per_domain"] = {
+            d: limit if per_domain.get(d) is None else per_domain[d] for d in config["data"]["domains"]
+        }
+    # its domains' data configs, resolved here (the demo's config search path) into its config
+    data = from_dict(DataConfig, config["data"])
+    config["data"] = to_dict(data)
+    train = from_dict(TrainConfig, config["train"])
+    for key, split in (("train_sequences", "train"), ("heldout_sequences", "heldout")):
+        if config["train"][key] is not None:
+            config["train"][key] = mix_limit(data, train, split, config["train"][key])
+    return config
+
+
 def demo_stages(cfg: DemoConfig) -> list[Stage]:
     """The stages in dependency order. Paths between stages point at final stage folders.
 
@@ -88,6 +112,9 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     def composed(stage: str, overrides: list[str]) -> dict[str, Any]:
         return compose_config(cfg.configs[stage], overrides) | placement
 
+    # Each domain's data config, from this app's config search path (the user's conf/data/ too):
+    # an unknown or clashing domain fails here, before any stage runs.
+    data = resolve_domains(cfg.domains)
     evaluation = composed("eval", list(cfg.eval))
     # gamma is declared once, by the evaluation: the benchmark and the router's speedup labels
     # describe the setting the evaluation runs (null there = each drafter's own; they keep theirs).
@@ -100,37 +127,38 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     generic_dir = str(root / "distill-mix" / "drafter")
     for name in ("mix", *cfg.domains) if from_generic else (*cfg.domains, "mix"):
         stage = f"distill-{name}"
-        config = composed("distill", [f"data={name}", f"loss={cfg.losses[name]}", *cfg.distill, *cfg.distill_per_domain.get(name, [])])
+        mix_domains = [f"data.domains=[{','.join(cfg.domains)}]"] if name == "mix" else []
+        config = composed(
+            "distill",
+            [
+                f"data={name}",
+                *mix_domains,
+                f"loss={cfg.loss(name)}",
+                *cfg.distill,
+                *cfg.distill_per_domain.get(name, []),
+            ],
+        )
         after: list[str] = []
         if name != "mix" and from_generic:
             # Fine-tuned from the generic drafter (any kind: a pretrained folder keeps its own).
             config["drafter"] = asdict(DrafterConfig(kind="pretrained", path=generic_dir, draft_vocab=None))
             after = ["distill-mix"]
         if name == "mix":
-            # The generic drafter trains on the union of the domain drafters' sequences: a mix's
-            # sequences are its domains' cached ones (specdecode.training.sequences.domain_parts), so
-            # it gets every domain's data and costs no target continuations of its own (trained
-            # first, it writes them, and the domain jobs read them). Its limit
-            # is the domain jobs' own, summed over domains as they cap it (`mix_limit`): a domain
-            # with fewer examples than the limit otherwise shifts every domain's share, and the
-            # mix regenerated all three domains' data (8.8 minutes in one demo run).
-            per_domain, limit = config["train"]["train_sequences_per_domain"], config["train"]["train_sequences"]
-            if any(n is not None for n in per_domain.values()) and limit is not None:
-                # a mix's train_sequences caps its total: each domain's share is named instead
-                config["train"]["train_sequences_per_domain"] = {
-                    d: limit if per_domain.get(d) is None else per_domain[d] for d in config["data"]["domains"]}
-            data, train = from_dict(DataConfig, config["data"]), from_dict(TrainConfig, config["train"])
-            for key, split in (("train_sequences", "train"), ("heldout_sequences", "heldout")):
-                if config["train"][key] is not None:
-                    config["train"][key] = mix_limit(data, train, split, config["train"][key])
+            config = _mix_config(config)
         stages.append(Stage(stage, config, distill, after=after))
         drafter_dirs["generic" if name == "mix" else name] = str(root / stage / "drafter")
     # the router and the evaluation list the drafters in one order, whichever trained first
     drafter_dirs = {name: drafter_dirs[name] for name in (*cfg.domains, "generic")}
     distills = [s.name for s in stages if s.name.startswith("distill-")]
-    evaluation |= {"drafters": evaluation["drafters"] | drafter_dirs, "router_dir": str(root / "fit"), "domains": list(cfg.domains)}
+    evaluation |= {
+        "drafters": evaluation["drafters"] | drafter_dirs,
+        "router_dir": str(root / "fit"),
+        "domains": list(cfg.domains),
+        "data": data,
+    }
     drafters = [{"name": n, "kind": "pretrained", "path": p} for n, p in drafter_dirs.items()]
     collect = composed("collect", list(cfg.collect)) | {"drafters": drafters, "domains": list(cfg.domains)} | gamma
+    collect["data"] = data
     stages.append(Stage("collect", collect, _collect, after=distills))
     fit = composed("fit", list(cfg.fit)) | {"labels": str(root / "collect" / "labels.jsonl")}
     stages.append(Stage("fit", fit, _fit, after=["collect"]))
@@ -141,8 +169,10 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
 # Each stage's typed config, and the key and file name (under the stage's folder, "" for the
 # folder itself) its output goes in: what the stage's run function builds first.
 _SCHEMAS: dict[str, tuple[type, str, str]] = {
-    "benchmark": (BenchmarkConfig, "output_dir", ""), "distill": (TrainJobConfig, "output_dir", ""),
-    "collect": (CollectConfig, "output", "labels.jsonl"), "fit": (FitRouterConfig, "output_dir", ""),
+    "benchmark": (BenchmarkConfig, "output_dir", ""),
+    "distill": (TrainJobConfig, "output_dir", ""),
+    "collect": (CollectConfig, "output", "labels.jsonl"),
+    "fit": (FitRouterConfig, "output_dir", ""),
     "eval": (EvalConfig, "output_dir", ""),
 }
 
@@ -154,6 +184,7 @@ def check_stage_configs(stages: list[Stage], root: Path) -> None:
     Folders under `root` that earlier stages write (drafters, the router) stand in as `root`'s
     parent, which exists: their existence is the one check that has to wait for those stages
     (files keep their names, whose suffixes are checked)."""
+
     def stand_in(value: Any) -> Any:
         if isinstance(value, dict):
             return {k: stand_in(v) for k, v in value.items()}
@@ -197,7 +228,8 @@ def run_demo(cfg: DemoConfig) -> Path:
         "",
         "## Distillation (held-out acceptance by each job's selection metric; greedy: argmax agreement)",
         "",
-        "| drafter | kind | loss | selection metric | before | best | gain | steps | epochs | train min | stored gamma | train tokens/s | peak memory MB |",
+        "| drafter | kind | loss | selection metric | before | best | gain | steps | epochs | train min | stored gamma "
+        "| train tokens/s | peak memory MB |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, path in outputs.items():
@@ -205,7 +237,8 @@ def run_demo(cfg: DemoConfig) -> Path:
         if name.startswith("distill-") and metrics_path.is_file():
             m = json.loads(metrics_path.read_text())
             report.append(
-                f"| {m['data']} | {m['drafter_kind']} | {m['loss']} | {m['selection_metric']} | {m['acceptance_before']:.3f} | "
+                f"| {m['data']} | {m['drafter_kind']} | {m['loss']} | {m['selection_metric']} | "
+                f"{m['acceptance_before']:.3f} | "
                 f"{m['acceptance_best']:.3f} | {m['acceptance_gain']:+.3f} | {m['steps']} | {m['epochs']:.1f} | "
                 f"{m['train_seconds'] / 60:.1f} | {(m.get('gamma') or {}).get('chosen', '–')} | "
                 f"{m['train_tokens_per_s']:.0f} | {m['peak_memory_mb']:.0f} |"

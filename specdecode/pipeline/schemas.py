@@ -11,6 +11,7 @@ from typing import Any
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from specdecode.evaluation.config import BenchmarkConfig, EvalConfig
@@ -42,8 +43,11 @@ def compose_config(config_name: str, overrides: list[str]) -> dict[str, Any]:
     """The resolved config `python <app>.py <overrides>` would run with."""
     register_schemas()
     if GlobalHydra.instance().is_initialized():
-        # Inside a @hydra.main app (eval/demo.py), whose search path is this same conf/.
-        cfg = compose(config_name=config_name, overrides=overrides)
+        # Inside a @hydra.main app (eval/demo.py): its conf/, and the folders the user added with
+        # hydra.searchpath (their own conf/data/<domain>.yaml), which compose does not carry over.
+        added = HydraConfig.get().searchpath if HydraConfig.initialized() else []
+        searchpath = [f"hydra.searchpath=[{','.join(added)}]"] if added else []
+        cfg = compose(config_name=config_name, overrides=[*searchpath, *overrides])
     else:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name=config_name, overrides=overrides)

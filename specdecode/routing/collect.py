@@ -17,12 +17,13 @@ from specdecode.core.atomic import write_atomic
 from specdecode.core.devices import resolve_device
 from specdecode.core.locking import check_writable
 from specdecode.data.corpus import vocab_corpus
-from specdecode.data.domains import format_prompt, load_domain
+from specdecode.data.domains import format_prompt
 from specdecode.data.example import Example
+from specdecode.data.registry import domain_examples
 from specdecode.decoding.decode import drafter_gamma
-from specdecode.decoding.speedup import measure_step_costs
+from specdecode.decoding.timing import measure_step_costs
 from specdecode.models.compat import default_eos
-from specdecode.models.loading import build_drafter, load_model
+from specdecode.models.loading import build_drafter, load_target
 from specdecode.routing.config import CollectConfig
 from specdecode.routing.labels import collect_labels, label_rows, meta_path
 
@@ -36,22 +37,43 @@ def run_collect(cfg: CollectConfig, *, progress: bool = True) -> Path:
     check_writable(Path(cfg.output).parent, "output")
     torch.manual_seed(cfg.seed)
     _check_drafter_paths(cfg)
-    target, tokenizer = load_model(cfg.target.name, dtype=cfg.dtype, device=resolve_device(cfg.device), skinny_matmul=cfg.skinny_matmul)
+    for domain in cfg.domains:  # a missing file, column or malformed row fails before the target loads
+        for split in cfg.splits:
+            _examples(cfg, domain, split)
+    target, tokenizer = load_target(
+        cfg.target, dtype=cfg.dtype, device=resolve_device(cfg.device), skinny_matmul=cfg.skinny_matmul
+    )
     examples = _prompts(cfg, tokenizer)
     if not examples:
-        raise ValueError(f"no prompt of domains={cfg.domains} splits={cfg.splits} fits max_prompt_tokens={cfg.max_prompt_tokens}")
+        raise ValueError(
+            f"no prompt of domains={cfg.domains} splits={cfg.splits} fits max_prompt_tokens={cfg.max_prompt_tokens}"
+        )
     corpus = _corpus(cfg, tokenizer)
     drafters = [(d.name, build_drafter(d.as_drafter_config(), target, tokenizer, corpus).eval()) for d in cfg.drafters]
     eos = default_eos(target)
     ids = [p for _, _, p in examples]
     gammas = {name: cfg.gamma or drafter_gamma(drafter) for name, drafter in drafters}
-    labels = collect_labels(target, drafters, ids, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                            eos_token_ids=eos, batch_size=cfg.batch_size, progress=progress, lookup=cfg.prompt_lookup.build(),
-                            gammas=[gammas[name] for name, _ in drafters])
+    labels = collect_labels(
+        target,
+        drafters,
+        ids,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        eos_token_ids=eos,
+        batch_size=cfg.batch_size,
+        progress=progress,
+        lookup=cfg.prompt_lookup,
+        gammas=[gammas[name] for name, _ in drafters],
+    )
     cost_ratios, verify_ratios, measured = _costs(cfg, target, drafters, gammas, ids, labels.continuations)
-    rows = label_rows(labels, [(s, e) for s, e, _ in examples], [len(p) for p in ids],
-                      gammas=[gammas[n] for n in labels.drafters], cost_ratios=[cost_ratios[n] for n in labels.drafters],
-                      verify_ratios=[verify_ratios[n] for n in labels.drafters])
+    rows = label_rows(
+        labels,
+        [(s, e) for s, e, _ in examples],
+        [len(p) for p in ids],
+        gammas=[gammas[n] for n in labels.drafters],
+        cost_ratios=[cost_ratios[n] for n in labels.drafters],
+        verify_ratios=[verify_ratios[n] for n in labels.drafters],
+    )
     output = Path(cfg.output)
     write_atomic(output, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
     meta = {
@@ -62,10 +84,10 @@ def run_collect(cfg: CollectConfig, *, progress: bool = True) -> Path:
         "gammas": gammas,
         "temperature": cfg.temperature,
         "label": "mean over the target's greedy continuation of Σ min(p, q) (acceptance) and "
-                 "1[argmax q = argmax p] (greedy_match), q one-hot where prompt lookup drafts (config.prompt_lookup); "
-                 "speedups by Leviathan Thm 3.8 with measured verify cost; greedy only: decode_tau, greedy "
-                 "decoding's tokens per target call simulated at each drafter's gamma, and decode_speedup, it over "
-                 "a pass's cost in target steps",
+        "1[argmax q = argmax p] (greedy_match), q one-hot where prompt lookup drafts (config.prompt_lookup); "
+        "speedups by Leviathan Thm 3.8 with measured verify cost; greedy only: decode_tau, greedy "
+        "decoding's tokens per target call simulated at each drafter's gamma, and decode_speedup, it over "
+        "a pass's cost in target steps",
         "num_rows": len(rows),
         "config": asdict(cfg),
     }
@@ -85,7 +107,7 @@ def _check_drafter_paths(cfg: CollectConfig) -> None:
 
 
 def _examples(cfg: CollectConfig, domain: str, split: str) -> list[Example]:
-    return load_domain(domain, source=cfg.source, split=split, heldout_fraction=cfg.heldout_fraction)  # type: ignore[arg-type]
+    return domain_examples(cfg.data[domain], split)  # type: ignore[arg-type]
 
 
 def _prompts(cfg: CollectConfig, tokenizer: PreTrainedTokenizerBase) -> list[tuple[str, Example, list[int]]]:
@@ -98,7 +120,7 @@ def _prompts(cfg: CollectConfig, tokenizer: PreTrainedTokenizerBase) -> list[tup
             for example in _examples(cfg, domain, split):
                 if limit is not None and count >= limit:
                     break
-                ids = format_prompt(tokenizer, example.prompt)
+                ids = format_prompt(tokenizer, example)
                 if 0 < len(ids) <= cfg.max_prompt_tokens:
                     chosen.append((split, example, ids))
                     count += 1
@@ -107,7 +129,7 @@ def _prompts(cfg: CollectConfig, tokenizer: PreTrainedTokenizerBase) -> list[tup
 
 def _corpus(cfg: CollectConfig, tokenizer: PreTrainedTokenizerBase) -> Callable[[], list[list[int]]]:
     """Lazily tokenised training text, for derived drafters with a truncated vocabulary."""
-    return lambda: vocab_corpus(tokenizer, cfg.vocab_corpus_docs, source=cfg.source, domains=cfg.domains)
+    return lambda: vocab_corpus(tokenizer, cfg.vocab_corpus_docs, cfg.data)
 
 
 def _costs(
@@ -128,8 +150,10 @@ def _costs(
         longest = max(gammas.values())
         if len(context) <= longest + 1:
             context = ([t for p in prompts for t in p] * (longest + 2))[: 4 * (longest + 1)]
-        measured = {name: measure_step_costs(target, drafter, context, gammas[name], cfg.cost_repeats).to_dict()
-                    for name, drafter in drafters}
+        measured = {
+            name: measure_step_costs(target, drafter, context, gammas[name], cfg.cost_repeats).to_dict()
+            for name, drafter in drafters
+        }
     cost_ratios = cfg.cost_ratios or {name: costs["cost_ratio"] for name, costs in measured.items()}
     if cfg.verify_ratio is not None:
         verify_ratios = {name: cfg.verify_ratio for name, _ in drafters}

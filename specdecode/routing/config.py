@@ -3,16 +3,25 @@ conf/fit_router.yaml and the router/ group."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdecode.core.config import GAMMA_RANGE, Placement, from_dict, is_gamma, is_int, is_number, require
+from specdecode.core.config import (
+    GAMMA_RANGE,
+    TEMPERATURE_RANGE,
+    Placement,
+    from_dict,
+    is_gamma,
+    is_int,
+    is_number,
+    is_temperature,
+    require,
+)
 from specdecode.data.domains import DOMAINS
-from specdecode.decoding.lookup import LookupConfig
+from specdecode.data.registry import check_domains, resolve_domains
+from specdecode.decoding.lookup import PromptLookup
 from specdecode.models.config import DrafterConfig, TargetConfig
 
-ROUTER_DATA_SOURCES = ("embedded", "synthetic")
 ROUTER_SPLITS = ("train", "heldout")
 EMBEDDER_KINDS = ("sentence-transformers", "hashing")
 # Label columns a router can regress (see specdecode.routing.labels): Σ min(p, q) acceptance, greedy argmax
@@ -32,9 +41,13 @@ class RoutedDrafterConfig:
     path: str | None = None
     num_layers: int = 2
     draft_vocab: int | None = None
+    revision: str | None = None
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
-        require(isinstance(self.name, str) and bool(self.name.strip()), "drafters[].name", self.name, "a non-empty name")
+        require(
+            isinstance(self.name, str) and bool(self.name.strip()), "drafters[].name", self.name, "a non-empty name"
+        )
         # Built here so a bad kind / path / layer count fails with the drafter's name, before any loading.
         try:
             self.as_drafter_config()
@@ -42,12 +55,24 @@ class RoutedDrafterConfig:
             raise ValueError(f"drafter {self.name!r}: {error}") from None
 
     def as_drafter_config(self) -> DrafterConfig:
-        return DrafterConfig(kind=self.kind, num_layers=self.num_layers, draft_vocab=self.draft_vocab, path=self.path)
+        return DrafterConfig(
+            kind=self.kind,
+            num_layers=self.num_layers,
+            draft_vocab=self.draft_vocab,
+            path=self.path,
+            revision=self.revision,
+            trust_remote_code=self.trust_remote_code,
+        )
 
 
 def _routed_drafters(value: object) -> list[RoutedDrafterConfig]:
     """The `drafters` list as configs: dicts from YAML are converted, names must be unique."""
-    require(isinstance(value, (list, tuple)) and len(value) >= 2, "drafters", value, "a list of at least 2 {name, kind, path, ...}")
+    require(
+        isinstance(value, (list, tuple)) and len(value) >= 2,
+        "drafters",
+        value,
+        "a list of at least 2 {name, kind, path, ...}",
+    )
     drafters = [
         d if isinstance(d, RoutedDrafterConfig) else from_dict(RoutedDrafterConfig, dict(d), f"drafters[{i}].")
         for i, d in enumerate(value)  # type: ignore[union-attr]
@@ -61,19 +86,24 @@ def _routed_drafters(value: object) -> list[RoutedDrafterConfig]:
 class CollectConfig(Placement):
     """router/collect.py: per-prompt, per-drafter acceptance labels by teacher forcing (specdecode.routing.labels).
 
-    `target.name: smoke` is the tiny in-process target (specdecode.models.smoke) and `source: synthetic`
-    its examples (specdecode.data.embedded.synthetic_dataset); `cost_ratios` / `verify_ratio` null means measured on this machine.
+    `target.name: smoke` is the tiny in-process target (specdecode.models.smoke) and `synthetic: true`
+    its examples (specdecode.data.embedded.synthetic_dataset); `cost_ratios` / `verify_ratio` null
+    means measured on this machine.
+    Each domain's prompts come from its data config (`data`, or conf/data/<domain>.yaml on the search path),
+    split by that config's held-out fraction.
     """
 
     target: TargetConfig = field(default_factory=TargetConfig)
     drafters: list[Any] = field(default_factory=list)
-    domains: list[str] = field(default_factory=lambda: ["code", "math", "chat"])
-    source: str = "embedded"
+    domains: list[str] = field(default_factory=lambda: list(DOMAINS))
+    # Each domain's data config by name; a domain not given is looked up on the config search path.
+    data: dict[str, Any] = field(default_factory=dict)
+    # Smoke runs: embedded data becomes tiny synthetic examples (a user domain's file is read as it is).
+    synthetic: bool = False
     splits: list[str] = field(default_factory=lambda: ["train", "heldout"])
     # Prompts per domain and split (the first ones, deterministic); null = all.
     train_limit: int | None = 300
     heldout_limit: int | None = 50
-    heldout_fraction: float = 0.1
     # Longer prompts are skipped, never truncated (a cut chat template is not a prompt).
     max_prompt_tokens: int = 256
     # Length of the target's greedy continuation the drafters are scored along.
@@ -81,7 +111,7 @@ class CollectConfig(Placement):
     # Temperature of p and q in Σ min(p, q); 0 = greedy decoding, scored at temperature 1.
     temperature: float = 0.0
     # Score each drafter with prompt lookup beside it, as decoding runs it (conf/eval.yaml's default).
-    prompt_lookup: LookupConfig = field(default_factory=LookupConfig)
+    prompt_lookup: PromptLookup = field(default_factory=PromptLookup)
     # The gamma each drafter's predicted speedup is priced at: null = the one its training stored with
     # it (what eval and speculative_generate decode with by default; 4 for a derived drafter); an
     # int prices every drafter at it (the demo sets its evaluation's).
@@ -98,33 +128,46 @@ class CollectConfig(Placement):
     def __post_init__(self) -> None:
         self.check_placement()
         self.drafters = _routed_drafters(self.drafters)
+        self.domains = check_domains(self.domains)
+        self.data = resolve_domains(self.domains, self.data, synthetic=self.synthetic)
         require(
-            isinstance(self.domains, (list, tuple)) and bool(self.domains) and all(d in DOMAINS for d in self.domains)
-            and len(set(self.domains)) == len(self.domains),
-            "domains", self.domains, f"a non-empty list of distinct {'|'.join(DOMAINS)}",
-        )
-        require(self.source in ROUTER_DATA_SOURCES, "source", self.source, "|".join(ROUTER_DATA_SOURCES))
-        require(
-            isinstance(self.splits, (list, tuple)) and bool(self.splits) and all(s in ROUTER_SPLITS for s in self.splits),
-            "splits", self.splits, f"a non-empty list of {'|'.join(ROUTER_SPLITS)}",
+            isinstance(self.splits, (list, tuple))
+            and bool(self.splits)
+            and all(s in ROUTER_SPLITS for s in self.splits),
+            "splits",
+            self.splits,
+            f"a non-empty list of {'|'.join(ROUTER_SPLITS)}",
         )
         for name in ("train_limit", "heldout_limit"):
             value = getattr(self, name)
             require(value is None or (is_int(value) and value >= 1), name, value, "null or an int >= 1")
-        require(is_number(self.heldout_fraction) and 0 < self.heldout_fraction < 1, "heldout_fraction", self.heldout_fraction, "in (0, 1)")
-        require(self.gamma is None or is_gamma(self.gamma), "gamma", self.gamma, f"null (each drafter's own) or {GAMMA_RANGE}")
+        require(
+            self.gamma is None or is_gamma(self.gamma),
+            "gamma",
+            self.gamma,
+            f"null (each drafter's own) or {GAMMA_RANGE}",
+        )
         for name in ("max_prompt_tokens", "max_new_tokens", "batch_size", "cost_repeats", "vocab_corpus_docs"):
             value = getattr(self, name)
             require(is_int(value) and value >= 1, name, value, "an int >= 1")
-        require(is_number(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0, "temperature", self.temperature, "a finite number >= 0")
-        self.prompt_lookup.build()
+        require(is_temperature(self.temperature), "temperature", self.temperature, TEMPERATURE_RANGE)
         names = [d.name for d in self.drafters]
         if self.cost_ratios is not None:
             ratios = dict(self.cost_ratios)
-            require(sorted(ratios) == sorted(names), "cost_ratios", ratios, f"one ratio per drafter {names}, or null to measure")
+            require(
+                sorted(ratios) == sorted(names),
+                "cost_ratios",
+                ratios,
+                f"one ratio per drafter {names}, or null to measure",
+            )
             require(all(is_number(c) and c > 0 for c in ratios.values()), "cost_ratios", ratios, "every ratio > 0")
             self.cost_ratios = {k: float(v) for k, v in ratios.items()}
-        require(self.verify_ratio is None or (is_number(self.verify_ratio) and self.verify_ratio > 0), "verify_ratio", self.verify_ratio, "null (measured) or > 0")
+        require(
+            self.verify_ratio is None or (is_number(self.verify_ratio) and self.verify_ratio > 0),
+            "verify_ratio",
+            self.verify_ratio,
+            "null (measured) or > 0",
+        )
         require(bool(self.output) and str(self.output).endswith(".jsonl"), "output", self.output, "a .jsonl path")
 
 
@@ -147,9 +190,18 @@ class EmbedderConfig:
         require(self.kind in EMBEDDER_KINDS, "router.embedder.kind", self.kind, "|".join(EMBEDDER_KINDS))
         require(bool(self.name), "router.embedder.name", self.name, "a model name or path")
         require(is_int(self.dim) and self.dim >= 1, "router.embedder.dim", self.dim, "an int >= 1")
-        require(is_int(self.batch_size) and self.batch_size >= 1, "router.embedder.batch_size", self.batch_size, "an int >= 1")
-        require(self.max_seq_length is None or (is_int(self.max_seq_length) and self.max_seq_length >= 1),
-                "router.embedder.max_seq_length", self.max_seq_length, "null or an int >= 1")
+        require(
+            is_int(self.batch_size) and self.batch_size >= 1,
+            "router.embedder.batch_size",
+            self.batch_size,
+            "an int >= 1",
+        )
+        require(
+            self.max_seq_length is None or (is_int(self.max_seq_length) and self.max_seq_length >= 1),
+            "router.embedder.max_seq_length",
+            self.max_seq_length,
+            "null or an int >= 1",
+        )
 
 
 @dataclass
@@ -171,12 +223,17 @@ class RouterModelConfig:
     hidden: int = 256
     dropout: float = 0.1
     # MLPs averaged, each on its own seeded train / validation split: per-prompt labels are noisy,
-    # and one fit's held-out gain moved 0.67-0.86 with the seed on the demo's labels (README, "Route").
+    # and one fit's held-out gain moves with the seed (docs/experiments/2026-11-27-readme-notes.md).
     members: int = 5
 
     def __post_init__(self) -> None:
         require(self.kind in ROUTER_KINDS, "router.kind", self.kind, "|".join(ROUTER_KINDS))
-        require(is_int(self.domain_prompts) and self.domain_prompts >= 0, "router.domain_prompts", self.domain_prompts, "an int >= 0")
+        require(
+            is_int(self.domain_prompts) and self.domain_prompts >= 0,
+            "router.domain_prompts",
+            self.domain_prompts,
+            "an int >= 0",
+        )
         require(is_number(self.domain_l2) and self.domain_l2 >= 0, "router.domain_l2", self.domain_l2, ">= 0")
         require(is_int(self.hidden) and self.hidden >= 1, "router.hidden", self.hidden, "an int >= 1")
         require(is_int(self.members) and 1 <= self.members <= 64, "router.members", self.members, "an int in [1, 64]")
@@ -207,7 +264,12 @@ class FitRouterConfig(Placement):
 
     def __post_init__(self) -> None:
         self.check_placement()
-        require(bool(self.labels) and str(self.labels).endswith(".jsonl"), "labels", self.labels, "a .jsonl file from router/collect.py")
+        require(
+            bool(self.labels) and str(self.labels).endswith(".jsonl"),
+            "labels",
+            self.labels,
+            "a .jsonl file from router/collect.py",
+        )
         require(bool(self.output_dir), "output_dir", self.output_dir, "must name a folder")
         require(self.objective in ROUTER_OBJECTIVES, "objective", self.objective, "|".join(ROUTER_OBJECTIVES))
         for name in ("epochs", "batch_size", "patience", "latency_repeats"):
@@ -215,4 +277,6 @@ class FitRouterConfig(Placement):
             require(is_int(value) and value >= 1, name, value, "an int >= 1")
         require(is_number(self.lr) and self.lr > 0, "lr", self.lr, "> 0")
         require(is_number(self.weight_decay) and self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
-        require(is_number(self.val_fraction) and 0 < self.val_fraction < 1, "val_fraction", self.val_fraction, "in (0, 1)")
+        require(
+            is_number(self.val_fraction) and 0 < self.val_fraction < 1, "val_fraction", self.val_fraction, "in (0, 1)"
+        )

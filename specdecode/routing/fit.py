@@ -18,13 +18,14 @@ from tqdm.auto import tqdm
 from specdecode.core.atomic import write_atomic
 from specdecode.core.devices import resolve_device
 from specdecode.core.locking import check_writable
-from specdecode.data.domains import load_domain
+from specdecode.data.registry import domain_examples
 from specdecode.routing.config import FitRouterConfig
 from specdecode.routing.domain import DomainRouter
 from specdecode.routing.embedders import Embedder, make_embedder, prompt_features
 from specdecode.routing.labels import read_labels
 from specdecode.routing.report import report_markdown, routing_report
 from specdecode.routing.router import NO_DRAFTER, Router, RouterMLP, feature_scale, label_matrix
+
 
 @dataclass
 class FitHistory:
@@ -75,9 +76,13 @@ def fit_router(
         The router (in eval mode) and each member's fit history.
     """
     if features.dim() != 2 or targets.dim() != 2 or features.shape[0] != targets.shape[0]:
-        raise ValueError(f"features {tuple(features.shape)} and targets {tuple(targets.shape)} must be [N, F] and [N, K]")
+        raise ValueError(
+            f"features {tuple(features.shape)} and targets {tuple(targets.shape)} must be [N, F] and [N, K]"
+        )
     if targets.shape[1] != len(drafters):
-        raise ValueError(f"targets have {targets.shape[1]} columns but {len(drafters)} drafters were named: {list(drafters)}")
+        raise ValueError(
+            f"targets have {targets.shape[1]} columns but {len(drafters)} drafters were named: {list(drafters)}"
+        )
     if features.shape[0] < 2:
         raise ValueError(f"need at least 2 labelled prompts to fit a router, got {features.shape[0]}")
     if members < 1:
@@ -101,21 +106,61 @@ def fit_router(
         y = (targets - target_mean) / target_std
 
         history = FitHistory(val_rows=val.tolist())
-        mlps.append(_train_mlp(x, y, train, val, generator, history, hidden=hidden, dropout=dropout, epochs=epochs,
-                               batch_size=batch_size, lr=lr, weight_decay=weight_decay, patience=patience, seed=member_seed))
+        mlps.append(
+            _train_mlp(
+                x,
+                y,
+                train,
+                val,
+                generator,
+                history,
+                hidden=hidden,
+                dropout=dropout,
+                epochs=epochs,
+                batch_size=batch_size,
+                lr=lr,
+                weight_decay=weight_decay,
+                patience=patience,
+                seed=member_seed,
+            )
+        )
         stats.append((feature_mean, feature_std, target_mean, target_std))
         histories.append(history)
     feature_mean, feature_std, target_mean, target_std = (torch.stack(column) for column in zip(*stats))
-    router = Router(nn.ModuleList(mlps).eval(), embedder, list(drafters), feature_mean, feature_std, target_mean, target_std,
-                    prompt_length=prompt_length, objective=objective, relative=relative,
-                    embedder_spec=embedder_spec, hidden=hidden, dropout=dropout)
+    router = Router(
+        nn.ModuleList(mlps).eval(),
+        embedder,
+        list(drafters),
+        feature_mean,
+        feature_std,
+        target_mean,
+        target_std,
+        prompt_length=prompt_length,
+        objective=objective,
+        relative=relative,
+        embedder_spec=embedder_spec,
+        hidden=hidden,
+        dropout=dropout,
+    )
     return router, histories
 
 
 def _train_mlp(
-    x: torch.Tensor, y: torch.Tensor, train: torch.Tensor, val: torch.Tensor, generator: torch.Generator,
-    history: FitHistory, *, hidden: int, dropout: float, epochs: int, batch_size: int, lr: float,
-    weight_decay: float, patience: int, seed: int,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    train: torch.Tensor,
+    val: torch.Tensor,
+    generator: torch.Generator,
+    history: FitHistory,
+    *,
+    hidden: int,
+    dropout: float,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    weight_decay: float,
+    patience: int,
+    seed: int,
 ) -> RouterMLP:
     """Fit an MLP from standardised `x` `[N, F]` to `y` `[N, K]` on rows `train`, one shuffled
     epoch (drawn from `generator`) at a time; keep the epoch with the lowest MSE on rows `val`, and
@@ -152,29 +197,52 @@ def _train_mlp(
 
 
 def _fit_mlp(
-    cfg: FitRouterConfig, features: torch.Tensor, targets: torch.Tensor, drafters: list[str], embedder: Embedder, bar: Any
+    cfg: FitRouterConfig,
+    features: torch.Tensor,
+    targets: torch.Tensor,
+    drafters: list[str],
+    embedder: Embedder,
+    bar: Any,
 ) -> tuple[Router, list[FitHistory]]:
     """`fit_router` with `cfg`'s knobs; `bar` advances once the features are in."""
     bar.update(1)
     return fit_router(
-        features, targets, drafters, embedder,
-        prompt_length=cfg.router.prompt_length, hidden=cfg.router.hidden, dropout=cfg.router.dropout,
+        features,
+        targets,
+        drafters,
+        embedder,
+        prompt_length=cfg.router.prompt_length,
+        hidden=cfg.router.hidden,
+        dropout=cfg.router.dropout,
         members=cfg.router.members,
-        epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, weight_decay=cfg.weight_decay,
-        val_fraction=cfg.val_fraction, patience=cfg.patience, seed=cfg.seed, relative=cfg.relative,
-        objective=cfg.objective, embedder_spec=asdict(cfg.router.embedder),
+        epochs=cfg.epochs,
+        batch_size=cfg.batch_size,
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        val_fraction=cfg.val_fraction,
+        patience=cfg.patience,
+        seed=cfg.seed,
+        relative=cfg.relative,
+        objective=cfg.objective,
+        embedder_spec=asdict(cfg.router.embedder),
     )
 
 
 def _domain_prompts(train_rows: list[dict[str, Any]], meta: dict[str, Any], per_domain: int) -> dict[str, str]:
     """Prompt → domain for the domain classifier: the labels' train prompts, then the first
     `per_domain` training prompts of each labelled domain from the source the labels were collected
-    on (labels.meta.json's config; the same split, so held-out prompts stay unseen)."""
+    on (labels.meta.json's config holds each domain's data config; the same split, so held-out
+    prompts stay unseen)."""
     tagged = {r["prompt"]: r["domain"] for r in train_rows}
     collected = meta.get("config", {})
     for domain in sorted({r["domain"] for r in train_rows}):
-        examples = load_domain(domain, source=collected.get("source", "embedded"), split="train", limit=per_domain,
-                               heldout_fraction=collected.get("heldout_fraction", 0.1)) if per_domain else []
+        data = collected.get("data", {}).get(domain)
+        if per_domain and data is None:
+            raise ValueError(
+                f"the labels' config (labels.meta.json) holds no data config for domain {domain!r}: "
+                "collect the labels again with router/collect.py"
+            )
+        examples = domain_examples(data, "train", per_domain) if per_domain else []
         tagged |= {ex.prompt: domain for ex in examples if ex.prompt not in tagged}
     return tagged
 
@@ -189,12 +257,16 @@ def run_fit(cfg: FitRouterConfig, *, progress: bool = True) -> dict[str, Any]:
     train_rows = [r for r in rows if r["split"] == "train"]
     heldout_rows = [r for r in rows if r["split"] == "heldout"]
     if len(train_rows) < 2 or not heldout_rows:
-        raise ValueError(f"labels={cfg.labels!r} has {len(train_rows)} train and {len(heldout_rows)} held-out rows; "
-                         "need >= 2 and >= 1 (collect with splits [train, heldout])")
+        raise ValueError(
+            f"labels={cfg.labels!r} has {len(train_rows)} train and {len(heldout_rows)} held-out rows; "
+            "need >= 2 and >= 1 (collect with splits [train, heldout])"
+        )
     missing = [i for i, r in enumerate(rows, start=1) if cfg.objective not in r]
     if missing:
-        raise ValueError(f"objective={cfg.objective!r}: labels={cfg.labels!r} line {missing[0]} has no such label "
-                         f"(decode_* labels are greedy only: collect with temperature 0, or fit another objective)")
+        raise ValueError(
+            f"objective={cfg.objective!r}: labels={cfg.labels!r} line {missing[0]} has no such label "
+            f"(decode_* labels are greedy only: collect with temperature 0, or fit another objective)"
+        )
     drafters = list(meta["drafters"]) + ([NO_DRAFTER] if cfg.no_drafter else [])
     bar = tqdm(total=4, desc="fit router", unit="stage", disable=not progress)
     embedder = make_embedder(cfg.router.embedder, str(resolve_device(cfg.device)))
@@ -204,26 +276,50 @@ def run_fit(cfg: FitRouterConfig, *, progress: bool = True) -> dict[str, Any]:
         tagged = _domain_prompts(train_rows, meta, cfg.router.domain_prompts)
         bar.update(1)
         router: Router | DomainRouter = DomainRouter.fit(
-            embedder.encode(list(tagged)), list(tagged.values()), targets, [r["domain"] for r in train_rows], drafters,
-            embedder, l2=cfg.router.domain_l2, objective=cfg.objective, embedder_spec=asdict(cfg.router.embedder))
+            embedder.encode(list(tagged)),
+            list(tagged.values()),
+            targets,
+            [r["domain"] for r in train_rows],
+            drafters,
+            embedder,
+            l2=cfg.router.domain_l2,
+            objective=cfg.objective,
+            embedder_spec=asdict(cfg.router.embedder),
+        )
         histories: list[FitHistory] = []
         classified = len(tagged)
     else:
         classified = 0
-        router, histories = _fit_mlp(cfg, prompt_features(embedder, texts, prompt_length=cfg.router.prompt_length), targets,
-                                     drafters, embedder, bar)
+        router, histories = _fit_mlp(
+            cfg,
+            prompt_features(embedder, texts, prompt_length=cfg.router.prompt_length),
+            targets,
+            drafters,
+            embedder,
+            bar,
+        )
     output = Path(cfg.output_dir)
     router.save(output)
     bar.update(1)
     report = routing_report(router, heldout_rows, latency_repeats=cfg.latency_repeats)  # type: ignore[arg-type]
-    report["fit"] = {"train_prompts": len(train_rows), "kind": cfg.router.kind, "classifier_prompts": classified,
-                     "members": len(histories),
-                     "val_prompts": [len(h.val_rows) for h in histories], "best_epoch": [h.best_epoch for h in histories],
-                     "epochs_run": [len(h.val_loss) for h in histories],
-                     "best_val_mse": [h.val_loss[h.best_epoch] for h in histories]}
+    report["fit"] = {
+        "train_prompts": len(train_rows),
+        "kind": cfg.router.kind,
+        "classifier_prompts": classified,
+        "members": len(histories),
+        "val_prompts": [len(h.val_rows) for h in histories],
+        "best_epoch": [h.best_epoch for h in histories],
+        "epochs_run": [len(h.val_loss) for h in histories],
+        "best_val_mse": [h.val_loss[h.best_epoch] for h in histories],
+    }
     # (labels collected before per-drafter gammas hold one `gamma` and `verify_ratio`)
-    report["labels"] = {"path": str(cfg.labels), "gammas": meta.get("gammas", meta.get("gamma")), "cost_ratios": meta["cost_ratios"],
-                        "verify_ratios": meta.get("verify_ratios", meta.get("verify_ratio")), "temperature": meta["temperature"]}
+    report["labels"] = {
+        "path": str(cfg.labels),
+        "gammas": meta.get("gammas", meta.get("gamma")),
+        "cost_ratios": meta["cost_ratios"],
+        "verify_ratios": meta.get("verify_ratios", meta.get("verify_ratio")),
+        "temperature": meta["temperature"],
+    }
     report["config"] = asdict(cfg)
     bar.update(1)
     bar.close()

@@ -9,7 +9,7 @@ generic drafter's job reads (`domain_parts`): the costly target continuations ar
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
@@ -17,8 +17,9 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdecode.data.config import DataConfig
-from specdecode.data.domains import format_prompt, load_domain
+from specdecode.data.domains import format_prompt
 from specdecode.data.example import Example
+from specdecode.data.registry import domain_examples
 from specdecode.decoding.decode import autoregressive_generate
 from specdecode.training.config import TrainConfig
 
@@ -39,16 +40,9 @@ class TrainSequence:
 
 
 def load_examples(data: DataConfig, split: str) -> list[Example]:
-    """The split's examples of every domain in `data.domains`, interleaved (a `mix` prefix covers
-    all domains), in a deterministic order."""
-    return round_robin([
-        load_domain(
-            domain, source=data.source, split=split, heldout_fraction=data.heldout_fraction,  # type: ignore[arg-type]
-            path=data.path, hf_id=data.hf_id, hf_split=data.hf_split,
-            prompt_column=data.prompt_column, response_column=data.response_column, chat_turns=data.chat_turns,
-        )
-        for domain in data.domains
-    ])
+    """The split's examples of every domain of `data` (a mix's, each from its own data config),
+    interleaved (a `mix` prefix covers all domains), in a deterministic order."""
+    return round_robin([domain_examples(part, split) for part in data.parts()])  # type: ignore[arg-type]
 
 
 def round_robin(parts: Sequence[Sequence[T]]) -> list[T]:
@@ -73,7 +67,7 @@ def domain_parts(data: DataConfig) -> list[DataConfig]:
     """A mix's domains, each as the single-domain config its own drafter is trained with: a mix's
     sequences are its domains' cached sequences, so the generic drafter needs no target
     continuations of its own."""
-    return [replace(data, name=domain, domains=[domain]) for domain in data.domains]
+    return data.parts()
 
 
 def training_pool(examples: Sequence[Example], train: TrainConfig) -> list[Example]:
@@ -103,8 +97,10 @@ def domain_limit(train: TrainConfig, domain: str, split: str, limit: int | None)
 def mix_shares(data: DataConfig, train: TrainConfig, split: str, limit: int | None) -> list[int]:
     """Each domain's share (in `domain_parts` order) of a mix's first `limit` interleaved
     sequences; a domain that `train.train_sequences_per_domain` gives a number gives at most that."""
-    sizes = [effective_limit(domain_limit(train, part.name, split, None), pool_size(part, train, split))
-             for part in domain_parts(data)]
+    sizes = [
+        effective_limit(domain_limit(train, part.name, split, None), pool_size(part, train, split))
+        for part in domain_parts(data)
+    ]
     return round_robin_shares(sizes, limit)
 
 
@@ -113,8 +109,10 @@ def mix_limit(data: DataConfig, train: TrainConfig, split: str, per_domain: int 
     `train_sequences = per_domain` (or the domain's `train_sequences_per_domain`, which a mix must
     then name for every domain): whole rounds of the interleaving, so a mix job reads exactly the
     caches those domain jobs wrote, however many examples each domain has."""
-    return sum(effective_limit(domain_limit(train, part.name, split, per_domain), pool_size(part, train, split))
-               for part in domain_parts(data))
+    return sum(
+        effective_limit(domain_limit(train, part.name, split, per_domain), pool_size(part, train, split))
+        for part in domain_parts(data)
+    )
 
 
 def decoding_prompts(data: DataConfig, tokenizer: PreTrainedTokenizerBase, count: int) -> list[list[int]]:
@@ -122,7 +120,7 @@ def decoding_prompts(data: DataConfig, tokenizer: PreTrainedTokenizerBase, count
     `max_prompt_tokens` as training sequences are), as a user's decoding would see them: what
     the gamma choice decodes (`choose_gamma`). Prompt lookup copies from the prompt, so a cut
     prompt would undervalue the longer gammas."""
-    return [format_prompt(tokenizer, ex.prompt) for ex in load_examples(data, "heldout")[:count]]
+    return [format_prompt(tokenizer, ex) for ex in load_examples(data, "heldout")[:count]]
 
 
 def build_sequences(
@@ -141,16 +139,17 @@ def build_sequences(
     at `train.temperature`. With `feature_layers` (`seq_source: target` only), also the target's
     features of each sequence's tokens `[L_i, n·H]` (fp16, CPU), taken from the passes that wrote
     its continuation (`autoregressive_generate`): a feature drafter's data in one target pass, not
-    a generation and then a forward over the text (384 s instead of 668 s for the code domain's 640
-    continuations in fp32 on the 2-core CPU, docs/results.md "The training data in one target
-    pass"). A sequence's last row is zero where that token was never fed (`autoregressive_generate`).
+    a generation and then a forward over the text (docs/experiments/2026-11-26-training-data-one-pass.md).
+    A sequence's last row is zero where that token was never fed (`autoregressive_generate`).
     """
     if feature_layers is not None and train.seq_source != "target":
-        raise ValueError(f"train.seq_source={train.seq_source!r}: only the target's own continuations come with its "
-                         "features (score the dataset's responses with a forward instead)")
+        raise ValueError(
+            f"train.seq_source={train.seq_source!r}: only the target's own continuations come with its "
+            "features (score the dataset's responses with a forward instead)"
+        )
     pool = training_pool(examples, train)
     pool = pool if limit is None else pool[:limit]
-    prompts = [format_prompt(tokenizer, ex.prompt)[-train.max_prompt_tokens :] for ex in pool]
+    prompts = [format_prompt(tokenizer, ex)[-train.max_prompt_tokens :] for ex in pool]
     features: list[torch.Tensor] | None = None
     if train.seq_source == "data":
         stop = [eos[0]] if eos else []
@@ -160,9 +159,16 @@ def build_sequences(
         # around the target's own distribution (greedy = exactly what greedy decoding will see).
         responses, repeated, features = [], [], [] if feature_layers is not None else None
         for i, temperature in enumerate(train.seq_temperatures or [train.temperature]):
-            written, read = _continuations(target, prompts, train, eos, seed=train.seed + 1000 * i,
-                                           batch_size=train.generation_batch, temperature=temperature,
-                                           feature_layers=feature_layers)
+            written, read = _continuations(
+                target,
+                prompts,
+                train,
+                eos,
+                seed=train.seed + 1000 * i,
+                batch_size=train.generation_batch,
+                temperature=temperature,
+                feature_layers=feature_layers,
+            )
             responses += written
             repeated += prompts
             if features is not None:
@@ -180,21 +186,31 @@ def build_sequences(
 
 
 def generate_continuations(
-    model: PreTrainedModel, prompts: Sequence[list[int]], train: TrainConfig, eos: Sequence[int], seed: int,
-    batch_size: int = 64, temperature: float | None = None,
+    model: PreTrainedModel,
+    prompts: Sequence[list[int]],
+    train: TrainConfig,
+    eos: Sequence[int],
+    seed: int,
+    batch_size: int = 64,
+    temperature: float | None = None,
 ) -> list[list[int]]:
     """`model`'s continuations of `prompts` (batched, ragged), at most `max_new_tokens` each, at
     `temperature` (default `train.temperature`; 0 = greedy).
 
-    Batch 64: the weights are read once per step for the whole batch; on the 2-core CPU SmolLM2
-    wrote 128 chat prompts' ≤ 48-token continuations in 21.8 s at batch 64 against 26.1 s at 32
-    (fp32), 12.7 s against 15.3 s in bf16."""
+    Batch 64 (`train.generation_batch`): the weights are read once per step for the whole batch,
+    so a CPU writes faster at 64 than at 32."""
     return _continuations(model, prompts, train, eos, seed, batch_size, temperature)[0]
 
 
 def _continuations(
-    model: PreTrainedModel, prompts: Sequence[list[int]], train: TrainConfig, eos: Sequence[int], seed: int,
-    batch_size: int = 64, temperature: float | None = None, feature_layers: Sequence[int] | None = None,
+    model: PreTrainedModel,
+    prompts: Sequence[list[int]],
+    train: TrainConfig,
+    eos: Sequence[int],
+    seed: int,
+    batch_size: int = 64,
+    temperature: float | None = None,
+    feature_layers: Sequence[int] | None = None,
 ) -> tuple[list[list[int]], list[torch.Tensor] | None]:
     """`generate_continuations`, and with `feature_layers` each prompt + continuation's features
     `[len(prompt) + len(continuation), n·H]` fp16 on the CPU (`autoregressive_generate`)."""
@@ -204,15 +220,24 @@ def _continuations(
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     by_index: dict[int, list[int]] = {}
     features_by_index: dict[int, torch.Tensor] = {}
-    bar = tqdm(total=len(prompts), desc="target continuations" + (" and features" if feature_layers is not None else ""),
-               disable=len(prompts) <= batch_size, leave=False)
+    bar = tqdm(
+        total=len(prompts),
+        desc="target continuations" + (" and features" if feature_layers is not None else ""),
+        disable=len(prompts) <= batch_size,
+        leave=False,
+    )
     for start in range(0, len(order), batch_size):
         picks = order[start : start + batch_size]
         batch = [list(prompts[i]) for i in picks]
         budgets = [min(train.max_new_tokens, train.max_len - len(p)) for p in batch]
         result = autoregressive_generate(
-            model, batch, max_new_tokens=budgets, temperature=train.temperature if temperature is None else temperature,
-            eos_token_ids=list(eos) or None, seed=seed + start, feature_layers=feature_layers,
+            model,
+            batch,
+            max_new_tokens=budgets,
+            temperature=train.temperature if temperature is None else temperature,
+            eos_token_ids=list(eos) or None,
+            seed=seed + start,
+            feature_layers=feature_layers,
         )
         by_index.update(zip(picks, result.sequences))
         if result.features is not None:

@@ -1,0 +1,81 @@
+"""Domains by name for the stages: each domain's data config resolved into a stage's config
+(`resolve_domains`), so a stage launched on a config composed elsewhere (the demo's) reads the same
+data wherever it runs; and a domain's examples (`domain_examples`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from specdecode.core.config import require
+from specdecode.data.config import DataConfig, as_synthetic, domain_data, to_dict
+from specdecode.data.domains import DOMAIN_NAME, Split, load_domain
+from specdecode.data.example import Example
+
+
+def resolve_domains(
+    names: Sequence[str], given: Mapping[str, Any] | None = None, *, synthetic: bool = False
+) -> dict[str, dict[str, Any]]:
+    """Each domain's data config as plain values, for a stage's config: `given[name]` where present
+    (as resolved by the process that composed the config), else looked up on the search path.
+    `synthetic` swaps embedded data for the smoke runs' synthetic examples."""
+    resolved = {}
+    for name in names:
+        data = DataConfig(**dict(given[name])) if given and name in given else domain_data(name)
+        if data.name != name:
+            raise ValueError(f"data.{name}: its config names domain {data.name!r}")
+        resolved[name] = to_dict(replace(data, synthetic=True) if synthetic else data)
+    return resolved
+
+
+def domain_examples(
+    data: DataConfig | Mapping[str, Any], split: Split = "train", limit: int | None = None
+) -> list[Example]:
+    """`load_domain` with a single-domain data config's source, columns and held-out fraction."""
+    if not isinstance(data, DataConfig):
+        data = DataConfig(**dict(data))
+    if data.is_mix:
+        raise ValueError(f"data {data.name!r} is a mix of {data.domains}: read its parts one by one")
+    if data.synthetic:
+        data = as_synthetic(data)
+    return load_domain(
+        data.name,
+        source=data.source,
+        split=split,
+        limit=limit,
+        heldout_fraction=data.heldout_fraction,
+        path=data.path,
+        hf_id=data.hf_id,
+        hf_split=data.hf_split,
+        hf_name=data.hf_name,
+        revision=data.revision,
+        prompt_column=data.prompt_column,
+        response_column=data.response_column,
+        chat_turns=data.chat_turns,
+    )
+
+
+def require_heldout(data: Mapping[str, Mapping[str, Any]], count: int, what: str) -> None:
+    """Fail, naming the domain and how many it has, when a domain has fewer held-out prompts than `count`."""
+    for name, spec in data.items():
+        have = len(domain_examples(spec, "heldout", count))
+        if have < count:
+            raise ValueError(
+                f"domain {name!r} has {have} held-out prompts but {what}={count} were asked for; "
+                f"lower {what} or give the domain more data (or a larger heldout_fraction)"
+            )
+
+
+def check_domains(domains: object, key: str = "domains") -> list[str]:
+    """`domains` if it is a non-empty list of distinct domain names; otherwise a ValueError naming it."""
+    require(
+        isinstance(domains, (list, tuple))
+        and bool(domains)
+        and len(set(domains)) == len(domains)
+        and all(isinstance(d, str) and DOMAIN_NAME.fullmatch(d) for d in domains),
+        key,
+        domains,
+        "a non-empty list of distinct domain names (each defined by conf/data/<name>.yaml)",
+    )
+    return list(domains)  # type: ignore[arg-type]
