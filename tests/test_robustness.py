@@ -20,8 +20,7 @@ from specdecode.core.atomic import write_atomic
 from specdecode.core.config import from_dict
 from specdecode.core.locking import LOCK_FILE, OutputInUseError, acquire, output_lock
 from specdecode.evaluation.benchmark import run_benchmark
-from specdecode.evaluation.config import BenchmarkConfig
-from specdecode.evaluation.config import EvalConfig
+from specdecode.evaluation.config import BenchmarkConfig, EvalConfig
 from specdecode.evaluation.suite import run_eval
 from specdecode.models.config import TargetConfig
 from specdecode.pipeline.config import DemoConfig
@@ -54,9 +53,13 @@ def test_published_files_get_the_umask_mode(tmp_path: Path, umask: None, mask: i
     os.umask(mask)
     write_atomic(tmp_path / "results.json", "{}")
     write_atomic(tmp_path / "weights.bin", b"\0\1")
-    cache = TeacherCache([TrainSequence([1, 2, 3], 1)], torch.tensor([0, 2]), torch.zeros(2, 4, dtype=torch.int32), torch.zeros(2, 4))
+    cache = TeacherCache(
+        [TrainSequence([1, 2, 3], 1)], torch.tensor([0, 2]), torch.zeros(2, 4, dtype=torch.int32), torch.zeros(2, 4)
+    )
     save_cache(cache, tmp_path / "cache.pt")
-    assert {p.name: _mode(p) for p in tmp_path.iterdir()} == dict.fromkeys(["results.json", "weights.bin", "cache.pt"], expected)
+    assert {p.name: _mode(p) for p in tmp_path.iterdir()} == dict.fromkeys(
+        ["results.json", "weights.bin", "cache.pt"], expected
+    )
     assert load_cache(tmp_path / "cache.pt").sequences == cache.sequences
 
 
@@ -85,7 +88,9 @@ def live_lock(tmp_path: Path) -> Iterator[tuple[Path, int]]:
 
 
 def _eval_cfg(output_dir: Path, target: str = "smoke") -> EvalConfig:
-    return EvalConfig(target=TargetConfig(name=target), methods=["autoregressive"], source="synthetic", output_dir=str(output_dir))
+    return EvalConfig(
+        target=TargetConfig(name=target), methods=["autoregressive"], synthetic=True, output_dir=str(output_dir)
+    )
 
 
 def test_second_writer_is_told_the_pid_in_use(tmp_path: Path, live_lock: tuple[Path, int]) -> None:
@@ -165,7 +170,13 @@ def test_unwritable_output_dir_is_named_before_any_work(tmp_path: Path) -> None:
         run_fit(FitRouterConfig(labels=str(tmp_path / "no_such_labels.jsonl"), output_dir=str(bad)))
     with pytest.raises(PermissionError, match=needle):
         run_demo(DemoConfig(output_dir=str(bad)))
-    collect = from_dict(CollectConfig, {"target": {"name": "/no/such/target"}, "output": str(bad / "labels.jsonl"),
-                                        "drafters": [{"name": "a", "kind": "derived"}, {"name": "b", "kind": "derived"}]})
+    collect = from_dict(
+        CollectConfig,
+        {
+            "target": {"name": "/no/such/target"},
+            "output": str(bad / "labels.jsonl"),
+            "drafters": [{"name": "a", "kind": "derived"}, {"name": "b", "kind": "derived"}],
+        },
+    )
     with pytest.raises(PermissionError, match=rf"output='{bad}' is not writable"):
         run_collect(collect, progress=False)

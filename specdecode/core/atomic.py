@@ -55,7 +55,9 @@ def write_atomic(path: Path, data: str | bytes | Callable[[BinaryIO], None]) -> 
 
 
 @contextmanager
-def atomic_folder(final: Path, *, staging: Path | None = None, keep: Callable[[Path], bool] | None = None) -> Iterator[Path]:
+def atomic_folder(
+    final: Path, *, staging: Path | None = None, keep: Callable[[Path], bool] | None = None
+) -> Iterator[Path]:
     """Yield an empty staging folder to fill; on a clean exit it becomes `final`, on an exception
     it is removed and `final` is left as it was.
 
@@ -72,7 +74,9 @@ def atomic_folder(final: Path, *, staging: Path | None = None, keep: Callable[[P
     """
     staging = staging if staging is not None else final.with_name(f".tmp.{final.name}")
     if staging.parent != final.parent:
-        raise ValueError(f"staging={staging} must be beside final={final}: a rename across folders may cross filesystems")
+        raise ValueError(
+            f"staging={staging} must be beside final={final}: a rename across folders may cross filesystems"
+        )
     aside = staging.with_name(f"{staging.name}.old")
     final.parent.mkdir(parents=True, exist_ok=True)
     for leftover in (staging, aside):

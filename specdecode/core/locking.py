@@ -44,7 +44,9 @@ def check_writable(folder: Path, name: str = "output_dir") -> None:
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as error:
-        raise PermissionError(f"{name}={str(folder)!r} is not writable ({error.strerror or error}); pick another {name}") from None
+        raise PermissionError(
+            f"{name}={str(folder)!r} is not writable ({error.strerror or error}); pick another {name}"
+        ) from None
 
 
 def launched_rank() -> int:
@@ -91,6 +93,29 @@ def _create(lock: Path) -> bool:
     return True
 
 
+def check_not_in_use(folder: Path, what: str) -> None:
+    """Before deleting or replacing `folder` (`what` names it for the user): refuse while a live
+    process holds its lock, e.g. a stage an earlier, killed run left running in it.
+
+    Raises:
+        OutputInUseError: naming `what`, the folder and the holder's host and PID.
+    """
+    lock = folder / LOCK_FILE
+    try:
+        text = lock.read_text()
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    owner = _owner(text)
+    if owner is None and time.time() - _mtime(lock) >= _UNWRITTEN_GRACE_S:
+        return  # its writer died between creating and writing it
+    if owner is None or owner[0] != socket.gethostname() or pid_alive(owner[1]):
+        holder = f"PID {owner[1]} on {owner[0]}" if owner is not None else "a process locking it right now"
+        raise OutputInUseError(
+            f"{what} {str(folder)!r} is in use by {holder} (lock file {lock}), perhaps left running by an earlier run "
+            "that was killed; wait for it or end it, then run again (if no such process runs, delete the lock file)"
+        )
+
+
 def acquire(folder: Path) -> Path:
     """Take `folder`'s lock (creating the folder); return the lock file.
 
@@ -120,11 +145,17 @@ def acquire(folder: Path) -> Path:
                 )
             # No owner yet: a writer between its create and its write (microseconds), or one that died there.
             if owner is None and time.time() - _mtime(lock) < _UNWRITTEN_GRACE_S:
-                raise OutputInUseError(f"output_dir={str(folder)!r} is being locked by another process right now (lock file {lock})")
-            warnings.warn(f"taking over the stale lock {lock} ({text.strip() or 'empty'}): its process is gone", stacklevel=2)
+                raise OutputInUseError(
+                    f"output_dir={str(folder)!r} is being locked by another process right now (lock file {lock})"
+                )
+            warnings.warn(
+                f"taking over the stale lock {lock} ({text.strip() or 'empty'}): its process is gone", stacklevel=2
+            )
             lock.unlink(missing_ok=True)
         if not _create(lock):
-            raise OutputInUseError(f"output_dir={str(folder)!r} was locked by another process just now (lock file {lock})")
+            raise OutputInUseError(
+                f"output_dir={str(folder)!r} was locked by another process just now (lock file {lock})"
+            )
         return lock
     finally:
         os.close(directory)  # drops the flock

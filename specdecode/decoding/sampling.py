@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specdecode.core.config import TEMPERATURE_RANGE, is_temperature
+
 # Exponential noise is clamped away from zero so that a zero-probability token can never win the
 # race through 0 / 0 = NaN.
 _TINY = 1e-30
@@ -27,8 +29,8 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         # NaN fails every comparison, so `< 0` alone let it through (and argmax then picked id 0).
-        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not is_temperature(self.temperature):
+            raise ValueError(f"temperature must be {TEMPERATURE_RANGE}, got {self.temperature!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"top_k must be an int >= 0, got {self.top_k!r}")
         if not isinstance(self.top_p, (int, float)) or not math.isfinite(self.top_p) or not 0.0 < self.top_p <= 1.0:
@@ -84,4 +86,3 @@ def next_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch.G
     built: a one-hot over a 49k vocabulary costs more than the argmax itself), else a sample from
     `logits_to_probs`."""
     return logits.argmax(dim=-1) if params.greedy else sample(logits_to_probs(logits, params), generator)
-

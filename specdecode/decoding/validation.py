@@ -2,22 +2,86 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
+import numpy as np
+import torch
 from transformers import PreTrainedModel
 
 from specdecode.core.config import GAMMA_RANGE, is_gamma, is_int
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.sampling import SamplingParams
 from specdecode.models.compat import check_vocab_sizes, default_eos
+from specdecode.models.feature_drafter import FeatureDrafter, check_fits_target
 
 
-def validate_models(target: PreTrainedModel, drafter: PreTrainedModel, prompt_lookup: object = None) -> None:
+def validate_models(
+    target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, prompt_lookup: object = None
+) -> None:
+    """Check that `drafter` can draft for `target`: one vocabulary, one device, and for a feature
+    drafter the target's hidden size and layers (`check_fits_target`).
+
+    Raises:
+        ValueError: naming the sizes or devices that differ.
+        TypeError: `prompt_lookup` is neither a `PromptLookup` nor None.
+    """
     check_vocab_sizes(target, drafter)
+    if isinstance(drafter, FeatureDrafter):
+        check_fits_target(drafter, target)
     if target.device != drafter.device:
         raise ValueError(f"target is on {target.device} but drafter is on {drafter.device}")
     if prompt_lookup is not None and not isinstance(prompt_lookup, PromptLookup):
         raise TypeError(f"prompt_lookup must be a PromptLookup or None, got {prompt_lookup!r}")
+
+
+def _token_id(value: object) -> int | None:
+    """`value` as a token id: an int, a NumPy integer or a 0-d integer tensor (what indexing a
+    tensor or an array of ids gives); None for anything else, bools and floats included."""
+    if isinstance(value, (bool, np.bool_)) or (
+        isinstance(value, torch.Tensor) and (value.dim() != 0 or value.dtype == torch.bool)
+    ):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def _token_ids(prompt: object, i: int) -> list[int]:
+    """Prompt `i` as a list of ints: a sequence of ids (`_token_id`) or a 1-D tensor / array of them.
+
+    Raises:
+        TypeError: the prompt is not a sequence of ids.
+        ValueError: naming the first id that is not an integer.
+    """
+    if isinstance(prompt, (torch.Tensor, np.ndarray)) and prompt.ndim == 1:
+        prompt = prompt.tolist()
+    if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence):
+        raise TypeError(f"prompt {i} must be a list of token ids, got {type(prompt).__name__}")
+    ids = [_token_id(t) for t in prompt]
+    if None in ids:
+        bad = prompt[ids.index(None)]
+        raise ValueError(f"prompt {i} holds {bad!r} ({type(bad).__name__}): token ids are ints")
+    return ids  # type: ignore[return-value]
+
+
+def _eos_ids(eos_token_ids: object) -> list[int]:
+    """`eos_token_ids` (one id or a sequence of them) as a list of ints.
+
+    Raises:
+        ValueError: naming the value when it is neither.
+    """
+    one = _token_id(eos_token_ids)
+    if one is not None:
+        return [one]
+    if isinstance(eos_token_ids, (torch.Tensor, np.ndarray)) and eos_token_ids.ndim == 1:
+        eos_token_ids = eos_token_ids.tolist()
+    listed = isinstance(eos_token_ids, Sequence) and not isinstance(eos_token_ids, (str, bytes))
+    ids = [_token_id(t) for t in eos_token_ids] if listed else [None]  # type: ignore[union-attr]
+    if None in ids:
+        raise ValueError(f"eos_token_ids must be an int token id, a list of them or None, got {eos_token_ids!r}")
+    return ids  # type: ignore[return-value]
 
 
 def validate_request(
@@ -29,8 +93,9 @@ def validate_request(
     top_p: float,
     eos_token_ids: Sequence[int] | int | None,
     gamma: int | None = None,
-) -> tuple[SamplingParams, list[int], list[int]]:
-    """Check a decode request; return the sampling params, one budget per prompt and the EOS ids.
+) -> tuple[SamplingParams, list[int], list[int], list[list[int]]]:
+    """Check a decode request; return the sampling params, one budget per prompt, the EOS ids and
+    the prompts as lists of ints (NumPy integers and 0-d tensors, as indexing gives them, are ids).
 
     `gamma` is bounded by `specdecode.core.config.MAX_GAMMA` (64): each step drafts gamma tokens whatever
     the rows' remaining budgets, so an unbounded gamma is unbounded wasted work.
@@ -50,14 +115,13 @@ def validate_request(
         raise ValueError(f"max_new_tokens must be an int or one int per prompt, got {max_new_tokens!r}")
     vocab_size = model.config.vocab_size
     context = getattr(model.config, "max_position_embeddings", None)
+    prompts = [_token_ids(prompt, i) for i, prompt in enumerate(prompts)]
     for i, (prompt, budget) in enumerate(zip(prompts, budgets)):
         if not is_int(budget) or budget < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {budget!r} (prompt {i})")
-        if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence):
-            raise TypeError(f"prompt {i} must be a list of token ids, got {type(prompt).__name__}")
         if len(prompt) == 0:
             raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
-        bad = next((t for t in prompt if not is_int(t) or not 0 <= t < vocab_size), None)
+        bad = next((t for t in prompt if not 0 <= t < vocab_size), None)
         if bad is not None:
             raise ValueError(f"prompt {i} holds token id {bad!r}, outside the vocabulary [0, {vocab_size})")
         if context is not None and len(prompt) + budget > context:
@@ -65,13 +129,8 @@ def validate_request(
                 f"prompt {i} has {len(prompt)} tokens + max_new_tokens {budget} = {len(prompt) + budget}, "
                 f"longer than the model's context of {context} tokens"
             )
-    if eos_token_ids is None:
-        eos = default_eos(model)
-    elif is_int(eos_token_ids):
-        eos = [eos_token_ids]
-    else:
-        eos = list(eos_token_ids)
+    eos = default_eos(model) if eos_token_ids is None else _eos_ids(eos_token_ids)
     bad_eos = next((t for t in eos if not is_int(t) or not 0 <= t < vocab_size), None)
     if bad_eos is not None:
         raise ValueError(f"eos_token_ids holds {bad_eos!r}, outside the vocabulary [0, {vocab_size})")
-    return params, budgets, eos
+    return params, budgets, eos, prompts

@@ -28,12 +28,59 @@ def fmt(value: object, digits: int = 2) -> str:
     return str(value)
 
 
+# Config keys the runs of one merged sweep may differ in: the swept gamma, and each run's folder.
+SWEPT_KEYS = frozenset({"gamma", "output_dir"})
+
+
+def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
+    flat: dict[str, object] = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            flat |= _flatten(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def check_same_sweep(configs: dict[str, dict]) -> None:
+    """Require the runs' configs (by results file) to differ only in `SWEPT_KEYS`: runs of two
+    sweeps written into one folder (other prompts, temperatures, drafters) are not one table.
+
+    Raises:
+        ValueError: listing each differing key with its value in the first run and in the other.
+    """
+    (first, base), *others = configs.items()
+    flat = _flatten(base or {})
+    absent = "<absent>"
+    differences = []
+    for source, config in others:
+        other = _flatten(config or {})
+        differences += [
+            f"{key}: {flat.get(key, absent)!r} in {first}, {other.get(key, absent)!r} in {source}"
+            for key in sorted(flat.keys() | other.keys())
+            if key not in SWEPT_KEYS and flat.get(key, absent) != other.get(key, absent)
+        ]
+    if differences:
+        raise ValueError(
+            "these results come from runs with different configs (one sweep may differ only in "
+            f"{', '.join(sorted(SWEPT_KEYS))}); differing keys:\n  "
+            + "\n  ".join(differences)
+            + "\nMerge one sweep's runs: move the other runs' folders out, or sweep into another output_dir"
+        )
+
+
 def merge_results(paths: Iterable[Path]) -> dict:
-    """Rows of several results.json files (e.g. a Hydra multirun over gamma) as one result; their
-    router shares too, each tagged with its run's gamma."""
+    """Rows of several results.json files (a Hydra multirun over gamma) as one result; their
+    router shares too, each tagged with its run's gamma.
+
+    Raises:
+        ValueError: no file, or runs whose configs differ beyond gamma (`check_same_sweep`).
+    """
     merged: dict = {"rows": [], "sources": [], "router_share": []}
-    for path in sorted(paths):
-        data = json.loads(Path(path).read_text())
+    runs = {str(path): json.loads(Path(path).read_text()) for path in sorted(paths)}
+    if runs:
+        check_same_sweep({path: data.get("config") for path, data in runs.items()})
+    for path, data in runs.items():
         merged["rows"] += data["rows"]
         gamma = (data.get("config") or {}).get("gamma")
         merged["router_share"] += [share | {"gamma": gamma} for share in data.get("router_share") or []]
@@ -62,12 +109,15 @@ def share_table(shares: list[dict]) -> str:
     column where the shares come from several runs, `merge_results`)."""
     tagged = any("gamma" in s for s in shares)
     lines = [
-        ("| gamma " if tagged else "") + "| T | batch | best single drafter | oracle | routed (share) | routed_choices (share) |",
+        ("| gamma " if tagged else "")
+        + "| T | batch | best single drafter | oracle | routed (share) | routed_choices (share) |",
         "|---" * (7 if tagged else 6) + "|",
     ]
     for s in shares:
-        cells = [f"{fmt(s.get(f'{c}_speedup'), 3)}× ({fmt_share(s.get(f'{c}_share'))})" if f"{c}_speedup" in s else "–"
-                 for c in ("routed", "routed_choices")]
+        cells = [
+            f"{fmt(s.get(f'{c}_speedup'), 3)}× ({fmt_share(s.get(f'{c}_share'))})" if f"{c}_speedup" in s else "–"
+            for c in ("routed", "routed_choices")
+        ]
         lines.append(
             (f"| {fmt(s.get('gamma'))} " if tagged else "")
             + f"| {s['temperature']} | {s['batch_size']} | {s['best_single']} {fmt(s['best_single_speedup'], 3)}× | "
@@ -107,7 +157,10 @@ def plot_speedup(rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(max(6, 1.5 * len(domains) * max(len(methods), 1) / 3), 4))
     width = 0.8 / max(len(methods), 1)
     for k, method in enumerate(methods):
-        values = [next((r["speedup"] or 0.0 for r in chosen if r["domain"] == d and r["method"] == method), 0.0) for d in domains]
+        values = [
+            next((r["speedup"] or 0.0 for r in chosen if r["domain"] == d and r["method"] == method), 0.0)
+            for d in domains
+        ]
         ax.bar([i + k * width for i in range(len(domains))], values, width, label=method)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(domains))], domains)
@@ -125,7 +178,11 @@ def sweep_series(rows: list[dict]) -> dict[tuple, list[dict]]:
     for r in rows:
         if r["method"] != "autoregressive" and r["alpha"] is not None:
             series.setdefault((r["domain"], r["method"], r["temperature"], r["batch_size"]), []).append(r)
-    return {key: sorted(group, key=lambda r: r["gamma"]) for key, group in series.items() if len({r["gamma"] for r in group}) >= 2}
+    return {
+        key: sorted(group, key=lambda r: r["gamma"])
+        for key, group in series.items()
+        if len({r["gamma"] for r in group}) >= 2
+    }
 
 
 def plot_gamma_sweep(rows: list[dict], path: Path) -> None:
@@ -140,7 +197,9 @@ def plot_gamma_sweep(rows: list[dict], path: Path) -> None:
         left.plot(gammas, [r["alpha"] for r in group], marker="o", label=label)
         right.plot(gammas, [r["tokens_per_s"] for r in group], marker="o", label=label)
     for r in rows:
-        if r["method"] == "autoregressive" and any(k[0] == r["domain"] and k[2:] == (r["temperature"], r["batch_size"]) for k in series):
+        if r["method"] == "autoregressive" and any(
+            k[0] == r["domain"] and k[2:] == (r["temperature"], r["batch_size"]) for k in series
+        ):
             right.axhline(r["tokens_per_s"], linestyle="--", linewidth=0.8, color="gray")
     left.set(xlabel="gamma (drafts per target pass)", ylabel="alpha (per-token acceptance)")
     right.set(xlabel="gamma (drafts per target pass)", ylabel="tokens/s (dashed: target alone)")
@@ -155,12 +214,19 @@ def plot_gamma_sweep(rows: list[dict], path: Path) -> None:
 
 def plot_position_acceptance(rows: list[dict], path: Path) -> None:
     """P(draft i accepted | drafts before it accepted), per domain and method (greedy, batch 1)."""
-    chosen = [r for r in rows if r["method"] != "autoregressive" and r["temperature"] == 0.0 and r.get("position_acceptance")]
+    chosen = [
+        r for r in rows if r["method"] != "autoregressive" and r["temperature"] == 0.0 and r.get("position_acceptance")
+    ]
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in chosen:
         values = [v if v is not None else float("nan") for v in r["position_acceptance"]]
-        ax.plot(range(1, len(values) + 1), values, marker=".", label=f"{r['domain']} / {r['method']} (γ={r['gamma']}, B={r['batch_size']})")
+        ax.plot(
+            range(1, len(values) + 1),
+            values,
+            marker=".",
+            label=f"{r['domain']} / {r['method']} (γ={r['gamma']}, B={r['batch_size']})",
+        )
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance given the previous drafts were accepted")
     ax.legend(fontsize="xx-small")

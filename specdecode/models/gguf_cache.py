@@ -2,7 +2,8 @@
 
 transformers reads GGUF (dequantising it) in ~25 s; the converted HF folder loads in ~1 s. A cache
 entry is written to a temp dir and renamed into place, with a completion marker written last, so a
-crash mid-write never leaves an entry that a later load would take as good.
+crash mid-write never leaves an entry that a later load would take as good. An entry is named by
+the file's name, size and a hash of its whole content, so it is only ever served for that file.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-from specdecode.core.atomic import atomic_folder
+from specdecode.core.atomic import atomic_folder, write_atomic
 from specdecode.core.locking import pid_alive
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
@@ -35,9 +36,11 @@ _COMPLETE_MARKER = "COMPLETE.json"
 _TMP_PREFIX = ".tmp."
 # A temp dir this old is abandoned even if we cannot prove its writer died (another host).
 _STALE_TMP_SECONDS = 24 * 3600
-# Hashing the head of the file is enough to tell different GGUF files apart (the header holds the
-# metadata and the first tensors) and costs milliseconds instead of hashing gigabytes.
-_GGUF_HASH_BYTES = 4 * 1024 * 1024
+# Entries are named by a hash of the whole file: two files differing in one late tensor are two
+# models. The hash is remembered under this folder, by path, size, mtime and inode, so a file is
+# read through once, not at every load.
+_HASHES = ".hashes"
+_HASH_CHUNK = 1 << 20
 
 
 def default_target_gguf() -> Path:
@@ -76,17 +79,31 @@ def gguf_to_hf_folder(gguf_path: str | os.PathLike[str]) -> Path:
     safetensors takes ~1 s.
     """
     gguf_path = Path(gguf_path)
-    return _cached_conversion(_gguf_cache_key(gguf_path), lambda out: _convert_gguf(gguf_path, out))
+    key = _gguf_cache_key(gguf_path, cache_dir() / "gguf" / _HASHES)
+    return _cached_conversion(key, lambda out: _convert_gguf(gguf_path, out))
 
 
-def _gguf_cache_key(gguf_path: Path) -> str:
-    """Name the cache entry by file name, size and a hash of the file's first few MB."""
-    size = gguf_path.stat().st_size
-    digest = hashlib.sha256()
-    with gguf_path.open("rb") as handle:
-        digest.update(handle.read(_GGUF_HASH_BYTES))
+def _gguf_cache_key(gguf_path: Path, memo: Path | None = None) -> str:
+    """Name the cache entry by file name, size and a SHA-256 of the whole file's content; with
+    `memo`, a folder where the hash of a file seen before (same path, size, mtime and inode) is read
+    back instead of computed."""
+    stat = gguf_path.stat()
+    seen = hashlib.sha256(
+        f"{gguf_path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ino}\0{stat.st_dev}".encode()
+    )
+    remembered = memo / seen.hexdigest() if memo is not None else None
+    if remembered is not None and remembered.is_file() and len(content := remembered.read_text().strip()) == 64:
+        full = content
+    else:
+        digest = hashlib.sha256()
+        with gguf_path.open("rb") as handle:
+            while chunk := handle.read(_HASH_CHUNK):
+                digest.update(chunk)
+        full = digest.hexdigest()
+        if remembered is not None:
+            write_atomic(remembered, full)
     stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in gguf_path.stem)
-    return f"{stem}-{size}-{digest.hexdigest()[:16]}"
+    return f"{stem}-{stat.st_size}-{full[:16]}"
 
 
 def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
@@ -104,9 +121,7 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
-def _cached_conversion(
-    key: str, convert: Callable[[Path], None], root: Path | None = None
-) -> Path:
+def _cached_conversion(key: str, convert: Callable[[Path], None], root: Path | None = None) -> Path:
     """Return `root/gguf/key`, running `convert(tmp_dir)` to fill it if no complete entry exists.
 
     Atomic for readers and safe for concurrent writers:
@@ -163,4 +178,3 @@ def _remove_stale_temp_dirs(parent: Path) -> None:
             continue
         if stale:
             shutil.rmtree(entry, ignore_errors=True)
-

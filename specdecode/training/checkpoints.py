@@ -14,7 +14,11 @@ limit. We set the iteration to the step, so folders are `checkpoint_<step>`. On 
   an exception during a save removes the partial folder before it propagates;
 - rotation deletes before it writes, so `keep_checkpoints` is at least 2 (a kill mid-save keeps one);
 - a resume that fell back past an unreadable checkpoint deletes the newer ones: they are a future
-  this run no longer has, and the next save would collide with them or rotate real ones away.
+  this run no longer has, and the next save would collide with them or rotate real ones away;
+- nothing is unpickled in full: checkpoints are handed between users, and a full unpickle runs any
+  code the file names. The LR scheduler is kept in `scheduler.json`, not registered with accelerate
+  (which loads its `custom_checkpoint_<i>.pkl` with `weights_only=False`; a checkpoint holding one
+  is refused); the other files load with `weights_only=True`.
 
 A resume must match the saved config except in `RESUMABLE_KEYS`, and a fresh run refuses a folder
 that already holds checkpoints (`check_checkpoints`): either would otherwise continue, rotate or
@@ -35,23 +39,47 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration
+from accelerate.utils.other import load as weights_only_load
+from torch.optim.lr_scheduler import LRScheduler
 
 COMPLETE = "COMPLETE"
 STATE_FILE = "trainer_state.json"
 BEST_FILE = "best_drafter.pt"
 CONFIG_FILE = "config.json"
+SCHEDULER_FILE = "scheduler.json"
+# accelerate's files for objects passed to `register_for_checkpointing`, loaded with full pickle.
+UNSAFE_PICKLES = "custom_checkpoint_*.pkl"
 PREFIX = "checkpoint_"  # accelerate's automatic naming: checkpoint_<iteration>
-# Config fields a resumed run may change: its budgets, where and how it logs and checkpoints, and
-# the test hook. Every other field decides what is trained or how the best step is picked (data,
+# Config fields a resumed run may change: its budgets, and where and how it logs and checkpoints.
+# Every other field decides what is trained or how the best step is picked (data,
 # target, drafter, loss, schedule, seed, eval_every, ...): resuming with another value would finish
 # one run under another's name.
-RESUMABLE_KEYS = frozenset({
-    "train.resume", "train.max_steps", "train.max_minutes", "train.log_every", "train.checkpoint_every",
-    "train.keep_checkpoints", "train.debug_kill_after_step", "logger", "wandb_project", "wandb_mode",
-    "output_dir", "cache_dir",
-})
+RESUMABLE_KEYS = frozenset(
+    {
+        "train.resume",
+        "train.max_steps",
+        "train.max_minutes",
+        "train.log_every",
+        "train.checkpoint_every",
+        "train.keep_checkpoints",
+        "logger",
+        "wandb_project",
+        "wandb_mode",
+        "output_dir",
+        "cache_dir",
+    }
+)
 # What a checkpoint file that cannot be loaded raises (torch.load of a truncated zip: RuntimeError).
-_UNREADABLE = (RuntimeError, EOFError, OSError, ValueError, TypeError, KeyError, pickle.UnpicklingError, zipfile.BadZipFile)
+_UNREADABLE = (
+    RuntimeError,
+    EOFError,
+    OSError,
+    ValueError,
+    TypeError,
+    KeyError,
+    pickle.UnpicklingError,
+    zipfile.BadZipFile,
+)
 
 
 @dataclass
@@ -70,7 +98,7 @@ class LoopState:
 
 def checkpoint_step(checkpoint: Path) -> int:
     """The step a `checkpoint_<step>` folder was written at."""
-    return int(checkpoint.name[len(PREFIX):])
+    return int(checkpoint.name[len(PREFIX) :])
 
 
 def checkpoint_path(directory: Path, step: int) -> Path:
@@ -85,7 +113,7 @@ def is_complete(folder: Path) -> bool:
 def complete_checkpoints(directory: Path) -> list[Path]:
     """Checkpoints holding the completion marker (a killed write never has it), oldest step first.
     By step number, not name: `checkpoint_1000000` sorts before `checkpoint_999999` as text."""
-    done = [p for p in directory.glob(f"{PREFIX}*") if p.name[len(PREFIX):].isdigit() and is_complete(p)]
+    done = [p for p in directory.glob(f"{PREFIX}*") if p.name[len(PREFIX) :].isdigit() and is_complete(p)]
     return sorted(done, key=checkpoint_step)
 
 
@@ -110,8 +138,10 @@ def checkpoint_folder(accelerator: Accelerator) -> Path:
     """
     project = accelerator.project_configuration
     if not project.automatic_checkpoint_naming or project.project_dir is None:
-        raise ValueError("the Accelerator needs project_config=project_configuration(output_dir, keep): "
-                         "checkpoints are named and rotated by accelerate's automatic naming")
+        raise ValueError(
+            "the Accelerator needs project_config=project_configuration(output_dir, keep): "
+            "checkpoints are named and rotated by accelerate's automatic naming"
+        )
     return Path(project.project_dir) / "checkpoints"
 
 
@@ -159,23 +189,43 @@ def _saved_config(checkpoint: Path) -> dict[str, Any] | None:
 
 def _check_same_config(checkpoint: Path, saved: dict[str, Any] | None, config: dict[str, Any]) -> None:
     if saved is None:
-        warnings.warn(f"checkpoint {checkpoint} records no config (an older version wrote it): resuming unchecked", stacklevel=3)
+        warnings.warn(
+            f"checkpoint {checkpoint} records no config (an older version wrote it): resuming unchecked", stacklevel=3
+        )
         return
     differences = config_differences(saved, config)
     if differences:
         raise ValueError(
             f"train.resume=true, but the checkpoint {checkpoint} was written with another config; differing keys:\n  "
             + "\n  ".join(differences)
-            + f"\nResume with the checkpoint's values, or train into another output_dir. May differ: {', '.join(sorted(RESUMABLE_KEYS))}."
+            + "\nResume with the checkpoint's values, or train into another output_dir. "
+            + f"May differ: {', '.join(sorted(RESUMABLE_KEYS))}."
+        )
+
+
+def refuse_pickles(checkpoint: Path) -> None:
+    """Refuse a checkpoint holding files that accelerate would load with full pickle.
+
+    Raises:
+        ValueError: naming the files and the checkpoint.
+    """
+    unsafe = sorted(p.name for p in checkpoint.glob(UNSAFE_PICKLES))
+    if unsafe:
+        raise ValueError(
+            f"checkpoint {checkpoint} holds {', '.join(unsafe)}: accelerate loads such files with full pickle "
+            f"(weights_only=False), which runs any code in them; specdecode never writes them (the LR scheduler is "
+            f"in {SCHEDULER_FILE}). Refusing to resume: delete {checkpoint}, or train into another output_dir"
         )
 
 
 def check_checkpoints(directory: Path, config: dict[str, Any], resume: bool) -> None:
     """Before any work: a fresh run (`resume` false) must not start where checkpoints are (their
-    rotation and a later resume would mix the runs), and a resume must match their config.
+    rotation and a later resume would mix the runs), and a resume must match their config and
+    hold no file that would be unpickled (`refuse_pickles`).
 
     Raises:
-        ValueError: naming the folder and newest checkpoint, or listing the differing keys.
+        ValueError: naming the folder and newest checkpoint, listing the differing keys, or naming
+            a file that would be unpickled.
     """
     done = complete_checkpoints(directory)
     if not done:
@@ -190,13 +240,15 @@ def check_checkpoints(directory: Path, config: dict[str, Any], resume: bool) -> 
             saved = _saved_config(checkpoint)
         except (OSError, ValueError):
             continue  # unreadable: `resume` falls back past it, with a warning naming the file
+        refuse_pickles(checkpoint)
         _check_same_config(checkpoint, saved, config)
         return
 
 
 def _unreadable_file(checkpoint: Path) -> Path | None:
-    """The first file of `checkpoint` that does not parse (JSON) or whose archive is damaged
-    (torch.save writes zip archives, so a truncated one has lost its central directory)."""
+    """The first file of `checkpoint` that does not parse (JSON), whose archive is damaged
+    (torch.save writes zip archives, so a truncated one has lost its central directory) or that
+    `weights_only=True` refuses (it names code to run)."""
     for path in sorted(p for p in checkpoint.rglob("*") if p.is_file()):
         try:
             if path.suffix == ".json":
@@ -205,16 +257,23 @@ def _unreadable_file(checkpoint: Path) -> Path | None:
                 with zipfile.ZipFile(path) as archive:
                     if archive.testzip() is not None:
                         return path
-        except (OSError, ValueError, zipfile.BadZipFile):
+                weights_only_load(path, map_location="cpu", weights_only=True)
+        except (*_UNREADABLE, zipfile.BadZipFile):
             return path
     return None
 
 
 def save_checkpoint(
-    accelerator: Accelerator, directory: Path, state: LoopState, best: dict, config: dict[str, Any] | None = None
+    accelerator: Accelerator,
+    directory: Path,
+    state: LoopState,
+    best: dict,
+    config: dict[str, Any] | None = None,
+    scheduler: LRScheduler | None = None,
 ) -> Path:
     """Write `checkpoint_<step>` with accelerate's `save_state()` (which first rotates the oldest
-    away), add the loop state, best weights and job config, and mark it complete; returns it.
+    away), add the loop state, best weights, job config and `scheduler`'s state (JSON), and mark
+    it complete; returns it.
 
     Every process calls this: accelerate writes per-process RNG states, and the barriers keep every
     process's view of the folder the same (which names exist, which are complete).
@@ -224,7 +283,9 @@ def save_checkpoint(
             (before anything is deleted; accelerate would rotate first, then refuse).
     """
     if checkpoint_folder(accelerator).resolve() != directory.resolve():
-        raise ValueError(f"checkpoints are read from {directory} but accelerate writes them to {checkpoint_folder(accelerator)}")
+        raise ValueError(
+            f"checkpoints are read from {directory} but accelerate writes them to {checkpoint_folder(accelerator)}"
+        )
     folder = checkpoint_path(directory, state.step)
     if accelerator.is_main_process:
         remove_debris(directory)
@@ -239,6 +300,8 @@ def save_checkpoint(
         if accelerator.is_main_process:
             torch.save(best, folder / BEST_FILE)
             (folder / STATE_FILE).write_text(json.dumps(asdict(state)))
+            if scheduler is not None:
+                (folder / SCHEDULER_FILE).write_text(json.dumps(scheduler.state_dict()))
             if config is not None:
                 (folder / CONFIG_FILE).write_text(json.dumps(config))
             (folder / COMPLETE).write_text("ok")
@@ -250,22 +313,35 @@ def save_checkpoint(
     return folder
 
 
-def resume(accelerator: Accelerator, directory: Path, config: dict[str, Any] | None = None) -> tuple[LoopState, dict] | None:
-    """Load the newest complete, readable checkpoint: (loop state, best weights), or None if there is none.
+def resume(
+    accelerator: Accelerator,
+    directory: Path,
+    config: dict[str, Any] | None = None,
+    scheduler: LRScheduler | None = None,
+) -> tuple[LoopState, dict] | None:
+    """Load the newest complete, readable checkpoint: (loop state, best weights), or None if there
+    is none; `scheduler` gets the state `save_checkpoint` stored.
 
-    A checkpoint with a file that cannot be read (truncated by a full disk, say) is skipped with a
-    warning naming the file, for the one before it. With `config`, a checkpoint recording another
-    config (outside `RESUMABLE_KEYS`) raises ValueError listing the differing keys.
+    A checkpoint with a file that cannot be read (truncated by a full disk, say, or a pickle that
+    `weights_only=True` refuses to run) is skipped with a warning naming the file, for the one
+    before it. With `config`, a checkpoint recording another config (outside `RESUMABLE_KEYS`)
+    raises ValueError listing the differing keys.
 
     Raises:
         RuntimeError: checkpoints exist but none is readable, naming each bad file.
+        ValueError: a checkpoint holds a file accelerate would unpickle in full (`refuse_pickles`).
     """
     unreadable: list[str] = []
 
     def skip(checkpoint: Path, error: BaseException) -> None:
         bad = _unreadable_file(checkpoint) or checkpoint
-        warnings.warn(f"checkpoint file {bad} is unreadable ({type(error).__name__}: {error}); "
-                      "falling back to the previous checkpoint", stacklevel=3)
+        reason = f"{type(error).__name__}: {error}"
+        if isinstance(error, pickle.UnpicklingError):  # torch's message is a page long; its cause is one line
+            cause = next((line.strip() for line in str(error).splitlines() if "WeightsUnpickler error" in line), "")
+            reason = f"it names code to run, which loading with weights_only=True refused; {cause}"
+        warnings.warn(
+            f"checkpoint file {bad} is unreadable ({reason}); falling back to the previous checkpoint", stacklevel=3
+        )
         unreadable.append(str(bad))
 
     for checkpoint in reversed(complete_checkpoints(directory)):
@@ -274,12 +350,17 @@ def resume(accelerator: Accelerator, directory: Path, config: dict[str, Any] | N
         except (OSError, ValueError) as error:
             skip(checkpoint, error)
             continue
+        refuse_pickles(checkpoint)
         if config is not None:
             _check_same_config(checkpoint, saved, config)
         try:
+            # accelerate swallows a failed RNG-state load (it would resume unseeded): load it first
+            weights_only_load(checkpoint / f"random_states_{accelerator.process_index}.pkl", weights_only=True)
             accelerator.load_state(str(checkpoint))
             state = LoopState(**json.loads((checkpoint / STATE_FILE).read_text()))
             best = torch.load(checkpoint / BEST_FILE, weights_only=True)
+            if scheduler is not None:
+                scheduler.load_state_dict(json.loads((checkpoint / SCHEDULER_FILE).read_text()))
         except _UNREADABLE as error:
             skip(checkpoint, error)
             continue

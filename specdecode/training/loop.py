@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import resource
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,11 +34,13 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from specdecode.core.devices import autocast_context
+from specdecode.models.draft_vocab import DraftVocabHead
 from specdecode.training.checkpoints import LoopState, checkpoint_path, is_complete, save_checkpoint
 from specdecode.training.config import LR_DECAYS, TrainConfig
-from specdecode.models.draft_vocab import DraftVocabHead
 
 Batch = dict[str, torch.Tensor]
+
+
 class DrafterLogits(nn.Module):
     """The drafter's logits over its own vocabulary, `[B, T, K]` (K draft ids, or all V).
 
@@ -55,7 +55,9 @@ class DrafterLogits(nn.Module):
         # mixed precision: the forward under autocast at this dtype, the logits returned in fp32
         self.autocast = autocast
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """`[B, T, K]` logits, or `[P, K]` at the `positions` `[B, T]` bool only.
 
         Only response positions carry a loss (about a third of a training sequence's tokens): the
@@ -189,13 +191,20 @@ def train_loop(
     """
     drafter = accelerator.unwrap_model(model).drafter
     per_process = cfg.batch_size // accelerator.num_processes
-    bar = tqdm(total=None if cfg.max_minutes else cfg.max_steps, initial=state.step, desc="train", disable=not accelerator.is_main_process)
+    bar = tqdm(
+        total=None if cfg.max_minutes else cfg.max_steps,
+        initial=state.step,
+        desc="train",
+        disable=not accelerator.is_main_process,
+    )
     select = lambda: _eval_and_select(evaluate, state, best, drafter, cfg, num_sequences, logger, bar)  # noqa: E731
     if state.acceptance_before is None:
         select()
     model.train()
     while state.step < cfg.max_steps:
-        out_of_time = (cfg.max_minutes is not None and state.train_seconds >= 60 * cfg.max_minutes) or _stale(state, cfg)
+        out_of_time = (cfg.max_minutes is not None and state.train_seconds >= 60 * cfg.max_minutes) or _stale(
+            state, cfg
+        )
         if accelerator.reduce(torch.tensor(float(out_of_time), device=accelerator.device), "sum").item() > 0:
             break
         start = time.perf_counter()
@@ -206,35 +215,71 @@ def train_loop(
         # 2.-3. forward / backward per micro-batch, one optimizer step
         lr = scheduler.get_last_lr()[0]  # what this step uses
         # the next step's lr, set as this one ends, follows the budget used by then (mean step time)
-        _set_progress(scheduler, budget_progress(state.step + 1, state.train_seconds * (1 + 1 / max(state.step, 1)), cfg))
-        mean_loss, count = _step(accelerator, model, optimizer, scheduler, cfg, make_batches(mine, state.step, on_policy), loss_sum)
+        _set_progress(
+            scheduler, budget_progress(state.step + 1, state.train_seconds * (1 + 1 / max(state.step, 1)), cfg)
+        )
+        mean_loss, count = _step(
+            accelerator, model, optimizer, scheduler, cfg, make_batches(mine, state.step, on_policy), loss_sum
+        )
+        _check_finite(mean_loss, state.step + 1, lr, cfg)
         state.step += 1
         state.train_tokens += count
         state.train_seconds += time.perf_counter() - start
         state.last_loss = mean_loss
-        bar.update(1)
-        bar.set_postfix(loss=f"{mean_loss:.4f}", **({"minutes": f"{state.train_seconds / 60:.1f}/{cfg.max_minutes:g}"} if cfg.max_minutes else {}))
         # 4. log, evaluate, checkpoint
-        if state.step % cfg.log_every == 0:
-            logger.log({"step": state.step, "loss": mean_loss, "lr": lr, "on_policy": on_policy,
-                        "tokens_per_s": state.train_tokens / state.train_seconds}, bar)
+        _log_step(logger, bar, state, cfg, lr, on_policy)
         if state.step % cfg.eval_every == 0:
             select()
         if state.step % cfg.checkpoint_every == 0:
-            save_checkpoint(accelerator, checkpoints, state, best, config)
-        if state.step == cfg.debug_kill_after_step:
-            os.kill(os.getpid(), signal.SIGKILL)
+            save_checkpoint(accelerator, checkpoints, state, best, config, scheduler)
     bar.close()
     if not state.history or state.history[-1]["step"] != state.step:
         select()
     if not is_complete(checkpoint_path(checkpoints, state.step)):  # saved in the loop, or resumed from it
-        save_checkpoint(accelerator, checkpoints, state, best, config)
+        save_checkpoint(accelerator, checkpoints, state, best, config, scheduler)
     return state, best
 
 
+def _log_step(logger: MetricsLogger, bar: tqdm, state: LoopState, cfg: TrainConfig, lr: float, on_policy: bool) -> None:
+    """The progress bar after each step; the metrics every `log_every` steps."""
+    bar.update(1)
+    minutes = {"minutes": f"{state.train_seconds / 60:.1f}/{cfg.max_minutes:g}"} if cfg.max_minutes else {}
+    bar.set_postfix(loss=f"{state.last_loss:.4f}", **minutes)
+    if state.step % cfg.log_every == 0:
+        tokens_per_s = state.train_tokens / state.train_seconds
+        metrics = {
+            "step": state.step,
+            "loss": state.last_loss,
+            "lr": lr,
+            "on_policy": on_policy,
+            "tokens_per_s": tokens_per_s,
+        }
+        logger.log(metrics, bar)
+
+
+def _check_finite(loss: float, step: int, lr: float, cfg: TrainConfig) -> None:
+    """Stop on a non-finite loss: its gradients would make the weights non-finite, and every later
+    checkpoint and the saved drafter would carry them (the loss is all-reduced: every process stops).
+
+    Raises:
+        FloatingPointError: naming the step, its lr and the settings to look at.
+    """
+    if not math.isfinite(loss):
+        raise FloatingPointError(
+            f"training loss is {loss} at step {step} (lr {lr:g}): stopped without saving a drafter; lower "
+            f"train.lr={cfg.lr:g} or train.max_grad_norm={cfg.max_grad_norm}, "
+            "or check the data and the distillation temperature"
+        )
+
+
 def _step(
-    accelerator: Accelerator, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler,
-    cfg: TrainConfig, micro_batches: list[Batch], loss_sum: Callable[[nn.Module, Batch], torch.Tensor],
+    accelerator: Accelerator,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+    cfg: TrainConfig,
+    micro_batches: list[Batch],
+    loss_sum: Callable[[nn.Module, Batch], torch.Tensor],
 ) -> tuple[float, int]:
     """One optimizer step (and one scheduler step) over `micro_batches`; returns the step's mean
     loss per counted token and the number of tokens counted on all processes."""
@@ -258,28 +303,50 @@ def _step(
 
 
 def _eval_and_select(
-    evaluate: Callable[[], dict[str, float]], state: LoopState, best: dict[str, torch.Tensor], drafter: nn.Module,
-    cfg: TrainConfig, num_sequences: int, logger: MetricsLogger, bar: Any,
+    evaluate: Callable[[], dict[str, float]],
+    state: LoopState,
+    best: dict[str, torch.Tensor],
+    drafter: nn.Module,
+    cfg: TrainConfig,
+    num_sequences: int,
+    logger: MetricsLogger,
+    bar: Any,
 ) -> None:
     """Evaluate on the held-out set; keep the drafter's trainable weights in `best` on a new best score."""
     figures = evaluate()
     acceptance = figures["score"]
     epochs = state.step * cfg.batch_size / num_sequences
-    state.history.append({"step": state.step, "epochs": round(epochs, 3), "acceptance": acceptance,
-                          **{k: v for k, v in figures.items() if k != "score"}})
+    state.history.append(
+        {
+            "step": state.step,
+            "epochs": round(epochs, 3),
+            "acceptance": acceptance,
+            **{k: v for k, v in figures.items() if k != "score"},
+        }
+    )
     if state.acceptance_before is None:
         state.acceptance_before = acceptance
     if acceptance > state.best_acceptance:
         state.best_acceptance, state.best_step = acceptance, state.step
         best.clear()
         best.update(trainable_state(drafter))
-    logger.log({"step": state.step, "epochs": round(epochs, 3), "heldout_acceptance": acceptance,
-                **{k if k.startswith("train_") else f"heldout_{k}": v for k, v in figures.items() if k != "score"},
-                "best": state.best_acceptance}, bar)
+    logger.log(
+        {
+            "step": state.step,
+            "epochs": round(epochs, 3),
+            "heldout_acceptance": acceptance,
+            **{k if k.startswith("train_") else f"heldout_{k}": v for k, v in figures.items() if k != "score"},
+            "best": state.best_acceptance,
+        },
+        bar,
+    )
 
 
 def _stale(state: LoopState, cfg: TrainConfig) -> bool:
     """No new best in the last `early_stop_evals` evaluations (identical on every process)."""
     patience = cfg.early_stop_evals
-    return patience is not None and len(state.history) > patience and all(
-        h["step"] > state.best_step for h in state.history[-patience:])
+    return (
+        patience is not None
+        and len(state.history) > patience
+        and all(h["step"] > state.best_step for h in state.history[-patience:])
+    )

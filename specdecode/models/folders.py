@@ -1,0 +1,78 @@
+"""Checks of a saved model folder's files, so that a damaged or incomplete folder is named before
+transformers or safetensors fail on it with an error that names neither the folder nor the file
+(`SafetensorError: header too small`, `Couldn't instantiate the backend tokenizer`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file
+
+# Any of these makes a folder's tokenizer loadable by `AutoTokenizer.from_pretrained`.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+)
+
+
+def unreadable_safetensors(path: Path, error: BaseException) -> ValueError:
+    """The error for a safetensors file that does not parse: the file, the cause, the likely reason."""
+    return ValueError(
+        f"{str(path)!r} is not a readable safetensors file ({error}): it is truncated, empty or "
+        "damaged (an interrupted copy or save?); copy or save it again"
+    )
+
+
+def check_safetensors(path: Path) -> None:
+    """Parse `path`'s header and check that its tensors' bytes are all there (a memory map: no
+    tensor is read).
+
+    Raises:
+        ValueError: naming the file (`unreadable_safetensors`).
+    """
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            handle.keys()
+    except (SafetensorError, OSError) as error:
+        raise unreadable_safetensors(path, error) from None
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """`safetensors.torch.load_file(path)`.
+
+    Raises:
+        ValueError: naming the file when it does not parse (`unreadable_safetensors`).
+    """
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as error:
+        raise unreadable_safetensors(path, error) from None
+
+
+def check_model_folder(folder: Path, tokenizer: bool = True) -> None:
+    """Check a local model folder before transformers reads it: `config.json` parses, every
+    `.safetensors` file parses and is complete, and (with `tokenizer`) it holds tokenizer files.
+
+    Raises:
+        ValueError: naming the folder and the file that is damaged or missing.
+    """
+    config = folder / "config.json"
+    if config.is_file():
+        try:
+            json.loads(config.read_text())
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ValueError(f"{str(config)!r} is not valid JSON ({error}): the model folder is damaged") from None
+    for path in sorted(folder.glob("*.safetensors")):
+        check_safetensors(path)
+    if tokenizer and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(
+            f"model folder {str(folder)!r} has no tokenizer files (any of {', '.join(TOKENIZER_FILES)}); save the "
+            "tokenizer beside the weights (`tokenizer.save_pretrained(folder)`, the target's for a drafter)"
+        )
