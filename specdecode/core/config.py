@@ -23,6 +23,11 @@ T = TypeVar("T")
 # draft that many tokens per step whatever the token budget.
 MAX_GAMMA = 64
 GAMMA_RANGE = f"an int in [1, {MAX_GAMMA}]"
+# Smallest sampling temperature above 0 (greedy). Logits are divided by it in fp32 (max ~3.4e38):
+# at 1e-40 every logit overflows to inf, the softmax is NaN and every token is id 0. Far below
+# it sampling is greedy anyway; above it a logit would need to exceed 3e34 to overflow.
+MIN_TEMPERATURE = 1e-4
+TEMPERATURE_RANGE = f"a finite number >= {MIN_TEMPERATURE:g}, or 0 (greedy)"
 
 
 def from_dict(cls: type[T], data: dict[str, Any] | DictConfig, where: str = "") -> T:
@@ -46,7 +51,11 @@ def config_error(error: OmegaConfBaseException, where: str = "") -> ValueError:
     message = str(getattr(error, "msg", None) or error).splitlines()[0]
     key = f"{where}{error.full_key}" if getattr(error, "full_key", None) else where.rstrip(".") or "config"
     owner = getattr(error, "object_type", None)
-    known = f"; known: {sorted(f.name for f in fields(owner))}" if isinstance(error, ConfigKeyError) and dataclasses.is_dataclass(owner) else ""
+    known = (
+        f"; known: {sorted(f.name for f in fields(owner))}"
+        if isinstance(error, ConfigKeyError) and dataclasses.is_dataclass(owner)
+        else ""
+    )
     return ValueError(f"{key}: {message}{known}")
 
 
@@ -71,6 +80,11 @@ def is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def is_temperature(value: object) -> bool:
+    """A sampling temperature every entry point accepts (`TEMPERATURE_RANGE`)."""
+    return is_number(value) and (value == 0 or MIN_TEMPERATURE <= value < float("inf"))  # type: ignore[operator]
+
+
 @dataclass
 class Placement:
     """The one `device` / `dtype` of an app (top level of its conf/*.yaml): the target, the drafters,
@@ -81,11 +95,24 @@ class Placement:
     dtype: str = "float32"
     # On CPU, linear layers over 2..64 rows as `weight @ x.T` (specdecode.models.cpu_matmul): on
     # some CPUs a verify pass then costs about one decode step, on others twice as much. null
-    # times both kernels at load and keeps the faster; true / false force one.
+    # takes the faster, timed once per machine and kept on disk (models.kernel_choice); true / false force one.
     skinny_matmul: bool | None = None
+    # Decode with the static-shape core's steps under torch.compile (specdecode.decoding.compiled);
+    # null: on for CUDA, on the CPU as measured faster there; true / false force it.
+    compile: bool | None = None
 
     def check_placement(self) -> None:
         self.device = check_device_name(self.device)
         self.dtype = check_dtype_name(self.dtype)
-        require(self.skinny_matmul is None or isinstance(self.skinny_matmul, bool), "skinny_matmul", self.skinny_matmul,
-                "true, false or null (time both kernels at load and keep the faster)")
+        require(
+            self.skinny_matmul is None or isinstance(self.skinny_matmul, bool),
+            "skinny_matmul",
+            self.skinny_matmul,
+            "true, false or null (the faster kernel, measured once per machine)",
+        )
+        require(
+            self.compile is None or isinstance(self.compile, bool),
+            "compile",
+            self.compile,
+            "true, false or null (on for CUDA; on the CPU as measured faster)",
+        )

@@ -56,9 +56,7 @@ class RaggedKVCache(Cache):
             sees exactly slots 0..lengths[b] + t: its row's history and the new tokens before it.
         """
         if self.max_length + num_new > self.capacity:
-            raise RuntimeError(
-                f"KV cache overflow: {self.max_length} + {num_new} slots > capacity {self.capacity}"
-            )
+            raise RuntimeError(f"KV cache overflow: {self.max_length} + {num_new} slots > capacity {self.capacity}")
         device = self.lengths.device
         positions = self.lengths.unsqueeze(1) + torch.arange(num_new, device=device)
         self._write_slots = positions
@@ -147,7 +145,9 @@ def cached_forward(
     return output.logits
 
 
-def cached_call(cache: RaggedKVCache, num_new: int, dtype: torch.dtype, run: Callable[..., torch.Tensor]) -> torch.Tensor:
+def cached_call(
+    cache: RaggedKVCache, num_new: int, dtype: torch.dtype, run: Callable[..., torch.Tensor]
+) -> torch.Tensor:
     """`run(attention_mask=..., position_ids=..., past_key_values=cache)` for `num_new` new tokens per
     row (models driven by embeddings rather than ids, e.g. feature drafters)."""
     position_ids, mask = cache.prepare(num_new, dtype)

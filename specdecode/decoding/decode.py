@@ -6,7 +6,7 @@ leaving the batch), so a speedup measured between them compares like with like.
 Invariant between steps, per row: `tokens[:length]` are committed (prompt + generated); the target
 cache holds all but the last committed token (the "pending" one, fed in the next pass). How a
 drafter keeps its own state (a slice drafter's cache, a feature drafter's cache and the target
-features it reads) is in specdecode/drafting.py; the loop is the same for both kinds.
+features it reads) is in decoding/drafting.py (the `Drafting` protocol); the loop is the same for both kinds.
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ import torch
 from transformers import PreTrainedModel
 
 from specdecode.decoding.cache import RaggedKVCache, cached_forward
-from specdecode.decoding.drafting import _last, drafting_for
+from specdecode.decoding.compiled import check_core
+from specdecode.decoding.drafting import Drafting, drafting_for, last_tokens
 from specdecode.decoding.lookup import DEFAULT_LOOKUP, PromptLookup
-from specdecode.decoding.sampling import logits_to_probs, next_tokens
+from specdecode.decoding.sampling import SamplingParams, logits_to_probs, next_tokens
+from specdecode.decoding.static import autoregressive_generate_static, speculative_generate_static
 from specdecode.decoding.stats import GenerationResult, StepCounters
 from specdecode.decoding.validation import validate_models, validate_request
 from specdecode.decoding.verify import greedy_accept, rejection_sample
@@ -70,7 +72,7 @@ class _Batch:
 
     def last(self, n: int) -> torch.Tensor:
         """The last `n` committed tokens of each row, `[B, n]`."""
-        return _last(self.tokens, self.lengths, n)
+        return last_tokens(self.tokens, self.lengths, n)
 
     def commit(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Append the first `counts[b]` of `new_tokens` `[B, W]` to each row, cut at EOS and budget.
@@ -106,7 +108,9 @@ def _prefill(
     last = batch.lengths - 1
     # Ask only for the positions some row ends at (a handful), not the whole prompt's logits.
     positions = torch.unique(last)
-    out = cached_forward(model, cache, batch.tokens[:, :longest], logits_to_keep=positions, feature_layers=feature_layers)
+    out = cached_forward(
+        model, cache, batch.tokens[:, :longest], logits_to_keep=positions, feature_layers=feature_layers
+    )
     logits, hidden = out if feature_layers is not None else (out, None)
     cache.set_lengths(batch.lengths.clone(), longest)
     column = torch.searchsorted(positions, last)
@@ -175,6 +179,8 @@ def speculative_generate(
     eos_token_ids: Sequence[int] | int | None = None,
     seed: int | None = None,
     prompt_lookup: PromptLookup | None = DEFAULT_LOOKUP,
+    static: bool = False,
+    compile: bool | None = None,
 ) -> GenerationResult:
     """Generate from `target` with `drafter` proposing `gamma` tokens per target pass.
 
@@ -187,20 +193,43 @@ def speculative_generate(
     of token-id lists (no padding); `max_new_tokens` is one budget or one per prompt; generation
     stops per row at any of `eos_token_ids` (included in the output). `prompt_lookup`: where the
     drafter is unsure, copy what followed an earlier occurrence of the row's last tokens (exact;
-    `specdecode.decoding.lookup`); None: the drafter alone.
+    `specdecode.decoding.lookup`); None: the drafter alone. `static=True` runs the static-shape
+    core (`specdecode.decoding.static`: fixed caches and pass widths, finished rows masked), and
+    `compile` compiles its steps there (None: on for CUDA, `compiled.COMPILE_ON_CPU` on the CPU).
     """
     validate_models(target, drafter, prompt_lookup)
+    compiled = check_core(static, compile, target.device)
     gamma = drafter_gamma(drafter) if gamma is None else gamma
-    params, budgets, eos = validate_request(target, prompts, max_new_tokens, temperature, top_k, top_p, eos_token_ids, gamma=gamma)
+    params, budgets, eos, prompts = validate_request(
+        target, prompts, max_new_tokens, temperature, top_k, top_p, eos_token_ids, gamma=gamma
+    )
     if max(budgets) == 0:
         return GenerationResult.build([[] for _ in prompts], StepCounters(gamma, target.device), 0.0)
+    lookup = prompt_lookup if prompt_lookup is not None and prompt_lookup.applies(params.temperature) else None
+    core = speculative_generate_static if static else _speculative_eager
+    return core(
+        target, drafter, prompts, budgets, eos, params, gamma, _generator(seed, target.device), lookup, compiled
+    )
+
+
+def _speculative_eager(
+    target: PreTrainedModel,
+    drafter: PreTrainedModel | FeatureDrafter,
+    prompts: Sequence[Sequence[int]],
+    budgets: list[int],
+    eos: list[int],
+    params: SamplingParams,
+    gamma: int,
+    generator: torch.Generator | None,
+    lookup: PromptLookup | None,
+    compile: bool = False,
+) -> GenerationResult:
+    """The eager loop of `speculative_generate`, on checked arguments (`compile` does not apply)."""
     start = time.perf_counter()
     device = target.device
-    generator = _generator(seed, device)
     batch = _Batch.from_prompts(prompts, budgets, slack=gamma + 2, eos=eos, device=device)
     target_cache = RaggedKVCache.for_model(target, len(prompts), batch.capacity)
-    lookup = prompt_lookup if prompt_lookup is not None and prompt_lookup.applies(params.temperature) else None
-    drafting = drafting_for(drafter, len(prompts), batch.capacity, lookup)
+    drafting: Drafting = drafting_for(drafter, len(prompts), batch.capacity, lookup)
     features = drafting.feature_layers
     counters = StepCounters(gamma, device)
     finisher = _Finisher(len(prompts))
@@ -224,9 +253,14 @@ def speculative_generate(
         drafting.observe(hidden, batch.lengths - 1)
 
         # 3. accept / resample
-        num_accepted, next_token = (greedy_accept(draft, logits.argmax(dim=-1)) if q is None
-                                    else rejection_sample(draft, q, logits_to_probs(logits, params), generator))
-        new_tokens = torch.cat([draft, draft[:, :1]], dim=1).scatter(1, num_accepted.unsqueeze(1), next_token.unsqueeze(1))
+        num_accepted, next_token = (
+            greedy_accept(draft, logits.argmax(dim=-1))
+            if q is None
+            else rejection_sample(draft, q, logits_to_probs(logits, params), generator)
+        )
+        new_tokens = torch.cat([draft, draft[:, :1]], dim=1).scatter(
+            1, num_accepted.unsqueeze(1), next_token.unsqueeze(1)
+        )
         finished = batch.commit(new_tokens, num_accepted + 1)
         counters.record_step(num_accepted, drafter_calls=gamma)
 
@@ -249,6 +283,8 @@ def autoregressive_generate(
     eos_token_ids: Sequence[int] | int | None = None,
     seed: int | None = None,
     feature_layers: Sequence[int] | None = None,
+    static: bool = False,
+    compile: bool | None = None,
 ) -> GenerationResult:
     """Target-only decoding on the same caches, batching and stopping rules as `speculative_generate`.
 
@@ -258,11 +294,18 @@ def autoregressive_generate(
     feature drafter then costs one target pass, not a second forward over the text. The last
     generated token is never fed (decoding stops once it is chosen), so its row is zero, as padding
     is: a feature drafter's training never reads a sequence's last feature (its last loss position
-    predicts that token from the one before)."""
-    params, budgets, eos = validate_request(target, prompts, max_new_tokens, temperature, top_k, top_p, eos_token_ids)
+    predicts that token from the one before). `static` / `compile`: as for `speculative_generate`."""
+    compiled = check_core(static, compile, target.device)
+    params, budgets, eos, prompts = validate_request(
+        target, prompts, max_new_tokens, temperature, top_k, top_p, eos_token_ids
+    )
     layers = tuple(feature_layers) if feature_layers is not None else None
     if max(budgets) == 0 and layers is None:
         return GenerationResult.build([[] for _ in prompts], StepCounters(0, target.device), 0.0)
+    if static:
+        return autoregressive_generate_static(
+            target, prompts, budgets, eos, params, _generator(seed, target.device), layers, compiled
+        )
     start = time.perf_counter()
     device = target.device
     generator = _generator(seed, device)
@@ -281,7 +324,9 @@ def autoregressive_generate(
         logits, hidden = out if layers is not None else (out, None)
         if features is not None:
             features.write(batch.rows, batch.lengths - 1, hidden[:, -1])
-        finished = batch.commit(next_tokens(logits[:, -1], params, generator).unsqueeze(1), torch.ones_like(batch.lengths))
+        finished = batch.commit(
+            next_tokens(logits[:, -1], params, generator).unsqueeze(1), torch.ones_like(batch.lengths)
+        )
         counters.record_target_call(len(finished))
 
     result = GenerationResult.build(finisher.sequences, counters, time.perf_counter() - start)

@@ -1,0 +1,87 @@
+"""The `compile` option of the static decode core: when to compile, and the compiled models.
+
+The target's and the drafter's forward passes run under `torch.compile` with static shapes
+(`dynamic=False`): one graph per (model, batch size, pass width, cache capacity), compiled on first
+use and reused by every later call of that shape. On CUDA the mode is "reduce-overhead", which
+captures each graph as a CUDA graph and replays it with one launch; its KV buffers are marked
+static (`StaticKVCache`) so the replay writes them in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+
+import torch
+from torch import nn
+
+# Whether `compile=None` (auto) compiles on the CPU: inductor's default mode against eager on the
+# same static core (docs/experiments/2026-11-27-static-decode-core.md).
+COMPILE_ON_CPU = False
+# Graphs dynamo keeps per compiled function before it falls back to eager: one per shape, and a
+# benchmark runs a model at a few batch sizes and widths (dynamo's own default, 8, is too few).
+RECOMPILE_LIMIT = 64
+
+
+def resolve_compile(setting: bool | None, device: torch.device | str) -> bool:
+    """`compile` as asked, or for `None` (auto): on for CUDA, `COMPILE_ON_CPU` on the CPU, off elsewhere.
+
+    Raises:
+        TypeError: `setting` is not true, false or None.
+    """
+    if setting is not None:
+        if not isinstance(setting, bool):
+            raise TypeError(f"compile must be true, false or null (auto), got {setting!r}")
+        return setting
+    kind = torch.device(device).type
+    return kind == "cuda" or (kind == "cpu" and COMPILE_ON_CPU)
+
+
+def check_core(static: object, compile: object, device: torch.device) -> bool:
+    """Check the `static` / `compile` options of the decode entry points; return whether to compile.
+
+    Raises:
+        TypeError: naming a non-bool `static` or a `compile` that is not true / false / None.
+        ValueError: `compile=True` without `static=True` (only the static core has fixed shapes to compile).
+        RuntimeError: compiling with a torch older than 2.6 (no `torch.compiler.set_stance`).
+    """
+    if not isinstance(static, bool):
+        raise TypeError(f"static must be true or false, got {static!r}")
+    on = resolve_compile(compile, device)  # type: ignore[arg-type]
+    if compile is True and not static:
+        raise ValueError("compile=True needs static=True: only the static-shape core can be compiled")
+    if static and on and not hasattr(torch.compiler, "set_stance"):
+        raise RuntimeError(
+            f"compile=True needs torch >= 2.6 (torch.compiler.set_stance); this is torch {torch.__version__}"
+        )
+    return static and on
+
+
+# The compiled wrapper of each model, kept while the model lives.
+_COMPILED: weakref.WeakKeyDictionary[nn.Module, nn.Module] = weakref.WeakKeyDictionary()
+
+
+def compiled(model: nn.Module) -> nn.Module:
+    """`model` with its forward under `torch.compile` (see the module docstring), built once per
+    model; other attributes read through to `model`."""
+    if model not in _COMPILED:
+        config = torch._dynamo.config
+        # `cache_size_limit` is the name before torch 2.7
+        limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+        setattr(config, limit, max(getattr(config, limit), RECOMPILE_LIMIT))
+        mode = "reduce-overhead" if model.device.type == "cuda" else None
+        _COMPILED[model] = torch.compile(model, mode=mode, dynamic=False)
+    return _COMPILED[model]
+
+
+def eager_passes(compile: bool) -> contextlib.AbstractContextManager[None]:
+    """Run compiled models eagerly (when compiling): for passes whose width the prompts set
+    (prefills, a feature drafter's first window), which would otherwise compile once per prompt length."""
+    return torch.compiler.set_stance("force_eager") if compile else contextlib.nullcontext()
+
+
+def mark_step(compile: bool, device: torch.device) -> None:
+    """Tell CUDA graph trees a decode step starts: the graphs' outputs of the step before (consumed
+    by then) may be overwritten."""
+    if compile and device.type == "cuda":
+        torch.compiler.cudagraph_mark_step_begin()

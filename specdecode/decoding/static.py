@@ -1,0 +1,328 @@
+"""The static-shape decode core: fixed buffers and pass widths, so the step functions can be compiled.
+
+The eager loops (decode.py) read a KV window that grows with the longest row, build a float mask
+each pass, drop finished rows from the batch and ask the host every step whether to stop. Every
+one of those changes a tensor's shape or waits on the device, which is what keeps a compiled
+(on CUDA: graph-captured) step from being replayed. Here, in the manner of gpt-fast while keeping
+ragged batches:
+
+* each KV cache is a fixed `[B, H_kv, S_cap, D]` buffer per layer (`StaticKVCache`), written at
+  per-row positions with one scatter and read whole; a boolean mask compares a fixed
+  `arange(S_cap)` with each query's position, so slots past a row's length (other rows' padding,
+  rejected drafts) are never seen;
+* finished rows stay in the batch, masked: they commit nothing, count nothing, look nothing up,
+  and their (ignored) passes keep every shape fixed;
+* every pass has a fixed width: 1 for the target alone, gamma + 1 for a verify, the drafting
+  strategies' own fixed windows (`specdecode.decoding.drafting`, unchanged: they run on this
+  cache through `cached_forward` like on the ragged one);
+* the host learns whether every row is done once every few steps (`default_sync_every`), not
+  every step;
+* with `compile`, the target's and the drafter's forward passes run under `torch.compile`
+  (`mode="reduce-overhead"`, i.e. CUDA graphs, on CUDA): compiled once per shape (batch size,
+  capacity rounded up to a power of two, pass width), then reused across calls. The prefill
+  and a feature drafter's first window (widths set by the prompts) run eagerly.
+
+What the caller gets is what the eager loops return: the same tokens in greedy decoding (in fp32
+on these kernels; see `speculative_generate_static` for what exact means in bf16), the same
+distribution when sampling (though not the same draws for a seed: masked rows still consume random
+numbers), and the same counters.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from specdecode.decoding.cache import cached_forward
+from specdecode.decoding.compiled import compiled, eager_passes, mark_step
+from specdecode.decoding.drafting import drafting_for
+from specdecode.decoding.lookup import PromptLookup
+from specdecode.decoding.sampling import SamplingParams, logits_to_probs, next_tokens
+from specdecode.decoding.static_cache import StaticKVCache
+from specdecode.decoding.stats import GenerationResult, StepCounters
+from specdecode.decoding.verify import greedy_accept, rejection_sample
+from specdecode.models.feature_drafter import FeatureDrafter
+
+# The cache capacity is rounded up to a power of two (at least this), so calls whose prompts and
+# budgets differ share one compiled shape, at most twice the slots they need: unused slots are
+# masked, and reading them costs little next to the weights (256 slots of SmolLM2-135M's keys and
+# values are ~6 MB per row against its 540 MB of weights).
+MIN_CAPACITY = 16
+# Steps between host syncs (is every row done?) on an accelerator: the host queues up to this many
+# steps ahead and the batch may run up to this many - 1 steps past its last row's end. On the CPU
+# the device is the host, a sync costs nothing, and every step is checked.
+SYNC_EVERY_ACCELERATOR = 8
+
+
+def default_sync_every(device: torch.device) -> int:
+    return 1 if device.type == "cpu" else SYNC_EVERY_ACCELERATOR
+
+
+@dataclass
+class _Rows:
+    """Committed tokens `[B, S_cap]`, lengths / limits `[B]` (limit = prompt length + budget) and
+    which rows are still decoding, `active` `[B]` bool. Rows never leave: a finished one is masked."""
+
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    limits: torch.Tensor
+    active: torch.Tensor
+    prompt_lengths: list[int]
+    eos: torch.Tensor
+
+    @classmethod
+    def from_prompts(
+        cls, prompts: Sequence[Sequence[int]], budgets: list[int], slack: int, eos: Sequence[int], device: torch.device
+    ) -> _Rows:
+        prompt_lengths = [len(p) for p in prompts]
+        needed = max(n + b for n, b in zip(prompt_lengths, budgets)) + slack
+        capacity = max(MIN_CAPACITY, 1 << (needed - 1).bit_length())
+        tokens = torch.zeros(len(prompts), capacity, dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            tokens[i, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+        lengths = torch.tensor(prompt_lengths, dtype=torch.long)
+        limits = lengths + torch.tensor(budgets, dtype=torch.long)
+        return cls(
+            tokens.to(device),
+            lengths.to(device),
+            limits.to(device),
+            (lengths < limits).to(device),
+            prompt_lengths,
+            torch.tensor(sorted(set(eos)), dtype=torch.long, device=device),
+        )
+
+    @property
+    def capacity(self) -> int:
+        return self.tokens.shape[1]
+
+    def last(self, n: int) -> torch.Tensor:
+        """The last `n` committed tokens of each row, `[B, n]`."""
+        return self.tokens.gather(1, self.lengths.unsqueeze(1) - n + torch.arange(n, device=self.tokens.device))
+
+    def commit(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> None:
+        """Append the first `counts[b]` of `new_tokens` `[B, W]` to each active row, cut at EOS and
+        budget; a row that hits either stops being active. The rule of `decode._Batch.commit`."""
+        width = new_tokens.shape[1]
+        offsets = torch.arange(width, device=new_tokens.device)
+        counts = torch.where(self.active, counts, 0)
+        is_eos = (offsets < counts.unsqueeze(1)) & torch.isin(new_tokens, self.eos)
+        hit_eos = is_eos.any(dim=1)
+        counts = torch.where(hit_eos, is_eos.long().argmax(dim=1) + 1, counts)
+        counts = torch.minimum(counts, self.limits - self.lengths)
+        # All W entries are written (one scatter); those past the new length are never read as committed.
+        self.tokens.scatter_(1, self.lengths.unsqueeze(1) + offsets, new_tokens)
+        self.lengths = self.lengths + counts
+        self.active = self.active & ~hit_eos & (self.lengths < self.limits)
+
+    def sequences(self) -> list[list[int]]:
+        """Each row's generated tokens (one host sync)."""
+        tokens, lengths = self.tokens.tolist(), self.lengths.tolist()
+        return [row[start:length] for row, start, length in zip(tokens, self.prompt_lengths, lengths)]
+
+
+class _Counters:
+    """`StepCounters` kept on the device, counting only active rows (a step counts where any is)."""
+
+    def __init__(self, gamma: int, device: torch.device) -> None:
+        self.gamma = gamma
+        # target calls, target calls counted per row, and draft-verify steps counted per row
+        self.calls = torch.zeros(3, dtype=torch.long, device=device)
+        self.histogram = torch.zeros(gamma + 1, dtype=torch.long, device=device)
+
+    def record_target_call(self, active: torch.Tensor) -> None:
+        self.calls[:2] += torch.stack([active.any().long(), active.sum()])
+
+    def record_step(self, num_accepted: torch.Tensor, active: torch.Tensor) -> None:
+        self.calls += torch.stack([active.any().long(), active.sum(), active.sum()])
+        # scatter_add_ rather than bincount: bincount sizes its output from the data (a host sync)
+        self.histogram.scatter_add_(0, num_accepted, active.long())
+
+    def finish(
+        self, drafter_calls_per_step: int, drafter_prefill_calls: int, looked_up: torch.Tensor | int
+    ) -> StepCounters:
+        """The eager loop's counters (one host sync)."""
+        counters = StepCounters(self.gamma, self.histogram.device)
+        calls, row_calls, row_steps = self.calls.tolist()
+        counters.target_calls, counters.row_calls = calls, row_calls
+        counters.drafter_calls = drafter_prefill_calls + drafter_calls_per_step * (calls - 1)
+        counters.drafted = self.gamma * row_steps
+        counters.histogram = self.histogram
+        counters.looked_up = looked_up
+        return counters
+
+
+class _ActiveRowsLookup:
+    """A `PromptLookup` that only the active rows use, so a masked row's drafts are never counted as
+    looked up (the drafting strategies call `choose` alone)."""
+
+    def __init__(self, lookup: PromptLookup) -> None:
+        self.lookup = lookup
+        self.active: torch.Tensor | None = None
+
+    def choose(
+        self, logits: torch.Tensor, drafts: torch.Tensor, context: torch.Tensor, lengths: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        chosen, used = self.lookup.choose(logits, drafts, context, lengths)
+        used = used & self.active
+        return torch.where(used, chosen, drafts), used
+
+
+def _prefill(
+    model: torch.nn.Module, cache: StaticKVCache, rows: _Rows, feature_layers: tuple[int, ...] | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Cache the right-padded prompts; the logits at each row's last prompt token `[B, V]` and,
+    with `feature_layers`, the features of all prompt positions `[B, T, n·H]`."""
+    longest = max(rows.prompt_lengths)
+    last = rows.lengths - 1
+    positions = torch.unique(last)
+    out = cached_forward(
+        model, cache, rows.tokens[:, :longest], logits_to_keep=positions, feature_layers=feature_layers
+    )
+    logits, hidden = out if feature_layers is not None else (out, None)
+    cache.set_lengths(rows.lengths.clone())
+    column = torch.searchsorted(positions, last)
+    return logits[torch.arange(len(last), device=last.device), column], hidden
+
+
+def _max_steps(budgets: list[int]) -> int:
+    """Steps after the prefill that finish every row: each commits at least one token per active row."""
+    return max(max(budgets) - 1, 0)
+
+
+def speculative_generate_static(
+    target: PreTrainedModel,
+    drafter: PreTrainedModel | FeatureDrafter,
+    prompts: Sequence[Sequence[int]],
+    budgets: list[int],
+    eos: list[int],
+    params: SamplingParams,
+    gamma: int,
+    generator: torch.Generator | None,
+    lookup: PromptLookup | None,
+    compile: bool,
+) -> GenerationResult:
+    """`speculative_generate(static=True)` on checked arguments (see the module docstring).
+
+    Exact, in greedy decoding, means each token is the argmax of the target's logits at that
+    position as the target computes them in a pass of this batch's shape. In fp32 that is
+    target-alone greedy. In bf16 passes of other widths, read windows or kernels (eager or
+    compiled: inductor fuses and rounds otherwise) round differently, so where the target's top
+    two logits lie within bf16 rounding of each other they can pick different tokens: bf16 greedy
+    is exact against target-alone greedy in bf16 on the same batch shape and core, up to such
+    near-ties, and the rate is measured (`specdecode.evaluation.core_benchmark`), not assumed.
+    """
+    start = time.perf_counter()
+    device = target.device
+    rows = _Rows.from_prompts(prompts, budgets, slack=gamma + 2, eos=eos, device=device)
+    batch_size, capacity = len(prompts), rows.capacity
+    target_cache = StaticKVCache.for_model(target, batch_size, capacity)
+    row_lookup = _ActiveRowsLookup(lookup) if lookup is not None else None
+    drafting = drafting_for(drafter, batch_size, capacity, row_lookup)  # type: ignore[arg-type]
+    # the drafting strategy drives its drafter on a cache of the same fixed shape
+    drafting.cache = StaticKVCache.for_model(drafter, batch_size, capacity)
+    features = drafting.feature_layers
+    verify_model = compiled(target) if compile else target
+    if compile:
+        drafting.drafter = compiled(drafter)
+    counters = _Counters(gamma, device)
+    sync_every = default_sync_every(device)
+
+    # 0. prefill: the target's first token is an ordinary sample; the drafter only reads the prompt.
+    first, hidden = _prefill(target, target_cache, rows, features)
+    with eager_passes(compile):
+        drafting.prefill(rows.tokens, rows.lengths, max(rows.prompt_lengths), hidden)
+    counters.record_target_call(torch.ones_like(rows.active))
+    rows.commit(next_tokens(first, params, generator).unsqueeze(1), torch.ones_like(rows.lengths))
+
+    for step in range(_max_steps(budgets)):
+        if step % sync_every == 0 and not rows.active.any().item():
+            break
+        mark_step(compile, device)
+        if row_lookup is not None:
+            row_lookup.active = rows.active
+        target_cache.set_lengths(rows.lengths - 1)
+        # 1. draft gamma tokens (the first step's feature window spans the prompts: eager). A row
+        # of a one-token prompt and no budget holds one token where a drafter may re-read two: its
+        # (masked) drafts then read a padding token.
+        with eager_passes(compile and step == 0):
+            draft, q = drafting.propose(rows.tokens, rows.lengths.clamp_min(2), capacity, gamma, params, generator)
+        # 2. verify the pending token and the gamma drafts in one target pass
+        out = cached_forward(
+            verify_model, target_cache, torch.cat([rows.last(1), draft], dim=1), feature_layers=features
+        )
+        logits, hidden = out if features is not None else (out, None)
+        drafting.observe(hidden, rows.lengths - 1)
+        # 3. accept / resample
+        num_accepted, next_token = (
+            greedy_accept(draft, logits.argmax(dim=-1))
+            if q is None
+            else rejection_sample(draft, q, logits_to_probs(logits, params), generator)
+        )
+        new_tokens = torch.cat([draft, draft[:, :1]], dim=1).scatter(
+            1, num_accepted.unsqueeze(1), next_token.unsqueeze(1)
+        )
+        counters.record_step(num_accepted, rows.active)
+        rows.commit(new_tokens, num_accepted + 1)
+
+    sequences = rows.sequences()
+    stats = counters.finish(gamma, 1, drafting.looked_up)
+    return GenerationResult.build(sequences, stats, time.perf_counter() - start)  # type: ignore[arg-type]
+
+
+def autoregressive_generate_static(
+    target: PreTrainedModel,
+    prompts: Sequence[Sequence[int]],
+    budgets: list[int],
+    eos: list[int],
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    feature_layers: tuple[int, ...] | None,
+    compile: bool,
+) -> GenerationResult:
+    """`autoregressive_generate(static=True)` on checked arguments: one-token passes of the whole
+    batch, finished rows masked; with `feature_layers`, `result.features` as the eager loop's."""
+    start = time.perf_counter()
+    device = target.device
+    rows = _Rows.from_prompts(prompts, budgets, slack=1, eos=eos, device=device)
+    batch_size, capacity = len(prompts), rows.capacity
+    cache = StaticKVCache.for_model(target, batch_size, capacity)
+    step_model = compiled(target) if compile else target
+    counters = _Counters(0, device)
+    sync_every = default_sync_every(device)
+
+    logits, hidden = _prefill(target, cache, rows, feature_layers)
+    written = None
+    if hidden is not None:
+        written = hidden.new_zeros(batch_size, capacity, hidden.shape[-1])
+        written[:, : hidden.shape[1]] = hidden
+    counters.record_target_call(torch.ones_like(rows.active))
+    rows.commit(next_tokens(logits, params, generator).unsqueeze(1), torch.ones_like(rows.lengths))
+    batch_index = torch.arange(batch_size, device=device)
+    for step in range(_max_steps(budgets)):
+        if step % sync_every == 0 and not rows.active.any().item():
+            break
+        mark_step(compile, device)
+        cache.set_lengths(rows.lengths - 1)
+        active = rows.active
+        out = cached_forward(step_model, cache, rows.last(1), feature_layers=feature_layers)
+        logits, hidden = out if feature_layers is not None else (out, None)
+        if written is not None:
+            # a masked row writes to the last slot, past every row's output
+            written[batch_index, torch.where(active, rows.lengths - 1, capacity - 1)] = hidden[:, -1]
+        counters.record_target_call(active)
+        rows.commit(next_tokens(logits[:, -1], params, generator).unsqueeze(1), torch.ones_like(rows.lengths))
+
+    sequences = rows.sequences()
+    result = GenerationResult.build(sequences, counters.finish(0, 0, 0), time.perf_counter() - start)  # type: ignore[arg-type]
+    if written is not None:
+        result.features = []
+        for i, (length, generated) in enumerate(zip(rows.prompt_lengths, sequences)):
+            row = written[i, : length + len(generated)].clone()
+            if generated:
+                row[-1] = 0  # the last generated token is never fed, as in the eager loop
+            result.features.append(row)
+    return result

@@ -1,0 +1,86 @@
+"""A KV cache of fixed shape in which every row keeps its own length: the static core's cache.
+
+`RaggedKVCache` (cache.py) reads a window that grows with the longest row and builds an additive
+float mask for it, so every pass has a new shape. Here the buffers are read whole and the mask is
+boolean (SDPA can then pick its efficient kernels), so a pass's shapes depend only on its batch
+size and width, and a compiled forward can be replayed step after step.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache
+
+from specdecode.models.feature_drafter import FeatureDrafter
+
+
+class StaticKVCache(Cache):
+    """A KV cache of fixed shape in which every row keeps its own length.
+
+    Per layer, keys and values are `[B, H_kv, S_cap, D]`, allocated at the first write (the
+    prefill, which runs eagerly) and never reallocated. The interface is `RaggedKVCache`'s, so
+    `cached_forward`, `cached_call` and the drafting strategies drive either: `prepare(T)` sets
+    up a pass that writes row b's T new tokens at slots `lengths[b] + t` and returns their
+    positions and a boolean mask `[B, 1, T, S_cap]`; `update` scatters the new entries there and
+    returns the whole buffers. Lowering a row's length trims it: stale entries stay, masked, until
+    overwritten. The host-side `max_length` of `set_lengths` is not needed (reads are whole).
+    """
+
+    def __init__(self, num_layers: int, batch_size: int, capacity: int, device: torch.device) -> None:
+        super().__init__(layers=[])
+        self.num_layers = num_layers
+        self.capacity = capacity
+        self.keys: list[torch.Tensor | None] = [None] * num_layers
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.slots = torch.arange(capacity, device=device)
+        self._write_slots: torch.Tensor | None = None
+
+    @classmethod
+    def for_model(cls, model: PreTrainedModel | FeatureDrafter, batch_size: int, capacity: int) -> StaticKVCache:
+        return cls(model.config.num_hidden_layers, batch_size, capacity, model.device)
+
+    def prepare(self, num_new: int, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Position ids `[B, T]` and the boolean mask `[B, 1, T, S_cap]` of a pass of `num_new`
+        tokens per row (True where a query may attend: slots 0..lengths[b] + t). `dtype` is unused
+        (the ragged cache's additive mask needs it)."""
+        positions = self.lengths.unsqueeze(1) + torch.arange(num_new, device=self.lengths.device)
+        self._write_slots = positions
+        return positions, (self.slots.view(1, 1, -1) <= positions.unsqueeze(-1)).unsqueeze(1)
+
+    def advance(self, num_new: int) -> None:
+        self.lengths = self.lengths + num_new
+
+    def set_lengths(self, lengths: torch.Tensor, max_length: int | None = None) -> None:
+        """Trim (or keep) each row to `lengths` `[B]`."""
+        self.lengths = lengths
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write `[B, H_kv, T, D]` new keys/values at each row's slots; return the `[B, H_kv, S_cap, D]` buffers."""
+        if self._write_slots is None:
+            raise RuntimeError("StaticKVCache.prepare() must be called before each forward pass")
+        batch, heads, num_new, head_dim = key_states.shape
+        if self.keys[layer_idx] is None:
+            shape = (batch, heads, self.capacity, head_dim)
+            self.keys[layer_idx] = key_states.new_zeros(shape)
+            self.values[layer_idx] = value_states.new_zeros(shape)
+            # fixed addresses: CUDA graphs may then write them in place
+            torch._dynamo.mark_static_address(self.keys[layer_idx])
+            torch._dynamo.mark_static_address(self.values[layer_idx])
+        index = self._write_slots.view(batch, 1, num_new, 1).expand(batch, heads, num_new, head_dim)
+        keys = self.keys[layer_idx].scatter_(2, index, key_states)
+        values = self.values[layer_idx].scatter_(2, index, value_states)
+        return keys, values
+
+    def get_seq_length(self, layer_idx: int | None = 0) -> int:
+        return self.capacity
+
+    def get_max_cache_shape(self, layer_idx: int = 0) -> int:
+        return self.capacity
+
+    @property
+    def is_compileable(self) -> bool:
+        return True

@@ -1,0 +1,302 @@
+"""The decode cores side by side: eager, static, compiled; target alone, ours, transformers assisted.
+
+One run times, per (target, dtype, batch size) group, every method on the same prompts, the
+methods interleaved round by round (A, B, C, A, B, C, ...) so that a shared or throttled machine
+slows them alike, and reports each method's median tokens/s, its first call's seconds (where a
+compiled method pays for compiling each of its shapes), and its exact-match rate: the share of
+rows whose greedy tokens equal the target alone's in the same dtype and batch shape (on the same
+core: `reference_of`). The training-data writer (`autoregressive_generate(feature_layers=...)`) is
+timed at its own batch size.
+
+Targets: the embedded SmolLM2-135M (`load_model`'s default), a random-weight model of
+Llama-3.2-1B's shape built from its config (for timing: no hub, no checkpoint), or a tiny random
+Llama (to check the benchmark itself runs on a CPU). Drafters are built from the
+target: a one-layer slice (ours and transformers assisted share it) and an untrained one-layer
+feature drafter. Their acceptance is not the point; the cost of the loop around them is.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+from specdecode.decoding.decode import autoregressive_generate, speculative_generate
+from specdecode.evaluation.benchmark import benchmark_prompts
+from specdecode.models.drafters import derive_drafter
+from specdecode.models.feature_drafter import derive_feature_drafter
+from specdecode.models.loading import load_model, resolve_dtype
+
+TARGETS = ("smollm2-135m-instruct", "llama-3.2-1b-shape", "tiny")
+# The decode cores, as the options of `speculative_generate` / `autoregressive_generate`.
+CORES = {
+    "eager": dict(static=False),
+    "static": dict(static=True, compile=False),
+    "compiled": dict(static=True, compile=True),
+}
+
+
+def llama_1b_shape() -> LlamaConfig:
+    """Llama-3.2-1B's architecture (16 layers, hidden 2048, GQA 32/8 heads, 128k vocabulary, tied
+    embeddings), context cut to 4,096; weights are random: for timing only."""
+    return LlamaConfig(
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        max_position_embeddings=4096,
+        rope_theta=500000.0,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-5,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+
+
+def tiny_shape() -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.5,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+
+
+def build_target(name: str, dtype: str, device: str, count: int) -> tuple[PreTrainedModel, list[list[int]]]:
+    """The benchmark's target `name` (one of `TARGETS`) in `dtype` on `device`, eval mode, and
+    `count` prompts: the benchmark's held-out prompts (repeated as needed) for SmolLM2, random ids
+    of 32..96 tokens for the random-weight targets."""
+    if name not in TARGETS:
+        raise ValueError(f"target must be one of {TARGETS}, got {name!r}")
+    if name == TARGETS[0]:
+        # plain linears: the CPU kernel choice (models.cpu_matmul) is another question than the core's
+        target, tokenizer = load_model(name, dtype=dtype, device=device, skinny_matmul=False)
+        held_out = [ids for _, ids in benchmark_prompts(tokenizer, min(count, 24), max_tokens=256)]
+        return target, [held_out[i % len(held_out)] for i in range(count)]
+    torch.manual_seed(0)
+    config = llama_1b_shape() if name == TARGETS[1] else tiny_shape()
+    target = LlamaForCausalLM(config).to(device=device, dtype=resolve_dtype(dtype)).eval()
+    return target, random_prompts(config.vocab_size, count, (32, 96))
+
+
+def random_prompts(vocab_size: int, count: int, lengths: tuple[int, int], seed: int = 0) -> list[list[int]]:
+    """`count` prompts of random ids with lengths drawn in [lengths[0], lengths[1]]."""
+    generator = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(lengths[0], lengths[1] + 1, (count,), generator=generator).tolist()
+    return [torch.randint(0, vocab_size, (n,), generator=generator).tolist() for n in sizes]
+
+
+@dataclass
+class Row:
+    """One method of one group: median tokens/s over the rounds, the first (compiling) call's
+    seconds, the exact-match rate (against `reference_of(method)`), and the realised alpha."""
+
+    target: str
+    dtype: str
+    batch_size: int
+    method: str
+    tokens_per_s: float
+    first_call_s: float
+    exact_match: float
+    alpha: float | None
+
+
+# A method decodes a batch of prompts greedily: (sequences, seconds, alpha or None).
+Method = Callable[[list[list[int]]], tuple[list[list[int]], float, float | None]]
+
+
+def methods(
+    target: PreTrainedModel, gamma: int, new_tokens: int, batch_size: int, drafter: str | None = None
+) -> dict[str, Method]:
+    """The methods of a group, by name: the target alone and ours with a slice and a feature
+    drafter (the saved one at `drafter`, else an untrained one) on each core; transformers assisted
+    generation with the slice drafter at batch 1."""
+    slice_drafter = derive_drafter(target, 1)
+    feature_drafter = (
+        derive_feature_drafter(target, 1)
+        if drafter is None
+        else load_model(drafter, dtype=target.dtype, device=target.device, skinny_matmul=False)[0]
+    )
+    decode = dict(max_new_tokens=new_tokens, eos_token_ids=[])
+
+    def timed(call: Callable[[], object]) -> tuple[list[list[int]], float, float | None]:
+        start = time.perf_counter()
+        result = call()
+        seconds = time.perf_counter() - start
+        return result.sequences, seconds, result.stats.alpha  # type: ignore[attr-defined]
+
+    found: dict[str, Method] = {}
+    for core, options in CORES.items():
+        found[f"target alone, {core}"] = lambda p, o=options: timed(
+            lambda: autoregressive_generate(target, p, **decode, **o)
+        )
+        for kind, drafter in (("slice", slice_drafter), ("feature", feature_drafter)):
+            found[f"ours ({kind}), {core}"] = lambda p, o=options, d=drafter: timed(
+                lambda: speculative_generate(target, d, p, gamma=gamma, prompt_lookup=None, **decode, **o)
+            )
+    if batch_size == 1:
+        found["transformers assisted (slice)"] = lambda p: hf_assisted(target, slice_drafter, p[0], gamma, new_tokens)
+    return found
+
+
+def hf_assisted(
+    target: PreTrainedModel, drafter: PreTrainedModel, prompt: list[int], gamma: int, new_tokens: int
+) -> tuple[list[list[int]], float, None]:
+    """transformers assisted generation, greedy, a fixed gamma (constant schedule, no confidence stop)."""
+    drafter.generation_config = copy.deepcopy(drafter.generation_config)
+    drafter.generation_config.num_assistant_tokens = gamma
+    drafter.generation_config.num_assistant_tokens_schedule = "constant"
+    drafter.generation_config.assistant_confidence_threshold = 0.0
+    ids = torch.tensor([prompt], device=target.device)
+    start = time.perf_counter()
+    out = target.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        assistant_model=drafter,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    if target.device.type == "cuda":
+        torch.cuda.synchronize()
+    return [out[0, len(prompt) :].tolist()], time.perf_counter() - start, None
+
+
+def time_group(found: dict[str, Method], batches: Sequence[list[list[int]]], rounds: int) -> dict[str, dict]:
+    """Every method over every batch of prompts, round after round, methods interleaved within a
+    round; a first untimed-for-throughput call per method pays its compiling."""
+    first: dict[str, float] = {}
+    outputs: dict[str, list[list[int]]] = {}
+    alphas: dict[str, float | None] = {}
+    for name, method in found.items():
+        sequences, seconds, alpha = zip(*(method(batch) for batch in batches))
+        first[name] = sum(seconds)
+        outputs[name] = [row for rows in sequences for row in rows]
+        alphas[name] = statistics.mean(alpha) if all(a is not None for a in alpha) else None
+    speeds: dict[str, list[float]] = {name: [] for name in found}
+    for _ in range(rounds):
+        for name, method in found.items():
+            runs = [method(batch) for batch in batches]
+            tokens = sum(len(row) for sequences, _, _ in runs for row in sequences)
+            speeds[name].append(tokens / sum(seconds for _, seconds, _ in runs))
+
+    def exact(name: str) -> float:
+        reference = outputs.get(reference_of(name), outputs[next(iter(found))])
+        return sum(a == b for a, b in zip(outputs[name], reference, strict=True)) / len(reference)
+
+    return {
+        name: {
+            "tokens_per_s": statistics.median(speeds[name]),
+            "first_call_s": first[name],
+            "alpha": alphas[name],
+            "exact_match": exact(name),
+        }
+        for name in found
+    }
+
+
+def reference_of(method: str) -> str:
+    """Whose greedy tokens a method's must equal: ours on a core, the target alone on that core (the
+    same kernels; in bf16 a compiled pass rounds otherwise than an eager one); the target alone on
+    a core, and transformers, the target alone eager; the data writer, the eager writer."""
+    core = method.rpartition(", ")[2]
+    if method.startswith("ours"):
+        return f"target alone, {core}"
+    return "data writer, eager" if method.startswith("data writer") else "target alone, eager"
+
+
+def run_core_benchmark(
+    target_name: str,
+    device: str,
+    dtypes: Sequence[str] = ("float32", "bfloat16"),
+    batch_sizes: Sequence[int] = (1, 8),
+    gamma: int = 4,
+    new_tokens: int = 64,
+    prompts_at_batch_1: int = 3,
+    rounds: int = 3,
+    writer_batch: int = 256,
+    writer_tokens: int = 64,
+    drafter: str | None = None,
+    only: Sequence[str] = (),
+    progress: Callable[[str], None] = print,
+) -> list[Row]:
+    """Time every method per (dtype, batch size), then the data writer at `writer_batch` (0: not;
+    see the module docstring). `drafter`: a saved feature drafter of the target to time instead of
+    an untrained one; `only`: the methods whose names contain one of these (all when empty)."""
+    rows: list[Row] = []
+    for dtype in dtypes:
+        target, prompts = build_target(
+            target_name, dtype, device, max([*batch_sizes, prompts_at_batch_1, writer_batch])
+        )
+        progress(f"{target_name} in {dtype} on {device}")
+        for batch_size in batch_sizes:
+            found = {
+                name: method
+                for name, method in methods(target, gamma, new_tokens, batch_size, drafter).items()
+                if not only or any(word in name for word in only)
+            }
+            batches = [[p] for p in prompts[:prompts_at_batch_1]] if batch_size == 1 else [prompts[:batch_size]]
+            for name, measured in time_group(found, batches, rounds).items():
+                rows.append(Row(target_name, dtype, batch_size, name, **measured))
+                progress(format_row(rows[-1]))
+        if not writer_batch:
+            continue
+        writer = {
+            f"data writer, {core}": (lambda p, o=options, t=target: _writer(t, p, writer_tokens, o))
+            for core, options in CORES.items()
+            if not only or any(word in f"data writer, {core}" for word in only)
+        }
+        for name, measured in time_group(writer, [prompts[:writer_batch]], rounds).items():
+            rows.append(Row(target_name, dtype, writer_batch, name, **measured))
+            progress(format_row(rows[-1]))
+    return rows
+
+
+def _writer(
+    target: PreTrainedModel, prompts: list[list[int]], new_tokens: int, options: dict
+) -> tuple[list[list[int]], float, None]:
+    start = time.perf_counter()
+    result = autoregressive_generate(
+        target, prompts, max_new_tokens=new_tokens, eos_token_ids=[], feature_layers=(-1,), **options
+    )
+    if target.device.type == "cuda":
+        torch.cuda.synchronize()
+    return result.sequences, time.perf_counter() - start, None
+
+
+def format_row(row: Row) -> str:
+    alpha = "" if row.alpha is None else f"{row.alpha:.3f}"
+    return (
+        f"| {row.target} | {row.dtype} | {row.batch_size} | {row.method} | {row.tokens_per_s:.1f} | "
+        f"{row.first_call_s:.1f} | {row.exact_match:.2f} | {alpha} |"
+    )
+
+
+def report_markdown(rows: Sequence[Row], device: str) -> str:
+    header = [
+        "| target | dtype | batch | method | tokens/s (median) | first call s | exact | alpha |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    return f"device: {device}, torch {torch.__version__}\n\n" + "\n".join(header + [format_row(r) for r in rows])
+
+
+def rows_as_dicts(rows: Sequence[Row]) -> list[dict]:
+    return [asdict(r) for r in rows]

@@ -1,0 +1,50 @@
+"""The decode-core benchmark (eval/benchmark_gpu.py) on a tiny random target, its eager and static
+cores only (compiling takes minutes on a CPU; `make benchmark-gpu` runs it all on a GPU)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaForCausalLM
+
+from specdecode.evaluation.core_benchmark import llama_1b_shape, reference_of, report_markdown, run_core_benchmark
+
+
+def test_the_benchmark_runs_every_method_and_reports_exact_rows() -> None:
+    rows = run_core_benchmark(
+        "tiny",
+        "cpu",
+        dtypes=("float32",),
+        batch_sizes=(1, 3),
+        gamma=2,
+        new_tokens=4,
+        prompts_at_batch_1=1,
+        rounds=1,
+        writer_batch=4,
+        writer_tokens=3,
+        only=("eager", "static", "transformers"),
+        progress=lambda line: None,
+    )
+    methods = {(r.batch_size, r.method) for r in rows}
+    for core in ("eager", "static"):
+        assert {
+            (1, f"target alone, {core}"),
+            (3, f"ours (slice), {core}"),
+            (3, f"ours (feature), {core}"),
+            (4, f"data writer, {core}"),
+        } <= methods
+    assert (1, "transformers assisted (slice)") in methods and (3, "transformers assisted (slice)") not in methods
+    assert all(r.tokens_per_s > 0 and r.exact_match == 1.0 for r in rows)
+    assert "| tiny | float32 | 3 | ours (slice), static |" in report_markdown(rows, "cpu")
+
+
+def test_exact_match_compares_like_with_like() -> None:
+    assert reference_of("ours (feature), compiled") == "target alone, compiled"
+    assert reference_of("target alone, compiled") == "target alone, eager"
+    assert reference_of("transformers assisted (slice)") == "target alone, eager"
+    assert reference_of("data writer, static") == "data writer, eager"
+
+
+def test_the_timing_model_has_llama_3_2_1b_shape() -> None:
+    with torch.device("meta"):
+        model = LlamaForCausalLM(llama_1b_shape())
+    assert round(sum(p.numel() for p in model.parameters()) / 1e9, 2) == 1.24  # tied embeddings counted once

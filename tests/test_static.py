@@ -1,0 +1,265 @@
+"""The static-shape decode core (`static=True`): token for token the eager loops' output and
+counters, fixed shapes with finished rows masked in place, the target's distribution when sampling,
+bf16 greedy against target-alone greedy, and (marked slow: inductor compiles for seconds on a
+CPU) the compiled steps, compiled once per shape."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specdecode.decoding.static
+from specdecode import autoregressive_generate, speculative_generate
+from specdecode.decoding.sampling import SamplingParams, sample
+from specdecode.decoding.verify import rejection_sample
+from specdecode.models import derive_drafter
+from tests.models_for_tests import tiny_llama
+from tests.stubs import MarkovLM, successor_table
+from tests.test_feature_drafter import random_feature_drafter
+from tests.test_verify import (
+    EAGER_LOOKUP,
+    N_SAMPLES,
+    N_TOKENS,
+    PROMPT,
+    SIGNIFICANCE,
+    exact_joint,
+    g_test_pvalue,
+    joint_counts,
+    mc_feature_drafter,
+    mc_models,  # noqa: F401 (a fixture)
+)
+
+V = 64
+# per-row budgets: a row of none, a row of one (done at the prefill), short and long rows
+BUDGETS = [20, 3, 14, 20, 0, 9, 20, 1]
+
+
+@pytest.fixture(scope="module")
+def target() -> torch.nn.Module:
+    return tiny_llama(3, seed=0)
+
+
+@pytest.fixture(scope="module")
+def ragged_prompts() -> list[list[int]]:
+    generator = torch.Generator().manual_seed(5)
+    return [torch.randint(0, V, (n,), generator=generator).tolist() for n in (3, 7, 1, 12, 5, 9, 2, 4)]
+
+
+def drafter_of(kind: str, target: torch.nn.Module) -> torch.nn.Module:
+    return derive_drafter(target, 1) if kind == "slice" else random_feature_drafter(target, feature_layers=(1, -1))
+
+
+def counters(result) -> dict[str, object]:
+    """A result's stats less the timings."""
+    stats = result.stats.to_dict()
+    del stats["wall_time_s"], stats["tokens_per_s"]
+    return stats
+
+
+@pytest.fixture(scope="module")
+def early_eos(target, ragged_prompts) -> int:
+    """A token that row 2's greedy continuation writes early: it stops that row (and any other that
+    writes it) mid-way, while other rows run on."""
+    return autoregressive_generate(target, ragged_prompts, max_new_tokens=BUDGETS, eos_token_ids=[]).sequences[2][4]
+
+
+@pytest.mark.parametrize("kind", ["slice", "feature"])
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_static_greedy_equals_the_eager_loop(target, ragged_prompts, early_eos, kind, gamma) -> None:
+    """A ragged batch of 8 with per-row budgets (0 and 1 among them) and an EOS that stops rows
+    mid-way, with prompt lookup: the same tokens and the same counters (acceptance histogram,
+    calls, looked-up drafts) as the eager loop, where finished rows leave the batch."""
+    drafter = drafter_of(kind, target)
+    kwargs = dict(gamma=gamma, max_new_tokens=BUDGETS, eos_token_ids=[early_eos])
+    eager = speculative_generate(target, drafter, ragged_prompts, **kwargs)
+    static = speculative_generate(target, drafter, ragged_prompts, static=True, **kwargs)
+    assert static.sequences == eager.sequences
+    assert counters(static) == counters(eager)
+    assert len(eager.sequences[2]) == 5 and eager.sequences[4] == []
+    assert 0 < eager.stats.accepted < eager.stats.drafted and eager.stats.looked_up > 0
+
+
+@pytest.mark.parametrize("layers", [None, (0, -1)])
+def test_static_autoregressive_equals_the_eager_loop(target, ragged_prompts, early_eos, layers) -> None:
+    """Target alone, and the training-data writer (`feature_layers`): the same tokens, counters and
+    features (the unread last token's row zero), with rows stopped by budget and EOS."""
+    kwargs = dict(max_new_tokens=BUDGETS, eos_token_ids=[early_eos], feature_layers=layers)
+    eager = autoregressive_generate(target, ragged_prompts, **kwargs)
+    static = autoregressive_generate(target, ragged_prompts, static=True, **kwargs)
+    assert static.sequences == eager.sequences and counters(static) == counters(eager)
+    if layers is not None:
+        assert len(static.features) == len(eager.features)
+        for ours, theirs in zip(static.features, eager.features):
+            torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-4)
+            assert ours[-1].eq(0).all() == theirs[-1].eq(0).all()
+
+
+def test_shapes_are_fixed_and_finished_rows_stay_masked() -> None:
+    """Every pass after the prefill has the whole batch and one width, finished rows included (the
+    eager loop drops them); the mask is boolean over the whole capacity."""
+    target = MarkovLM(successor_table(16, 1))
+    drafter = MarkovLM(successor_table(16, [2] * 16))  # never accepted: one token per pass
+    masks: list[torch.Tensor] = []
+    handle = target.register_forward_pre_hook(
+        lambda m, args, kwargs: masks.append(kwargs["attention_mask"]), with_kwargs=True
+    )
+    try:
+        result = speculative_generate(
+            target, drafter, [[0], [0], [0]], gamma=2, max_new_tokens=[2, 9, 0], eos_token_ids=[], static=True
+        )
+    finally:
+        handle.remove()
+    assert [len(s) for s in result.sequences] == [2, 9, 0]
+    assert set(target.input_shapes[1:]) == {(3, 3)} and len(target.input_shapes) == result.stats.target_calls
+    assert all(m.dtype == torch.bool and m.shape[-1] == specdecode.decoding.static.MIN_CAPACITY for m in masks)
+    assert len({m.shape for m in masks[1:]}) == 1
+
+
+def test_finished_rows_look_nothing_up() -> None:
+    """Lookup wherever one earlier token matches (prompts that repeat themselves): rows that
+    finished early stay in the static batch, yet their drafts are not counted as looked up."""
+    target = MarkovLM(successor_table(16, 1))
+    drafter = MarkovLM(successor_table(16, [2] * 16))
+    prompts, budgets = [[0, 1, 2, 3, 0, 1]] * 3, [2, 12, 0]
+    kwargs = dict(gamma=2, max_new_tokens=budgets, eos_token_ids=[], prompt_lookup=EAGER_LOOKUP)
+    eager = speculative_generate(target, drafter, prompts, **kwargs)
+    static = speculative_generate(target, drafter, prompts, static=True, **kwargs)
+    assert static.sequences == eager.sequences and counters(static) == counters(eager)
+    assert eager.stats.looked_up > 0
+
+
+def test_sync_every_k_steps_overruns_by_less_than_k(target, ragged_prompts, early_eos, monkeypatch) -> None:
+    """With a host sync every k steps the batch may run up to k - 1 steps past its last row's end:
+    the output and the counters are unchanged (the extra steps are fully masked)."""
+    monkeypatch.setattr(specdecode.decoding.static, "default_sync_every", lambda device: 5)
+    drafter = drafter_of("slice", target)
+    kwargs = dict(gamma=2, max_new_tokens=BUDGETS, eos_token_ids=[early_eos])
+    eager = speculative_generate(target, drafter, ragged_prompts, **kwargs)
+    static = speculative_generate(target, drafter, ragged_prompts, static=True, **kwargs)
+    assert static.sequences == eager.sequences and counters(static) == counters(eager)
+
+
+def test_bf16_speculative_greedy_equals_target_alone_in_bf16(ragged_prompts) -> None:
+    """What exact means in bf16: greedy speculative output equals target-alone greedy computed in
+    bf16 on the same batch (near-ties aside, which this wide-init model does not have)."""
+    target = tiny_llama(3, seed=0).to(torch.bfloat16)
+    drafter = random_feature_drafter(target, feature_layers=(1, -1))
+    alone = autoregressive_generate(target, ragged_prompts, max_new_tokens=16, eos_token_ids=[], static=True)
+    for gamma in (1, 4):
+        ours = speculative_generate(
+            target, drafter, ragged_prompts, gamma=gamma, max_new_tokens=16, eos_token_ids=[], static=True
+        )
+        assert ours.sequences == alone.sequences
+        assert 0 < ours.stats.accepted < ours.stats.drafted
+
+
+# --- sampling: the static core's samples follow the target (the G-test of tests/test_verify.py) ----
+
+
+def static_joint(target, drafter, params: SamplingParams, seed: int, lookup=None) -> torch.Tensor:
+    result = speculative_generate(
+        target,
+        drafter,
+        [PROMPT] * N_SAMPLES,
+        gamma=3,
+        max_new_tokens=N_TOKENS,
+        temperature=params.temperature,
+        top_k=params.top_k,
+        eos_token_ids=[],
+        seed=seed,
+        prompt_lookup=lookup,
+        static=True,
+    )
+    assert result.stats.accepted > 0
+    return joint_counts(result.sequences)
+
+
+def test_static_samples_follow_the_target(mc_models) -> None:
+    """A feature drafter with most drafts looked up (the slice drafter's path: the planted-bug test
+    below, which must fail the same test)."""
+    target, _ = mc_models
+    params = SamplingParams(0.7, top_k=3)
+    observed = static_joint(target, mc_feature_drafter(target), params, seed=0, lookup=EAGER_LOOKUP)
+    assert g_test_pvalue(observed, exact_joint(target, params)) > SIGNIFICANCE
+
+
+def test_static_distribution_test_catches_resampling_from_p(mc_models, monkeypatch) -> None:
+    """Planted bug in the static core: at a rejection, resample from p instead of norm(max(0, p - q))."""
+
+    def buggy(draft_tokens, q, p, generator=None, greedy=False):
+        num_accepted, _ = rejection_sample(draft_tokens, q, p, generator, greedy)
+        at_n = num_accepted.view(-1, 1, 1).expand(-1, 1, p.shape[-1])
+        return num_accepted, sample(p.gather(1, at_n).squeeze(1), generator)
+
+    monkeypatch.setattr(specdecode.decoding.static, "rejection_sample", buggy)
+    target, drafter = mc_models
+    params = SamplingParams(1.0)
+    assert g_test_pvalue(static_joint(target, drafter, params, seed=0), exact_joint(target, params)) < SIGNIFICANCE
+
+
+# --- bad options ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, needle",
+    [
+        (dict(static="yes"), TypeError, "static must be true or false, got 'yes'"),
+        (dict(static=True, compile="auto"), TypeError, "compile must be true, false or null .*'auto'"),
+        (dict(compile=True), ValueError, "compile=True needs static=True"),
+    ],
+)
+def test_bad_core_options_are_named_before_any_work(target, kwargs, error, needle) -> None:
+    calls: list[int] = []
+    handle = target.register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        with pytest.raises(error, match=needle):
+            speculative_generate(target, tiny_llama(1, seed=1), [[1, 2, 3]], gamma=2, max_new_tokens=4, **kwargs)
+        with pytest.raises(error, match=needle):
+            autoregressive_generate(target, [[1, 2, 3]], max_new_tokens=4, **kwargs)
+    finally:
+        handle.remove()
+    assert calls == []
+
+
+# --- compiled steps (slow: inductor compiles each shape for seconds on a CPU) ---------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["slice", "feature"])
+def test_compiled_greedy_equals_the_eager_loop_and_compiles_once(target, ragged_prompts, early_eos, kind) -> None:
+    """Compiled steps: the eager loop's tokens at gamma 1 and 4 and target alone; a second call of
+    the same shapes compiles nothing (`fail_on_recompile`)."""
+    drafter = drafter_of(kind, target)
+    for gamma in (1, 4):
+        kwargs = dict(gamma=gamma, max_new_tokens=BUDGETS, eos_token_ids=[early_eos])
+        eager = speculative_generate(target, drafter, ragged_prompts, **kwargs)
+        ours = speculative_generate(target, drafter, ragged_prompts, static=True, compile=True, **kwargs)
+        assert ours.sequences == eager.sequences and counters(ours) == counters(eager)
+        with torch.compiler.set_stance("fail_on_recompile"):
+            again = speculative_generate(target, drafter, ragged_prompts, static=True, compile=True, **kwargs)
+        assert again.sequences == eager.sequences
+    alone = dict(max_new_tokens=BUDGETS, eos_token_ids=[early_eos], feature_layers=(0, -1))
+    eager = autoregressive_generate(target, ragged_prompts, **alone)
+    ours = autoregressive_generate(target, ragged_prompts, static=True, compile=True, **alone)
+    assert ours.sequences == eager.sequences
+    for a, b in zip(ours.features, eager.features):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_compiled_samples_follow_the_target(mc_models) -> None:
+    target, _ = mc_models
+    params = SamplingParams(1.0)
+    result = speculative_generate(
+        target,
+        mc_feature_drafter(target),
+        [PROMPT] * N_SAMPLES,
+        gamma=3,
+        max_new_tokens=N_TOKENS,
+        temperature=1.0,
+        eos_token_ids=[],
+        seed=5,
+        static=True,
+        compile=True,
+    )
+    assert g_test_pvalue(joint_counts(result.sequences), exact_joint(target, params)) > SIGNIFICANCE
