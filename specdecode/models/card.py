@@ -1,0 +1,371 @@
+"""Model cards: the README.md written into every saved drafter folder and every exported one.
+
+A card is YAML front matter as the Hugging Face hub reads it (`base_model`, `library_name`, `tags`,
+`datasets`, `pipeline_tag`), then the facts a user needs to trust the drafter: the target and its
+revision, the drafter's kind, its domain and data, the training budget, what was measured (alpha,
+tau, speedup) and on what, and the command that reproduces it. The facts are also kept in the
+front matter under `specdecode:`, so `update_card` can add an evaluation's figures and re-render.
+
+`push_to_hub` uploads a folder with huggingface_hub (`HfApi.upload_folder`); nothing calls it
+unless asked (`push_to_hub=<repo id>`).
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from huggingface_hub import HfApi
+
+from specdecode.core.atomic import write_atomic
+
+CARD_FILE = "README.md"
+# the hub ids of the embedded default target and of the embedded datasets' sources
+HUB_IDS = {"smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+EMBEDDED_DATASETS = {
+    "code": ["openai/openai_humaneval"],
+    "math": ["openai/gsm8k"],
+    "chat": ["anon8231489123/ShareGPT_Vicuna_unfiltered"],
+}
+
+
+@dataclass
+class Measurement:
+    """One measured figure: `metric` (alpha, tau, speedup, acceptance...), its value, and what it
+    was measured on (data, prompts, gamma, temperature, hardware), in words."""
+
+    metric: str
+    value: float
+    on: str
+
+
+def command_line(argv: Iterable[str] | None = None) -> str:
+    """The command that started this process, as typed (Hydra overrides included), quoted for a
+    shell: `python train/distill.py ...`, or `specdecode train ...` for the console command.
+    `argv` is the interpreter's own command line (default `sys.orig_argv`)."""
+    args = list(sys.orig_argv if argv is None else argv)[1:]  # without the interpreter's path
+    if args[:2] == ["-m", "specdecode.pipeline.cli"]:
+        return shlex.join(["specdecode", *args[2:]])
+    if args and Path(args[0]).name == "specdecode":
+        return shlex.join(["specdecode", *args[1:]])
+    return shlex.join(["python", *args])
+
+
+def training_facts(cfg: Any, metrics: Mapping[str, Any], command: str | None = None) -> dict[str, Any]:
+    """The card's facts for a drafter trained by `specdecode.training.job` (`cfg`: its
+    `TrainJobConfig`; `metrics`: what it wrote to metrics.json)."""
+    data, drafter, train = cfg.data, cfg.drafter, cfg.train
+    seconds = metrics.get("train_seconds") or 0.0
+    measured = []
+    if metrics.get("acceptance_best") is not None:
+        measured.append(
+            Measurement(
+                "acceptance",
+                round(float(metrics["acceptance_best"]), 4),
+                f"{metrics.get('selection_metric', 'greedy acceptance')} of the drafter's next token "
+                f"against the target's on {metrics.get('heldout_positions', '?')} positions of "
+                f"{metrics.get('heldout_sequences', '?')} held-out "
+                f"{data.name} sequences (training's model selection, step {metrics.get('best_step')})",
+            )
+        )
+    gamma = metrics.get("gamma") or {}
+    if gamma.get("speedup") is not None:
+        how = (
+            f"timed batch-1 decodes of {gamma.get('prompts')} held-out prompts, "
+            f"{gamma.get('max_new_tokens')} new tokens"
+            if gamma.get("method") == "timed decodes"
+            else str(gamma.get("method", ""))
+        )
+        measured.append(
+            Measurement(
+                "speedup",
+                round(float(gamma["speedup"]), 3),
+                f"gamma {gamma.get('chosen')} over target-only decoding, {how}, device {cfg.device}",
+            )
+        )
+        if gamma.get("tau") is not None:
+            tau = gamma["tau"]
+            tau = tau.get(gamma.get("chosen"), tau.get(str(gamma.get("chosen")))) if isinstance(tau, Mapping) else tau
+            if tau is not None:
+                measured.append(
+                    Measurement(
+                        "tau", round(float(tau), 3), f"tokens per target pass at gamma {gamma.get('chosen')}, {how}"
+                    )
+                )
+    return {
+        "target": cfg.target.name,
+        "target_revision": getattr(cfg.target, "revision", None),
+        "drafter": {
+            "kind": drafter.kind,
+            "num_layers": drafter.num_layers,
+            "layout": drafter.layout,
+            "feature_layers": list(drafter.feature_layers) if drafter.kind == "feature" else None,
+            "draft_vocab": metrics.get("draft_vocab", drafter.draft_vocab),
+            "init_from": drafter.path,
+        },
+        "data": {
+            "domains": list(data.domain_names),
+            "source": data.source,
+            "synthetic": bool(data.synthetic),
+            "path": data.path,
+            "hf_id": data.hf_id,
+            "revision": data.revision,
+            "train_sequences": metrics.get("train_sequences"),
+            "heldout_sequences": metrics.get("heldout_sequences"),
+        },
+        "training": {
+            "job": metrics.get("job", cfg.name),
+            "loss": metrics.get("loss"),
+            "steps": metrics.get("steps"),
+            "max_steps": train.max_steps,
+            "max_minutes": train.max_minutes,
+            "minutes": round(seconds / 60, 2),
+            "train_tokens": metrics.get("train_tokens"),
+            "device": cfg.device,
+            "dtype": cfg.dtype,
+            "processes": metrics.get("num_processes"),
+            "gamma": gamma.get("chosen"),
+        },
+        "measured": [asdict(m) for m in measured],
+        "command": command if command is not None else command_line(),
+    }
+
+
+def render_card(facts: Mapping[str, Any]) -> str:
+    """A drafter folder's README.md from its facts (`training_facts`)."""
+    target, drafter, data, training = facts["target"], facts["drafter"], facts["data"], facts["training"]
+    domains = data["domains"]
+    meta: dict[str, Any] = {}
+    if (base := hub_id(target)) is not None:
+        meta["base_model"] = base
+    meta["library_name"] = "transformers"
+    meta["pipeline_tag"] = "text-generation"
+    meta["tags"] = [
+        "specdecode",
+        "speculative-decoding",
+        "draft-model",
+        *(["eagle"] if drafter["kind"] == "feature" else []),
+        *domains,
+    ]
+    if datasets := _datasets(data):
+        meta["datasets"] = datasets
+    meta["specdecode"] = dict(facts)
+    revision = f" at revision `{facts['target_revision']}`" if facts.get("target_revision") else ""
+    kind = {
+        "feature": "feature (EAGLE-style) drafter",
+        "derived": "drafter cut from the target's first layers",
+        "pretrained": "drafter fine-tuned from a pretrained model",
+    }.get(drafter["kind"], f"{drafter['kind']} drafter")
+    vocab = drafter["draft_vocab"]
+    lines = [
+        "---",
+        yaml.safe_dump(meta, sort_keys=False).rstrip(),
+        "---",
+        "",
+        f"# {'/'.join(domains)} drafter for {target}",
+        "",
+        f"A {kind} for speculative decoding with `{target}`{revision}, trained by specdecode on "
+        f"{'/'.join(domains)} data. Decoding with it is exact: the target verifies every drafted token.",
+        "",
+        "## Drafter",
+        "",
+        "| kind | layers | layout | target states read | draft vocabulary |",
+        "|---|---|---|---|---|",
+        f"| {drafter['kind']} | {drafter['num_layers']} | {drafter.get('layout') or ''} | "
+        f"{drafter.get('feature_layers') or ''} | {vocab if vocab else 'full'} |",
+        "",
+        "## Data",
+        "",
+        f"Domains {', '.join(domains)}; source `{data['source']}`"
+        + (" (synthetic smoke examples)" if data.get("synthetic") else "")
+        + (f", file `{data['path']}`" if data.get("path") else "")
+        + (f", hub dataset `{data['hf_id']}`" if data.get("hf_id") else "")
+        + f"; {data.get('train_sequences')} training and {data.get('heldout_sequences')} held-out sequences.",
+        "",
+        "## Training",
+        "",
+        f"{training['job']} ({training.get('loss')}), {training['steps']} steps in {training['minutes']} minutes "
+        f"(budget: {training['max_steps']} steps"
+        + (f" or {training['max_minutes']} minutes" if training.get("max_minutes") else "")
+        + f"), {training.get('train_tokens')} training tokens, on {training['device']} ({training['dtype']}, "
+        f"{training.get('processes') or 1} process(es))."
+        + (f" Chosen gamma: {training['gamma']}." if training.get("gamma") else ""),
+        "",
+        "## Measured",
+        "",
+    ]
+    if facts["measured"]:
+        lines += ["| metric | value | on |", "|---|---|---|"]
+        lines += [f"| {m['metric']} | {m['value']} | {m['on']} |" for m in facts["measured"]]
+    else:
+        lines.append("Nothing measured yet.")
+    lines += [
+        "",
+        "## Reproduce",
+        "",
+        "```bash",
+        facts["command"],
+        "```",
+        "",
+        "The resolved configuration is `config.yaml` beside this folder.",
+        "",
+        "## Use",
+        "",
+        "```python",
+        "from specdecode import speculative_generate",
+        "from specdecode.models import load_model",
+        "",
+        f"target, tokenizer = load_model({target!r})",
+        'drafter, _ = load_model("<this folder>")',
+        'result = speculative_generate(target, drafter, [tokenizer.encode("def add(a, b):")], max_new_tokens=64)',
+        "```",
+        "",
+    ]
+    if drafter["kind"] == "feature" and drafter.get("layout") == "eagle":
+        lines += [
+            "To serve it with vLLM or SGLang: `specdecode export drafter=<this folder> format=vllm-eagle|sglang-eagle "
+            "output=<folder>`.",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def write_training_card(folder: str | Path, cfg: Any, metrics: Mapping[str, Any], command: str | None = None) -> Path:
+    """Write `folder`/README.md for a drafter the training job saved there; return its path."""
+    path = Path(folder) / CARD_FILE
+    write_atomic(path, render_card(training_facts(cfg, metrics, command)))
+    return path
+
+
+def read_facts(folder: str | Path) -> dict[str, Any]:
+    """The facts kept in a card's front matter (`specdecode:`).
+
+    Raises:
+        ValueError: `folder` has no README.md written by `write_training_card`.
+    """
+    path = Path(folder) / CARD_FILE
+    text = path.read_text() if path.is_file() else ""
+    parts = text.split("---\n", 2) if text.startswith("---\n") else []
+    meta = yaml.safe_load(parts[1]) if len(parts) == 3 else None
+    if not isinstance(meta, dict) or "specdecode" not in meta:
+        raise ValueError(f"{str(path)!r} is not a specdecode model card (no front matter with a specdecode: entry)")
+    return meta["specdecode"]
+
+
+def update_card(folder: str | Path, measurements: Iterable[Measurement | Mapping[str, Any]]) -> Path:
+    """Add measured figures to a drafter's card (an evaluation's alpha, tau, speedup); a figure with
+    the same metric and `on` as one already there replaces it. Returns the card's path."""
+    facts = read_facts(folder)
+    rows = [asdict(m) if isinstance(m, Measurement) else dict(m) for m in measurements]
+    for row in rows:
+        if set(row) != {"metric", "value", "on"}:
+            raise ValueError(f"measurement {row!r} must have exactly the keys metric, value, on")
+    new = {(r["metric"], r["on"]) for r in rows}
+    facts["measured"] = [m for m in facts.get("measured", []) if (m["metric"], m["on"]) not in new] + rows
+    path = Path(folder) / CARD_FILE
+    write_atomic(path, render_card(facts))
+    return path
+
+
+def export_card(
+    format: str,
+    engine: str,
+    method: str,
+    config: Mapping[str, Any],
+    target_name: str | None,
+    folder: Path,
+    gamma: int,
+    hot_token_map: bool,
+) -> str:
+    """README.md of an exported folder: what it is and the command that serves it."""
+    target = target_name or "<target>"
+    meta: dict[str, Any] = {}
+    if (base := hub_id(target_name)) is not None:
+        meta["base_model"] = base
+    meta["library_name"] = engine
+    meta["tags"] = ["specdecode", "speculative-decoding", "eagle3" if "eagle3" in format else "eagle", engine]
+    if engine == "vllm":
+        spec = '{"method": "%s", "model": "%s", "num_speculative_tokens": %d}' % (method, folder, gamma)
+        serve = f"vllm serve {target} --speculative-config '{spec}'"
+    else:
+        serve = (
+            f"python -m sglang.launch_server --model-path {target} --speculative-algorithm {method} "
+            f"--speculative-draft-model-path {folder} --speculative-num-steps {gamma} --speculative-eagle-topk 1 "
+            f"--speculative-num-draft-tokens {gamma + 1}"
+        )
+        if hot_token_map:
+            serve += f" --speculative-token-map {folder}/hot_token_map.pt"
+    return "\n".join(
+        [
+            "---",
+            yaml.safe_dump(meta, sort_keys=False).rstrip(),
+            "---",
+            "",
+            f"# {format} draft model for {target}",
+            "",
+            f"A specdecode feature drafter written in {engine}'s {method} draft-model format "
+            f"(`{config.get('architectures', [''])[0]}`, {config.get('num_hidden_layers')} layer(s)). "
+            "specdecode checked it against a re-implementation of the engine's loader and forward, not in the engine.",
+            "",
+            "```bash",
+            serve,
+            "```",
+            "",
+        ]
+    )
+
+
+def hub_id(name: str | None) -> str | None:
+    """`name` as a hub model id if it is one (or an alias of one), else None (a local path, `smoke`)."""
+    if not name:
+        return None
+    name = HUB_IDS.get(name, name)
+    if name.count("/") != 1 or name.startswith((".", "/", "~")) or Path(name).exists():
+        return None
+    return name
+
+
+def _datasets(data: Mapping[str, Any]) -> list[str]:
+    if data.get("synthetic"):
+        return []
+    if data.get("hf_id"):
+        return [data["hf_id"]]
+    if data.get("source") == "embedded":
+        return [d for domain in data["domains"] for d in EMBEDDED_DATASETS.get(domain, [])]
+    return []
+
+
+def push_to_hub(
+    folder: str | Path,
+    repo_id: str,
+    *,
+    private: bool = True,
+    token: str | None = None,
+    commit_message: str | None = None,
+    api: HfApi | None = None,
+) -> str:
+    """Upload `folder` (a drafter or an export, card included) to the hub repo `repo_id`, created
+    if missing (private unless asked); returns the commit's URL. Needs the hub and a token.
+
+    Raises:
+        ValueError: `folder` is not a folder or has no README.md card; `repo_id` is not `owner/name`.
+    """
+    folder = Path(folder)
+    if not (folder / CARD_FILE).is_file():
+        raise ValueError(f"push_to_hub: {str(folder)!r} is not a folder with a {CARD_FILE} model card")
+    if not isinstance(repo_id, str) or repo_id.count("/") != 1 or not all(repo_id.split("/")):
+        raise ValueError(f"push_to_hub={repo_id!r}: expected a hub repo id 'owner/name'")
+    api = api if api is not None else HfApi(token=token)
+    api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+    commit = api.upload_folder(
+        folder_path=str(folder),
+        repo_id=repo_id,
+        repo_type="model",
+        commit_message=commit_message or f"specdecode drafter from {folder.name}",
+    )
+    return str(getattr(commit, "commit_url", commit))

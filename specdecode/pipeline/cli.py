@@ -1,0 +1,212 @@
+"""The `specdecode` command: one entry point for the apps, from a checkout or an installed wheel.
+
+    specdecode demo --config-name demo_smoke      # eval/demo.py: benchmark, distill, route, evaluate
+    specdecode train data=code loss=tvd           # train/distill.py
+    specdecode finetune data=math                 # train/finetune.py
+    specdecode collect | fit                      # router/collect.py, router/fit.py
+    specdecode eval | benchmark                   # eval/acceptance.py, eval/benchmark.py
+    specdecode report multirun_dir=<folder>       # eval/report.py
+    specdecode export drafter=<folder> format=vllm-eagle output=<folder> [target=<name>] [push_to_hub=<owner/name>]
+
+The Hydra apps take the same overrides as the scripts and compose from the same configs
+(`specdecode.core.paths.CONF_DIR`: the checkout's conf/, or the copy the wheel ships).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from specdecode.core.paths import CONF_DIR
+
+
+def _distill(cfg: Any) -> None:
+    from specdecode.training.job import run_distill
+
+    run_distill(cfg)
+
+
+def _finetune(cfg: Any) -> None:
+    from specdecode.training.job import run_finetune
+
+    run_finetune(cfg)
+
+
+def _collect(cfg: Any) -> None:
+    from specdecode.routing.collect import run_collect
+
+    run_collect(cfg)
+
+
+def _fit(cfg: Any) -> None:
+    from specdecode.routing.fit import run_fit
+
+    run_fit(cfg)
+
+
+def _eval(cfg: Any) -> None:
+    from specdecode.evaluation.suite import run_eval
+
+    run_eval(cfg)
+
+
+def _benchmark(cfg: Any) -> None:
+    from specdecode.evaluation.benchmark import report_markdown, run_benchmark
+
+    print(report_markdown(run_benchmark(cfg)))
+
+
+def _demo(cfg: Any) -> None:
+    from specdecode.pipeline.demo import run_demo
+
+    print((run_demo(cfg) / "report.md").read_text())
+
+
+# app → (its config in conf/, what runs the composed config, the script it stands for)
+HYDRA_APPS: dict[str, tuple[str, Callable[[Any], None], str]] = {
+    "train": ("distill", _distill, "train/distill.py"),
+    "finetune": ("finetune", _finetune, "train/finetune.py"),
+    "collect": ("collect", _collect, "router/collect.py"),
+    "fit": ("fit_router", _fit, "router/fit.py"),
+    "eval": ("eval", _eval, "eval/acceptance.py"),
+    "benchmark": ("benchmark", _benchmark, "eval/benchmark.py"),
+    "demo": ("demo", _demo, "eval/demo.py"),
+}
+APPS = (*HYDRA_APPS, "report", "export")
+USAGE = f"usage: specdecode {{{','.join(APPS)}}} [overrides]  (`specdecode --help`)"
+
+
+def run_hydra_app(app: str, args: Sequence[str]) -> None:
+    """Run `app` as its script would, with `args` as its command line (Hydra overrides, --config-name...)."""
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import DictConfig, OmegaConf
+
+    from specdecode.pipeline.schemas import register_schemas
+
+    config_name, run, _ = HYDRA_APPS[app]
+    register_schemas()  # conf/*.yaml list their schema (the dataclass) first
+
+    def task(cfg: DictConfig) -> None:
+        if app == "eval" and HydraConfig.get().mode.name == "MULTIRUN":  # each sweep job writes into its own folder
+            cfg.output_dir = HydraConfig.get().runtime.output_dir
+        run(OmegaConf.to_object(cfg))
+
+    main = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)(task)
+    saved = sys.argv
+    sys.argv = [f"specdecode {app}", *args]
+    try:
+        main()
+    finally:
+        sys.argv = saved
+
+
+def parse_pairs(args: Sequence[str], required: set[str], optional: set[str], usage: str) -> dict[str, str]:
+    """`key=value` arguments as a dict; a SystemExit naming the bad or missing key and the usage."""
+    pairs: dict[str, str] = {}
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if not sep or key not in required | optional:
+            raise SystemExit(f"specdecode: unexpected argument {arg!r}\n{usage}")
+        pairs[key] = value
+    if missing := sorted(required - set(pairs)):
+        raise SystemExit(f"specdecode: missing {', '.join(k + '=' for k in missing)}\n{usage}")
+    return pairs
+
+
+def report(args: Sequence[str]) -> None:
+    """Merge a gamma multirun of `specdecode eval -m gamma=...` into one report (eval/report.py)."""
+    import json
+
+    from specdecode.core.atomic import write_atomic
+    from specdecode.evaluation.report import merge_results, write_report
+
+    root = Path(
+        parse_pairs(args, {"multirun_dir"}, set(), "usage: specdecode report multirun_dir=<folder>")["multirun_dir"]
+    )
+    results = merge_results(root.glob("*/results.json"))
+    write_atomic(root / "results.json", json.dumps(results, indent=2))
+    print(write_report(results, root))
+
+
+EXPORT_USAGE = (
+    "usage: specdecode export drafter=<trained drafter folder> format=<format> output=<new folder> "
+    "[target=<target name; default: the training config beside the drafter>] "
+    "[num_speculative_tokens=<int>] [push_to_hub=<owner/name>]"
+)
+
+
+def export(args: Sequence[str]) -> Path:
+    """Write a trained drafter in an engine's format (`specdecode.models.eagle_export`); optionally
+    push the folder to the hub. The target (needed to check the drafter against it) defaults to
+    the one the training job beside the drafter named (`<drafter>/../config.yaml`)."""
+    from specdecode.models.eagle_export import FORMATS
+
+    pairs = parse_pairs(
+        args, {"drafter", "format", "output"}, {"target", "num_speculative_tokens", "push_to_hub"}, EXPORT_USAGE
+    )
+    if pairs["format"] not in FORMATS:  # before loading any model
+        raise SystemExit(f"specdecode export: format={pairs['format']!r}: expected one of {'|'.join(FORMATS)}")
+    gamma = pairs.get("num_speculative_tokens")
+    if gamma is not None and not (gamma.isdigit() and int(gamma) >= 1):
+        raise SystemExit(f"specdecode export: num_speculative_tokens={gamma!r}: expected an int >= 1")
+    drafter_dir = Path(pairs["drafter"])
+    target_name = pairs.get("target") or _trained_target(drafter_dir)
+    if Path(pairs["output"]).exists():
+        raise SystemExit(f"specdecode export: output={pairs['output']!r} exists; pick a new folder")
+
+    from specdecode.models.card import push_to_hub
+    from specdecode.models.eagle_export import export_drafter
+    from specdecode.models.loading import load_model
+
+    target, _ = load_model(target_name, skinny_matmul=False)
+    drafter, _ = load_model(drafter_dir, skinny_matmul=False)
+    folder = export_drafter(
+        drafter,
+        target,
+        pairs["output"],
+        pairs["format"],
+        target_name=target_name,
+        num_speculative_tokens=int(gamma) if gamma else None,
+    )
+    print(f"wrote {folder} ({pairs['format']}); serve it with the command in {folder / 'README.md'}")
+    if pairs.get("push_to_hub"):
+        print(f"pushed: {push_to_hub(folder, pairs['push_to_hub'])}")
+    return folder
+
+
+def _trained_target(drafter_dir: Path) -> str:
+    """The target the training job that wrote `drafter_dir` names in its config.yaml."""
+    config = drafter_dir.parent / "config.yaml"
+    if config.is_file():
+        from omegaconf import OmegaConf
+
+        name = OmegaConf.load(config).get("target", {}).get("name")
+        if name:
+            return str(name)
+    raise SystemExit(
+        f"specdecode export: no target= given and no training config.yaml beside {str(drafter_dir)!r} names one"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`specdecode <app> [args]`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return
+    app, args = argv[0], argv[1:]
+    if app in HYDRA_APPS:
+        run_hydra_app(app, args)
+    elif app == "report":
+        report(args)
+    elif app == "export":
+        export(args)
+    else:
+        raise SystemExit(f"specdecode: unknown app {app!r}\n{USAGE}")
+
+
+if __name__ == "__main__":
+    main()
