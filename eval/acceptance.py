@@ -1,8 +1,8 @@
 """Acceptance, tau, speedup and exact match per domain and method.
 
-    python eval/acceptance.py +drafters.generic=... +drafters.code=... router_dir=...
-    accelerate launch eval/acceptance.py ...          # prompts split across processes
-    python eval/acceptance.py -m gamma=1,2,3,4,6,8    # gamma ablation (Hydra multirun)
+python eval/acceptance.py +drafters.generic=... +drafters.code=... router_dir=...
+accelerate launch eval/acceptance.py ...          # prompts split across processes
+python eval/acceptance.py -m gamma=1,2,3,4,6,8    # gamma ablation (Hydra multirun)
 """
 
 import hydra

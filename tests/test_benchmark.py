@@ -39,7 +39,13 @@ def test_benchmark_runs_and_writes_results(tmp_path, tiny_target_dir) -> None:
     written = json.loads((tmp_path / "out" / "results.json").read_text())
     assert written["rows"] == results["rows"]
     methods = [(r["method"], r["batch_size"]) for r in written["rows"]]
-    assert methods == [("target alone", 1), ("specdecode", 1), ("transformers assisted", 1), ("target alone", 4), ("specdecode", 4)]
+    assert methods == [
+        ("target alone", 1),
+        ("specdecode", 1),
+        ("transformers assisted", 1),
+        ("target alone", 4),
+        ("specdecode", 4),
+    ]
     # Greedy decoding must reproduce target-only greedy, in our loop and in transformers'.
     assert all(r["exact_match"] == 1.0 for r in written["rows"])
     assert written["step_costs"]["cost_ratio"] > 0

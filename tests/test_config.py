@@ -38,14 +38,20 @@ def test_benchmark_config_composes(target, drafter) -> None:
         (lambda: BenchmarkConfig(gamma=100_000), r"gamma=100000: an int in \[1, 64\]"),
         (lambda: BenchmarkConfig(temperature=float("inf")), "temperature=inf"),
         (lambda: BenchmarkConfig(dtype="float33"), "dtype='float33'"),
-        (lambda: from_dict(BenchmarkConfig, {"prompt_lookup": {"min_ngram": 0}}), "min_ngram must be an int >= 1, got 0"),
+        (
+            lambda: from_dict(BenchmarkConfig, {"prompt_lookup": {"min_ngram": 0}}),
+            "min_ngram must be an int >= 1, got 0",
+        ),
         (lambda: BenchmarkConfig(device="tpu:0"), "device='tpu:0': expected cpu, cuda, cuda:N or mps"),
         (lambda: TargetConfig(name=""), "target.name"),
         (lambda: DrafterConfig(kind="magic"), "magic"),
         (lambda: DrafterConfig(kind="pretrained"), "drafter.path"),
         (lambda: DrafterConfig(draft_vocab=0), "draft_vocab=0"),
         (lambda: DrafterConfig(path="some/drafter"), r"drafter.path='some/drafter': is set but drafter.kind='derived'"),
-        (lambda: DrafterConfig(kind="pretrained", path="some/drafter", draft_vocab=96), r"drafter.draft_vocab=96: is set but drafter.kind='pretrained'"),
+        (
+            lambda: DrafterConfig(kind="pretrained", path="some/drafter", draft_vocab=96),
+            r"drafter.draft_vocab=96: is set but drafter.kind='pretrained'",
+        ),
         (lambda: from_dict(BenchmarkConfig, {"gama": 3}), "gama"),
         (lambda: from_dict(BenchmarkConfig, {"drafter": {"layers": 3}}), "drafter.layers"),
     ],
@@ -57,9 +63,16 @@ def test_bad_config_names_the_field(build, needle) -> None:
 
 # Every app's YAML and the dataclass Hydra composes it onto (its ConfigStore schema).
 APP_SCHEMAS = {
-    "distill": "TrainJobConfig", "finetune": "TrainJobConfig", "benchmark": "BenchmarkConfig",
-    "collect": "CollectConfig", "collect_smoke": "CollectConfig", "fit_router": "FitRouterConfig",
-    "fit_router_smoke": "FitRouterConfig", "eval": "EvalConfig", "demo": "DemoConfig", "demo_smoke": "DemoConfig",
+    "distill": "TrainJobConfig",
+    "finetune": "TrainJobConfig",
+    "benchmark": "BenchmarkConfig",
+    "collect": "CollectConfig",
+    "collect_smoke": "CollectConfig",
+    "fit_router": "FitRouterConfig",
+    "fit_router_smoke": "FitRouterConfig",
+    "eval": "EvalConfig",
+    "demo": "DemoConfig",
+    "demo_smoke": "DemoConfig",
 }
 
 
@@ -102,7 +115,11 @@ def test_from_dict_converts_to_the_field_types_and_names_bad_keys() -> None:
     built = from_dict(BenchmarkConfig, {"gamma": "3", "temperature": 1, "drafter": {"num_layers": "4"}})
     assert (built.gamma, built.temperature, built.drafter.num_layers) == (3, 1.0, 4)
     assert isinstance(built.drafter, DrafterConfig) and isinstance(built.temperature, float)
-    with pytest.raises(ValueError, match=r"^drafter\.layers: Key 'layers' not in 'DrafterConfig'; known: \['draft_vocab', 'feature_layers', 'init_from_layer', 'kind', 'layout', 'num_layers', 'path'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"^drafter\.layers: Key 'layers' not in 'DrafterConfig'; known: \['draft_vocab', 'feature_layers', "
+        r"'init_from_layer', 'kind', 'layout', 'num_layers', 'path', 'revision', 'trust_remote_code'\]",
+    ):
         from_dict(BenchmarkConfig, {"drafter": {"layers": 3}})
     with pytest.raises(ValueError, match=r"^gamma: Value 'x' of type 'str' could not be converted to Integer"):
         from_dict(BenchmarkConfig, {"gamma": "x"})
@@ -111,8 +128,9 @@ def test_from_dict_converts_to_the_field_types_and_names_bad_keys() -> None:
 
 
 def test_distillation_defaults_to_the_targets_continuations_and_smoke_to_the_data() -> None:
-    """The measured default (docs/results.md, "... and more data"): the target's greedy and T = 0.7
-    continuations; the smoke experiment keeps the dataset's responses so tests generate nothing."""
+    """The measured default: the target's greedy and T = 0.7 continuations
+    (docs/experiments/2026-11-24-bf16-lr-decay-multilayer-features.md); the smoke experiment keeps
+    the dataset's responses so tests generate nothing."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         default = OmegaConf.to_object(compose(config_name="distill"))
         smoke = OmegaConf.to_object(compose(config_name="distill", overrides=["experiment=smoke"]))
@@ -126,6 +144,13 @@ def test_the_gpu_experiment_composes_onto_the_training_jobs(app: str) -> None:
     drafter; the command line still wins over it."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         gpu = OmegaConf.to_object(compose(config_name=app, overrides=["experiment=gpu"]))
-        moved = OmegaConf.to_object(compose(config_name=app, overrides=["experiment=gpu", "device=cuda:1", "train.max_minutes=5"]))
-    assert (gpu.device, gpu.drafter.kind, gpu.train.generation_batch, gpu.train.gamma_candidates) == ("cuda", "feature", 256, [4])
+        moved = OmegaConf.to_object(
+            compose(config_name=app, overrides=["experiment=gpu", "device=cuda:1", "train.max_minutes=5"])
+        )
+    assert (gpu.device, gpu.drafter.kind, gpu.train.generation_batch, gpu.train.gamma_candidates) == (
+        "cuda",
+        "feature",
+        256,
+        [4],
+    )
     assert (moved.device, moved.train.max_minutes) == ("cuda:1", 5.0)

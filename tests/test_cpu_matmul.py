@@ -17,9 +17,14 @@ from transformers import LlamaForCausalLM
 from specdecode import speculative_generate
 from specdecode.models import load_model
 from specdecode.models.cpu_matmul import (
-    FEW_ROWS, SKINNY_MAX_ROWS, SkinnyLinear, measure_skinny_rows, skinny_linear, skinny_rows_of, use_skinny_linears,
-    uses_skinny_linears,
+    FEW_ROWS,
+    SKINNY_MAX_ROWS,
+    SkinnyLinear,
+    skinny_linear,
+    skinny_rows_of,
+    use_skinny_linears,
 )
+from specdecode.models.kernel_choice import measure_skinny_rows
 from specdecode.models.loading import cast_copy
 from tests.models_for_tests import tiny_llama, tiny_llama_config
 
@@ -154,6 +159,7 @@ def test_load_model_keeps_the_kernel_measured_faster(
     """skinny_matmul=None (the default) times both kernels and keeps the faster one, for a single
     row and for a verify's few rows apart."""
     import specdecode.models.cpu_matmul as cpu_matmul
+    import specdecode.models.kernel_choice as kernel_choice
 
     real_linear = F.linear
     slow = 0.002  # seconds per call of the losing kernel: far above a tiny model's timing noise
@@ -174,38 +180,37 @@ def test_load_model_keeps_the_kernel_measured_faster(
 
     import specdecode.models.loading as loading
 
-    monkeypatch.setattr(loading, "measure_skinny_rows", cpu_matmul.measure_skinny_rows)  # conftest pins it
+    monkeypatch.setattr(loading, "cached_skinny_rows", kernel_choice.cached_skinny_rows)  # conftest pins it
     monkeypatch.setattr(cpu_matmul.F, "linear", timed_linear)
     monkeypatch.setattr(SkinnyLinear, "forward", lambda self, x: timed_skinny(x, self.weight, self.bias))
     model, _ = load_model("smoke")
     assert skinny_rows_of(model) == expected
-    assert uses_skinny_linears(model) is (expected is not None)
 
 
 def test_the_kernel_pick_compares_the_kernels_round_by_round() -> None:
     """A kernel faster in most rounds wins though a drift in one round (the machine slowed while it
     ran) gives it the higher median of its own times; the warm-up round is left out."""
-    import specdecode.models.cpu_matmul as cpu_matmul
+    from specdecode.models.kernel_choice import is_faster
 
     plain = {1: [99.0, 10, 10, 10, 50, 50]}
     skinny = {1: [1.0, 9, 9, 55, 45, 45]}  # faster in 4 of 5 rounds; medians 45 against 10
-    assert cpu_matmul._faster({False: plain, True: skinny}, [1])
-    assert not cpu_matmul._faster({False: skinny, True: plain}, [1])
-    assert not cpu_matmul._faster({False: plain, True: skinny}, [])
+    assert is_faster({False: plain, True: skinny}, [1])
+    assert not is_faster({False: skinny, True: plain}, [1])
+    assert not is_faster({False: plain, True: skinny}, [])
 
 
 def test_a_single_row_is_timed_over_more_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
-    import specdecode.models.cpu_matmul as cpu_matmul
+    import specdecode.models.kernel_choice as kernel_choice
 
-    calls, real = [], cpu_matmul._time_kernels
+    calls, real = [], kernel_choice.time_kernels
 
     def recording(model, widths, repeats, use):
         calls.append((widths, repeats))
         return real(model, widths, repeats, use)
 
-    monkeypatch.setattr(cpu_matmul, "_time_kernels", recording)
+    monkeypatch.setattr(kernel_choice, "time_kernels", recording)
     measure_skinny_rows(tiny_llama(1), widths=(1, 2, 3), repeats=2)
-    assert calls == [((1,), 2 * cpu_matmul.SINGLE_ROW_ROUNDS), ((2, 3), 2)] and cpu_matmul.SINGLE_ROW_ROUNDS > 1
+    assert calls == [((1,), 2 * kernel_choice.SINGLE_ROW_ROUNDS), ((2, 3), 2)] and kernel_choice.SINGLE_ROW_ROUNDS > 1
 
 
 def test_the_measurement_leaves_the_models_kernels_as_they_were() -> None:
@@ -231,9 +236,12 @@ def test_greedy_with_skinny_linears_matches_transformers(gamma: int, rows: tuple
     ]
     result = speculative_generate(target, drafter, prompts, gamma=gamma, max_new_tokens=20, eos_token_ids=[])
     assert result.sequences == expected
-    assert result.sequences[:1] == speculative_generate(
-        target, drafter, prompts[:1], gamma=gamma, max_new_tokens=20, eos_token_ids=[]
-    ).sequences
+    assert (
+        result.sequences[:1]
+        == speculative_generate(
+            target, drafter, prompts[:1], gamma=gamma, max_new_tokens=20, eos_token_ids=[]
+        ).sequences
+    )
 
 
 @pytest.mark.parametrize("kind", ["derived", "feature", "pretrained"])
@@ -246,10 +254,14 @@ def test_drafters_follow_the_targets_kernels(kind: str, tmp_path: Path) -> None:
         if rows is not None:
             use_skinny_linears(target, rows)
         if kind == "pretrained" and not (tmp_path / "config.json").exists():
-            build_drafter(DrafterConfig(kind="derived", num_layers=1, draft_vocab=None), target, tokenizer, lambda: []).save_pretrained(tmp_path)
+            build_drafter(
+                DrafterConfig(kind="derived", num_layers=1, draft_vocab=None), target, tokenizer, lambda: []
+            ).save_pretrained(tmp_path)
             tokenizer.save_pretrained(tmp_path)
         path = str(tmp_path) if kind == "pretrained" else None
-        drafter = build_drafter(DrafterConfig(kind=kind, num_layers=1, draft_vocab=None, path=path), target, tokenizer, lambda: [])
+        drafter = build_drafter(
+            DrafterConfig(kind=kind, num_layers=1, draft_vocab=None, path=path), target, tokenizer, lambda: []
+        )
         assert skinny_rows_of(drafter) == rows
         assert all(m.skinny_rows == rows for m in drafter.modules() if isinstance(m, SkinnyLinear))
 
@@ -261,8 +273,49 @@ def test_cast_copy_is_a_plain_copy_in_the_new_dtype_and_leaves_the_model_alone()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     copy = cast_copy(model, torch.bfloat16)
     assert copy is not model and copy.dtype == torch.bfloat16 and not copy.training
-    assert not uses_skinny_linears(copy) and uses_skinny_linears(model)
+    assert skinny_rows_of(copy) is None and skinny_rows_of(model) is not None
     assert not any(p.requires_grad for p in copy.parameters())
     assert all(torch.equal(v, before[k]) and v.dtype == torch.float32 for k, v in model.state_dict().items())
     assert all(torch.equal(v, before[k].to(torch.bfloat16)) for k, v in copy.state_dict().items())
     assert cast_copy(model, torch.float32) is model
+
+
+def test_the_kernel_pick_is_measured_once_per_machine_and_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`load_model` times the kernels on a model's first load on this machine only: later loads read
+    the pick from the cache folder (conftest's, per test), until what it depends on changes (the CPU,
+    torch, the model's shapes) or its file cannot be read."""
+    import specdecode.models.kernel_choice as kernel_choice
+    import specdecode.models.loading as loading
+
+    measured = []
+
+    def measure(model: nn.Module) -> tuple[int, int]:
+        measured.append(model)
+        return FEW_ROWS
+
+    monkeypatch.setattr(loading, "cached_skinny_rows", kernel_choice.cached_skinny_rows)  # conftest pins it
+    monkeypatch.setattr(kernel_choice, "measure_skinny_rows", measure)
+    for _ in range(2):
+        assert skinny_rows_of(load_model("smoke")[0]) == FEW_ROWS
+    assert len(measured) == 1
+    [kept] = kernel_choice.kernel_cache_dir().glob("*.json")
+    kept.write_text("{not json")
+    assert skinny_rows_of(load_model("smoke")[0]) == FEW_ROWS and len(measured) == 2  # measured again, rewritten
+    assert skinny_rows_of(load_model("smoke")[0]) == FEW_ROWS and len(measured) == 2
+    monkeypatch.setattr(kernel_choice, "cpu_model", lambda: "another CPU")
+    load_model("smoke")
+    monkeypatch.setattr(torch, "__version__", "0.0.0")
+    load_model("smoke")
+    kernel_choice.cached_skinny_rows(tiny_llama(1))  # other shapes
+    assert len(measured) == 5
+
+
+def test_a_kept_pick_reads_back_as_it_was_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every pick, None (F.linear) included, comes back from the file as `measure` returned it."""
+    from specdecode.models.kernel_choice import cached_rows
+
+    key = {"kind": "skinny", "cpu": "test"}
+    for rows in (None, (1, 1), FEW_ROWS):
+        first = cached_rows(key | {"rows": str(rows)}, lambda rows=rows: rows)
+        again = cached_rows(key | {"rows": str(rows)}, lambda: pytest.fail("measured twice"))
+        assert first == again == rows

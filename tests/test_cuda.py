@@ -43,10 +43,12 @@ def test_feature_drafter_greedy_is_exact_on_the_device(ragged_prompts, lookup, g
     drafter = random_feature_drafter(target, feature_layers=(1, -1)).to(DEVICE)
     # transformers' own greedy on the same device: the reference its kernels give there
     expected = [hf_greedy(target, p, 20) for p in ragged_prompts]
-    batched = speculative_generate(target, drafter, ragged_prompts, gamma=gamma, max_new_tokens=20,
-                                   eos_token_ids=[], prompt_lookup=lookup)
-    single = speculative_generate(target, drafter, ragged_prompts[3:4], gamma=gamma, max_new_tokens=20,
-                                  eos_token_ids=[], prompt_lookup=lookup)
+    batched = speculative_generate(
+        target, drafter, ragged_prompts, gamma=gamma, max_new_tokens=20, eos_token_ids=[], prompt_lookup=lookup
+    )
+    single = speculative_generate(
+        target, drafter, ragged_prompts[3:4], gamma=gamma, max_new_tokens=20, eos_token_ids=[], prompt_lookup=lookup
+    )
     assert batched.sequences == expected and single.sequences == expected[3:4]
     # drafts were both accepted and rejected there: the rollback path ran on the device too
     assert 0 < batched.stats.accepted < batched.stats.drafted
@@ -56,9 +58,17 @@ def test_feature_drafter_greedy_is_exact_on_the_device(ragged_prompts, lookup, g
 def test_feature_drafter_job_runs_on_the_device_in_its_default_precisions(tmp_path: Path) -> None:
     """Target-written data with features (bf16 where the device computes it), bf16 autocast, the gamma
     timed there, and a saved drafter that decodes exactly on the device."""
-    cfg = smoke_cfg(tmp_path, f"device={DEVICE}", "drafter.kind=feature", "train.seq_source=target",
-                    "train.seq_temperatures=[0.0,1.0]", "train.mixed_precision=auto", "train.data_precision=auto",
-                    "train.max_steps=12", "train.eval_every=6")
+    cfg = smoke_cfg(
+        tmp_path,
+        f"device={DEVICE}",
+        "drafter.kind=feature",
+        "train.seq_source=target",
+        "train.seq_temperatures=[0.0,1.0]",
+        "train.mixed_precision=auto",
+        "train.data_precision=auto",
+        "train.max_steps=12",
+        "train.eval_every=6",
+    )
     metrics = run_distill(cfg)
     assert metrics["drafter_kind"] == "feature" and metrics["steps"] == 12
     if DEVICE.startswith("cuda") and torch.cuda.is_bf16_supported():
@@ -74,8 +84,10 @@ def test_feature_drafter_job_runs_on_the_device_in_its_default_precisions(tmp_pa
 
 def test_smoke_demo_with_feature_drafters_runs_on_the_device(tmp_path: Path) -> None:
     root_dir = str(tmp_path / "demo")
-    distill = (f"distill=['experiment=smoke','cache_dir={root_dir}/teacher_cache','drafter.kind=feature',"
-               "'train.seq_source=target','train.mixed_precision=auto','train.data_precision=auto']")
+    distill = (
+        f"distill=['experiment=smoke','cache_dir={root_dir}/teacher_cache','drafter.kind=feature',"
+        "'train.seq_source=target','train.mixed_precision=auto','train.data_precision=auto']"
+    )
     cfg = dataclasses.replace(smoke_config(root_dir, [distill]), device=DEVICE)
     root = run_demo(cfg)
     rows = json.loads((root / "results.json").read_text())["rows"]

@@ -47,7 +47,9 @@ def test_greedy_matches_transformers_greedy(target, ragged_prompts, drafter_kind
     batched = speculative_generate(target, drafter, ragged_prompts, gamma=gamma, max_new_tokens=24, eos_token_ids=[])
     single = speculative_generate(target, drafter, ragged_prompts[:1], gamma=gamma, max_new_tokens=24, eos_token_ids=[])
     # the drafter alone, without prompt lookup (on by default; a looked-up draft can be rejected)
-    alone = speculative_generate(target, drafter, ragged_prompts, gamma=gamma, max_new_tokens=24, eos_token_ids=[], prompt_lookup=None)
+    alone = speculative_generate(
+        target, drafter, ragged_prompts, gamma=gamma, max_new_tokens=24, eos_token_ids=[], prompt_lookup=None
+    )
 
     assert batched.sequences == expected
     assert single.sequences == expected[:1]
@@ -78,14 +80,18 @@ def test_autoregressive_features_are_the_targets_own(target, ragged_prompts, lay
     plain = autoregressive_generate(target, ragged_prompts, max_new_tokens=budgets, eos_token_ids=[])
     eos = plain.sequences[2][4]  # stops row 2 (and any row that writes it) early
     plain = autoregressive_generate(target, ragged_prompts, max_new_tokens=budgets, eos_token_ids=[eos])
-    result = autoregressive_generate(target, ragged_prompts, max_new_tokens=budgets, eos_token_ids=[eos], feature_layers=layers)
+    result = autoregressive_generate(
+        target, ragged_prompts, max_new_tokens=budgets, eos_token_ids=[eos], feature_layers=layers
+    )
     assert result.sequences == plain.sequences and plain.features is None
     assert len(result.sequences[2]) == 5 and result.sequences[1] == []
     assert result.features is not None
     for prompt, generated, features in zip(ragged_prompts, result.sequences, result.features):
         text = torch.tensor([prompt + generated])
         with torch.no_grad():
-            expected = target_features(target, target(input_ids=text, output_hidden_states=True).hidden_states, layers)[0]
+            expected = target_features(target, target(input_ids=text, output_hidden_states=True).hidden_states, layers)[
+                0
+            ]
         assert features.shape == expected.shape
         read = len(prompt) + max(len(generated) - 1, 0)
         torch.testing.assert_close(features[:read], expected[:read], atol=1e-5, rtol=1e-4)
@@ -224,7 +230,9 @@ def test_caches_are_reused_never_recomputed(target, ragged_prompts) -> None:
     """Each step feeds the target only the pending token and the gamma drafts; prompts are read once."""
     drafter = tiny_llama(1, seed=1)
     fed: list[tuple[int, int]] = []
-    handle = target.register_forward_pre_hook(lambda m, args, kwargs: fed.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    handle = target.register_forward_pre_hook(
+        lambda m, args, kwargs: fed.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
     try:
         gamma = 3
         result = speculative_generate(target, drafter, ragged_prompts, gamma=gamma, max_new_tokens=16, eos_token_ids=[])
@@ -277,9 +285,14 @@ def test_mismatched_vocabularies_are_rejected(target) -> None:
         speculative_generate(target, other, [[1, 2]], gamma=2, max_new_tokens=4)
 
 
-@pytest.mark.parametrize("kwargs, needle", [(dict(gamma=65), r"gamma must be an int in \[1, 64\], got 65"),
-                                            (dict(gamma=100_000), "got 100000"),
-                                            (dict(temperature=float("nan")), "temperature .* got nan")])
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(gamma=65), r"gamma must be an int in \[1, 64\], got 65"),
+        (dict(gamma=100_000), "got 100000"),
+        (dict(temperature=float("nan")), "temperature .* got nan"),
+    ],
+)
 def test_gamma_bound_and_nan_temperature_are_named_before_any_work(target, kwargs, needle) -> None:
     calls: list[int] = []
     handle = target.register_forward_pre_hook(lambda *a: calls.append(1))

@@ -9,19 +9,36 @@ import pytest
 import torch
 
 from specdecode import speculative_generate
-from specdecode.decoding.lookup import LookupConfig, PromptLookup
+from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.stats import GenerationResult, StepCounters
-from specdecode.evaluation.config import EvalConfig
 from specdecode.evaluation import suite
+from specdecode.evaluation.config import EvalConfig
 from specdecode.evaluation.records import (
-    RunRecord, composed, merge_counts, pick_per_prompt, router_share, run_batched, run_interleaved,
+    RunRecord,
+    composed,
+    merge_counts,
+    pick_per_prompt,
+    router_share,
+    run_batched,
+    run_interleaved,
 )
 from specdecode.evaluation.report import merge_results
 from specdecode.evaluation.suite import run_eval
 from specdecode.models import derive_drafter
 from specdecode.models.config import DrafterConfig, TargetConfig
 
-ROW_FIELDS = {"domain", "method", "gamma", "temperature", "batch_size", "alpha", "tau", "tokens_per_s", "speedup", "exact_match"}
+ROW_FIELDS = {
+    "domain",
+    "method",
+    "gamma",
+    "temperature",
+    "batch_size",
+    "alpha",
+    "tau",
+    "tokens_per_s",
+    "speedup",
+    "exact_match",
+}
 
 
 class FixedRouter:
@@ -92,11 +109,23 @@ def test_run_eval_writes_every_method_with_exact_greedy(tiny_setup) -> None:
     by_key = {(r["domain"], r["method"], r["temperature"], r["batch_size"]): r for r in written["rows"]}
     for domain in ("code", "math"):
         for temperature in (0.0, 1.0):
-            routed, choices = by_key[(domain, "routed", temperature, 1)], by_key[(domain, "routed_choices", temperature, 1)]
+            routed, choices = (
+                by_key[(domain, "routed", temperature, 1)],
+                by_key[(domain, "routed_choices", temperature, 1)],
+            )
             # the same choices, decoded the same way (seeded), timed in the drafters' own runs
-            assert (choices["tokens"], choices["tau"], choices["alpha"]) == (routed["tokens"], routed["tau"], routed["alpha"])
+            assert (choices["tokens"], choices["tau"], choices["alpha"]) == (
+                routed["tokens"],
+                routed["tau"],
+                routed["alpha"],
+            )
             assert choices["exact_match"] == (1.0 if temperature == 0.0 else None)
-    assert sorted((s["temperature"], s["batch_size"]) for s in written["router_share"]) == [(0.0, 1), (0.0, 2), (1.0, 1), (1.0, 2)]
+    assert sorted((s["temperature"], s["batch_size"]) for s in written["router_share"]) == [
+        (0.0, 1),
+        (0.0, 2),
+        (1.0, 1),
+        (1.0, 2),
+    ]
     assert all("routed_choices_share" in s for s in written["router_share"] if s["batch_size"] == 1)
     for r in written["rows"]:
         assert ROW_FIELDS <= set(r)
@@ -120,7 +149,9 @@ def test_routed_or_oracle_alone_load_the_drafters_they_choose_between(tiny_setup
     candidates at batch 1 to pick from, and writes only its own rows. Greedy stays exact."""
     tmp_path, folders = tiny_setup
     batched = []  # batch size of each whole-method run (the oracle's and the router's groups run apart)
-    monkeypatch.setattr(suite, "run_batched", lambda fn, ids, batch_size: batched.append(batch_size) or run_batched(fn, ids, batch_size))
+    monkeypatch.setattr(
+        suite, "run_batched", lambda fn, ids, batch_size: batched.append(batch_size) or run_batched(fn, ids, batch_size)
+    )
     turns = []  # (batch size, methods) of each run where the methods take turns
 
     def interleaved(fns, ids, batch_size, chosen=None, pool=None):
@@ -129,14 +160,25 @@ def test_routed_or_oracle_alone_load_the_drafters_they_choose_between(tiny_setup
 
     monkeypatch.setattr(suite, "run_interleaved", interleaved)
     cfg = EvalConfig(
-        target=TargetConfig(name=str(tmp_path / "target")), methods=["autoregressive", chooser], drafters=folders,
-        router_dir="unused-by-the-fake-loader", domains=["code"], prompts_per_domain=2, max_prompt_tokens=150,
-        max_new_tokens=6, gamma=2, temperatures=[0.0], batch_sizes=[1, 2], sweep_gammas=[1, 2],
+        target=TargetConfig(name=str(tmp_path / "target")),
+        methods=["autoregressive", chooser],
+        drafters=folders,
+        router_dir="unused-by-the-fake-loader",
+        domains=["code"],
+        prompts_per_domain=2,
+        max_prompt_tokens=150,
+        max_new_tokens=6,
+        gamma=2,
+        temperatures=[0.0],
+        batch_sizes=[1, 2],
+        sweep_gammas=[1, 2],
         output_dir=str(tmp_path / "eval"),
     )
     rows = run_eval(cfg, router_loader=lambda path: FixedRouter("generic", "code", cut=0))["rows"]
     expected = {("autoregressive", 0, 1), ("autoregressive", 0, 2), (chooser, 2, 1), (chooser, 2, 2)}
-    assert {(r["method"], r["gamma"], r["batch_size"]) for r in rows} == expected | ({(chooser, 1, 1)} if chooser == "routed" else set())
+    assert {(r["method"], r["gamma"], r["batch_size"]) for r in rows} == expected | (
+        {(chooser, 1, 1)} if chooser == "routed" else set()
+    )
     assert all(r["exact_match"] == 1.0 for r in rows)
     # autoregressive at each batch size (its own rows: the only method asked for), the router taking
     # its turns beside it at both and in the gamma sweep; the oracle picks from its two candidates'
@@ -162,15 +204,25 @@ def test_the_oracle_weighs_tokens_per_pass_by_what_a_pass_costs(tiny_setup, chea
     monkeypatch.setattr(suite, "measure_pass_costs", pass_costs)
     cfg = EvalConfig(
         target=TargetConfig(name=str(tmp_path / "target")),
-        methods=["autoregressive", "generic", "specialized", "routed", "oracle"], drafters=folders,
-        router_dir="unused-by-the-fake-loader", domains=["code", "math"], prompts_per_domain=3, max_prompt_tokens=150,
-        max_new_tokens=8, gamma=2, temperatures=[0.0], batch_sizes=[1], output_dir=str(tmp_path / "eval"),
+        methods=["autoregressive", "generic", "specialized", "routed", "oracle"],
+        drafters=folders,
+        router_dir="unused-by-the-fake-loader",
+        domains=["code", "math"],
+        prompts_per_domain=3,
+        max_prompt_tokens=150,
+        max_new_tokens=8,
+        gamma=2,
+        temperatures=[0.0],
+        batch_sizes=[1],
+        output_dir=str(tmp_path / "eval"),
     )
     results = run_eval(cfg, router_loader=lambda path: FixedRouter("generic", "generic"))
     rows = {(r["domain"], r["method"]): r for r in results["rows"]}
     for domain, routing_s in results["routing_seconds_per_prompt"].items():
         # the router's choices (generic throughout) on the generic drafter's own run, plus routing
-        assert rows[(domain, "routed_choices")]["seconds"] == pytest.approx(rows[(domain, "generic")]["seconds"] + 3 * routing_s)
+        assert rows[(domain, "routed_choices")]["seconds"] == pytest.approx(
+            rows[(domain, "generic")]["seconds"] + 3 * routing_s
+        )
     assert timed == [{"generic": 2, "specialized:code": 2}]  # once per evaluation, at the gamma decoded
     assert rows[("code", "generic")]["tau"] != rows[("code", "specialized:code")]["tau"]  # the choice matters
     for domain in ("code", "math"):
@@ -182,11 +234,22 @@ def test_no_share_where_a_drafter_chosen_from_has_no_rows(tiny_setup, monkeypatc
     """The router and the oracle choose between every trained drafter; where one has no rows of its
     own (its method not asked for), the best single drafter is unknown and no share is given."""
     tmp_path, folders = tiny_setup
-    monkeypatch.setattr(suite, "measure_pass_costs", lambda target, drafters, gammas, context, repeats=3: dict.fromkeys(drafters, 1.0))
+    monkeypatch.setattr(
+        suite, "measure_pass_costs", lambda target, drafters, gammas, context, repeats=3: dict.fromkeys(drafters, 1.0)
+    )
     cfg = EvalConfig(
-        target=TargetConfig(name=str(tmp_path / "target")), methods=["autoregressive", "generic", "routed", "oracle"],
-        drafters=folders, router_dir="unused-by-the-fake-loader", domains=["code"], prompts_per_domain=2,
-        max_prompt_tokens=150, max_new_tokens=4, gamma=2, temperatures=[0.0], batch_sizes=[1], output_dir=str(tmp_path / "eval"),
+        target=TargetConfig(name=str(tmp_path / "target")),
+        methods=["autoregressive", "generic", "routed", "oracle"],
+        drafters=folders,
+        router_dir="unused-by-the-fake-loader",
+        domains=["code"],
+        prompts_per_domain=2,
+        max_prompt_tokens=150,
+        max_new_tokens=4,
+        gamma=2,
+        temperatures=[0.0],
+        batch_sizes=[1],
+        output_dir=str(tmp_path / "eval"),
     )
     results = run_eval(cfg, router_loader=lambda path: FixedRouter("code", "code"))
     assert {r["method"] for r in results["rows"]} == {"autoregressive", "generic", "routed", "oracle", "routed_choices"}
@@ -211,7 +274,10 @@ def test_methods_take_turns_batch_by_batch_so_drift_biases_none() -> None:
 
     prompts = [[1] * n for n in range(1, 9)]
     calls: list[str] = []
-    generators = {name: (lambda fn, name: lambda batch: calls.append(name) or fn(batch))(method(name), name) for name in ("a", "b")}
+    generators = {
+        name: (lambda fn, name: lambda batch: calls.append(name) or fn(batch))(method(name), name)
+        for name in ("a", "b")
+    }
     records = run_interleaved(generators, prompts, batch_size=3)
     assert calls == ["a", "b", "b", "a", "a", "b"]  # turn k starts at the k-th method: none always runs last
     assert [len(r.sequences) for r in records["a"].results] == [3, 3, 2]
@@ -295,11 +361,14 @@ def test_gamma_sweep_rows_for_the_swept_methods_only(tiny_setup) -> None:
             assert len(r["position_acceptance"]) == r["gamma"], r
 
 
-@pytest.mark.parametrize("field, value, needle", [
-    ("sweep_gammas", [0], "sweep_gammas=0"),
-    ("sweep_methods", ["oracle"], "sweep_methods='oracle'"),
-    ("sweep_methods", ["specialized:poetry"], "sweep_methods='specialized:poetry'"),
-])
+@pytest.mark.parametrize(
+    "field, value, needle",
+    [
+        ("sweep_gammas", [0], "sweep_gammas=0"),
+        ("sweep_methods", ["oracle"], "sweep_methods='oracle'"),
+        ("sweep_methods", ["specialized:poetry"], "sweep_methods='specialized:poetry'"),
+    ],
+)
 def test_bad_sweep_names_the_value(field, value, needle) -> None:
     with pytest.raises(ValueError, match=needle):
         EvalConfig(methods=["autoregressive"], **{field: value})
@@ -318,7 +387,9 @@ def test_oracle_picks_the_most_tokens_per_unit_of_pass_cost() -> None:
     costs = {"generic": 1.0, "specialized:code": 1.3}
     choices = pick_per_prompt({"generic": record([1.0, 2.0, 1.5]), "specialized:code": record([1.2, 1.0, 1.6])}, costs)
     assert choices == ["generic", "generic", "generic"]
-    assert pick_per_prompt({"generic": record([1.0]), "specialized:code": record([2.0])}, {"generic": 1.0, "specialized:code": 1.9}) == ["specialized:code"]
+    assert pick_per_prompt(
+        {"generic": record([1.0]), "specialized:code": record([2.0])}, {"generic": 1.0, "specialized:code": 1.9}
+    ) == ["specialized:code"]
     with pytest.raises(ValueError, match="specialized:code"):
         pick_per_prompt({"generic": record([1.0]), "specialized:code": record([2.0])}, {"generic": 1.0})
     # a chooser's row is prompt i's result from its choice's run, plus its own seconds
@@ -328,7 +399,11 @@ def test_oracle_picks_the_most_tokens_per_unit_of_pass_cost() -> None:
     with pytest.raises(ValueError, match=r"\['autoregressive'\]"):
         composed(pool, ["generic", "autoregressive", "generic"])
     # only batch-1 runs of the chosen prompts, in their order, compose: anything else would mismatch prompts
-    for bad in (record([1.0, 2.0], per_batch=2), record([1.0, 2.0]), RunRecord(record([1.0, 2.0, 1.5]).results, order=[2, 1, 0])):
+    for bad in (
+        record([1.0, 2.0], per_batch=2),
+        record([1.0, 2.0]),
+        RunRecord(record([1.0, 2.0, 1.5]).results, order=[2, 1, 0]),
+    ):
         with pytest.raises(ValueError, match="pool\\['generic'\\] is no batch-1 run of the 3 prompts"):
             composed(pool | {"generic": bad}, ["specialized:code", "generic", "specialized:code"])
 
@@ -337,15 +412,24 @@ def test_router_share_is_its_gain_over_the_best_single_drafter_out_of_the_oracle
     """(routed − best single) / (oracle − best single) on speedups averaged over domains, per
     temperature and batch size; None where the oracle gains nothing; settings without an oracle
     are skipped. Figures chosen so that a per-domain or unaveraged share would differ."""
+
     def row(domain: str, method: str, speedup: float, temperature: float = 0.0, batch: int = 1) -> dict:
         return {"domain": domain, "method": method, "speedup": speedup, "temperature": temperature, "batch_size": batch}
 
     speedups = {  # (code, math): generic averages 1.3, code 1.35 (the best single), oracle 1.55, routed 1.5
-        "autoregressive": (1.0, 1.0), "generic": (1.2, 1.4), "specialized:code": (1.6, 1.1),
-        "oracle": (1.7, 1.4), "routed": (1.6, 1.4), "routed_choices": (1.65, 1.4),
+        "autoregressive": (1.0, 1.0),
+        "generic": (1.2, 1.4),
+        "specialized:code": (1.6, 1.1),
+        "oracle": (1.7, 1.4),
+        "routed": (1.6, 1.4),
+        "routed_choices": (1.65, 1.4),
     }
     rows = [row(d, m, v[i]) for m, v in speedups.items() for i, d in enumerate(("code", "math"))]
-    rows += [row(d, m, 1.2, temperature=0.7) for m in ("autoregressive", "generic", "oracle", "routed") for d in ("code", "math")]
+    rows += [
+        row(d, m, 1.2, temperature=0.7)
+        for m in ("autoregressive", "generic", "oracle", "routed")
+        for d in ("code", "math")
+    ]
     rows += [row(d, m, 1.2, batch=4) for m in ("autoregressive", "generic", "routed") for d in ("code", "math")]
     first, flat = router_share(rows)
     assert (first["temperature"], first["batch_size"], first["best_single"]) == (0.0, 1, "specialized:code")
@@ -365,7 +449,10 @@ def test_router_share_is_its_gain_over_the_best_single_drafter_out_of_the_oracle
     partial = router_share(gap)[0]
     assert partial["best_single"] == "generic" and partial["routed_share"] == pytest.approx((1.5 - 1.3) / (1.55 - 1.3))
     assert router_share(gap, ["generic", "specialized:code"]) == []
-    unknown = [r | {"speedup": None} if (r["method"], r["domain"], r["temperature"]) == ("oracle", "math", 0.0) else r for r in rows]
+    unknown = [
+        r | {"speedup": None} if (r["method"], r["domain"], r["temperature"]) == ("oracle", "math", 0.0) else r
+        for r in rows
+    ]
     assert router_share(unknown) == [flat]  # not an oracle at (1.7 + 0) / 2
     # no router row (an oracle alone): no share to give
     assert router_share([r for r in rows if r["method"] not in ("routed", "routed_choices")]) == []
@@ -376,8 +463,15 @@ def test_share_table_marks_missing_shares_and_tags_merged_runs(tmp_path) -> None
     column for the shares of several runs (`merge_results`, e.g. a multirun over gamma)."""
     from specdecode.evaluation.report import share_table
 
-    share = {"temperature": 0.0, "batch_size": 1, "best_single": "generic", "best_single_speedup": 1.3,
-             "oracle_speedup": 1.5, "routed_speedup": 1.45, "routed_share": 0.75}
+    share = {
+        "temperature": 0.0,
+        "batch_size": 1,
+        "best_single": "generic",
+        "best_single_speedup": 1.3,
+        "oracle_speedup": 1.5,
+        "routed_speedup": 1.45,
+        "routed_share": 0.75,
+    }
     table = share_table([share, share | {"temperature": 0.7, "routed_share": None}])
     assert table.splitlines()[2] == "| 0.0 | 1 | generic 1.300× | 1.500× | 1.450× (75%) | – |"
     assert table.splitlines()[3].endswith("| 1.450× (–) | – |")
@@ -389,12 +483,34 @@ def test_share_table_marks_missing_shares_and_tags_merged_runs(tmp_path) -> None
     merged = merge_results(tmp_path.glob("*/results.json"))
     assert [(s["gamma"], s["routed_share"]) for s in merged["router_share"]] == [(1, 0.25), (2, 0.5)]
     lines = share_table(merged["router_share"]).splitlines()
-    assert lines[0].startswith("| gamma | T | batch |") and lines[3].startswith("| 2 | 0.0 | 1 |") and "(50%)" in lines[3]
+    assert (
+        lines[0].startswith("| gamma | T | batch |") and lines[3].startswith("| 2 | 0.0 | 1 |") and "(50%)" in lines[3]
+    )
 
 
 def test_merged_counts_sum_work_and_take_the_slowest_process_time() -> None:
-    a = dict(tokens=10, seconds=2.0, accepted=3, rejections=1, row_calls=5.0, reached=[4, 3], passed=[3, 1], prompts=2, matches=2)
-    b = dict(tokens=6, seconds=3.0, accepted=1, rejections=1, row_calls=4.0, reached=[2, 1], passed=[1, 0], prompts=1, matches=1)
+    a = dict(
+        tokens=10,
+        seconds=2.0,
+        accepted=3,
+        rejections=1,
+        row_calls=5.0,
+        reached=[4, 3],
+        passed=[3, 1],
+        prompts=2,
+        matches=2,
+    )
+    b = dict(
+        tokens=6,
+        seconds=3.0,
+        accepted=1,
+        rejections=1,
+        row_calls=4.0,
+        reached=[2, 1],
+        passed=[1, 0],
+        prompts=1,
+        matches=1,
+    )
     merged = merge_counts([a, b])
     assert merged["tokens"] == 16 and merged["seconds"] == 3.0 and merged["matches"] == 3
     assert merged["reached"] == [6, 4] and merged["passed"] == [4, 1]
@@ -414,9 +530,6 @@ def test_merged_counts_sum_work_and_take_the_slowest_process_time() -> None:
         (dict(methods=["autoregressive"], batch_sizes=[0]), "batch_sizes"),
         (dict(methods=["autoregressive"], gamma=65), "gamma=65"),
         (dict(methods=["autoregressive"], temperatures=[float("nan")]), "temperatures=nan"),
-        (dict(methods=["autoregressive"], prompt_lookup=LookupConfig(max_confidence=1.5)), "max_confidence must be in \\[0, 1\\], got 1.5"),
-        (dict(methods=["autoregressive"], prompt_lookup=LookupConfig(min_ngram=3, max_ngram=2)), "max_ngram must be an int >= min_ngram=3, got 2"),
-        (dict(methods=["autoregressive"], prompt_lookup=LookupConfig(enabled="yes")), "prompt_lookup.enabled='yes'"),
     ],
 )
 def test_bad_eval_config_names_the_field(kwargs, needle) -> None:
@@ -434,14 +547,23 @@ def test_every_drafter_decodes_with_the_configured_prompt_lookup(tiny_setup, mon
 
     monkeypatch.setattr(suite, "speculative_generate", recording)
     tmp_path, folders = tiny_setup
-    lookup = LookupConfig(enabled=enabled, max_ngram=3, min_ngram=1, max_confidence=0.5)
+    lookup = PromptLookup(enabled=enabled, max_ngram=3, min_ngram=1, max_confidence=0.5)
     cfg = EvalConfig(
-        target=TargetConfig(name=str(tmp_path / "target")), drafters=folders, router_dir="unused", domains=["code"],
-        methods=["autoregressive", "generic", "specialized", "routed"], prompts_per_domain=2, max_new_tokens=4, gamma=2,
-        prompt_lookup=lookup, batch_sizes=[1], output_dir=str(tmp_path / "eval"),
+        target=TargetConfig(name=str(tmp_path / "target")),
+        drafters=folders,
+        router_dir="unused",
+        domains=["code"],
+        methods=["autoregressive", "generic", "specialized", "routed"],
+        prompts_per_domain=2,
+        max_new_tokens=4,
+        gamma=2,
+        prompt_lookup=lookup,
+        temperatures=[0.0],
+        batch_sizes=[1],
+        output_dir=str(tmp_path / "eval"),
     )
     run_eval(cfg, router_loader=lambda path: FixedRouter("generic", "code"))
-    assert seen and set(seen) == {PromptLookup(3, 1, 0.5) if enabled else None}
+    assert seen and all(s == PromptLookup(enabled=enabled, max_ngram=3, min_ngram=1, max_confidence=0.5) for s in seen)
 
 
 def test_merge_results_of_a_gamma_sweep(tmp_path) -> None:
@@ -466,18 +588,49 @@ def test_every_method_decodes_once_untimed_before_the_first_timed_run(tiny_setup
             drafter = args[1] if label == "speculative" else None
             calls.append((label if drafter is None else f"{label}:{id(drafter)}", kwargs["max_new_tokens"]))
             return real(*args, **kwargs)
+
         return run
 
     monkeypatch.setattr(suite, "autoregressive_generate", recording(suite.autoregressive_generate, "autoregressive"))
     monkeypatch.setattr(suite, "speculative_generate", recording(suite.speculative_generate, "speculative"))
-    cfg = EvalConfig(target=TargetConfig(name=str(tmp_path / "target")), drafters=folders, domains=["code", "math"],
-                     methods=["autoregressive", "generic", "specialized"], prompts_per_domain=2, max_prompt_tokens=150,
-                     max_new_tokens=12, gamma=2, temperatures=[0.0], batch_sizes=[1], output_dir=str(tmp_path / "eval"))
+    cfg = EvalConfig(
+        target=TargetConfig(name=str(tmp_path / "target")),
+        drafters=folders,
+        domains=["code", "math"],
+        methods=["autoregressive", "generic", "specialized"],
+        prompts_per_domain=2,
+        max_prompt_tokens=150,
+        max_new_tokens=12,
+        gamma=2,
+        temperatures=[0.0],
+        batch_sizes=[1],
+        output_dir=str(tmp_path / "eval"),
+    )
     results = run_eval(cfg)
     rows = results["rows"]
     # each model's CPU kernels, as picked in this process (conftest pins the picks to plain)
-    assert results["cpu_kernels"] == {n: {"skinny_rows": None, "packed_rows": None} for n in ("target", "generic", "specialized:code")}
+    assert results["cpu_kernels"] == {
+        n: {"skinny_rows": None, "packed_rows": None} for n in ("target", "generic", "specialized:code")
+    }
     warm = calls[:3]
     assert {budget for _, budget in warm} == {2 * 2 + 2} and len({name for name, _ in warm}) == 3
     assert all(budget == 12 for _, budget in calls[3:]) and {n for n, _ in calls[3:]} == {n for n, _ in warm}
     assert all(r["exact_match"] == 1.0 for r in rows)
+
+
+def test_the_compile_knob_picks_the_evaluations_decode_core() -> None:
+    """`compile` null (auto) keeps the eager loop on the CPU and picks the static core under
+    torch.compile on CUDA; true or false force it."""
+    import torch
+
+    from specdecode.evaluation.config import EvalConfig
+    from specdecode.evaluation.suite import _core
+
+    for setting, device, expected in (
+        (None, "cpu", False),
+        (None, "cuda", True),
+        (True, "cpu", True),
+        (False, "cuda", False),
+    ):
+        cfg = EvalConfig(methods=["autoregressive"], compile=setting)
+        assert _core(cfg, torch.device(device)) == {"static": expected, "compile": expected}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 from transformers import AutoModelForCausalLM
 
 from specdecode import speculative_generate
@@ -81,8 +82,9 @@ def passes_end_to_end(
         fed_features.append(previous)
         fed_ids.append(next_ids)
         mask = end_to_end_mask(length, j, padding, hidden.dtype)
-        hidden = drafter(torch.cat(fed_features, 1), torch.cat(fed_ids, 1), attention_mask=mask,
-                         position_ids=positions.repeat(1, j))
+        hidden = drafter(
+            torch.cat(fed_features, 1), torch.cat(fed_ids, 1), attention_mask=mask, position_ids=positions.repeat(1, j)
+        )
         outputs.append(hidden[:, -length:])
     return outputs
 
@@ -94,7 +96,13 @@ def ragged_prompts() -> list[list[int]]:
 
 
 def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
-    out = model.generate(torch.tensor([prompt], device=model.device), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+    out = model.generate(
+        torch.tensor([prompt], device=model.device),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
     return out[0, len(prompt) :].tolist()
 
 
@@ -106,7 +114,9 @@ def test_greedy_matches_transformers_greedy(target, ragged_prompts, gamma, layer
     drafter = random_feature_drafter(target, feature_layers=layers)
     expected = [hf_greedy(target, p, 24) for p in ragged_prompts]
     batched = speculative_generate(target, drafter, ragged_prompts, gamma=gamma, max_new_tokens=24, eos_token_ids=[])
-    single = speculative_generate(target, drafter, ragged_prompts[3:4], gamma=gamma, max_new_tokens=24, eos_token_ids=[])
+    single = speculative_generate(
+        target, drafter, ragged_prompts[3:4], gamma=gamma, max_new_tokens=24, eos_token_ids=[]
+    )
     assert batched.sequences == expected
     assert single.sequences == expected[3:4]
     assert batched.stats.drafted > 0
@@ -119,7 +129,9 @@ def test_truncated_vocabulary_feature_drafter_is_exact(target, ragged_prompts) -
 
 
 @pytest.mark.parametrize("layers, draft_vocab", [((-1,), None), (MULTI, None), ((-1,), list(range(0, V, 3)))])
-def test_decode_time_drafts_equal_the_unrolled_training_forward(target, ragged_prompts, monkeypatch, layers, draft_vocab) -> None:
+def test_decode_time_drafts_equal_the_unrolled_training_forward(
+    target, ragged_prompts, monkeypatch, layers, draft_vocab
+) -> None:
     """What the cached, ragged decode loop feeds the drafter must be what training unrolls: each
     step's q equals a from-scratch forward of `unrolled_features` over committed tokens + drafts,
     with the target's features recomputed over the whole sequence. Fails if a window, a feature
@@ -136,8 +148,17 @@ def test_decode_time_drafts_equal_the_unrolled_training_forward(target, ragged_p
         return draft, q
 
     monkeypatch.setattr(FeatureDrafting, "propose", recording)
-    speculative_generate(target, drafter, ragged_prompts, gamma=gamma, max_new_tokens=12, temperature=1.0, eos_token_ids=[], seed=0,
-                         prompt_lookup=None)
+    speculative_generate(
+        target,
+        drafter,
+        ragged_prompts,
+        gamma=gamma,
+        max_new_tokens=12,
+        temperature=1.0,
+        eos_token_ids=[],
+        seed=0,
+        prompt_lookup=None,
+    )
     assert len(records) >= 3
     checked = 0
     with torch.no_grad():
@@ -146,7 +167,9 @@ def test_decode_time_drafts_equal_the_unrolled_training_forward(target, ragged_p
                 length = int(lengths[row])
                 sequence = torch.cat([tokens[row, :length], draft[row, : gamma - 1]]).unsqueeze(0)
                 features = target_features(target, target(sequence, output_hidden_states=True).hidden_states, layers)
-                passes = unrolled_features(drafter, features[:, :-1], sequence[:, 1:], torch.ones_like(sequence[:, 1:]), gamma)
+                passes = unrolled_features(
+                    drafter, features[:, :-1], sequence[:, 1:], torch.ones_like(sequence[:, 1:]), gamma
+                )
                 for j in range(gamma):  # draft j + 1 is made at position length - 2 + j by pass j + 1
                     expected = drafter.logits(passes[j][0, length - 2 + j]).softmax(-1)
                     # fp32 noise: this random, unnormalised drafter reaches logits of ~1,000 (hidden
@@ -202,8 +225,10 @@ def test_windowed_unrolled_passes_equal_every_position_where_needed(target, step
         sum((o * w)[m].sum() for o, w, m in zip(outputs, weights, scored)).backward()
         return [p.grad.clone() for p in drafter.parameters() if p.grad is not None]
 
-    for got, want in zip(grads(unrolled_features(drafter, features, ids, padding, steps, needed=needed)),
-                         grads(passes_end_to_end(drafter, features, ids, padding, steps))):
+    for got, want in zip(
+        grads(unrolled_features(drafter, features, ids, padding, steps, needed=needed)),
+        grads(passes_end_to_end(drafter, features, ids, padding, steps)),
+    ):
         assert torch.isfinite(want).all() and (got - want).abs().max() <= 1e-12 * want.abs().max()
 
 
@@ -222,10 +247,12 @@ def test_save_and_load_round_trip(target, tmp_path) -> None:
     drafter.save_pretrained(tmp_path)
     restored = load_model(tmp_path)[0] if (tmp_path / "tokenizer.json").exists() else None
     if restored is None:  # no tokenizer in this folder: restore the model part directly
-        from specdecode.models.feature_drafter import wrap_if_feature_drafter
         from specdecode.models.draft_vocab import apply_draft_vocab_from_config
+        from specdecode.models.feature_drafter import wrap_if_feature_drafter
 
-        restored = wrap_if_feature_drafter(apply_draft_vocab_from_config(AutoModelForCausalLM.from_pretrained(tmp_path)), tmp_path)
+        restored = wrap_if_feature_drafter(
+            apply_draft_vocab_from_config(AutoModelForCausalLM.from_pretrained(tmp_path)), tmp_path
+        )
     assert isinstance(restored, FeatureDrafter)
     features, ids = torch.randn(2, 5, 32), torch.randint(0, V, (2, 5))
     with torch.no_grad():
@@ -254,7 +281,9 @@ def test_multi_layer_drafter_reads_normed_inner_states_and_round_trips(target, t
         torch.testing.assert_close(multi(features, ids), one(states[-1], ids))
     drafter = random_feature_drafter(target, feature_layers=MULTI)
     drafter.save_pretrained(tmp_path)
-    restored = wrap_if_feature_drafter(apply_draft_vocab_from_config(AutoModelForCausalLM.from_pretrained(tmp_path)), tmp_path)
+    restored = wrap_if_feature_drafter(
+        apply_draft_vocab_from_config(AutoModelForCausalLM.from_pretrained(tmp_path)), tmp_path
+    )
     assert restored.feature_layers == MULTI and restored.feature_width == 3 * 32
     with torch.no_grad():
         torch.testing.assert_close(restored(features, ids), drafter(features, ids))
@@ -313,9 +342,11 @@ def test_random_init_draws_fresh_layers_from_the_seed_and_stays_exact(ragged_pro
 
 @pytest.mark.parametrize("layers", [(-1,), MULTI])
 def test_step_costs_time_a_feature_drafter_step(target, layers) -> None:
-    from specdecode.decoding.speedup import measure_step_costs
+    from specdecode.decoding.timing import measure_step_costs
 
-    costs = measure_step_costs(target, random_feature_drafter(target, feature_layers=layers), list(range(10)), gamma=3, repeats=2)
+    costs = measure_step_costs(
+        target, random_feature_drafter(target, feature_layers=layers), list(range(10)), gamma=3, repeats=2
+    )
     assert costs.drafter_step_s > 0 and costs.cost_ratio > 0
 
 
@@ -354,8 +385,12 @@ def training_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Te
     generator = torch.Generator().manual_seed(4)
     positions = torch.zeros(2, 8, dtype=torch.bool)
     positions[:, 3:] = True
-    return (torch.randint(0, V, (2, 8), generator=generator), torch.ones(2, 8, dtype=torch.long),
-            torch.randn(2, 8, 32, generator=generator), positions)
+    return (
+        torch.randint(0, V, (2, 8), generator=generator),
+        torch.ones(2, 8, dtype=torch.long),
+        torch.randn(2, 8, 32, generator=generator),
+        positions,
+    )
 
 
 @pytest.mark.parametrize("steps", [1, 3])
@@ -370,8 +405,10 @@ def test_training_never_reads_a_sequences_last_feature(target, steps) -> None:
 
     drafter = random_feature_drafter(target, seed=3)
     generator = torch.Generator().manual_seed(8)
-    sequences = [TrainSequence(torch.randint(0, V, (n,), generator=generator).tolist(), start)
-                 for n, start in ((11, 4), (7, 3), (9, 8))]
+    sequences = [
+        TrainSequence(torch.randint(0, V, (n,), generator=generator).tolist(), start)
+        for n, start in ((11, 4), (7, 3), (9, 8))
+    ]
     input_ids, padding, positions = pad_batch(sequences, 0)
     features = torch.randn(3, 11, 32, generator=generator)
     last = torch.tensor([len(s.tokens) - 1 for s in sequences])

@@ -18,14 +18,24 @@ PACKAGE = Path(__file__).resolve().parents[1] / "specdecode"
 LAYERS = ("core", "data", "models", "decoding", "training", "routing", "evaluation", "pipeline")
 ROOT_LAYER = len(LAYERS)
 
-MAX_MODULE_LINES = 350
+# Lines as ruff formats them (line length 120, one argument a line once a call wraps): a module
+# past this likely holds more than one job; a function past this does not fit on a screen.
+MAX_MODULE_LINES = 400
 # Code lines of a function: from `def` to its last line, less its docstring (documentation is not
 # what makes a function hard to hold in one's head, and should not be cut to fit).
-MAX_FUNCTION_LINES = 60
-# Over the limits, capped at their size so they cannot grow (none today). Lower a cap, or drop its
-# entry, when its function shrinks.
-MODULE_LINE_CAPS: dict[str, int] = {}
-FUNCTION_LINE_CAPS: dict[str, int] = {}
+MAX_FUNCTION_LINES = 75
+# Over the limits, capped at their size so they cannot grow. Lower a cap, or drop its entry, when
+# its module or function shrinks.
+MODULE_LINE_CAPS: dict[str, int] = {"specdecode.training.job": 415}
+FUNCTION_LINE_CAPS: dict[str, int] = {
+    "specdecode.models.card.render_card": 96,
+    "specdecode.models.card.training_facts": 76,
+    "specdecode.routing.fit.fit_router": 89,
+    "specdecode.routing.fit.run_fit": 77,
+    "specdecode.routing.labels.teacher_forced_acceptance": 83,
+    "specdecode.training.job._run": 87,
+    "specdecode.training.job._teacher": 78,
+}
 
 SMOKE_MODEL = "specdecode.models.smoke"
 SMOKE_LOADER = "specdecode.models.loading"
@@ -160,7 +170,9 @@ def test_no_import_cycle() -> None:
 
 
 def test_the_smoke_model_is_imported_only_where_it_is_built() -> None:
-    importers = [(name, line, top) for name in modules() for target, line, top in imports(name) if target == SMOKE_MODEL]
+    importers = [
+        (name, line, top) for name in modules() for target, line, top in imports(name) if target == SMOKE_MODEL
+    ]
     assert all(name == SMOKE_LOADER and not top for name, _, top in importers), (
         f"{SMOKE_MODEL} may only be imported inside {SMOKE_LOADER}'s functions, got {importers}"
     )
@@ -173,13 +185,18 @@ def test_the_layer_test_sees_imports_at_every_level() -> None:
 
 
 def test_modules_fit_on_a_few_screens() -> None:
-    too_long = {name: module_lines(name) for name in modules() if module_lines(name) > MODULE_LINE_CAPS.get(name, MAX_MODULE_LINES)}
+    too_long = {
+        name: module_lines(name)
+        for name in modules()
+        if module_lines(name) > MODULE_LINE_CAPS.get(name, MAX_MODULE_LINES)
+    }
     assert not too_long, f"modules over {MAX_MODULE_LINES} lines (or their cap): {too_long}; split them by job"
 
 
 def test_functions_fit_on_a_screen() -> None:
     too_long = {
-        name: length for name, length in function_lengths().items()
+        name: length
+        for name, length in function_lengths().items()
         if length > FUNCTION_LINE_CAPS.get(name, MAX_FUNCTION_LINES)
     }
     assert not too_long, f"functions over {MAX_FUNCTION_LINES} lines (or their cap): {too_long}"
@@ -189,8 +206,14 @@ def test_the_public_api_is_importable_from_the_root() -> None:
     import specdecode
 
     assert set(specdecode.__all__) == {
-        "DecodeStats", "GenerationResult", "SamplingParams", "autoregressive_generate", "logits_to_probs",
-        "rejection_sample", "sample", "speculative_generate",
+        "DecodeStats",
+        "GenerationResult",
+        "SamplingParams",
+        "autoregressive_generate",
+        "logits_to_probs",
+        "rejection_sample",
+        "sample",
+        "speculative_generate",
     }
     assert all(callable(getattr(specdecode, name)) for name in specdecode.__all__)
 

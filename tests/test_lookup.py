@@ -84,15 +84,46 @@ def test_lookup_drafts_only_up_to_its_max_temperature(temperature, used) -> None
     drafter = tiny_llama(1, seed=1)
     prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [1, 2, 3, 1, 2, 3, 1, 2]]
     lookup = PromptLookup(max_ngram=3, min_ngram=1, max_confidence=1.0)  # max_temperature 0.7
-    result = speculative_generate(target, drafter, prompts, gamma=2, max_new_tokens=8, temperature=temperature,
-                                  eos_token_ids=[], seed=0, prompt_lookup=lookup)
+    result = speculative_generate(
+        target,
+        drafter,
+        prompts,
+        gamma=2,
+        max_new_tokens=8,
+        temperature=temperature,
+        eos_token_ids=[],
+        seed=0,
+        prompt_lookup=lookup,
+    )
     assert (result.stats.looked_up > 0) == used
+
+
+def test_disabled_lookup_decodes_as_the_drafter_alone() -> None:
+    """`enabled=False` (the apps' `prompt_lookup.enabled: false`) is `prompt_lookup=None`."""
+    target, drafter = tiny_llama(2, seed=0), tiny_llama(1, seed=1)
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [1, 2, 3, 1, 2, 3, 1, 2]]
+    off = PromptLookup(enabled=False, max_ngram=3, min_ngram=1, max_confidence=1.0)
+    assert not off.applies(0.0) and PromptLookup(max_confidence=1.0).applies(0.0)
+    results = [
+        speculative_generate(
+            target, drafter, prompts, gamma=2, max_new_tokens=8, eos_token_ids=[], prompt_lookup=lookup
+        )
+        for lookup in (off, None)
+    ]
+    assert results[0].stats.looked_up == 0 and results[0].sequences == results[1].sequences
 
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"min_ngram": 0}, {"max_ngram": 1, "min_ngram": 2}, {"max_confidence": 1.5}, {"max_ngram": True},
-     {"max_temperature": -1.0}, {"max_temperature": float("nan")}],
+    [
+        {"min_ngram": 0},
+        {"max_ngram": 1, "min_ngram": 2},
+        {"max_confidence": 1.5},
+        {"max_ngram": True},
+        {"max_temperature": -1.0},
+        {"max_temperature": float("nan")},
+        {"enabled": "yes"},
+    ],
 )
 def test_bad_settings_are_refused_naming_the_value(kwargs) -> None:
     with pytest.raises(ValueError, match=repr(next(iter(kwargs.values())))):

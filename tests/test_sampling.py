@@ -54,8 +54,14 @@ def test_bad_params_are_named(kwargs, needle) -> None:
         SamplingParams(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs, needle", [(dict(temperature=float("nan")), "nan"), (dict(temperature=float("inf")), "inf"),
-                                            (dict(top_p=float("nan")), "nan")])
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(temperature=float("nan")), "nan"),
+        (dict(temperature=float("inf")), "inf"),
+        (dict(top_p=float("nan")), "nan"),
+    ],
+)
 def test_non_finite_params_are_named(kwargs, needle) -> None:
     with pytest.raises(ValueError, match=f"got {needle}"):
         SamplingParams(**kwargs)

@@ -51,12 +51,15 @@ def test_simulated_tau_equals_speculative_decoding(lookup: PromptLookup | None) 
         feature.fc.weight.normal_(0, 0.3)
     drafters = [("feature", feature), ("slice", tiny_llama(1, seed=1, vocab_size=12)), ("self", target)]
     gammas = [3, 2, 4]
-    labels = collect_labels(target, drafters, PROMPTS, max_new_tokens=20, batch_size=3, progress=False,
-                            lookup=lookup, gammas=gammas)
+    labels = collect_labels(
+        target, drafters, PROMPTS, max_new_tokens=20, batch_size=3, progress=False, lookup=lookup, gammas=gammas
+    )
     assert labels.decode_tau is not None and labels.decode_tau.shape == (len(PROMPTS), 3)
     for k, ((name, drafter), gamma) in enumerate(zip(drafters, gammas)):
         for i, prompt in enumerate(PROMPTS):
-            decoded = speculative_generate(target, drafter, [prompt], max_new_tokens=20, gamma=gamma, prompt_lookup=lookup)
+            decoded = speculative_generate(
+                target, drafter, [prompt], max_new_tokens=20, gamma=gamma, prompt_lookup=lookup
+            )
             assert decoded.sequences[0] == labels.continuations[i]
             assert labels.decode_tau[i, k].item() == pytest.approx(decoded.stats.tau, abs=1e-6), (name, i)
     if lookup is None:
@@ -69,13 +72,16 @@ def test_simulated_tau_equals_speculative_decoding(lookup: PromptLookup | None) 
 def test_decode_labels_are_greedy_only_and_priced_per_pass() -> None:
     target = tiny_llama(3, seed=0, vocab_size=12)
     drafters = [("slice", tiny_llama(1, seed=1, vocab_size=12)), ("self", target)]
-    sampled = collect_labels(target, drafters, PROMPTS, max_new_tokens=8, temperature=0.7, progress=False, gammas=[2, 3])
+    sampled = collect_labels(
+        target, drafters, PROMPTS, max_new_tokens=8, temperature=0.7, progress=False, gammas=[2, 3]
+    )
     assert sampled.decode_tau is None
     assert teacher_forced_acceptance(target, [target], PROMPTS[:1], [[1, 2]], temperature=0.7, gammas=[2])[2] is None
     greedy = collect_labels(target, drafters, PROMPTS, max_new_tokens=8, progress=False, gammas=[2, 3])
     examples = [("train", Example(prompt=str(p), response=None, domain="code")) for p in PROMPTS]
-    rows = label_rows(greedy, examples, [len(p) for p in PROMPTS],
-                      gammas=[2, 3], cost_ratios=[0.1, 0.5], verify_ratios=[1.2, 1.0])
+    rows = label_rows(
+        greedy, examples, [len(p) for p in PROMPTS], gammas=[2, 3], cost_ratios=[0.1, 0.5], verify_ratios=[1.2, 1.0]
+    )
     for row, tau in zip(rows, greedy.decode_tau.tolist()):  # type: ignore[union-attr]
         assert row["decode_tau"] == pytest.approx({"slice": tau[0], "self": tau[1]}, abs=1e-6)
         # tokens per call over a pass's cost in target steps: verify + gamma drafter steps

@@ -1,4 +1,4 @@
-"""The speedup model, the step-cost measurement and the gamma choice from timed decodes."""
+"""The speedup model (speedup.py), the timing harness (timing.py) and the gamma choice (gamma.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from specdecode.decoding.speedup import StepCosts, expected_tokens_per_step, measure_step_costs, predicted_speedup
+from specdecode.decoding.speedup import expected_tokens_per_step, predicted_speedup
+from specdecode.decoding.timing import StepCosts, measure_step_costs
 from tests.models_for_tests import tiny_llama
 
 
@@ -49,7 +50,7 @@ def test_measure_step_costs_reports_positive_times() -> None:
 def test_pass_costs_are_a_verify_plus_gamma_drafter_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each gamma's verify is timed once and shared; each drafter adds gamma of its own steps. A
     context shorter than the longest verify is repeated, not refused."""
-    from specdecode.decoding import speedup
+    from specdecode.decoding import timing
 
     timed_gammas = []
 
@@ -61,17 +62,21 @@ def test_pass_costs_are_a_verify_plus_gamma_drafter_steps(monkeypatch: pytest.Mo
     def step(target, drafter, context, gamma, repeats):
         return StepCosts(0.1, 0.1, drafter.seconds, gamma, len(context))
 
-    monkeypatch.setattr(speedup, "measure_verify_ratios", verify)
-    monkeypatch.setattr(speedup, "measure_step_costs", step)
-    drafters = {"a": SimpleNamespace(seconds=0.01), "b": SimpleNamespace(seconds=0.02), "c": SimpleNamespace(seconds=0.01)}
-    costs = speedup.measure_pass_costs(None, drafters, {"a": 3, "b": 3, "c": 1}, [5, 6], repeats=2)
+    monkeypatch.setattr(timing, "measure_verify_ratios", verify)
+    monkeypatch.setattr(timing, "measure_step_costs", step)
+    drafters = {
+        "a": SimpleNamespace(seconds=0.01),
+        "b": SimpleNamespace(seconds=0.02),
+        "c": SimpleNamespace(seconds=0.01),
+    }
+    costs = timing.measure_pass_costs(None, drafters, {"a": 3, "b": 3, "c": 1}, [5, 6], repeats=2)
     assert timed_gammas == [[1, 3]]
     assert costs == pytest.approx({"a": 1.3 + 3 * 0.1, "b": 1.3 + 3 * 0.2, "c": 1.1 + 0.1})
     timed_gammas.clear()
     with pytest.raises(ValueError, match=r"none for \['b'\]"):
-        speedup.measure_pass_costs(None, drafters, {"a": 3, "c": 1}, [5, 6])
+        timing.measure_pass_costs(None, drafters, {"a": 3, "c": 1}, [5, 6])
     with pytest.raises(ValueError, match="drafters=\\[\\]"):
-        speedup.measure_pass_costs(None, {}, {"a": 3}, [5, 6])
+        timing.measure_pass_costs(None, {}, {"a": 3}, [5, 6])
     assert timed_gammas == []  # refused before any timing
 
 
@@ -100,22 +105,24 @@ def test_speculative_generate_uses_the_drafters_stored_gamma() -> None:
     drafter.config.specdecode_gamma = 2
     result = speculative_generate(target, drafter, [[1, 2, 3]], max_new_tokens=8, eos_token_ids=[])
     assert result.stats.gamma == 2
-    assert speculative_generate(target, drafter, [[1, 2, 3]], gamma=5, max_new_tokens=8, eos_token_ids=[]).stats.gamma == 5
+    assert (
+        speculative_generate(target, drafter, [[1, 2, 3]], gamma=5, max_new_tokens=8, eos_token_ids=[]).stats.gamma == 5
+    )
 
 
 def test_verify_widths_take_turns(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each repeat times every width once, in turn, so drift on a shared machine biases all alike."""
-    from specdecode.decoding import speedup
+    from specdecode.decoding import timing
 
     widths: list[int] = []
-    real = speedup.cached_forward
+    real = timing.cached_forward
 
     def recording(model, cache, input_ids, *args, **kwargs):  # type: ignore[no-untyped-def]
         widths.append(input_ids.shape[1])
         return real(model, cache, input_ids, *args, **kwargs)
 
-    monkeypatch.setattr(speedup, "cached_forward", recording)
-    ratios = speedup.measure_verify_ratios(tiny_llama(1, seed=0), list(range(20)), [1, 3], repeats=2)
+    monkeypatch.setattr(timing, "cached_forward", recording)
+    ratios = timing.measure_verify_ratios(tiny_llama(1, seed=0), list(range(20)), [1, 3], repeats=2)
     assert set(ratios) == {1, 3} and all(r > 0 for r in ratios.values())
     # the cached context (20 - 4 tokens), then (1 warm-up + 2) rounds of widths 1, 2, 4
     assert widths == [16] + [1, 2, 4] * 3
@@ -137,6 +144,7 @@ class FakeClock:
             result = generate(*args, **kwargs)
             self.now += result.stats.target_calls * cost_of(kwargs)
             return result
+
         return timed
 
 
@@ -148,37 +156,51 @@ def test_choose_gamma_keeps_the_fastest_timed_decode(monkeypatch: pytest.MonkeyP
     that; a drafter that is never right gets 1."""
     import copy
 
-    from specdecode.decoding import decode, speedup
-    from specdecode.decoding.speedup import choose_gamma
+    from specdecode.decoding import decode, timing
+    from specdecode.decoding.gamma import choose_gamma
 
     target = tiny_llama(2, seed=0)
     drafter = copy.deepcopy(target) if perfect else tiny_llama(1, seed=1)
     prompts = [[1, 2, 3, 4], [5, 6, 7, 8, 9, 10]]
-    counted = {g: [decode.speculative_generate(target, drafter, [p], gamma=g, max_new_tokens=24, eos_token_ids=[]).stats.target_calls
-                   for p in prompts] for g in (1, 2, 4, 8)}
+    counted = {
+        g: [
+            decode.speculative_generate(
+                target, drafter, [p], gamma=g, max_new_tokens=24, eos_token_ids=[]
+            ).stats.target_calls
+            for p in prompts
+        ]
+        for g in (1, 2, 4, 8)
+    }
 
     def choose(costs: dict[int, float]) -> dict[str, Any]:
         clock = FakeClock(costs)
         with monkeypatch.context() as patch:
-            patch.setattr(speedup, "time", clock)
-            patch.setattr(decode, "speculative_generate", clock.wrap(decode.speculative_generate, lambda kw: costs[kw["gamma"]]))
-            patch.setattr(decode, "autoregressive_generate", clock.wrap(decode.autoregressive_generate, lambda kw: 1.0))
+            patch.setattr(timing, "time", clock)
+            patch.setattr(
+                timing, "speculative_generate", clock.wrap(decode.speculative_generate, lambda kw: costs[kw["gamma"]])
+            )
+            patch.setattr(timing, "autoregressive_generate", clock.wrap(decode.autoregressive_generate, lambda kw: 1.0))
             return choose_gamma(target, drafter, list(range(20)), 0.0, [1, 2, 4, 8], prompts, max_new_tokens=24)
 
     flat = {g: 1.0 + 0.05 * g for g in (1, 2, 4, 8)}  # c = 0.05, a flat verify (GPU-like)
     figures = choose(flat)
-    assert figures["method"] == "timed decodes" and figures["autoregressive_seconds"] == 48  # 24 passes each (the prefill, then 23 steps)
+    assert (
+        figures["method"] == "timed decodes" and figures["autoregressive_seconds"] == 48
+    )  # 24 passes each (the prefill, then 23 steps)
     for gamma, calls in counted.items():
         assert figures["tau"][gamma] == pytest.approx(48 / sum(calls))
         assert figures["seconds"][gamma] == pytest.approx(sum(calls) * flat[gamma])
-        assert figures["measured_speedups"][gamma] == pytest.approx(figures["autoregressive_seconds"] / figures["seconds"][gamma])
-    assert figures["chosen"] == drafter.config.specdecode_gamma == (8 if perfect else 1)
+        assert figures["measured_speedups"][gamma] == pytest.approx(
+            figures["autoregressive_seconds"] / figures["seconds"][gamma]
+        )
+    assert figures["chosen"] == (8 if perfect else 1)
+    assert getattr(drafter.config, "specdecode_gamma", None) is None  # the choice is returned, not stored
     assert figures["speedup"] == max(figures["measured_speedups"].values())
     if perfect:
         assert figures["tau"][8] > 4 > figures["tau"][1]  # the drafts were accepted
         # the same counted tokens, a 9-token verify three times a step: the time, not tau, decides
         dear = choose(flat | {8: 3.0})
-        assert dear["tau"] == figures["tau"] and dear["chosen"] == drafter.config.specdecode_gamma == 4
+        assert dear["tau"] == figures["tau"] and dear["chosen"] == 4
         model = choose_gamma(target, drafter, list(range(20)), 0.0, [1, 2, 4, 8])
         assert model["method"] == "Leviathan's model at alpha" and model["chosen"] == 1
 
@@ -187,8 +209,8 @@ def test_timed_decodes_rotate_the_order_per_prompt(monkeypatch: pytest.MonkeyPat
     """Every prompt runs the target alone and each gamma back to back, the order rotated by one per
     prompt (drift on a shared machine biases none of them), after one untimed warm-up of each; every
     decode is batch 1 with the same fixed budget, temperature and seed."""
-    from specdecode.decoding import decode
-    from specdecode.decoding.speedup import timed_decodes
+    from specdecode.decoding import decode, timing
+    from specdecode.decoding.timing import timed_decodes
 
     calls: list[tuple[int, tuple[int, ...], int]] = []
     real_spec, real_ar = decode.speculative_generate, decode.autoregressive_generate
@@ -203,19 +225,25 @@ def test_timed_decodes_rotate_the_order_per_prompt(monkeypatch: pytest.MonkeyPat
         assert (kw["eos_token_ids"], kw["temperature"], kw["seed"]) == ([], 0.7, 0)
         return real_ar(target, prompts, **kw)
 
-    monkeypatch.setattr(decode, "speculative_generate", spec)
-    monkeypatch.setattr(decode, "autoregressive_generate", ar)
+    monkeypatch.setattr(timing, "speculative_generate", spec)
+    monkeypatch.setattr(timing, "autoregressive_generate", ar)
     target = tiny_llama(2, seed=0)
     prompts = [[1, 2, 3], [4, 5, 6, 7], [8, 9]]
     timed = timed_decodes(target, tiny_llama(1, seed=1), prompts, [1, 3], max_new_tokens=12, temperature=0.7)
     assert calls[:3] == [(0, (1, 2, 3), 8), (1, (1, 2, 3), 8), (3, (1, 2, 3), 8)]  # warm-up: 2 gamma + 2 tokens
     assert [c[0] for c in calls[3:]] == [0, 1, 3, 1, 3, 0, 3, 0, 1]
-    assert [c[1] for c in calls[3:]] == [tuple(p) for p in prompts for _ in range(3)] and {c[2] for c in calls[3:]} == {12}
+    assert [c[1] for c in calls[3:]] == [tuple(p) for p in prompts for _ in range(3)] and {c[2] for c in calls[3:]} == {
+        12
+    }
     assert timed["tokens"] == 36 and set(timed["seconds"]) == set(timed["tau"]) == {1, 3}
     calls.clear()
     timed_decodes(target, tiny_llama(1, seed=1), prompts[:1], [3], max_new_tokens=5, temperature=0.7)
     assert [c[2] for c in calls] == [5, 5, 5, 5]  # a budget under 2 gamma + 2 warms up at the budget
-    for bad, named in (({"prompts": []}, "got 0 prompts"), ({"gammas": []}, r"gammas=\[\]"), ({"max_new_tokens": 1}, "max_new_tokens=1")):
+    for bad, named in (
+        ({"prompts": []}, "got 0 prompts"),
+        ({"gammas": []}, r"gammas=\[\]"),
+        ({"max_new_tokens": 1}, "max_new_tokens=1"),
+    ):
         with pytest.raises(ValueError, match=named):
             timed_decodes(target, target, **({"prompts": prompts, "gammas": [1], "max_new_tokens": 4} | bad))
 
@@ -223,7 +251,7 @@ def test_timed_decodes_rotate_the_order_per_prompt(monkeypatch: pytest.MonkeyPat
 def test_within_noise_of_fastest_is_the_one_standard_error_rule() -> None:
     """A gamma stays a candidate while its mean per-prompt log time ratio to the fastest is within
     one standard error; a consistent lead, however small, excludes the slower."""
-    from specdecode.decoding.speedup import within_noise_of_fastest
+    from specdecode.decoding.gamma import within_noise_of_fastest
 
     noisy = {1: [1.0, 1.1, 0.9, 1.0], 3: [0.97, 1.16, 0.85, 0.99], 4: [1.05, 1.16, 0.95, 1.05]}
     # gamma 3 is fastest in total (3.97 s against 4.0 s); gamma 1's time ratios to it, 1.031 / 0.948 /
@@ -237,14 +265,18 @@ def test_within_noise_of_fastest_is_the_one_standard_error_rule() -> None:
 
 
 def test_choose_gamma_takes_the_shortest_drafts_within_noise(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The stored gamma is the shortest of those the timing cannot tell from the fastest, with the
+    """The chosen gamma is the shortest of those the timing cannot tell from the fastest, with the
     figures that chose it."""
-    from specdecode.decoding import speedup
+    from specdecode.decoding import gamma
 
-    timed = {"autoregressive_s": 8.0, "seconds": {1: 4.0, 3: 3.97, 4: 4.21}, "tau": {1: 1.5, 3: 2.0, 4: 2.1},
-             "per_prompt_s": {1: [1.0, 1.1, 0.9, 1.0], 3: [0.97, 1.16, 0.85, 0.99], 4: [1.05, 1.16, 0.95, 1.05]}}
-    monkeypatch.setattr(speedup, "timed_decodes", lambda *a, **k: timed)
+    timed = {
+        "autoregressive_s": 8.0,
+        "seconds": {1: 4.0, 3: 3.97, 4: 4.21},
+        "tau": {1: 1.5, 3: 2.0, 4: 2.1},
+        "per_prompt_s": {1: [1.0, 1.1, 0.9, 1.0], 3: [0.97, 1.16, 0.85, 0.99], 4: [1.05, 1.16, 0.95, 1.05]},
+    }
+    monkeypatch.setattr(gamma, "timed_decodes", lambda *a, **k: timed)
     drafter = tiny_llama(1, seed=1)
-    figures = speedup.choose_gamma(tiny_llama(2, seed=0), drafter, [], 0.0, [1, 3, 4], [[1, 2, 3]], max_new_tokens=8)
-    assert figures["within_noise_of_fastest"] == [1, 3] and figures["chosen"] == drafter.config.specdecode_gamma == 1
+    figures = gamma.choose_gamma(tiny_llama(2, seed=0), drafter, [], 0.0, [1, 3, 4], [[1, 2, 3]], max_new_tokens=8)
+    assert figures["within_noise_of_fastest"] == [1, 3] and figures["chosen"] == 1
     assert figures["speedup"] == pytest.approx(2.0) and figures["measured_speedups"][3] == pytest.approx(8.0 / 3.97)

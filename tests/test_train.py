@@ -22,14 +22,21 @@ from omegaconf import OmegaConf
 from specdecode.core.config import from_dict
 from specdecode.data.config import DataConfig
 from specdecode.models import load_model
-from specdecode.models.cpu_matmul import FEW_ROWS
 from specdecode.models.config import DrafterConfig, TargetConfig
+from specdecode.models.cpu_matmul import FEW_ROWS
 from specdecode.models.smoke import smoke_tokenizer
 from specdecode.training.checkpoints import complete_checkpoints, latest_checkpoint
 from specdecode.training.config import LossConfig, TrainConfig, TrainJobConfig
 from specdecode.training.job import run_distill, run_finetune
 from specdecode.training.loop import BudgetSchedule, DrafterLogits, budget_progress, global_batch_indices
-from specdecode.training.sequences import TrainSequence, decoding_prompts, load_examples, mix_limit, round_robin, round_robin_shares
+from specdecode.training.sequences import (
+    TrainSequence,
+    decoding_prompts,
+    load_examples,
+    mix_limit,
+    round_robin,
+    round_robin_shares,
+)
 from specdecode.training.teacher import cache_key, concat_caches, dense_teacher_logits, score_topk
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,10 +52,18 @@ def smoke_cfg(tmp_path: Path, *overrides: str, job: str = "distill") -> TrainJob
     return from_dict(TrainJobConfig, OmegaConf.to_container(cfg, resolve=True))
 
 
-def run_app(job: str, tmp_path: Path, *overrides: str, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
+def run_app(
+    job: str, tmp_path: Path, *overrides: str, launcher: list[str] | None = None
+) -> subprocess.CompletedProcess:
     """Run train/<job>.py in a subprocess (single-threaded torch, as the fixtures do)."""
-    command = [*(launcher or [sys.executable]), str(ROOT / "train" / f"{job}.py"), "experiment=smoke",
-               f"output_dir={tmp_path / 'out'}", f"cache_dir={tmp_path / 'cache'}", *overrides]
+    command = [
+        *(launcher or [sys.executable]),
+        str(ROOT / "train" / f"{job}.py"),
+        "experiment=smoke",
+        f"output_dir={tmp_path / 'out'}",
+        f"cache_dir={tmp_path / 'cache'}",
+        *overrides,
+    ]
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
@@ -102,12 +117,25 @@ def test_finetune_trains_a_feature_drafter_on_next_tokens(tmp_path: Path) -> Non
     saved folder is a feature drafter again."""
     from specdecode.models.feature_drafter import FeatureDrafter
 
-    metrics = run_finetune(smoke_cfg(tmp_path, "drafter.kind=feature", "train.seq_source=target", "train.max_steps=30",
-                                     "train.lr=2e-2", "train.log_every=1", "train.gamma_candidates=[]",
-                                     "train.feature_loss_weight=0", job="finetune"))
+    metrics = run_finetune(
+        smoke_cfg(
+            tmp_path,
+            "drafter.kind=feature",
+            "train.seq_source=target",
+            "train.max_steps=30",
+            "train.lr=2e-2",
+            "train.log_every=1",
+            "train.gamma_candidates=[]",
+            "train.feature_loss_weight=0",
+            job="finetune",
+        )
+    )
     assert metrics["loss"] == "cross_entropy" and metrics["drafter_kind"] == "feature" and metrics["steps"] == 30
-    losses = [json.loads(line)["loss"] for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
-              if '"loss"' in line and "heldout" not in line]
+    losses = [
+        json.loads(line)["loss"]
+        for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+        if '"loss"' in line and "heldout" not in line
+    ]
     assert len(losses) >= 10 and sum(losses[-5:]) < sum(losses[:5])
     drafter, _ = load_model(tmp_path / "out" / "drafter")
     assert isinstance(drafter, FeatureDrafter)
@@ -118,13 +146,24 @@ def test_bf16_autocast_trains_fp32_weights_and_is_recorded(tmp_path: Path) -> No
     the module's own test checks it is autocast), its weights stay fp32, its loss falls, and
     metrics.json says so. (Loss, not held-out acceptance: a feature drafter of the random smoke
     target is accepted ~1% of the time, so 12 steps move that by noise.)"""
-    args = ("drafter.kind=feature", "train.seq_source=target", "train.max_steps=12", "train.checkpoint_every=6",
-            "train.eval_every=6", "train.lr=2e-2", "train.gamma_candidates=[]", "train.log_every=1")
+    args = (
+        "drafter.kind=feature",
+        "train.seq_source=target",
+        "train.max_steps=12",
+        "train.checkpoint_every=6",
+        "train.eval_every=6",
+        "train.lr=2e-2",
+        "train.gamma_candidates=[]",
+        "train.log_every=1",
+    )
     fp32 = run_distill(smoke_cfg(tmp_path / "a", *args))
     bf16 = run_distill(smoke_cfg(tmp_path / "b", *args, "train.mixed_precision=bf16"))
     assert (fp32["mixed_precision"], bf16["mixed_precision"]) == ("no", "bf16")
-    losses = [json.loads(line)["loss"] for line in (tmp_path / "b" / "out" / "metrics.jsonl").read_text().splitlines()
-              if '"loss"' in line and "heldout" not in line]
+    losses = [
+        json.loads(line)["loss"]
+        for line in (tmp_path / "b" / "out" / "metrics.jsonl").read_text().splitlines()
+        if '"loss"' in line and "heldout" not in line
+    ]
     assert len(losses) == 12 and sum(losses[-3:]) < sum(losses[:3])
     a, b = (checkpoint_weights(tmp_path / d / "out", 12) for d in ("a", "b"))
     assert all(w.dtype == torch.float32 for w in b.values())
@@ -135,8 +174,13 @@ def test_data_precision_writes_and_scores_only_the_training_split_in_bf16(tmp_pa
     """train.data_precision=bf16: the training split's continuations and cached features come from a
     bf16 copy of the target (close to the fp32 ones, not equal), under keys of their own; the
     held-out split, which selection measures on, is the fp32 target's, byte for byte the same file."""
-    args = ("drafter.kind=feature", "train.seq_source=target", "train.max_steps=2", "train.eval_every=2",
-            "train.gamma_candidates=[]")
+    args = (
+        "drafter.kind=feature",
+        "train.seq_source=target",
+        "train.max_steps=2",
+        "train.eval_every=2",
+        "train.gamma_candidates=[]",
+    )
     runs = {p: run_distill(smoke_cfg(tmp_path / p, *args, f"train.data_precision={p}")) for p in ("no", "bf16")}
     assert (runs["no"]["data_dtype"], runs["bf16"]["data_dtype"]) == ("float32", "bfloat16")
     files = {p: {f.name: f for f in (tmp_path / p / "cache").iterdir()} for p in runs}
@@ -149,8 +193,14 @@ def test_data_precision_writes_and_scores_only_the_training_split_in_bf16(tmp_pa
     prompts = []
     for p in ("no", "bf16"):
         cache = torch.load(train[p][0], weights_only=False)
-        prompts.append(torch.cat([cache["features"][start : start + seq["response_start"]].float()
-                                  for start, seq in zip(cache["token_offsets"].tolist(), cache["sequences"])]))
+        prompts.append(
+            torch.cat(
+                [
+                    cache["features"][start : start + seq["response_start"]].float()
+                    for start, seq in zip(cache["token_offsets"].tolist(), cache["sequences"])
+                ]
+            )
+        )
     fp32, bf16 = prompts
     assert fp32.shape == bf16.shape and not torch.equal(fp32, bf16)
     # rounding, not another model: ~0.07 on the random smoke target, ~1.4 between unrelated positions
@@ -180,8 +230,10 @@ def test_train_agreement_is_scored_like_the_heldout_agreement(kind: str) -> None
     vocab = target.config.vocab_size
 
     def split(n: int) -> list[TrainSequence]:
-        return [TrainSequence(torch.randint(0, vocab, (int(length),), generator=generator).tolist(), 4)
-                for length in torch.randint(8, 20, (n,), generator=generator)]
+        return [
+            TrainSequence(torch.randint(0, vocab, (int(length),), generator=generator).tolist(), 4)
+            for length in torch.randint(8, 20, (n,), generator=generator)
+        ]
 
     features = (-1,) if kind == "feature" else None
     heldout, other = (score_topk(target, split(n), 8, 0, features=features) for n in (10, 12))
@@ -235,32 +287,55 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path: Path) -> None:
     one = run_distill(smoke_cfg(tmp_path / "a", "train.max_steps=3", "train.checkpoint_every=3"))
     two = run_distill(smoke_cfg(tmp_path / "b", "train.max_steps=3", "train.checkpoint_every=3", "train.grad_accum=2"))
     assert one["train_tokens"] == two["train_tokens"]
-    assert_same_weights(checkpoint_weights(tmp_path / "a" / "out", 3), checkpoint_weights(tmp_path / "b" / "out", 3), 1e-5)
+    assert_same_weights(
+        checkpoint_weights(tmp_path / "a" / "out", 3), checkpoint_weights(tmp_path / "b" / "out", 3), 1e-5
+    )
 
 
-@pytest.mark.parametrize("drafter", [(), ("drafter.kind=feature", "train.seq_source=target", "train.feature_noise=0.5")],
-                         ids=["slice", "feature-with-noise"])
+@pytest.mark.parametrize(
+    "drafter",
+    [(), ("drafter.kind=feature", "train.seq_source=target", "train.feature_noise=0.5")],
+    ids=["slice", "feature-with-noise"],
+)
 def test_resume_after_sigkill_ends_at_the_same_weights(tmp_path: Path, drafter: tuple[str, ...]) -> None:
     # Killed mid-warm-up: the resumed run must continue the scheduler, not restart it from lr 0.
     # ... and the linear decay over the 6 steps, whose progress the checkpoint carries; with
     # feature noise, the noise draws too (they come from the RNG state each checkpoint restores).
-    args = ("train.max_steps=6", "train.checkpoint_every=2", "train.eval_every=2", "train.warmup_steps=4", "train.lr=1e-2",
-            "train.lr_decay=linear", *drafter)
+    args = (
+        "train.max_steps=6",
+        "train.checkpoint_every=2",
+        "train.eval_every=2",
+        "train.warmup_steps=4",
+        "train.lr=1e-2",
+        "train.lr_decay=linear",
+        *drafter,
+    )
     straight = run_app("distill", tmp_path / "straight", *args)
     assert straight.returncode == 0, straight.stderr[-3000:]
     # step s (0-based) uses lr * min(1, s / 4) * (1 - s / 6)
     logged = [json.loads(line) for line in (tmp_path / "straight" / "out" / "metrics.jsonl").read_text().splitlines()]
     lrs = [r["lr"] for r in logged if "lr" in r]
     assert lrs == pytest.approx([1e-2 * min(1, s / 4) * (1 - s / 6) for s in range(6)])
-    killed = run_app("distill", tmp_path / "killed", *args, "train.debug_kill_after_step=3")
+    # SIGKILLed after step 3 (the last checkpoint is step 2's): tests/kill_after_step.py hooks the loop
+    killed = run_app(
+        "distill",
+        tmp_path / "killed",
+        *args,
+        launcher=[sys.executable, str(ROOT / "tests" / "kill_after_step.py"), "3"],
+    )
     assert killed.returncode == -signal.SIGKILL
+    assert checkpoint_names(tmp_path / "killed" / "out") == ["checkpoint_2"]
     assert not (tmp_path / "killed" / "out" / "drafter").exists()
     resumed = run_app("distill", tmp_path / "killed", *args, "train.resume=true")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed_from_step" in (tmp_path / "killed" / "out" / "metrics.jsonl").read_text()
-    assert_same_weights(checkpoint_weights(tmp_path / "straight" / "out", 6), checkpoint_weights(tmp_path / "killed" / "out", 6), 1e-6)
+    assert_same_weights(
+        checkpoint_weights(tmp_path / "straight" / "out", 6), checkpoint_weights(tmp_path / "killed" / "out", 6), 1e-6
+    )
     a, b = (json.loads((tmp_path / d / "out" / "metrics.json").read_text()) for d in ("straight", "killed"))
-    assert a["acceptance_best"] == pytest.approx(b["acceptance_best"], abs=1e-6) and a["train_tokens"] == b["train_tokens"]
+    assert (
+        a["acceptance_best"] == pytest.approx(b["acceptance_best"], abs=1e-6) and a["train_tokens"] == b["train_tokens"]
+    )
 
 
 def test_ddp_on_cpu_matches_one_process(tmp_path: Path) -> None:
@@ -269,14 +344,28 @@ def test_ddp_on_cpu_matches_one_process(tmp_path: Path) -> None:
     assert single.returncode == 0, single.stderr[-3000:]
     # `--multi_gpu` picks accelerate's torchrun launcher; with no GPU the processes fall back to
     # gloo on the CPU (MULTI_CPU). `--cpu --num_processes 2` would need mpirun in accelerate 1.x.
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    launcher = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+    ]
     ddp = run_app("distill", tmp_path / "two", *args, launcher=launcher)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     a, b = (json.loads((tmp_path / d / "out" / "metrics.json").read_text()) for d in ("one", "two"))
     assert b["num_processes"] == 2 and a["train_tokens"] == b["train_tokens"]
     assert a["acceptance_best"] == pytest.approx(b["acceptance_best"], abs=1e-5)
-    assert_same_weights(checkpoint_weights(tmp_path / "one" / "out", 3), checkpoint_weights(tmp_path / "two" / "out", 3), 1e-5)
+    assert_same_weights(
+        checkpoint_weights(tmp_path / "one" / "out", 3), checkpoint_weights(tmp_path / "two" / "out", 3), 1e-5
+    )
 
 
 # The config groups of distill.yaml / finetune.yaml (other apps' groups are tested with them).
@@ -284,13 +373,19 @@ TRAIN_GROUPS = ("target", "drafter", "data", "loss", "experiment")
 
 
 def _group_options() -> list[tuple[str, str]]:
-    return [(group, yaml.stem) for group in TRAIN_GROUPS for yaml in sorted((CONF / group).glob("*.yaml"))
-            if group != "experiment" or yaml.stem == "smoke"]
+    return [
+        (group, yaml.stem)
+        for group in TRAIN_GROUPS
+        for yaml in sorted((CONF / group).glob("*.yaml"))
+        if group != "experiment" or yaml.stem == "smoke"
+    ]
 
 
 @pytest.mark.parametrize("job", TRAIN_APPS)
 @pytest.mark.parametrize("group, option", _group_options())
-def test_every_group_option_composes_with_the_smoke_overrides(tmp_path: Path, job: str, group: str, option: str) -> None:
+def test_every_group_option_composes_with_the_smoke_overrides(
+    tmp_path: Path, job: str, group: str, option: str
+) -> None:
     extra = ["drafter.path=some/drafter"] if (group, option) == ("drafter", "pretrained") else []
     if group == "experiment":
         cfg = smoke_cfg(tmp_path, "train.max_steps=2", "train.resume=true", job=job)
@@ -312,9 +407,12 @@ def test_accelerate_configs_load(name: str) -> None:
     "build, needle",
     [
         (lambda: LossConfig(name="klx"), r"loss.name='klx': unknown; valid: forward_kl"),
-        (lambda: DataConfig(source="file", path="/no/such/data.jsonl"), r"data.path='/no/such/data.jsonl': does not exist"),
-        (lambda: DataConfig(source="file"), r"data.path=None"),
-        (lambda: DataConfig(domains=["poetry"]), r"data.domains"),
+        (
+            lambda: DataConfig(source="file", path="/no/such/data.jsonl"),
+            r"data.path \(domain 'code'\)='/no/such/data.jsonl': does not exist",
+        ),
+        (lambda: DataConfig(source="file"), r"data.path \(domain 'code'\)=None"),
+        (lambda: DataConfig(name="mix", domains=["code", "poetry"]), r"unknown domain 'poetry'"),
         (lambda: DataConfig(chat_turns="later"), r"data.chat_turns='later': opening\|all"),
         (lambda: TrainConfig(lambda_on_policy=1.5), r"train.lambda_on_policy=1.5: must be in \[0, 1\]"),
         (lambda: TrainConfig(lambda_on_policy=-0.1), r"train.lambda_on_policy=-0.1"),
@@ -328,7 +426,10 @@ def test_accelerate_configs_load(name: str) -> None:
         (lambda: TrainConfig(data_precision="int8"), r"train.data_precision='int8': auto\|no\|bf16\|fp16"),
         (lambda: TrainConfig(gamma_prompts=-1), r"train.gamma_prompts=-1: an int >= 0"),
         (lambda: TrainConfig(gamma_new_tokens=1), r"train.gamma_new_tokens=1: an int >= 2"),
-        (lambda: TrainConfig(keep_checkpoints=1), r"train.keep_checkpoints=1: at least 2 \(accelerate deletes the oldest"),
+        (
+            lambda: TrainConfig(keep_checkpoints=1),
+            r"train.keep_checkpoints=1: at least 2 \(accelerate deletes the oldest",
+        ),
         (lambda: TrainConfig(generation_batch=0), r"train.generation_batch=0: an int >= 1"),
         (lambda: from_dict(TrainJobConfig, {"train": {"max_stepz": 3}}), r"train.max_stepz"),
     ],
@@ -338,7 +439,9 @@ def test_bad_config_names_the_field(build, needle: str) -> None:
         build()
 
 
-def test_drafter_with_another_tokenizer_is_rejected_before_training(tmp_path: Path, make_tiny_llama, make_tiny_tokenizer) -> None:
+def test_drafter_with_another_tokenizer_is_rejected_before_training(
+    tmp_path: Path, make_tiny_llama, make_tiny_tokenizer
+) -> None:
     folder = tmp_path / "foreign"
     make_tiny_llama(vocab_size=259).save_pretrained(folder)
     make_tiny_tokenizer().save_pretrained(folder)
@@ -402,14 +505,18 @@ def updates(items: Any) -> dict[str, Any]:
     return {".".join(item.nested_key) or item.key: json.loads(item.value_json) for item in items}
 
 
-def test_wandb_logger_writes_an_offline_run_holding_the_logged_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wandb_logger_writes_an_offline_run_holding_the_logged_metrics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("wandb")
     # offline, quiet, and nothing of wandb's written outside tmp_path
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     for name in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
         monkeypatch.setenv(name, str(tmp_path / "wandb-home"))
-    metrics = run_distill(smoke_cfg(tmp_path, "logger=wandb", "wandb_mode=offline", "train.max_steps=2", "train.eval_every=1"))
+    metrics = run_distill(
+        smoke_cfg(tmp_path, "logger=wandb", "wandb_mode=offline", "train.max_steps=2", "train.eval_every=1")
+    )
 
     (run_file,) = (tmp_path / "out" / "wandb").glob("offline-run-*/run-*.wandb")
     records = finished_wandb_records(run_file)
@@ -423,7 +530,8 @@ def test_wandb_logger_writes_an_offline_run_holding_the_logged_metrics(tmp_path:
             history.setdefault(row["_step"], {}).update(row)
     # Every row from step 1 on must be there. The step-0 row (the evaluation before training) was
     # missing from the run once, in one full-suite run on a fresh clone, and present in every other
-    # run (cause not found): it is checked when present, and wandb's behaviour noted in the README.
+    # run (cause not found): it is checked when present; wandb's behaviour is noted in
+    # docs/experiments/2026-11-27-readme-notes.md.
     assert {1, 2} <= set(history), [record.WhichOneof("record_type") for record in records]
     for record in logged:
         if record["step"] > 0 or record["step"] in history:
@@ -463,9 +571,17 @@ def test_feature_drafter_distills_from_cached_features_and_reloads(tmp_path: Pat
     from specdecode.models.feature_drafter import FeatureDrafter
     from specdecode.training.teacher import load_cache
 
-    cfg = smoke_cfg(tmp_path, "drafter.kind=feature", "train.max_steps=40", "train.eval_every=20", "train.lr=2e-2",
-                    "train.seq_source=target", "train.seq_temperatures=[0.0,1.0]", "train.unroll_steps=2",
-                    f"drafter.feature_layers={layers}")
+    cfg = smoke_cfg(
+        tmp_path,
+        "drafter.kind=feature",
+        "train.max_steps=40",
+        "train.eval_every=20",
+        "train.lr=2e-2",
+        "train.seq_source=target",
+        "train.seq_temperatures=[0.0,1.0]",
+        "train.unroll_steps=2",
+        f"drafter.feature_layers={layers}",
+    )
     metrics = run_distill(cfg)
     assert metrics["drafter_kind"] == "feature" and metrics["selection_metric"] == "greedy acceptance"
     # the tiny random target's argmax is near-uniform noise, so progress shows in Σ min(p, q)
@@ -492,8 +608,16 @@ def test_feature_drafter_distills_from_cached_features_and_reloads(tmp_path: Pat
 
 
 def test_select_temperature_picks_the_metric_and_early_stop_ends_training(tmp_path: Path) -> None:
-    metrics = run_distill(smoke_cfg(tmp_path, "train.select_temperature=1.0", "train.max_steps=40", "train.eval_every=1",
-                                    "train.early_stop_evals=2", "train.lr=1.0"))
+    metrics = run_distill(
+        smoke_cfg(
+            tmp_path,
+            "train.select_temperature=1.0",
+            "train.max_steps=40",
+            "train.eval_every=1",
+            "train.early_stop_evals=2",
+            "train.lr=1.0",
+        )
+    )
     assert metrics["selection_metric"] == "expected acceptance at T=1.0"
     assert all(h["acceptance"] == h["expected"] for h in metrics["history"])
     # a huge learning rate stops improving fast: training ends well before max_steps
@@ -554,12 +678,16 @@ def test_command_line_group_choices_beat_the_experiment(tmp_path: Path) -> None:
 
 def test_resume_with_another_config_lists_the_differing_keys(tmp_path: Path) -> None:
     run_distill(smoke_cfg(tmp_path, "train.max_steps=2", "train.checkpoint_every=2"))
-    with pytest.raises(ValueError, match=r"(?s)differing keys:\n  loss.name: 'forward_kl' in the checkpoint, 'tvd' now\nResume") as error:
+    with pytest.raises(
+        ValueError, match=r"(?s)differing keys:\n  loss.name: 'forward_kl' in the checkpoint, 'tvd' now\nResume"
+    ) as error:
         run_distill(smoke_cfg(tmp_path, "loss=tvd", "train.resume=true", "train.max_steps=4"))
     assert "train.max_steps:" not in str(error.value)
     assert json.loads((tmp_path / "out" / "metrics.json").read_text())["loss"] == "forward_kl"
     # Budgets, logging and checkpointing may change on resume.
-    resumed = run_distill(smoke_cfg(tmp_path, "train.resume=true", "train.max_steps=4", "train.log_every=2", "train.checkpoint_every=4"))
+    resumed = run_distill(
+        smoke_cfg(tmp_path, "train.resume=true", "train.max_steps=4", "train.log_every=2", "train.checkpoint_every=4")
+    )
     assert resumed["steps"] == 4 and "resumed_from_step" in (tmp_path / "out" / "metrics.jsonl").read_text()
 
 
@@ -568,7 +696,10 @@ def test_fresh_run_refuses_a_folder_holding_checkpoints(tmp_path: Path) -> None:
     old = tmp_path / "out" / "checkpoints" / "checkpoint_600"
     old.mkdir(parents=True)
     (old / "COMPLETE").write_text("ok")
-    with pytest.raises(ValueError, match=r"already holds checkpoints of an earlier run \(newest: checkpoint_600\); pass train.resume=true"):
+    with pytest.raises(
+        ValueError,
+        match=r"already holds checkpoints of an earlier run \(newest: checkpoint_600\); pass train.resume=true",
+    ):
         run_distill(smoke_cfg(tmp_path))
     assert [p.name for p in old.parent.iterdir()] == ["checkpoint_600"] and not (tmp_path / "cache").exists()
 
@@ -579,14 +710,20 @@ def test_checkpoints_sort_by_step_number_and_need_the_marker(tmp_path: Path) -> 
     for step in (5, 999_999, 1_000_000):
         (tmp_path / f"checkpoint_{step}" / "COMPLETE").write_text("ok")
     # as text, checkpoint_1000000 < checkpoint_5 < checkpoint_999999; 1_000_001 was never completed
-    assert [p.name for p in complete_checkpoints(tmp_path)] == ["checkpoint_5", "checkpoint_999999", "checkpoint_1000000"]
+    assert [p.name for p in complete_checkpoints(tmp_path)] == [
+        "checkpoint_5",
+        "checkpoint_999999",
+        "checkpoint_1000000",
+    ]
     assert latest_checkpoint(tmp_path).name == "checkpoint_1000000"
 
 
 def test_accelerate_rotation_keeps_the_newest_checkpoints(tmp_path: Path) -> None:
     run_distill(smoke_cfg(tmp_path, "train.max_steps=5", "train.checkpoint_every=1", "train.keep_checkpoints=2"))
     assert checkpoint_names(tmp_path / "out") == ["checkpoint_4", "checkpoint_5"]
-    assert all((tmp_path / "out" / "checkpoints" / name / "COMPLETE").is_file() for name in ("checkpoint_4", "checkpoint_5"))
+    assert all(
+        (tmp_path / "out" / "checkpoints" / name / "COMPLETE").is_file() for name in ("checkpoint_4", "checkpoint_5")
+    )
 
 
 def test_debris_of_a_killed_save_is_never_loaded_and_removed_at_the_next_save(tmp_path: Path) -> None:
@@ -614,7 +751,9 @@ def test_resume_past_an_unreadable_checkpoint_deletes_it(tmp_path: Path) -> None
     assert checkpoint_names(tmp_path / "out") == ["checkpoint_2", "checkpoint_3"]
 
 
-def test_failed_or_repeated_save_leaves_the_checkpoints_as_they_were(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_or_repeated_save_leaves_the_checkpoints_as_they_were(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A save that raises (a full disk) removes its partial folder; saving a step twice is refused
     before accelerate's rotation deletes anything."""
     from accelerate import Accelerator
@@ -644,7 +783,9 @@ def test_truncated_checkpoint_is_named_and_resume_falls_back(tmp_path: Path) -> 
     straight = checkpoint_weights(tmp_path / "out", 4)
     weights = tmp_path / "out" / "checkpoints" / "checkpoint_4" / "pytorch_model.bin"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    with pytest.warns(UserWarning, match=r"checkpoint file .*checkpoint_4/pytorch_model.bin is unreadable.*falling back"):
+    with pytest.warns(
+        UserWarning, match=r"checkpoint file .*checkpoint_4/pytorch_model.bin is unreadable.*falling back"
+    ):
         metrics = run_distill(smoke_cfg(tmp_path, *args, "train.resume=true"))
     assert metrics["steps"] == 4 and '"resumed_from_step": 2' in (tmp_path / "out" / "metrics.jsonl").read_text()
     assert_same_weights(straight, checkpoint_weights(tmp_path / "out", 4), 0.0)
@@ -666,7 +807,9 @@ def test_target_continuations_are_generated_once_for_both_drafter_kinds(tmp_path
     assert len(list((tmp_path / "cache").glob("distill-train-*.pt"))) == 2
 
 
-def test_generation_batch_sets_the_continuation_batches_and_keys_only_other_batchings(tmp_path: Path, monkeypatch) -> None:
+def test_generation_batch_sets_the_continuation_batches_and_keys_only_other_batchings(
+    tmp_path: Path, monkeypatch
+) -> None:
     """`train.generation_batch` prompts per target decoding; a batching other than the default is a
     new cache (its sampled continuations differ), the default hashes as before the knob existed."""
     import specdecode.training.sequences
@@ -678,8 +821,14 @@ def test_generation_batch_sets_the_continuation_batches_and_keys_only_other_batc
         return real(model, prompts, **kwargs)
 
     monkeypatch.setattr(specdecode.training.sequences, "autoregressive_generate", recording)
-    cfg = smoke_cfg(tmp_path, "train.seq_source=target", "train.max_steps=1", "train.gamma_candidates=[]",
-                    "train.generation_batch=24", "train.heldout_sequences=10")
+    cfg = smoke_cfg(
+        tmp_path,
+        "train.seq_source=target",
+        "train.max_steps=1",
+        "train.gamma_candidates=[]",
+        "train.generation_batch=24",
+        "train.heldout_sequences=10",
+    )
     run_distill(cfg)
     # 64 training prompts and 10 held-out ones, 24 at a time
     assert sorted(sizes) == sorted([24, 24, 16, 10])
@@ -703,7 +852,9 @@ def test_features_of_dataset_responses_are_refused_before_any_work() -> None:
 
 
 @pytest.mark.parametrize("layers", ["[-1]", "[1,3,-1]"])
-def test_a_feature_drafters_continuations_and_features_take_one_target_pass(tmp_path: Path, monkeypatch, layers: str) -> None:
+def test_a_feature_drafters_continuations_and_features_take_one_target_pass(
+    tmp_path: Path, monkeypatch, layers: str
+) -> None:
     """With `seq_source: target`, a feature drafter's features come from the decoding that wrote
     the continuations: no scoring forward runs (score_topk), and they equal what a forward over the
     finished sequences gives (fp16), except the last token's row, which the target never read: zero
@@ -715,15 +866,25 @@ def test_a_feature_drafters_continuations_and_features_take_one_target_pass(tmp_
         raise AssertionError("a second target pass scored the continuations")
 
     monkeypatch.setattr(specdecode.training.job, "score_topk", no_forward)
-    cfg = smoke_cfg(tmp_path, "drafter.kind=feature", f"drafter.feature_layers={layers}", "train.seq_source=target",
-                    "train.max_steps=2", "train.gamma_candidates=[]")
+    cfg = smoke_cfg(
+        tmp_path,
+        "drafter.kind=feature",
+        f"drafter.feature_layers={layers}",
+        "train.seq_source=target",
+        "train.max_steps=2",
+        "train.gamma_candidates=[]",
+    )
     run_distill(cfg)
     monkeypatch.undo()
     [path] = (tmp_path / "cache").glob("distill-train-*.pt")
     cache = load_cache(path)
     target, _ = load_model("smoke")
     scored = score_topk(target, cache.sequences, 0, 0, features=json.loads(layers))
-    assert cache.features is not None and cache.features.dtype == torch.float16 and torch.equal(cache.offsets, scored.offsets)
+    assert (
+        cache.features is not None
+        and cache.features.dtype == torch.float16
+        and torch.equal(cache.offsets, scored.offsets)
+    )
     for i in range(len(cache.sequences)):
         ours, theirs = cache.sequence_features(i).float(), scored.sequence_features(i).float()
         torch.testing.assert_close(ours[:-1], theirs[:-1], atol=2e-3, rtol=2e-3)
@@ -731,7 +892,9 @@ def test_a_feature_drafters_continuations_and_features_take_one_target_pass(tmp_
 
 
 @pytest.mark.parametrize("layers", ["[-1]", "[1,3,-1]"])
-def test_feature_drafter_batches_carry_the_features_of_their_own_sequences(tmp_path: Path, monkeypatch, layers: str) -> None:
+def test_feature_drafter_batches_carry_the_features_of_their_own_sequences(
+    tmp_path: Path, monkeypatch, layers: str
+) -> None:
     """The features a feature drafter trains on are the target's hidden states of exactly the
     tokens in the batch (all the layers it reads); on-policy training, which it cannot do, is
     refused before any work."""
@@ -748,8 +911,16 @@ def test_feature_drafter_batches_carry_the_features_of_their_own_sequences(tmp_p
     with pytest.raises(ValueError, match=r"train.lambda_on_policy=0.5: must be 0 with drafter.kind='feature'"):
         smoke_cfg(tmp_path, "drafter.kind=feature", "train.lambda_on_policy=0.5")
     monkeypatch.setattr(FeatureDrafterLogits, "forward", recording)
-    run_distill(smoke_cfg(tmp_path, "drafter.kind=feature", f"drafter.feature_layers={layers}", "train.max_steps=4",
-                          "train.eval_every=100", "train.gamma_candidates=[]"))
+    run_distill(
+        smoke_cfg(
+            tmp_path,
+            "drafter.kind=feature",
+            f"drafter.feature_layers={layers}",
+            "train.max_steps=4",
+            "train.eval_every=100",
+            "train.gamma_candidates=[]",
+        )
+    )
     target, _ = load_model("smoke")
     training = [s for s in seen if s[0].shape[0] == 8]  # the training batches (held-out chunks differ)
     assert len(training) >= 4
@@ -802,8 +973,17 @@ def test_mix_trains_on_its_domains_cached_sequences(tmp_path: Path, chat: int | 
     target = ("train.seq_source=target", "train.max_steps=1", "train.gamma_candidates=[]")
     own = [f"train.train_sequences_per_domain.chat={chat}"] if chat else []
     for domain in ("code", "math", "chat"):
-        metrics = run_distill(smoke_cfg(tmp_path / domain, f"data={domain}", f"cache_dir={cache}", "train.train_sequences=8",
-                                        "train.heldout_sequences=30", *own, *target))
+        metrics = run_distill(
+            smoke_cfg(
+                tmp_path / domain,
+                f"data={domain}",
+                f"cache_dir={cache}",
+                "train.train_sequences=8",
+                "train.heldout_sequences=30",
+                *own,
+                *target,
+            )
+        )
     assert metrics["train_sequences"] == (chat or 8)  # the chat job's
     before = {p: p.stat().st_mtime_ns for p in cache.iterdir()}
     assert len(before) == 12  # per domain: train and held-out sequences, and their scored caches
@@ -811,8 +991,17 @@ def test_mix_trains_on_its_domains_cached_sequences(tmp_path: Path, chat: int | 
     mix = smoke_cfg(tmp_path / "mix", "data=mix", *shares, *target)
     limits = [mix_limit(mix.data, mix.train, "train", 8), mix_limit(mix.data, mix.train, "heldout", 30)]
     assert limits == [16 + (chat or 8), 28 + 27 + 30]
-    metrics = run_distill(smoke_cfg(tmp_path / "mix", "data=mix", f"cache_dir={cache}", f"train.train_sequences={limits[0]}",
-                                    f"train.heldout_sequences={limits[1]}", *shares, *target))
+    metrics = run_distill(
+        smoke_cfg(
+            tmp_path / "mix",
+            "data=mix",
+            f"cache_dir={cache}",
+            f"train.train_sequences={limits[0]}",
+            f"train.heldout_sequences={limits[1]}",
+            *shares,
+            *target,
+        )
+    )
     assert {p: p.stat().st_mtime_ns for p in cache.iterdir()} == before
     assert (metrics["train_sequences"], metrics["heldout_sequences"]) == (limits[0], 85)
 
@@ -820,7 +1009,8 @@ def test_mix_trains_on_its_domains_cached_sequences(tmp_path: Path, chat: int | 
 def test_train_sequences_per_domain_names_domains_and_counts() -> None:
     assert TrainConfig(train_sequences_per_domain={"chat": 3}).train_sequences_per_domain == {"chat": 3}
     assert TrainConfig().train_sequences_per_domain == {"code": None, "math": None, "chat": None}
-    for bad in ({"poetry": 3}, {"chat": 0}, {"chat": 2.5}, [3]):
+    assert TrainConfig(train_sequences_per_domain={"support": 3}).train_sequences_per_domain == {"support": 3}
+    for bad in ({"bad name": 3}, {"chat": 0}, {"chat": 2.5}, [3]):
         with pytest.raises(ValueError, match="train.train_sequences_per_domain"):
             TrainConfig(train_sequences_per_domain=bad)  # type: ignore[arg-type]
 
@@ -829,11 +1019,17 @@ def test_train_sequences_per_domain_names_domains_and_counts() -> None:
 def test_concatenated_caches_equal_one_cache_of_all_sequences(features: bool) -> None:
     target, _ = load_model("smoke")
     torch.manual_seed(0)
-    sequences = [TrainSequence(torch.randint(0, 90, (n,)).tolist(), start) for n, start in ((9, 3), (12, 5), (7, 2), (10, 9))]
+    sequences = [
+        TrainSequence(torch.randint(0, 90, (n,)).tolist(), start) for n, start in ((9, 3), (12, 5), (7, 2), (10, 9))
+    ]
     layers = (1, -1) if features else None
     whole = score_topk(target, sequences, 0 if features else 8, pad_id=0, features=layers)
-    parts = concat_caches([score_topk(target, sequences[:1], 0 if features else 8, 0, features=layers),
-                           score_topk(target, sequences[1:], 0 if features else 8, 0, features=layers)])
+    parts = concat_caches(
+        [
+            score_topk(target, sequences[:1], 0 if features else 8, 0, features=layers),
+            score_topk(target, sequences[1:], 0 if features else 8, 0, features=layers),
+        ]
+    )
     assert parts.sequences == whole.sequences
     for name in ("offsets", "topk_ids", "topk_logits", "token_offsets", "features"):
         a, b = getattr(parts, name), getattr(whole, name)
@@ -867,7 +1063,9 @@ def test_the_gamma_choice_decodes_whole_heldout_prompts() -> None:
     heldout = [format_prompt(tokenizer, ex.prompt) for ex in load_examples(data, "heldout")]
     assert prompts == heldout[:5] and len(prompts) == 5
     assert max(map(len, prompts)) > TrainConfig(max_prompt_tokens=8).max_prompt_tokens  # whole, not cut
-    train_prompts = {tuple(format_prompt(tokenizer, ex.prompt)) for ex in load_domain("code", source="synthetic", split="train")}
+    train_prompts = {
+        tuple(format_prompt(tokenizer, ex.prompt)) for ex in load_domain("code", source="synthetic", split="train")
+    }
     assert not train_prompts & {tuple(p) for p in prompts}
 
 
@@ -875,18 +1073,37 @@ def test_the_job_times_decodes_of_whole_prompts_that_fit(tmp_path: Path) -> None
     """With training prompts cut to 4 tokens, the gamma choice still decodes the whole ones; prompts
     with no room for gamma_new_tokens in the target's context (512) are left out, and with none left
     Leviathan's model decides instead of the run failing after training."""
-    cfg = smoke_cfg(tmp_path, "train.max_steps=1", "train.max_prompt_tokens=4", "train.gamma_candidates=[1,2]",
-                    "train.gamma_prompts=3", "train.gamma_new_tokens=4")
+    cfg = smoke_cfg(
+        tmp_path,
+        "train.max_steps=1",
+        "train.max_prompt_tokens=4",
+        "train.gamma_candidates=[1,2]",
+        "train.gamma_prompts=3",
+        "train.gamma_new_tokens=4",
+    )
     gamma = run_distill(cfg)["gamma"]
     whole = decoding_prompts(cfg.data, smoke_tokenizer(), 3)
     assert gamma["method"] == "timed decodes" and gamma["prompts"] == 3
     assert gamma["prompt_tokens"] == sum(map(len, whole)) > 3 * 4
     assert gamma["chosen"] in (1, 2) and set(gamma["tau"]) == set(gamma["measured_speedups"]) == {1, 2}
     shortest = min(map(len, whole))
-    room = smoke_cfg(tmp_path / "room", "train.max_steps=1", "train.gamma_candidates=[1,2]", "train.gamma_prompts=3",
-                     f"train.gamma_new_tokens={512 - shortest}")
+    room = smoke_cfg(
+        tmp_path / "room",
+        "train.max_steps=1",
+        "train.gamma_candidates=[1,2]",
+        "train.gamma_prompts=3",
+        f"train.gamma_new_tokens={512 - shortest}",
+    )
     fits = run_distill(room)["gamma"]
-    assert fits["prompts"] == sum(len(p) == shortest for p in whole) >= 1 and fits["prompt_tokens"] == fits["prompts"] * shortest
-    none = smoke_cfg(tmp_path / "none", "train.max_steps=1", "train.gamma_candidates=[1,2]", "train.gamma_prompts=3",
-                     f"train.gamma_new_tokens={512 - shortest + 1}")
+    assert (
+        fits["prompts"] == sum(len(p) == shortest for p in whole) >= 1
+        and fits["prompt_tokens"] == fits["prompts"] * shortest
+    )
+    none = smoke_cfg(
+        tmp_path / "none",
+        "train.max_steps=1",
+        "train.gamma_candidates=[1,2]",
+        "train.gamma_prompts=3",
+        f"train.gamma_new_tokens={512 - shortest + 1}",
+    )
     assert run_distill(none)["gamma"]["method"] == "Leviathan's model at alpha"

@@ -138,7 +138,11 @@ def exact_joint(target: torch.nn.Module, params: SamplingParams, prompt: list[in
 
 
 def sampled_joint(
-    target: torch.nn.Module, drafter: torch.nn.Module, params: SamplingParams, seed: int, lookup: PromptLookup | None = DEFAULT_LOOKUP
+    target: torch.nn.Module,
+    drafter: torch.nn.Module,
+    params: SamplingParams,
+    seed: int,
+    lookup: PromptLookup | None = DEFAULT_LOOKUP,
 ) -> torch.Tensor:
     result = speculative_generate(
         target,
@@ -167,7 +171,12 @@ def joint_counts(sequences: list[list[int]]) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     "params",
-    [SamplingParams(1.0), SamplingParams(0.7, top_k=3), SamplingParams(1.3, top_p=0.8), SamplingParams(1.0, top_k=4, top_p=0.9)],
+    [
+        SamplingParams(1.0),
+        SamplingParams(0.7, top_k=3),
+        SamplingParams(1.3, top_p=0.8),
+        SamplingParams(1.0, top_k=4, top_p=0.9),
+    ],
     ids=["t1.0", "t0.7-k3", "t1.3-p0.8", "t1.0-k4-p0.9"],
 )
 def test_sampled_output_follows_target(mc_models, params) -> None:
@@ -214,8 +223,12 @@ def test_distribution_test_catches_a_looked_up_draft_judged_by_the_drafters_q(mc
 
 @pytest.mark.parametrize(
     "params, draft_vocab",
-    [(SamplingParams(1.0), None), (SamplingParams(0.7, top_k=3), None), (SamplingParams(1.0), [0, 2, 3]),
-     (SamplingParams(0.7, top_k=2), [0, 2, 3])],
+    [
+        (SamplingParams(1.0), None),
+        (SamplingParams(0.7, top_k=3), None),
+        (SamplingParams(1.0), [0, 2, 3]),
+        (SamplingParams(0.7, top_k=2), [0, 2, 3]),
+    ],
     ids=["t1.0", "t0.7-k3", "t1.0-vocab3", "t0.7-k2-vocab3"],
 )
 def test_sampled_output_follows_target_with_a_feature_drafter(mc_models, params, draft_vocab) -> None:
@@ -247,8 +260,15 @@ def test_feature_drafter_samples_follow_the_target_in_a_ragged_batch(mc_models, 
     distribution after that prompt."""
     target, _ = mc_models
     result = speculative_generate(
-        target, mc_feature_drafter(target), [PROMPT, LONGER_PROMPT] * (N_SAMPLES // 2), gamma=3,
-        max_new_tokens=N_TOKENS, temperature=params.temperature, top_k=params.top_k, eos_token_ids=[], seed=4,
+        target,
+        mc_feature_drafter(target),
+        [PROMPT, LONGER_PROMPT] * (N_SAMPLES // 2),
+        gamma=3,
+        max_new_tokens=N_TOKENS,
+        temperature=params.temperature,
+        top_k=params.top_k,
+        eos_token_ids=[],
+        seed=4,
     )
     assert result.stats.accepted > 0
     for first, prompt in enumerate([PROMPT, LONGER_PROMPT]):
@@ -267,8 +287,16 @@ def test_feature_drafter_samples_follow_the_target_at_batch_1(mc_models) -> None
     params = SamplingParams(1.0)
     sequences, accepted = [], 0
     for seed in range(N_SINGLE):
-        result = speculative_generate(target, drafter, [LONGER_PROMPT], gamma=3, max_new_tokens=N_TOKENS,
-                                      temperature=params.temperature, eos_token_ids=[], seed=seed)
+        result = speculative_generate(
+            target,
+            drafter,
+            [LONGER_PROMPT],
+            gamma=3,
+            max_new_tokens=N_TOKENS,
+            temperature=params.temperature,
+            eos_token_ids=[],
+            seed=seed,
+        )
         sequences += result.sequences
         accepted += result.stats.accepted
     assert accepted > 0

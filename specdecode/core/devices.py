@@ -59,10 +59,9 @@ MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")
 
 def fast_bf16(device: torch.device) -> bool:
     """Whether `device` computes bfloat16 matmuls natively: a CUDA GPU that supports bf16, or a
-    CPU with AMX-BF16 tiles or AVX512-BF16 instructions (a feature drafter's training step ran
-    ~1.5x (AMX, 2026-11-24) and 1.54x (AVX512-BF16 alone, the 2026-11-25 AMD EPYC) as many tokens
-    per second under bf16 autocast as in fp32; without either, bf16 is converted to fp32 around
-    every matmul)."""
+    CPU with AMX-BF16 tiles or AVX512-BF16 instructions (there a feature drafter's training step
+    runs ~1.5x as many tokens per second under bf16 autocast as in fp32; without either, bf16 is
+    converted to fp32 around every matmul)."""
     if device.type == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     if device.type == "cpu":

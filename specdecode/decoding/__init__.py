@@ -1,11 +1,13 @@
 """Speculative and autoregressive decoding: sampling, rejection sampling, the ragged KV cache, how
-each drafter kind drafts, the loop itself, and Leviathan's speedup model with measured step costs.
-Reads models (`specdecode.models`), never trains or routes them."""
+each drafter kind drafts, the loop itself, Leviathan's speedup model, the timing of passes and
+decodes, and the gamma choice. Reads models (`specdecode.models`), never trains or routes them."""
 
 from specdecode.decoding.decode import DEFAULT_GAMMA, autoregressive_generate, drafter_gamma, speculative_generate
+from specdecode.decoding.gamma import choose_gamma
 from specdecode.decoding.sampling import SamplingParams, logits_to_probs, sample
-from specdecode.decoding.speedup import StepCosts, choose_gamma, measure_step_costs, optimal_gamma, predicted_speedup
+from specdecode.decoding.speedup import optimal_gamma, predicted_speedup
 from specdecode.decoding.stats import DecodeStats, GenerationResult
+from specdecode.decoding.timing import StepCosts, measure_step_costs
 from specdecode.decoding.verify import rejection_sample
 
 __all__ = [

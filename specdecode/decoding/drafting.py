@@ -1,5 +1,10 @@
 """How each kind of drafter proposes gamma tokens inside the one speculative loop (decode.py).
 
+Every strategy implements `Drafting` (as every transformers candidate generator implements
+`CandidateGenerator`): the loop calls `prefill` once, then per step `propose` and `observe`, and
+`select_rows` when finished rows leave the batch. Prompt lookup is no strategy of its own: each
+strategy applies it to its drafts as they are drawn (`lookup.py`).
+
 * `SliceDrafting`: a plain causal LM (a slice of the target, or any pretrained drafter) with its
   own ragged KV cache. Its cache holds all committed tokens but the last two; each step re-feeds
   those two (one extra token costs the drafter almost nothing and spares a second code path for
@@ -19,6 +24,7 @@ Both return the drafts `[B, gamma]` and the distributions they were drawn from `
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 import torch
 from transformers import PreTrainedModel
@@ -30,13 +36,55 @@ from specdecode.models.draft_vocab import DraftVocabHead
 from specdecode.models.feature_drafter import FeatureDrafter, feed_back
 
 
+@runtime_checkable
+class Drafting(Protocol):
+    """What the speculative loop asks of a drafting strategy; shapes for a batch of B rows in
+    token buffers of S_cap slots."""
+
+    # which target hidden states the strategy reads: the verify pass then returns them `[B, W, n·H]`
+    # (`target_features`); None: none
+    feature_layers: tuple[int, ...] | None
+    # drafts taken from prompt lookup so far, a 0-d tensor counted on the device (never synced)
+    looked_up: torch.Tensor
+
+    def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
+        """Take in the right-padded prompts `tokens[:, :longest]` (`lengths` `[B]`) and, when
+        `feature_layers` is set, the target's prompt features `[B, longest, n·H]`."""
+        ...
+
+    def propose(
+        self,
+        tokens: torch.Tensor,
+        lengths: torch.Tensor,
+        max_length: int,
+        gamma: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft `gamma` tokens after each row's `lengths[b]` committed `tokens` `[B, S_cap]`
+        (`max_length` = max(lengths)): the drafts `[B, gamma]` and the distributions they were drawn
+        from `[B, gamma, V]`, None when greedy."""
+        ...
+
+    def observe(self, features: torch.Tensor | None, start: torch.Tensor) -> None:
+        """The verify pass's target features `[B, W, n·H]` of positions `start[b] + w` (None when
+        `feature_layers` is None)."""
+        ...
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only `rows` `[B']` of the batch (finished rows leave), in that order."""
+        ...
+
+
 class SliceDrafting:
     """A plain causal-LM drafter (see the module docstring)."""
 
     # which target hidden states it reads (`target_features`); None: none
     feature_layers: tuple[int, ...] | None = None
 
-    def __init__(self, drafter: PreTrainedModel, batch_size: int, capacity: int, lookup: PromptLookup | None = None) -> None:
+    def __init__(
+        self, drafter: PreTrainedModel, batch_size: int, capacity: int, lookup: PromptLookup | None = None
+    ) -> None:
         self.drafter = drafter
         self.cache = RaggedKVCache.for_model(drafter, batch_size, capacity)
         self.lookup = lookup
@@ -48,12 +96,17 @@ class SliceDrafting:
         self.cache.set_lengths(lengths.clone(), longest)
 
     def propose(
-        self, tokens: torch.Tensor, lengths: torch.Tensor, max_length: int, gamma: int,
-        params: SamplingParams, generator: torch.Generator | None,
+        self,
+        tokens: torch.Tensor,
+        lengths: torch.Tensor,
+        max_length: int,
+        gamma: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft `gamma` tokens after each row's `lengths[b]` committed `tokens` `[B, S_cap]`."""
         self.cache.set_lengths(lengths - 2, max_length - 2)
-        drafter_input = _last(tokens, lengths, 2)
+        drafter_input = last_tokens(tokens, lengths, 2)
         step = _Drafts(tokens, lengths, self.lookup, self.looked_up)
         for _ in range(gamma):
             logits = cached_forward(self.drafter, self.cache, drafter_input, logits_to_keep=1)[:, -1]
@@ -70,14 +123,18 @@ class SliceDrafting:
 class FeatureDrafting:
     """A `FeatureDrafter` fed the target's hidden states (see the module docstring)."""
 
-    def __init__(self, drafter: FeatureDrafter, batch_size: int, capacity: int, lookup: PromptLookup | None = None) -> None:
+    def __init__(
+        self, drafter: FeatureDrafter, batch_size: int, capacity: int, lookup: PromptLookup | None = None
+    ) -> None:
         self.drafter = drafter
         self.lookup = lookup
         self.looked_up = torch.zeros((), dtype=torch.long, device=drafter.device)
         self.feature_layers: tuple[int, ...] | None = drafter.feature_layers
         self.capacity = capacity
         self.cache = RaggedKVCache.for_model(drafter, batch_size, capacity)
-        self.features = torch.zeros(batch_size, capacity, drafter.feature_width, dtype=drafter.dtype, device=drafter.device)
+        self.features = torch.zeros(
+            batch_size, capacity, drafter.feature_width, dtype=drafter.dtype, device=drafter.device
+        )
         # Per row: drafter positions [0, start) hold true-feature entries; the host-side bound and
         # the width of the next window (the longest prompt at first, then gamma + 1).
         self.start = torch.zeros(batch_size, dtype=torch.long, device=drafter.device)
@@ -97,8 +154,13 @@ class FeatureDrafting:
         self.width = longest
 
     def propose(
-        self, tokens: torch.Tensor, lengths: torch.Tensor, max_length: int, gamma: int,
-        params: SamplingParams, generator: torch.Generator | None,
+        self,
+        tokens: torch.Tensor,
+        lengths: torch.Tensor,
+        max_length: int,
+        gamma: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft `gamma` tokens after each row's `lengths[b]` committed `tokens` `[B, S_cap]`."""
         batch = torch.arange(tokens.shape[0], device=tokens.device)
@@ -106,20 +168,32 @@ class FeatureDrafting:
         self.cache.set_lengths(self.start, self.start_bound)
         index = (self.start.unsqueeze(1) + torch.arange(self.width, device=tokens.device)).clamp_max(self.capacity - 2)
         window_features = self.features.gather(1, index.unsqueeze(-1).expand(-1, -1, self.features.shape[-1]))
-        hidden = cached_call(self.cache, self.width, self.drafter.dtype,
-                             lambda **kw: self.drafter(window_features, tokens.gather(1, index + 1), **kw))
+        hidden = cached_call(
+            self.cache,
+            self.width,
+            self.drafter.dtype,
+            lambda **kw: self.drafter(window_features, tokens.gather(1, index + 1), **kw),
+        )
         count = lengths - 1 - self.start  # [B], 1..width
         feature = hidden[batch, count - 1].unsqueeze(1)  # [B, 1, H]
         self.cache.set_lengths(lengths - 1, max_length - 1)
         self.start, self.start_bound, self.width = lengths - 1, max_length - 1, gamma + 1
 
         # 2. gamma drafts, each fed back with the feature it was predicted from
-        step = _Drafts(tokens, lengths, self.lookup, self.looked_up, None if self.draft_head is None else self.draft_head.spread)
+        step = _Drafts(
+            tokens, lengths, self.lookup, self.looked_up, None if self.draft_head is None else self.draft_head.spread
+        )
         for i in range(gamma):
             # logits and q over the K draft ids of a truncated head (K = V without one)
-            logits = self.drafter.logits(feature[:, -1]) if self.draft_head is None else self.draft_head.draft_logits(feature[:, -1])
+            logits = (
+                self.drafter.logits(feature[:, -1])
+                if self.draft_head is None
+                else self.draft_head.draft_logits(feature[:, -1])
+            )
             q_i, index = _draw(logits, params, generator)
-            draft = step.add(logits, q_i, index if self.draft_head is None else self.draft_head.draft_ids[index]).unsqueeze(1)
+            draft = step.add(
+                logits, q_i, index if self.draft_head is None else self.draft_head.draft_ids[index]
+            ).unsqueeze(1)
             if i + 1 < gamma:
                 fed = feed_back(feature, self.features.shape[-1])
                 feature = cached_call(self.cache, 1, self.drafter.dtype, lambda **kw: self.drafter(fed, draft, **kw))
@@ -130,7 +204,9 @@ class FeatureDrafting:
         assert features is not None
         width = features.shape[1]
         index = (start.unsqueeze(1) + torch.arange(width, device=start.device)).clamp_max(self.capacity - 1)
-        self.features.scatter_(1, index.unsqueeze(-1).expand(-1, -1, features.shape[-1]), features.to(self.features.dtype))
+        self.features.scatter_(
+            1, index.unsqueeze(-1).expand(-1, -1, features.shape[-1]), features.to(self.features.dtype)
+        )
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.cache.select_rows(rows)
@@ -143,7 +219,11 @@ class _Drafts:
     may take a looked-up token instead of its drawn one, and its q is then one-hot there."""
 
     def __init__(
-        self, tokens: torch.Tensor, lengths: torch.Tensor, lookup: PromptLookup | None, looked_up: torch.Tensor,
+        self,
+        tokens: torch.Tensor,
+        lengths: torch.Tensor,
+        lookup: PromptLookup | None,
+        looked_up: torch.Tensor,
         spread: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         self.lookup = lookup
@@ -184,7 +264,9 @@ class _Drafts:
         return drafts, q if used is None else override_q(q, drafts, used)
 
 
-def _draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> tuple[torch.Tensor | None, torch.Tensor]:
+def _draw(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor | None, torch.Tensor]:
     """`[B, V]` drafter logits → (q `[B, V]`, the draft `[B]` drawn from it); greedy: (None, argmax),
     since greedy verification compares tokens and needs no distribution."""
     if params.greedy:
@@ -196,11 +278,12 @@ def _draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generat
 def drafting_for(
     drafter: PreTrainedModel | FeatureDrafter, batch_size: int, capacity: int, lookup: PromptLookup | None = None
 ) -> SliceDrafting | FeatureDrafting:
+    """The drafting strategy of `drafter`'s kind, for `batch_size` rows of `capacity` token slots."""
     if isinstance(drafter, FeatureDrafter):
         return FeatureDrafting(drafter, batch_size, capacity, lookup)
     return SliceDrafting(drafter, batch_size, capacity, lookup)
 
 
-def _last(tokens: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Tensor:
+def last_tokens(tokens: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Tensor:
     """The last `n` committed tokens of each row, `[B, n]`."""
     return tokens.gather(1, lengths.unsqueeze(1) - n + torch.arange(n, device=tokens.device))

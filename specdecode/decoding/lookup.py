@@ -3,10 +3,9 @@
 Small targets repeat themselves and their prompts (a name from the question, a line of a list, a
 variable in code). Where the last n committed-or-drafted tokens already occurred earlier in the row
 (prompt lookup decoding, Saxena 2023; vLLM's n-gram speculator), the token that followed the most
-recent occurrence is a proposal that costs no forward pass. On the held-out target continuations of
-docs/results.md "Prompt lookup beside the drafters", the feature drafters were right at such positions 25%
-(chat), 66% (code) and 48% (math) of the time and the lookup 70%, 69% and 61%: a drafter trained
-for minutes has not learnt to copy as well as its target does.
+recent occurrence is a proposal that costs no forward pass. A drafter trained for minutes copies
+less well than its target does: at such positions the lookup is right more often than the drafter
+(docs/experiments/2026-11-25-prompt-lookup.md).
 
 So at every drafting step, a row whose context holds a match, and whose drafter is not confident
 (its top probability below `max_confidence`), drafts the looked-up token instead of its own. The
@@ -26,39 +25,47 @@ import torch.nn.functional as F
 from specdecode.core.config import require
 
 
-@dataclass(frozen=True)
+@dataclass
 class PromptLookup:
-    """Where and how a row drafts a looked-up token (see the module docstring).
+    """Where and how a row drafts a looked-up token (see the module docstring): the
+    `speculative_generate(prompt_lookup=...)` argument, and the `prompt_lookup` block of the apps'
+    configs (conf/eval.yaml, collect.yaml, benchmark.yaml).
 
     Attributes:
+        enabled: false decodes with the drafter alone (as `prompt_lookup=None` does).
         max_ngram / min_ngram: suffix lengths tried, longest first (a longer match predicts better).
         max_confidence: the drafter's own top probability (softmax of its logits at temperature 1,
             whatever the decoding temperature) below which a match overrides it; 1.0 overrides
             wherever a match exists, 0.0 never.
         max_temperature: decoding above this temperature drafts with the drafter alone. A
             looked-up token is accepted with probability p(x), which falls as the temperature
-            rises: on the demo's drafters lookup sped up greedy and T = 0.7 decoding and slowed
-            T = 1.0 by 3-7% (docs/results.md "Prompt lookup beside the drafters").
+            rises (0.7: docs/experiments/2026-11-25-prompt-lookup.md).
     """
 
+    enabled: bool = True
     max_ngram: int = 4
     min_ngram: int = 2
     max_confidence: float = 0.7
     max_temperature: float = 0.7
 
     def __post_init__(self) -> None:
+        require(isinstance(self.enabled, bool), "prompt_lookup.enabled", self.enabled, "true or false")
         if isinstance(self.min_ngram, bool) or not isinstance(self.min_ngram, int) or self.min_ngram < 1:
             raise ValueError(f"prompt lookup min_ngram must be an int >= 1, got {self.min_ngram!r}")
         if isinstance(self.max_ngram, bool) or not isinstance(self.max_ngram, int) or self.max_ngram < self.min_ngram:
-            raise ValueError(f"prompt lookup max_ngram must be an int >= min_ngram={self.min_ngram}, got {self.max_ngram!r}")
+            raise ValueError(
+                f"prompt lookup max_ngram must be an int >= min_ngram={self.min_ngram}, got {self.max_ngram!r}"
+            )
         if not isinstance(self.max_confidence, (int, float)) or not 0.0 <= self.max_confidence <= 1.0:
             raise ValueError(f"prompt lookup max_confidence must be in [0, 1], got {self.max_confidence!r}")
         if not isinstance(self.max_temperature, (int, float)) or not 0.0 <= self.max_temperature < math.inf:
-            raise ValueError(f"prompt lookup max_temperature must be a finite number >= 0, got {self.max_temperature!r}")
+            raise ValueError(
+                f"prompt lookup max_temperature must be a finite number >= 0, got {self.max_temperature!r}"
+            )
 
     def applies(self, temperature: float) -> bool:
-        """Whether decoding at `temperature` uses the lookup (`max_temperature`)."""
-        return temperature <= self.max_temperature
+        """Whether decoding at `temperature` uses the lookup (`enabled`, `max_temperature`)."""
+        return self.enabled and temperature <= self.max_temperature
 
     def choose(
         self, logits: torch.Tensor, drafts: torch.Tensor, context: torch.Tensor, lengths: torch.Tensor
@@ -77,32 +84,13 @@ class PromptLookup:
         return torch.where(use, looked_up, drafts), use
 
 
-@dataclass
-class LookupConfig:
-    """The apps' prompt-lookup settings (conf/eval.yaml, collect.yaml, benchmark.yaml; docs/results.md "Prompt
-    lookup beside the drafters"): where a row's last `min_ngram`..`max_ngram` tokens occurred before
-    and its drafter's top probability is below `max_confidence`, it drafts the token that followed,
-    at decoding temperatures up to `max_temperature` (`PromptLookup`). `enabled: false` decodes
-    with the drafters alone."""
-
-    enabled: bool = True
-    max_ngram: int = 4
-    min_ngram: int = 2
-    max_confidence: float = 0.7
-    max_temperature: float = 0.7
-
-    def build(self) -> PromptLookup | None:
-        """The `speculative_generate(prompt_lookup=...)` argument; ValueError names a bad setting."""
-        require(isinstance(self.enabled, bool), "prompt_lookup.enabled", self.enabled, "true or false")
-        lookup = PromptLookup(self.max_ngram, self.min_ngram, self.max_confidence, self.max_temperature)  # checked even when off
-        return lookup if self.enabled else None
-
-
-# What `speculative_generate` uses unless told otherwise (docs/results.md "Prompt lookup beside the drafters").
+# What `speculative_generate` uses unless told otherwise (docs/experiments/2026-11-25-prompt-lookup.md).
 DEFAULT_LOOKUP = PromptLookup()
 
 
-def lookup(context: torch.Tensor, lengths: torch.Tensor, max_ngram: int, min_ngram: int) -> tuple[torch.Tensor, torch.Tensor]:
+def lookup(
+    context: torch.Tensor, lengths: torch.Tensor, max_ngram: int, min_ngram: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """For each row, the token that followed the most recent earlier occurrence of its last n tokens,
     for the longest n in [min_ngram, max_ngram] that occurs.
 
@@ -154,8 +142,12 @@ def lookup_logits(
     # Padding becomes distinct negative ids, so no window holding padding matches another window.
     context = torch.where(attention.bool(), tokens, -1 - torch.arange(width, device=tokens.device))
     # one lookup per (row, column): the row's tokens up to and including that column
-    found, token = lookup(context.repeat_interleave(len(columns), dim=0), (columns + 1).repeat(batch),
-                          settings.max_ngram, settings.min_ngram)
+    found, token = lookup(
+        context.repeat_interleave(len(columns), dim=0),
+        (columns + 1).repeat(batch),
+        settings.max_ngram,
+        settings.min_ngram,
+    )
     found, token = found.view(batch, -1), token.view(batch, -1)
     use = found & (logits.float().softmax(dim=-1).amax(dim=-1) < settings.max_confidence)
     one_hot = torch.full_like(logits, float("-inf")).scatter_(-1, token.clamp_min(0).unsqueeze(-1), 0.0)

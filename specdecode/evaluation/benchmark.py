@@ -27,20 +27,23 @@ from specdecode.core.locking import check_writable
 from specdecode.data.corpus import vocab_corpus
 from specdecode.data.domains import DOMAINS, format_prompt, load_domain
 from specdecode.decoding.decode import autoregressive_generate, speculative_generate
-from specdecode.decoding.speedup import StepCosts, measure_step_costs, measure_verify_ratios, predicted_speedup
+from specdecode.decoding.speedup import predicted_speedup
 from specdecode.decoding.stats import GenerationResult
+from specdecode.decoding.timing import StepCosts, measure_step_costs, measure_verify_ratios
 from specdecode.evaluation.config import BenchmarkConfig
 from specdecode.evaluation.report import fmt
 from specdecode.models.compat import default_eos
 from specdecode.models.cpu_matmul import skinny_rows_of
 from specdecode.models.feature_drafter import FeatureDrafter
-from specdecode.models.loading import build_drafter, load_model
+from specdecode.models.loading import build_drafter, load_target
 
 # The gammas whose verify cost the benchmark reports (a pass of gamma + 1 tokens).
 VERIFY_GAMMAS = tuple(range(1, 9))
 
 
-def benchmark_prompts(tokenizer: PreTrainedTokenizerBase, num_prompts: int, max_tokens: int) -> list[tuple[str, list[int]]]:
+def benchmark_prompts(
+    tokenizer: PreTrainedTokenizerBase, num_prompts: int, max_tokens: int
+) -> list[tuple[str, list[int]]]:
     """The first held-out prompts of each domain, interleaved, chat-formatted: [(domain, ids)].
 
     Prompts longer than `max_tokens` are skipped, never truncated.
@@ -49,7 +52,9 @@ def benchmark_prompts(tokenizer: PreTrainedTokenizerBase, num_prompts: int, max_
     chosen: list[tuple[str, list[int]]] = []
     while len(chosen) < num_prompts and pools:
         for domain in list(pools):
-            ids = next((ids for ex in pools[domain] if len(ids := format_prompt(tokenizer, ex.prompt)) <= max_tokens), None)
+            ids = next(
+                (ids for ex in pools[domain] if len(ids := format_prompt(tokenizer, ex.prompt)) <= max_tokens), None
+            )
             if ids is None:
                 del pools[domain]
             elif len(chosen) < num_prompts:
@@ -60,7 +65,12 @@ def benchmark_prompts(tokenizer: PreTrainedTokenizerBase, num_prompts: int, max_
 
 
 def _hf_assisted(
-    target: PreTrainedModel, drafter: PreTrainedModel, prompt: list[int], gamma: int, max_new_tokens: int, eos: list[int]
+    target: PreTrainedModel,
+    drafter: PreTrainedModel,
+    prompt: list[int],
+    gamma: int,
+    max_new_tokens: int,
+    eos: list[int],
 ) -> tuple[list[int], float]:
     """transformers assisted generation with a fixed gamma (constant schedule, no early stop on confidence)."""
     drafter.generation_config = copy.deepcopy(drafter.generation_config)
@@ -120,7 +130,9 @@ def run_benchmark(cfg: BenchmarkConfig) -> dict:
         steps.set_postfix_str(name)
         steps.update(1)
 
-    target, tokenizer = load_model(cfg.target.name, dtype=cfg.dtype, device=resolve_device(cfg.device), skinny_matmul=cfg.skinny_matmul)
+    target, tokenizer = load_target(
+        cfg.target, dtype=cfg.dtype, device=resolve_device(cfg.device), skinny_matmul=cfg.skinny_matmul
+    )
     stage("target loaded")
     drafter = build_drafter(cfg.drafter, target, tokenizer, lambda: vocab_corpus(tokenizer, cfg.vocab_corpus_docs))
     stage("drafter built")
@@ -131,11 +143,16 @@ def run_benchmark(cfg: BenchmarkConfig) -> dict:
     rows = _rows(cfg, runs, costs)
     results = {
         "config": asdict(cfg),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
-                    "torch": torch.__version__, "device": str(target.device),
-                    # the CPU kernel in use (skinny_matmul=null measures both at load and keeps the faster):
-                    # the row counts computed as weight @ x.T, null where F.linear does all
-                    "skinny_rows": skinny_rows_of(target)},
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "cpus": os.cpu_count(),
+            "torch": torch.__version__,
+            "device": str(target.device),
+            # the CPU kernel in use (skinny_matmul=null: the faster, measured once per machine):
+            # the row counts computed as weight @ x.T, null where F.linear does all
+            "skinny_rows": skinny_rows_of(target),
+        },
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "prompts": [{"domain": d, "tokens": len(p)} for d, p in prompts],
         "step_costs": costs.to_dict(),
@@ -150,33 +167,46 @@ def run_benchmark(cfg: BenchmarkConfig) -> dict:
 
 
 def _measure(
-    cfg: BenchmarkConfig, target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, ids: list[list[int]],
+    cfg: BenchmarkConfig,
+    target: PreTrainedModel,
+    drafter: PreTrainedModel | FeatureDrafter,
+    ids: list[list[int]],
     stage: Callable[[str], None],
 ) -> tuple[StepCosts, _Runs]:
     """Warm up, measure the step costs, then time each method at batch 1 and at batch B."""
     eos = default_eos(target)
     decode = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, eos_token_ids=eos, seed=cfg.seed)
-    lookup = cfg.prompt_lookup.build()
+    lookup = cfg.prompt_lookup
 
     # Warm-up: first calls pay one-off allocation and dispatch costs that would skew short runs.
-    speculative_generate(target, drafter, ids[:1], gamma=cfg.gamma, prompt_lookup=lookup, **decode | {"max_new_tokens": 8})
+    speculative_generate(
+        target, drafter, ids[:1], gamma=cfg.gamma, prompt_lookup=lookup, **decode | {"max_new_tokens": 8}
+    )
     autoregressive_generate(target, ids[:1], **decode | {"max_new_tokens": 8})
     context = ids[0] + ids[1][: cfg.max_new_tokens // 2]
     costs = measure_step_costs(target, drafter, context, cfg.gamma, cfg.cost_repeats)
     # What a verify of 2..9 tokens costs here decides which gamma can pay (CPU kernels make it
-    # uneven in the token count; see docs/results.md, "CPU verify cost").
+    # uneven in the token count).
     costs.verify_ratios = measure_verify_ratios(target, context, VERIFY_GAMMAS, cfg.cost_repeats)
     stage("step costs measured")
 
     batch1 = ids[: cfg.batch1_prompts]
-    ar1 = [autoregressive_generate(target, [p], **decode) for p in tqdm(batch1, desc="batch 1: target alone", leave=False)]
+    ar1 = [
+        autoregressive_generate(target, [p], **decode) for p in tqdm(batch1, desc="batch 1: target alone", leave=False)
+    ]
     stage("batch 1 autoregressive")
-    sd1 = [speculative_generate(target, drafter, [p], gamma=cfg.gamma, prompt_lookup=lookup, **decode) for p in tqdm(batch1, desc="batch 1: ours", leave=False)]
+    sd1 = [
+        speculative_generate(target, drafter, [p], gamma=cfg.gamma, prompt_lookup=lookup, **decode)
+        for p in tqdm(batch1, desc="batch 1: ours", leave=False)
+    ]
     stage("batch 1 speculative")
     hf1: list[tuple[list[int], float]] = []
     # transformers' assisted generation runs causal-LM drafters only, not feature drafters.
     if cfg.hf_assisted and cfg.temperature == 0.0 and not isinstance(drafter, FeatureDrafter):
-        hf1 = [_hf_assisted(target, drafter, p, cfg.gamma, cfg.max_new_tokens, eos) for p in tqdm(batch1, desc="batch 1: transformers assisted", leave=False)]
+        hf1 = [
+            _hf_assisted(target, drafter, p, cfg.gamma, cfg.max_new_tokens, eos)
+            for p in tqdm(batch1, desc="batch 1: transformers assisted", leave=False)
+        ]
     stage("batch 1 transformers assisted")
     batch = ids[: cfg.batch_size]
     arb = autoregressive_generate(target, batch, **decode)
@@ -219,7 +249,15 @@ def _rows(cfg: BenchmarkConfig, runs: _Runs, costs: StepCosts) -> list[dict]:
             }
         )
     arb_pooled, sdb_pooled = _pooled([runs.arb]), _pooled([runs.sdb])
-    rows.append({"method": "target alone", "batch_size": len(runs.arb.sequences), **arb_pooled, "speedup": 1.0, "exact_match": 1.0})
+    rows.append(
+        {
+            "method": "target alone",
+            "batch_size": len(runs.arb.sequences),
+            **arb_pooled,
+            "speedup": 1.0,
+            "exact_match": 1.0,
+        }
+    )
     rows.append(
         {
             "method": "specdecode",
@@ -238,7 +276,7 @@ def _match(sequences: Sequence[list[int]], reference: Sequence[list[int]]) -> fl
 
 
 def report_markdown(results: dict) -> str:
-    """The results as the markdown tables docs/results.md quotes."""
+    """The results as markdown tables (report.md)."""
     cfg, costs = results["config"], results["step_costs"]
     lines = [
         f"# Decode benchmark — {results['date']}",
@@ -260,7 +298,8 @@ def report_markdown(results: dict) -> str:
         )
     lines += [
         "",
-        f"Step costs (batch 1, {costs['context_tokens']}-token context): target step {costs['target_step_s'] * 1e3:.1f} ms, "
+        f"Step costs (batch 1, {costs['context_tokens']}-token context): "
+        f"target step {costs['target_step_s'] * 1e3:.1f} ms, "
         f"verify of {costs['gamma'] + 1} tokens {costs['target_verify_s'] * 1e3:.1f} ms "
         f"(verify cost {costs['verify_ratio']:.2f}× a step), drafter step {costs['drafter_step_s'] * 1e3:.1f} ms "
         f"(c = {costs['cost_ratio']:.3f}).",
@@ -269,16 +308,25 @@ def report_markdown(results: dict) -> str:
         + f" ({_kernel_note(results['machine'])}; skinny_matmul={cfg.get('skinny_matmul')}).",
     ]
     if results.get("ours_vs_transformers_assisted"):
-        lines.append(f"Ours vs transformers assisted generation (same drafter, gamma): {results['ours_vs_transformers_assisted']:.2f}×.")
+        lines.append(
+            "Ours vs transformers assisted generation (same drafter, gamma): "
+            f"{results['ours_vs_transformers_assisted']:.2f}×."
+        )
     lines.append("")
-    lines.append("Predicted speedup: Leviathan et al. Thm 3.8 with the measured alpha, c and verify cost; "
-                 "loop efficiency = measured / predicted.")
+    lines.append(
+        "Predicted speedup: Leviathan et al. Thm 3.8 with the measured alpha, c and verify cost; "
+        "loop efficiency = measured / predicted."
+    )
     return "\n".join(lines) + "\n"
 
 
 def _kernel_note(machine: dict) -> str:
-    """The CPU kernel a results.json records: `skinny_rows` (older files: the bool `skinny_linears`)."""
-    rows = machine.get("skinny_rows")
+    """The CPU kernel a results.json records (`skinny_rows`)."""
+    rows = machine["skinny_rows"]
     if rows:
-        return f"skinny linears for {rows[0]}..{rows[1]} rows" if rows[0] != rows[1] else f"skinny linears for {rows[0]} row"
-    return f"skinny linears {'on' if machine.get('skinny_linears') else 'off'}"
+        return (
+            f"skinny linears for {rows[0]}..{rows[1]} rows"
+            if rows[0] != rows[1]
+            else f"skinny linears for {rows[0]} row"
+        )
+    return "skinny linears off"

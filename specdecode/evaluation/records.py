@@ -114,17 +114,13 @@ def run_interleaved(
     decode prompt i with `pool[chosen[method][i]]`, batched as `grouped_batches` groups them; they
     take turns with the others. Sequences come back in prompt order.
 
-    Why turns: a machine whose speed drifts during the evaluation (a shared VM: the target alone
-    ran at 14–29 tokens/s between runs of the same prompts on 2026-11-25) slows every method
+    Why turns: a machine whose speed drifts during the evaluation (a shared VM) slows every method
     alike, where running one method's prompts and then the next's lets the drift decide a speedup.
-    The router's row once ran after the others' turns and came out at 1.40× on code where the
-    drafter it chose for every prompt made 1.67×, the same decodes (docs/results.md, "Specialists
-    from the generic drafter in `make demo`"). Turn k starts at the k-th method (mod their number),
-    so over as many turns as methods each method runs at every place in a turn once: with a fixed
-    order, the router's row (last in every turn) was slower than the drafter it chose for every
-    code and every math prompt in the 2026-11-26 demo, the same decodes (1.65× / 1.69× on code,
-    1.41× / 1.48× on math). Fewer turns than methods leave the places uneven, and a single turn
-    (a batch as large as the prompts) runs in the listed order.
+    Turn k starts at the k-th method (mod their number), so over as many turns as methods each
+    method runs at every place in a turn once: with a fixed order, the last method in every turn
+    ran slower than the very same decodes earlier in it
+    (docs/experiments/2026-11-26-router-share-measured-again.md). Fewer turns than methods leave the
+    places uneven, and a single turn (a batch as large as the prompts) runs in the listed order.
     """
     plans = {name: consecutive_batches(fn, len(prompts), batch_size) for name, fn in generators.items()}
     for name, choices in (chosen or {}).items():
@@ -164,8 +160,10 @@ def composed(pool: dict[str, RunRecord], choices: list[str], extra_seconds: floa
     for name in sorted(set(choices)):
         run = pool[name]
         if run.order is not None or len(run.results) != len(choices) or any(len(r.sequences) != 1 for r in run.results):
-            raise ValueError(f"pool[{name!r}] is no batch-1 run of the {len(choices)} prompts chosen for "
-                             f"({len(run.results)} batches, order {run.order})")
+            raise ValueError(
+                f"pool[{name!r}] is no batch-1 run of the {len(choices)} prompts chosen for "
+                f"({len(run.results)} batches, order {run.order})"
+            )
     return RunRecord([pool[c].results[i] for i, c in enumerate(choices)], extra_seconds=extra_seconds)
 
 
@@ -176,8 +174,8 @@ def pick_per_prompt(records: dict[str, RunRecord], pass_costs: dict[str, float] 
     records (one result per prompt).
 
     Why not the highest tau: tau grows with gamma, so where the drafters run at different gammas
-    it picks the longest drafts, not the fastest decode (on 2026-11-26 the oracle by tau was
-    slower than the best single drafter). Why not the measured seconds: each prompt's time is
+    it picks the longest drafts, not the fastest decode (an oracle by tau was slower than the best
+    single drafter). Why not the measured seconds: each prompt's time is
     noisy, and picking the fastest run would credit the oracle with its own timing luck."""
     names = list(records)
     missing = sorted(set(names) - set(pass_costs)) if pass_costs is not None else []
@@ -221,8 +219,8 @@ def finalize_rows(keyed_counts: dict[tuple, dict]) -> list[dict]:
 def router_share(rows: list[dict], singles: Sequence[str] | None = None) -> list[dict]:
     """The router's share of the oracle's gain over the best single drafter, per (temperature,
     batch size) with an oracle row and a chooser's row (routed, `routed_choices`) in every domain:
-    (chooser − best single) / (oracle − best single) on the speedups averaged over the domains (the
-    issue's "router recovers ≥ 90%" figure), for the routed row as it ran and for `routed_choices`
+    (chooser − best single) / (oracle − best single) on the speedups averaged over the domains, for
+    the routed row as it ran and for `routed_choices`
     (its choices scored on the runs the oracle is scored on, so that the two differ only on the
     prompts where their choices do). `rows` hold one gamma per method (no sweep rows).
 
@@ -240,15 +238,24 @@ def router_share(rows: list[dict], singles: Sequence[str] | None = None) -> list
             if r["speedup"] is not None:
                 speedups.setdefault(r["method"], []).append(r["speedup"])
         mean = {m: sum(v) / len(v) for m, v in speedups.items() if len(v) == len(domains)}
-        candidates = list(singles) if singles is not None else [m for m in mean if m == "generic" or m.startswith("specialized:")]
+        candidates = (
+            list(singles)
+            if singles is not None
+            else [m for m in mean if m == "generic" or m.startswith("specialized:")]
+        )
         if "oracle" not in mean or not candidates or any(m not in mean for m in candidates):
             continue
         if not any(chooser in mean for chooser in ("routed", ROUTED_CHOICES)):
             continue
         best = max(candidates, key=lambda m: mean[m])
         gain = mean["oracle"] - mean[best]
-        entry: dict = {"temperature": temperature, "batch_size": batch_size, "best_single": best,
-                       "best_single_speedup": mean[best], "oracle_speedup": mean["oracle"]}
+        entry: dict = {
+            "temperature": temperature,
+            "batch_size": batch_size,
+            "best_single": best,
+            "best_single_speedup": mean[best],
+            "oracle_speedup": mean["oracle"],
+        }
         for chooser in ("routed", ROUTED_CHOICES):
             if chooser in mean:
                 entry[f"{chooser}_speedup"] = mean[chooser]

@@ -13,7 +13,8 @@ from specdecode.models.draft_vocab import (
     validate_draft_ids,
 )
 from specdecode.models.drafters import derive_drafter
-from specdecode.models.eagle_export import export_eagle
+from specdecode.models.eagle3_drafter import Eagle3Drafter, derive_eagle3_drafter
+from specdecode.models.eagle_export import export_drafter, export_eagle
 from specdecode.models.feature_drafter import FeatureDrafter, derive_feature_drafter
 from specdecode.models.gguf_cache import DEFAULT_TARGET, cache_dir, default_target_gguf, gguf_to_hf_folder
 from specdecode.models.loading import build_drafter, load_model, resolve_dtype
@@ -23,6 +24,7 @@ __all__ = [
     "SMOKE_TARGET",
     "DraftVocabHead",
     "DrafterConfig",
+    "Eagle3Drafter",
     "FeatureDrafter",
     "TargetConfig",
     "apply_draft_vocab_from_config",
@@ -33,8 +35,10 @@ __all__ = [
     "default_eos",
     "default_target_gguf",
     "derive_drafter",
+    "derive_eagle3_drafter",
     "derive_feature_drafter",
     "draft_vocab_ids",
+    "export_drafter",
     "export_eagle",
     "gguf_to_hf_folder",
     "load_model",

@@ -8,9 +8,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from specdecode.core.config import is_int
 
 
-def check_tokenizers(
-    target_tokenizer: PreTrainedTokenizerBase, drafter_tokenizer: PreTrainedTokenizerBase
-) -> None:
+def check_tokenizers(target_tokenizer: PreTrainedTokenizerBase, drafter_tokenizer: PreTrainedTokenizerBase) -> None:
     """Require the target and drafter tokenizers to map ids to the same tokens and share EOS.
 
     Speculative decoding hands drafter token ids to the target as they are, so a single

@@ -261,8 +261,10 @@ def pad_vocab(drafter: PreTrainedModel, vocab_size: int) -> PreTrainedModel:
     if own == vocab_size:
         return drafter
     if own > vocab_size:
-        raise ValueError(f"the drafter's vocabulary ({own} ids) is larger than the target's ({vocab_size}): "
-                         "it could propose ids the target has no probability for")
+        raise ValueError(
+            f"the drafter's vocabulary ({own} ids) is larger than the target's ({vocab_size}): "
+            "it could propose ids the target has no probability for"
+        )
     head = drafter.get_output_embeddings()
     if not isinstance(head, nn.Linear):  # (a skinny-kernel head is one)
         raise TypeError(f"can only pad a drafter with an nn.Linear LM head, got {type(head).__name__}")

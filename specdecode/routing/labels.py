@@ -118,37 +118,64 @@ def teacher_forced_acceptance(
     tokens, attention, position_ids, scored, keep = _pack(prompts, continuations, target.device)
 
     reads_features = any(isinstance(d, FeatureDrafter) for d in drafters)
-    out = target(input_ids=tokens, attention_mask=attention, position_ids=position_ids, logits_to_keep=keep,
-                 output_hidden_states=reads_features)
+    out = target(
+        input_ids=tokens,
+        attention_mask=attention,
+        position_ids=position_ids,
+        logits_to_keep=keep,
+        output_hidden_states=reads_features,
+    )
     p_logits = out.logits  # [B, C, V]
     p_argmax = p_logits.argmax(-1)
 
     def logits_of(drafter: PreTrainedModel | FeatureDrafter) -> torch.Tensor:
         if not isinstance(drafter, FeatureDrafter):
-            return drafter(input_ids=tokens, attention_mask=attention, position_ids=position_ids, logits_to_keep=keep).logits
+            return drafter(
+                input_ids=tokens, attention_mask=attention, position_ids=position_ids, logits_to_keep=keep
+            ).logits
         # A feature drafter predicts token t + 1 at its position t - 1, from the target's feature
         # there and token t (left padding: a position is real where its feature is).
         features = target_features(target, out.hidden_states, drafter.feature_layers)
-        hidden = drafter(features[:, :-1], tokens[:, 1:], attention_mask=attention[:, :-1],
-                         position_ids=position_ids[:, :-1])
+        hidden = drafter(
+            features[:, :-1], tokens[:, 1:], attention_mask=attention[:, :-1], position_ids=position_ids[:, :-1]
+        )
         return drafter.logits(hidden[:, keep - 1])
 
     acceptance, greedy, tau = [], [], []
     for k, drafter in enumerate(drafters):
         q_logits = logits_of(drafter)
         if simulate:
-            features = target_features(target, out.hidden_states, drafter.feature_layers) if isinstance(drafter, FeatureDrafter) else None
-            matches = draft_matches(drafter, tokens, attention, keep, p_argmax, gammas[k], features=features,  # type: ignore[index]
-                                    first_logits=q_logits, lookup=lookup if lookup is not None and lookup.applies(0.0) else None)
+            features = (
+                target_features(target, out.hidden_states, drafter.feature_layers)
+                if isinstance(drafter, FeatureDrafter)
+                else None
+            )
+            matches = draft_matches(
+                drafter,
+                tokens,
+                attention,
+                keep,
+                p_argmax,
+                gammas[k],
+                features=features,  # type: ignore[index]
+                first_logits=q_logits,
+                lookup=lookup if lookup is not None and lookup.applies(0.0) else None,
+            )
             tau.append(simulated_tau(matches, scored.sum(1)))
         if lookup is not None and lookup.applies(temperature):
             q_logits = lookup_logits(q_logits, tokens, attention, keep, lookup)
         # Row by row through the public metric, so the labels are by construction the number the
         # drafter-training job reports as held-out acceptance.
-        acceptance.append(torch.stack([
-            expected_acceptance(q_logits[b : b + 1], p_logits[b : b + 1], scored[b : b + 1], temperature=temperature)
-            for b in range(batch)
-        ]))
+        acceptance.append(
+            torch.stack(
+                [
+                    expected_acceptance(
+                        q_logits[b : b + 1], p_logits[b : b + 1], scored[b : b + 1], temperature=temperature
+                    )
+                    for b in range(batch)
+                ]
+            )
+        )
         match = (q_logits.argmax(-1) == p_argmax) & scored
         greedy.append(match.sum(1) / scored.sum(1))
     decode_tau = torch.stack(tau, dim=1).float() if simulate else None
@@ -240,8 +267,9 @@ def collect_labels(
         rows = order[start : start + batch_size]
         batch = [list(prompts[i]) for i in rows]
         generated = autoregressive_generate(target, batch, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids)
-        a, g, t = teacher_forced_acceptance(target, models, batch, generated.sequences, temperature=temperature,
-                                            lookup=lookup, gammas=gammas)
+        a, g, t = teacher_forced_acceptance(
+            target, models, batch, generated.sequences, temperature=temperature, lookup=lookup, gammas=gammas
+        )
         acceptance[rows], greedy[rows] = a, g
         if decode_tau is not None:
             decode_tau[rows] = t
@@ -250,16 +278,25 @@ def collect_labels(
     return Labels([name for name, _ in drafters], acceptance, greedy, continuations, decode_tau)
 
 
-def speedups(alpha: torch.Tensor, gammas: Sequence[int], cost_ratios: Sequence[float], verify_ratios: Sequence[float]) -> torch.Tensor:
+def speedups(
+    alpha: torch.Tensor, gammas: Sequence[int], cost_ratios: Sequence[float], verify_ratios: Sequence[float]
+) -> torch.Tensor:
     """Leviathan Thm 3.8 (measured verify cost) per prompt and drafter: `[N, K]` alpha → `[N, K]`,
     drafter k priced at its own `gammas[k]`, `cost_ratios[k]` and `verify_ratios[k]` (at that gamma)."""
     if not alpha.shape[1] == len(gammas) == len(cost_ratios) == len(verify_ratios):
-        raise ValueError(f"alpha has {alpha.shape[1]} drafter columns but {len(gammas)} gammas, {len(cost_ratios)} cost ratios "
-                         f"and {len(verify_ratios)} verify ratios were given")
-    return torch.tensor([
-        [predicted_speedup(min(max(a, 0.0), 1.0), g, c, v) for a, g, c, v in zip(row, gammas, cost_ratios, verify_ratios)]
-        for row in alpha.tolist()
-    ])
+        raise ValueError(
+            f"alpha has {alpha.shape[1]} drafter columns but {len(gammas)} gammas, {len(cost_ratios)} cost ratios "
+            f"and {len(verify_ratios)} verify ratios were given"
+        )
+    return torch.tensor(
+        [
+            [
+                predicted_speedup(min(max(a, 0.0), 1.0), g, c, v)
+                for a, g, c, v in zip(row, gammas, cost_ratios, verify_ratios)
+            ]
+            for row in alpha.tolist()
+        ]
+    )
 
 
 def label_rows(
@@ -337,5 +374,7 @@ def read_labels(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]
     for i, row in enumerate(rows):
         for key in LABEL_KEYS:
             if list(row.get(key, {})) != meta["drafters"]:
-                raise ValueError(f"labels={str(path)!r} row {i}: {key} names {list(row.get(key, {}))}, meta names {meta['drafters']}")
+                raise ValueError(
+                    f"labels={str(path)!r} row {i}: {key} names {list(row.get(key, {}))}, meta names {meta['drafters']}"
+                )
     return rows, meta

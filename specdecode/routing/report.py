@@ -1,5 +1,5 @@
 """How well a router routes: routed vs oracle vs best single drafter vs random on labelled rows,
-the domain × drafter confusion tables, routing latency; and the markdown docs/results.md quotes."""
+the domain × drafter confusion tables, routing latency; and the report's markdown."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from specdecode.routing.router import Router, label_matrix
+
 
 def routing_report(router: Router, rows: Sequence[Mapping[str, Any]], *, latency_repeats: int = 5) -> dict[str, Any]:
     """Routed vs oracle vs best single drafter vs random on labelled rows, a domain × drafter
@@ -34,7 +35,9 @@ def routing_report(router: Router, rows: Sequence[Mapping[str, Any]], *, latency
     chosen = torch.tensor(choices)
     policies: dict[str, dict[str, float]] = {}
     # the decoded speedup where the labels have it (greedy), beside the teacher-forced figures
-    metrics = ("acceptance", "greedy_match", "speedup") + (("decode_speedup",) if all("decode_speedup" in r for r in rows) else ())
+    metrics = ("acceptance", "greedy_match", "speedup") + (
+        ("decode_speedup",) if all("decode_speedup" in r for r in rows) else ()
+    )
     for metric in metrics:
         values = label_matrix(rows, metric, drafters)  # [N, K]
         means = values.mean(0)
@@ -47,7 +50,9 @@ def routing_report(router: Router, rows: Sequence[Mapping[str, Any]], *, latency
     gain = {}
     for metric in metrics:
         headroom = policies["oracle"][metric] - policies["best single"][metric]
-        gain[metric] = (policies["routed"][metric] - policies["best single"][metric]) / headroom if headroom > 1e-12 else None
+        gain[metric] = (
+            (policies["routed"][metric] - policies["best single"][metric]) / headroom if headroom > 1e-12 else None
+        )
     oracle_choice = label_matrix(rows, router.objective, drafters).argmax(1).tolist()
     domains = sorted({r["domain"] for r in rows})
     confusion = {d: {name: 0 for name in drafters} for d in domains}
@@ -70,7 +75,7 @@ def routing_report(router: Router, rows: Sequence[Mapping[str, Any]], *, latency
 
 
 def report_markdown(report: dict[str, Any]) -> str:
-    """The report as the markdown tables docs/results.md quotes."""
+    """The report as markdown tables (report.md)."""
     policies, gain = report["policies"], report["gain_recovered"]
 
     def pct(value: float | None) -> str:
@@ -87,11 +92,14 @@ def report_markdown(report: dict[str, Any]) -> str:
     for name in ("routed", "oracle", "best single", "random"):
         p = policies[name]
         label = name if name != "best single" else f"best single ({p['acceptance_drafter']} / {p['speedup_drafter']})"
-        lines.append(f"| {label} | {p['acceptance']:.4f} | {p['greedy_match']:.4f} | {p['speedup']:.3f}× |"
-                     + (f" {p['decode_speedup']:.3f}× |" if decoded else ""))
+        lines.append(
+            f"| {label} | {p['acceptance']:.4f} | {p['greedy_match']:.4f} | {p['speedup']:.3f}× |"
+            + (f" {p['decode_speedup']:.3f}× |" if decoded else "")
+        )
     lines += [
         f"| gain recovered (routed − best single) / (oracle − best single) | {pct(gain['acceptance'])} | "
-        f"{pct(gain['greedy_match'])} | {pct(gain['speedup'])} |" + (f" {pct(gain['decode_speedup'])} |" if decoded else ""),
+        f"{pct(gain['greedy_match'])} | {pct(gain['speedup'])} |"
+        + (f" {pct(gain['decode_speedup'])} |" if decoded else ""),
         "",
         f"Agreement with the oracle's choice: {100 * report['agreement_with_oracle']:.0f}%. Routing latency: "
         f"{report['routing_latency_ms_per_prompt']:.2f} ms per prompt (batch of {report['routing_batch']}, embedding "
@@ -100,7 +108,12 @@ def report_markdown(report: dict[str, Any]) -> str:
     ]
     for title, table in (("Chosen drafter", report["confusion"]), ("Oracle's drafter", report["oracle_confusion"])):
         drafters = list(next(iter(table.values())))
-        lines += [f"{title} per domain:", "", "| domain | " + " | ".join(drafters) + " |", "|---" * (len(drafters) + 1) + "|"]
+        lines += [
+            f"{title} per domain:",
+            "",
+            "| domain | " + " | ".join(drafters) + " |",
+            "|---" * (len(drafters) + 1) + "|",
+        ]
         lines += [f"| {d} | " + " | ".join(str(counts[n]) for n in drafters) + " |" for d, counts in table.items()]
         lines.append("")
     return "\n".join(lines)

@@ -7,10 +7,19 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from specdecode.core.config import MAX_GAMMA, Placement, is_gamma, is_int, is_number, require
+from specdecode.core.config import (
+    MAX_GAMMA,
+    TEMPERATURE_RANGE,
+    Placement,
+    is_gamma,
+    is_int,
+    is_number,
+    is_temperature,
+    require,
+)
 from specdecode.core.devices import MIXED_PRECISIONS
 from specdecode.data.config import DataConfig
-from specdecode.data.domains import DOMAINS
+from specdecode.data.domains import DOMAIN_NAME, DOMAINS
 from specdecode.models.config import DrafterConfig, TargetConfig
 from specdecode.training.losses import LOSSES
 
@@ -37,12 +46,12 @@ class TrainConfig:
 
     # Sequences: the dataset's responses ("data") or continuations the target generates ("target");
     # with probability lambda_on_policy per step the drafter generates them instead (GKD).
-    seq_source: str = "data"
+    seq_source: str = "target"
     lambda_on_policy: float = 0.0
     # Distillation temperature; match decoding's (0 = greedy, distilled at 1 like the losses do).
     temperature: float = 1.0
     # seq_source=target: one continuation per prompt at each of these temperatures (null = [temperature]).
-    seq_temperatures: list[float] | None = None
+    seq_temperatures: list[float] | None = field(default_factory=lambda: [0.0, 0.7])
     # Model selection: the held-out acceptance at the temperature users decode with. 0 = greedy
     # (a draft is accepted iff it is the target's argmax); T > 0 = Σ min(p_T, q_T). Both are logged.
     select_temperature: float = 0.0
@@ -68,16 +77,16 @@ class TrainConfig:
     max_prompt_tokens: int = 96
     max_len: int = 192
     max_new_tokens: int = 96
-    # Prompts per batch when the target writes continuations (seq_source: target): 64 suits the 2-core
-    # CPU (its weights are read once per step for the batch); the H100 run of docs/results.md used 256.
+    # Prompts per batch when the target writes continuations (seq_source: target): 64 suits a CPU
+    # (its weights are read once per step for the batch); conf/experiment/gpu.yaml uses 256.
     generation_batch: int = 64
     # The teacher cache keeps the target's top-k logits per position (see specdecode.training.teacher).
     teacher_topk: int = 64
     train_sequences: int | None = 512
     # Training sequences per domain, in place of train_sequences where not null: a domain's own job
     # takes that many, and a mix takes at most that many of the domain (its train_sequences still
-    # caps the total). E.g. `train.train_sequences_per_domain.chat=1920`: chat is data-bound where
-    # code and math are not (docs/results.md, "Three times the chat prompts").
+    # caps the total). E.g. `train.train_sequences_per_domain.chat=1920` for a data-bound domain
+    # (docs/experiments/2026-11-26-three-times-chat-prompts.md).
     train_sequences_per_domain: dict[str, int | None] = field(default_factory=lambda: dict.fromkeys(DOMAINS))
     heldout_sequences: int = 32
     # Global batch (sequences per optimizer step, over all processes and accumulation steps).
@@ -96,11 +105,11 @@ class TrainConfig:
     mixed_precision: str = "auto"
     # The precision the target writes and scores the training split in (its continuations with
     # seq_source=target, and the teacher cache: features or top-k logits): auto = bf16 where the
-    # device computes it natively, as above, else no (the job's dtype); or no | bf16 | fp16. On
-    # the 2-core AMX CPU bf16 made that setup ~2x faster per sequence, i.e. more data per minute; the
-    # held-out split, which model selection is measured on, stays in the job's dtype.
+    # device computes it natively, as above, else no (the job's dtype); or no | bf16 | fp16: more
+    # data per minute (docs/experiments/2026-11-24-training-data-in-bf16.md). The held-out split,
+    # which model selection is measured on, stays in the job's dtype.
     data_precision: str = "auto"
-    max_steps: int = 200
+    max_steps: int = 1000
     max_minutes: float | None = None
     eval_every: int = 50
     checkpoint_every: int = 50
@@ -112,50 +121,182 @@ class TrainConfig:
     seed: int = 0
     # Training documents tokenised to pick a derived drafter's truncated vocabulary.
     vocab_corpus_docs: int = 2000
-    # Test hook: SIGKILL the process right after this optimizer step (and its checkpoint).
-    debug_kill_after_step: int | None = None
 
     def __post_init__(self) -> None:
+        self._check_sequences()
+        self._check_sizes()
+        self._check_optimizer()
+
+    def _check_sequences(self) -> None:
+        """The training data's and the decoding settings' fields."""
         require(self.seq_source in TRAIN_SEQ_SOURCES, "train.seq_source", self.seq_source, "|".join(TRAIN_SEQ_SOURCES))
-        require(is_number(self.lambda_on_policy) and 0 <= self.lambda_on_policy <= 1, "train.lambda_on_policy", self.lambda_on_policy, "must be in [0, 1]")
-        require(is_number(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0, "train.temperature", self.temperature, "a finite number >= 0")
-        require(self.seq_temperatures is None or (isinstance(self.seq_temperatures, (list, tuple)) and bool(self.seq_temperatures)
-                and all(is_number(t) and t >= 0 for t in self.seq_temperatures)),
-                "train.seq_temperatures", self.seq_temperatures, "null or a non-empty list of temperatures >= 0")
+        require(
+            is_number(self.lambda_on_policy) and 0 <= self.lambda_on_policy <= 1,
+            "train.lambda_on_policy",
+            self.lambda_on_policy,
+            "must be in [0, 1]",
+        )
+        require(is_temperature(self.temperature), "train.temperature", self.temperature, TEMPERATURE_RANGE)
+        require(
+            self.seq_temperatures is None
+            or (
+                isinstance(self.seq_temperatures, (list, tuple))
+                and bool(self.seq_temperatures)
+                and all(is_temperature(t) for t in self.seq_temperatures)
+            ),
+            "train.seq_temperatures",
+            self.seq_temperatures,
+            f"null or a non-empty list of temperatures, each {TEMPERATURE_RANGE}",
+        )
         if self.seq_temperatures is not None:
             self.seq_temperatures = [float(t) for t in self.seq_temperatures]
-        require(is_number(self.select_temperature) and self.select_temperature >= 0, "train.select_temperature", self.select_temperature, ">= 0 (0 = greedy)")
-        require(self.early_stop_evals is None or (is_int(self.early_stop_evals) and self.early_stop_evals >= 1), "train.early_stop_evals", self.early_stop_evals, "null or an int >= 1")
-        require(is_int(self.unroll_steps) and 1 <= self.unroll_steps <= 8, "train.unroll_steps", self.unroll_steps, "an int in [1, 8]")
-        require(is_number(self.feature_loss_weight) and self.feature_loss_weight >= 0, "train.feature_loss_weight", self.feature_loss_weight, ">= 0")
-        require(is_number(self.feature_noise) and math.isfinite(self.feature_noise) and self.feature_noise >= 0, "train.feature_noise", self.feature_noise, "a finite number >= 0")
-        require(isinstance(self.gamma_candidates, (list, tuple)) and all(is_gamma(g) for g in self.gamma_candidates),
-                "train.gamma_candidates", self.gamma_candidates, f"a list of ints in [1, {MAX_GAMMA}] (empty: keep the default gamma)")
+        require(
+            is_temperature(self.select_temperature),
+            "train.select_temperature",
+            self.select_temperature,
+            TEMPERATURE_RANGE,
+        )
+        require(
+            self.early_stop_evals is None or (is_int(self.early_stop_evals) and self.early_stop_evals >= 1),
+            "train.early_stop_evals",
+            self.early_stop_evals,
+            "null or an int >= 1",
+        )
+        require(
+            is_int(self.unroll_steps) and 1 <= self.unroll_steps <= 8,
+            "train.unroll_steps",
+            self.unroll_steps,
+            "an int in [1, 8]",
+        )
+        require(
+            is_number(self.feature_loss_weight) and self.feature_loss_weight >= 0,
+            "train.feature_loss_weight",
+            self.feature_loss_weight,
+            ">= 0",
+        )
+        require(
+            is_number(self.feature_noise) and math.isfinite(self.feature_noise) and self.feature_noise >= 0,
+            "train.feature_noise",
+            self.feature_noise,
+            "a finite number >= 0",
+        )
+        require(
+            isinstance(self.gamma_candidates, (list, tuple)) and all(is_gamma(g) for g in self.gamma_candidates),
+            "train.gamma_candidates",
+            self.gamma_candidates,
+            f"a list of ints in [1, {MAX_GAMMA}] (empty: keep the default gamma)",
+        )
         self.gamma_candidates = list(self.gamma_candidates)
-        require(is_int(self.gamma_prompts) and self.gamma_prompts >= 0, "train.gamma_prompts", self.gamma_prompts, "an int >= 0 (0 = Leviathan's model)")
-        require(is_int(self.gamma_new_tokens) and self.gamma_new_tokens >= 2, "train.gamma_new_tokens", self.gamma_new_tokens,
-                "an int >= 2 (a verify after the prefill)")
-        for name in ("max_prompt_tokens", "max_len", "max_new_tokens", "generation_batch", "teacher_topk", "heldout_sequences", "batch_size",
-                     "grad_accum", "eval_every", "checkpoint_every", "log_every", "vocab_corpus_docs"):
+        require(
+            is_int(self.gamma_prompts) and self.gamma_prompts >= 0,
+            "train.gamma_prompts",
+            self.gamma_prompts,
+            "an int >= 0 (0 = Leviathan's model)",
+        )
+        require(
+            is_int(self.gamma_new_tokens) and self.gamma_new_tokens >= 2,
+            "train.gamma_new_tokens",
+            self.gamma_new_tokens,
+            "an int >= 2 (a verify after the prefill)",
+        )
+
+    def _check_sizes(self) -> None:
+        """Lengths, batch sizes, sequence counts and intervals."""
+        for name in (
+            "max_prompt_tokens",
+            "max_len",
+            "max_new_tokens",
+            "generation_batch",
+            "teacher_topk",
+            "heldout_sequences",
+            "batch_size",
+            "grad_accum",
+            "eval_every",
+            "checkpoint_every",
+            "log_every",
+            "vocab_corpus_docs",
+        ):
             value = getattr(self, name)
             require(is_int(value) and value >= 1, f"train.{name}", value, "an int >= 1")
-        require(is_int(self.keep_checkpoints) and self.keep_checkpoints >= 2, "train.keep_checkpoints", self.keep_checkpoints,
-                "at least 2 (accelerate deletes the oldest checkpoint before writing the next, so with 1 a kill during a save would leave none)")
-        require(self.max_prompt_tokens < self.max_len, "train.max_prompt_tokens", self.max_prompt_tokens, f"< train.max_len={self.max_len}")
-        require(self.batch_size % self.grad_accum == 0, "train.batch_size", self.batch_size, f"a multiple of train.grad_accum={self.grad_accum}")
-        require(self.train_sequences is None or (is_int(self.train_sequences) and self.train_sequences >= 1), "train.train_sequences", self.train_sequences, "null or an int >= 1")
+        require(
+            is_int(self.keep_checkpoints) and self.keep_checkpoints >= 2,
+            "train.keep_checkpoints",
+            self.keep_checkpoints,
+            "at least 2 (accelerate deletes the oldest checkpoint before writing the next, "
+            "so with 1 a kill during a save would leave none)",
+        )
+        require(
+            self.max_prompt_tokens < self.max_len,
+            "train.max_prompt_tokens",
+            self.max_prompt_tokens,
+            f"< train.max_len={self.max_len}",
+        )
+        require(
+            self.batch_size % self.grad_accum == 0,
+            "train.batch_size",
+            self.batch_size,
+            f"a multiple of train.grad_accum={self.grad_accum}",
+        )
+        require(
+            self.train_sequences is None or (is_int(self.train_sequences) and self.train_sequences >= 1),
+            "train.train_sequences",
+            self.train_sequences,
+            "null or an int >= 1",
+        )
         per_domain = self.train_sequences_per_domain
-        require(isinstance(per_domain, Mapping) and all(d in DOMAINS and (n is None or (is_int(n) and n >= 1)) for d, n in per_domain.items()),
-                "train.train_sequences_per_domain", per_domain, f"a mapping of {'|'.join(DOMAINS)} to null or an int >= 1")
+        require(
+            isinstance(per_domain, Mapping)
+            and all(
+                isinstance(d, str) and DOMAIN_NAME.fullmatch(d) and (n is None or (is_int(n) and n >= 1))
+                for d, n in per_domain.items()
+            ),
+            "train.train_sequences_per_domain",
+            per_domain,
+            "a mapping of domain names to null or an int >= 1",
+        )
         self.train_sequences_per_domain = dict(per_domain)
+
+    def _check_optimizer(self) -> None:
+        """The budget, the optimizer and the precision."""
         require(is_int(self.max_steps) and self.max_steps >= 0, "train.max_steps", self.max_steps, "an int >= 0")
-        require(self.max_minutes is None or (is_number(self.max_minutes) and self.max_minutes > 0), "train.max_minutes", self.max_minutes, "null or > 0")
-        require(is_number(self.lr) and self.lr > 0, "train.lr", self.lr, "> 0")
-        require(self.mixed_precision in MIXED_PRECISIONS, "train.mixed_precision", self.mixed_precision, "|".join(MIXED_PRECISIONS))
-        require(self.data_precision in MIXED_PRECISIONS, "train.data_precision", self.data_precision, "|".join(MIXED_PRECISIONS))
+        require(
+            self.max_minutes is None or (is_number(self.max_minutes) and self.max_minutes > 0),
+            "train.max_minutes",
+            self.max_minutes,
+            "null or > 0",
+        )
+        require(
+            is_number(self.lr) and math.isfinite(self.lr) and self.lr > 0, "train.lr", self.lr, "a finite number > 0"
+        )
+        require(
+            is_number(self.weight_decay) and math.isfinite(self.weight_decay) and self.weight_decay >= 0,
+            "train.weight_decay",
+            self.weight_decay,
+            "a finite number >= 0 (0 = none)",
+        )
+        require(
+            is_number(self.max_grad_norm) and math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0,
+            "train.max_grad_norm",
+            self.max_grad_norm,
+            "a finite number > 0 (the gradient norm clipped to; a large value clips nothing)",
+        )
+        require(is_int(self.seed) and 0 <= self.seed < 2**32, "train.seed", self.seed, "an int in [0, 2**32)")
+        require(
+            self.mixed_precision in MIXED_PRECISIONS,
+            "train.mixed_precision",
+            self.mixed_precision,
+            "|".join(MIXED_PRECISIONS),
+        )
+        require(
+            self.data_precision in MIXED_PRECISIONS,
+            "train.data_precision",
+            self.data_precision,
+            "|".join(MIXED_PRECISIONS),
+        )
         require(self.lr_decay in LR_DECAYS, "train.lr_decay", self.lr_decay, "|".join(LR_DECAYS))
-        require(is_int(self.warmup_steps) and self.warmup_steps >= 0, "train.warmup_steps", self.warmup_steps, "an int >= 0")
-        require(self.debug_kill_after_step is None or is_int(self.debug_kill_after_step), "train.debug_kill_after_step", self.debug_kill_after_step, "null or an int")
+        require(
+            is_int(self.warmup_steps) and self.warmup_steps >= 0, "train.warmup_steps", self.warmup_steps, "an int >= 0"
+        )
 
 
 @dataclass
@@ -170,11 +311,14 @@ class TrainJobConfig(Placement):
     loss: LossConfig = field(default_factory=LossConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     output_dir: str = "outputs/distill"
-    # Where teacher caches live; null = <output_dir>/../teacher_cache, shared by sibling runs.
-    cache_dir: str | None = None
+    # Where teacher caches live, shared by the jobs that train on the same sequences;
+    # null = <output_dir>/../teacher_cache.
+    cache_dir: str | None = "outputs/teacher_cache"
     logger: str = "jsonl"
     wandb_project: str = "specdecode"
     wandb_mode: str = "offline"
+    # A hub repo id (owner/name) to upload drafter/ (model card included) to when training ends; null: no upload.
+    push_to_hub: str | None = None
 
     def __post_init__(self) -> None:
         self.check_placement()
@@ -182,6 +326,26 @@ class TrainJobConfig(Placement):
         require(self.logger in TRAIN_LOGGERS, "logger", self.logger, "|".join(TRAIN_LOGGERS))
         # A feature drafter cannot write continuations alone: each of its steps reads the target's
         # features of the tokens before it, so there is no drafter-only (on-policy) generation.
-        require(not (self.drafter.kind == "feature" and self.train.lambda_on_policy > 0), "train.lambda_on_policy",
-                self.train.lambda_on_policy, "must be 0 with drafter.kind='feature' (it cannot generate without the target)")
-        require(self.wandb_mode in ("offline", "online", "disabled"), "wandb_mode", self.wandb_mode, "offline|online|disabled")
+        require(
+            not (self.drafter.kind == "feature" and self.train.lambda_on_policy > 0),
+            "train.lambda_on_policy",
+            self.train.lambda_on_policy,
+            "must be 0 with drafter.kind='feature' (it cannot generate without the target)",
+        )
+        require(
+            self.wandb_mode in ("offline", "online", "disabled"),
+            "wandb_mode",
+            self.wandb_mode,
+            "offline|online|disabled",
+        )
+        require(
+            self.push_to_hub is None
+            or (
+                isinstance(self.push_to_hub, str)
+                and self.push_to_hub.count("/") == 1
+                and all(self.push_to_hub.split("/"))
+            ),
+            "push_to_hub",
+            self.push_to_hub,
+            "null or a hub repo id owner/name",
+        )

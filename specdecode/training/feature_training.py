@@ -31,7 +31,9 @@ class FeatureDrafterLogits(nn.Module):
     A module of its own so DDP wraps the whole computation (as `training.DrafterLogits`).
     """
 
-    def __init__(self, drafter: FeatureDrafter, steps: int, autocast: torch.dtype | None = None, noise: float = 0.0) -> None:
+    def __init__(
+        self, drafter: FeatureDrafter, steps: int, autocast: torch.dtype | None = None, noise: float = 0.0
+    ) -> None:
         super().__init__()
         self.drafter = drafter
         self.steps = steps
@@ -59,8 +61,9 @@ class FeatureDrafterLogits(nn.Module):
         with autocast_context(input_ids.device, self.autocast):
             # drafter position t makes the prediction scored at standard position t + 1: passes 2..S
             # need only run around the loss positions (most of a chat row is its prompt)
-            passes = unrolled_features(self.drafter, inputs, input_ids[:, 1:], attention_mask[:, 1:], self.steps,
-                                       needed=positions[:, 1:])
+            passes = unrolled_features(
+                self.drafter, inputs, input_ids[:, 1:], attention_mask[:, 1:], self.steps, needed=positions[:, 1:]
+            )
             # standard position t holds the pass's output made at t - 1; position 0 has none (zero)
             predicted = torch.stack([F.pad(p, (0, 0, 1, 0))[positions] for p in passes])
             head = self.drafter.get_output_embeddings()
@@ -88,7 +91,11 @@ def feature_regression_sum(predicted: torch.Tensor, features: torch.Tensor) -> t
 
 
 def unrolled_features(
-    drafter: nn.Module, features: torch.Tensor, next_ids: torch.Tensor, padding: torch.Tensor, steps: int,
+    drafter: nn.Module,
+    features: torch.Tensor,
+    next_ids: torch.Tensor,
+    padding: torch.Tensor,
+    steps: int,
     needed: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
     """Predicted features of `steps` drafting passes, each `[B, T, H]`, trained as decoding runs them.
@@ -124,7 +131,11 @@ def unrolled_features(
         fed = previous.gather(1, gather.expand(-1, -1, previous.shape[-1]))
         mask = _window_mask(index, j, padding, length, hidden.dtype)
         window = drafter(fed, window_ids, attention_mask=mask, position_ids=index, past_key_values=cache)  # [B, W, H]
-        outputs.append(window.new_zeros(batch, length, window.shape[-1]).scatter(1, gather.expand(-1, -1, window.shape[-1]), window))
+        outputs.append(
+            window.new_zeros(batch, length, window.shape[-1]).scatter(
+                1, gather.expand(-1, -1, window.shape[-1]), window
+            )
+        )
     return outputs
 
 
@@ -162,7 +173,7 @@ def _window_mask(index: torch.Tensor, j: int, padding: torch.Tensor, length: int
     visible = torch.cat([first, *later], dim=-1)
     # a query with nothing visible (a window edge no needed output reads) sees its own key
     own = torch.zeros_like(visible)
-    own[..., -index.shape[1]:] = torch.eye(index.shape[1], dtype=torch.bool, device=index.device)
+    own[..., -index.shape[1] :] = torch.eye(index.shape[1], dtype=torch.bool, device=index.device)
     visible = visible | (own & ~visible.any(dim=-1, keepdim=True))
     mask = torch.zeros(visible.shape, dtype=dtype, device=index.device)
     return mask.masked_fill_(~visible, torch.finfo(dtype).min).unsqueeze(1)

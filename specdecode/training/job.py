@@ -15,7 +15,7 @@ keeps the drafter's step cheap and its head aligned with the embedding space it 
 On-policy sequences (`train.lambda_on_policy` > 0): with probability lambda per step the drafter
 writes the continuations (batched `autoregressive_generate`) and the target scores them on the
 spot. Nothing can be cached there, so such a step costs a drafter generation plus a target forward
-(on this CPU ~4-5x an off-policy step of the same size).
+(on a CPU several times an off-policy step of the same size).
 """
 
 from __future__ import annotations
@@ -36,17 +36,33 @@ from omegaconf import OmegaConf
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdecode.core.atomic import atomic_folder, write_atomic
-from specdecode.data.config import DataConfig
-from specdecode.models.config import TargetConfig
-from specdecode.models.cpu_matmul import kernel_picks
-from specdecode.models.feature_drafter import FeatureDrafter
-from specdecode.training.config import TrainJobConfig
 from specdecode.core.devices import autocast_dtype, placed_accelerator, resolve_mixed_precision
 from specdecode.core.locking import locks_output_dir
+from specdecode.data.config import DataConfig
+from specdecode.decoding.gamma import choose_gamma
+from specdecode.models.card import push_to_hub, write_training_card
+from specdecode.models.compat import default_eos
+from specdecode.models.cpu_matmul import kernel_picks
+from specdecode.models.feature_drafter import FeatureDrafter
+from specdecode.models.loading import build_drafter, cast_copy, check_drafter_tokenizer, load_target, reads_features
+from specdecode.training.checkpoints import (
+    LoopState,
+    check_checkpoints,
+    checkpoint_folder,
+    project_configuration,
+    resume,
+)
+from specdecode.training.config import TrainJobConfig
 from specdecode.training.feature_training import FeatureDrafterLogits
+from specdecode.training.loop import (
+    DrafterLogits,
+    MetricsLogger,
+    load_trainable_state,
+    lr_scheduler,
+    peak_memory_mb,
+    train_loop,
+)
 from specdecode.training.objective import Objective, Teacher
-from specdecode.models.loading import build_drafter, cast_copy, check_drafter_tokenizer, load_model, reads_features
-from specdecode.decoding.speedup import choose_gamma
 from specdecode.training.sequences import (
     build_sequences,
     decoding_prompts,
@@ -67,11 +83,6 @@ from specdecode.training.teacher import (
     score_topk,
     sequences_only,
 )
-from specdecode.training.checkpoints import LoopState, check_checkpoints, checkpoint_folder, project_configuration, resume
-from specdecode.training.loop import DrafterLogits, MetricsLogger, load_trainable_state, lr_scheduler, peak_memory_mb, train_loop
-from specdecode.models.compat import default_eos
-
-JOBS = ("distill", "finetune")
 
 
 def run_distill(cfg: TrainJobConfig) -> dict[str, Any]:
@@ -82,15 +93,6 @@ def run_distill(cfg: TrainJobConfig) -> dict[str, Any]:
 def run_finetune(cfg: TrainJobConfig) -> dict[str, Any]:
     """Next-token cross-entropy on the sequences (dataset or target-generated responses)."""
     return _run(cfg, "finetune")
-
-
-def load_target(
-    cfg: TargetConfig, dtype: str, device: torch.device, skinny_matmul: bool | None = None
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The target in eval mode, frozen (`smoke` is the tiny in-process one, see `load_model`)."""
-    target, tokenizer = load_model(cfg.name, dtype=dtype, device=device, skinny_matmul=skinny_matmul)
-    target.requires_grad_(False)
-    return target, tokenizer
 
 
 def _check_environment(cfg: TrainJobConfig) -> None:
@@ -121,12 +123,17 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     _check_environment(cfg)
     train = cfg.train
     output = Path(cfg.output_dir)
-    accelerator, device = placed_accelerator(cfg.device, gradient_accumulation_steps=train.grad_accum,
-                                             log_with="wandb" if cfg.logger == "wandb" else None,
-                                             project_config=project_configuration(output, train.keep_checkpoints))
+    accelerator, device = placed_accelerator(
+        cfg.device,
+        gradient_accumulation_steps=train.grad_accum,
+        log_with="wandb" if cfg.logger == "wandb" else None,
+        project_config=project_configuration(output, train.keep_checkpoints),
+    )
     if train.batch_size % (accelerator.num_processes * train.grad_accum):
-        raise ValueError(f"train.batch_size={train.batch_size} must be a multiple of processes x grad_accum "
-                         f"= {accelerator.num_processes} x {train.grad_accum}")
+        raise ValueError(
+            f"train.batch_size={train.batch_size} must be a multiple of processes x grad_accum "
+            f"= {accelerator.num_processes} x {train.grad_accum}"
+        )
     set_seed(train.seed)
     checkpoints = checkpoint_folder(accelerator)  # <output_dir>/checkpoints, where save_state() writes
     check_checkpoints(checkpoints, asdict(cfg), train.resume)
@@ -134,10 +141,15 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     check_drafter_tokenizer(cfg.drafter, tokenizer)
     vocab_size = target.config.get_text_config().vocab_size
     if job == "distill" and train.teacher_topk > vocab_size:
-        raise ValueError(f"train.teacher_topk={train.teacher_topk} is more than the target's vocabulary of {vocab_size} ids")
+        raise ValueError(
+            f"train.teacher_topk={train.teacher_topk} is more than the target's vocabulary of {vocab_size} ids"
+        )
     # no trackers (logger=jsonl): a no-op; wandb writes its run under output_dir/wandb/
-    accelerator.init_trackers(project_name=cfg.wandb_project, config=asdict(cfg),
-                              init_kwargs={"wandb": {"mode": cfg.wandb_mode, "dir": str(output)}})
+    accelerator.init_trackers(
+        project_name=cfg.wandb_project,
+        config=asdict(cfg),
+        init_kwargs={"wandb": {"mode": cfg.wandb_mode, "dir": str(output)}},
+    )
     logger = MetricsLogger(accelerator, output / "metrics.jsonl")
 
     # 1. sequences and the target's outputs on them, cached; 2. the drafter and what is trained
@@ -147,22 +159,40 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     objective = Objective(cfg, job, teacher, drafter, accelerator)
     cache_seconds = time.perf_counter() - cache_start
     autocast = autocast_dtype(resolve_mixed_precision(train.mixed_precision, accelerator.device))
-    model = FeatureDrafterLogits(drafter, train.unroll_steps, autocast, train.feature_noise) if teacher.features else DrafterLogits(drafter, autocast)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=train.lr, weight_decay=train.weight_decay)
+    model = (
+        FeatureDrafterLogits(drafter, train.unroll_steps, autocast, train.feature_noise)
+        if teacher.features
+        else DrafterLogits(drafter, autocast)
+    )
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=train.lr, weight_decay=train.weight_decay
+    )
     model, optimizer = accelerator.prepare(model, optimizer)
-    # warm-up, then train.lr_decay over the budget; in every checkpoint, so a resume continues it
+    # warm-up, then train.lr_decay over the budget; every checkpoint keeps it (as JSON), so a resume continues it
     scheduler = lr_scheduler(optimizer, train)
-    accelerator.register_for_checkpointing(scheduler)
     objective.model = model
 
     # 3. resume or start, then train
     state, best = LoopState(), {}
-    if train.resume and (restored := resume(accelerator, checkpoints, asdict(cfg))) is not None:
+    if train.resume and (restored := resume(accelerator, checkpoints, asdict(cfg), scheduler)) is not None:
         state, best = restored
         logger.log({"resumed_from_step": state.step})
-    state, best = train_loop(accelerator, model, optimizer, scheduler, train, len(teacher.train_cache.sequences),
-                             objective.make_batches, objective.loss_sum, objective.evaluate, checkpoints, logger,
-                             state, best, asdict(cfg))
+    state, best = train_loop(
+        accelerator,
+        model,
+        optimizer,
+        scheduler,
+        train,
+        len(teacher.train_cache.sequences),
+        objective.make_batches,
+        objective.loss_sum,
+        objective.evaluate,
+        checkpoints,
+        logger,
+        state,
+        best,
+        asdict(cfg),
+    )
 
     # 4. keep the best held-out acceptance, not the last step, and write the outputs
     metrics = _metrics(cfg, job, state, objective, cache_seconds)
@@ -177,8 +207,14 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     return metrics
 
 
-def _choose_gamma(cfg: TrainJobConfig, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                  drafter: PreTrainedModel | FeatureDrafter, teacher: Teacher, acceptance: float) -> dict[str, Any]:
+def _choose_gamma(
+    cfg: TrainJobConfig,
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    drafter: PreTrainedModel | FeatureDrafter,
+    teacher: Teacher,
+    acceptance: float,
+) -> dict[str, Any]:
     """Store the gamma that decodes fastest with `drafter` (`choose_gamma`): the first
     `train.gamma_prompts` held-out prompts, whole (`decoding_prompts`), decoded one at a time and
     timed at each candidate (those that fit the target's context with `train.gamma_new_tokens`
@@ -187,14 +223,28 @@ def _choose_gamma(cfg: TrainJobConfig, target: PreTrainedModel, tokenizer: PreTr
     context = max((s.tokens for s in teacher.heldout.sequences), key=len)
     # a prompt the target cannot decode gamma_new_tokens after is left out (all left out: the model)
     limit = getattr(target.config, "max_position_embeddings", None)
-    prompts = [p for p in decoding_prompts(cfg.data, tokenizer, train.gamma_prompts)
-               if limit is None or len(p) + train.gamma_new_tokens <= limit]
-    return choose_gamma(target, drafter, context, acceptance, train.gamma_candidates, prompts, train.gamma_new_tokens,
-                        train.select_temperature)
+    prompts = [
+        p
+        for p in decoding_prompts(cfg.data, tokenizer, train.gamma_prompts)
+        if limit is None or len(p) + train.gamma_new_tokens <= limit
+    ]
+    figures = choose_gamma(
+        target,
+        drafter,
+        context,
+        acceptance,
+        train.gamma_candidates,
+        prompts,
+        train.gamma_new_tokens,
+        train.select_temperature,
+    )
+    drafter.config.specdecode_gamma = figures["chosen"]  # saved with the drafter, read by decode.drafter_gamma
+    return figures
 
 
-def _teacher(cfg: TrainJobConfig, job: str, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-             accelerator: Accelerator) -> Teacher:
+def _teacher(
+    cfg: TrainJobConfig, job: str, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, accelerator: Accelerator
+) -> Teacher:
     """The training and held-out sequences and the target's outputs on them, each cached once
     (finetune needs no logits: k = 0; a feature drafter's teacher is the frozen head on the cached
     features, so it needs none either)."""
@@ -223,8 +273,15 @@ def _teacher(cfg: TrainJobConfig, job: str, target: PreTrainedModel, tokenizer: 
         path = cache_dir / f"sequences-{split}-{cache_key(cfg.target, data, train, split, 0, limit, dtype=dtype)}.pt"
         if path.is_file():
             return load_cache(path)
-        sequences, read = build_sequences(load_examples(data, split), tokenizer, model(), train, eos, limit,
-                                          layers if train.seq_source == "target" else None)
+        sequences, read = build_sequences(
+            load_examples(data, split),
+            tokenizer,
+            model(),
+            train,
+            eos,
+            limit,
+            layers if train.seq_source == "target" else None,
+        )
         if accelerator.is_main_process:
             save_cache(sequences_only(sequences), path)
         return sequences_only(sequences) if read is None else feature_cache(sequences, read)
@@ -234,9 +291,17 @@ def _teacher(cfg: TrainJobConfig, job: str, target: PreTrainedModel, tokenizer: 
 
         def build() -> TeacherCache:
             cache = written(data, split, limit)
-            return cache if cache.features is not None else score_topk(model(), cache.sequences, k, pad_id, features=layers)
+            return (
+                cache
+                if cache.features is not None
+                else score_topk(model(), cache.sequences, k, pad_id, features=layers)
+            )
 
-        return _cached(cache_dir / f"{name}-{cache_key(cfg.target, data, train, split, k, limit, layers, dtype)}.pt", build, accelerator)
+        return _cached(
+            cache_dir / f"{name}-{cache_key(cfg.target, data, train, split, k, limit, layers, dtype)}.pt",
+            build,
+            accelerator,
+        )
 
     def scored(split: str, name: str, k: int, limit: int | None) -> TeacherCache:
         """A domain's cache, or a mix's: its domains' own caches (`domain_parts`), each domain's
@@ -244,11 +309,13 @@ def _teacher(cfg: TrainJobConfig, job: str, target: PreTrainedModel, tokenizer: 
         domain drafters costs no target pass of its own."""
         # A cache is keyed by the sequences it holds: a limit past a domain's examples names the
         # same cache as their count (a mix's shares never pass them), so a mix finds its domains'.
-        if len(cfg.data.domains) == 1:
-            limit = domain_limit(train, cfg.data.domains[0], split, limit)
+        if not cfg.data.is_mix:
+            limit = domain_limit(train, cfg.data.name, split, limit)
             return domain_scored(cfg.data, split, name, k, effective_limit(limit, pool_size(cfg.data, train, split)))
         shares = mix_shares(cfg.data, train, split, limit)
-        return concat_caches([domain_scored(part, split, name, k, n) for part, n in zip(domain_parts(cfg.data), shares)])
+        return concat_caches(
+            [domain_scored(part, split, name, k, n) for part, n in zip(domain_parts(cfg.data), shares)]
+        )
 
     train_cache = scored("train", f"{job}-train", topk, train.train_sequences)
     heldout = scored("heldout", "heldout", 0, train.heldout_sequences)
@@ -283,38 +350,62 @@ def _trainable_drafter(cfg: TrainJobConfig, teacher: Teacher, tokenizer: PreTrai
     return drafter
 
 
-def _metrics(cfg: TrainJobConfig, job: str, state: LoopState, objective: Objective, cache_seconds: float) -> dict[str, Any]:
+def _metrics(
+    cfg: TrainJobConfig, job: str, state: LoopState, objective: Objective, cache_seconds: float
+) -> dict[str, Any]:
     """metrics.json: the run's outcome (best held-out acceptance and when), its costs and its data."""
     train, teacher, accelerator = cfg.train, objective.teacher, objective.accelerator
     num_train = len(teacher.train_cache.sequences)
     return {
-        "job": job, "data": cfg.data.name, "loss": cfg.loss.name if job == "distill" else "cross_entropy",
-        "acceptance_before": state.acceptance_before, "acceptance_best": state.best_acceptance,
+        "job": job,
+        "data": cfg.data.name,
+        "loss": cfg.loss.name if job == "distill" else "cross_entropy",
+        "acceptance_before": state.acceptance_before,
+        "acceptance_best": state.best_acceptance,
         "acceptance_gain": state.best_acceptance - (state.acceptance_before or 0.0),
-        "best_step": state.best_step, "steps": state.step, "last_loss": state.last_loss,
-        "train_tokens": state.train_tokens, "train_seconds": state.train_seconds,
+        "best_step": state.best_step,
+        "steps": state.step,
+        "last_loss": state.last_loss,
+        "train_tokens": state.train_tokens,
+        "train_seconds": state.train_seconds,
         "train_tokens_per_s": state.train_tokens / state.train_seconds if state.train_seconds else None,
-        "cache_and_setup_seconds": cache_seconds, "peak_memory_mb": peak_memory_mb(accelerator.device),
-        "train_sequences": num_train, "heldout_sequences": len(teacher.heldout.sequences),
-        "heldout_positions": int(teacher.heldout.offsets[-1]), "draft_vocab": len(objective.draft_ids),
-        "num_processes": accelerator.num_processes, "mixed_precision": resolve_mixed_precision(train.mixed_precision, accelerator.device),
-        "data_dtype": _dtype_name(_data_dtype(train.data_precision, teacher.target)), "drafter_kind": "feature" if teacher.features else "slice",
+        "cache_and_setup_seconds": cache_seconds,
+        "peak_memory_mb": peak_memory_mb(accelerator.device),
+        "train_sequences": num_train,
+        "heldout_sequences": len(teacher.heldout.sequences),
+        "heldout_positions": int(teacher.heldout.offsets[-1]),
+        "draft_vocab": len(objective.draft_ids),
+        "num_processes": accelerator.num_processes,
+        "mixed_precision": resolve_mixed_precision(train.mixed_precision, accelerator.device),
+        "data_dtype": _dtype_name(_data_dtype(train.data_precision, teacher.target)),
+        "drafter_kind": "feature" if teacher.features else "slice",
         "select_temperature": train.select_temperature,
-        "selection_metric": "greedy acceptance" if train.select_temperature == 0 else f"expected acceptance at T={train.select_temperature}",
+        "selection_metric": "greedy acceptance"
+        if train.select_temperature == 0
+        else f"expected acceptance at T={train.select_temperature}",
         "best": next((h for h in state.history if h["step"] == state.best_step), None),
-        "epochs": state.step * train.batch_size / num_train, "history": state.history,
+        "epochs": state.step * train.batch_size / num_train,
+        "history": state.history,
         # the target's CPU kernels in this process: they set the step and verify costs the gamma choice timed
         "cpu_kernels": kernel_picks(teacher.target),
     }
 
 
-def _save(cfg: TrainJobConfig, drafter: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, metrics: dict[str, Any],
-          accelerator: Accelerator) -> None:
+def _save(
+    cfg: TrainJobConfig,
+    drafter: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    metrics: dict[str, Any],
+    accelerator: Accelerator,
+) -> None:
     """Write drafter/, metrics.json and config.yaml, each atomically (main process only)."""
     output = Path(cfg.output_dir)
     with atomic_folder(output / "drafter") as folder:
         drafter.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
+        write_training_card(folder, cfg, metrics)  # README.md: target, data, budget, acceptance, command
+    if cfg.push_to_hub:
+        push_to_hub(output / "drafter", cfg.push_to_hub)
     write_atomic(output / "metrics.json", json.dumps(metrics, indent=2))
     write_atomic(output / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(asdict(cfg))))
     if cfg.logger == "wandb":

@@ -77,16 +77,13 @@ def _log_probs(
             f"{tuple(teacher_logits.shape)} must have the same shape [B, T, V]"
         )
     if student_logits.dim() < 1 or student_logits.shape[-1] == 0:
-        raise ValueError(
-            f"logits need a non-empty vocabulary axis, got {tuple(student_logits.shape)}"
-        )
+        raise ValueError(f"logits need a non-empty vocabulary axis, got {tuple(student_logits.shape)}")
     if mask is None:
         keep = torch.ones(student_logits.shape[:-1], dtype=torch.bool, device=student_logits.device)
     else:
         if mask.shape != student_logits.shape[:-1]:
             raise ValueError(
-                f"mask {tuple(mask.shape)} must match the logits' leading shape "
-                f"{tuple(student_logits.shape[:-1])}"
+                f"mask {tuple(mask.shape)} must match the logits' leading shape {tuple(student_logits.shape[:-1])}"
             )
         keep = mask.to(device=student_logits.device, dtype=torch.bool)
     tau = _temperature(temperature)
@@ -227,10 +224,7 @@ def jsd(
         0-d fp32 tensor.
     """
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 < beta < 1.0:
-        raise ValueError(
-            f"beta must be in (0, 1), got {beta!r}; "
-            "use forward_kl (beta -> 0) or reverse_kl (beta -> 1)"
-        )
+        raise ValueError(f"beta must be in (0, 1), got {beta!r}; use forward_kl (beta -> 0) or reverse_kl (beta -> 1)")
     log_q, log_p, keep = _log_probs(student_logits, teacher_logits, mask, temperature)
     # log m in log space: a -inf on one side is replaced by a value so low its exp is 0 in fp32,
     # which keeps logsumexp's backward finite where p = q = 0 (its softmax would be 0 / 0).
@@ -323,6 +317,4 @@ def get_loss(name: str) -> Loss:
     try:
         return LOSSES[name]
     except (KeyError, TypeError):
-        raise ValueError(
-            f"unknown loss {name!r}; valid losses: {', '.join(sorted(LOSSES))}"
-        ) from None
+        raise ValueError(f"unknown loss {name!r}; valid losses: {', '.join(sorted(LOSSES))}") from None

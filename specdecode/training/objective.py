@@ -15,11 +15,17 @@ from transformers import PreTrainedModel
 from specdecode.models.draft_vocab import draft_vocab_ids
 from specdecode.training.config import TrainJobConfig
 from specdecode.training.feature_training import feature_regression_sum, frozen_head_rows, pass_positions
-from specdecode.training.losses import get_loss
 from specdecode.training.loop import Batch
+from specdecode.training.losses import get_loss
 from specdecode.training.sequences import TrainSequence, generate_continuations
-from specdecode.training.teacher import TeacherCache, dense_teacher_logits, heldout_targets, pad_batch, padded_features, score_topk
-
+from specdecode.training.teacher import (
+    TeacherCache,
+    dense_teacher_logits,
+    heldout_targets,
+    pad_batch,
+    padded_features,
+    score_topk,
+)
 
 # Training sequences whose greedy agreement each evaluation also reports (`Objective.evaluate`).
 TRAIN_SAMPLE = 16
@@ -87,23 +93,33 @@ class Objective:
         self.select_tau = train.select_temperature or 1.0
         mine = [heldout[i] for i in self.my_indices]
         self.heldout_p, self.heldout_argmax = (
-            heldout_targets(target, mine, self.draft_ids, self.select_tau, self.teacher.pad_id) if mine else (None, None)
+            heldout_targets(target, mine, self.draft_ids, self.select_tau, self.teacher.pad_id)
+            if mine
+            else (None, None)
         )
         # The first TRAIN_SAMPLE training sequences, scored like the held-out ones (greedy only): the
         # gap between the two agreements tells a run short of data (its drafter has learnt its
-        # sequences, not the domain: chat on this CPU agreed at 0.67 on them against 0.39 held
-        # out) from one short of steps or capacity (both low).
+        # sequences, not the domain: training agreement far above held-out) from one short of steps
+        # or capacity (both low).
         sample = self.teacher.train_cache.sequences[:TRAIN_SAMPLE]
         self.train_indices = list(range(len(sample)))[self.accelerator.process_index :: self.accelerator.num_processes]
-        self.train_argmax = (heldout_targets(target, [sample[i] for i in self.train_indices], self.draft_ids, 1.0,
-                                             self.teacher.pad_id)[1] if self.train_indices else None)
+        self.train_argmax = (
+            heldout_targets(target, [sample[i] for i in self.train_indices], self.draft_ids, 1.0, self.teacher.pad_id)[
+                1
+            ]
+            if self.train_indices
+            else None
+        )
         if self.teacher.features:  # the distillation teacher is the frozen head on the cached features
             self.teacher_weight, self.teacher_bias = frozen_head_rows(target.get_output_embeddings(), self.draft_ids)
 
     def micro_batches(self, sequences: list[TrainSequence], scored: TeacherCache, picks: list[int]) -> list[Batch]:
         """`grad_accum` micro-batches of `sequences`, which are `scored`'s sequences `picks`."""
         size = len(sequences) // self.cfg.train.grad_accum
-        return [self._micro_batch(sequences[s : s + size], scored, picks[s : s + size]) for s in range(0, len(sequences), size)]
+        return [
+            self._micro_batch(sequences[s : s + size], scored, picks[s : s + size])
+            for s in range(0, len(sequences), size)
+        ]
 
     def _micro_batch(self, sequences: list[TrainSequence], scored: TeacherCache, picks: list[int]) -> Batch:
         input_ids, attention_mask, positions = pad_batch(sequences, self.teacher.pad_id)
@@ -147,17 +163,21 @@ class Objective:
         if self.job == "finetune":
             return F.cross_entropy(student, batch["labels"][positions], reduction="sum")
         vocab_to_draft = self.vocab_to_draft.to(student.device)
-        teacher = dense_teacher_logits(batch["topk_ids"], batch["topk_logits"], vocab_to_draft, student.shape[-1])  # [P, K]
+        teacher = dense_teacher_logits(
+            batch["topk_ids"], batch["topk_logits"], vocab_to_draft, student.shape[-1]
+        )  # [P, K]
         return self.loss_fn(student, teacher, None, temperature=self.tau, reduction="sum", **self.loss_kwargs)
 
     def _feature_loss_sum(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
         """Token loss of every unrolled pass (vs the frozen head on the target's features, or the
         next token) plus the weighted regression of the target's feature, at the loss positions."""
         positions = batch["positions"]
-        logits, predicted = module(batch["input_ids"], batch["attention_mask"], batch["features"], positions)  # [S, P, K|H]
+        logits, predicted = module(
+            batch["input_ids"], batch["attention_mask"], batch["features"], positions
+        )  # [S, P, K|H]
         scored = pass_positions(positions, logits.shape[0])[:, positions]  # [S, P]
         # [P, H]: the last state, which the drafter predicts and the head reads (the last slot of n·H)
-        features = batch["features"][positions][:, -predicted.shape[-1]:]
+        features = batch["features"][positions][:, -predicted.shape[-1] :]
         weight = self.cfg.train.feature_loss_weight
         total = logits.new_zeros(())
         if self.job == "distill":
@@ -170,12 +190,16 @@ class Objective:
             if self.job == "finetune":
                 total = total + F.cross_entropy(logits[j][mine], labels[mine], reduction="sum")
             else:
-                total = total + self.loss_fn(logits[j][mine], teacher[mine], None, temperature=self.tau, reduction="sum", **self.loss_kwargs)
+                total = total + self.loss_fn(
+                    logits[j][mine], teacher[mine], None, temperature=self.tau, reduction="sum", **self.loss_kwargs
+                )
             if weight:
                 total = total + weight * feature_regression_sum(predicted[j][mine], features[mine])
         return total
 
-    def _scored_logits(self, module: torch.nn.Module, cache: TeacherCache, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _scored_logits(
+        self, module: torch.nn.Module, cache: TeacherCache, indices: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """`[S, P, K]` drafter logits at the loss positions of `cache`'s sequences `indices` (S
         unrolled passes for a feature drafter, 1 otherwise) and the `[S, P]` mask of positions
         each pass can score."""
@@ -189,7 +213,9 @@ class Objective:
         logits, _ = module(input_ids, attention_mask, features, positions)
         return logits, pass_positions(positions, logits.shape[0])[:, positions]
 
-    def _greedy_hits(self, module: torch.nn.Module, cache: TeacherCache, indices: list[int], argmax: torch.Tensor) -> torch.Tensor:
+    def _greedy_hits(
+        self, module: torch.nn.Module, cache: TeacherCache, indices: list[int], argmax: torch.Tensor
+    ) -> torch.Tensor:
         """`[2]`: how many scored positions of `cache`'s sequences `indices` the drafter's argmax is
         the target's `argmax` `[P]` at, and how many positions were scored (all passes)."""
         totals = torch.zeros(2, device=self.accelerator.device)
@@ -220,7 +246,9 @@ class Objective:
             totals[3:] = self._greedy_hits(module, self.teacher.train_cache, self.train_indices, self.train_argmax)
         row = 0
         for start in range(0, len(self.my_indices), 8):
-            logits, scored = self._scored_logits(module, self.teacher.heldout, self.my_indices[start : start + 8])  # [S, P, K], [S, P]
+            logits, scored = self._scored_logits(
+                module, self.teacher.heldout, self.my_indices[start : start + 8]
+            )  # [S, P, K], [S, P]
             count = logits.shape[1]
             p = self.heldout_p[row : row + count].to(logits.device, torch.float32)
             greedy = self._agrees(logits, self.heldout_argmax[row : row + count]).float()

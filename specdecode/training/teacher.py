@@ -1,9 +1,8 @@
 """What the target says about the training sequences (specdecode.training.sequences), computed
 once and cached.
 
-On a CPU the target's no-grad forward costs more than the drafter's whole training step (NOTES.md:
-~250 training tokens/s when it is recomputed every step), so every target forward is paid once per
-training sequence and stored.
+On a CPU the target's no-grad forward costs more than the drafter's whole training step, so every
+target forward is paid once per training sequence and stored.
 
 What is stored. Full-vocabulary logits would be 25 MB per 128-token sequence for SmolLM2 (49,152
 ids, fp32). The cache keeps, per loss position, the target's **top-k logits and their ids** (k =
@@ -44,8 +43,8 @@ from transformers import PreTrainedModel
 from specdecode.core.atomic import write_atomic
 from specdecode.data.config import DataConfig
 from specdecode.models.config import SMOKE_TARGET, TargetConfig
+from specdecode.models.feature_drafter import target_features
 from specdecode.models.gguf_cache import DEFAULT_TARGET
-from specdecode.models.feature_drafter import LAST_FEATURE, target_features
 from specdecode.training.config import TrainConfig
 from specdecode.training.sequences import TrainSequence
 
@@ -82,6 +81,7 @@ class TeacherCache:
 
 def concat_caches(parts: Sequence[TeacherCache]) -> TeacherCache:
     """One cache holding `parts`' sequences one part after another (a mix of domain caches)."""
+
     def offsets(counts: list[int]) -> torch.Tensor:
         return torch.tensor([0, *counts]).cumsum(0)
 
@@ -112,7 +112,10 @@ def pad_batch(sequences: Sequence[TrainSequence], pad_id: int) -> tuple[torch.Te
 
 @torch.no_grad()
 def _target_outputs(
-    target: PreTrainedModel, sequences: Sequence[TrainSequence], pad_id: int, logits: bool = True,
+    target: PreTrainedModel,
+    sequences: Sequence[TrainSequence],
+    pad_id: int,
+    logits: bool = True,
     feature_layers: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """One forward over `sequences`: `[Σ num_targets, V]` fp32 logits at the loss positions (None
@@ -131,7 +134,11 @@ def _target_outputs(
 
 
 def score_topk(
-    target: PreTrainedModel, sequences: Sequence[TrainSequence], k: int, pad_id: int, *,
+    target: PreTrainedModel,
+    sequences: Sequence[TrainSequence],
+    k: int,
+    pad_id: int,
+    *,
     features: Sequence[int] | None = None,
 ) -> TeacherCache:
     """Run the target over `sequences` (batches of `SCORE_BATCH`) and keep its top-k logits and,
@@ -141,10 +148,15 @@ def score_topk(
     if (k == 0 and features is None) or not sequences:
         return sequences_only(sequences, k)
     ids, values, hidden = [], [], []
-    for start in tqdm(range(0, len(sequences), SCORE_BATCH), desc="target forward (teacher cache)", leave=False,
-                      disable=len(sequences) <= 4 * SCORE_BATCH):
-        logits, batch_hidden = _target_outputs(target, sequences[start : start + SCORE_BATCH], pad_id, logits=k > 0,
-                                               feature_layers=features)
+    for start in tqdm(
+        range(0, len(sequences), SCORE_BATCH),
+        desc="target forward (teacher cache)",
+        leave=False,
+        disable=len(sequences) <= 4 * SCORE_BATCH,
+    ):
+        logits, batch_hidden = _target_outputs(
+            target, sequences[start : start + SCORE_BATCH], pad_id, logits=k > 0, feature_layers=features
+        )
         if logits is not None:
             top = logits.topk(min(k, logits.shape[-1]), dim=-1)
             ids.append(top.indices.to(torch.int32).cpu())
@@ -154,7 +166,10 @@ def score_topk(
     if k == 0:
         return feature_cache(sequences, hidden)
     return TeacherCache(
-        list(sequences), torch.tensor([0] + [s.num_targets for s in sequences]).cumsum(0), torch.cat(ids), torch.cat(values),
+        list(sequences),
+        torch.tensor([0] + [s.num_targets for s in sequences]).cumsum(0),
+        torch.cat(ids),
+        torch.cat(values),
         torch.cat(hidden) if features is not None else None,
         torch.tensor([0] + [len(s.tokens) for s in sequences]).cumsum(0) if features is not None else None,
     )
@@ -164,7 +179,9 @@ def sequences_only(sequences: Sequence[TrainSequence], k: int = 0) -> TeacherCac
     """A cache of `sequences` with nothing the target said about them (k empty logit columns)."""
     counts = torch.tensor([0] + [s.num_targets for s in sequences])
     total = int(counts.sum())
-    return TeacherCache(list(sequences), counts.cumsum(0), torch.zeros(total, k, dtype=torch.int32), torch.zeros(total, k))
+    return TeacherCache(
+        list(sequences), counts.cumsum(0), torch.zeros(total, k, dtype=torch.int32), torch.zeros(total, k)
+    )
 
 
 def feature_cache(sequences: Sequence[TrainSequence], features: Sequence[torch.Tensor]) -> TeacherCache:
@@ -176,14 +193,20 @@ def feature_cache(sequences: Sequence[TrainSequence], features: Sequence[torch.T
     cache.features = torch.cat(list(features)).half()
     cache.token_offsets = torch.tensor([0] + [len(s.tokens) for s in sequences]).cumsum(0)
     if cache.features.shape[0] != int(cache.token_offsets[-1]):
-        raise ValueError(f"features have {cache.features.shape[0]} rows for {int(cache.token_offsets[-1])} tokens "
-                         f"of {len(sequences)} sequences")
+        raise ValueError(
+            f"features have {cache.features.shape[0]} rows for {int(cache.token_offsets[-1])} tokens "
+            f"of {len(sequences)} sequences"
+        )
     return cache
 
 
 @torch.no_grad()
 def heldout_targets(
-    target: PreTrainedModel, sequences: Sequence[TrainSequence], draft_ids: torch.Tensor, temperature: float, pad_id: int
+    target: PreTrainedModel,
+    sequences: Sequence[TrainSequence],
+    draft_ids: torch.Tensor,
+    temperature: float,
+    pad_id: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """What held-out acceptance is measured against, at every loss position (`P = Σ num_targets`):
     `[P, K]` fp16, the target's exact full-vocabulary probabilities at `temperature` (0 → 1) at the
@@ -199,8 +222,14 @@ def heldout_targets(
 
 
 def cache_key(
-    target: TargetConfig, data: DataConfig, train: TrainConfig, split: str, topk: int, limit: int | None,
-    features: Sequence[int] | None = None, dtype: str = "float32",
+    target: TargetConfig,
+    data: DataConfig,
+    train: TrainConfig,
+    split: str,
+    topk: int,
+    limit: int | None,
+    features: Sequence[int] | None = None,
+    dtype: str = "float32",
 ) -> str:
     """Everything the cached sequences and logits depend on, hashed: a changed field is a new file.
 
@@ -208,21 +237,28 @@ def cache_key(
     the held-out and fine-tuning caches use other values than the training fields; `dtype` is the
     job's (the target's logits and continuations in bfloat16 are not those in float32)."""
     fields = {
-        "version": CACHE_VERSION, "split": split, "target": asdict(target), "dtype": dtype, "data": asdict(data),
-        "seq_source": train.seq_source, "max_prompt_tokens": train.max_prompt_tokens, "max_len": train.max_len,
-        "max_new_tokens": train.max_new_tokens, "topk": topk,
-        "limit": limit, "seed": train.seed if train.seq_source == "target" else None,
+        "version": CACHE_VERSION,
+        "split": split,
+        "target": asdict(target),
+        "dtype": dtype,
+        "data": asdict(data),
+        "seq_source": train.seq_source,
+        "max_prompt_tokens": train.max_prompt_tokens,
+        "max_len": train.max_len,
+        "max_new_tokens": train.max_new_tokens,
+        "topk": topk,
+        "limit": limit,
+        "seed": train.seed if train.seq_source == "target" else None,
         # the temperatures the continuations were sampled at; the loss's temperature is not in the
         # cache (the logits are stored raw), so distilling at another one reuses it
-        "generation_temperatures": (train.seq_temperatures or [train.temperature]) if train.seq_source == "target" else None,
-        # the last state only hashes as before multi-layer features, so those caches stay valid
-        "features": (tuple(features) == LAST_FEATURE or list(features)) if features is not None else False,
+        "generation_temperatures": (train.seq_temperatures or [train.temperature])
+        if train.seq_source == "target"
+        else None,
+        "features": list(features) if features is not None else None,
+        # a batch's sampled continuations draw from one seeded generator, so another batching samples others
+        "generation_batch": train.generation_batch if train.seq_source == "target" else None,
         "content": content_fingerprint(target, data),
     }
-    # A batch's sampled continuations draw from one seeded generator, so another batching samples
-    # others; the default is left out of the hash, so the caches written before it stay valid.
-    if train.seq_source == "target" and train.generation_batch != TrainConfig.generation_batch:
-        fields["generation_batch"] = train.generation_batch
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
