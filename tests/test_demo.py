@@ -348,7 +348,7 @@ def test_distill_per_domain_reaches_that_domains_job_alone(tmp_path) -> None:
     assert stages["distill-chat"]["lr"] == 0.25
     assert all(stages[name]["lr"] != 0.25 for name in ("distill-mix", "distill-code", "distill-math"))
     with pytest.raises(ValueError, match="distill_per_domain"):
-        DemoConfig(distill_per_domain={"poetry": []})
+        DemoConfig(distill_per_domain={"bad name!": []})
 
 
 def test_specialists_from_the_generic_drafter_train_after_it_and_start_from_it(tmp_path) -> None:

@@ -130,9 +130,9 @@ def test_the_command_dispatches_to_the_apps(capsys) -> None:
 
 
 def test_launched_stages_run_the_module_where_no_script_is(tmp_path, monkeypatch) -> None:
-    assert launch._program("train/distill.py") == [str(ROOT / "train" / "distill.py")]
+    assert launch._program("train/distill.py", "train") == [str(ROOT / "train" / "distill.py")]
     monkeypatch.setattr(launch, "ROOT", tmp_path)
-    assert launch._program("eval/acceptance.py") == ["-m", "specdecode.pipeline.cli", "eval"]
+    assert launch._program("eval/acceptance.py", "eval") == ["-m", "specdecode.pipeline.cli", "eval"]
 
 
 @pytest.mark.slow

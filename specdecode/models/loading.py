@@ -108,9 +108,11 @@ def load_model(
         from specdecode.models.smoke import smoke_target, smoke_tokenizer
 
         return _placed(smoke_target(), torch_dtype, device, skinny_matmul), smoke_tokenizer()
-    source = _resolve_source(name_or_path)
-    if revision is not None and isinstance(source, Path):
+    if revision is not None and (
+        str(name_or_path) == DEFAULT_TARGET or Path(os.fspath(name_or_path)).expanduser().exists()
+    ):
         raise ValueError(f"revision={revision!r} applies to hub ids; {str(name_or_path)!r} is local")
+    source = _resolve_source(name_or_path)
     if device_map is not None and (device_map != "auto" or device.type != "cuda"):
         raise ValueError(
             f"device_map={device_map!r} spreads a model over GPUs: it needs device=cuda (got {device}) "
