@@ -373,6 +373,7 @@ def test_specialists_from_the_generic_drafter_train_after_it_and_start_from_it(t
         smoke_config(str(out), ["specialists_from=mix"])
 
 
+@pytest.mark.slow  # the fast wiring test above checks specialists_from; this runs the whole chain
 def test_smoke_pipeline_with_specialists_from_scratch(tmp_path) -> None:
     """The demo's default is specialists_from=generic (test_smoke_pipeline_end_to_end_and_cached);
     scratch trains every drafter fresh, the domains first."""

@@ -294,7 +294,10 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "drafter",
-    [(), ("drafter.kind=feature", "train.seq_source=target", "train.feature_noise=0.5")],
+    [
+        pytest.param((), marks=pytest.mark.slow),  # the feature case resumes the same loop and more state
+        ("drafter.kind=feature", "train.seq_source=target", "train.feature_noise=0.5"),
+    ],
     ids=["slice", "feature-with-noise"],
 )
 def test_resume_after_sigkill_ends_at_the_same_weights(tmp_path: Path, drafter: tuple[str, ...]) -> None:
