@@ -26,7 +26,7 @@ MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 75
 # Over the limits, capped at their size so they cannot grow. Lower a cap, or drop its entry, when
 # its module or function shrinks.
-MODULE_LINE_CAPS: dict[str, int] = {"specdecode.training.job": 415}
+MODULE_LINE_CAPS: dict[str, int] = {}
 FUNCTION_LINE_CAPS: dict[str, int] = {
     "specdecode.models.card.render_card": 96,
     "specdecode.models.card.training_facts": 76,
@@ -34,7 +34,7 @@ FUNCTION_LINE_CAPS: dict[str, int] = {
     "specdecode.routing.fit.run_fit": 77,
     "specdecode.routing.labels.teacher_forced_acceptance": 83,
     "specdecode.training.job._run": 87,
-    "specdecode.training.job._teacher": 78,
+    "specdecode.training.job_data.job_teacher": 78,
 }
 
 SMOKE_MODEL = "specdecode.models.smoke"

@@ -862,13 +862,13 @@ def test_a_feature_drafters_continuations_and_features_take_one_target_pass(
     the continuations: no scoring forward runs (score_topk), and they equal what a forward over the
     finished sequences gives (fp16), except the last token's row, which the target never read: zero
     (budgets stop each continuation within `max_len`, so no sequence is cut after a read token)."""
-    import specdecode.training.job
+    import specdecode.training.job_data
     from specdecode.training.teacher import load_cache
 
     def no_forward(*args, **kwargs):
         raise AssertionError("a second target pass scored the continuations")
 
-    monkeypatch.setattr(specdecode.training.job, "score_topk", no_forward)
+    monkeypatch.setattr(specdecode.training.job_data, "score_topk", no_forward)
     cfg = smoke_cfg(
         tmp_path,
         "drafter.kind=feature",

@@ -20,11 +20,9 @@ spot. Nothing can be cached there, so such a step costs a drafter generation plu
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import json
 import time
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -38,13 +36,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from specdecode.core.atomic import atomic_folder, write_atomic
 from specdecode.core.devices import autocast_dtype, placed_accelerator, resolve_mixed_precision
 from specdecode.core.locking import locks_output_dir
-from specdecode.data.config import DataConfig
 from specdecode.decoding.gamma import choose_gamma
 from specdecode.models.card import push_to_hub, write_training_card
-from specdecode.models.compat import default_eos
 from specdecode.models.cpu_matmul import kernel_picks
 from specdecode.models.feature_drafter import FeatureDrafter
-from specdecode.models.loading import build_drafter, cast_copy, check_drafter_tokenizer, load_target, reads_features
+from specdecode.models.loading import build_drafter, check_drafter_tokenizer, load_target
 from specdecode.training.checkpoints import (
     LoopState,
     check_checkpoints,
@@ -54,6 +50,7 @@ from specdecode.training.checkpoints import (
 )
 from specdecode.training.config import TrainJobConfig
 from specdecode.training.feature_training import FeatureDrafterLogits
+from specdecode.training.job_data import data_dtype, dtype_name, job_teacher
 from specdecode.training.loop import (
     DrafterLogits,
     MetricsLogger,
@@ -64,24 +61,7 @@ from specdecode.training.loop import (
 )
 from specdecode.training.objective import Objective, Teacher
 from specdecode.training.sequences import (
-    build_sequences,
     decoding_prompts,
-    domain_limit,
-    domain_parts,
-    effective_limit,
-    load_examples,
-    mix_shares,
-    pool_size,
-)
-from specdecode.training.teacher import (
-    TeacherCache,
-    cache_key,
-    concat_caches,
-    feature_cache,
-    load_cache,
-    save_cache,
-    score_topk,
-    sequences_only,
 )
 
 
@@ -98,23 +78,6 @@ def run_finetune(cfg: TrainJobConfig) -> dict[str, Any]:
 def _check_environment(cfg: TrainJobConfig) -> None:
     if cfg.logger == "wandb" and importlib.util.find_spec("wandb") is None:
         raise ImportError("logger=wandb needs the wandb package, which is not installed: pip install wandb")
-
-
-def _cached(path: Path, build: Any, accelerator: Accelerator) -> TeacherCache:
-    """Load `path`, or build it on the main process first (the others then read the file).
-
-    One barrier per call on every process. A cache built from another cache (the scored sequences
-    from the generated ones) reads or writes the inner one without a barrier, never a nested
-    `_cached`: only the main process runs a build, so a nested barrier would be one the others
-    never reach.
-    """
-    with accelerator.main_process_first():
-        if path.is_file():
-            return load_cache(path)
-        cache = build()
-        if accelerator.is_main_process:
-            save_cache(cache, path)
-        return cache
 
 
 @locks_output_dir
@@ -154,7 +117,7 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
 
     # 1. sequences and the target's outputs on them, cached; 2. the drafter and what is trained
     cache_start = time.perf_counter()
-    teacher = _teacher(cfg, job, target, tokenizer, accelerator)
+    teacher = job_teacher(cfg, job, target, tokenizer, accelerator)
     drafter = _trainable_drafter(cfg, teacher, tokenizer)
     objective = Objective(cfg, job, teacher, drafter, accelerator)
     cache_seconds = time.perf_counter() - cache_start
@@ -242,99 +205,6 @@ def _choose_gamma(
     return figures
 
 
-def _teacher(
-    cfg: TrainJobConfig, job: str, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, accelerator: Accelerator
-) -> Teacher:
-    """The training and held-out sequences and the target's outputs on them, each cached once
-    (finetune needs no logits: k = 0; a feature drafter's teacher is the frozen head on the cached
-    features, so it needs none either)."""
-    train = cfg.train
-    cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else Path(cfg.output_dir).parent / "teacher_cache"
-    eos = default_eos(target)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
-    layers = reads_features(cfg.drafter)
-    topk = train.teacher_topk if job == "distill" and layers is None else 0
-    # The training split is written (and scored) by the target in train.data_precision (a cast copy,
-    # made only if a cache has to be built); the held-out split, which model selection measures
-    # against, by the target as loaded. A dtype is part of a cache's key.
-    data_dtype = _data_dtype(train.data_precision, target)
-    data_target = functools.cache(lambda: cast_copy(target, data_dtype))
-
-    def split_target(split: str) -> tuple[Callable[[], PreTrainedModel], str]:
-        if split == "train" and data_dtype != target.dtype:
-            return data_target, _dtype_name(data_dtype)
-        return lambda: target, cfg.dtype
-
-    def written(data: DataConfig, split: str, limit: int | None) -> TeacherCache:
-        """The split's sequences, cached apart from what is scored on them (one set of costly
-        target continuations for drafters of either kind); a feature drafter writing them takes
-        the features from the same passes (`build_sequences`: one target pass, not two)."""
-        model, dtype = split_target(split)
-        path = cache_dir / f"sequences-{split}-{cache_key(cfg.target, data, train, split, 0, limit, dtype=dtype)}.pt"
-        if path.is_file():
-            return load_cache(path)
-        sequences, read = build_sequences(
-            load_examples(data, split),
-            tokenizer,
-            model(),
-            train,
-            eos,
-            limit,
-            layers if train.seq_source == "target" else None,
-        )
-        if accelerator.is_main_process:
-            save_cache(sequences_only(sequences), path)
-        return sequences_only(sequences) if read is None else feature_cache(sequences, read)
-
-    def domain_scored(data: DataConfig, split: str, name: str, k: int, limit: int | None) -> TeacherCache:
-        model, dtype = split_target(split)
-
-        def build() -> TeacherCache:
-            cache = written(data, split, limit)
-            return (
-                cache
-                if cache.features is not None
-                else score_topk(model(), cache.sequences, k, pad_id, features=layers)
-            )
-
-        return _cached(
-            cache_dir / f"{name}-{cache_key(cfg.target, data, train, split, k, limit, layers, dtype)}.pt",
-            build,
-            accelerator,
-        )
-
-    def scored(split: str, name: str, k: int, limit: int | None) -> TeacherCache:
-        """A domain's cache, or a mix's: its domains' own caches (`domain_parts`), each domain's
-        share of the first `limit` interleaved sequences, so a generic drafter trained beside the
-        domain drafters costs no target pass of its own."""
-        # A cache is keyed by the sequences it holds: a limit past a domain's examples names the
-        # same cache as their count (a mix's shares never pass them), so a mix finds its domains'.
-        if not cfg.data.is_mix:
-            limit = domain_limit(train, cfg.data.name, split, limit)
-            return domain_scored(cfg.data, split, name, k, effective_limit(limit, pool_size(cfg.data, train, split)))
-        shares = mix_shares(cfg.data, train, split, limit)
-        return concat_caches(
-            [domain_scored(part, split, name, k, n) for part, n in zip(domain_parts(cfg.data), shares)]
-        )
-
-    train_cache = scored("train", f"{job}-train", topk, train.train_sequences)
-    heldout = scored("heldout", "heldout", 0, train.heldout_sequences)
-    if not train_cache.sequences or not heldout.sequences:
-        where = f"data.path={cfg.data.path!r}" if cfg.data.source == "file" else f"data.name={cfg.data.name!r}"
-        raise ValueError(f"{where}: no usable {'train' if not train_cache.sequences else 'held-out'} sequences")
-    return Teacher(target, train_cache, heldout, pad_id, eos, topk, layers is not None)
-
-
-def _data_dtype(precision: str, target: PreTrainedModel) -> torch.dtype:
-    """The dtype `train.data_precision` asks the target to write training data in (`no`: its own)."""
-    return autocast_dtype(resolve_mixed_precision(precision, target.device)) or target.dtype
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    """`torch.bfloat16` → "bfloat16", as configs spell dtypes."""
-    return str(dtype).removeprefix("torch.")
-
-
 def _trainable_drafter(cfg: TrainJobConfig, teacher: Teacher, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
     """The drafter the config names (its truncated vocabulary picked from the training sequences),
     in train mode, with the embeddings and head frozen as asked."""
@@ -377,7 +247,7 @@ def _metrics(
         "draft_vocab": len(objective.draft_ids),
         "num_processes": accelerator.num_processes,
         "mixed_precision": resolve_mixed_precision(train.mixed_precision, accelerator.device),
-        "data_dtype": _dtype_name(_data_dtype(train.data_precision, teacher.target)),
+        "data_dtype": dtype_name(data_dtype(train.data_precision, teacher.target)),
         "drafter_kind": "feature" if teacher.features else "slice",
         "select_temperature": train.select_temperature,
         "selection_metric": "greedy acceptance"
