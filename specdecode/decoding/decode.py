@@ -19,7 +19,7 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel
 
-from specdecode.decoding.cache import RaggedKVCache, cached_forward
+from specdecode.decoding.cache import RaggedKVCache, cached_forward, padded_prompts
 from specdecode.decoding.compiled import check_core
 from specdecode.decoding.drafting import Drafting, drafting_for, last_tokens
 from specdecode.decoding.lookup import DEFAULT_LOOKUP, PromptLookup
@@ -52,11 +52,7 @@ class _Batch:
     ) -> _Batch:
         prompt_lengths = [len(p) for p in prompts]
         capacity = max(n + b for n, b in zip(prompt_lengths, budgets)) + slack
-        tokens = torch.zeros(len(prompts), capacity, dtype=torch.long)
-        for i, prompt in enumerate(prompts):
-            tokens[i, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
-        lengths = torch.tensor(prompt_lengths, dtype=torch.long)
-        limits = lengths + torch.tensor(budgets, dtype=torch.long)
+        tokens, lengths, limits = padded_prompts(prompts, budgets, capacity)
         return cls(
             tokens.to(device),
             lengths.to(device),

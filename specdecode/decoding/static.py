@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from specdecode.decoding.cache import cached_forward
+from specdecode.decoding.cache import cached_forward, padded_prompts
 from specdecode.decoding.compiled import compiled, eager_passes, mark_step
 from specdecode.decoding.drafting import drafting_for
 from specdecode.decoding.lookup import PromptLookup
@@ -81,11 +81,7 @@ class _Rows:
         prompt_lengths = [len(p) for p in prompts]
         needed = max(n + b for n, b in zip(prompt_lengths, budgets)) + slack
         capacity = max(MIN_CAPACITY, 1 << (needed - 1).bit_length())
-        tokens = torch.zeros(len(prompts), capacity, dtype=torch.long)
-        for i, prompt in enumerate(prompts):
-            tokens[i, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
-        lengths = torch.tensor(prompt_lengths, dtype=torch.long)
-        limits = lengths + torch.tensor(budgets, dtype=torch.long)
+        tokens, lengths, limits = padded_prompts(prompts, budgets, capacity)
         return cls(
             tokens.to(device),
             lengths.to(device),
