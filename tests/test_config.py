@@ -73,6 +73,7 @@ APP_SCHEMAS = {
     "eval": "EvalConfig",
     "demo": "DemoConfig",
     "demo_smoke": "DemoConfig",
+    "watch": "WatchConfig",
 }
 
 

@@ -12,7 +12,7 @@ features it reads) is in decoding/drafting.py (the `Drafting` protocol); the loo
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -23,6 +23,7 @@ from specdecode.decoding.cache import RaggedKVCache, cached_forward, padded_prom
 from specdecode.decoding.compiled import check_core
 from specdecode.decoding.drafting import Drafting, drafting_for, last_tokens
 from specdecode.decoding.lookup import DEFAULT_LOOKUP, PromptLookup
+from specdecode.decoding.record import Recorder, StepEvent, check_record
 from specdecode.decoding.sampling import SamplingParams, logits_to_probs, next_tokens
 from specdecode.decoding.static import autoregressive_generate_static, speculative_generate_static
 from specdecode.decoding.stats import GenerationResult, StepCounters
@@ -122,15 +123,19 @@ class _RowState(Protocol):
 class _Finisher:
     """Collects finished rows' outputs and drops them from the batch and the caches."""
 
-    def __init__(self, num_rows: int) -> None:
+    def __init__(self, num_rows: int, recorder: Recorder | None = None) -> None:
         self.sequences: list[list[int] | None] = [None] * num_rows
+        self.recorder = recorder
 
     def step(self, batch: _Batch, finished: torch.Tensor, caches: Sequence[_RowState]) -> int | None:
         """Between steps: retire finished rows; return the longest row's length, None once all are done.
 
-        The one host sync of a step: which rows finished, and how long the longest row is.
+        The one host sync of a step: which rows finished, and how long the longest row is (the
+        recorder time-stamps the step there).
         """
         any_finished, max_length = torch.stack([finished.any().long(), batch.lengths.max()]).tolist()
+        if self.recorder is not None:
+            self.recorder.synced()
         if any_finished:
             self._collect(batch, finished, caches)
             if batch.rows.numel() == 0:
@@ -177,6 +182,8 @@ def speculative_generate(
     prompt_lookup: PromptLookup | None = DEFAULT_LOOKUP,
     static: bool = False,
     compile: bool | None = None,
+    record: bool = False,
+    on_step: Callable[[StepEvent], None] | None = None,
 ) -> GenerationResult:
     """Generate from `target` with `drafter` proposing `gamma` tokens per target pass.
 
@@ -192,7 +199,15 @@ def speculative_generate(
     `specdecode.decoding.lookup`); None: the drafter alone. `static=True` runs the static-shape
     core (`specdecode.decoding.static`: fixed caches and pass widths, finished rows masked), and
     `compile` compiles its steps there (None: on for CUDA, `compiled.COMPILE_ON_CPU` on the CPU).
+
+    `record=True` sets `result.record`: one `RowRecord` per prompt (`specdecode.decoding.record`),
+    each step's drafts, accepted count, the target's correction or bonus token, which drafts prompt
+    lookup filled, and when the host saw it. The loop keeps the step's tensors and syncs no more
+    than without it. `on_step(event)` is called after every step with the tokens each row
+    committed (a `StepEvent`), for views that stream: it costs one more host sync per step. Both
+    need the eager core (`static=False`).
     """
+    check_record(record, on_step, static)
     validate_models(target, drafter, prompt_lookup)
     compiled = check_core(static, compile, target.device)
     gamma = drafter_gamma(drafter) if gamma is None else gamma
@@ -200,11 +215,15 @@ def speculative_generate(
         target, prompts, max_new_tokens, temperature, top_k, top_p, eos_token_ids, gamma=gamma
     )
     if max(budgets) == 0:
-        return GenerationResult.build([[] for _ in prompts], StepCounters(gamma, target.device), 0.0)
+        return GenerationResult.empty(prompts, StepCounters(gamma, target.device), record)
     lookup = prompt_lookup if prompt_lookup is not None and prompt_lookup.applies(params.temperature) else None
-    core = speculative_generate_static if static else _speculative_eager
-    return core(
-        target, drafter, prompts, budgets, eos, params, gamma, _generator(seed, target.device), lookup, compiled
+    generator = _generator(seed, target.device)
+    if static:
+        return speculative_generate_static(
+            target, drafter, prompts, budgets, eos, params, gamma, generator, lookup, compiled
+        )
+    return _speculative_eager(
+        target, drafter, prompts, budgets, eos, params, gamma, generator, lookup, record=record, on_step=on_step
     )
 
 
@@ -218,9 +237,11 @@ def _speculative_eager(
     gamma: int,
     generator: torch.Generator | None,
     lookup: PromptLookup | None,
-    compile: bool = False,
+    *,
+    record: bool = False,
+    on_step: Callable[[StepEvent], None] | None = None,
 ) -> GenerationResult:
-    """The eager loop of `speculative_generate`, on checked arguments (`compile` does not apply)."""
+    """The eager loop of `speculative_generate`, on checked arguments."""
     start = time.perf_counter()
     device = target.device
     batch = _Batch.from_prompts(prompts, budgets, slack=gamma + 2, eos=eos, device=device)
@@ -228,14 +249,18 @@ def _speculative_eager(
     drafting: Drafting = drafting_for(drafter, len(prompts), batch.capacity, lookup)
     features = drafting.feature_layers
     counters = StepCounters(gamma, device)
-    finisher = _Finisher(len(prompts))
+    recorder = Recorder(batch.prompt_lengths, start, on_step) if record or on_step is not None else None
+    finisher = _Finisher(len(prompts), recorder)
 
     # 0. prefill: the target's first token is an ordinary sample; the drafter only reads the prompt.
     first, hidden = _prefill(target, target_cache, batch, feature_layers=features)
     drafting.prefill(batch.tokens, batch.lengths, max(batch.prompt_lengths), hidden)
     counters.record_target_call(len(prompts))
     counters.drafter_calls += 1
-    finished = batch.commit(next_tokens(first, params, generator).unsqueeze(1), torch.ones_like(batch.lengths))
+    first_token = next_tokens(first, params, generator)
+    finished = batch.commit(first_token.unsqueeze(1), torch.ones_like(batch.lengths))
+    if recorder is not None:
+        recorder.add(batch.rows, batch.lengths, first_token)
 
     while (max_length := finisher.step(batch, finished, (target_cache, drafting))) is not None:
         target_cache.set_lengths(batch.lengths - 1, max_length - 1)
@@ -259,12 +284,16 @@ def _speculative_eager(
         )
         finished = batch.commit(new_tokens, num_accepted + 1)
         counters.record_step(num_accepted, drafter_calls=gamma)
+        if recorder is not None:
+            recorder.add(batch.rows, batch.lengths, next_token, draft, num_accepted, drafting.last_looked_up)
 
         # 4. trim caches: done at the top of the loop from the committed lengths (rejected drafts'
         # entries stay in their slots, masked, until overwritten).
 
     counters.looked_up = drafting.looked_up
-    return GenerationResult.build(finisher.sequences, counters, time.perf_counter() - start)
+    result = GenerationResult.build(finisher.sequences, counters, time.perf_counter() - start)
+    result.record = recorder.rows() if record and recorder is not None else None
+    return result
 
 
 @torch.inference_mode()
@@ -281,6 +310,8 @@ def autoregressive_generate(
     feature_layers: Sequence[int] | None = None,
     static: bool = False,
     compile: bool | None = None,
+    record: bool = False,
+    on_step: Callable[[StepEvent], None] | None = None,
 ) -> GenerationResult:
     """Target-only decoding on the same caches, batching and stopping rules as `speculative_generate`.
 
@@ -290,14 +321,16 @@ def autoregressive_generate(
     feature drafter then costs one target pass, not a second forward over the text. The last
     generated token is never fed (decoding stops once it is chosen), so its row is zero, as padding
     is: a feature drafter's training never reads a sequence's last feature (its last loss position
-    predicts that token from the one before). `static` / `compile`: as for `speculative_generate`."""
+    predicts that token from the one before). `static` / `compile` / `record` / `on_step`: as for
+    `speculative_generate` (every token's kind is `target`)."""
+    check_record(record, on_step, static)
     compiled = check_core(static, compile, target.device)
     params, budgets, eos, prompts = validate_request(
         target, prompts, max_new_tokens, temperature, top_k, top_p, eos_token_ids
     )
     layers = tuple(feature_layers) if feature_layers is not None else None
     if max(budgets) == 0 and layers is None:
-        return GenerationResult.build([[] for _ in prompts], StepCounters(0, target.device), 0.0)
+        return GenerationResult.empty(prompts, StepCounters(0, target.device), record)
     if static:
         return autoregressive_generate_static(
             target, prompts, budgets, eos, params, _generator(seed, target.device), layers, compiled
@@ -308,24 +341,30 @@ def autoregressive_generate(
     batch = _Batch.from_prompts(prompts, budgets, slack=1, eos=eos, device=device)
     cache = RaggedKVCache.for_model(target, len(prompts), batch.capacity)
     counters = StepCounters(0, device)
-    finisher = _Finisher(len(prompts))
+    recorder = Recorder(batch.prompt_lengths, start, on_step) if record or on_step is not None else None
+    finisher = _Finisher(len(prompts), recorder)
 
     logits, hidden = _prefill(target, cache, batch, feature_layers=layers)
     features = _FeatureRows(hidden, batch.capacity) if hidden is not None else None
     counters.record_target_call(len(prompts))
-    finished = batch.commit(next_tokens(logits, params, generator).unsqueeze(1), torch.ones_like(batch.lengths))
+    token = next_tokens(logits, params, generator)
+    finished = batch.commit(token.unsqueeze(1), torch.ones_like(batch.lengths))
+    if recorder is not None:
+        recorder.add(batch.rows, batch.lengths, token)
     while (max_length := finisher.step(batch, finished, (cache,))) is not None:
         cache.set_lengths(batch.lengths - 1, max_length - 1)
         out = cached_forward(target, cache, batch.last(1), feature_layers=layers)
         logits, hidden = out if layers is not None else (out, None)
         if features is not None:
             features.write(batch.rows, batch.lengths - 1, hidden[:, -1])
-        finished = batch.commit(
-            next_tokens(logits[:, -1], params, generator).unsqueeze(1), torch.ones_like(batch.lengths)
-        )
+        token = next_tokens(logits[:, -1], params, generator)
+        finished = batch.commit(token.unsqueeze(1), torch.ones_like(batch.lengths))
         counters.record_target_call(len(finished))
+        if recorder is not None:
+            recorder.add(batch.rows, batch.lengths, token)
 
     result = GenerationResult.build(finisher.sequences, counters, time.perf_counter() - start)
+    result.record = recorder.rows() if record and recorder is not None else None
     if features is not None:
         result.features = features.rows(batch.prompt_lengths, result.sequences)
     return result

@@ -46,6 +46,8 @@ class Drafting(Protocol):
     feature_layers: tuple[int, ...] | None
     # drafts taken from prompt lookup so far, a 0-d tensor counted on the device (never synced)
     looked_up: torch.Tensor
+    # which of the last `propose`'s drafts prompt lookup filled, `[B, gamma]` bool; None without lookup
+    last_looked_up: torch.Tensor | None
 
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
         """Take in the right-padded prompts `tokens[:, :longest]` (`lengths` `[B]`) and, when
@@ -89,6 +91,7 @@ class SliceDrafting:
         self.cache = RaggedKVCache.for_model(drafter, batch_size, capacity)
         self.lookup = lookup
         self.looked_up = torch.zeros((), dtype=torch.long, device=drafter.device)
+        self.last_looked_up: torch.Tensor | None = None
 
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
         """Cache the right-padded prompts `tokens[:, :longest]` (the first token is not yet committed)."""
@@ -111,7 +114,9 @@ class SliceDrafting:
         for _ in range(gamma):
             logits = cached_forward(self.drafter, self.cache, drafter_input, logits_to_keep=1)[:, -1]
             drafter_input = step.add(logits, *_draw(logits, params, generator)).unsqueeze(1)
-        return step.result()
+        result = step.result()
+        self.last_looked_up = step.used_mask
+        return result
 
     def observe(self, features: torch.Tensor | None, start: torch.Tensor) -> None:
         """A slice drafter reads no target features."""
@@ -129,6 +134,7 @@ class FeatureDrafting:
         self.drafter = drafter
         self.lookup = lookup
         self.looked_up = torch.zeros((), dtype=torch.long, device=drafter.device)
+        self.last_looked_up: torch.Tensor | None = None
         self.feature_layers: tuple[int, ...] | None = drafter.feature_layers
         self.capacity = capacity
         self.cache = RaggedKVCache.for_model(drafter, batch_size, capacity)
@@ -197,7 +203,9 @@ class FeatureDrafting:
             if i + 1 < gamma:
                 fed = feed_back(feature, self.features.shape[-1])
                 feature = cached_call(self.cache, 1, self.drafter.dtype, lambda **kw: self.drafter(fed, draft, **kw))
-        return step.result()
+        result = step.result()
+        self.last_looked_up = step.used_mask
+        return result
 
     def observe(self, features: torch.Tensor | None, start: torch.Tensor) -> None:
         """Store the verify pass's features `[B, W, n·H]` at positions `start[b] + w`."""
@@ -236,6 +244,8 @@ class _Drafts:
         self.drafts: list[torch.Tensor] = []
         self.q: list[torch.Tensor | None] = []
         self.used: list[torch.Tensor] = []
+        # which drafts lookup filled, `[B, gamma]` bool, once `result` ran (None without lookup)
+        self.used_mask: torch.Tensor | None = None
 
     def add(self, logits: torch.Tensor, q: torch.Tensor | None, draft: torch.Tensor) -> torch.Tensor:
         """Record a step's drawn `draft` `[B]` (drawn from `q` `[B, K]`, None when greedy, given
@@ -254,6 +264,7 @@ class _Drafts:
         the looked-up ones."""
         drafts = torch.stack(self.drafts, dim=1)
         used = torch.stack(self.used, dim=1) if self.used else None
+        self.used_mask = used
         if used is not None:
             self.looked_up += used.sum()
         if self.q[0] is None:

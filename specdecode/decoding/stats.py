@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
+
+from specdecode.decoding.record import RowRecord
 
 
 class StepCounters:
@@ -70,11 +73,13 @@ class DecodeStats:
 @dataclass
 class GenerationResult:
     """`sequences[i]`: the ids generated for prompt i (EOS included when hit), `stats`: see DecodeStats,
-    `features`: the target's features per prompt when asked for (`autoregressive_generate`)."""
+    `features`: the target's features per prompt when asked for (`autoregressive_generate`),
+    `record`: how each token came, per prompt, when asked for (`specdecode.decoding.record`)."""
 
     sequences: list[list[int]]
     stats: DecodeStats = field(repr=False)
     features: list[torch.Tensor] | None = field(default=None, repr=False)
+    record: list[RowRecord] | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, sequences: list[list[int] | None], counters: StepCounters, wall_time_s: float) -> GenerationResult:
@@ -107,3 +112,10 @@ class GenerationResult:
             looked_up=int(counters.looked_up),
         )
         return cls(sequences=sequences, stats=stats)  # type: ignore[arg-type]
+
+    @classmethod
+    def empty(cls, prompts: Sequence[Sequence[int]], counters: StepCounters, record: bool) -> GenerationResult:
+        """The result of a decode whose every budget is 0 (no model call); empty records if asked."""
+        result = cls.build([[] for _ in prompts], counters, 0.0)
+        result.record = [RowRecord(len(p)) for p in prompts] if record else None
+        return result

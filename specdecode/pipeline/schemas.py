@@ -15,6 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from specdecode.evaluation.config import BenchmarkConfig, EvalConfig
+from specdecode.evaluation.watch import WatchConfig
 from specdecode.pipeline.config import CONF_DIR, DemoConfig
 from specdecode.routing.config import CollectConfig, FitRouterConfig
 from specdecode.training.config import TrainJobConfig
@@ -27,6 +28,7 @@ SCHEMAS: dict[str, type] = {
     "fit_router_schema": FitRouterConfig,  # fit_router.yaml (fit_router_smoke.yaml extends it)
     "eval_schema": EvalConfig,
     "demo_schema": DemoConfig,  # demo.yaml (demo_smoke.yaml extends it)
+    "watch_schema": WatchConfig,
 }
 
 

@@ -8,13 +8,14 @@ in the caller's order.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from transformers import PreTrainedModel
 
 from specdecode.decoding.decode import autoregressive_generate, speculative_generate
+from specdecode.decoding.record import RowRecord, StepEvent
 from specdecode.decoding.stats import GenerationResult
 from specdecode.routing.router import NO_DRAFTER, Router
 
@@ -23,13 +24,15 @@ from specdecode.routing.router import NO_DRAFTER, Router
 class RoutedGeneration:
     """`sequences[i]` and `drafters[i]`: output and chosen drafter of prompt i, in the caller's order;
     `groups[name]`: the prompt indices routed to `name`; `results[name]`: that group's run (its
-    `.stats` are the group's); `routing_time_s`: embedding + MLP for the whole batch."""
+    `.stats` are the group's); `routing_time_s`: embedding + MLP for the whole batch; `records[i]`:
+    prompt i's `RowRecord`, its `drafter` named, when decoded with `record=True`."""
 
     sequences: list[list[int]]
     drafters: list[str]
     groups: dict[str, list[int]]
     results: dict[str, GenerationResult]
     routing_time_s: float
+    records: list[RowRecord] | None = None
 
 
 def match_drafters(
@@ -73,7 +76,9 @@ def route_and_generate(
         prompts: N token-id lists, a ragged batch.
         texts: N prompt texts for the router.
         max_new_tokens: one budget or one per prompt.
-        **decode_kwargs: passed to every `speculative_generate` (gamma, temperature, seed, ...).
+        **decode_kwargs: passed to every `speculative_generate` (gamma, temperature, seed, ...);
+            with `record=True` each row's record names its drafter; an `on_step` callback sees
+            `StepEvent.rows` as indices into `prompts`.
 
     Returns:
         `RoutedGeneration`, in the caller's order.
@@ -95,22 +100,39 @@ def route_and_generate(
     routing_time_s = time.perf_counter() - start
 
     sequences: list[list[int]] = [[] for _ in prompts]
+    records: list[RowRecord] = [RowRecord(len(p)) for p in prompts]
     groups: dict[str, list[int]] = {}
     results: dict[str, GenerationResult] = {}
+    on_step = decode_kwargs.pop("on_step", None)
     for k, (name, drafter) in enumerate(zip(router.drafters, models)):
         rows = [i for i, choice in enumerate(choices) if choice == k]
         if not rows:
             continue
+        kwargs = decode_kwargs | ({"on_step": _in_caller_rows(on_step, rows)} if on_step is not None else {})
         if drafter is None:  # the no-drafter route: plain decoding, on the same machinery
-            plain = {k: v for k, v in decode_kwargs.items() if k not in ("gamma", "prompt_lookup")}
+            plain = {k: v for k, v in kwargs.items() if k not in ("gamma", "prompt_lookup")}
             result = autoregressive_generate(
                 target, [prompts[i] for i in rows], max_new_tokens=[budgets[i] for i in rows], **plain
             )
         else:
             result = speculative_generate(
-                target, drafter, [prompts[i] for i in rows], max_new_tokens=[budgets[i] for i in rows], **decode_kwargs
+                target, drafter, [prompts[i] for i in rows], max_new_tokens=[budgets[i] for i in rows], **kwargs
             )
         groups[name], results[name] = rows, result
-        for i, sequence in zip(rows, result.sequences):
+        for j, (i, sequence) in enumerate(zip(rows, result.sequences)):
             sequences[i] = sequence
-    return RoutedGeneration(sequences, [router.drafters[k] for k in choices], groups, results, routing_time_s)
+            if result.record is not None:
+                records[i] = replace(result.record[j], drafter=name)
+    return RoutedGeneration(
+        sequences,
+        [router.drafters[k] for k in choices],
+        groups,
+        results,
+        routing_time_s,
+        records if decode_kwargs.get("record") else None,
+    )
+
+
+def _in_caller_rows(on_step: Callable[[StepEvent], None], rows: list[int]) -> Callable[[StepEvent], None]:
+    """`on_step` for one group's decode: its events' rows mapped to the caller's prompt indices."""
+    return lambda event: on_step(replace(event, rows=[rows[r] for r in event.rows]))

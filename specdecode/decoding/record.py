@@ -1,0 +1,219 @@
+"""The per-token record of a decode: for each row and step, what was drafted, what the target kept.
+
+Terms (as the loop in decode.py uses them): a step drafts gamma tokens and the target verifies
+them in one pass; the first `accepted` drafts are kept, then the target's own token: a
+*correction* where it rejected a draft, a *bonus* where it accepted all gamma. A draft that prompt
+lookup proposed (`specdecode.decoding.lookup`) and the target accepted is *looked up*. The prefill
+(and every step of target-only decoding) yields one *target* token. A step commits at most
+`accepted + 1` tokens: fewer where a row hits an EOS id or its budget.
+
+`Recorder` is what the loop feeds when asked to record: it keeps each step's device tensors as they
+are (references, no copy, no host sync) and a host timestamp taken right after the sync the loop
+already makes once per step; the tensors reach the host once, at the end, as one `RowRecord` per
+row. With `on_step`, each step is also sent to the host as it ends (one extra sync per step) as a
+`StepEvent`, for views that stream tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+# How a committed token came, in the order a legend lists them.
+KINDS = ("accepted", "looked_up", "corrected", "bonus", "target")
+
+
+@dataclass
+class StepRecord:
+    """One row's step: `drafted` ids (empty for the prefill and target-only steps), how many the
+    target `accepted`, its own `target_token` after them, which drafts prompt lookup proposed
+    (`looked_up`, one flag per draft), how many tokens the step `committed` (accepted + 1, fewer at
+    an EOS or the budget) and `time_s`, seconds from the decode's start to when the host saw it."""
+
+    drafted: list[int]
+    accepted: int
+    target_token: int
+    looked_up: list[bool]
+    committed: int
+    time_s: float
+
+    @property
+    def target_kind(self) -> str:
+        """`target` without drafts, `bonus` after gamma accepted drafts, else `corrected`."""
+        if not self.drafted:
+            return "target"
+        return "bonus" if self.accepted == len(self.drafted) else "corrected"
+
+    def tokens(self) -> list[tuple[int, str]]:
+        """The committed (token id, kind) pairs of this step."""
+        kept = [
+            (token, "looked_up" if looked else "accepted")
+            for token, looked in zip(self.drafted[: self.accepted], self.looked_up)
+        ]
+        return (kept + [(self.target_token, self.target_kind)])[: self.committed]
+
+
+@dataclass
+class RowRecord:
+    """One prompt's decode: `steps[0]` is the prefill (its target token is the first generated one),
+    then one entry per draft-verify step (per target step in target-only decoding). `drafter` names
+    the drafter (set by routed generation and the views; `none` for the target alone)."""
+
+    prompt_length: int
+    steps: list[StepRecord] = field(default_factory=list)
+    drafter: str | None = None
+
+    @property
+    def first_token(self) -> int | None:
+        """The prefill's token (None for a zero budget)."""
+        return self.steps[0].target_token if self.steps and self.steps[0].committed else None
+
+    def tokens(self) -> list[tuple[int, str]]:
+        """Every generated (token id, kind), kind in `KINDS`, cut where the row stopped: the ids are
+        the row's output sequence."""
+        return [pair for step in self.steps for pair in step.tokens()]
+
+    @property
+    def generated(self) -> int:
+        return sum(step.committed for step in self.steps)
+
+    @property
+    def accepted(self) -> int:
+        return sum(step.accepted for step in self.steps)
+
+    @property
+    def drafted(self) -> int:
+        return sum(len(step.drafted) for step in self.steps)
+
+    @property
+    def tau(self) -> float:
+        """Generated tokens per target pass (the prefill included), as `DecodeStats.tau` counts it."""
+        return self.generated / len(self.steps) if self.steps else 0.0
+
+    @property
+    def seconds(self) -> float:
+        """From the decode's start to the row's last step."""
+        return self.steps[-1].time_s if self.steps else 0.0
+
+
+@dataclass
+class StepEvent:
+    """What `on_step` receives after each step: `rows` (indices into the caller's prompts), the
+    (token id, kind) pairs each committed this step, and seconds since the decode started."""
+
+    rows: list[int]
+    tokens: list[list[tuple[int, str]]]
+    time_s: float
+
+
+@dataclass
+class _Step:
+    """One step's device tensors, held as the loop made them: `rows`, `lengths` (after the
+    commit) and `target` `[B]`; `draft` and `looked_up` `[B, gamma]` and `accepted` `[B]`, None
+    without drafts."""
+
+    rows: torch.Tensor
+    lengths: torch.Tensor
+    target: torch.Tensor
+    draft: torch.Tensor | None
+    accepted: torch.Tensor | None
+    looked_up: torch.Tensor | None
+    time_s: float = 0.0
+
+
+class Recorder:
+    """Collects a decode's steps for `RowRecord`s and, with `on_step`, streams them (module docstring)."""
+
+    def __init__(
+        self, prompt_lengths: Sequence[int], start: float, on_step: Callable[[StepEvent], None] | None = None
+    ) -> None:
+        self.prompt_lengths = list(prompt_lengths)
+        self.start = start
+        self.on_step = on_step
+        self.steps: list[_Step] = []
+        # each row's committed length as last streamed (on_step only)
+        self._streamed = list(self.prompt_lengths)
+
+    def add(
+        self,
+        rows: torch.Tensor,
+        lengths: torch.Tensor,
+        target: torch.Tensor,
+        draft: torch.Tensor | None = None,
+        accepted: torch.Tensor | None = None,
+        looked_up: torch.Tensor | None = None,
+    ) -> None:
+        """Keep one step's tensors (see `_Step`); no copy, no sync."""
+        self.steps.append(_Step(rows, lengths, target, draft, accepted, looked_up))
+
+    def synced(self) -> None:
+        """Called right after the loop's one host sync of a step: time-stamps the last step and,
+        with `on_step`, sends it to the host and calls back."""
+        self.steps[-1].time_s = time.perf_counter() - self.start
+        if self.on_step is not None:
+            ((rows, steps),) = _host_rows([self.steps[-1]])
+            tokens = []
+            for row, step in zip(rows, steps):
+                step.committed = step.committed - self._streamed[row]
+                self._streamed[row] += step.committed
+                tokens.append(step.tokens())
+            self.on_step(StepEvent(rows, tokens, self.steps[-1].time_s))
+
+    def rows(self) -> list[RowRecord]:
+        """One `RowRecord` per prompt, in the caller's order (the tensors reach the host here)."""
+        records = [RowRecord(n) for n in self.prompt_lengths]
+        length = list(self.prompt_lengths)
+        for rows, steps in _host_rows(self.steps):
+            for row, step in zip(rows, steps):
+                # `committed` came back as the row's length after the step
+                step.committed, length[row] = step.committed - length[row], step.committed
+                records[row].steps.append(step)
+        return records
+
+
+def _host_rows(steps: list[_Step]) -> list[tuple[list[int], list[StepRecord]]]:
+    """`steps` on the host in one transfer: per step, its rows and a `StepRecord` each whose
+    `committed` holds the row's length after the step (the caller turns it into a count)."""
+    parts = []
+    for s in steps:
+        parts += [s.rows, s.lengths, s.target]
+        if s.draft is not None:
+            looked_up = s.looked_up if s.looked_up is not None else torch.zeros_like(s.draft, dtype=torch.bool)
+            parts += [s.accepted, s.draft.flatten(), looked_up.flatten().long()]
+    flat = torch.cat([p.long() for p in parts]).tolist() if parts else []
+    out, at = [], 0
+    for s in steps:
+        batch, gamma = s.rows.shape[0], 0 if s.draft is None else s.draft.shape[1]
+        rows, lengths, target = (flat[at + k * batch : at + (k + 1) * batch] for k in range(3))
+        at += 3 * batch
+        accepted, drafts, looked = [0] * batch, [[] for _ in range(batch)], [[] for _ in range(batch)]
+        if gamma:
+            accepted = flat[at : at + batch]
+            drafts = [flat[at + batch + b * gamma : at + batch + (b + 1) * gamma] for b in range(batch)]
+            start = at + batch + batch * gamma
+            looked = [[bool(x) for x in flat[start + b * gamma : start + (b + 1) * gamma]] for b in range(batch)]
+            at += batch + 2 * batch * gamma
+        records = [StepRecord(drafts[b], accepted[b], target[b], looked[b], lengths[b], s.time_s) for b in range(batch)]
+        out.append((rows, records))
+    return out
+
+
+def check_record(record: object, on_step: object, static: bool) -> None:
+    """Check the `record` / `on_step` options of the decode entry points.
+
+    Raises:
+        TypeError: `record` is not a bool or `on_step` is not callable.
+        ValueError: either is asked of the static core (it syncs every few steps, not every step).
+    """
+    if not isinstance(record, bool):
+        raise TypeError(f"record must be true or false, got {record!r}")
+    if on_step is not None and not callable(on_step):
+        raise TypeError(f"on_step must be a callable taking a StepEvent, or None, got {on_step!r}")
+    if static and (record or on_step is not None):
+        raise ValueError(
+            "record=True and on_step need the eager core (static=False): the static core does not "
+            "sync with the host every step"
+        )

@@ -1,0 +1,62 @@
+"""The evaluation's token pages: `tokens-<domain>.html` beside report.md, a few held-out prompts
+per domain decoded greedily at batch 1 by the routed method (the generic drafter without a router)
+with the per-token record on, each token coloured by how it came (`watch_html`). These decodes run
+after the domain's timed ones and are not part of any row."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from specdecode.decoding.decode import autoregressive_generate, speculative_generate
+from specdecode.evaluation.config import EvalConfig
+from specdecode.evaluation.watch_html import Answer, pieces, write_token_page
+
+
+def page_methods(cfg: EvalConfig, models: Any, texts: list[str], router_key: Callable[[str], str]) -> list[str]:
+    """The method each prompt's page shows: the router's choice (as `router_key` names it) when
+    the evaluation runs `routed`, else `generic`; none without either."""
+    if "routed" in cfg.methods and models.router is not None:
+        return [router_key(choice) for choice in models.router.choose(texts)]
+    return ["generic"] * len(texts) if "generic" in models.drafters else []
+
+
+def write_token_pages(
+    cfg: EvalConfig, models: Any, domain: str, texts: list[str], ids: list[list[int]], router_key: Callable[[str], str]
+) -> Path | None:
+    """Decode `ids` (their `texts`) with the record on and write `tokens-<domain>.html` into
+    `cfg.output_dir`; None where there is no routed or generic method to show. `models` is the
+    suite's: target, tokenizer, eos, drafters by method name, router."""
+    methods = page_methods(cfg, models, texts, router_key)
+    if not methods:
+        return None
+    answers = []
+    for text, prompt, method in zip(texts, ids, methods):
+        decode = dict(max_new_tokens=cfg.max_new_tokens, eos_token_ids=models.eos, seed=cfg.seed, record=True)
+        if method == "autoregressive":
+            result = autoregressive_generate(models.target, [prompt], **decode)
+        else:
+            drafter = models.drafters[method]
+            result = speculative_generate(
+                models.target, drafter, [prompt], gamma=cfg.gamma, prompt_lookup=cfg.prompt_lookup, **decode
+            )
+        row = result.record[0]
+        answers.append(Answer(text, method, pieces(models.tokenizer, row), row.tau, result.stats.tokens_per_s))
+    shown = "the router's choice per prompt" if "routed" in cfg.methods and models.router is not None else "generic"
+    note = (
+        f"Greedy, batch 1, up to {cfg.max_new_tokens} new tokens, drafter: {shown}. "
+        "Tokens/s here are of these single decodes (record on), not the report's rows."
+    )
+    return write_token_page(
+        Path(cfg.output_dir) / f"tokens-{domain}.html", f"How each token came: {domain}", answers, note
+    )
+
+
+def token_page_links(out_dir: Path) -> list[str]:
+    """report.md's lines linking the token pages in `out_dir`; none without a page."""
+    pages = sorted(out_dir.glob("tokens-*.html"))
+    if not pages:
+        return []
+    links = ", ".join(f"[{p.stem.removeprefix('tokens-')}]({p.name})" for p in pages)
+    return [f"How each token came, per domain (accepted, looked up, corrected, bonus): {links}", ""]

@@ -1,0 +1,53 @@
+"""The watch in a terminal: each prompt's answer printed with every token coloured by how it came
+(ANSI), the drafter, tau and tokens/s against the target alone; or, with `serve=true`, the local
+web page (`watch_server`)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable
+from typing import TextIO
+
+from specdecode.evaluation.watch import WatchConfig, load_watcher
+from specdecode.evaluation.watch_html import Answer, ansi, ansi_legend
+from specdecode.evaluation.watch_server import serve_forever
+from specdecode.routing.router import Router
+
+
+def format_answer(answer: Answer) -> str:
+    """The terminal view of one answer: the prompt, the coloured answer, the summary line."""
+    return f"\n> {answer.prompt}\n{ansi(answer.tokens)}\n[{answer.summary()}]\n"
+
+
+def typed_prompts(stdin: TextIO, out: TextIO) -> Iterable[str]:
+    """Prompts typed one per line until end of input (an empty line is skipped)."""
+    while True:
+        if stdin.isatty():
+            out.write("prompt> ")
+            out.flush()
+        line = stdin.readline()
+        if not line:
+            return
+        if line.strip():
+            yield line.strip()
+
+
+def run_watch(
+    cfg: WatchConfig,
+    stdin: TextIO = sys.stdin,
+    out: TextIO = sys.stdout,
+    router_loader: Callable[[str], Router] | None = None,
+) -> list[Answer]:
+    """Print each prompt's coloured answer (`cfg.prompts`, else the lines typed on `stdin`), or
+    with `cfg.serve` serve the web page until interrupted; return the answers printed."""
+    watcher = load_watcher(cfg, router_loader)
+    if cfg.serve:
+        serve_forever(watcher, cfg.host, cfg.port, out)
+        return []
+    out.write(ansi_legend() + "\n")
+    answers = []
+    for text in cfg.prompts or typed_prompts(stdin, out):
+        answers.append(watcher.answer(text, compare=cfg.compare))
+        out.write(format_answer(answers[-1]))
+        out.flush()
+    return answers
