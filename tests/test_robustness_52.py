@@ -160,7 +160,7 @@ def test_a_launched_stage_and_its_children_die_with_the_demo(tmp_path: Path, sig
         pids = [int((tmp_path / name).read_text()) for name in ("launcher", "app")]
         os.kill(demo.pid, signum)
         demo.join(timeout=10)
-        assert _wait_for(lambda: not any(map(_alive, pids)), 5), f"left running: {[p for p in pids if _alive(p)]}"
+        assert _wait_for(lambda: not any(map(_alive, pids)), 20), f"left running: {[p for p in pids if _alive(p)]}"
     finally:
         demo.kill()
         for pid in pids:
@@ -271,7 +271,7 @@ def test_a_demo_killed_in_a_launched_stage_leaves_nothing_running_and_reruns_to_
         assert demo.poll() is None, "the demo ended before the stage ran"
         demo.send_signal(signum)
         demo.wait(timeout=30)
-        assert _wait_for(lambda: not _tagged(tag), 10), f"left running: {_tagged(tag)}"
+        assert _wait_for(lambda: not _tagged(tag), 20), f"left running: {_tagged(tag)}"
     finally:
         demo.kill()
         for pid in _tagged(tag):
@@ -454,18 +454,16 @@ def test_a_drafter_folder_without_tokenizer_files_is_named(tmp_path: Path, make_
 
 
 def _saved_router(folder: Path) -> Path:
-    features, drafters = 17, ["code", "generic"]
+    features, drafters, domains = 16, ["code", "generic"], ["chat", "code"]
     router = Router(
-        nn.ModuleList([RouterMLP(features, len(drafters), hidden=8, dropout=0.0)]),
+        RouterMLP(features, len(domains), hidden=8, dropout=0.0),
         HashingEmbedder(16),
         drafters,
-        torch.zeros(1, features),
-        torch.ones(1, features),
-        torch.zeros(1, 2),
-        torch.ones(1, 2),
+        domains,
+        torch.zeros(features),
+        torch.ones(features),
+        torch.ones(len(domains), len(drafters)),
         embedder_spec={"kind": "hashing", "name": "hashing", "dim": 16},
-        hidden=8,
-        dropout=0.0,
     )
     router.save(folder)
     assert Router.load(folder).drafters == drafters

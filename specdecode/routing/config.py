@@ -24,11 +24,6 @@ from specdecode.models.config import DrafterConfig, TargetConfig
 
 ROUTER_SPLITS = ("train", "heldout")
 EMBEDDER_KINDS = ("sentence-transformers", "hashing")
-# Label columns a router can regress (see specdecode.routing.labels): Σ min(p, q) acceptance, greedy argmax
-# agreement, and the speedups Leviathan's model predicts from each.
-# decode_*: greedy labels only (specdecode.routing.labels, "Decoded labels")
-ROUTER_KINDS = ("mlp", "domain")
-ROUTER_OBJECTIVES = ("speedup", "acceptance", "greedy_speedup", "greedy_match", "decode_speedup", "decode_tau")
 
 
 @dataclass
@@ -206,37 +201,24 @@ class EmbedderConfig:
 
 @dataclass
 class RouterModelConfig:
-    """The router: embedder features (+ log prompt length) → `members` MLPs, averaged → one score per drafter."""
+    """The router: its embedder's features → an MLP that names the prompt's domain
+    (specdecode.routing.router)."""
 
     embedder: EmbedderConfig = field(default_factory=EmbedderConfig)
-    # mlp: `members` MLPs regress each prompt's labels (specdecode.routing.fit); domain: a linear
-    # classifier names each prompt's domain and the prompt takes the drafter best on that domain's
-    # mean labels (specdecode.routing.domain: `embedder` and the two domain_* knobs apply).
-    kind: str = "mlp"
-    # Training prompts per domain the domain classifier learns from beside the labels' own (the first
-    # ones of the labels' data source; they need no target pass): with MiniLM, held-out chat prompts
-    # were named chat 79% of the time from the 60 label prompts' centroids, 95% with 400 per domain.
+    # Training prompts per domain the MLP learns from beside the labels' own (the first ones of the
+    # labels' data source; they need no target pass).
     domain_prompts: int = 400
-    # Weight of the classifier's squared weights against its mean cross-entropy.
-    domain_l2: float = 1e-4
-    prompt_length: bool = True
     hidden: int = 256
     dropout: float = 0.1
-    # MLPs averaged, each on its own seeded train / validation split: per-prompt labels are noisy,
-    # and one fit's held-out gain moves with the seed (docs/experiments/2026-11-27-readme-notes.md).
-    members: int = 5
 
     def __post_init__(self) -> None:
-        require(self.kind in ROUTER_KINDS, "router.kind", self.kind, "|".join(ROUTER_KINDS))
         require(
             is_int(self.domain_prompts) and self.domain_prompts >= 0,
             "router.domain_prompts",
             self.domain_prompts,
             "an int >= 0",
         )
-        require(is_number(self.domain_l2) and self.domain_l2 >= 0, "router.domain_l2", self.domain_l2, ">= 0")
         require(is_int(self.hidden) and self.hidden >= 1, "router.hidden", self.hidden, "an int >= 1")
-        require(is_int(self.members) and 1 <= self.members <= 64, "router.members", self.members, "an int in [1, 64]")
         require(is_number(self.dropout) and 0 <= self.dropout < 1, "router.dropout", self.dropout, "in [0, 1)")
 
 
@@ -247,18 +229,12 @@ class FitRouterConfig(Placement):
     labels: str = "outputs/router/labels.jsonl"
     output_dir: str = "outputs/router"
     router: RouterModelConfig = field(default_factory=RouterModelConfig)
-    objective: str = "speedup"
-    # Regress each drafter's label minus the prompt's mean over drafters: prompt difficulty moves
-    # all drafters together and would otherwise dominate the loss, while the argmax ignores it.
-    relative: bool = True
-    # Also route to no drafter (plain decoding) where every drafter is predicted to slow a prompt down.
+    # Also route to no drafter (plain decoding) on a domain where every drafter is predicted to slow prompts down.
     no_drafter: bool = True
-    epochs: int = 300
-    batch_size: int = 64
+    # Full-batch AdamW steps on the MLP's cross-entropy over the domain-tagged prompts.
+    epochs: int = 200
     lr: float = 1e-3
     weight_decay: float = 1e-2
-    val_fraction: float = 0.2
-    patience: int = 30
     seed: int = 0
     latency_repeats: int = 5
 
@@ -271,12 +247,8 @@ class FitRouterConfig(Placement):
             "a .jsonl file from router/collect.py",
         )
         require(bool(self.output_dir), "output_dir", self.output_dir, "must name a folder")
-        require(self.objective in ROUTER_OBJECTIVES, "objective", self.objective, "|".join(ROUTER_OBJECTIVES))
-        for name in ("epochs", "batch_size", "patience", "latency_repeats"):
+        for name in ("epochs", "latency_repeats"):
             value = getattr(self, name)
             require(is_int(value) and value >= 1, name, value, "an int >= 1")
         require(is_number(self.lr) and self.lr > 0, "lr", self.lr, "> 0")
         require(is_number(self.weight_decay) and self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
-        require(
-            is_number(self.val_fraction) and 0 < self.val_fraction < 1, "val_fraction", self.val_fraction, "in (0, 1)"
-        )

@@ -1,4 +1,4 @@
-"""Sentence features for the router: text → `[N, D]` embeddings (+ log prompt length).
+"""Sentence features for the router: text → `[N, D]` embeddings.
 
 `SentenceTransformerEmbedder` runs a sentence-transformers model (the embedded default
 all-MiniLM-L6-v2 needs no hub); `HashingEmbedder` is a model-free hashed bag of words for tests
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -118,8 +117,7 @@ def resolve_sentence_model(name: str) -> tuple[str | Path, bool]:
 def make_embedder(cfg: EmbedderConfig | Mapping[str, Any], device: str = "cpu") -> Embedder:
     """The embedder a config (or a router.json's `embedder` entry) describes, on `device` (the app's)."""
     if not isinstance(cfg, EmbedderConfig):
-        # Routers saved before the one device knob stored the embedder's own device: the app's wins.
-        cfg = EmbedderConfig(**{k: v for k, v in dict(cfg).items() if k != "device"})
+        cfg = EmbedderConfig(**dict(cfg))
     if cfg.kind == "hashing":
         return HashingEmbedder(cfg.dim)
     return SentenceTransformerEmbedder(
@@ -127,12 +125,9 @@ def make_embedder(cfg: EmbedderConfig | Mapping[str, Any], device: str = "cpu") 
     )
 
 
-def prompt_features(embedder: Embedder, texts: Sequence[str], *, prompt_length: bool) -> torch.Tensor:
-    """Unstandardised router features `[N, D (+1)]`: the embedding, then log(1 + characters)."""
-    embedded = embedder.encode(texts).float()
+def embed(embedder: Embedder, texts: Sequence[str]) -> torch.Tensor:
+    """The router's features `[N, D]` fp32: the embedder's output, its shape checked."""
+    embedded = embedder.encode(list(texts)).float()
     if embedded.dim() != 2 or embedded.shape[0] != len(texts):
         raise ValueError(f"embedder returned shape {tuple(embedded.shape)} for {len(texts)} texts; expected [N, D]")
-    if not prompt_length:
-        return embedded
-    lengths = torch.tensor([[math.log1p(len(t))] for t in texts])
-    return torch.cat([embedded, lengths], dim=1)
+    return embedded

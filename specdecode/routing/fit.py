@@ -1,18 +1,17 @@
-"""Fitting the router (router/fit.py): each of its MLPs regresses the labels' train rows,
-early-stopped on its own held-out slice of them, and the ensemble is reported on the labels'
-held-out rows."""
+"""Fitting the router (router/fit.py): its MLP learns to name a prompt's domain from domain-tagged
+prompts (the labels' train prompts, and more of each domain's training split, which need no target
+pass); its table is each domain's mean predicted speedup per drafter on the labels' train rows. The
+router is then reported on the labels' held-out rows."""
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 from tqdm.auto import tqdm
 
 from specdecode.core.atomic import write_atomic
@@ -20,219 +19,106 @@ from specdecode.core.devices import resolve_device
 from specdecode.core.locking import check_writable
 from specdecode.data.registry import domain_examples
 from specdecode.routing.config import FitRouterConfig
-from specdecode.routing.domain import DomainRouter
-from specdecode.routing.embedders import Embedder, make_embedder, prompt_features
+from specdecode.routing.embedders import Embedder, embed, make_embedder
 from specdecode.routing.labels import read_labels
 from specdecode.routing.report import report_markdown, routing_report
-from specdecode.routing.router import NO_DRAFTER, Router, RouterMLP, feature_scale, label_matrix
-
-
-@dataclass
-class FitHistory:
-    """Per-epoch standardised MSE, the epoch kept, and the validation rows' indices."""
-
-    train_loss: list[float] = field(default_factory=list)
-    val_loss: list[float] = field(default_factory=list)
-    best_epoch: int = 0
-    val_rows: list[int] = field(default_factory=list)
+from specdecode.routing.router import NO_DRAFTER, OBJECTIVE, Router, RouterMLP, feature_scale, label_matrix
 
 
 def fit_router(
     features: torch.Tensor,
-    targets: torch.Tensor,
+    domains: Sequence[str],
+    labels: torch.Tensor,
+    label_domains: Sequence[str],
     drafters: Sequence[str],
     embedder: Embedder,
     *,
-    prompt_length: bool = True,
     hidden: int = 256,
     dropout: float = 0.1,
-    members: int = 5,
-    epochs: int = 300,
-    batch_size: int = 64,
+    epochs: int = 200,
     lr: float = 1e-3,
     weight_decay: float = 1e-2,
-    val_fraction: float = 0.2,
-    patience: int = 30,
     seed: int = 0,
-    relative: bool = True,
-    objective: str = "speedup",
     embedder_spec: dict[str, Any] | None = None,
-) -> tuple[Router, list[FitHistory]]:
-    """Fit `members` MLPs to `targets`, member e on a train / validation split seeded `seed + e`,
-    each keeping its best validation epoch; the router averages their scores.
+) -> Router:
+    """The router whose MLP names the domains of M prompts and whose table averages N prompts' labels.
 
     Args:
-        features: `[N, F]` raw features (`prompt_features`), N >= 2.
-        targets: `[N, K]` per-drafter objective (e.g. predicted speedup).
-        drafters: the K names, in the targets' column order.
+        features: `[M, F]` the embedder's features of the prompts the MLP learns from.
+        domains: their M domains.
+        labels: `[N, K]` each labelled prompt's objective (predicted speedup) per drafter.
+        label_domains: the N labelled prompts' domains; every domain in `domains` must be among them.
+        drafters: the K names, in the labels' column order.
         embedder: what made the features (kept in the router for routing new texts).
-        members: E, the MLPs averaged (`RouterModelConfig.members`); member 0 is the single fit of
-            the same seed, so `members=1` is one MLP.
-        relative: regress `targets - targets.mean(1)` (see `FitRouterConfig.relative`).
         embedder_spec: the embedder's config, saved so `Router.load` can rebuild it.
-        The rest are the usual MLP / AdamW / early-stopping knobs.
+        The rest are the MLP's size and its full-batch AdamW fit (`_train_classifier`).
 
-    Returns:
-        The router (in eval mode) and each member's fit history.
+    Raises:
+        ValueError: mismatched shapes, a domain without labels, or fewer than 2 labelled domains.
     """
-    if features.dim() != 2 or targets.dim() != 2 or features.shape[0] != targets.shape[0]:
+    if features.dim() != 2 or features.shape[0] != len(domains) or features.shape[0] < 1:
+        raise ValueError(f"need [M, F] features and M domains, got {tuple(features.shape)} and {len(domains)}")
+    if labels.dim() != 2 or labels.shape[0] != len(label_domains) or labels.shape[1] != len(drafters):
         raise ValueError(
-            f"features {tuple(features.shape)} and targets {tuple(targets.shape)} must be [N, F] and [N, K]"
+            f"need [N, K] labels, N label domains and K drafters, got {tuple(labels.shape)}, "
+            f"{len(label_domains)} and {len(drafters)}: {list(drafters)}"
         )
-    if targets.shape[1] != len(drafters):
-        raise ValueError(
-            f"targets have {targets.shape[1]} columns but {len(drafters)} drafters were named: {list(drafters)}"
-        )
-    if features.shape[0] < 2:
-        raise ValueError(f"need at least 2 labelled prompts to fit a router, got {features.shape[0]}")
-    if members < 1:
-        raise ValueError(f"members={members}: a router needs at least one MLP")
-    features, targets = features.float(), targets.float()
-    if relative:
-        targets = targets - targets.mean(dim=1, keepdim=True)
-    mlps, stats, histories = [], [], []
-    for member_seed in range(seed, seed + members):
-        generator = torch.Generator().manual_seed(member_seed)
-        order = torch.randperm(features.shape[0], generator=generator)
-        num_val = min(max(1, round(val_fraction * features.shape[0])), features.shape[0] - 1)
-        val, train = order[:num_val], order[num_val:]
-
-        # Statistics from the member's training rows only, so its validation measures
-        # generalisation honestly; the target floor keeps constant columns (a drafter whose label
-        # never varies) finite.
-        feature_mean, feature_std = features[train].mean(0), feature_scale(features[train].std(0, unbiased=False))
-        target_mean, target_std = targets[train].mean(0), targets[train].std(0, unbiased=False).clamp_min(1e-6)
-        x = (features - feature_mean) / feature_std
-        y = (targets - target_mean) / target_std
-
-        history = FitHistory(val_rows=val.tolist())
-        mlps.append(
-            _train_mlp(
-                x,
-                y,
-                train,
-                val,
-                generator,
-                history,
-                hidden=hidden,
-                dropout=dropout,
-                epochs=epochs,
-                batch_size=batch_size,
-                lr=lr,
-                weight_decay=weight_decay,
-                patience=patience,
-                seed=member_seed,
-            )
-        )
-        stats.append((feature_mean, feature_std, target_mean, target_std))
-        histories.append(history)
-    feature_mean, feature_std, target_mean, target_std = (torch.stack(column) for column in zip(*stats))
-    router = Router(
-        nn.ModuleList(mlps).eval(),
-        embedder,
-        list(drafters),
-        feature_mean,
-        feature_std,
-        target_mean,
-        target_std,
-        prompt_length=prompt_length,
-        objective=objective,
-        relative=relative,
-        embedder_spec=embedder_spec,
+    names = sorted(set(label_domains))
+    unknown = sorted(set(domains) - set(names))
+    if unknown:
+        raise ValueError(f"prompts of domains {unknown} have no labels to route them by (labelled: {names})")
+    if len(names) < 2:
+        raise ValueError(f"need labels of at least 2 domains to route between, got {names}")
+    table = torch.stack([labels[torch.tensor([d == name for d in label_domains])].float().mean(0) for name in names])
+    features = features.float()
+    feature_mean, feature_std = features.mean(0), feature_scale(features.std(0, unbiased=False))
+    mlp = _train_classifier(
+        (features - feature_mean) / feature_std,
+        torch.tensor([names.index(d) for d in domains]),
+        len(names),
         hidden=hidden,
         dropout=dropout,
+        epochs=epochs,
+        lr=lr,
+        weight_decay=weight_decay,
+        seed=seed,
     )
-    return router, histories
+    return Router(mlp, embedder, list(drafters), names, feature_mean, feature_std, table, embedder_spec)
 
 
-def _train_mlp(
+def _train_classifier(
     x: torch.Tensor,
-    y: torch.Tensor,
-    train: torch.Tensor,
-    val: torch.Tensor,
-    generator: torch.Generator,
-    history: FitHistory,
+    classes: torch.Tensor,
+    num_classes: int,
     *,
     hidden: int,
     dropout: float,
     epochs: int,
-    batch_size: int,
     lr: float,
     weight_decay: float,
-    patience: int,
     seed: int,
 ) -> RouterMLP:
-    """Fit an MLP from standardised `x` `[N, F]` to `y` `[N, K]` on rows `train`, one shuffled
-    epoch (drawn from `generator`) at a time; keep the epoch with the lowest MSE on rows `val`, and
-    stop `patience` epochs after it. Appends to `history`; returns the MLP in eval mode."""
+    """An MLP from standardised `x` `[M, F]` to `[M]` `classes`: `epochs` full-batch AdamW steps on
+    the mean cross-entropy. A few thousand prompts fit in one batch, so each step is cheap and the
+    fit is a function of `seed` alone."""
     # fork_rng: seeding init and dropout must not reseed the caller's global generator.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        mlp = RouterMLP(x.shape[1], y.shape[1], hidden, dropout)
+        mlp = RouterMLP(x.shape[1], num_classes, hidden, dropout)
         optimizer = torch.optim.AdamW(mlp.parameters(), lr=lr, weight_decay=weight_decay)
-        best_state, best_loss = None, math.inf
-        for epoch in range(epochs):
-            mlp.train()
-            permutation = train[torch.randperm(train.numel(), generator=generator)]
-            total = 0.0
-            for start in range(0, permutation.numel(), batch_size):
-                rows = permutation[start : start + batch_size]
-                loss = nn.functional.mse_loss(mlp(x[rows]), y[rows])
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                total += loss.item() * rows.numel()
-            mlp.eval()
-            with torch.no_grad():
-                val_loss = nn.functional.mse_loss(mlp(x[val]), y[val]).item()
-            history.train_loss.append(total / train.numel())
-            history.val_loss.append(val_loss)
-            if val_loss < best_loss:
-                best_loss, history.best_epoch = val_loss, epoch
-                best_state = {k: v.clone() for k, v in mlp.state_dict().items()}
-            elif epoch - history.best_epoch >= patience:
-                break
-        mlp.load_state_dict(best_state)  # type: ignore[arg-type]
+        mlp.train()
+        for _ in range(epochs):
+            loss = torch.nn.functional.cross_entropy(mlp(x), classes)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
     return mlp.eval()
 
 
-def _fit_mlp(
-    cfg: FitRouterConfig,
-    features: torch.Tensor,
-    targets: torch.Tensor,
-    drafters: list[str],
-    embedder: Embedder,
-    bar: Any,
-) -> tuple[Router, list[FitHistory]]:
-    """`fit_router` with `cfg`'s knobs; `bar` advances once the features are in."""
-    bar.update(1)
-    return fit_router(
-        features,
-        targets,
-        drafters,
-        embedder,
-        prompt_length=cfg.router.prompt_length,
-        hidden=cfg.router.hidden,
-        dropout=cfg.router.dropout,
-        members=cfg.router.members,
-        epochs=cfg.epochs,
-        batch_size=cfg.batch_size,
-        lr=cfg.lr,
-        weight_decay=cfg.weight_decay,
-        val_fraction=cfg.val_fraction,
-        patience=cfg.patience,
-        seed=cfg.seed,
-        relative=cfg.relative,
-        objective=cfg.objective,
-        embedder_spec=asdict(cfg.router.embedder),
-    )
-
-
 def _domain_prompts(train_rows: list[dict[str, Any]], meta: dict[str, Any], per_domain: int) -> dict[str, str]:
-    """Prompt → domain for the domain classifier: the labels' train prompts, then the first
-    `per_domain` training prompts of each labelled domain from the source the labels were collected
-    on (labels.meta.json's config holds each domain's data config; the same split, so held-out
-    prompts stay unseen)."""
+    """Prompt → domain for the MLP: the labels' train prompts, then the first `per_domain` training
+    prompts of each labelled domain from the source the labels were collected on (labels.meta.json's
+    config holds each domain's data config; the same split, so held-out prompts stay unseen)."""
     tagged = {r["prompt"]: r["domain"] for r in train_rows}
     collected = meta.get("config", {})
     for domain in sorted({r["domain"] for r in train_rows}):
@@ -261,63 +147,43 @@ def run_fit(cfg: FitRouterConfig, *, progress: bool = True) -> dict[str, Any]:
             f"labels={cfg.labels!r} has {len(train_rows)} train and {len(heldout_rows)} held-out rows; "
             "need >= 2 and >= 1 (collect with splits [train, heldout])"
         )
-    missing = [i for i, r in enumerate(rows, start=1) if cfg.objective not in r]
-    if missing:
-        raise ValueError(
-            f"objective={cfg.objective!r}: labels={cfg.labels!r} line {missing[0]} has no such label "
-            f"(decode_* labels are greedy only: collect with temperature 0, or fit another objective)"
-        )
     drafters = list(meta["drafters"]) + ([NO_DRAFTER] if cfg.no_drafter else [])
-    bar = tqdm(total=4, desc="fit router", unit="stage", disable=not progress)
+    bar = tqdm(total=3, desc="fit router", unit="stage", disable=not progress)
     embedder = make_embedder(cfg.router.embedder, str(resolve_device(cfg.device)))
+    tagged = _domain_prompts(train_rows, meta, cfg.router.domain_prompts)
+    features = embed(embedder, list(tagged))
     bar.update(1)
-    texts, targets = [r["prompt"] for r in train_rows], label_matrix(train_rows, cfg.objective, drafters)
-    if cfg.router.kind == "domain":
-        tagged = _domain_prompts(train_rows, meta, cfg.router.domain_prompts)
-        bar.update(1)
-        router: Router | DomainRouter = DomainRouter.fit(
-            embedder.encode(list(tagged)),
-            list(tagged.values()),
-            targets,
-            [r["domain"] for r in train_rows],
-            drafters,
-            embedder,
-            l2=cfg.router.domain_l2,
-            objective=cfg.objective,
-            embedder_spec=asdict(cfg.router.embedder),
-        )
-        histories: list[FitHistory] = []
-        classified = len(tagged)
-    else:
-        classified = 0
-        router, histories = _fit_mlp(
-            cfg,
-            prompt_features(embedder, texts, prompt_length=cfg.router.prompt_length),
-            targets,
-            drafters,
-            embedder,
-            bar,
-        )
+    router = fit_router(
+        features,
+        list(tagged.values()),
+        label_matrix(train_rows, OBJECTIVE, drafters),
+        [r["domain"] for r in train_rows],
+        drafters,
+        embedder,
+        hidden=cfg.router.hidden,
+        dropout=cfg.router.dropout,
+        epochs=cfg.epochs,
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        seed=cfg.seed,
+        embedder_spec=asdict(cfg.router.embedder),
+    )
     output = Path(cfg.output_dir)
     router.save(output)
     bar.update(1)
-    report = routing_report(router, heldout_rows, latency_repeats=cfg.latency_repeats)  # type: ignore[arg-type]
+    named = [router.domains[i] for i in router.domain_logits(features).argmax(1).tolist()]
+    report = routing_report(router, heldout_rows, latency_repeats=cfg.latency_repeats)
     report["fit"] = {
         "train_prompts": len(train_rows),
-        "kind": cfg.router.kind,
-        "classifier_prompts": classified,
-        "members": len(histories),
-        "val_prompts": [len(h.val_rows) for h in histories],
-        "best_epoch": [h.best_epoch for h in histories],
-        "epochs_run": [len(h.val_loss) for h in histories],
-        "best_val_mse": [h.val_loss[h.best_epoch] for h in histories],
+        "classifier_prompts": len(tagged),
+        "domains": router.domains,
+        "train_domain_accuracy": sum(n == d for n, d in zip(named, tagged.values())) / len(tagged),
     }
-    # (labels collected before per-drafter gammas hold one `gamma` and `verify_ratio`)
     report["labels"] = {
         "path": str(cfg.labels),
-        "gammas": meta.get("gammas", meta.get("gamma")),
+        "gammas": meta["gammas"],
         "cost_ratios": meta["cost_ratios"],
-        "verify_ratios": meta.get("verify_ratios", meta.get("verify_ratio")),
+        "verify_ratios": meta["verify_ratios"],
         "temperature": meta["temperature"],
     }
     report["config"] = asdict(cfg)

@@ -10,8 +10,9 @@ Temperature. p and q are taken at `temperature`; 0 (greedy decoding) scores the 
 distributions, as `specdecode.training.losses.expected_acceptance` does. Under greedy decoding the realised
 acceptance is 1[argmax q = argmax p]; Σ min(p, q) is its smooth, noise-free proxy (it also rewards
 a drafter that is close but on the wrong side of a near-tie). Both are stored: `acceptance` and
-`greedy_match`, and the speedup Leviathan's model predicts from each with the drafter's measured
-cost ratio c (`speedup`, `greedy_speedup`), so a cheap drafter can beat a better, dearer one.
+`greedy_match`, and the speedup Leviathan's model predicts from `acceptance` with the drafter's
+measured cost ratio c (`speedup`, what the router ranks drafters by), so a cheap drafter can beat a
+better, dearer one.
 
 Decoded labels. Greedy decoding's tokens per target pass on the same continuation, simulated
 exactly from the same passes (`specdecode.routing.simulate`: every drafting step, a feature
@@ -49,7 +50,7 @@ from specdecode.models.feature_drafter import FeatureDrafter, target_features
 from specdecode.routing.simulate import draft_matches, simulated_tau
 from specdecode.training.losses import expected_acceptance
 
-LABEL_KEYS = ("acceptance", "greedy_match", "speedup", "greedy_speedup")
+LABEL_KEYS = ("acceptance", "greedy_match", "speedup")
 
 
 @dataclass
@@ -320,7 +321,6 @@ def label_rows(
         "acceptance": labels.acceptance,
         "greedy_match": labels.greedy_match,
         "speedup": speedups(labels.acceptance, gammas, cost_ratios, verify_ratios),
-        "greedy_speedup": speedups(labels.greedy_match, gammas, cost_ratios, verify_ratios),
     }
     if labels.decode_tau is not None:
         # tokens per call over a pass's cost in target steps: as the evaluation's oracle ranks runs

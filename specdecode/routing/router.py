@@ -1,18 +1,16 @@
-"""The router: MLPs over a prompt's features that score each drafter, averaged, and its files.
+"""The router: an MLP over a prompt's sentence embedding names its domain, and the prompt takes the
+drafter with the highest mean predicted speedup on that domain.
 
-    text ─ embedder ─▶ [D] ⊕ log(1 + chars) ─ standardise ─▶ E MLPs ─▶ mean ─▶ [K] scores ─▶ argmax drafter
+    text ─ embedder ─▶ [F] ─ standardise ─▶ MLP ─▶ [D] domain logits ─ argmax ─▶ table row [K] ─ argmax ─▶ drafter
 
-Different prompts are accepted best by different drafters (code by the code drafter, ...). The
-router regresses, per drafter, the label `specdecode.routing.labels` measured (predicted speedup by
-default, or acceptance) from the prompt text alone, and routes each prompt to the argmax; fitting
-is `specdecode.routing.fit`, routed decoding `specdecode.routing.generate`. It is an ensemble of E
-MLPs, each fitted on its own seeded train / validation split with its own statistics, whose
-de-standardised scores are averaged: per-prompt labels are noisy and a single fit's held-out
-choices depend on its split.
+What a drafter earns on one prompt depends mostly on which continuation the target happens to
+write, which the prompt's text does not predict; which drafter pays on a kind of prompt carries
+over (docs/experiments/2026-11-27-domain-classifier-router.md). So the MLP is trained to name the
+prompt's domain (`specdecode.routing.fit`), and `table` holds each domain's mean label per drafter
+from `specdecode.routing.labels`. Routed decoding is `specdecode.routing.generate`.
 
-On disk a router is `router.safetensors` (each member's weights, feature and target statistics)
-and `router.json` (the drafters it routes between, in order, the embedder, features and sizes).
-Routers saved before ensembles (one MLP, no `members` in router.json) load as one member.
+On disk a router is `router.safetensors` (the MLP's weights, the feature statistics and the table)
+and `router.json` (the drafters in order, the domains in order, the embedder and the MLP's sizes).
 """
 
 from __future__ import annotations
@@ -30,39 +28,34 @@ from torch import nn
 from specdecode.core.atomic import write_atomic
 from specdecode.core.config import is_int, is_number
 from specdecode.models.folders import read_safetensors
-from specdecode.routing.choice import ArgmaxRouting
-from specdecode.routing.domain import KIND as DOMAIN
-from specdecode.routing.domain import DomainRouter
-from specdecode.routing.embedders import Embedder, make_embedder, prompt_features
+from specdecode.routing.embedders import Embedder, embed, make_embedder
 
 # The route to plain decoding: chosen where every drafter is predicted to slow the prompt down.
 # Its labels are known without measuring: speedup 1, acceptance 0.
 NO_DRAFTER = "none"
+# The label the table averages and the router ranks drafters by: Leviathan's predicted speedup.
+OBJECTIVE = "speedup"
 
 _NAMES = (lambda v: isinstance(v, list) and bool(v) and all(isinstance(x, str) for x in v), "a non-empty list of names")
-# router.json's entries, each with its check and what it should be: every router, then MLP and domain routers.
-_COMMON_KEYS: dict[str, tuple[Any, str]] = {
+# router.json's entries, each with its check and what it should be.
+_KEYS: dict[str, tuple[Any, str]] = {
     "drafters": _NAMES,
+    "domains": _NAMES,
     "embedder": (lambda v: v is None or isinstance(v, dict), "an embedder spec (an object) or null"),
-    "objective": (lambda v: isinstance(v, str), "a label name"),
-}
-_MLP_KEYS: dict[str, tuple[Any, str]] = {
-    "features": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of feature names"),
     "num_features": (lambda v: is_int(v) and v >= 1, "an int >= 1"),
     "hidden": (lambda v: is_int(v) and v >= 1, "an int >= 1"),
     "dropout": (lambda v: is_number(v) and 0 <= v < 1, "a number in [0, 1)"),
-    "relative": (lambda v: isinstance(v, bool), "true or false"),
 }
-_DOMAIN_KEYS: dict[str, tuple[Any, str]] = {"domains": _NAMES}
 
 
 class RouterMLP(nn.Module):
-    """`[N, F]` standardised features → `[N, K]` standardised scores, one hidden layer."""
+    """`[N, F]` standardised features → `[N, D]` domain logits, one hidden layer."""
 
-    def __init__(self, num_features: int, num_drafters: int, hidden: int = 256, dropout: float = 0.1) -> None:
+    def __init__(self, num_features: int, num_domains: int, hidden: int = 256, dropout: float = 0.1) -> None:
         super().__init__()
+        self.hidden, self.dropout = hidden, dropout
         self.layers = nn.Sequential(
-            nn.Linear(num_features, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, num_drafters)
+            nn.Linear(num_features, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, num_domains)
         )
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
@@ -70,75 +63,71 @@ class RouterMLP(nn.Module):
 
 
 @dataclass(eq=False)
-class Router(ArgmaxRouting):
-    """E MLPs, their embedder and the statistics that map raw features in and scores out.
+class Router:
+    """The domain MLP, its embedder, and what each domain's prompts earn per drafter.
 
-    mlp: the E members; feature_mean / feature_std: `[E, F]`; target_mean / target_std: `[E, K]`
-    (member e's own); drafters: the K names, in the MLPs' output order.
+    feature_mean / feature_std: `[F]`, the standardisation of the embedder's features; table:
+    `[D, K]` each domain's mean `OBJECTIVE` per drafter; domains: the D names, in the MLP's output
+    order; drafters: the K names, in the table's column order.
     """
 
-    mlp: nn.ModuleList
+    mlp: RouterMLP
     embedder: Embedder
     drafters: list[str]
+    domains: list[str]
     feature_mean: torch.Tensor
     feature_std: torch.Tensor
-    target_mean: torch.Tensor
-    target_std: torch.Tensor
-    prompt_length: bool = True
-    objective: str = "speedup"
-    relative: bool = True
+    table: torch.Tensor
     embedder_spec: dict[str, Any] | None = None
-    hidden: int = 256
-    dropout: float = 0.1
 
     @torch.inference_mode()
-    def scores_from_features(self, features: torch.Tensor) -> torch.Tensor:
-        """Raw features `[N, F]` → predicted objective per drafter `[N, K]` (relative to the
-        prompt's mean over drafters when `relative`), the mean over the E members."""
+    def domain_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Raw features `[N, F]` → domain logits `[N, D]`."""
         self.mlp.eval()
-        scores = [
-            member((features - self.feature_mean[e]) / self.feature_std[e]) * self.target_std[e] + self.target_mean[e]
-            for e, member in enumerate(self.mlp)
-        ]
-        return torch.stack(scores).mean(0)
+        return self.mlp((features.float() - self.feature_mean) / self.feature_std)
 
-    @property
-    def members(self) -> int:
-        """E, the number of MLPs averaged."""
-        return len(self.mlp)
+    def domain_of(self, texts: Sequence[str]) -> list[str]:
+        """The most probable domain of each text."""
+        return [self.domains[i] for i in self.domain_logits(embed(self.embedder, texts)).argmax(1).tolist()]
 
     def scores(self, texts: Sequence[str]) -> torch.Tensor:
-        """`[N, K]` predicted objective of each drafter for each text."""
-        return self.scores_from_features(prompt_features(self.embedder, texts, prompt_length=self.prompt_length))
+        """`[N, K]` each drafter's mean objective on the text's most probable domain."""
+        return self.table[self.domain_logits(embed(self.embedder, texts)).argmax(1)]
+
+    def route(self, texts: Sequence[str]) -> list[int]:
+        """Index into `drafters` of the chosen drafter per text."""
+        if not texts:
+            raise ValueError("texts is empty: nothing to route")
+        return self.scores(texts).argmax(dim=1).tolist()
+
+    def choose(self, texts: Sequence[str]) -> list[str]:
+        """Name of the chosen drafter per text."""
+        return [self.drafters[i] for i in self.route(texts)]
 
     def save(self, directory: str | Path) -> Path:
         """Write `router.safetensors` and `router.json` into `directory`, each atomically."""
         directory = Path(directory)
         tensors = {f"mlp.{k}": v.contiguous() for k, v in self.mlp.state_dict().items()} | {
-            "feature_mean": self.feature_mean,
-            "feature_std": self.feature_std,
-            "target_mean": self.target_mean,
-            "target_std": self.target_std,
+            "feature_mean": self.feature_mean.contiguous(),
+            "feature_std": self.feature_std.contiguous(),
+            "table": self.table.contiguous(),
         }
         write_atomic(directory / "router.safetensors", save(tensors))
         config = {
             "drafters": self.drafters,
+            "domains": self.domains,
             "embedder": self.embedder_spec,
-            "features": ["embedding", "log1p_chars"] if self.prompt_length else ["embedding"],
-            "num_features": int(self.feature_mean.shape[-1]),
-            "members": self.members,
-            "hidden": self.hidden,
-            "dropout": self.dropout,
-            "objective": self.objective,
-            "relative": self.relative,
+            "num_features": int(self.feature_mean.shape[0]),
+            "hidden": self.mlp.hidden,
+            "dropout": self.mlp.dropout,
         }
         write_atomic(directory / "router.json", json.dumps(config, indent=2))
         return directory
 
     @classmethod
     def load(cls, directory: str | Path, embedder: Embedder | None = None, device: str = "cpu") -> Router:
-        """Read a saved router (an MLP one, or a `DomainRouter`); `embedder` overrides (or, for a
-        custom one, supplies) the saved spec, which is otherwise built on `device`.
+        """Read a saved router; `embedder` overrides (or, for a custom one, supplies) the saved
+        spec, which is otherwise built on `device`.
 
         Raises:
             ValueError: naming the folder and the file that is missing, damaged or not a router's
@@ -161,62 +150,37 @@ class Router(ArgmaxRouting):
                     f"{str(directory / 'router.json')!r}: embedder={config['embedder']!r}: {error}"
                 ) from None
         try:
-            if config.get("kind") == DOMAIN:
-                return DomainRouter.load_saved(directory, config, embedder)  # type: ignore[return-value]
             return cls._from_saved(config, tensors, embedder)
-        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as error:
+        except (KeyError, RuntimeError, ValueError) as error:
             raise ValueError(
                 f"{str(directory / 'router.safetensors')!r} does not hold the router "
-                f"{str(directory / 'router.json')!r} "
-                f"describes ({type(error).__name__}: {error}); refit the router"
+                f"{str(directory / 'router.json')!r} describes ({type(error).__name__}: {error}); refit the router"
             ) from None
 
     @classmethod
     def _from_saved(cls, config: dict[str, Any], tensors: dict[str, torch.Tensor], embedder: Embedder) -> Router:
         """The router of a checked router.json's `config` and router.safetensors' `tensors`."""
-        if "members" not in config:  # saved before ensembles: one MLP, `[F]` / `[K]` statistics
-            tensors = {
-                f"mlp.0.{k.removeprefix('mlp.')}" if k.startswith("mlp.") else k: v
-                if k.startswith("mlp.")
-                else v.unsqueeze(0)
-                for k, v in tensors.items()
-            }
-        members, num_features, num_drafters = config.get("members", 1), config["num_features"], len(config["drafters"])
-        for name, shape in (
-            ("feature_mean", (members, num_features)),
-            ("feature_std", (members, num_features)),
-            ("target_mean", (members, num_drafters)),
-            ("target_std", (members, num_drafters)),
-        ):
+        features, domains, drafters = config["num_features"], len(config["domains"]), len(config["drafters"])
+        shapes = {"feature_mean": (features,), "feature_std": (features,), "table": (domains, drafters)}
+        for name, shape in shapes.items():
             if tuple(tensors[name].shape) != shape:
-                raise ValueError(
-                    f"{name} has shape {tuple(tensors[name].shape)}, expected {shape} (members, features or drafters)"
-                )
-        mlp = nn.ModuleList(
-            RouterMLP(num_features, num_drafters, config["hidden"], config["dropout"]) for _ in range(members)
-        )
+                raise ValueError(f"{name} has shape {tuple(tensors[name].shape)}, expected {shape}")
+        mlp = RouterMLP(features, domains, config["hidden"], config["dropout"])
         mlp.load_state_dict({k.removeprefix("mlp."): v for k, v in tensors.items() if k.startswith("mlp.")})
-        # Older routers floored such a feature's scale at 1e-6 instead: it was 0 on every training
-        # row, so scale 1 changes nothing there and stops it swamping new prompts' scores.
         return cls(
             mlp.eval(),
             embedder,
             list(config["drafters"]),
+            list(config["domains"]),
             tensors["feature_mean"],
-            feature_scale(tensors["feature_std"]),
-            tensors["target_mean"],
-            tensors["target_std"],
-            prompt_length="log1p_chars" in config["features"],
-            objective=config["objective"],
-            relative=config["relative"],
-            embedder_spec=config["embedder"],
-            hidden=config["hidden"],
-            dropout=config["dropout"],
+            tensors["feature_std"],
+            tensors["table"],
+            config["embedder"],
         )
 
 
 def read_router_json(path: Path) -> dict[str, Any]:
-    """A router folder's router.json, its entries checked (`_COMMON_KEYS` and the kind's own).
+    """A router folder's router.json, its entries checked (`_KEYS`).
 
     Raises:
         ValueError: naming the file and the entry: not JSON, not an object, a missing or mistyped entry.
@@ -229,27 +193,21 @@ def read_router_json(path: Path) -> dict[str, Any]:
         ) from None
     if not isinstance(config, dict):
         raise ValueError(f"{str(path)!r} holds a JSON {type(config).__name__}, not a router's settings (an object)")
-    kind = config.get("kind", "mlp")
-    if kind not in ("mlp", DOMAIN):
-        raise ValueError(f"{str(path)!r}: kind={kind!r}: expected {DOMAIN!r} or absent (an MLP router)")
-    for key, (check, expected) in (_COMMON_KEYS | (_DOMAIN_KEYS if kind == DOMAIN else _MLP_KEYS)).items():
+    for key, (check, expected) in _KEYS.items():
         if key not in config:
             raise ValueError(
                 f"{str(path)!r} has no {key!r} entry ({expected}): not a router saved by this version; refit the router"
             )
         if not check(config[key]):
             raise ValueError(f"{str(path)!r}: {key}={config[key]!r}: expected {expected}")
-    members = config.get("members", 1)
-    if not (is_int(members) and members >= 1):
-        raise ValueError(f"{str(path)!r}: members={members!r}: expected an int >= 1")
     return config
 
 
 def feature_scale(std: torch.Tensor) -> torch.Tensor:
-    """The standardising scale of features with training-row standard deviation `std` `[..., F]`.
+    """The standardising scale of features with training-row standard deviation `std` `[F]`.
     A feature constant on the training rows (a hashing bucket no training prompt fills) keeps
     scale 1: a tiny floor there would multiply it by ~1e6 for the first prompt that has it and
-    swamp every score."""
+    swamp every logit."""
     return torch.where(std > 1e-6, std, 1.0)
 
 
