@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from transformers import LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from specdecode.models.draft_vocab import draft_vocab_ids
 from specdecode.models.eagle3_drafter import Eagle3Drafter, derive_eagle3_drafter
 from specdecode.models.eagle_export import FORMATS, HOT_TOKEN_MAP_FILE, WEIGHTS_FILE, export_drafter, export_eagle
 from specdecode.models.feature_drafter import FeatureDrafter, derive_feature_drafter, feed_back, target_features
@@ -423,22 +424,16 @@ def eagle3_trained_like(target: torch.nn.Module, draft_vocab=None, seed: int = 1
     return drafter
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
-@pytest.mark.parametrize("format", ["vllm-eagle3", "sglang-eagle3"])
-@pytest.mark.parametrize("truncated", [False, True])
-def test_eagle3_engine_reads_the_drafters_logits(tmp_path, family, format, truncated) -> None:
+def assert_engine_runs_eagle3(target: torch.nn.Module, drafter: Eagle3Drafter, folder: Path, format: str) -> dict:
     """The engine captures the target states our features hold, and its first and fed-back steps
-    give the drafter's logits at the draft ids it maps them to."""
-    target = tiny_target(family, layers=6)
-    draft_vocab = list(range(1, V, 3)) if truncated else None
-    drafter = eagle3_trained_like(target, draft_vocab)
-    folder = export_drafter(drafter, target, tmp_path / "out", format)
+    give the drafter's logits at the draft ids it maps them to. Returns the engine's config."""
     engine = format.split("-")[0]
     cfg, params, draft_to_target = load_as_eagle3_engine(engine, folder)
-    kept = torch.tensor(draft_vocab) if truncated else torch.arange(V)
+    kept = draft_vocab_ids(drafter)
     assert torch.equal(draft_to_target, kept)
 
-    ids = torch.randint(0, V, (1, 10), generator=torch.Generator().manual_seed(3))
+    width = target.config.hidden_size
+    ids = torch.randint(0, target.config.vocab_size, (1, 10), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         states = target(ids, output_hidden_states=True).hidden_states
     captured = (
@@ -452,7 +447,7 @@ def test_eagle3_engine_reads_the_drafters_logits(tmp_path, family, format, trunc
     embeds = target.get_input_embeddings().weight.detach()[next_ids]
     with torch.no_grad():
         features = target_features(target, states, drafter.feature_layers)[:, :-1]
-        assert torch.equal(features[0, :, : 3 * H], aux)
+        assert torch.equal(features[0, :, : 3 * width], aux)
         theirs, fed = eagle3_forward(cfg, params, layer, embeds, aux)
         ours_hidden = drafter(features, next_ids[None])
         ours = drafter.logits(ours_hidden)[0]
@@ -463,8 +458,23 @@ def test_eagle3_engine_reads_the_drafters_logits(tmp_path, family, format, trunc
         theirs, _ = eagle3_forward(cfg, params, layer, embeds, fed)
         ours = drafter.logits(drafter(feed_back(ours_hidden, drafter.feature_width), next_ids[None]))[0]
         torch.testing.assert_close(theirs, ours[:, kept], atol=1e-4, rtol=1e-4)
-    assert cfg["architectures"] == (["LlamaForCausalLM"] if engine == "vllm" else ["LlamaForCausalLMEagle3"])
-    assert cfg["draft_vocab_size"] == len(kept) and cfg["num_hidden_layers"] == 1 and cfg["rope_theta"] == 50000.0
+    assert cfg["draft_vocab_size"] == len(kept) and cfg["num_hidden_layers"] == 1
+    return cfg
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("format", ["vllm-eagle3", "sglang-eagle3"])
+@pytest.mark.parametrize("truncated", [False, True])
+def test_eagle3_engine_reads_the_drafters_logits(tmp_path, family, format, truncated) -> None:
+    """`assert_engine_runs_eagle3` on a drafter of either family, full or truncated vocabulary."""
+    target = tiny_target(family, layers=6)
+    draft_vocab = list(range(1, V, 3)) if truncated else None
+    drafter = eagle3_trained_like(target, draft_vocab)
+    folder = export_drafter(drafter, target, tmp_path / "out", format)
+    cfg = assert_engine_runs_eagle3(target, drafter, folder, format)
+    assert draft_vocab is None or draft_vocab_ids(drafter).tolist() == draft_vocab
+    assert cfg["architectures"] == (["LlamaForCausalLM"] if format == "vllm-eagle3" else ["LlamaForCausalLMEagle3"])
+    assert cfg["rope_theta"] == 50000.0
 
 
 def test_eagle3_exports_refuse_other_drafters(tmp_path) -> None:

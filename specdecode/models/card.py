@@ -104,7 +104,7 @@ def training_facts(cfg: Any, metrics: Mapping[str, Any], command: str | None = N
             "kind": drafter.kind,
             "num_layers": drafter.num_layers,
             "layout": drafter.layout,
-            "feature_layers": list(drafter.feature_layers) if drafter.kind == "feature" else None,
+            "feature_layers": metrics.get("feature_layers"),  # the target states it reads, as trained
             "draft_vocab": metrics.get("draft_vocab", drafter.draft_vocab),
             "init_from": drafter.path,
         },
@@ -136,6 +136,15 @@ def training_facts(cfg: Any, metrics: Mapping[str, Any], command: str | None = N
     }
 
 
+# a drafter kind as the card's first line names it
+KIND_NAMES = {
+    "feature": "feature (EAGLE-style) drafter",
+    "eagle3": "EAGLE-3 drafter",
+    "derived": "drafter cut from the target's first layers",
+    "pretrained": "drafter fine-tuned from a pretrained model",
+}
+
+
 def render_card(facts: Mapping[str, Any]) -> str:
     """A drafter folder's README.md from its facts (`training_facts`)."""
     target, drafter, data, training = facts["target"], facts["drafter"], facts["data"], facts["training"]
@@ -149,18 +158,14 @@ def render_card(facts: Mapping[str, Any]) -> str:
         "specdecode",
         "speculative-decoding",
         "draft-model",
-        *(["eagle"] if drafter["kind"] == "feature" else []),
+        *({"feature": ["eagle"], "eagle3": ["eagle3"]}.get(drafter["kind"], [])),
         *domains,
     ]
     if datasets := _datasets(data):
         meta["datasets"] = datasets
     meta["specdecode"] = dict(facts)
     revision = f" at revision `{facts['target_revision']}`" if facts.get("target_revision") else ""
-    kind = {
-        "feature": "feature (EAGLE-style) drafter",
-        "derived": "drafter cut from the target's first layers",
-        "pretrained": "drafter fine-tuned from a pretrained model",
-    }.get(drafter["kind"], f"{drafter['kind']} drafter")
+    kind = KIND_NAMES.get(drafter["kind"], f"{drafter['kind']} drafter")
     vocab = drafter["draft_vocab"]
     lines = [
         "---",
@@ -226,13 +231,22 @@ def render_card(facts: Mapping[str, Any]) -> str:
         "```",
         "",
     ]
-    if drafter["kind"] == "feature" and drafter.get("layout") == "eagle":
+    if (formats := _export_formats(drafter)) is not None:
         lines += [
-            "To serve it with vLLM or SGLang: `specdecode export drafter=<this folder> format=vllm-eagle|sglang-eagle "
+            f"To serve it with vLLM or SGLang: `specdecode export drafter=<this folder> format={formats} "
             "output=<folder>`.",
             "",
         ]
     return "\n".join(lines)
+
+
+def _export_formats(drafter: Mapping[str, Any]) -> str | None:
+    """The export formats a trained drafter of the card's `drafter` facts can be written in, or None."""
+    if drafter["kind"] == "eagle3":
+        return "vllm-eagle3|sglang-eagle3"
+    if drafter["kind"] == "feature" and drafter.get("layout") == "eagle":
+        return "vllm-eagle|sglang-eagle"
+    return None
 
 
 def write_training_card(folder: str | Path, cfg: Any, metrics: Mapping[str, Any], command: str | None = None) -> Path:

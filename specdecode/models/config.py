@@ -58,7 +58,9 @@ def check_hub_options(revision: object, trust_remote_code: object, prefix: str) 
     require(isinstance(trust_remote_code, bool), f"{prefix}.trust_remote_code", trust_remote_code, "true or false")
 
 
-DRAFTER_KINDS = ("derived", "feature", "pretrained")
+DRAFTER_KINDS = ("derived", "feature", "eagle3", "pretrained")
+# the kinds built from the target here (`pretrained` loads a folder)
+BUILT_KINDS = ("derived", "feature", "eagle3")
 # how a feature drafter runs its body (specdecode.models.feature_drafter, "Layouts")
 FEATURE_LAYOUTS = ("specdecode", "eagle")
 LAST_FEATURE = (-1,)
@@ -101,7 +103,10 @@ class DrafterConfig:
     `feature`: an EAGLE-style drafter reading the target's hidden states (num_layers decoder layers
     initialised from the target's layers ending at init_from_layer, or at random if it is null;
     specdecode.models.feature_drafter);
-    `pretrained`: a trained drafter folder of either kind, or any HF causal LM with the target's
+    `eagle3`: an EAGLE-3 drafter: one layer reading the target's low / middle / high states
+    (`feature_layers`) and its own final norm and head over the draft vocabulary, all trained
+    (specdecode.models.eagle3_drafter);
+    `pretrained`: a trained drafter folder of any kind, or any HF causal LM with the target's
     tokenizer, at `path`."""
 
     kind: str = "derived"
@@ -114,8 +119,9 @@ class DrafterConfig:
     # ending at that one (-1: the last)
     init_from_layer: int | None = None
     # feature drafters: the target hidden states they read, the last (-1, post-norm) last; e.g.
-    # [2, 15, -1] adds the states after layers 2 and 15 (EAGLE-3's low / middle / high features)
-    feature_layers: list[int] = field(default_factory=lambda: [-1])
+    # [2, 15, -1] adds the states after layers 2 and 15 (normed). eagle3: the three target layers
+    # whose raw input states it fuses, null: vLLM's and SGLang's (2, L // 2, L - 3)
+    feature_layers: list[int] | None = field(default_factory=lambda: [-1])
     # feature drafters: eagle (EAGLE-1's layout: no input norm before the first layer, no final
     # norm; what vLLM's EAGLE drafters run, exportable with specdecode.models.eagle_export) |
     # specdecode (both norms, the decoder as cut from the target); null: eagle for a feature
@@ -140,7 +146,9 @@ class DrafterConfig:
             )
         if self.kind == "feature":
             self.feature_layers = list(check_feature_layers(self.feature_layers, name="drafter.feature_layers"))
-        if self.kind in ("derived", "feature"):
+        if self.kind == "eagle3":
+            self._check_eagle3()
+        if self.kind in BUILT_KINDS:
             require(
                 isinstance(self.num_layers, int) and self.num_layers >= 1,
                 "drafter.num_layers",
@@ -158,7 +166,7 @@ class DrafterConfig:
                 self.path is None,
                 "drafter.path",
                 self.path,
-                "is set but drafter.kind='derived' (cut from the target, it reads no path); "
+                f"is set but drafter.kind={self.kind!r} (built from the target, it reads no path); "
                 "use drafter=pretrained or drop the path",
             )
         else:
@@ -169,3 +177,28 @@ class DrafterConfig:
                 self.draft_vocab,
                 f"is set but drafter.kind={self.kind!r} (a pretrained drafter keeps its own head); use null",
             )
+
+    def _check_eagle3(self) -> None:
+        """EAGLE-3's drafter: one layer, started at random, reading null or three distinct target layers."""
+        layers = self.feature_layers
+        require(
+            layers is None
+            or (
+                isinstance(layers, list)
+                and len(layers) == 3
+                and len(set(layers)) == 3
+                and all(isinstance(i, int) and not isinstance(i, bool) and i >= 1 for i in layers)
+            ),
+            "drafter.feature_layers",
+            layers,
+            "null (the engines' low / middle / high layers) or three distinct target layers >= 1 for an eagle3 drafter",
+        )
+        require(
+            self.num_layers == 1, "drafter.num_layers", self.num_layers, "1 for an eagle3 drafter (EAGLE-3's one layer)"
+        )
+        require(
+            self.init_from_layer is None,
+            "drafter.init_from_layer",
+            self.init_from_layer,
+            "null for an eagle3 drafter (its layer reads 2H and starts at random)",
+        )

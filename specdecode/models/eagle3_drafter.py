@@ -52,6 +52,14 @@ def default_feature_layers(num_target_layers: int) -> tuple[int, int, int]:
     return 2, num_target_layers // 2, num_target_layers - 3
 
 
+def teacher_layers(layers: Sequence[int], num_target_layers: int) -> tuple[int, ...]:
+    """The target layers an EAGLE-3 drafter's training cache keeps: its three, then L, whose state
+    (the target's last, post-norm) fills the slot decoding leaves for the fed-back state
+    (`target_features`). The distillation teacher reads it there; the drafter never does
+    (`Eagle3Drafter.input_features`)."""
+    return (*layers, num_target_layers)
+
+
 def check_eagle3_layers(layers: Sequence[int], num_target_layers: int) -> tuple[int, int, int]:
     """Three distinct target layer ids in [1, L - 1] (the input of each), or a ValueError naming them."""
     layers = tuple(layers) if isinstance(layers, (list, tuple)) else ()
@@ -172,6 +180,17 @@ class Eagle3Drafter(FeatureDrafter):
         """4H: the three target states and the fed-back slot."""
         return self.fc.in_features + self.body.config.hidden_size
 
+    def timed_module(self) -> nn.Module:
+        """Its layer reads `[embedding; g]`, so its body cannot run on tokens alone: a drafting pass
+        over zero target states (`Eagle3Timing`)."""
+        return Eagle3Timing(self)
+
+    def input_features(self, cached: torch.Tensor) -> torch.Tensor:
+        """`[s_1; s_2; s_3; 0]` from a training cache's `[..., 4H]` `[s_1; s_2; s_3; f]` (`teacher_layers`):
+        the target's last state f is the teacher's input, not the drafter's."""
+        states = cached[..., : self.fc.in_features]
+        return torch.cat([states, states.new_zeros(*states.shape[:-1], cached.shape[-1] - states.shape[-1])], dim=-1)
+
     def fuse(self, features: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
         """`[B, T, 4H]` features and `[B, T]` tokens → `[B, T, 2H]` `[embedding; g]`."""
         embeddings = self.get_input_embeddings()(next_ids)
@@ -203,6 +222,31 @@ class Eagle3Drafter(FeatureDrafter):
         tensors = {"fc.weight": self.fc.weight, "norm.weight": head.norm.weight}
         tensors |= {f"layer.{name}": value for name, value in self.layer.state_dict().items()}
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(Path(path) / EAGLE3_FILE))
+
+
+class Eagle3Timing(nn.Module):
+    """An EAGLE-3 drafter as the CPU kernel choice times a causal LM: `forward(input_ids)` `[B, T]`
+    runs a drafting pass over zero target states through the fusion, the layer and the head."""
+
+    def __init__(self, drafter: Eagle3Drafter) -> None:
+        super().__init__()
+        self.drafter = drafter
+
+    @property
+    def config(self) -> Any:
+        return self.drafter.config
+
+    @property
+    def device(self) -> torch.device:
+        return self.drafter.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.drafter.dtype
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        features = torch.zeros(*input_ids.shape, self.drafter.feature_width, device=self.device, dtype=self.dtype)
+        return self.drafter.logits(self.drafter(features, input_ids))
 
 
 def derive_eagle3_drafter(

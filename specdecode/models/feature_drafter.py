@@ -49,6 +49,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from specdecode.models.config import LAST_FEATURE, check_feature_layers, check_layout
+from specdecode.models.draft_vocab import DraftVocabHead
 from specdecode.models.folders import read_safetensors
 
 FC_FILE = "feature_fc.safetensors"
@@ -63,12 +64,17 @@ def target_features(
     `hidden_states` is transformers' `output_hidden_states` tuple (embeddings, then the state after
     each layer; the last entry is post-norm). Inner layers go through the target's final norm.
     Layers with no trailing -1 are an EAGLE-3 drafter's (eagle3_drafter.py): their raw states, then
-    a zero slot `[..., H]` for the drafter's own fed-back state.
+    a zero slot `[..., H]` for the drafter's own fed-back state; its training cache's layers end
+    with L, the target's layer count (`eagle3_drafter.teacher_layers`), whose state, the last and
+    post-norm, fills that slot for the distillation teacher to read.
     """
     if tuple(layers) == LAST_FEATURE:
         return hidden_states[-1]
     if layers[-1] != -1:
-        return torch.cat([*(hidden_states[i] for i in layers), torch.zeros_like(hidden_states[-1])], dim=-1)
+        states = [hidden_states[i] for i in layers]
+        if layers[-1] != len(hidden_states) - 1:
+            states.append(torch.zeros_like(hidden_states[-1]))
+        return torch.cat(states, dim=-1)
     norm = target.get_decoder().norm
     parts = [hidden_states[-1] if i == -1 else norm(hidden_states[i]) for i in layers]
     return torch.cat(parts, dim=-1)
@@ -148,6 +154,21 @@ class FeatureDrafter(nn.Module):
     def feature_width(self) -> int:
         """n·H: the width of the features it reads (`target_features`)."""
         return self.fc.weight.shape[1] - self.body.config.get_text_config().hidden_size
+
+    def timed_module(self) -> nn.Module:
+        """What the CPU kernel choice times for it (`models.kernel_choice`, a causal LM's
+        `forward(input_ids)`): its body, whose linears are its own but the fusion."""
+        return self.body
+
+    def input_features(self, cached: torch.Tensor) -> torch.Tensor:
+        """The features it reads `[..., n·H]` from a training cache's (`target_features` of the
+        cache's layers): the same, the last slot being the target's last state it reads."""
+        return cached
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`[..., H]` outputs → `[..., K]` logits over its K draft ids (K = V with a full head)."""
+        head = self.get_output_embeddings()
+        return head.draft_logits(hidden) if isinstance(head, DraftVocabHead) else head(hidden)
 
     def fuse(self, features: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
         """`[B, T, n·H]` features f_t and `[B, T]` tokens x_{t+1} → `[B, T, H]` decoder inputs."""

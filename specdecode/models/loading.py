@@ -18,7 +18,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdecode.models.compat import check_tokenizers, check_vocab_sizes
-from specdecode.models.config import SMOKE_TARGET, DrafterConfig, TargetConfig
+from specdecode.models.config import BUILT_KINDS, SMOKE_TARGET, DrafterConfig, TargetConfig
 from specdecode.models.cpu_matmul import (
     FEW_ROWS,
     packed_rows_of,
@@ -29,7 +29,14 @@ from specdecode.models.cpu_matmul import (
 )
 from specdecode.models.draft_vocab import apply_draft_vocab_from_config, pad_vocab
 from specdecode.models.drafters import derive_drafter
-from specdecode.models.eagle3_drafter import wrap_drafter
+from specdecode.models.eagle3_drafter import (
+    FUSION,
+    check_eagle3_layers,
+    default_feature_layers,
+    derive_eagle3_drafter,
+    teacher_layers,
+    wrap_drafter,
+)
 from specdecode.models.feature_drafter import CONFIG_KEY as FEATURE_CONFIG_KEY
 from specdecode.models.feature_drafter import (
     FeatureDrafter,
@@ -183,8 +190,7 @@ def _placed(
     """`model` in eval mode on `device` in `dtype`, with skinny linears on CPU if asked, or if
     measured faster on this machine (None; measured once, then read from disk)."""
     model = model.to(device=device, dtype=dtype).eval()
-    # a feature drafter's linear layers are its body's (plus the fusion layer): time the body
-    timed = model.body if isinstance(model, FeatureDrafter) else model
+    timed = model.timed_module() if isinstance(model, FeatureDrafter) else model
     if device.type == "cpu" and skinny_matmul is not False:
         rows = FEW_ROWS if skinny_matmul else cached_skinny_rows(timed)
         if rows is not None:
@@ -263,9 +269,13 @@ def build_drafter(
     drafter; the truncated vocabulary picked from `corpus()`, tokenised text, called only when
     needed) or a pretrained folder / hub id (either kind) whose tokenizer must be the target's.
     The drafter uses the target's linear kernels (skinny on CPU if the target's are)."""
-    if cfg.kind in ("derived", "feature"):
+    if cfg.kind in BUILT_KINDS:
         vocab_docs = corpus() if cfg.draft_vocab is not None else None
-        if cfg.kind == "feature":
+        if cfg.kind == "eagle3":
+            drafter = derive_eagle3_drafter(
+                target, feature_layers=cfg.feature_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs
+            )
+        elif cfg.kind == "feature":
             drafter = derive_feature_drafter(
                 target,
                 cfg.num_layers,
@@ -318,11 +328,17 @@ def check_drafter_tokenizer(cfg: DrafterConfig, tokenizer: PreTrainedTokenizerBa
         raise ValueError(f"drafter.path={cfg.path!r}: its tokenizer is not the target's: {error}") from None
 
 
-def reads_features(cfg: DrafterConfig) -> tuple[int, ...] | None:
-    """The target layers the drafter a config names reads if it is a feature drafter (a pretrained
-    folder says so in its config), else None; known before the teacher cache is built, since that
-    cache then keeps those features."""
+def reads_features(cfg: DrafterConfig, num_target_layers: int) -> tuple[int, ...] | None:
+    """The target layers the teacher cache keeps for the drafter a config names, if it reads the
+    target's features (a pretrained folder says so in its config), else None: a feature drafter's
+    own, an EAGLE-3 drafter's `teacher_layers` (checked against the target's `num_target_layers`);
+    known before the teacher cache is built, since that cache then keeps those features."""
+    if cfg.kind == "eagle3":
+        layers = cfg.feature_layers or default_feature_layers(num_target_layers)
+        return teacher_layers(check_eagle3_layers(layers, num_target_layers), num_target_layers)
     if cfg.kind != "pretrained":
         return tuple(cfg.feature_layers) if cfg.kind == "feature" else None
     settings = getattr(AutoConfig.from_pretrained(str(cfg.path)), FEATURE_CONFIG_KEY, None)
+    if settings is not None and settings.get("fusion") == FUSION:
+        return teacher_layers(check_eagle3_layers(settings["layers"], num_target_layers), num_target_layers)
     return None if settings is None else tuple(saved_settings(settings, cfg.path)[0])

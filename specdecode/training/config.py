@@ -59,9 +59,10 @@ class TrainConfig:
     early_stop_evals: int | None = None
     # Feature drafters: drafting steps unrolled in training (EAGLE-3's training-time test: step j
     # reads the drafter's own predicted feature, as decoding does), and the weight of the smooth-L1
-    # regression of the target's next feature beside the token loss.
+    # regression of the target's next feature beside the token loss (null: 1; an eagle3 drafter's
+    # outputs are its own states, not the target's features: 0, as EAGLE-3 trains).
     unroll_steps: int = 2
-    feature_loss_weight: float = 1.0
+    feature_loss_weight: float | None = None
     # Feature drafters: uniform noise U(-a, a) added in training to the target features the drafter
     # reads (EAGLE's; the post-norm features have an RMS of ~2 on SmolLM2). 0 = none.
     feature_noise: float = 0.0
@@ -116,7 +117,9 @@ class TrainConfig:
     keep_checkpoints: int = 2
     resume: bool = False
     freeze_embeddings: bool = True
-    freeze_head: bool = True
+    # null: frozen for derived and feature drafters (the target's head), trained with its final norm
+    # for an eagle3 drafter (its own head, as EAGLE-3 trains it)
+    freeze_head: bool | None = None
     log_every: int = 10
     seed: int = 0
     # Training documents tokenised to pick a derived drafter's truncated vocabulary.
@@ -169,10 +172,10 @@ class TrainConfig:
             "an int in [1, 8]",
         )
         require(
-            is_number(self.feature_loss_weight) and self.feature_loss_weight >= 0,
+            self.feature_loss_weight is None or (is_number(self.feature_loss_weight) and self.feature_loss_weight >= 0),
             "train.feature_loss_weight",
             self.feature_loss_weight,
-            ">= 0",
+            "null or >= 0",
         )
         require(
             is_number(self.feature_noise) and math.isfinite(self.feature_noise) and self.feature_noise >= 0,
@@ -327,10 +330,16 @@ class TrainJobConfig(Placement):
         # A feature drafter cannot write continuations alone: each of its steps reads the target's
         # features of the tokens before it, so there is no drafter-only (on-policy) generation.
         require(
-            not (self.drafter.kind == "feature" and self.train.lambda_on_policy > 0),
+            not (self.drafter.kind in ("feature", "eagle3") and self.train.lambda_on_policy > 0),
             "train.lambda_on_policy",
             self.train.lambda_on_policy,
-            "must be 0 with drafter.kind='feature' (it cannot generate without the target)",
+            f"must be 0 with drafter.kind={self.drafter.kind!r} (it cannot generate without the target)",
+        )
+        require(
+            not (self.drafter.kind == "eagle3" and self.train.feature_loss_weight),
+            "train.feature_loss_weight",
+            self.train.feature_loss_weight,
+            "must be null or 0 with drafter.kind='eagle3' (its outputs are its own states, not the target's features)",
         )
         require(
             self.wandb_mode in ("offline", "online", "disabled"),

@@ -7,6 +7,11 @@ head turns into p(x_{t+1}). `FeatureDrafterLogits` returns its outputs shifted o
 positions, so masks, teacher logits and held-out targets are shared with slice drafters; the
 teacher's logits at t are the frozen head applied to f_t, its regression target is f_t itself.
 
+EAGLE-3 drafters (specdecode.models.eagle3_drafter) train the same way, with two differences: their
+outputs are their own states, not estimates of the target's features, so there is no regression
+(`regression_weight`); and their cache holds the target's last state in the slot decoding leaves
+for the fed-back state, which the teacher reads and the drafter does not (`input_features`).
+
 Unrolled passes (EAGLE-3's training-time test). Drafting steps 2..gamma read the drafter's own
 predicted features; `unrolled_features` trains that by running the passes as decoding does, all in
 one forward. Pass 1 runs at every position (every later query reads its keys); passes 2..S run
@@ -22,6 +27,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from specdecode.core.devices import autocast_context
+from specdecode.models.eagle3_drafter import Eagle3Drafter
 from specdecode.models.feature_drafter import FeatureDrafter, feed_back
 
 
@@ -47,8 +53,8 @@ class FeatureDrafterLogits(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, features: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`input_ids`, `attention_mask` `[B, T]`, target `features` `[B, T, H]` and the `[B, T]`
-        bool loss `positions` (standard positions, P of them) →
+        """`input_ids`, `attention_mask` `[B, T]`, cached target `features` `[B, T, n·H]` and the
+        `[B, T]` bool loss `positions` (standard positions, P of them) →
 
         logits `[S, P, K]` over the drafter's K vocabulary ids and predicted features `[S, P, H]`
         of the S passes at those positions, in row-major order. Pass j is only meaningful from
@@ -58,6 +64,7 @@ class FeatureDrafterLogits(nn.Module):
         inputs = features[:, :-1]
         if self.training and self.noise > 0:
             inputs = inputs + torch.empty_like(inputs).uniform_(-self.noise, self.noise)
+        inputs = self.drafter.input_features(inputs)
         with autocast_context(input_ids.device, self.autocast):
             # drafter position t makes the prediction scored at standard position t + 1: passes 2..S
             # need only run around the loss positions (most of a chat row is its prompt)
@@ -66,9 +73,25 @@ class FeatureDrafterLogits(nn.Module):
             )
             # standard position t holds the pass's output made at t - 1; position 0 has none (zero)
             predicted = torch.stack([F.pad(p, (0, 0, 1, 0))[positions] for p in passes])
-            head = self.drafter.get_output_embeddings()
-            logits = F.linear(predicted, head.weight, head.bias)
+            logits = self.drafter.draft_logits(predicted)
         return (logits, predicted) if self.autocast is None else (logits.float(), predicted.float())
+
+
+def regression_weight(configured: float | None, drafter: FeatureDrafter) -> float:
+    """The weight of the feature regression for `drafter`: `train.feature_loss_weight` (null: 1),
+    and 0 for an EAGLE-3 drafter, whose outputs are its own states.
+
+    Raises:
+        ValueError: a positive weight for an EAGLE-3 drafter (e.g. a pretrained folder of one).
+    """
+    if not isinstance(drafter, Eagle3Drafter):
+        return 1.0 if configured is None else float(configured)
+    if configured:
+        raise ValueError(
+            f"train.feature_loss_weight={configured}: an EAGLE-3 drafter's outputs are its own states, "
+            "not the target's features; use null or 0"
+        )
+    return 0.0
 
 
 def pass_positions(positions: torch.Tensor, steps: int) -> torch.Tensor:

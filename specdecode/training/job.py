@@ -39,6 +39,7 @@ from specdecode.core.locking import locks_output_dir
 from specdecode.decoding.gamma import choose_gamma
 from specdecode.models.card import push_to_hub, write_training_card
 from specdecode.models.cpu_matmul import kernel_picks
+from specdecode.models.eagle3_drafter import Eagle3Drafter
 from specdecode.models.feature_drafter import FeatureDrafter
 from specdecode.models.loading import build_drafter, check_drafter_tokenizer, load_target
 from specdecode.training.checkpoints import (
@@ -207,14 +208,16 @@ def _choose_gamma(
 
 def _trainable_drafter(cfg: TrainJobConfig, teacher: Teacher, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
     """The drafter the config names (its truncated vocabulary picked from the training sequences),
-    in train mode, with the embeddings and head frozen as asked."""
+    in train mode, with the embeddings and head frozen as asked (`train.freeze_head` null: an
+    EAGLE-3 drafter's own head and final norm train, another's head is the target's, frozen)."""
     train = cfg.train
     corpus = [s.tokens for s in teacher.train_cache.sequences[: train.vocab_corpus_docs]]
     drafter = build_drafter(cfg.drafter, teacher.target, tokenizer, lambda: corpus)
     drafter.requires_grad_(True)
     if train.freeze_embeddings:
         drafter.get_input_embeddings().requires_grad_(False)
-    if train.freeze_head:
+    freeze_head = train.freeze_head if train.freeze_head is not None else not isinstance(drafter, Eagle3Drafter)
+    if freeze_head:
         drafter.get_output_embeddings().requires_grad_(False)
     drafter.train()
     return drafter
@@ -245,10 +248,15 @@ def _metrics(
         "heldout_sequences": len(teacher.heldout.sequences),
         "heldout_positions": int(teacher.heldout.offsets[-1]),
         "draft_vocab": len(objective.draft_ids),
+        "feature_layers": list(objective.drafter.feature_layers) if teacher.features else None,
         "num_processes": accelerator.num_processes,
         "mixed_precision": resolve_mixed_precision(train.mixed_precision, accelerator.device),
         "data_dtype": dtype_name(data_dtype(train.data_precision, teacher.target)),
-        "drafter_kind": "feature" if teacher.features else "slice",
+        "drafter_kind": "eagle3"
+        if isinstance(objective.drafter, Eagle3Drafter)
+        else "feature"
+        if teacher.features
+        else "slice",
         "select_temperature": train.select_temperature,
         "selection_metric": "greedy acceptance"
         if train.select_temperature == 0

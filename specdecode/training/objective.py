@@ -14,7 +14,12 @@ from transformers import PreTrainedModel
 
 from specdecode.models.draft_vocab import draft_vocab_ids
 from specdecode.training.config import TrainJobConfig
-from specdecode.training.feature_training import feature_regression_sum, frozen_head_rows, pass_positions
+from specdecode.training.feature_training import (
+    feature_regression_sum,
+    frozen_head_rows,
+    pass_positions,
+    regression_weight,
+)
 from specdecode.training.loop import Batch
 from specdecode.training.losses import get_loss
 from specdecode.training.sequences import TrainSequence, generate_continuations
@@ -112,6 +117,7 @@ class Objective:
         )
         if self.teacher.features:  # the distillation teacher is the frozen head on the cached features
             self.teacher_weight, self.teacher_bias = frozen_head_rows(target.get_output_embeddings(), self.draft_ids)
+            self.feature_weight = regression_weight(train.feature_loss_weight, self.drafter)
 
     def micro_batches(self, sequences: list[TrainSequence], scored: TeacherCache, picks: list[int]) -> list[Batch]:
         """`grad_accum` micro-batches of `sequences`, which are `scored`'s sequences `picks`."""
@@ -178,7 +184,7 @@ class Objective:
         scored = pass_positions(positions, logits.shape[0])[:, positions]  # [S, P]
         # [P, H]: the last state, which the drafter predicts and the head reads (the last slot of n·H)
         features = batch["features"][positions][:, -predicted.shape[-1] :]
-        weight = self.cfg.train.feature_loss_weight
+        weight = self.feature_weight
         total = logits.new_zeros(())
         if self.job == "distill":
             bias = None if self.teacher_bias is None else self.teacher_bias.to(logits.device)
