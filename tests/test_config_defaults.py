@@ -35,7 +35,7 @@ NOT_DEFAULTS: dict[tuple[str, str], str] = {
     ("collect.yaml", "drafters"): "the trained drafter folders to label: the app's input, which no default can name",
     **{
         ("demo.yaml", key): "the demo's overrides of a stage's own YAML, none by default"
-        for key in ("losses", "benchmark", "distill", "distill_per_domain", "collect", "fit", "eval")
+        for key in ("losses", "benchmark", "distill", "distill_per_domain", "collect", "eval", "short_eval")
     },
 }
 

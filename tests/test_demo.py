@@ -41,8 +41,12 @@ def smoke_config(output_dir: str, overrides: list[str] = ()) -> DemoConfig:
     return from_dict(DemoConfig, resolved)
 
 
+# A second evaluation of the same drafters and router at shorter answers, greedy, batch 1.
+SHORT_EVAL = "short_eval=['max_new_tokens=4','sweep_gammas=[]','temperatures=[0.0]','batch_sizes=[1]']"
+
+
 def test_smoke_pipeline_end_to_end_and_cached(tmp_path, capsys) -> None:
-    root = run_demo(smoke_config(str(tmp_path / "demo")))
+    root = run_demo(smoke_config(str(tmp_path / "demo"), [SHORT_EVAL]))
 
     results = json.loads((root / "results.json").read_text())
     assert set(results) >= {"config", "rows"}
@@ -78,19 +82,26 @@ def test_smoke_pipeline_end_to_end_and_cached(tmp_path, capsys) -> None:
     assert "## The router's share of the oracle's gain" in report
     # one distillation row per drafter, naming its kind (the smoke demo trains slices)
     assert "| code | slice | forward_kl |" in report and "| mix | slice | forward_kl |" in report
-    for stage in ("distill-code", "distill-mix", "collect", "fit", "eval"):
+    for stage in ("distill-code", "distill-mix", "collect", "fit", "eval", "eval-short"):
         assert (root / stage / "STAGE.json").is_file()
+    # every row says how long its answers were; the short evaluation's rows sit beside the main ones
+    assert {r["max_new_tokens"] for r in results["rows"]} == {8}
+    short = results["short_eval"]["rows"]
+    assert {(r["max_new_tokens"], r["temperature"], r["batch_size"]) for r in short} == {(4, 0.0, 1)}
+    assert {r["method"] for r in short} == methods and all(r["exact_match"] == 1.0 for r in short)
+    assert "## The same drafters at 4 new tokens (stage `eval-short`)" in report
     # the domain jobs were fine-tuned from the generic drafter's folder (specialists_from: generic)
     job = OmegaConf.load(root / "distill-code" / "config.yaml")
     assert job.drafter.kind == "pretrained" and job.drafter.path == str(root / "distill-mix" / "drafter")
 
     # A second run with the same config does no work; changing the fit reruns fit and eval only.
     capsys.readouterr()
-    run_demo(smoke_config(str(tmp_path / "demo")))
-    assert capsys.readouterr().out.count("up to date") == 7
-    run_demo(smoke_config(str(tmp_path / "demo"), ["fit=['epochs=5']"]))
+    run_demo(smoke_config(str(tmp_path / "demo"), [SHORT_EVAL]))
+    assert capsys.readouterr().out.count("up to date") == 8
+    run_demo(smoke_config(str(tmp_path / "demo"), [SHORT_EVAL, "fit=['epochs=5']"]))
     log = capsys.readouterr().out
-    assert "[fit] done" in log and "[eval] done" in log and "[collect] up to date" in log
+    assert "[fit] done" in log and "[eval] done" in log and "[eval-short] done" in log
+    assert "[collect] up to date" in log
 
 
 def _user_domains(tmp_path: Path) -> Path:

@@ -361,6 +361,40 @@ def test_gamma_sweep_rows_for_the_swept_methods_only(tiny_setup) -> None:
             assert len(r["position_acceptance"]) == r["gamma"], r
 
 
+def test_batch1_prompts_decodes_the_first_prompts_at_batch_1_and_all_at_larger_batches(tiny_setup) -> None:
+    tmp_path, folders = tiny_setup
+    cfg = EvalConfig(
+        target=TargetConfig(name=str(tmp_path / "target")),
+        methods=["autoregressive", "generic", "specialized", "routed", "oracle"],
+        drafters=folders,
+        router_dir="unused-by-the-fake-loader",
+        domains=["code"],
+        prompts_per_domain=3,
+        batch1_prompts=2,
+        max_prompt_tokens=150,
+        max_new_tokens=5,
+        gamma=2,
+        temperatures=[0.0],
+        batch_sizes=[1, 3],
+        sweep_gammas=[1, 2],
+        output_dir=str(tmp_path / "eval"),
+    )
+    rows = run_eval(cfg, router_loader=lambda path: FixedRouter("generic", "code"))["rows"]
+    prompts = {(r["method"], r["batch_size"], r["gamma"]): r["prompts"] for r in rows}
+    assert prompts[("autoregressive", 1, 0)] == prompts[("routed", 1, 2)] == prompts[("oracle", 1, 2)] == 2
+    assert prompts[("generic", 1, 1)] == prompts[("routed", 1, 1)] == 2  # the sweep runs at batch 1
+    assert prompts[("autoregressive", 3, 0)] == prompts[("routed", 3, 2)] == prompts[("generic", 3, 2)] == 3
+    # the oracle's choices come from batch-1 runs: none cover the third prompt, so no oracle at batch 3
+    assert ("oracle", 3, 2) not in prompts
+    assert all(r["max_new_tokens"] == 5 and r["exact_match"] == 1.0 for r in rows)
+
+
+@pytest.mark.parametrize("batch1_prompts", [0, 4, 1.5])
+def test_bad_batch1_prompts_names_the_value(batch1_prompts) -> None:
+    with pytest.raises(ValueError, match=f"batch1_prompts={batch1_prompts}"):
+        EvalConfig(methods=["autoregressive"], prompts_per_domain=3, batch1_prompts=batch1_prompts)
+
+
 @pytest.mark.parametrize(
     "field, value, needle",
     [

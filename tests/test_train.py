@@ -894,6 +894,35 @@ def test_a_feature_drafters_continuations_and_features_take_one_target_pass(
         assert ours[-1].eq(0).all() and not theirs[-1].eq(0).all()
 
 
+def test_compile_on_writes_the_training_data_with_the_static_core(tmp_path: Path, monkeypatch) -> None:
+    """`compile: true` writes a feature drafter's data (continuations and features) with the static
+    core under torch.compile; here torch.compile is the identity, so the static core runs eagerly
+    (the compiled core's own equality is tests/test_static.py's, slow): the eager writer's data."""
+    import specdecode.training.sequences as sequences
+    from specdecode.training.teacher import load_cache
+
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
+    cores = []
+    generate = sequences.autoregressive_generate
+
+    def spy(*args, **kwargs):
+        cores.append((kwargs["static"], kwargs["compile"]))
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(sequences, "autoregressive_generate", spy)
+    caches = {}
+    for compile in (False, True):
+        out = tmp_path / f"compile-{compile}"
+        args = ("drafter.kind=feature", "train.seq_source=target", "train.seq_temperatures=[0.0]", "train.max_steps=1")
+        run_distill(smoke_cfg(out, *args, "train.gamma_candidates=[]", f"compile={str(compile).lower()}"))
+        [path] = (out / "cache").glob("distill-train-*.pt")
+        caches[compile] = load_cache(path)
+    assert set(cores) == {(False, False), (True, True)}
+    eager, static = caches[False], caches[True]
+    assert [s.tokens for s in static.sequences] == [s.tokens for s in eager.sequences]
+    torch.testing.assert_close(static.features.float(), eager.features.float(), atol=2e-3, rtol=2e-3)
+
+
 @pytest.mark.parametrize("layers", ["[-1]", "[1,3,-1]"])
 def test_feature_drafter_batches_carry_the_features_of_their_own_sequences(
     tmp_path: Path, monkeypatch, layers: str

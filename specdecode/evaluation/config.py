@@ -84,6 +84,9 @@ class EvalConfig(Placement):
         default_factory=lambda: ["autoregressive", "undistilled", "generic", "specialized", "routed", "oracle"]
     )
     prompts_per_domain: int = 10
+    # Of those, the first `batch1_prompts` are decoded at batch 1 (and in the sweep); null: all. A
+    # batch-1 row costs a target pass per few tokens per prompt, a batch-8 row one per 8 prompts.
+    batch1_prompts: int | None = None
     max_prompt_tokens: int = 256
     max_new_tokens: int = 64
     # null: each drafter at the gamma stored with it by training (specdecode.decoding.decode.drafter_gamma;
@@ -98,6 +101,9 @@ class EvalConfig(Placement):
     sweep_gammas: list[int] = field(default_factory=list)
     sweep_methods: list[str] = field(default_factory=lambda: ["generic", "routed"])
     sweep_temperatures: list[float] = field(default_factory=lambda: [0.0])
+    # Held-out prompts per domain shown token by token in tokens-<domain>.html (routed, else generic;
+    # greedy, batch 1, decoded after the timed runs); 0: no pages.
+    token_pages: int = 3
     seed: int = 0
     output_dir: str = "outputs/eval"
 
@@ -119,6 +125,15 @@ class EvalConfig(Placement):
             )
             require(Path(path).exists(), f"drafters.{name}", path, "does not exist")
         require(self.prompts_per_domain >= 1, "prompts_per_domain", self.prompts_per_domain, ">= 1")
+        require(isinstance(self.token_pages, int) and self.token_pages >= 0, "token_pages", self.token_pages, ">= 0")
+        require(
+            self.batch1_prompts is None
+            or isinstance(self.batch1_prompts, int)
+            and 1 <= self.batch1_prompts <= self.prompts_per_domain,
+            "batch1_prompts",
+            self.batch1_prompts,
+            f"null or an int in [1, prompts_per_domain={self.prompts_per_domain}]",
+        )
         require(
             self.gamma is None or is_gamma(self.gamma),
             "gamma",

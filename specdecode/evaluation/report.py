@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from specdecode.core.atomic import write_atomic
+from specdecode.evaluation.token_pages import token_page_links
 
 
 def _pyplot():  # type: ignore[no-untyped-def]
@@ -93,11 +94,15 @@ def merge_results(paths: Iterable[Path]) -> dict:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    header = "| domain | method | gamma | T | batch | alpha | tau | tokens/s | speedup | exact match |"
-    lines = [header, "|" + "---|" * 10]
+    header = (
+        "| domain | method | gamma | T | batch | prompts | new tokens "
+        "| alpha | tau | tokens/s | speedup | exact match |"
+    )
+    lines = [header, "|" + "---|" * 12]
     for r in rows:
         lines.append(
             f"| {r['domain']} | {r['method']} | {r['gamma']} | {r['temperature']} | {r['batch_size']} | "
+            f"{r.get('prompts', '–')} | {r.get('max_new_tokens', '–')} | "
             f"{fmt(r['alpha'], 3)} | {fmt(r['tau'])} | {fmt(r['tokens_per_s'])} | {fmt(r['speedup'])}× | "
             f"{fmt(r['exact_match'])} |"
         )
@@ -252,6 +257,7 @@ def write_report(results: dict, out_dir: Path) -> Path:
             "exact match is the share of prompts whose output equals target-only greedy (greedy rows only).",
             "",
             *share_section(results.get("router_share") or []),
+            *token_page_links(out_dir),
             "![speedup per domain and method](speedup.png)",
             "![acceptance and tokens/s vs gamma](gamma_sweep.png)",
             "![per-position acceptance](position_acceptance.png)",

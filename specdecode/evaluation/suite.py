@@ -51,6 +51,7 @@ from specdecode.evaluation.records import (
     run_interleaved,
 )
 from specdecode.evaluation.report import write_report
+from specdecode.evaluation.token_pages import write_token_pages
 from specdecode.models.compat import check_tokenizers, default_eos
 from specdecode.models.cpu_matmul import kernel_picks
 from specdecode.models.loading import build_drafter, load_model, load_target
@@ -167,10 +168,11 @@ def _run_turns(
 
 
 def _eval_domain(
-    cfg: EvalConfig, models: _Models, domain: str, texts: list[str], ids: list[list[int]], progress: Any
+    cfg: EvalConfig, models: _Models, domain: str, texts: list[str], ids: list[list[int]], batch1: int, progress: Any
 ) -> tuple[dict[tuple, dict], float | None]:
     """Counts of every method and setting on one domain's prompts (this process's share), keyed as
-    `finalize_rows` expects; and the router's seconds per prompt (None without a router)."""
+    `finalize_rows` expects; and the router's seconds per prompt (None without a router). The
+    first `batch1` prompts run at batch 1 and in the sweep, all of them at larger batch sizes."""
     local: dict[tuple, dict] = {}
     route_choices: list[str] | None = None
     routing_s: float | None = None
@@ -188,36 +190,39 @@ def _eval_domain(
         sweep_reference: list[list[int]] | None = None
         for batch_size in sorted(cfg.batch_sizes):
             progress.set_postfix_str(f"{domain} T={temperature} B={batch_size}")
+            rows = ids if batch_size > 1 else ids[:batch1]
+            routes = None if route_choices is None else route_choices[: len(rows)]
             # A drafter loaded only for the router or the oracle runs no rows of its own. The methods
             # take turns batch by batch, so a drifting machine biases none of the speedups.
-            # The router's and (past batch 1) the oracle's rows take their turns too.
-            chosen = {"routed": route_choices} if route_choices is not None else {}
-            if oracle_choices is not None:
+            # The router's and (past batch 1) the oracle's rows take their turns too; the oracle's
+            # only where its batch-1 choices cover these prompts.
+            chosen = {"routed": routes} if routes is not None else {}
+            if oracle_choices is not None and len(oracle_choices) == len(rows):
                 chosen["oracle"] = oracle_choices
             methods = [name for name in generators if _family(name) in cfg.methods]
-            records = _run_turns(generators, methods, ids, batch_size, chosen, routing_s)
+            records = _run_turns(generators, methods, rows, batch_size, chosen, routing_s)
             if "oracle" in cfg.methods and models.candidates and oracle_choices is None:
                 # Batch 1, the smallest (EvalConfig requires it): the oracle picks from every
                 # candidate's batch-1 run, whether their rows were asked for or not.
                 pool = {
-                    n: records[n] if n in records else run_batched(generators[n], ids, 1) for n in models.candidates
+                    n: records[n] if n in records else run_batched(generators[n], rows, 1) for n in models.candidates
                 }
-                if models.pass_costs is None and ids:
+                if models.pass_costs is None and rows:
                     # Once, after this domain's longest prompt: a machine property, not a prompt's.
                     models.pass_costs = measure_pass_costs(
                         models.target,
                         {n: models.drafters[n] for n in models.candidates},
                         {n: cfg.gamma or drafter_gamma(models.drafters[n]) for n in models.candidates},
-                        max(ids, key=len),
+                        max(rows, key=len),
                     )
                 oracle_choices = pick_per_prompt(pool, models.pass_costs)
                 records["oracle"] = composed(pool, oracle_choices)
-                if route_choices is not None:
+                if routes is not None:
                     # The router's choices on the runs the oracle picks from: beside the oracle's
                     # row, they differ only where their choices do (`router_share`). Every batch-1
                     # run counts: a router may route to `undistilled`, no candidate of the oracle's.
                     runs = pool | {n: r for n, r in records.items() if n in generators}
-                    records[ROUTED_CHOICES] = composed(runs, route_choices, (routing_s or 0.0) * len(ids))
+                    records[ROUTED_CHOICES] = composed(runs, routes, (routing_s or 0.0) * len(rows))
             reference = records["autoregressive"].sequences if temperature == 0.0 else None
             if batch_size == sweep_batch:
                 sweep_reference = reference
@@ -227,8 +232,10 @@ def _eval_domain(
                 )
             progress.update(1)
         if temperature in cfg.sweep_temperatures:
+            sweep_ids = ids if sweep_batch > 1 else ids[:batch1]
+            sweep_routes = None if route_choices is None else route_choices[: len(sweep_ids)]
             local |= _sweep(
-                cfg, models, domain, decode, ids, sweep_batch, sweep_reference, route_choices, routing_s, progress
+                cfg, models, domain, decode, sweep_ids, sweep_batch, sweep_reference, sweep_routes, routing_s, progress
             )
     return local, routing_s
 
@@ -284,11 +291,18 @@ def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = No
     warmed = False
     for domain in cfg.domains:
         prompts = heldout_prompts(models.tokenizer, cfg.data[domain], cfg.prompts_per_domain, cfg.max_prompt_tokens)
-        with accelerator.split_between_processes(prompts) as mine:
+        batch1_limit = cfg.batch1_prompts or len(prompts)
+        with accelerator.split_between_processes(list(enumerate(prompts))) as mine:
             if mine and not warmed:
-                _warm_up(cfg, models, mine[0][1])
+                _warm_up(cfg, models, mine[0][1][1])
                 warmed = True
-            counts, routing_s = _eval_domain(cfg, models, domain, [t for t, _ in mine], [p for _, p in mine], progress)
+            # each process's share is contiguous: its batch-1 prompts are a prefix of it
+            batch1 = sum(1 for i, _ in mine if i < batch1_limit)
+            texts, ids = [t for _, (t, _) in mine], [p for _, (_, p) in mine]
+            counts, routing_s = _eval_domain(cfg, models, domain, texts, ids, batch1, progress)
+            if cfg.token_pages and accelerator.is_main_process:
+                pages = slice(0, cfg.token_pages)
+                write_token_pages(cfg, models, domain, texts[pages], ids[pages], _router_key)
         local |= counts
         if routing_s is not None:
             routing_seconds[domain] = routing_s
@@ -331,7 +345,7 @@ def _publish(
             # the main process's CPU kernels (models.cpu_matmul): they set every pass these timings hold
             "cpu_kernels": {"target": kernel_picks(models.target)}
             | {name: kernel_picks(d) for name, d in models.drafters.items()},
-            "rows": finalize_rows(merged),
+            "rows": [row | {"max_new_tokens": cfg.max_new_tokens} for row in finalize_rows(merged)],
             # the drafters the router and the oracle choose between (`_Models.candidates`), as rows name them
             "router_share": router_share(finalize_rows(main), [_method_name(n) for n in cfg.drafters]),
         }

@@ -65,6 +65,9 @@ class DemoConfig(Placement):
     collect: list[str] = field(default_factory=list)
     fit: list[str] = field(default_factory=list)
     eval: list[str] = field(default_factory=list)
+    # A second evaluation of the same drafters and router: overrides after `eval`'s (e.g. shorter
+    # answers, to set beside the first); empty: none.
+    short_eval: list[str] = field(default_factory=list)
     run_benchmark: bool = True
     # Where each domain drafter starts: scratch (a fresh drafter of the distill config's kind) or
     # generic (the generic drafter, which then trains first, on every domain's data): a domain

@@ -22,6 +22,7 @@ from specdecode.core.locking import locks_output_dir
 from specdecode.data.config import DataConfig, to_dict
 from specdecode.data.registry import resolve_domains
 from specdecode.evaluation.config import BenchmarkConfig, EvalConfig
+from specdecode.evaluation.report import markdown_table
 from specdecode.models.config import DrafterConfig
 from specdecode.pipeline.config import DemoConfig, accelerate_config_file
 from specdecode.pipeline.launch import launch_app
@@ -150,12 +151,16 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     # the router and the evaluation list the drafters in one order, whichever trained first
     drafter_dirs = {name: drafter_dirs[name] for name in (*cfg.domains, "generic")}
     distills = [s.name for s in stages if s.name.startswith("distill-")]
-    evaluation |= {
-        "drafters": evaluation["drafters"] | drafter_dirs,
-        "router_dir": str(root / "fit"),
-        "domains": list(cfg.domains),
-        "data": data,
-    }
+
+    def wired(config: dict[str, Any]) -> dict[str, Any]:
+        return config | {
+            "drafters": config["drafters"] | drafter_dirs,
+            "router_dir": str(root / "fit"),
+            "domains": list(cfg.domains),
+            "data": data,
+        }
+
+    evaluation = wired(evaluation)
     drafters = [{"name": n, "kind": "pretrained", "path": p} for n, p in drafter_dirs.items()]
     collect = composed("collect", list(cfg.collect)) | {"drafters": drafters, "domains": list(cfg.domains)} | gamma
     collect["data"] = data
@@ -163,6 +168,9 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     fit = composed("fit", list(cfg.fit)) | {"labels": str(root / "collect" / "labels.jsonl")}
     stages.append(Stage("fit", fit, _fit, after=["collect"]))
     stages.append(Stage("eval", evaluation, evaluate, after=[*distills, "fit"]))
+    if cfg.short_eval:
+        short = wired(composed("eval", [*cfg.eval, *cfg.short_eval]))
+        stages.append(Stage("eval-short", short, evaluate, after=[*distills, "fit"]))
     return stages
 
 
@@ -219,8 +227,15 @@ def run_demo(cfg: DemoConfig) -> Path:
         shutil.copy2(png, root / png.name)
     results = json.loads((evaluation / "results.json").read_text())
     results["stages"] = {name: str(path) for name, path in outputs.items()}
+    if "eval-short" in outputs:
+        short = json.loads((outputs["eval-short"] / "results.json").read_text())
+        results["short_eval"] = {"config": short["config"], "rows": short["rows"]}
     write_atomic(root / "results.json", json.dumps(results, indent=2))
     report = [(evaluation / "report.md").read_text()]
+    if "eval-short" in outputs:
+        tokens = results["short_eval"]["config"]["max_new_tokens"]
+        report += ["", f"## The same drafters at {tokens} new tokens (stage `eval-short`)", ""]
+        report.append(markdown_table(results["short_eval"]["rows"]))
     for name, title in (("benchmark", "Decode benchmark"), ("fit", "Router")):
         if name in outputs and (outputs[name] / "report.md").is_file():
             report += ["", f"## {title} (stage `{name}`)", "", (outputs[name] / "report.md").read_text()]

@@ -15,6 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdecode.core.devices import autocast_dtype, resolve_mixed_precision
 from specdecode.data.config import DataConfig
+from specdecode.decoding.compiled import resolve_compile
 from specdecode.models.compat import default_eos
 from specdecode.models.loading import cast_copy, reads_features
 from specdecode.training.config import TrainJobConfig
@@ -67,7 +68,7 @@ def job_teacher(
     cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else Path(cfg.output_dir).parent / "teacher_cache"
     eos = default_eos(target)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
-    layers = reads_features(cfg.drafter)
+    layers = reads_features(cfg.drafter, target.config.get_text_config().num_hidden_layers)
     topk = train.teacher_topk if job == "distill" and layers is None else 0
     # The training split is written (and scored) by the target in train.data_precision (a cast copy,
     # made only if a cache has to be built); the held-out split, which model selection measures
@@ -81,9 +82,8 @@ def job_teacher(
         return lambda: target, cfg.dtype
 
     def written(data: DataConfig, split: str, limit: int | None) -> TeacherCache:
-        """The split's sequences, cached apart from what is scored on them (one set of costly
-        target continuations for drafters of either kind); a feature drafter writing them takes
-        the features from the same passes (`build_sequences`: one target pass, not two)."""
+        """The split's sequences, cached apart from their scores (one set of target continuations for
+        drafters of either kind), a feature drafter's features from the same passes (`build_sequences`)."""
         model, dtype = split_target(split)
         path = cache_dir / f"sequences-{split}-{cache_key(cfg.target, data, train, split, 0, limit, dtype=dtype)}.pt"
         if path.is_file():
@@ -96,6 +96,7 @@ def job_teacher(
             eos,
             limit,
             layers if train.seq_source == "target" else None,
+            compile=resolve_compile(cfg.compile, model().device),
         )
         if accelerator.is_main_process:
             save_cache(sequences_only(sequences), path)

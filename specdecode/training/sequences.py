@@ -131,6 +131,7 @@ def build_sequences(
     eos: Sequence[int],
     limit: int | None,
     feature_layers: Sequence[int] | None = None,
+    compile: bool = False,
 ) -> tuple[list[TrainSequence], list[torch.Tensor] | None]:
     """Prompt (chat-formatted, left-truncated to `max_prompt_tokens`) + response, cut at `max_len`.
 
@@ -141,6 +142,8 @@ def build_sequences(
     its continuation (`autoregressive_generate`): a feature drafter's data in one target pass, not
     a generation and then a forward over the text (docs/experiments/2026-11-26-training-data-one-pass.md).
     A sequence's last row is zero where that token was never fed (`autoregressive_generate`).
+    `compile`: the continuations are written by the static core under torch.compile (the
+    evaluation's decode core, `specdecode.decoding.static`), token for token the eager loop's.
     """
     if feature_layers is not None and train.seq_source != "target":
         raise ValueError(
@@ -168,6 +171,7 @@ def build_sequences(
                 batch_size=train.generation_batch,
                 temperature=temperature,
                 feature_layers=feature_layers,
+                compile=compile,
             )
             responses += written
             repeated += prompts
@@ -211,6 +215,7 @@ def _continuations(
     batch_size: int = 64,
     temperature: float | None = None,
     feature_layers: Sequence[int] | None = None,
+    compile: bool = False,
 ) -> tuple[list[list[int]], list[torch.Tensor] | None]:
     """`generate_continuations`, and with `feature_layers` each prompt + continuation's features
     `[len(prompt) + len(continuation), n·H]` fp16 on the CPU (`autoregressive_generate`)."""
@@ -238,6 +243,8 @@ def _continuations(
             eos_token_ids=list(eos) or None,
             seed=seed + start,
             feature_layers=feature_layers,
+            static=compile,
+            compile=compile,
         )
         by_index.update(zip(picks, result.sequences))
         if result.features is not None:
