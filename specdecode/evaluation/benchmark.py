@@ -64,15 +64,17 @@ def benchmark_prompts(
     return chosen
 
 
-def _hf_assisted(
+def assisted_generate(
     target: PreTrainedModel,
     drafter: PreTrainedModel,
     prompt: list[int],
     gamma: int,
     max_new_tokens: int,
     eos: list[int],
+    min_new_tokens: int | None = None,
 ) -> tuple[list[int], float]:
-    """transformers assisted generation with a fixed gamma (constant schedule, no early stop on confidence)."""
+    """transformers assisted generation, greedy, with a fixed gamma (constant schedule, no early stop
+    on confidence): the new tokens and the seconds they took."""
     drafter.generation_config = copy.deepcopy(drafter.generation_config)
     drafter.generation_config.num_assistant_tokens = gamma
     drafter.generation_config.num_assistant_tokens_schedule = "constant"
@@ -84,12 +86,14 @@ def _hf_assisted(
         attention_mask=torch.ones_like(input_ids),
         assistant_model=drafter,
         max_new_tokens=max_new_tokens,
+        min_new_tokens=min_new_tokens,
         do_sample=False,
         eos_token_id=eos or None,
         pad_token_id=eos[0] if eos else 0,
     )
-    elapsed = time.perf_counter() - start
-    return out[0, len(prompt) :].tolist(), elapsed
+    if target.device.type == "cuda":
+        torch.cuda.synchronize()
+    return out[0, len(prompt) :].tolist(), time.perf_counter() - start
 
 
 def _pooled(results: Sequence[GenerationResult]) -> dict[str, float | None]:
@@ -204,7 +208,7 @@ def _measure(
     # transformers' assisted generation runs causal-LM drafters only, not feature drafters.
     if cfg.hf_assisted and cfg.temperature == 0.0 and not isinstance(drafter, FeatureDrafter):
         hf1 = [
-            _hf_assisted(target, drafter, p, cfg.gamma, cfg.max_new_tokens, eos)
+            assisted_generate(target, drafter, p, cfg.gamma, cfg.max_new_tokens, eos)
             for p in tqdm(batch1, desc="batch 1: transformers assisted", leave=False)
         ]
     stage("batch 1 transformers assisted")

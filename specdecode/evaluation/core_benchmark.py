@@ -17,7 +17,6 @@ feature drafter. Their acceptance is not the point; the cost of the loop around 
 
 from __future__ import annotations
 
-import copy
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -27,7 +26,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from specdecode.decoding.decode import autoregressive_generate, speculative_generate
-from specdecode.evaluation.benchmark import benchmark_prompts
+from specdecode.evaluation.benchmark import assisted_generate, benchmark_prompts
 from specdecode.models.drafters import derive_drafter
 from specdecode.models.feature_drafter import derive_feature_drafter
 from specdecode.models.loading import load_model, resolve_dtype
@@ -158,26 +157,9 @@ def methods(
 def hf_assisted(
     target: PreTrainedModel, drafter: PreTrainedModel, prompt: list[int], gamma: int, new_tokens: int
 ) -> tuple[list[list[int]], float, None]:
-    """transformers assisted generation, greedy, a fixed gamma (constant schedule, no confidence stop)."""
-    drafter.generation_config = copy.deepcopy(drafter.generation_config)
-    drafter.generation_config.num_assistant_tokens = gamma
-    drafter.generation_config.num_assistant_tokens_schedule = "constant"
-    drafter.generation_config.assistant_confidence_threshold = 0.0
-    ids = torch.tensor([prompt], device=target.device)
-    start = time.perf_counter()
-    out = target.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        assistant_model=drafter,
-        max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-    )
-    if target.device.type == "cuda":
-        torch.cuda.synchronize()
-    return [out[0, len(prompt) :].tolist()], time.perf_counter() - start, None
+    """transformers assisted generation of exactly `new_tokens` (no EOS stop), as `timed` returns a run."""
+    tokens, seconds = assisted_generate(target, drafter, prompt, gamma, new_tokens, [], min_new_tokens=new_tokens)
+    return [tokens], seconds, None
 
 
 def time_group(found: dict[str, Method], batches: Sequence[list[list[int]]], rounds: int) -> dict[str, dict]:
