@@ -78,21 +78,31 @@ def tiny_setup(tmp_path, make_tiny_llama, make_tiny_tokenizer):
     return tmp_path, folders
 
 
-def test_run_eval_writes_every_method_with_exact_greedy(tiny_setup) -> None:
-    tmp_path, folders = tiny_setup
-    cfg = EvalConfig(
+def routed_config(tmp_path, folders, **settings) -> EvalConfig:
+    """An evaluation of the `tiny_setup` target and drafters, gamma 2, with a router folder the
+    tests' fake loader ignores; `settings` give the rest."""
+    return EvalConfig(
         target=TargetConfig(name=str(tmp_path / "target")),
-        undistilled=DrafterConfig(num_layers=1, draft_vocab=None),
         drafters=folders,
         router_dir="unused-by-the-fake-loader",
+        max_prompt_tokens=150,
+        gamma=2,
+        output_dir=str(tmp_path / "eval"),
+        **settings,
+    )
+
+
+def test_run_eval_writes_every_method_with_exact_greedy(tiny_setup) -> None:
+    tmp_path, folders = tiny_setup
+    cfg = routed_config(
+        tmp_path,
+        folders,
+        undistilled=DrafterConfig(num_layers=1, draft_vocab=None),
         domains=["code", "math"],
         prompts_per_domain=3,
-        max_prompt_tokens=150,
         max_new_tokens=6,
-        gamma=2,
         temperatures=[0.0, 1.0],
         batch_sizes=[1, 2],
-        output_dir=str(tmp_path / "eval"),
     )
     # Short prompts go to the undistilled drafter: a route outside the oracle's candidates, whose
     # batch-1 run the router's choices (`routed_choices`) are then scored on too.
@@ -159,20 +169,16 @@ def test_routed_or_oracle_alone_load_the_drafters_they_choose_between(tiny_setup
         return run_interleaved(fns, ids, batch_size, chosen, pool)
 
     monkeypatch.setattr(suite, "run_interleaved", interleaved)
-    cfg = EvalConfig(
-        target=TargetConfig(name=str(tmp_path / "target")),
+    cfg = routed_config(
+        tmp_path,
+        folders,
         methods=["autoregressive", chooser],
-        drafters=folders,
-        router_dir="unused-by-the-fake-loader",
         domains=["code"],
         prompts_per_domain=2,
-        max_prompt_tokens=150,
         max_new_tokens=6,
-        gamma=2,
         temperatures=[0.0],
         batch_sizes=[1, 2],
         sweep_gammas=[1, 2],
-        output_dir=str(tmp_path / "eval"),
     )
     rows = run_eval(cfg, router_loader=lambda path: FixedRouter("generic", "code", cut=0))["rows"]
     expected = {("autoregressive", 0, 1), ("autoregressive", 0, 2), (chooser, 2, 1), (chooser, 2, 2)}
@@ -202,19 +208,15 @@ def test_the_oracle_weighs_tokens_per_pass_by_what_a_pass_costs(tiny_setup, chea
         return {name: 1.0 if name == cheap else 100.0 for name in drafters}
 
     monkeypatch.setattr(suite, "measure_pass_costs", pass_costs)
-    cfg = EvalConfig(
-        target=TargetConfig(name=str(tmp_path / "target")),
+    cfg = routed_config(
+        tmp_path,
+        folders,
         methods=["autoregressive", "generic", "specialized", "routed", "oracle"],
-        drafters=folders,
-        router_dir="unused-by-the-fake-loader",
         domains=["code", "math"],
         prompts_per_domain=3,
-        max_prompt_tokens=150,
         max_new_tokens=8,
-        gamma=2,
         temperatures=[0.0],
         batch_sizes=[1],
-        output_dir=str(tmp_path / "eval"),
     )
     results = run_eval(cfg, router_loader=lambda path: FixedRouter("generic", "generic"))
     rows = {(r["domain"], r["method"]): r for r in results["rows"]}
@@ -237,19 +239,15 @@ def test_no_share_where_a_drafter_chosen_from_has_no_rows(tiny_setup, monkeypatc
     monkeypatch.setattr(
         suite, "measure_pass_costs", lambda target, drafters, gammas, context, repeats=3: dict.fromkeys(drafters, 1.0)
     )
-    cfg = EvalConfig(
-        target=TargetConfig(name=str(tmp_path / "target")),
+    cfg = routed_config(
+        tmp_path,
+        folders,
         methods=["autoregressive", "generic", "routed", "oracle"],
-        drafters=folders,
-        router_dir="unused-by-the-fake-loader",
         domains=["code"],
         prompts_per_domain=2,
-        max_prompt_tokens=150,
         max_new_tokens=4,
-        gamma=2,
         temperatures=[0.0],
         batch_sizes=[1],
-        output_dir=str(tmp_path / "eval"),
     )
     results = run_eval(cfg, router_loader=lambda path: FixedRouter("code", "code"))
     assert {r["method"] for r in results["rows"]} == {"autoregressive", "generic", "routed", "oracle", "routed_choices"}
@@ -324,21 +322,17 @@ def test_a_routed_method_takes_its_turns_too() -> None:
 
 def test_gamma_sweep_rows_for_the_swept_methods_only(tiny_setup) -> None:
     tmp_path, folders = tiny_setup
-    cfg = EvalConfig(
-        target=TargetConfig(name=str(tmp_path / "target")),
+    cfg = routed_config(
+        tmp_path,
+        folders,
         methods=["autoregressive", "generic", "specialized", "routed", "oracle"],
-        drafters=folders,
-        router_dir="unused-by-the-fake-loader",
         domains=["code"],
         prompts_per_domain=2,
-        max_prompt_tokens=150,
         max_new_tokens=6,
-        gamma=2,
         temperatures=[0.0, 1.0],
         batch_sizes=[1, 2],
         sweep_gammas=[1, 2, 3],
         sweep_temperatures=[0.0, 1.0],
-        output_dir=str(tmp_path / "eval"),
     )
     results = run_eval(cfg, router_loader=lambda path: FixedRouter("generic", "code"))
     rows = results["rows"]
@@ -363,21 +357,17 @@ def test_gamma_sweep_rows_for_the_swept_methods_only(tiny_setup) -> None:
 
 def test_batch1_prompts_decodes_the_first_prompts_at_batch_1_and_all_at_larger_batches(tiny_setup) -> None:
     tmp_path, folders = tiny_setup
-    cfg = EvalConfig(
-        target=TargetConfig(name=str(tmp_path / "target")),
+    cfg = routed_config(
+        tmp_path,
+        folders,
         methods=["autoregressive", "generic", "specialized", "routed", "oracle"],
-        drafters=folders,
-        router_dir="unused-by-the-fake-loader",
         domains=["code"],
         prompts_per_domain=3,
         batch1_prompts=2,
-        max_prompt_tokens=150,
         max_new_tokens=5,
-        gamma=2,
         temperatures=[0.0],
         batch_sizes=[1, 3],
         sweep_gammas=[1, 2],
-        output_dir=str(tmp_path / "eval"),
     )
     rows = run_eval(cfg, router_loader=lambda path: FixedRouter("generic", "code"))["rows"]
     prompts = {(r["method"], r["batch_size"], r["gamma"]): r["prompts"] for r in rows}
