@@ -15,8 +15,9 @@ import weakref
 import torch
 from torch import nn
 
-# Whether `compile=None` (auto) compiles on the CPU: inductor's default mode against eager on the
-# same static core (docs/experiments/2026-11-27-static-decode-core.md).
+# Whether `compile=None` (auto) compiles on the CPU. Off: a compiled step is about a fifth faster
+# there, but each model and shape first compiles for tens of seconds, which takes thousands of
+# tokens per shape to pay back (a CPU evaluation decodes a few hundred); `compile=true` for long runs.
 COMPILE_ON_CPU = False
 # Graphs dynamo keeps per compiled function before it falls back to eager: one per shape, and a
 # benchmark runs a model at a few batch sizes and widths (dynamo's own default, 8, is too few).

@@ -1,7 +1,8 @@
 """The shared decode loops: speculative (drafter + target) and autoregressive (target alone).
 
 Both run on the same machinery (ragged KV caches, one commit rule for EOS and budgets, finished rows
-leaving the batch), so a speedup measured between them compares like with like.
+leaving the batch: `ragged.py`; the same attention: `attention.py`), so a speedup measured between
+them compares like with like. `static=True` runs either on the static-shape core (`static.py`).
 
 Invariant between steps, per row: `tokens[:length]` are committed (prompt + generated); the target
 cache holds all but the last committed token (the "pending" one, fed in the next pass). How a
@@ -13,16 +14,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 from transformers import PreTrainedModel
 
-from specdecode.decoding.cache import RaggedKVCache, cached_forward, padded_prompts
+from specdecode.decoding.attention import folded_gqa
+from specdecode.decoding.cache import RaggedKVCache, cached_forward
 from specdecode.decoding.compiled import check_core
-from specdecode.decoding.drafting import Drafting, drafting_for, last_tokens
+from specdecode.decoding.drafting import Drafting, drafting_for
 from specdecode.decoding.lookup import DEFAULT_LOOKUP, PromptLookup
+from specdecode.decoding.ragged import Batch, FeatureRows, Finisher, prefill
 from specdecode.decoding.record import Recorder, StepEvent, check_record
 from specdecode.decoding.sampling import SamplingParams, logits_to_probs, next_tokens
 from specdecode.decoding.static import autoregressive_generate_static, speculative_generate_static
@@ -30,128 +31,6 @@ from specdecode.decoding.stats import GenerationResult, StepCounters
 from specdecode.decoding.validation import validate_models, validate_request
 from specdecode.decoding.verify import greedy_accept, rejection_sample
 from specdecode.models.feature_drafter import FeatureDrafter
-
-
-@dataclass
-class _Batch:
-    """Committed tokens and per-row bookkeeping of the rows still being decoded.
-
-    tokens `[B, S_cap]`, lengths / limits `[B]` (limit = prompt length + budget), rows `[B]` (index
-    of each row in the caller's prompt list).
-    """
-
-    tokens: torch.Tensor
-    lengths: torch.Tensor
-    limits: torch.Tensor
-    rows: torch.Tensor
-    prompt_lengths: list[int]
-    eos: torch.Tensor
-
-    @classmethod
-    def from_prompts(
-        cls, prompts: Sequence[Sequence[int]], budgets: list[int], slack: int, eos: Sequence[int], device: torch.device
-    ) -> _Batch:
-        prompt_lengths = [len(p) for p in prompts]
-        capacity = max(n + b for n, b in zip(prompt_lengths, budgets)) + slack
-        tokens, lengths, limits = padded_prompts(prompts, budgets, capacity)
-        return cls(
-            tokens.to(device),
-            lengths.to(device),
-            limits.to(device),
-            torch.arange(len(prompts), device=device),
-            prompt_lengths,
-            torch.tensor(sorted(set(eos)), dtype=torch.long, device=device),
-        )
-
-    @property
-    def capacity(self) -> int:
-        return self.tokens.shape[1]
-
-    def last(self, n: int) -> torch.Tensor:
-        """The last `n` committed tokens of each row, `[B, n]`."""
-        return last_tokens(self.tokens, self.lengths, n)
-
-    def commit(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Append the first `counts[b]` of `new_tokens` `[B, W]` to each row, cut at EOS and budget.
-
-        Returns `finished` `[B]` bool: the row hit an EOS id or its budget.
-        """
-        width = new_tokens.shape[1]
-        offsets = torch.arange(width, device=new_tokens.device)
-        is_eos = (offsets < counts.unsqueeze(1)) & torch.isin(new_tokens, self.eos)
-        hit_eos = is_eos.any(dim=1)
-        # Keep up to and including the first EOS.
-        counts = torch.where(hit_eos, is_eos.long().argmax(dim=1) + 1, counts)
-        counts = torch.minimum(counts, self.limits - self.lengths)
-        # Entries past the new length are written too but never read as committed: writing all W
-        # keeps this a single scatter.
-        self.tokens.scatter_(1, self.lengths.unsqueeze(1) + offsets, new_tokens)
-        self.lengths = self.lengths + counts
-        return hit_eos | (self.lengths >= self.limits)
-
-    def keep(self, keep: torch.Tensor) -> None:
-        self.tokens = self.tokens.index_select(0, keep)
-        self.lengths = self.lengths.index_select(0, keep)
-        self.limits = self.limits.index_select(0, keep)
-        self.rows = self.rows.index_select(0, keep)
-
-
-def _prefill(
-    model: PreTrainedModel, cache: RaggedKVCache, batch: _Batch, feature_layers: tuple[int, ...] | None = None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Cache the right-padded prompts; return the logits at each row's last prompt token `[B, V]`
-    and, with `feature_layers`, the drafter's features of all prompt positions `[B, T, n·H]`."""
-    longest = max(batch.prompt_lengths)
-    last = batch.lengths - 1
-    # Ask only for the positions some row ends at (a handful), not the whole prompt's logits.
-    positions = torch.unique(last)
-    out = cached_forward(
-        model, cache, batch.tokens[:, :longest], logits_to_keep=positions, feature_layers=feature_layers
-    )
-    logits, hidden = out if feature_layers is not None else (out, None)
-    cache.set_lengths(batch.lengths.clone(), longest)
-    column = torch.searchsorted(positions, last)
-    return logits[torch.arange(len(last), device=last.device), column], hidden
-
-
-class _RowState(Protocol):
-    """Per-row decode state (a KV cache, a drafting strategy) that finished rows leave."""
-
-    def select_rows(self, rows: torch.Tensor) -> None: ...
-
-
-class _Finisher:
-    """Collects finished rows' outputs and drops them from the batch and the caches."""
-
-    def __init__(self, num_rows: int, recorder: Recorder | None = None) -> None:
-        self.sequences: list[list[int] | None] = [None] * num_rows
-        self.recorder = recorder
-
-    def step(self, batch: _Batch, finished: torch.Tensor, caches: Sequence[_RowState]) -> int | None:
-        """Between steps: retire finished rows; return the longest row's length, None once all are done.
-
-        The one host sync of a step: which rows finished, and how long the longest row is (the
-        recorder time-stamps the step there).
-        """
-        any_finished, max_length = torch.stack([finished.any().long(), batch.lengths.max()]).tolist()
-        if self.recorder is not None:
-            self.recorder.synced()
-        if any_finished:
-            self._collect(batch, finished, caches)
-            if batch.rows.numel() == 0:
-                return None
-        return max_length
-
-    def _collect(self, batch: _Batch, finished: torch.Tensor, caches: Sequence[_RowState]) -> None:
-        done = finished.nonzero().squeeze(1)
-        for b, row, length in zip(done.tolist(), batch.rows[done].tolist(), batch.lengths[done].tolist()):
-            start = batch.prompt_lengths[row]
-            self.sequences[row] = batch.tokens[b, start:length].tolist()
-        keep = (~finished).nonzero().squeeze(1)
-        batch.keep(keep)
-        for cache in caches:
-            cache.select_rows(keep)
-
 
 DEFAULT_GAMMA = 4
 
@@ -218,13 +97,14 @@ def speculative_generate(
         return GenerationResult.empty(prompts, StepCounters(gamma, target.device), record)
     lookup = prompt_lookup if prompt_lookup is not None and prompt_lookup.applies(params.temperature) else None
     generator = _generator(seed, target.device)
-    if static:
-        return speculative_generate_static(
-            target, drafter, prompts, budgets, eos, params, gamma, generator, lookup, compiled
+    with folded_gqa(target, drafter):
+        if static:
+            return speculative_generate_static(
+                target, drafter, prompts, budgets, eos, params, gamma, generator, lookup, compiled
+            )
+        return _speculative_eager(
+            target, drafter, prompts, budgets, eos, params, gamma, generator, lookup, record=record, on_step=on_step
         )
-    return _speculative_eager(
-        target, drafter, prompts, budgets, eos, params, gamma, generator, lookup, record=record, on_step=on_step
-    )
 
 
 def _speculative_eager(
@@ -244,16 +124,16 @@ def _speculative_eager(
     """The eager loop of `speculative_generate`, on checked arguments."""
     start = time.perf_counter()
     device = target.device
-    batch = _Batch.from_prompts(prompts, budgets, slack=gamma + 2, eos=eos, device=device)
+    batch = Batch.from_prompts(prompts, budgets, slack=gamma + 2, eos=eos, device=device)
     target_cache = RaggedKVCache.for_model(target, len(prompts), batch.capacity)
     drafting: Drafting = drafting_for(drafter, len(prompts), batch.capacity, lookup)
     features = drafting.feature_layers
     counters = StepCounters(gamma, device)
     recorder = Recorder(batch.prompt_lengths, start, on_step) if record or on_step is not None else None
-    finisher = _Finisher(len(prompts), recorder)
+    finisher = Finisher(len(prompts), recorder)
 
     # 0. prefill: the target's first token is an ordinary sample; the drafter only reads the prompt.
-    first, hidden = _prefill(target, target_cache, batch, feature_layers=features)
+    first, hidden = prefill(target, target_cache, batch, feature_layers=features)
     drafting.prefill(batch.tokens, batch.lengths, max(batch.prompt_lengths), hidden)
     counters.record_target_call(len(prompts))
     counters.drafter_calls += 1
@@ -331,21 +211,35 @@ def autoregressive_generate(
     layers = tuple(feature_layers) if feature_layers is not None else None
     if max(budgets) == 0 and layers is None:
         return GenerationResult.empty(prompts, StepCounters(0, target.device), record)
-    if static:
-        return autoregressive_generate_static(
-            target, prompts, budgets, eos, params, _generator(seed, target.device), layers, compiled
-        )
+    generator = _generator(seed, target.device)
+    with folded_gqa(target):
+        if static:
+            return autoregressive_generate_static(target, prompts, budgets, eos, params, generator, layers, compiled)
+        return _autoregressive_eager(target, prompts, budgets, eos, params, generator, layers, record, on_step)
+
+
+def _autoregressive_eager(
+    target: PreTrainedModel,
+    prompts: Sequence[Sequence[int]],
+    budgets: list[int],
+    eos: list[int],
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    layers: tuple[int, ...] | None,
+    record: bool,
+    on_step: Callable[[StepEvent], None] | None,
+) -> GenerationResult:
+    """`autoregressive_generate` on the eager ragged core, on checked arguments."""
     start = time.perf_counter()
     device = target.device
-    generator = _generator(seed, device)
-    batch = _Batch.from_prompts(prompts, budgets, slack=1, eos=eos, device=device)
+    batch = Batch.from_prompts(prompts, budgets, slack=1, eos=eos, device=device)
     cache = RaggedKVCache.for_model(target, len(prompts), batch.capacity)
     counters = StepCounters(0, device)
     recorder = Recorder(batch.prompt_lengths, start, on_step) if record or on_step is not None else None
-    finisher = _Finisher(len(prompts), recorder)
+    finisher = Finisher(len(prompts), recorder)
 
-    logits, hidden = _prefill(target, cache, batch, feature_layers=layers)
-    features = _FeatureRows(hidden, batch.capacity) if hidden is not None else None
+    logits, hidden = prefill(target, cache, batch, feature_layers=layers)
+    features = FeatureRows(hidden, batch.capacity) if hidden is not None else None
     counters.record_target_call(len(prompts))
     token = next_tokens(logits, params, generator)
     finished = batch.commit(token.unsqueeze(1), torch.ones_like(batch.lengths))
@@ -368,28 +262,3 @@ def autoregressive_generate(
     if features is not None:
         result.features = features.rows(batch.prompt_lengths, result.sequences)
     return result
-
-
-class _FeatureRows:
-    """The target's features of every token a target-only decode read, per row of the caller's
-    prompt list: `[B, S_cap, n·H]`, written in place (no host sync), cut per row at the end."""
-
-    def __init__(self, prompt_features: torch.Tensor, capacity: int) -> None:
-        batch, longest, width = prompt_features.shape
-        self.values = prompt_features.new_zeros(batch, capacity, width)
-        self.values[:, :longest] = prompt_features
-
-    def write(self, rows: torch.Tensor, positions: torch.Tensor, features: torch.Tensor) -> None:
-        """Row `rows[b]`'s token at `positions[b]` has features `features[b]` `[B', n·H]`."""
-        self.values[rows, positions] = features
-
-    def rows(self, prompt_lengths: Sequence[int], sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        """`[P_i + R_i, n·H]` per row; the last generated token's row (never fed) is zero. Past a
-        row's prompt the prefill wrote other rows' padding, which every fed token overwrote."""
-        out = []
-        for i, (length, generated) in enumerate(zip(prompt_lengths, sequences)):
-            row = self.values[i, : length + len(generated)].clone()
-            if generated:
-                row[-1] = 0
-            out.append(row)
-        return out

@@ -7,7 +7,7 @@ one of those changes a tensor's shape or waits on the device, which is what keep
 ragged batches:
 
 * each KV cache is a fixed `[B, H_kv, S_cap, D]` buffer per layer (`StaticKVCache`), written at
-  per-row positions with one scatter and read whole; a boolean mask compares a fixed
+  per-row positions with one indexed write and read whole; a boolean mask compares a fixed
   `arange(S_cap)` with each query's position, so slots past a row's length (other rows' padding,
   rejected drafts) are never seen;
 * finished rows stay in the batch, masked: they commit nothing, count nothing, look nothing up,
@@ -41,6 +41,7 @@ from specdecode.decoding.cache import cached_forward, padded_prompts
 from specdecode.decoding.compiled import compiled, eager_passes, mark_step
 from specdecode.decoding.drafting import drafting_for
 from specdecode.decoding.lookup import PromptLookup
+from specdecode.decoding.ragged import kept_counts
 from specdecode.decoding.sampling import SamplingParams, logits_to_probs, next_tokens
 from specdecode.decoding.static_cache import StaticKVCache
 from specdecode.decoding.stats import GenerationResult, StepCounters
@@ -101,15 +102,11 @@ class _Rows:
 
     def commit(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> None:
         """Append the first `counts[b]` of `new_tokens` `[B, W]` to each active row, cut at EOS and
-        budget; a row that hits either stops being active. The rule of `decode._Batch.commit`."""
-        width = new_tokens.shape[1]
-        offsets = torch.arange(width, device=new_tokens.device)
+        budget (`ragged.kept_counts`); a row that hits either stops being active."""
         counts = torch.where(self.active, counts, 0)
-        is_eos = (offsets < counts.unsqueeze(1)) & torch.isin(new_tokens, self.eos)
-        hit_eos = is_eos.any(dim=1)
-        counts = torch.where(hit_eos, is_eos.long().argmax(dim=1) + 1, counts)
-        counts = torch.minimum(counts, self.limits - self.lengths)
+        counts, hit_eos = kept_counts(new_tokens, counts, self.eos, self.limits - self.lengths)
         # All W entries are written (one scatter); those past the new length are never read as committed.
+        offsets = torch.arange(new_tokens.shape[1], device=new_tokens.device)
         self.tokens.scatter_(1, self.lengths.unsqueeze(1) + offsets, new_tokens)
         self.lengths = self.lengths + counts
         self.active = self.active & ~hit_eos & (self.lengths < self.limits)

@@ -22,7 +22,7 @@ class StaticKVCache(Cache):
     prefill, which runs eagerly) and never reallocated. The interface is `RaggedKVCache`'s, so
     `cached_forward`, `cached_call` and the drafting strategies drive either: `prepare(T)` sets
     up a pass that writes row b's T new tokens at slots `lengths[b] + t` and returns their
-    positions and a boolean mask `[B, 1, T, S_cap]`; `update` scatters the new entries there and
+    positions and a boolean mask `[B, 1, T, S_cap]`; `update` writes the new entries there and
     returns the whole buffers. Lowering a row's length trims it: stale entries stay, masked, until
     overwritten. The host-side `max_length` of `set_lengths` is not needed (reads are whole).
     """
@@ -70,9 +70,12 @@ class StaticKVCache(Cache):
             # fixed addresses: CUDA graphs may then write them in place
             torch._dynamo.mark_static_address(self.keys[layer_idx])
             torch._dynamo.mark_static_address(self.values[layer_idx])
-        index = self._write_slots.view(batch, 1, num_new, 1).expand(batch, heads, num_new, head_dim)
-        keys = self.keys[layer_idx].scatter_(2, index, key_states)
-        values = self.values[layer_idx].scatter_(2, index, value_states)
+        # an indexed assignment rather than `scatter_`: inductor writes it into the buffers in place,
+        # where a scatter into a graph input costs a copy of every layer's whole buffers per pass
+        rows = torch.arange(batch, device=key_states.device).unsqueeze(1)
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        keys[rows, :, self._write_slots] = key_states.transpose(1, 2)
+        values[rows, :, self._write_slots] = value_states.transpose(1, 2)
         return keys, values
 
     def get_seq_length(self, layer_idx: int | None = 0) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from specdecode.decoding.attention import folded_gqa
 from specdecode.decoding.cache import RaggedKVCache, cached_call, cached_forward
 from specdecode.decoding.decode import autoregressive_generate, speculative_generate
 from specdecode.decoding.stats import GenerationResult
@@ -112,7 +113,8 @@ def measure_verify_ratios(
     """gamma → the measured cost of a (gamma + 1)-token verify over a one-token step, after `context`."""
     if len(context) <= max(gammas) + 1:
         raise ValueError(f"context must be longer than max(gammas) + 1 = {max(gammas) + 1} tokens, got {len(context)}")
-    times = _time_forwards(target, context, [1, *(g + 1 for g in gammas)], repeats)
+    with folded_gqa(target):  # the decode loops' attention
+        times = _time_forwards(target, context, [1, *(g + 1 for g in gammas)], repeats)
     return {g: times[g + 1] / times[1] for g in gammas}
 
 
@@ -123,15 +125,17 @@ def measure_step_costs(
     """Time a target step, a (gamma + 1)-token verify and a drafter step after `context` tokens."""
     if len(context) <= gamma + 1:
         raise ValueError(f"context must be longer than gamma + 1 = {gamma + 1} tokens, got {len(context)}")
-    target_times = _time_forwards(target, context, [1, gamma + 1], repeats)
-    return StepCosts(
-        target_step_s=target_times[1],
-        target_verify_s=target_times[gamma + 1],
-        drafter_step_s=(
+    with folded_gqa(target, drafter):  # the decode loops' attention
+        target_times = _time_forwards(target, context, [1, gamma + 1], repeats)
+        drafter_step_s = (
             _time_feature_step(drafter, context, repeats)
             if isinstance(drafter, FeatureDrafter)
             else _time_forward(drafter, context, 1, repeats)
-        ),
+        )
+    return StepCosts(
+        target_step_s=target_times[1],
+        target_verify_s=target_times[gamma + 1],
+        drafter_step_s=drafter_step_s,
         gamma=gamma,
         context_tokens=len(context),
     )
