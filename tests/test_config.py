@@ -129,9 +129,8 @@ def test_from_dict_converts_to_the_field_types_and_names_bad_keys() -> None:
 
 
 def test_distillation_defaults_to_the_targets_continuations_and_smoke_to_the_data() -> None:
-    """The measured default: the target's greedy and T = 0.7 continuations
-    (docs/experiments/2026-11-24-bf16-lr-decay-multilayer-features.md); the smoke experiment keeps
-    the dataset's responses so tests generate nothing."""
+    """The measured default: the target's greedy and T = 0.7 continuations; the smoke experiment
+    keeps the dataset's responses so tests generate nothing."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         default = OmegaConf.to_object(compose(config_name="distill"))
         smoke = OmegaConf.to_object(compose(config_name="distill", overrides=["experiment=smoke"]))

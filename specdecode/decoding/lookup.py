@@ -4,8 +4,7 @@ Small targets repeat themselves and their prompts (a name from the question, a l
 variable in code). Where the last n committed-or-drafted tokens already occurred earlier in the row
 (prompt lookup decoding, Saxena 2023; vLLM's n-gram speculator), the token that followed the most
 recent occurrence is a proposal that costs no forward pass. A drafter trained for minutes copies
-less well than its target does: at such positions the lookup is right more often than the drafter
-(docs/experiments/2026-11-25-prompt-lookup.md).
+less well than its target does: at such positions the lookup is right more often than the drafter.
 
 So at every drafting step, a row whose context holds a match, and whose drafter is not confident
 (its top probability below `max_confidence`), drafts the looked-up token instead of its own. The
@@ -39,7 +38,7 @@ class PromptLookup:
             wherever a match exists, 0.0 never.
         max_temperature: decoding above this temperature drafts with the drafter alone. A
             looked-up token is accepted with probability p(x), which falls as the temperature
-            rises (0.7: docs/experiments/2026-11-25-prompt-lookup.md).
+            rises.
     """
 
     enabled: bool = True
@@ -84,7 +83,7 @@ class PromptLookup:
         return torch.where(use, looked_up, drafts), use
 
 
-# What `speculative_generate` uses unless told otherwise (docs/experiments/2026-11-25-prompt-lookup.md).
+# What `speculative_generate` uses unless told otherwise.
 DEFAULT_LOOKUP = PromptLookup()
 
 

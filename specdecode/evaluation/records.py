@@ -118,8 +118,7 @@ def run_interleaved(
     alike, where running one method's prompts and then the next's lets the drift decide a speedup.
     Turn k starts at the k-th method (mod their number), so over as many turns as methods each
     method runs at every place in a turn once: with a fixed order, the last method in every turn
-    ran slower than the very same decodes earlier in it
-    (docs/experiments/2026-11-26-router-share-measured-again.md). Fewer turns than methods leave the
+    ran slower than the very same decodes earlier in it. Fewer turns than methods leave the
     places uneven, and a single turn (a batch as large as the prompts) runs in the listed order.
     """
     plans = {name: consecutive_batches(fn, len(prompts), batch_size) for name, fn in generators.items()}

@@ -5,8 +5,7 @@ sweep of the weights through memory. A verify pass multiplies gamma + 1 rows, an
 the same sweep. With `F.linear` it may not: for 2..16 rows MKL can leave its matrix-vector kernel
 for a blocked GEMM that packs the weights first, and a few-row pass then costs up to 2-3x a 1-row
 pass. Computing the same product as `weight @ x.T` (the weights as the left operand, the few rows as
-the narrow right one) keeps MKL on a streaming kernel there
-(docs/experiments/2026-11-22-decode-benchmark-untrained-drafter.md).
+the narrow right one) keeps MKL on a streaming kernel there.
 
 The numbers are the same products summed by another kernel: results agree with `F.linear` to
 float rounding, not bitwise, just as MKL's own 1-row and many-row kernels do not agree bitwise.
@@ -15,18 +14,16 @@ Training (inputs that need grad) and GPU tensors take the ordinary path.
 A single row (every decode step of the target alone, every drafting step) is the other case: on
 some CPUs MKL runs a matrix-vector product on one core only, so a 1-row pass takes longer than a
 2-row one. Computed as two identical rows through the same `weight @ x.T`, it is a product MKL
-splits across the cores; the copy of one row costs nothing (docs/experiments/2026-11-25-one-row-as-two.md).
+splits across the cores; the copy of one row costs nothing.
 
 Which kernel is faster depends on the CPU, so `load_model` (`skinny_matmul=None`) picks by
 measurement, once per machine and kept on disk (`kernel_choice.py`): the single row and the few
 rows are decided apart, since each kernel choice only touches its own row counts. On some CPUs
-skinny linears are the slow kernel at every width
-(docs/experiments/2026-11-24-faster-training-cpu-kernels.md).
+skinny linears are the slow kernel at every width.
 
 Past two rows MKL's `weight @ x.T` can leave its streaming kernel too, making a verify of gamma >= 2
 drafts cost more than a step. oneDNN's inner product over weights reordered once into its blocked
-layout (`use_packed_linears`) streams them for 3..16 rows
-(docs/experiments/2026-11-25-wider-verifies-onednn.md). The reordered copy costs the weights' memory
+layout (`use_packed_linears`) streams them for 3..16 rows. The reordered copy costs the weights' memory
 again, kept beside them (a single row and two rows stay faster on the plain weights), so it is only
 used where
 `kernel_choice.measure_packed_rows` timed it faster, on float32 CPU weights, and never for inputs

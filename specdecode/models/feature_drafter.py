@@ -253,8 +253,7 @@ def derive_feature_drafter(
     layers initialised either at random (`init_from_layer=None`, the default) as transformers
     initialises a new model (weights N(0, initializer_range), norms 1; drawn from `seed`), as EAGLE
     trains its layer from scratch, or as copies of the target's layers ending at `init_from_layer`
-    (-1: the last ones), which trained to lower held-out acceptance
-    (docs/experiments/2026-11-25-random-layers-eagle-layout.md). The fusion starts as the sum of the
+    (-1: the last ones), which trained to lower held-out acceptance. The fusion starts as the sum of the
     embedding and the last feature (inner `feature_layers` weighted 0), so the untrained drafter runs
     its (first) layer on them.
     `layout` is "eagle" (the default: exportable to vLLM) or "specdecode" (module docstring; an

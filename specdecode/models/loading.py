@@ -206,7 +206,7 @@ def cast_copy(model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
     linear layers: the skinny kernel was chosen by timing `model`'s own dtype (models.cpu_matmul).
 
     For work that tolerates rounding but not the time, e.g. writing training data where the device
-    computes bf16 natively (docs/experiments/2026-11-24-training-data-in-bf16.md). Costs the copy's
+    computes bf16 natively. Costs the copy's
     memory (half the fp32 model's).
     """
     if model.dtype == dtype:

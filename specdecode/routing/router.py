@@ -5,7 +5,7 @@ drafter with the highest mean predicted speedup on that domain.
 
 What a drafter earns on one prompt depends mostly on which continuation the target happens to
 write, which the prompt's text does not predict; which drafter pays on a kind of prompt carries
-over (docs/experiments/2026-11-27-domain-classifier-router.md). So the MLP is trained to name the
+over. So the MLP is trained to name the
 prompt's domain (`specdecode.routing.fit`), and `table` holds each domain's mean label per drafter
 from `specdecode.routing.labels`. Routed decoding is `specdecode.routing.generate`.
 

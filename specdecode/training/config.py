@@ -86,8 +86,7 @@ class TrainConfig:
     train_sequences: int | None = 512
     # Training sequences per domain, in place of train_sequences where not null: a domain's own job
     # takes that many, and a mix takes at most that many of the domain (its train_sequences still
-    # caps the total). E.g. `train.train_sequences_per_domain.chat=1920` for a data-bound domain
-    # (docs/experiments/2026-11-26-three-times-chat-prompts.md).
+    # caps the total). E.g. `train.train_sequences_per_domain.chat=1920` for a data-bound domain.
     train_sequences_per_domain: dict[str, int | None] = field(default_factory=lambda: dict.fromkeys(DOMAINS))
     heldout_sequences: int = 32
     # Global batch (sequences per optimizer step, over all processes and accumulation steps).
@@ -107,7 +106,7 @@ class TrainConfig:
     # The precision the target writes and scores the training split in (its continuations with
     # seq_source=target, and the teacher cache: features or top-k logits): auto = bf16 where the
     # device computes it natively, as above, else no (the job's dtype); or no | bf16 | fp16: more
-    # data per minute (docs/experiments/2026-11-24-training-data-in-bf16.md). The held-out split,
+    # data per minute. The held-out split,
     # which model selection is measured on, stays in the job's dtype.
     data_precision: str = "auto"
     max_steps: int = 1000

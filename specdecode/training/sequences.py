@@ -140,7 +140,7 @@ def build_sequences(
     at `train.temperature`. With `feature_layers` (`seq_source: target` only), also the target's
     features of each sequence's tokens `[L_i, n·H]` (fp16, CPU), taken from the passes that wrote
     its continuation (`autoregressive_generate`): a feature drafter's data in one target pass, not
-    a generation and then a forward over the text (docs/experiments/2026-11-26-training-data-one-pass.md).
+    a generation and then a forward over the text.
     A sequence's last row is zero where that token was never fed (`autoregressive_generate`).
     `compile`: the continuations are written by the static core under torch.compile (the
     evaluation's decode core, `specdecode.decoding.static`), token for token the eager loop's.
