@@ -1,7 +1,11 @@
 """The decode cores side by side (`make benchmark-gpu`): eager, static and compiled; target alone,
-ours and transformers assisted; fp32 and bf16; batch 1 and 8; the data writer at batch 256.
+ours and transformers assisted; fp32 and bf16; the data writer at batch 256.
 
-    python eval/benchmark_gpu.py                              # SmolLM2-135M on CUDA, then Llama-3.2-1B's shape
+By default it fits one GPU call (about 8 minutes on an H200, most of it compiling): SmolLM2-135M,
+batch 1, 128-token answers, the methods of `LEASE_METHODS`. `--every-method`, `--batch-sizes 1 8`
+and `--targets ... llama-3.2-1b-shape` widen it.
+
+    python eval/benchmark_gpu.py --drafter DIR                # SmolLM2-135M on CUDA, with a trained feature drafter
     python eval/benchmark_gpu.py --device cpu --tiny          # a tiny random model: checks it runs, in minutes
 """
 
@@ -12,20 +16,26 @@ from pathlib import Path
 
 import torch
 
-from specdecode.evaluation.core_benchmark import TARGETS, report_markdown, run_core_benchmark
+from specdecode.evaluation.core_benchmark import LEASE_METHODS, TARGETS, report_markdown, run_core_benchmark
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--device", default="cuda")
-parser.add_argument("--targets", nargs="+", default=list(TARGETS[:2]), choices=TARGETS)
+parser.add_argument("--targets", nargs="+", default=list(TARGETS[:1]), choices=TARGETS)
 parser.add_argument("--tiny", action="store_true", help="a tiny random target, small batches and few tokens")
 parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8])
+parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1])
 parser.add_argument("--gamma", type=int, default=4)
-parser.add_argument("--new-tokens", type=int, default=64)
-parser.add_argument("--rounds", type=int, default=3)
+parser.add_argument("--new-tokens", type=int, default=128)
+parser.add_argument("--rounds", type=int, default=2)
 parser.add_argument("--writer-batch", type=int, default=256, help="0: skip the data writer")
-parser.add_argument("--prompts-at-batch-1", type=int, default=3)
-parser.add_argument("--only", nargs="*", default=[], help="time only the methods whose names contain one of these")
+parser.add_argument("--prompts-at-batch-1", type=int, default=2)
+parser.add_argument(
+    "--only",
+    nargs="*",
+    default=list(LEASE_METHODS),
+    help="time only the methods whose names contain one of these (default: LEASE_METHODS)",
+)
+parser.add_argument("--every-method", action="store_true", help="every method on every core (overrides --only)")
 parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
 parser.add_argument("--drafter", default=None, help="a saved feature drafter of the (first) target")
 parser.add_argument("--out", default=None, help="also write the rows as JSON here")
@@ -48,7 +58,7 @@ for target in targets:
         writer_batch=min(args.writer_batch, 32) if args.tiny else args.writer_batch,
         writer_tokens=16 if args.tiny else 64,
         drafter=args.drafter if target == targets[0] else None,
-        only=args.only,
+        only=[] if args.every_method else args.only,
     )
 print(report_markdown(rows, args.device))
 if args.out:

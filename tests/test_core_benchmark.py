@@ -6,7 +6,18 @@ from __future__ import annotations
 import torch
 from transformers import LlamaForCausalLM
 
-from specdecode.evaluation.core_benchmark import llama_1b_shape, reference_of, report_markdown, run_core_benchmark
+from specdecode.evaluation.core_benchmark import (
+    CORES,
+    LEASE_METHODS,
+    agreement,
+    exact_match,
+    llama_1b_shape,
+    methods,
+    reference_of,
+    report_markdown,
+    run_core_benchmark,
+)
+from tests.models_for_tests import tiny_llama
 
 
 def test_the_benchmark_runs_every_method_and_reports_exact_rows() -> None:
@@ -33,8 +44,23 @@ def test_the_benchmark_runs_every_method_and_reports_exact_rows() -> None:
             (4, f"data writer, {core}"),
         } <= methods
     assert (1, "transformers assisted (slice)") in methods and (3, "transformers assisted (slice)") not in methods
-    assert all(r.tokens_per_s > 0 and r.exact_match == 1.0 for r in rows)
+    assert all(r.tokens_per_s > 0 and r.exact_match == 1.0 and r.agreement == 1.0 for r in rows)
     assert "| tiny | float32 | 3 | ours (slice), static |" in report_markdown(rows, "cpu")
+
+
+def test_agreement_is_the_share_before_the_first_difference() -> None:
+    reference = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 9]]
+    rows = [[1, 2, 3, 4], [5, 6, 0, 8], [0, 9]]
+    assert exact_match(rows, reference) == 1 / 3
+    assert agreement(rows, reference) == (1 + 0.5 + 0) / 3
+    assert agreement([[1, 2]], [[1, 2, 3, 4]]) == 0.5  # a row that stops early agrees up to its end
+
+
+def test_the_lease_methods_are_methods_the_benchmark_has() -> None:
+    names = set(methods(tiny_llama(2, seed=0), gamma=2, new_tokens=4, batch_size=1)) | {
+        f"data writer, {core}" for core in CORES
+    }
+    assert set(LEASE_METHODS) <= names
 
 
 def test_exact_match_compares_like_with_like() -> None:

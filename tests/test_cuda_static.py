@@ -1,7 +1,8 @@
 """The static-shape core and its compiled steps on a CUDA device (`mode="reduce-overhead"`: CUDA
 graphs): token for token transformers' greedy there, on a ragged batch with slice and feature
 drafters at gamma 1 and 4, the data writer's features, bf16 greedy against target-alone greedy in
-bf16, and no recompiling on a second call of the same shapes.
+bf16, no recompiling on a second call of the same shapes, and every compiled graph captured as a
+CUDA graph.
 
 Marked `gpu` (`make test-gpu`) and skipped without CUDA; `SPECDECODE_GPU_TEST_DEVICE=cpu` runs
 them on the CPU (slowly: inductor compiles each shape there for seconds).
@@ -25,6 +26,14 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(DEVICE.startswith("cuda") and not torch.cuda.is_available(), reason="needs CUDA"),
 ]
+
+
+@pytest.fixture(autouse=True)
+def cuda_graphs_or_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA a compiled step that inductor cannot capture as a CUDA graph (a mutated input that is
+    not a static address, a CPU tensor, ...) fails the test instead of silently running kernel by kernel."""
+    if DEVICE.startswith("cuda"):
+        monkeypatch.setattr(torch._inductor.config.triton, "cudagraph_or_error", True)
 
 
 @pytest.fixture(scope="module")

@@ -3,10 +3,11 @@
 One run times, per (target, dtype, batch size) group, every method on the same prompts, the
 methods interleaved round by round (A, B, C, A, B, C, ...) so that a shared or throttled machine
 slows them alike, and reports each method's median tokens/s, its first call's seconds (where a
-compiled method pays for compiling each of its shapes), and its exact-match rate: the share of
-rows whose greedy tokens equal the target alone's in the same dtype and batch shape (on the same
-core: `reference_of`). The training-data writer (`autoregressive_generate(feature_layers=...)`) is
-timed at its own batch size.
+compiled method pays for compiling each of its shapes), its exact-match rate (the share of rows
+whose greedy tokens equal the target alone's in the same dtype and batch shape, on the same core:
+`reference_of`) and its agreement (the mean share of a row's tokens before its first difference:
+in bf16 a near-tie flips a long row somewhere, and this says how far in). The training-data writer
+(`autoregressive_generate(feature_layers=...)`) is timed at its own batch size.
 
 Targets: the embedded SmolLM2-135M (`load_model`'s default), a random-weight model of
 Llama-3.2-1B's shape built from its config (for timing: no hub, no checkpoint), or a tiny random
@@ -32,6 +33,17 @@ from specdecode.models.feature_drafter import derive_feature_drafter
 from specdecode.models.loading import load_model, resolve_dtype
 
 TARGETS = ("smollm2-135m-instruct", "llama-3.2-1b-shape", "tiny")
+# The methods a one-lease GPU check times (`eval/benchmark_gpu.py`'s default `--only`): on an H200
+# each compiled one first compiles for about 50 s, so every core of every method does not fit.
+LEASE_METHODS = (
+    "target alone, eager",
+    "target alone, compiled",
+    "ours (slice), compiled",
+    "ours (feature), compiled",
+    "transformers assisted (slice)",
+    "data writer, eager",
+    "data writer, compiled",
+)
 # The decode cores, as the options of `speculative_generate` / `autoregressive_generate`.
 CORES = {
     "eager": dict(static=False),
@@ -104,7 +116,8 @@ def random_prompts(vocab_size: int, count: int, lengths: tuple[int, int], seed: 
 @dataclass
 class Row:
     """One method of one group: median tokens/s over the rounds, the first (compiling) call's
-    seconds, the exact-match rate (against `reference_of(method)`), and the realised alpha."""
+    seconds, the exact-match rate and the agreement (against `reference_of(method)`), the realised
+    alpha, and how many of its graphs were compiled without CUDA graphs (`cudagraph_skips`)."""
 
     target: str
     dtype: str
@@ -114,6 +127,8 @@ class Row:
     first_call_s: float
     exact_match: float
     alpha: float | None
+    agreement: float
+    cudagraph_skips: int
 
 
 # A method decodes a batch of prompts greedily: (sequences, seconds, alpha or None).
@@ -162,15 +177,24 @@ def hf_assisted(
     return [tokens], seconds, None
 
 
-def time_group(found: dict[str, Method], batches: Sequence[list[list[int]]], rounds: int) -> dict[str, dict]:
+def time_group(
+    found: dict[str, Method],
+    batches: Sequence[list[list[int]]],
+    rounds: int,
+    progress: Callable[[str], None] = lambda line: None,
+) -> dict[str, dict]:
     """Every method over every batch of prompts, round after round, methods interleaved within a
     round; a first untimed-for-throughput call per method pays its compiling."""
     first: dict[str, float] = {}
+    skips: dict[str, int] = {}
     outputs: dict[str, list[list[int]]] = {}
     alphas: dict[str, float | None] = {}
     for name, method in found.items():
+        before = cudagraph_skips()
         sequences, seconds, alpha = zip(*(method(batch) for batch in batches))
-        first[name] = sum(seconds)
+        first[name], skips[name] = sum(seconds), cudagraph_skips() - before
+        skipped = f", {skips[name]} compiled graphs not captured as CUDA graphs" if skips[name] else ""
+        progress(f"  first call of {name}: {first[name]:.1f} s{skipped}")
         outputs[name] = [row for rows in sequences for row in rows]
         alphas[name] = statistics.mean(alpha) if all(a is not None for a in alpha) else None
     speeds: dict[str, list[float]] = {name: [] for name in found}
@@ -180,19 +204,40 @@ def time_group(found: dict[str, Method], batches: Sequence[list[list[int]]], rou
             tokens = sum(len(row) for sequences, _, _ in runs for row in sequences)
             speeds[name].append(tokens / sum(seconds for _, seconds, _ in runs))
 
-    def exact(name: str) -> float:
-        reference = outputs.get(reference_of(name), outputs[next(iter(found))])
-        return sum(a == b for a, b in zip(outputs[name], reference, strict=True)) / len(reference)
+    def reference(name: str) -> list[list[int]]:
+        return outputs.get(reference_of(name), outputs[next(iter(found))])
 
     return {
         name: {
             "tokens_per_s": statistics.median(speeds[name]),
             "first_call_s": first[name],
             "alpha": alphas[name],
-            "exact_match": exact(name),
+            "exact_match": exact_match(outputs[name], reference(name)),
+            "agreement": agreement(outputs[name], reference(name)),
+            "cudagraph_skips": skips[name],
         }
         for name in found
     }
+
+
+def cudagraph_skips() -> int:
+    """How many compiled graphs inductor has run without CUDA graphs so far (each is launched kernel
+    by kernel from the host instead: mutated inputs, CPU tensors, ...; zero off CUDA)."""
+    return torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
+
+
+def exact_match(rows: Sequence[list[int]], reference: Sequence[list[int]]) -> float:
+    """The share of rows equal to their reference row."""
+    return sum(a == b for a, b in zip(rows, reference, strict=True)) / len(reference)
+
+
+def agreement(rows: Sequence[list[int]], reference: Sequence[list[int]]) -> float:
+    """The mean share of each reference row that a row matches before its first difference."""
+    shares = []
+    for row, ref in zip(rows, reference, strict=True):
+        same = next((i for i, (a, b) in enumerate(zip(row, ref)) if a != b), min(len(row), len(ref)))
+        shares.append(same / len(ref) if ref else float(row == ref))
+    return statistics.mean(shares)
 
 
 def reference_of(method: str) -> str:
@@ -236,7 +281,7 @@ def run_core_benchmark(
                 if not only or any(word in name for word in only)
             }
             batches = [[p] for p in prompts[:prompts_at_batch_1]] if batch_size == 1 else [prompts[:batch_size]]
-            for name, measured in time_group(found, batches, rounds).items():
+            for name, measured in time_group(found, batches, rounds, progress).items():
                 rows.append(Row(target_name, dtype, batch_size, name, **measured))
                 progress(format_row(rows[-1]))
         if not writer_batch:
@@ -246,7 +291,7 @@ def run_core_benchmark(
             for core, options in CORES.items()
             if not only or any(word in f"data writer, {core}" for word in only)
         }
-        for name, measured in time_group(writer, [prompts[:writer_batch]], rounds).items():
+        for name, measured in time_group(writer, [prompts[:writer_batch]], rounds, progress).items():
             rows.append(Row(target_name, dtype, writer_batch, name, **measured))
             progress(format_row(rows[-1]))
     return rows
@@ -268,14 +313,14 @@ def format_row(row: Row) -> str:
     alpha = "" if row.alpha is None else f"{row.alpha:.3f}"
     return (
         f"| {row.target} | {row.dtype} | {row.batch_size} | {row.method} | {row.tokens_per_s:.1f} | "
-        f"{row.first_call_s:.1f} | {row.exact_match:.2f} | {alpha} |"
+        f"{row.first_call_s:.1f} | {row.exact_match:.2f} | {row.agreement:.2f} | {alpha} |"
     )
 
 
 def report_markdown(rows: Sequence[Row], device: str) -> str:
     header = [
-        "| target | dtype | batch | method | tokens/s (median) | first call s | exact | alpha |",
-        "|---|---|---|---|---|---|---|---|",
+        "| target | dtype | batch | method | tokens/s (median) | first call s | exact | agree | alpha |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     return f"device: {device}, torch {torch.__version__}\n\n" + "\n".join(header + [format_row(r) for r in rows])
 
