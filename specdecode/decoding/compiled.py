@@ -1,16 +1,20 @@
-"""The `compile` option of the static decode core: when to compile, and the compiled models.
+"""The `compile` option of the static decode core: when to compile, and what.
 
-The target's and the drafter's forward passes run under `torch.compile` with static shapes
-(`dynamic=False`): one graph per (model, batch size, pass width, cache capacity), compiled on first
-use and reused by every later call of that shape. On CUDA the mode is "reduce-overhead", which
-captures each graph as a CUDA graph and replays it with one launch; its KV buffers are marked
-static (`StaticKVCache`) so the replay writes them in place.
+A speculative round (draft gamma tokens, verify them, accept, commit, count) runs under
+`torch.compile` whole, with static shapes (`dynamic=False`): the drafter's and the target's passes
+and the bookkeeping between them become one graph per (models, batch size, gamma, cache capacity),
+compiled on first use and reused by every later call of that shape. The target alone's step (and
+a round that samples with a seeded generator, which dynamo cannot trace) compiles the models'
+forward passes instead. On CUDA the mode is "reduce-overhead", which captures each graph as a
+CUDA graph and replays it with one launch; the KV buffers and the state a round writes in place
+are marked static (`StaticKVCache`, `mark_static`) so the replay writes them where they are.
 """
 
 from __future__ import annotations
 
 import contextlib
 import weakref
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -58,21 +62,53 @@ def check_core(static: object, compile: object, device: torch.device) -> bool:
     return static and on
 
 
-# The compiled wrapper of each model, kept while the model lives.
+# The compiled wrapper of each model, kept while the model lives, and of each function, per mode.
 _COMPILED: weakref.WeakKeyDictionary[nn.Module, nn.Module] = weakref.WeakKeyDictionary()
+_COMPILED_FUNCTIONS: dict[tuple[Callable, str | None], Callable] = {}
+
+
+def _compile(target: Callable, device: torch.device) -> Callable:
+    config = torch._dynamo.config
+    # `cache_size_limit` is the name before torch 2.7
+    limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, limit, max(getattr(config, limit), RECOMPILE_LIMIT))
+    # "reduce-overhead" is these options' CUDA graphs (a mode and options cannot both be given).
+    # Rounding as eager does between fused ops keeps a bf16 verify pass and a bf16 one-token pass,
+    # fused differently, from parting at near-ties more often than the eager passes do.
+    options = {"triton.cudagraphs": _mode(device) == "reduce-overhead"}
+    if hasattr(torch._inductor.config, "emulate_precision_casts"):
+        options["emulate_precision_casts"] = True
+    return torch.compile(target, options=options, dynamic=False)
+
+
+def _mode(device: torch.device) -> str | None:
+    """The `torch.compile` mode the options above amount to: CUDA graphs on CUDA."""
+    return "reduce-overhead" if device.type == "cuda" else None
 
 
 def compiled(model: nn.Module) -> nn.Module:
     """`model` with its forward under `torch.compile` (see the module docstring), built once per
     model; other attributes read through to `model`."""
     if model not in _COMPILED:
-        config = torch._dynamo.config
-        # `cache_size_limit` is the name before torch 2.7
-        limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-        setattr(config, limit, max(getattr(config, limit), RECOMPILE_LIMIT))
-        mode = "reduce-overhead" if model.device.type == "cuda" else None
-        _COMPILED[model] = torch.compile(model, mode=mode, dynamic=False)
+        _COMPILED[model] = _compile(model, model.device)
     return _COMPILED[model]
+
+
+def compiled_function(function: Callable, device: torch.device) -> Callable:
+    """`function` under `torch.compile` (see the module docstring), built once per function and mode:
+    for a whole decode round, whose models, bookkeeping and all run as one graph."""
+    key = (function, _mode(device))
+    if key not in _COMPILED_FUNCTIONS:
+        _COMPILED_FUNCTIONS[key] = _compile(function, device)
+    return _COMPILED_FUNCTIONS[key]
+
+
+def mark_static(*tensors: torch.Tensor) -> None:
+    """Give state that a compiled round writes in place fixed addresses, so that CUDA graphs may
+    write it where it is rather than skip the graph (inductor captures no graph that mutates a
+    plain input)."""
+    for tensor in tensors:
+        torch._dynamo.mark_static_address(tensor)
 
 
 def eager_passes(compile: bool) -> contextlib.AbstractContextManager[None]:

@@ -77,6 +77,10 @@ class Drafting(Protocol):
         """Keep only `rows` `[B']` of the batch (finished rows leave), in that order."""
         ...
 
+    def state(self) -> tuple[torch.Tensor, ...]:
+        """The tensors a round writes in place (besides its KV cache's buffers)."""
+        ...
+
 
 class SliceDrafting:
     """A plain causal-LM drafter (see the module docstring)."""
@@ -123,6 +127,9 @@ class SliceDrafting:
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.cache.select_rows(rows)
+
+    def state(self) -> tuple[torch.Tensor, ...]:
+        return (self.looked_up,)
 
 
 class FeatureDrafting:
@@ -220,6 +227,9 @@ class FeatureDrafting:
         self.cache.select_rows(rows)
         self.features = self.features.index_select(0, rows)
         self.start = self.start.index_select(0, rows)
+
+    def state(self) -> tuple[torch.Tensor, ...]:
+        return self.looked_up, self.features
 
 
 class _Drafts:

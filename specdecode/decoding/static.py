@@ -17,10 +17,11 @@ ragged batches:
   cache through `cached_forward` like on the ragged one);
 * the host learns whether every row is done once every few steps (`default_sync_every`), not
   every step;
-* with `compile`, the target's and the drafter's forward passes run under `torch.compile`
-  (`mode="reduce-overhead"`, i.e. CUDA graphs, on CUDA): compiled once per shape (batch size,
-  capacity rounded up to a power of two, pass width), then reused across calls. The prefill
-  and a feature drafter's first window (widths set by the prompts) run eagerly.
+* with `compile`, each speculative round (`_round`: draft, verify, accept, commit) runs under
+  `torch.compile` as one graph, and the target alone's forward pass as another (CUDA graphs on
+  CUDA; `compiled.py`): compiled once per shape (batch size, capacity rounded up to a power of
+  two, gamma), then reused across calls. The prefill and the first round (a feature drafter's
+  first window is as wide as the prompts) run eagerly.
 
 What the caller gets is what the eager loops return: the same tokens in greedy decoding (in fp32
 on these kernels; see `speculative_generate_static` for what exact means in bf16), the same
@@ -38,8 +39,8 @@ import torch
 from transformers import PreTrainedModel
 
 from specdecode.decoding.cache import cached_forward, padded_prompts
-from specdecode.decoding.compiled import compiled, eager_passes, mark_step
-from specdecode.decoding.drafting import drafting_for
+from specdecode.decoding.compiled import compiled, compiled_function, eager_passes, mark_static, mark_step
+from specdecode.decoding.drafting import Drafting, drafting_for
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.ragged import kept_counts
 from specdecode.decoding.sampling import SamplingParams, logits_to_probs, next_tokens
@@ -186,6 +187,41 @@ def _max_steps(budgets: list[int]) -> int:
     return max(max(budgets) - 1, 0)
 
 
+def _round(
+    target: PreTrainedModel,
+    drafting: Drafting,
+    rows: _Rows,
+    cache: StaticKVCache,
+    counters: _Counters,
+    lookup: _ActiveRowsLookup | None,
+    params: SamplingParams,
+    gamma: int,
+    generator: torch.Generator | None,
+) -> None:
+    """One round of the static core: draft gamma tokens per row, verify them in one target pass,
+    accept or resample, commit. No host sync, so under `compile` it traces as one graph."""
+    if lookup is not None:
+        lookup.active = rows.active
+    cache.set_lengths(rows.lengths - 1)
+    # 1. draft gamma tokens. A row of a one-token prompt and no budget holds one token where a
+    # drafter may re-read two: its (masked) drafts then read a padding token.
+    draft, q = drafting.propose(rows.tokens, rows.lengths.clamp_min(2), rows.capacity, gamma, params, generator)
+    # 2. verify the pending token and the gamma drafts in one target pass
+    features = drafting.feature_layers
+    out = cached_forward(target, cache, torch.cat([rows.last(1), draft], dim=1), feature_layers=features)
+    logits, hidden = out if features is not None else (out, None)
+    drafting.observe(hidden, rows.lengths - 1)
+    # 3. accept / resample
+    num_accepted, next_token = (
+        greedy_accept(draft, logits.argmax(dim=-1))
+        if q is None
+        else rejection_sample(draft, q, logits_to_probs(logits, params), generator)
+    )
+    new_tokens = torch.cat([draft, draft[:, :1]], dim=1).scatter(1, num_accepted.unsqueeze(1), next_token.unsqueeze(1))
+    counters.record_step(num_accepted, rows.active)
+    rows.commit(new_tokens, num_accepted + 1)
+
+
 def speculative_generate_static(
     target: PreTrainedModel,
     drafter: PreTrainedModel | FeatureDrafter,
@@ -217,49 +253,32 @@ def speculative_generate_static(
     drafting = drafting_for(drafter, batch_size, capacity, row_lookup)  # type: ignore[arg-type]
     # the drafting strategy drives its drafter on a cache of the same fixed shape
     drafting.cache = StaticKVCache.for_model(drafter, batch_size, capacity)
-    features = drafting.feature_layers
-    verify_model = compiled(target) if compile else target
-    if compile:
-        drafting.drafter = compiled(drafter)
     counters = _Counters(gamma, device)
     sync_every = default_sync_every(device)
+    # the whole round as one graph, except where a seeded generator draws samples (dynamo cannot
+    # trace one): then the models' passes alone
+    whole_round = compile and (params.greedy or generator is None)
+    run_round = compiled_function(_round, device) if whole_round else _round
+    verify_model = compiled(target) if compile and not whole_round else target
+    if compile and not whole_round:
+        drafting.drafter = compiled(drafter)
 
     # 0. prefill: the target's first token is an ordinary sample; the drafter only reads the prompt.
-    first, hidden = _prefill(target, target_cache, rows, features)
+    first, hidden = _prefill(target, target_cache, rows, drafting.feature_layers)
     with eager_passes(compile):
         drafting.prefill(rows.tokens, rows.lengths, max(rows.prompt_lengths), hidden)
     counters.record_target_call(torch.ones_like(rows.active))
     rows.commit(next_tokens(first, params, generator).unsqueeze(1), torch.ones_like(rows.lengths))
+    if whole_round:
+        mark_static(rows.tokens, counters.calls, counters.histogram, *drafting.state())
 
     for step in range(_max_steps(budgets)):
         if step % sync_every == 0 and not rows.active.any().item():
             break
         mark_step(compile, device)
-        if row_lookup is not None:
-            row_lookup.active = rows.active
-        target_cache.set_lengths(rows.lengths - 1)
-        # 1. draft gamma tokens (the first step's feature window spans the prompts: eager). A row
-        # of a one-token prompt and no budget holds one token where a drafter may re-read two: its
-        # (masked) drafts then read a padding token.
+        # the first round's feature window spans the prompts, a width of its own: eager
         with eager_passes(compile and step == 0):
-            draft, q = drafting.propose(rows.tokens, rows.lengths.clamp_min(2), capacity, gamma, params, generator)
-        # 2. verify the pending token and the gamma drafts in one target pass
-        out = cached_forward(
-            verify_model, target_cache, torch.cat([rows.last(1), draft], dim=1), feature_layers=features
-        )
-        logits, hidden = out if features is not None else (out, None)
-        drafting.observe(hidden, rows.lengths - 1)
-        # 3. accept / resample
-        num_accepted, next_token = (
-            greedy_accept(draft, logits.argmax(dim=-1))
-            if q is None
-            else rejection_sample(draft, q, logits_to_probs(logits, params), generator)
-        )
-        new_tokens = torch.cat([draft, draft[:, :1]], dim=1).scatter(
-            1, num_accepted.unsqueeze(1), next_token.unsqueeze(1)
-        )
-        counters.record_step(num_accepted, rows.active)
-        rows.commit(new_tokens, num_accepted + 1)
+            run_round(verify_model, drafting, rows, target_cache, counters, row_lookup, params, gamma, generator)
 
     sequences = rows.sequences()
     stats = counters.finish(gamma, 1, drafting.looked_up)
