@@ -224,6 +224,28 @@ def test_bad_core_options_are_named_before_any_work(target, kwargs, error, needl
 # --- compiled steps (slow: inductor compiles each shape for seconds on a CPU) ---------------------
 
 
+@pytest.mark.parametrize(
+    "temperature, seed, whole_round",
+    [(0.0, 3, True), (0.7, None, True), (0.7, 3, False)],
+    ids=["greedy", "sampled", "sampled with a seeded generator"],
+)
+def test_the_round_is_compiled_whole_unless_a_seeded_generator_samples(
+    target, monkeypatch, temperature: float, seed: int | None, whole_round: bool
+) -> None:
+    """What `compile` compiles, with the compiling itself stubbed out (the slow tests compile)."""
+    functions, models = [], []
+    monkeypatch.setattr(specdecode.decoding.static, "compiled_function", lambda f, d: functions.append(f) or f)
+    monkeypatch.setattr(specdecode.decoding.static, "compiled", lambda m: models.append(m) or m)
+    drafter = derive_drafter(target, 1)
+    kwargs = dict(gamma=2, max_new_tokens=6, eos_token_ids=[], temperature=temperature, seed=seed)
+    ours = speculative_generate(target, drafter, [[1, 2, 3]], static=True, compile=True, **kwargs)
+    if seed is not None:  # the same draws as without compiling
+        assert ours.sequences == speculative_generate(target, drafter, [[1, 2, 3]], static=True, **kwargs).sequences
+    assert len(ours.sequences[0]) == 6
+    assert functions == ([specdecode.decoding.static._round] if whole_round else [])
+    assert models == ([] if whole_round else [target, drafter])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["slice", "feature"])
 def test_compiled_greedy_equals_the_eager_loop_and_compiles_once(target, ragged_prompts, early_eos, kind) -> None:
@@ -247,9 +269,13 @@ def test_compiled_greedy_equals_the_eager_loop_and_compiles_once(target, ragged_
 
 
 @pytest.mark.slow
-def test_compiled_samples_follow_the_target(mc_models) -> None:
+@pytest.mark.parametrize("seed", [5, None], ids=["seeded: the models compiled", "unseeded: the whole round compiled"])
+def test_compiled_samples_follow_the_target(mc_models, seed: int | None) -> None:
+    """A seeded generator keeps the rounds eager around compiled models (dynamo cannot trace one);
+    without a seed each round is one compiled graph, drawing from inductor's own random numbers."""
     target, _ = mc_models
     params = SamplingParams(1.0)
+    torch.manual_seed(5)
     result = speculative_generate(
         target,
         mc_feature_drafter(target),
@@ -258,8 +284,9 @@ def test_compiled_samples_follow_the_target(mc_models) -> None:
         max_new_tokens=N_TOKENS,
         temperature=1.0,
         eos_token_ids=[],
-        seed=5,
+        seed=seed,
         static=True,
         compile=True,
     )
+    assert result.stats.accepted > 0
     assert g_test_pvalue(joint_counts(result.sequences), exact_joint(target, params)) > SIGNIFICANCE
