@@ -34,7 +34,8 @@ from specdecode.models.loading import load_model, resolve_dtype
 
 TARGETS = ("smollm2-135m-instruct", "llama-3.2-1b-shape", "tiny")
 # The methods a one-lease GPU check times (`eval/benchmark_gpu.py`'s default `--only`): on an H200
-# each compiled one first compiles for about 50 s, so every core of every method does not fit.
+# each compiled one first compiled for about 50 s (a whole round compiled may take longer), so every
+# core of every method does not fit.
 LEASE_METHODS = (
     "target alone, eager",
     "target alone, compiled",
