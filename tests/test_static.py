@@ -246,6 +246,47 @@ def test_the_round_is_compiled_whole_unless_a_seeded_generator_samples(
     assert models == ([] if whole_round else [target, drafter])
 
 
+# Tensors a round reassigns that the next round sets before it reads them: no copy needed.
+REWRITTEN_FIRST = {"_write_slots", "active@lookup"}
+
+
+@pytest.mark.parametrize("kind", ["slice", "feature"])
+def test_state_a_compiled_round_reassigns_is_copied_out_before_the_next(target, monkeypatch, kind: str) -> None:
+    """On CUDA a compiled round's outputs live in its CUDA graph's memory, overwritten by the next
+    replay: every tensor the round reassigns, rather than writes in place, must be a copy by the next
+    round (`torch.compile` stubbed out: this checks the loop's bookkeeping, not a GPU)."""
+    held: dict[tuple[int, str], torch.Tensor] = {}
+    checked: list[str] = []
+
+    def tensors(*objects) -> dict[tuple[int, str], torch.Tensor]:
+        found = {}
+        for i, obj in enumerate(objects):
+            for name, value in vars(obj).items():
+                if isinstance(value, torch.Tensor):
+                    key = f"{name}@lookup" if isinstance(obj, specdecode.decoding.static._ActiveRowsLookup) else name
+                    found[(i, key)] = value
+        return found
+
+    def watched(target, drafting, rows, cache, counters, lookup, *args):
+        objects = (rows, cache, drafting, drafting.cache, counters, lookup)
+        for key, value in tensors(*objects).items():
+            if key in held and key[1] not in REWRITTEN_FIRST:
+                checked.append(key[1])
+                assert value is not held[key], f"{key[1]} is still the tensor the last round returned"
+        before = tensors(*objects)
+        specdecode.decoding.static._round(target, drafting, rows, cache, counters, lookup, *args)
+        held.clear()
+        held.update({k: v for k, v in tensors(*objects).items() if before.get(k) is not v})
+
+    monkeypatch.setattr(specdecode.decoding.static, "compiled_function", lambda f, d: watched)
+    drafter = drafter_of(kind, target)
+    speculative_generate(
+        target, drafter, [[1, 2, 3], [4, 5]], gamma=3, max_new_tokens=12, eos_token_ids=[], static=True, compile=True
+    )
+    expected = {"lengths", "active"} | ({"start"} if kind == "feature" else set())
+    assert expected <= set(checked)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["slice", "feature"])
 def test_compiled_greedy_equals_the_eager_loop_and_compiles_once(target, ragged_prompts, early_eos, kind) -> None:

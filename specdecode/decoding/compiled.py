@@ -7,7 +7,9 @@ compiled on first use and reused by every later call of that shape. The target a
 a round that samples with a seeded generator, which dynamo cannot trace) compiles the models'
 forward passes instead. On CUDA the mode is "reduce-overhead", which captures each graph as a
 CUDA graph and replays it with one launch; the KV buffers and the state a round writes in place
-are marked static (`StaticKVCache`, `mark_static`) so the replay writes them where they are.
+are marked static (`StaticKVCache`, `mark_static`) so the replay writes them where they are, and
+the state it reassigns (lengths, which rows are active) is copied out of the graph's memory after
+each round, since the next replay overwrites its outputs (`Drafting.copy_out`).
 """
 
 from __future__ import annotations

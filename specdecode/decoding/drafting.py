@@ -81,6 +81,11 @@ class Drafting(Protocol):
         """The tensors a round writes in place (besides its KV cache's buffers)."""
         ...
 
+    def copy_out(self) -> None:
+        """Replace the tensors the last round reassigned (rather than wrote in place) by copies: a
+        compiled round's outputs live in its CUDA graph's memory, which its next replay overwrites."""
+        ...
+
 
 class SliceDrafting:
     """A plain causal-LM drafter (see the module docstring)."""
@@ -130,6 +135,11 @@ class SliceDrafting:
 
     def state(self) -> tuple[torch.Tensor, ...]:
         return (self.looked_up,)
+
+    def copy_out(self) -> None:
+        self.cache.lengths = self.cache.lengths.clone()
+        if self.last_looked_up is not None:
+            self.last_looked_up = self.last_looked_up.clone()
 
 
 class FeatureDrafting:
@@ -230,6 +240,11 @@ class FeatureDrafting:
 
     def state(self) -> tuple[torch.Tensor, ...]:
         return self.looked_up, self.features
+
+    def copy_out(self) -> None:
+        self.cache.lengths, self.start = self.cache.lengths.clone(), self.start.clone()
+        if self.last_looked_up is not None:
+            self.last_looked_up = self.last_looked_up.clone()
 
 
 class _Drafts:

@@ -279,6 +279,11 @@ def speculative_generate_static(
         # the first round's feature window spans the prompts, a width of its own: eager
         with eager_passes(compile and step == 0):
             run_round(verify_model, drafting, rows, target_cache, counters, row_lookup, params, gamma, generator)
+        if whole_round:
+            # the round's reassigned state out of its CUDA graph's memory, before the next replay
+            rows.lengths, rows.active = rows.lengths.clone(), rows.active.clone()
+            target_cache.lengths = target_cache.lengths.clone()
+            drafting.copy_out()
 
     sequences = rows.sequences()
     stats = counters.finish(gamma, 1, drafting.looked_up)
