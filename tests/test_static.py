@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import specdecode.decoding.static
+import specdecode.decoding.verify
 from specdecode import autoregressive_generate, speculative_generate
 from specdecode.decoding.sampling import SamplingParams, sample
 from specdecode.decoding.verify import rejection_sample
@@ -191,7 +192,7 @@ def test_static_distribution_test_catches_resampling_from_p(mc_models, monkeypat
         at_n = num_accepted.view(-1, 1, 1).expand(-1, 1, p.shape[-1])
         return num_accepted, sample(p.gather(1, at_n).squeeze(1), generator)
 
-    monkeypatch.setattr(specdecode.decoding.static, "rejection_sample", buggy)
+    monkeypatch.setattr(specdecode.decoding.verify, "rejection_sample", buggy)
     target, drafter = mc_models
     params = SamplingParams(1.0)
     assert g_test_pvalue(static_joint(target, drafter, params, seed=0), exact_joint(target, params)) < SIGNIFICANCE

@@ -15,6 +15,7 @@ from scipy.stats import chi2
 
 import specdecode.decoding.decode
 import specdecode.decoding.drafting
+import specdecode.decoding.verify
 from specdecode import speculative_generate
 from specdecode.decoding.lookup import DEFAULT_LOOKUP, PromptLookup
 from specdecode.decoding.sampling import SamplingParams, logits_to_probs, sample
@@ -193,7 +194,7 @@ def test_distribution_test_catches_resampling_from_p(mc_models, monkeypatch) -> 
         at_n = num_accepted.view(-1, 1, 1).expand(-1, 1, p.shape[-1])
         return num_accepted, sample(p.gather(1, at_n).squeeze(1), generator)
 
-    monkeypatch.setattr(specdecode.decoding.decode, "rejection_sample", buggy)
+    monkeypatch.setattr(specdecode.decoding.verify, "rejection_sample", buggy)
     target, drafter = mc_models
     params = SamplingParams(1.0)
     observed = sampled_joint(target, drafter, params, seed=0)

@@ -25,11 +25,11 @@ from specdecode.decoding.drafting import Drafting, drafting_for
 from specdecode.decoding.lookup import DEFAULT_LOOKUP, PromptLookup
 from specdecode.decoding.ragged import Batch, FeatureRows, Finisher, prefill
 from specdecode.decoding.record import Recorder, StepEvent, check_record
-from specdecode.decoding.sampling import SamplingParams, logits_to_probs, next_tokens
+from specdecode.decoding.sampling import SamplingParams, next_tokens
 from specdecode.decoding.static import autoregressive_generate_static, speculative_generate_static
 from specdecode.decoding.stats import GenerationResult, StepCounters
 from specdecode.decoding.validation import validate_models, validate_request
-from specdecode.decoding.verify import greedy_accept, rejection_sample
+from specdecode.decoding.verify import verify_drafts
 from specdecode.models.feature_drafter import FeatureDrafter
 
 DEFAULT_GAMMA = 4
@@ -148,19 +148,9 @@ def _speculative_eager(
         # 1. draft gamma tokens, keeping q exactly as sampled from (None when greedy: not needed)
         draft, q = drafting.propose(batch.tokens, batch.lengths, max_length, gamma, params, generator)
 
-        # 2. verify in one target pass: the pending token and the gamma drafts
-        out = cached_forward(target, target_cache, torch.cat([batch.last(1), draft], dim=1), feature_layers=features)
-        logits, hidden = out if features is not None else (out, None)
-        drafting.observe(hidden, batch.lengths - 1)
-
-        # 3. accept / resample
-        num_accepted, next_token = (
-            greedy_accept(draft, logits.argmax(dim=-1))
-            if q is None
-            else rejection_sample(draft, q, logits_to_probs(logits, params), generator)
-        )
-        new_tokens = torch.cat([draft, draft[:, :1]], dim=1).scatter(
-            1, num_accepted.unsqueeze(1), next_token.unsqueeze(1)
+        # 2. verify in one target pass: the pending token and the gamma drafts; 3. accept / resample
+        num_accepted, next_token, new_tokens = verify_drafts(
+            target, target_cache, drafting, batch.last(1), draft, q, batch.lengths - 1, params, generator
         )
         finished = batch.commit(new_tokens, num_accepted + 1)
         counters.record_step(num_accepted, drafter_calls=gamma)

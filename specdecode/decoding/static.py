@@ -43,10 +43,10 @@ from specdecode.decoding.compiled import compiled, compiled_function, eager_pass
 from specdecode.decoding.drafting import Drafting, drafting_for
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.ragged import kept_counts
-from specdecode.decoding.sampling import SamplingParams, logits_to_probs, next_tokens
+from specdecode.decoding.sampling import SamplingParams, next_tokens
 from specdecode.decoding.static_cache import StaticKVCache
 from specdecode.decoding.stats import GenerationResult, StepCounters
-from specdecode.decoding.verify import greedy_accept, rejection_sample
+from specdecode.decoding.verify import verify_drafts
 from specdecode.models.feature_drafter import FeatureDrafter
 
 # The cache capacity is rounded up to a power of two (at least this), so calls whose prompts and
@@ -206,18 +206,10 @@ def _round(
     # 1. draft gamma tokens. A row of a one-token prompt and no budget holds one token where a
     # drafter may re-read two: its (masked) drafts then read a padding token.
     draft, q = drafting.propose(rows.tokens, rows.lengths.clamp_min(2), rows.capacity, gamma, params, generator)
-    # 2. verify the pending token and the gamma drafts in one target pass
-    features = drafting.feature_layers
-    out = cached_forward(target, cache, torch.cat([rows.last(1), draft], dim=1), feature_layers=features)
-    logits, hidden = out if features is not None else (out, None)
-    drafting.observe(hidden, rows.lengths - 1)
-    # 3. accept / resample
-    num_accepted, next_token = (
-        greedy_accept(draft, logits.argmax(dim=-1))
-        if q is None
-        else rejection_sample(draft, q, logits_to_probs(logits, params), generator)
+    # 2. verify the pending token and the gamma drafts in one target pass; accept / resample
+    num_accepted, _, new_tokens = verify_drafts(
+        target, cache, drafting, rows.last(1), draft, q, rows.lengths - 1, params, generator
     )
-    new_tokens = torch.cat([draft, draft[:, :1]], dim=1).scatter(1, num_accepted.unsqueeze(1), next_token.unsqueeze(1))
     counters.record_step(num_accepted, rows.active)
     rows.commit(new_tokens, num_accepted + 1)
 

@@ -5,10 +5,18 @@ Notation of the papers: p is the target's distribution, q the drafter's, x a dra
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
+from transformers import PreTrainedModel
 
-from specdecode.decoding.sampling import sample
+from specdecode.decoding.cache import cached_forward
+from specdecode.decoding.sampling import SamplingParams, logits_to_probs, sample
+
+if TYPE_CHECKING:
+    from specdecode.decoding.cache import RaggedKVCache
+    from specdecode.decoding.drafting import Drafting
 
 
 def rejection_sample(
@@ -81,3 +89,35 @@ def greedy_accept(draft_tokens: torch.Tensor, target_argmax: torch.Tensor) -> tu
     gamma = draft_tokens.shape[1]
     num_accepted = (draft_tokens == target_argmax[:, :gamma]).long().cumprod(dim=1).sum(dim=1)
     return num_accepted, target_argmax.gather(1, num_accepted.unsqueeze(1)).squeeze(1)
+
+
+def verify_drafts(
+    target: PreTrainedModel,
+    cache: RaggedKVCache,
+    drafting: Drafting,
+    pending: torch.Tensor,
+    draft: torch.Tensor,
+    q: torch.Tensor | None,
+    start: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One target pass over each row's pending token `[B, 1]` and its gamma drafts `[B, gamma]` (at
+    positions `start[b]` on; the drafting strategy observes the pass's features), then accept or
+    resample (`greedy_accept` when `q` is None). The loops' shared step.
+
+    Returns:
+        `num_accepted` `[B]`, the next token `[B]`, and the new tokens `[B, gamma + 1]` (the drafts
+        with the next token at `num_accepted`), of which each row commits `num_accepted + 1`.
+    """
+    features = drafting.feature_layers
+    out = cached_forward(target, cache, torch.cat([pending, draft], dim=1), feature_layers=features)
+    logits, hidden = out if features is not None else (out, None)
+    drafting.observe(hidden, start)
+    num_accepted, next_token = (
+        greedy_accept(draft, logits.argmax(dim=-1))
+        if q is None
+        else rejection_sample(draft, q, logits_to_probs(logits, params), generator)
+    )
+    new_tokens = torch.cat([draft, draft[:, :1]], dim=1).scatter(1, num_accepted.unsqueeze(1), next_token.unsqueeze(1))
+    return num_accepted, next_token, new_tokens
