@@ -3,6 +3,7 @@ cores only (compiling takes minutes on a CPU; `make benchmark-gpu` runs it all o
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import LlamaForCausalLM
 
@@ -12,6 +13,7 @@ from specdecode.evaluation.core_benchmark import (
     agreement,
     exact_match,
     llama_1b_shape,
+    method_names,
     methods,
     reference_of,
     report_markdown,
@@ -61,6 +63,16 @@ def test_the_lease_methods_are_methods_the_benchmark_has() -> None:
         f"data writer, {core}" for core in CORES
     }
     assert set(LEASE_METHODS) <= names
+    assert set(method_names()) == names
+
+
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [(dict(only=["target alone", "compild"]), "'compild' is in no method's name"), (dict(dtypes=["fp8"]), "fp8")],
+)
+def test_bad_methods_and_dtypes_are_named_before_any_work(kwargs, needle) -> None:
+    with pytest.raises(ValueError, match=needle):
+        run_core_benchmark("tiny", "cpu", progress=lambda line: pytest.fail(f"work started: {line}"), **kwargs)
 
 
 def test_exact_match_compares_like_with_like() -> None:

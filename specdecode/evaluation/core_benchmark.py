@@ -170,6 +170,19 @@ def methods(
     return found
 
 
+def method_names() -> list[str]:
+    """Every method the benchmark times, by name (`methods` and the data writer)."""
+    names = [f"{who}, {core}" for core in CORES for who in ("target alone", "ours (slice)", "ours (feature)")]
+    return [*names, "transformers assisted (slice)", *(f"data writer, {core}" for core in CORES)]
+
+
+def check_only(words: Sequence[str]) -> None:
+    """Raises ValueError naming a word of `only` that is in no method's name."""
+    for word in words:
+        if not any(word in name for name in method_names()):
+            raise ValueError(f"only: {word!r} is in no method's name; the methods: {'; '.join(method_names())}")
+
+
 def hf_assisted(
     target: PreTrainedModel, drafter: PreTrainedModel, prompt: list[int], gamma: int, new_tokens: int
 ) -> tuple[list[list[int]], float, None]:
@@ -269,6 +282,9 @@ def run_core_benchmark(
     """Time every method per (dtype, batch size), then the data writer at `writer_batch` (0: not;
     see the module docstring). `drafter`: a saved feature drafter of the target to time instead of
     an untrained one; `only`: the methods whose names contain one of these (all when empty)."""
+    check_only(only)
+    for dtype in dtypes:
+        resolve_dtype(dtype)  # a bad name fails before any group is timed
     rows: list[Row] = []
     for dtype in dtypes:
         target, prompts = build_target(
