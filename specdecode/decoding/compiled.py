@@ -106,9 +106,9 @@ def compiled_function(function: Callable, device: torch.device) -> Callable:
 
 
 def mark_static(*tensors: torch.Tensor) -> None:
-    """Give state that a compiled round writes in place fixed addresses, so that CUDA graphs may
-    write it where it is rather than skip the graph (inductor captures no graph that mutates a
-    plain input)."""
+    """Give tensors that compiled graphs write in place (KV buffers, a round's state) fixed
+    addresses, so that CUDA graphs may write them where they are rather than skip the graph
+    (inductor captures no graph that mutates a plain input)."""
     for tensor in tensors:
         torch._dynamo.mark_static_address(tensor)
 

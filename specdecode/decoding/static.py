@@ -251,9 +251,9 @@ def speculative_generate_static(
     # trace one): then the models' passes alone
     whole_round = compile and (params.greedy or generator is None)
     run_round = compiled_function(_round, device) if whole_round else _round
-    verify_model = compiled(target) if compile and not whole_round else target
+    verify_model = target
     if compile and not whole_round:
-        drafting.drafter = compiled(drafter)
+        verify_model, drafting.drafter = compiled(target), compiled(drafter)
 
     # 0. prefill: the target's first token is an ordinary sample; the drafter only reads the prompt.
     first, hidden = _prefill(target, target_cache, rows, drafting.feature_layers)

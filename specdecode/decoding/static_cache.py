@@ -12,6 +12,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
+from specdecode.decoding.compiled import mark_static
 from specdecode.models.feature_drafter import FeatureDrafter
 
 
@@ -68,8 +69,7 @@ class StaticKVCache(Cache):
             self.keys[layer_idx] = key_states.new_zeros(shape)
             self.values[layer_idx] = value_states.new_zeros(shape)
             # fixed addresses: CUDA graphs may then write them in place
-            torch._dynamo.mark_static_address(self.keys[layer_idx])
-            torch._dynamo.mark_static_address(self.values[layer_idx])
+            mark_static(self.keys[layer_idx], self.values[layer_idx])
         # an indexed assignment rather than `scatter_`: inductor writes it into the buffers in place,
         # where a scatter into a graph input costs a copy of every layer's whole buffers per pass
         rows = torch.arange(batch, device=key_states.device).unsqueeze(1)
