@@ -38,6 +38,7 @@ parser.add_argument(
 parser.add_argument("--every-method", action="store_true", help="every method on every core (overrides --only)")
 parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
 parser.add_argument("--drafter", default=None, help="a saved feature drafter of the (first) target")
+parser.add_argument("--profile", action="store_true", help="print where each method's time goes (one more call)")
 parser.add_argument("--out", default=None, help="also write the rows as JSON here")
 args = parser.parse_args()
 
@@ -59,6 +60,7 @@ for target in targets:
         writer_tokens=16 if args.tiny else 64,
         drafter=args.drafter if target == targets[0] else None,
         only=[] if args.every_method else args.only,
+        profile=args.profile,
     )
 print(report_markdown(rows, args.device))
 if args.out:

@@ -50,6 +50,31 @@ def test_the_benchmark_runs_every_method_and_reports_exact_rows() -> None:
     assert "| tiny | float32 | 3 | ours (slice), static |" in report_markdown(rows, "cpu")
 
 
+def test_profile_prints_where_each_method_spends_its_time() -> None:
+    lines: list[str] = []
+    run_core_benchmark(
+        "tiny",
+        "cpu",
+        ("float32",),
+        (1,),
+        2,
+        4,
+        1,
+        1,
+        writer_batch=2,
+        writer_tokens=3,
+        only=("target alone, static", "data writer, static"),
+        progress=lines.append,
+        profile=True,
+    )
+    profiles = [line for line in lines if line.lstrip().startswith("profile of")]
+    assert [line.split(":")[0].strip() for line in profiles] == [
+        "profile of target alone, static",
+        "profile of data writer, static",
+    ]
+    assert all("kernels busy" in line and "per token" in line for line in profiles)
+
+
 def test_agreement_is_the_share_before_the_first_difference() -> None:
     reference = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 9]]
     rows = [[1, 2, 3, 4], [5, 6, 0, 8], [0, 9]]

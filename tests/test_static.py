@@ -247,6 +247,58 @@ def test_the_round_is_compiled_whole_unless_a_seeded_generator_samples(
     assert models == ([] if whole_round else [target, drafter])
 
 
+@pytest.mark.parametrize(
+    "temperature, seed, whole_step",
+    [(0.0, 3, True), (0.7, None, True), (0.7, 3, False)],
+    ids=["greedy", "sampled", "seeded"],
+)
+def test_the_target_alone_step_is_compiled_whole_unless_a_seeded_generator_samples(
+    target, monkeypatch, temperature: float, seed: int | None, whole_step: bool
+) -> None:
+    functions, models = [], []
+    monkeypatch.setattr(specdecode.decoding.static, "compiled_function", lambda f, d: functions.append(f) or f)
+    monkeypatch.setattr(specdecode.decoding.static, "compiled", lambda m: models.append(m) or m)
+    kwargs = dict(max_new_tokens=6, eos_token_ids=[], temperature=temperature, seed=seed)
+    alone = autoregressive_generate(target, [[1, 2, 3]], static=True, compile=True, **kwargs)
+    if seed is not None:
+        assert alone.sequences == autoregressive_generate(target, [[1, 2, 3]], static=True, **kwargs).sequences
+    assert len(alone.sequences[0]) == 6
+    assert functions == ([specdecode.decoding.static._step] if whole_step else [])
+    assert models == ([] if whole_step else [target])
+
+
+def test_state_a_compiled_step_reassigns_is_copied_out_before_the_next(target, monkeypatch) -> None:
+    """As for a round (below): a whole compiled step of the target alone reassigns the rows' and
+    the cache's lengths and the active rows; each must be a copy by the next step."""
+    held: dict[str, torch.Tensor] = {}
+    checked: list[str] = []
+
+    def named(rows, cache) -> dict[str, torch.Tensor]:
+        return {"rows.lengths": rows.lengths, "rows.active": rows.active, "cache.lengths": cache.lengths}
+
+    def watched(target, rows, cache, *args):
+        for key, value in named(rows, cache).items():
+            if key in held:
+                checked.append(key)
+                assert value is not held[key], f"{key} is still the tensor the last step returned"
+        specdecode.decoding.static._step(target, rows, cache, *args)
+        held.clear()
+        held.update(named(rows, cache))
+
+    monkeypatch.setattr(specdecode.decoding.static, "compiled_function", lambda f, d: watched)
+    result = autoregressive_generate(
+        target,
+        [[1, 2, 3], [4, 5]],
+        max_new_tokens=[6, 3],
+        eos_token_ids=[],
+        static=True,
+        compile=True,
+        feature_layers=(-1,),
+    )
+    assert [len(s) for s in result.sequences] == [6, 3]
+    assert set(checked) == {"rows.lengths", "rows.active", "cache.lengths"}
+
+
 # Tensors a round reassigns that the next round sets before it reads them: no copy needed.
 REWRITTEN_FIRST = {"_write_slots", "active@lookup"}
 

@@ -3,13 +3,13 @@
 A speculative round (draft gamma tokens, verify them, accept, commit, count) runs under
 `torch.compile` whole, with static shapes (`dynamic=False`): the drafter's and the target's passes
 and the bookkeeping between them become one graph per (models, batch size, gamma, cache capacity),
-compiled on first use and reused by every later call of that shape. The target alone's step (and
-a round that samples with a seeded generator, which dynamo cannot trace) compiles the models'
-forward passes instead. On CUDA the mode is "reduce-overhead", which captures each graph as a
-CUDA graph and replays it with one launch; the KV buffers and the state a round writes in place
-are marked static (`StaticKVCache`, `mark_static`) so the replay writes them where they are, and
-the state it reassigns (lengths, which rows are active) is copied out of the graph's memory after
-each round, since the next replay overwrites its outputs (`Drafting.copy_out`).
+compiled on first use and reused by every later call of that shape; so does a step of the target
+alone (pass, sample, commit, features). Where a seeded generator samples, which dynamo cannot
+trace, the models' forward passes are compiled instead. On CUDA the mode is "reduce-overhead",
+which captures each graph as a CUDA graph and replays it with one launch; the KV buffers and the
+state a round writes in place are marked static (`StaticKVCache`, `mark_static`) so the replay
+writes them where they are, and the state it reassigns (lengths, which rows are active) is copied
+out of the graph's memory after each round, since the next replay overwrites its outputs (`Drafting.copy_out`).
 """
 
 from __future__ import annotations

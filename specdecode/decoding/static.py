@@ -18,7 +18,7 @@ ragged batches:
 * the host learns whether every row is done once every few steps (`default_sync_every`), not
   every step;
 * with `compile`, each speculative round (`_round`: draft, verify, accept, commit) runs under
-  `torch.compile` as one graph, and the target alone's forward pass as another (CUDA graphs on
+  `torch.compile` as one graph, and so does each step of the target alone (CUDA graphs on
   CUDA; `compiled.py`): compiled once per shape (batch size, capacity rounded up to a power of
   two, gamma), then reused across calls. The prefill and the first round (a feature drafter's
   first window is as wide as the prompts) run eagerly.
@@ -182,6 +182,12 @@ def _prefill(
     return logits[torch.arange(len(last), device=last.device), column], hidden
 
 
+def _compiles_whole(compile: bool, params: SamplingParams, generator: torch.Generator | None) -> bool:
+    """Whether a round (a step) compiles as one graph: with `compile`, unless a seeded generator
+    draws samples (dynamo cannot trace one; the models' passes alone are compiled then)."""
+    return compile and (params.greedy or generator is None)
+
+
 def _max_steps(budgets: list[int]) -> int:
     """Steps after the prefill that finish every row: each commits at least one token per active row."""
     return max(max(budgets) - 1, 0)
@@ -247,9 +253,7 @@ def speculative_generate_static(
     drafting.cache = StaticKVCache.for_model(drafter, batch_size, capacity)
     counters = _Counters(gamma, device)
     sync_every = default_sync_every(device)
-    # the whole round as one graph, except where a seeded generator draws samples (dynamo cannot
-    # trace one): then the models' passes alone
-    whole_round = compile and (params.greedy or generator is None)
+    whole_round = _compiles_whole(compile, params, generator)
     run_round = compiled_function(_round, device) if whole_round else _round
     verify_model = target
     if compile and not whole_round:
@@ -282,6 +286,31 @@ def speculative_generate_static(
     return GenerationResult.build(sequences, stats, time.perf_counter() - start)  # type: ignore[arg-type]
 
 
+def _step(
+    target: PreTrainedModel,
+    rows: _Rows,
+    cache: StaticKVCache,
+    counters: _Counters,
+    written: torch.Tensor | None,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    feature_layers: tuple[int, ...] | None,
+) -> None:
+    """One step of the target alone: a one-token pass of the whole batch, sample, commit, and with
+    `feature_layers` write each active row's features into `written` `[B, S_cap, n·H]`. No host
+    sync, so under `compile` it traces as one graph."""
+    cache.set_lengths(rows.lengths - 1)
+    active = rows.active
+    out = cached_forward(target, cache, rows.last(1), feature_layers=feature_layers)
+    logits, hidden = out if feature_layers is not None else (out, None)
+    if written is not None:
+        # a masked row writes to the last slot, past every row's output
+        batch_index = torch.arange(written.shape[0], device=written.device)
+        written[batch_index, torch.where(active, rows.lengths - 1, rows.capacity - 1)] = hidden[:, -1]
+    counters.record_target_call(active)
+    rows.commit(next_tokens(logits[:, -1], params, generator).unsqueeze(1), torch.ones_like(rows.lengths))
+
+
 def autoregressive_generate_static(
     target: PreTrainedModel,
     prompts: Sequence[Sequence[int]],
@@ -293,15 +322,19 @@ def autoregressive_generate_static(
     compile: bool,
 ) -> GenerationResult:
     """`autoregressive_generate(static=True)` on checked arguments: one-token passes of the whole
-    batch, finished rows masked; with `feature_layers`, `result.features` as the eager loop's."""
+    batch, finished rows masked; with `feature_layers`, `result.features` as the eager loop's.
+    With `compile`, each step is one graph, as a speculative round is (the models' pass alone
+    where a seeded generator samples)."""
     start = time.perf_counter()
     device = target.device
     rows = _Rows.from_prompts(prompts, budgets, slack=1, eos=eos, device=device)
     batch_size, capacity = len(prompts), rows.capacity
     cache = StaticKVCache.for_model(target, batch_size, capacity)
-    step_model = compiled(target) if compile else target
     counters = _Counters(0, device)
     sync_every = default_sync_every(device)
+    whole_step = _compiles_whole(compile, params, generator)
+    run_step = compiled_function(_step, device) if whole_step else _step
+    step_model = compiled(target) if compile and not whole_step else target
 
     logits, hidden = _prefill(target, cache, rows, feature_layers)
     written = None
@@ -310,20 +343,17 @@ def autoregressive_generate_static(
         written[:, : hidden.shape[1]] = hidden
     counters.record_target_call(torch.ones_like(rows.active))
     rows.commit(next_tokens(logits, params, generator).unsqueeze(1), torch.ones_like(rows.lengths))
-    batch_index = torch.arange(batch_size, device=device)
+    if whole_step:
+        mark_static(rows.tokens, counters.calls, counters.histogram, *([written] if written is not None else []))
     for step in range(_max_steps(budgets)):
         if step % sync_every == 0 and not rows.active.any().item():
             break
         mark_step(compile, device)
-        cache.set_lengths(rows.lengths - 1)
-        active = rows.active
-        out = cached_forward(step_model, cache, rows.last(1), feature_layers=feature_layers)
-        logits, hidden = out if feature_layers is not None else (out, None)
-        if written is not None:
-            # a masked row writes to the last slot, past every row's output
-            written[batch_index, torch.where(active, rows.lengths - 1, capacity - 1)] = hidden[:, -1]
-        counters.record_target_call(active)
-        rows.commit(next_tokens(logits[:, -1], params, generator).unsqueeze(1), torch.ones_like(rows.lengths))
+        run_step(step_model, rows, cache, counters, written, params, generator, feature_layers)
+        if whole_step:
+            # the step's reassigned state out of its CUDA graph's memory, before the next replay
+            rows.lengths, rows.active = rows.lengths.clone(), rows.active.clone()
+            cache.lengths = cache.lengths.clone()
 
     sequences = rows.sequences()
     result = GenerationResult.build(sequences, counters.finish(0, 0, 0), time.perf_counter() - start)  # type: ignore[arg-type]

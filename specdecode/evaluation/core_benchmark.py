@@ -196,9 +196,11 @@ def time_group(
     batches: Sequence[list[list[int]]],
     rounds: int,
     progress: Callable[[str], None] = lambda line: None,
+    profile: bool = False,
 ) -> dict[str, dict]:
     """Every method over every batch of prompts, round after round, methods interleaved within a
-    round; a first untimed-for-throughput call per method pays its compiling."""
+    round; a first untimed-for-throughput call per method pays its compiling. `profile`: then one
+    more call of each on the first batch under the profiler (`profile_call`), printed."""
     first: dict[str, float] = {}
     skips: dict[str, int] = {}
     outputs: dict[str, list[list[int]]] = {}
@@ -217,6 +219,11 @@ def time_group(
             runs = [method(batch) for batch in batches]
             tokens = sum(len(row) for sequences, _, _ in runs for row in sequences)
             speeds[name].append(tokens / sum(seconds for _, seconds, _ in runs))
+    for name, method in found.items() if profile else ():
+        try:
+            progress(f"  profile of {name}: {profile_call(method, batches[0])}")
+        except Exception as error:  # a diagnostic: its failure must not lose the group's timings
+            progress(f"  profile of {name} failed: {error!r}")
 
     def reference(name: str) -> list[list[int]]:
         return outputs.get(reference_of(name), outputs[next(iter(found))])
@@ -232,6 +239,29 @@ def time_group(
         }
         for name in found
     }
+
+
+def profile_call(method: Method, batch: list[list[int]]) -> str:
+    """One call of `method` under `torch.profiler`, summed up in a line: wall time, how much of it
+    the device's kernels were running (near 100%: the device bounds the call; low: the host does),
+    kernels and CUDA graph replays per generated token, and the three kernels that took longest."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        sequences, seconds, _ = method(batch)
+    tokens = max(sum(len(row) for row in sequences), 1)
+    events = prof.key_averages()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = sum(e.self_device_time_total for e in kernels) / 1e6
+    launches = sum(e.count for e in kernels)
+    replays = sum(e.count for e in events if e.key == "cudaGraphLaunch")
+    top = sorted(kernels, key=lambda e: e.self_device_time_total, reverse=True)[:3]
+    named = "; ".join(f"{e.key[:48]} {e.self_device_time_total / 1e3:.1f} ms x{e.count}" for e in top)
+    return (
+        f"{seconds:.3f} s, kernels busy {busy / seconds:.0%}, {launches / tokens:.0f} kernels and "
+        f"{replays / tokens:.2f} graph replays per token; top: {named or 'none (no CUDA)'}"
+    )
 
 
 def cudagraph_skips() -> int:
@@ -278,10 +308,12 @@ def run_core_benchmark(
     drafter: str | None = None,
     only: Sequence[str] = (),
     progress: Callable[[str], None] = print,
+    profile: bool = False,
 ) -> list[Row]:
     """Time every method per (dtype, batch size), then the data writer at `writer_batch` (0: not;
     see the module docstring). `drafter`: a saved feature drafter of the target to time instead of
-    an untrained one; `only`: the methods whose names contain one of these (all when empty)."""
+    an untrained one; `only`: the methods whose names contain one of these (all when empty);
+    `profile`: print where each method's time goes (`profile_call`)."""
     check_only(only)
     for dtype in dtypes:
         resolve_dtype(dtype)  # a bad name fails before any group is timed
@@ -298,7 +330,7 @@ def run_core_benchmark(
                 if not only or any(word in name for word in only)
             }
             batches = [[p] for p in prompts[:prompts_at_batch_1]] if batch_size == 1 else [prompts[:batch_size]]
-            for name, measured in time_group(found, batches, rounds, progress).items():
+            for name, measured in time_group(found, batches, rounds, progress, profile).items():
                 rows.append(Row(target_name, dtype, batch_size, name, **measured))
                 progress(format_row(rows[-1]))
         if not writer_batch:
@@ -308,7 +340,7 @@ def run_core_benchmark(
             for core, options in CORES.items()
             if not only or any(word in f"data writer, {core}" for word in only)
         }
-        for name, measured in time_group(writer, [prompts[:writer_batch]], rounds, progress).items():
+        for name, measured in time_group(writer, [prompts[:writer_batch]], rounds, progress, profile).items():
             rows.append(Row(target_name, dtype, writer_batch, name, **measured))
             progress(format_row(rows[-1]))
     return rows
