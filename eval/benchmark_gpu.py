@@ -39,6 +39,9 @@ parser.add_argument("--every-method", action="store_true", help="every method on
 parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
 parser.add_argument("--drafter", default=None, help="a saved feature drafter of the (first) target")
 parser.add_argument("--profile", action="store_true", help="print where each method's time goes (one more call)")
+parser.add_argument(
+    "--time-limit-s", type=float, default=None, help="start no method, round or profile after this many seconds"
+)
 parser.add_argument("--out", default=None, help="also write the rows as JSON here")
 args = parser.parse_args()
 
@@ -61,6 +64,7 @@ for target in targets:
         drafter=args.drafter if target == targets[0] else None,
         only=[] if args.every_method else args.only,
         profile=args.profile,
+        time_limit_s=args.time_limit_s,
     )
 print(report_markdown(rows, args.device))
 if args.out:

@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
+import specdecode.evaluation.core_benchmark
 from specdecode.evaluation.core_benchmark import (
     CORES,
     LEASE_METHODS,
@@ -18,6 +19,7 @@ from specdecode.evaluation.core_benchmark import (
     reference_of,
     report_markdown,
     run_core_benchmark,
+    time_group,
 )
 from tests.models_for_tests import tiny_llama
 
@@ -73,6 +75,11 @@ def test_profile_prints_where_each_method_spends_its_time() -> None:
         "profile of data writer, static",
     ]
     assert all("kernels busy" in line and "per token" in line for line in profiles)
+    hosts = [line for line in lines if line.lstrip().startswith("host of")]
+    assert len(hosts) == 2 and all("ms per token under cProfile; own time per token: " in line for line in hosts)
+    # each group's rows are printed before its profiles, which may fail or run out of time
+    row = next(i for i, line in enumerate(lines) if line.startswith("| tiny | float32 | 1 | target alone, static"))
+    assert row < lines.index(profiles[0])
 
 
 def test_agreement_is_the_share_before_the_first_difference() -> None:
@@ -93,11 +100,47 @@ def test_the_lease_methods_are_methods_the_benchmark_has() -> None:
 
 @pytest.mark.parametrize(
     "kwargs, needle",
-    [(dict(only=["target alone", "compild"]), "'compild' is in no method's name"), (dict(dtypes=["fp8"]), "fp8")],
+    [
+        (dict(only=["target alone", "compild"]), "'compild' is in no method's name"),
+        (dict(dtypes=["fp8"]), "fp8"),
+        (dict(time_limit_s=0), "time_limit_s must be positive, got 0"),
+    ],
 )
 def test_bad_methods_and_dtypes_are_named_before_any_work(kwargs, needle) -> None:
     with pytest.raises(ValueError, match=needle):
         run_core_benchmark("tiny", "cpu", progress=lambda line: pytest.fail(f"work started: {line}"), **kwargs)
+
+
+def test_past_the_time_limit_no_method_or_round_starts_and_what_was_timed_is_reported(monkeypatch) -> None:
+    """A lease ends at a fixed time: the methods timed by then are reported, from one round at least.
+    Each call takes 0.05 s of a fake clock; the limit is at 0.07 s."""
+    clock, calls = [0.0], []
+    monkeypatch.setattr(specdecode.evaluation.core_benchmark.time, "perf_counter", lambda: clock[0])
+
+    def slow(name: str):
+        def method(batch):
+            calls.append(name)
+            clock[0] += 0.05
+            return [[1, 2, 3]], 0.05, None
+
+        return method
+
+    found = {name: slow(name) for name in ("target alone, eager", "ours (slice), eager", "target alone, static")}
+    lines: list[str] = []
+    measured = time_group(found, [[[1]]], rounds=3, progress=lines.append, deadline=0.07)
+    assert list(measured) == ["target alone, eager", "ours (slice), eager"]
+    assert calls == ["target alone, eager", "ours (slice), eager"] * 2
+    assert (
+        measured["ours (slice), eager"]["exact_match"] == 1.0 and measured["ours (slice), eager"]["tokens_per_s"] == 60
+    )
+    assert "  target alone, static: not timed, past the time limit" in lines
+    assert "  1 of 3 rounds: past the time limit" in lines
+
+
+def test_a_method_whose_reference_was_not_timed_reports_no_match() -> None:
+    found = {"ours (slice), compiled": lambda batch: ([[1, 2]], 1.0, 0.5)}
+    measured = time_group(found, [[[1]]], rounds=1)["ours (slice), compiled"]
+    assert measured["exact_match"] is None and measured["agreement"] is None
 
 
 def test_exact_match_compares_like_with_like() -> None:

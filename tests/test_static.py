@@ -5,9 +5,12 @@ CPU) the compiled steps, compiled once per shape."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
+import specdecode.decoding.compiled
 import specdecode.decoding.static
 import specdecode.decoding.verify
 from specdecode import autoregressive_generate, speculative_generate
@@ -297,6 +300,35 @@ def test_state_a_compiled_step_reassigns_is_copied_out_before_the_next(target, m
     )
     assert [len(s) for s in result.sequences] == [6, 3]
     assert set(checked) == {"rows.lengths", "rows.active", "cache.lengths"}
+
+
+@pytest.mark.parametrize("seed", [None, 3], ids=["whole", "seeded: models compiled"])
+def test_compiled_steps_skip_guards_from_the_third_only_when_compiled_whole(target, monkeypatch, seed) -> None:
+    """The first `GUARDED_STEPS` compiled rounds (steps) of a call evaluate their guards, and so
+    compile what the call needs; later ones skip them. Never where a round is not compiled whole."""
+    flags: list[bool] = []
+    monkeypatch.setattr(specdecode.decoding.static, "compiled_function", lambda f, d: f)
+    monkeypatch.setattr(specdecode.decoding.static, "compiled", lambda m: m)
+    monkeypatch.setattr(
+        specdecode.decoding.static, "skipped_guards", lambda skip: flags.append(skip) or contextlib.nullcontext()
+    )
+    kwargs = dict(max_new_tokens=6, eos_token_ids=[], temperature=0.7, seed=seed, static=True, compile=True)
+    speculative_generate(target, derive_drafter(target, 1), [[1, 2, 3]], gamma=2, **kwargs)
+    rounds, flags[:] = list(flags), []
+    autoregressive_generate(target, [[1, 2, 3]], **kwargs)
+    whole = seed is None
+    assert rounds == [False, False] + [whole] * (len(rounds) - 2) and len(rounds) >= 3
+    assert flags == [False, False] + [whole] * 3
+
+
+def test_skipped_guards_keep_the_callers_stance() -> None:
+    stance = torch._dynamo.eval_frame
+    with torch.compiler.set_stance("fail_on_recompile"):
+        with specdecode.decoding.compiled.skipped_guards(True):
+            assert (stance._stance.stance, stance._stance.skip_guard_eval_unsafe) == ("fail_on_recompile", True)
+        with specdecode.decoding.compiled.skipped_guards(False):
+            assert not stance._stance.skip_guard_eval_unsafe
+        assert (stance._stance.stance, stance._stance.skip_guard_eval_unsafe) == ("fail_on_recompile", False)
 
 
 # Tensors a round reassigns that the next round sets before it reads them: no copy needed.

@@ -68,8 +68,9 @@ class RaggedKVCache(Cache):
         return positions, mask.unsqueeze(1)
 
     def advance(self, num_new: int) -> None:
-        """Count the tokens of the pass just run as cached."""
-        self.lengths += num_new
+        """Count the tokens of the pass just run as cached (a new tensor: the one `set_lengths` was
+        given may be the caller's own)."""
+        self.lengths = self.lengths + num_new
         self.max_length += num_new
 
     def set_lengths(self, lengths: torch.Tensor, max_length: int) -> None:

@@ -158,11 +158,9 @@ class FeatureDrafting:
         self.features = torch.zeros(
             batch_size, capacity, drafter.feature_width, dtype=drafter.dtype, device=drafter.device
         )
-        # Per row: drafter positions [0, start) hold true-feature entries; the host-side bound and
-        # the width of the next window (the longest prompt at first, then gamma + 1).
+        # Per row: drafter positions [0, start) hold true-feature entries; and its host-side bound.
         self.start = torch.zeros(batch_size, dtype=torch.long, device=drafter.device)
         self.start_bound = 0
-        self.width = 0
         head = drafter.get_output_embeddings()
         # A truncated head's K ids are all a draft can be: q is computed and sampled over them and
         # spread to the full vocabulary once per step (softmax, top-k/p and the sampling noise over
@@ -170,11 +168,13 @@ class FeatureDrafting:
         self.draft_head = head if isinstance(head, DraftVocabHead) else None
 
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
-        """Keep the target's prompt features `[B, longest, n·H]`; the drafter reads them in the
-        first window, once the target's first token (x_{t+1} of the last prompt position) exists."""
+        """Keep the target's prompt features `[B, longest, n·H]` and read all but each row's last
+        (position p pairs its feature with token p + 1, and the last prompt position's is the target's
+        first token, not yet drawn): the first round's window is then as wide as every later one."""
         assert features is not None
         self.features[:, :longest] = features.to(self.features.dtype)
-        self.width = longest
+        if longest > 1:
+            self._read(tokens, lengths - 1, longest - 1, longest - 1)
 
     def propose(
         self,
@@ -186,21 +186,9 @@ class FeatureDrafting:
         generator: torch.Generator | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft `gamma` tokens after each row's `lengths[b]` committed `tokens` `[B, S_cap]`."""
-        batch = torch.arange(tokens.shape[0], device=tokens.device)
-        # 1. one window over the positions whose true features are new: [start, lengths - 1)
-        self.cache.set_lengths(self.start, self.start_bound)
-        index = (self.start.unsqueeze(1) + torch.arange(self.width, device=tokens.device)).clamp_max(self.capacity - 2)
-        window_features = self.features.gather(1, index.unsqueeze(-1).expand(-1, -1, self.features.shape[-1]))
-        hidden = cached_call(
-            self.cache,
-            self.width,
-            self.drafter.dtype,
-            lambda **kw: self.drafter(window_features, tokens.gather(1, index + 1), **kw),
-        )
-        count = lengths - 1 - self.start  # [B], 1..width
-        feature = hidden[batch, count - 1].unsqueeze(1)  # [B, 1, H]
-        self.cache.set_lengths(lengths - 1, max_length - 1)
-        self.start, self.start_bound, self.width = lengths - 1, max_length - 1, gamma + 1
+        # 1. one window over the positions whose true features are new: [start, lengths - 1), at
+        # most gamma + 1 (the verify's accepted drafts and its bonus token)
+        feature = self._read(tokens, lengths - 1, max_length - 1, gamma + 1)
 
         # 2. gamma drafts, each fed back with the feature it was predicted from
         step = _Drafts(
@@ -223,6 +211,25 @@ class FeatureDrafting:
         result = step.result()
         self.last_looked_up = step.used_mask
         return result
+
+    def _read(self, tokens: torch.Tensor, upto: torch.Tensor, bound: int, width: int) -> torch.Tensor:
+        """Run the drafter over each row's positions [start, upto) in one window of `width` (the
+        longest such span at most; `bound` = max(upto)) and move `start` to `upto`; the feature
+        predicted at each row's last position, `[B, 1, H]`."""
+        count = upto - self.start  # [B], 1..width (0 for a one-token prompt's row in the prefill)
+        self.cache.set_lengths(self.start, self.start_bound)
+        index = (self.start.unsqueeze(1) + torch.arange(width, device=tokens.device)).clamp_max(self.capacity - 2)
+        window_features = self.features.gather(1, index.unsqueeze(-1).expand(-1, -1, self.features.shape[-1]))
+        hidden = cached_call(
+            self.cache,
+            width,
+            self.drafter.dtype,
+            lambda **kw: self.drafter(window_features, tokens.gather(1, index + 1), **kw),
+        )
+        feature = hidden[torch.arange(tokens.shape[0], device=tokens.device), count - 1].unsqueeze(1)
+        self.cache.set_lengths(upto, bound)
+        self.start, self.start_bound = upto, bound
+        return feature
 
     def observe(self, features: torch.Tensor | None, start: torch.Tensor) -> None:
         """Store the verify pass's features `[B, W, n·H]` at positions `start[b] + w`."""

@@ -20,8 +20,8 @@ ragged batches:
 * with `compile`, each speculative round (`_round`: draft, verify, accept, commit) runs under
   `torch.compile` as one graph, and so does each step of the target alone (CUDA graphs on
   CUDA; `compiled.py`): compiled once per shape (batch size, capacity rounded up to a power of
-  two, gamma), then reused across calls. The prefill and the first round (a feature drafter's
-  first window is as wide as the prompts) run eagerly.
+  two, gamma), then reused across calls. The prefills (the target's, and the drafter's over the
+  prompts), whose widths the prompts set, run eagerly.
 
 What the caller gets is what the eager loops return: the same tokens in greedy decoding (in fp32
 on these kernels; see `speculative_generate_static` for what exact means in bf16), the same
@@ -39,7 +39,14 @@ import torch
 from transformers import PreTrainedModel
 
 from specdecode.decoding.cache import cached_forward, padded_prompts
-from specdecode.decoding.compiled import compiled, compiled_function, eager_passes, mark_static, mark_step
+from specdecode.decoding.compiled import (
+    compiled,
+    compiled_function,
+    eager_passes,
+    mark_static,
+    mark_step,
+    skipped_guards,
+)
 from specdecode.decoding.drafting import Drafting, drafting_for
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.ragged import kept_counts
@@ -58,6 +65,8 @@ MIN_CAPACITY = 16
 # steps ahead and the batch may run up to this many - 1 steps past its last row's end. On the CPU
 # the device is the host, a sync costs nothing, and every step is checked.
 SYNC_EVERY_ACCELERATOR = 8
+# Compiled steps (rounds) of a call that evaluate their guards; later ones skip them (`skipped_guards`).
+GUARDED_STEPS = 2
 
 
 def default_sync_every(device: torch.device) -> int:
@@ -272,8 +281,7 @@ def speculative_generate_static(
         if step % sync_every == 0 and not rows.active.any().item():
             break
         mark_step(compile, device)
-        # the first round's feature window spans the prompts, a width of its own: eager
-        with eager_passes(compile and step == 0):
+        with skipped_guards(whole_round and step >= GUARDED_STEPS):
             run_round(verify_model, drafting, rows, target_cache, counters, row_lookup, params, gamma, generator)
         if whole_round:
             # the round's reassigned state out of its CUDA graph's memory, before the next replay
@@ -349,7 +357,8 @@ def autoregressive_generate_static(
         if step % sync_every == 0 and not rows.active.any().item():
             break
         mark_step(compile, device)
-        run_step(step_model, rows, cache, counters, written, params, generator, feature_layers)
+        with skipped_guards(whole_step and step >= GUARDED_STEPS):
+            run_step(step_model, rows, cache, counters, written, params, generator, feature_layers)
         if whole_step:
             # the step's reassigned state out of its CUDA graph's memory, before the next replay
             rows.lengths, rows.active = rows.lengths.clone(), rows.active.clone()

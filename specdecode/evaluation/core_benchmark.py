@@ -18,10 +18,14 @@ feature drafter. Their acceptance is not the point; the cost of the loop around 
 
 from __future__ import annotations
 
+import cProfile
+import math
+import pstats
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
@@ -117,8 +121,9 @@ def random_prompts(vocab_size: int, count: int, lengths: tuple[int, int], seed: 
 @dataclass
 class Row:
     """One method of one group: median tokens/s over the rounds, the first (compiling) call's
-    seconds, the exact-match rate and the agreement (against `reference_of(method)`), the realised
-    alpha, and how many of its graphs were compiled without CUDA graphs (`cudagraph_skips`)."""
+    seconds, the exact-match rate and the agreement (against `reference_of(method)`; None where
+    that method was not timed in the group), the realised alpha, and how many of its graphs were
+    compiled without CUDA graphs (`cudagraph_skips`)."""
 
     target: str
     dtype: str
@@ -126,9 +131,9 @@ class Row:
     method: str
     tokens_per_s: float
     first_call_s: float
-    exact_match: float
+    exact_match: float | None
     alpha: float | None
-    agreement: float
+    agreement: float | None
     cudagraph_skips: int
 
 
@@ -196,16 +201,20 @@ def time_group(
     batches: Sequence[list[list[int]]],
     rounds: int,
     progress: Callable[[str], None] = lambda line: None,
-    profile: bool = False,
+    deadline: float = math.inf,
 ) -> dict[str, dict]:
     """Every method over every batch of prompts, round after round, methods interleaved within a
-    round; a first untimed-for-throughput call per method pays its compiling. `profile`: then one
-    more call of each on the first batch under the profiler (`profile_call`), printed."""
+    round; a first untimed-for-throughput call per method pays its compiling. Past `deadline` (a
+    `time.perf_counter()` time) no method starts its first call and no round starts after the
+    first: the methods timed so far are reported, each from at least one round."""
     first: dict[str, float] = {}
     skips: dict[str, int] = {}
     outputs: dict[str, list[list[int]]] = {}
     alphas: dict[str, float | None] = {}
     for name, method in found.items():
+        if time.perf_counter() > deadline:
+            progress(f"  {name}: not timed, past the time limit")
+            continue
         before = cudagraph_skips()
         sequences, seconds, alpha = zip(*(method(batch) for batch in batches))
         first[name], skips[name] = sum(seconds), cudagraph_skips() - before
@@ -213,32 +222,48 @@ def time_group(
         progress(f"  first call of {name}: {first[name]:.1f} s{skipped}")
         outputs[name] = [row for rows in sequences for row in rows]
         alphas[name] = statistics.mean(alpha) if all(a is not None for a in alpha) else None
-    speeds: dict[str, list[float]] = {name: [] for name in found}
-    for _ in range(rounds):
-        for name, method in found.items():
-            runs = [method(batch) for batch in batches]
+    speeds: dict[str, list[float]] = {name: [] for name in first}
+    for done in range(rounds):
+        if done and time.perf_counter() > deadline:
+            progress(f"  {done} of {rounds} rounds: past the time limit")
+            break
+        for name in first:
+            runs = [found[name](batch) for batch in batches]
             tokens = sum(len(row) for sequences, _, _ in runs for row in sequences)
             speeds[name].append(tokens / sum(seconds for _, seconds, _ in runs))
-    for name, method in found.items() if profile else ():
-        try:
-            progress(f"  profile of {name}: {profile_call(method, batches[0])}")
-        except Exception as error:  # a diagnostic: its failure must not lose the group's timings
-            progress(f"  profile of {name} failed: {error!r}")
 
-    def reference(name: str) -> list[list[int]]:
-        return outputs.get(reference_of(name), outputs[next(iter(found))])
+    def compared(name: str) -> dict[str, float | None]:
+        reference = outputs.get(reference_of(name))
+        if reference is None:  # not timed in this group: nothing to compare with
+            return {"exact_match": None, "agreement": None}
+        return {"exact_match": exact_match(outputs[name], reference), "agreement": agreement(outputs[name], reference)}
 
     return {
         name: {
             "tokens_per_s": statistics.median(speeds[name]),
             "first_call_s": first[name],
             "alpha": alphas[name],
-            "exact_match": exact_match(outputs[name], reference(name)),
-            "agreement": agreement(outputs[name], reference(name)),
+            **compared(name),
             "cudagraph_skips": skips[name],
         }
-        for name in found
+        for name in first
     }
+
+
+def profile_group(
+    found: dict[str, Method], batch: list[list[int]], progress: Callable[[str], None], deadline: float = math.inf
+) -> None:
+    """`profile_call` of each method on `batch`, printed, until `deadline`; run after the group's
+    rows are printed, so that a profile that fails or runs out of time loses no timing."""
+    for name, method in found.items():
+        if time.perf_counter() > deadline:
+            progress(f"  profile of {name}: not run, past the time limit")
+            continue
+        try:
+            progress(f"  profile of {name}: {profile_call(method, batch)}")
+            progress(f"  host of {name}: {host_profile(method, batch)}")
+        except Exception as error:  # a diagnostic: its failure must not end the benchmark
+            progress(f"  profile of {name} failed: {error!r}")
 
 
 def profile_call(method: Method, batch: list[list[int]]) -> str:
@@ -262,6 +287,23 @@ def profile_call(method: Method, batch: list[list[int]]) -> str:
         f"{seconds:.3f} s, kernels busy {busy / seconds:.0%}, {launches / tokens:.0f} kernels and "
         f"{replays / tokens:.2f} graph replays per token; top: {named or 'none (no CUDA)'}"
     )
+
+
+def host_profile(method: Method, batch: list[list[int]], top: int = 5) -> str:
+    """One call of `method` under `cProfile`: the host's time per generated token and the
+    functions that spent most of it themselves (where a device waits on the host, this says on what)."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    sequences, seconds, _ = method(batch)
+    profiler.disable()
+    tokens = max(sum(len(row) for row in sequences), 1)
+    stats = pstats.Stats(profiler).stats  # {(file, line, function): (calls, _, own seconds, cumulative, _)}
+    ranked = sorted(stats.items(), key=lambda item: item[1][2], reverse=True)[:top]
+    named = "; ".join(
+        f"{Path(file).name}:{line}({function}) {own / tokens * 1e3:.3f} ms"
+        for (file, line, function), (_, _, own, _, _) in ranked
+    )
+    return f"{seconds / tokens * 1e3:.3f} ms per token under cProfile; own time per token: {named}"
 
 
 def cudagraph_skips() -> int:
@@ -309,14 +351,19 @@ def run_core_benchmark(
     only: Sequence[str] = (),
     progress: Callable[[str], None] = print,
     profile: bool = False,
+    time_limit_s: float | None = None,
 ) -> list[Row]:
     """Time every method per (dtype, batch size), then the data writer at `writer_batch` (0: not;
     see the module docstring). `drafter`: a saved feature drafter of the target to time instead of
     an untrained one; `only`: the methods whose names contain one of these (all when empty);
-    `profile`: print where each method's time goes (`profile_call`)."""
+    `profile`: print where each method's time goes (`profile_call`); `time_limit_s`: start no
+    method, round or profile after this many seconds (`time_group`), for a lease of fixed length."""
     check_only(only)
     for dtype in dtypes:
         resolve_dtype(dtype)  # a bad name fails before any group is timed
+    if time_limit_s is not None and time_limit_s <= 0:
+        raise ValueError(f"time_limit_s must be positive, got {time_limit_s}")
+    deadline = math.inf if time_limit_s is None else time.perf_counter() + time_limit_s
     rows: list[Row] = []
     for dtype in dtypes:
         target, prompts = build_target(
@@ -330,9 +377,11 @@ def run_core_benchmark(
                 if not only or any(word in name for word in only)
             }
             batches = [[p] for p in prompts[:prompts_at_batch_1]] if batch_size == 1 else [prompts[:batch_size]]
-            for name, measured in time_group(found, batches, rounds, progress, profile).items():
+            for name, measured in time_group(found, batches, rounds, progress, deadline).items():
                 rows.append(Row(target_name, dtype, batch_size, name, **measured))
                 progress(format_row(rows[-1]))
+            if profile:
+                profile_group(found, batches[0], progress, deadline)
         if not writer_batch:
             continue
         writer = {
@@ -340,9 +389,11 @@ def run_core_benchmark(
             for core, options in CORES.items()
             if not only or any(word in f"data writer, {core}" for word in only)
         }
-        for name, measured in time_group(writer, [prompts[:writer_batch]], rounds, progress, profile).items():
+        for name, measured in time_group(writer, [prompts[:writer_batch]], rounds, progress, deadline).items():
             rows.append(Row(target_name, dtype, writer_batch, name, **measured))
             progress(format_row(rows[-1]))
+        if profile:
+            profile_group(writer, prompts[:writer_batch], progress, deadline)
     return rows
 
 
@@ -362,8 +413,12 @@ def format_row(row: Row) -> str:
     alpha = "" if row.alpha is None else f"{row.alpha:.3f}"
     return (
         f"| {row.target} | {row.dtype} | {row.batch_size} | {row.method} | {row.tokens_per_s:.1f} | "
-        f"{row.first_call_s:.1f} | {row.exact_match:.2f} | {row.agreement:.2f} | {alpha} |"
+        f"{row.first_call_s:.1f} | {_share(row.exact_match)} | {_share(row.agreement)} | {alpha} |"
     )
+
+
+def _share(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
 
 
 def report_markdown(rows: Sequence[Row], device: str) -> str:
