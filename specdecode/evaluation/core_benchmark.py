@@ -18,20 +18,18 @@ feature drafter. Their acceptance is not the point; the cost of the loop around 
 
 from __future__ import annotations
 
-import cProfile
 import math
-import pstats
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from specdecode.decoding.decode import autoregressive_generate, speculative_generate
 from specdecode.evaluation.benchmark import assisted_generate, benchmark_prompts
+from specdecode.evaluation.profiling import host_profile, profile_call
 from specdecode.models.drafters import derive_drafter
 from specdecode.models.feature_drafter import derive_feature_drafter
 from specdecode.models.loading import load_model, resolve_dtype
@@ -260,50 +258,10 @@ def profile_group(
             progress(f"  profile of {name}: not run, past the time limit")
             continue
         try:
-            progress(f"  profile of {name}: {profile_call(method, batch)}")
-            progress(f"  host of {name}: {host_profile(method, batch)}")
+            progress(f"  profile of {name}: {profile_call(lambda m=method: m(batch))}")
+            progress(f"  host of {name}: {host_profile(lambda m=method: m(batch))}")
         except Exception as error:  # a diagnostic: its failure must not end the benchmark
             progress(f"  profile of {name} failed: {error!r}")
-
-
-def profile_call(method: Method, batch: list[list[int]]) -> str:
-    """One call of `method` under `torch.profiler`, summed up in a line: wall time, how much of it
-    the device's kernels were running (near 100%: the device bounds the call; low: the host does),
-    kernels and CUDA graph replays per generated token, and the three kernels that took longest."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
-        sequences, seconds, _ = method(batch)
-    tokens = max(sum(len(row) for row in sequences), 1)
-    events = prof.key_averages()
-    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
-    busy = sum(e.self_device_time_total for e in kernels) / 1e6
-    launches = sum(e.count for e in kernels)
-    replays = sum(e.count for e in events if e.key == "cudaGraphLaunch")
-    top = sorted(kernels, key=lambda e: e.self_device_time_total, reverse=True)[:3]
-    named = "; ".join(f"{e.key[:48]} {e.self_device_time_total / 1e3:.1f} ms x{e.count}" for e in top)
-    return (
-        f"{seconds:.3f} s, kernels busy {busy / seconds:.0%}, {launches / tokens:.0f} kernels and "
-        f"{replays / tokens:.2f} graph replays per token; top: {named or 'none (no CUDA)'}"
-    )
-
-
-def host_profile(method: Method, batch: list[list[int]], top: int = 5) -> str:
-    """One call of `method` under `cProfile`: the host's time per generated token and the
-    functions that spent most of it themselves (where a device waits on the host, this says on what)."""
-    profiler = cProfile.Profile()
-    profiler.enable()
-    sequences, seconds, _ = method(batch)
-    profiler.disable()
-    tokens = max(sum(len(row) for row in sequences), 1)
-    stats = pstats.Stats(profiler).stats  # {(file, line, function): (calls, _, own seconds, cumulative, _)}
-    ranked = sorted(stats.items(), key=lambda item: item[1][2], reverse=True)[:top]
-    named = "; ".join(
-        f"{Path(file).name}:{line}({function}) {own / tokens * 1e3:.3f} ms"
-        for (file, line, function), (_, _, own, _, _) in ranked
-    )
-    return f"{seconds / tokens * 1e3:.3f} ms per token under cProfile; own time per token: {named}"
 
 
 def cudagraph_skips() -> int:

@@ -1,0 +1,55 @@
+"""Where a decode call's time goes: one call under `torch.profiler` (how busy the device's kernels
+kept it, kernels and CUDA graph replays per token, the longest kernels) and one under `cProfile`
+(what the host spent its time on). The core benchmark prints both per method with `--profile`."""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+# One decode call: (generated sequences, seconds, anything else).
+Run = Callable[[], tuple[list[list[int]], float, object]]
+
+
+def profile_call(run: Run) -> str:
+    """One call of `run` under `torch.profiler`, summed up in a line: wall time, how much of it
+    the device's kernels were running (near 100%: the device bounds the call; low: the host does),
+    kernels and CUDA graph replays per generated token, and the three kernels that took longest."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        sequences, seconds, _ = run()
+    tokens = max(sum(len(row) for row in sequences), 1)
+    events = prof.key_averages()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = sum(e.self_device_time_total for e in kernels) / 1e6
+    launches = sum(e.count for e in kernels)
+    replays = sum(e.count for e in events if e.key == "cudaGraphLaunch")
+    top = sorted(kernels, key=lambda e: e.self_device_time_total, reverse=True)[:3]
+    named = "; ".join(f"{e.key[:48]} {e.self_device_time_total / 1e3:.1f} ms x{e.count}" for e in top)
+    return (
+        f"{seconds:.3f} s, kernels busy {busy / seconds:.0%}, {launches / tokens:.0f} kernels and "
+        f"{replays / tokens:.2f} graph replays per token; top: {named or 'none (no CUDA)'}"
+    )
+
+
+def host_profile(run: Run, top: int = 5) -> str:
+    """One call of `run` under `cProfile`: the host's time per generated token and the
+    functions that spent most of it themselves (where a device waits on the host, this says on what)."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    sequences, seconds, _ = run()
+    profiler.disable()
+    tokens = max(sum(len(row) for row in sequences), 1)
+    stats = pstats.Stats(profiler).stats  # {(file, line, function): (calls, _, own seconds, cumulative, _)}
+    ranked = sorted(stats.items(), key=lambda item: item[1][2], reverse=True)[:top]
+    named = "; ".join(
+        f"{Path(file).name}:{line}({function}) {own / tokens * 1e3:.3f} ms"
+        for (file, line, function), (_, _, own, _, _) in ranked
+    )
+    return f"{seconds / tokens * 1e3:.3f} ms per token under cProfile; own time per token: {named}"
