@@ -1,9 +1,11 @@
 """The decode cores side by side (`make benchmark-gpu`): eager, static and compiled; target alone,
 ours and transformers assisted; fp32 and bf16; the data writer at batch 256.
 
-By default it fits one GPU call (8–10 minutes on an H200, most of it compiling; half with
-`--dtypes bfloat16`): SmolLM2-135M, batch 1, 128-token answers, the methods of `LEASE_METHODS`.
-`--every-method`, `--batch-sizes 1 8` and `--targets ... llama-3.2-1b-shape` widen it.
+Defaults: SmolLM2-135M, batch 1, 128-token answers, the methods of `LEASE_METHODS`, fp32 and bf16.
+On an H200 each compiled method first compiles for 64–86 s (bf16), so one dtype is about one
+10-minute call: `--dtypes bfloat16`, and `--time-limit-s` to stop starting methods in time
+(docs/gpu-runs.md). `--every-method`, `--batch-sizes 1 8` and `--targets ... llama-3.2-1b-shape`
+widen it.
 
     python eval/benchmark_gpu.py --drafter DIR                # SmolLM2-135M on CUDA, with a trained feature drafter
     python eval/benchmark_gpu.py --device cpu --tiny          # a tiny random model: checks it runs, in minutes

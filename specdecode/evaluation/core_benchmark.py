@@ -35,9 +35,8 @@ from specdecode.models.feature_drafter import derive_feature_drafter
 from specdecode.models.loading import load_model, resolve_dtype
 
 TARGETS = ("smollm2-135m-instruct", "llama-3.2-1b-shape", "tiny")
-# The methods a one-lease GPU check times (`eval/benchmark_gpu.py`'s default `--only`): on an H200
-# each compiled one first compiled for about 50 s (a whole round compiled may take longer), so every
-# core of every method does not fit.
+# The methods a GPU check times (`eval/benchmark_gpu.py`'s default `--only`): on an H200 each
+# compiled one first compiled for 64-86 s in bf16, so every core of every method does not fit a lease.
 LEASE_METHODS = (
     "target alone, eager",
     "target alone, compiled",
@@ -311,8 +310,8 @@ def run_core_benchmark(
     profile: bool = False,
     time_limit_s: float | None = None,
 ) -> list[Row]:
-    """Time every method per (dtype, batch size), then the data writer at `writer_batch` (0: not;
-    see the module docstring). `drafter`: a saved feature drafter of the target to time instead of
+    """Per dtype, time the data writer at `writer_batch` (0: not; see the module docstring), then
+    every method per batch size. `drafter`: a saved feature drafter of the target to time instead of
     an untrained one; `only`: the methods whose names contain one of these (all when empty);
     `profile`: print where each method's time goes (`profile_call`); `time_limit_s`: start no
     method, round or profile after this many seconds (`time_group`), for a lease of fixed length."""
@@ -328,30 +327,22 @@ def run_core_benchmark(
             target_name, dtype, device, max([*batch_sizes, prompts_at_batch_1, writer_batch])
         )
         progress(f"{target_name} in {dtype} on {device}")
+        writer = {
+            f"data writer, {core}": (lambda p, o=options, t=target: _writer(t, p, writer_tokens, o))
+            for core, options in CORES.items()
+        }
+        # the data writer first: it compiles one shape, where the decode groups compile several
+        groups = [(writer_batch, writer, [prompts[:writer_batch]])] if writer_batch else []
         for batch_size in batch_sizes:
-            found = {
-                name: method
-                for name, method in methods(target, gamma, new_tokens, batch_size, drafter).items()
-                if not only or any(word in name for word in only)
-            }
             batches = [[p] for p in prompts[:prompts_at_batch_1]] if batch_size == 1 else [prompts[:batch_size]]
+            groups.append((batch_size, methods(target, gamma, new_tokens, batch_size, drafter), batches))
+        for batch_size, found, batches in groups:
+            found = {name: m for name, m in found.items() if not only or any(word in name for word in only)}
             for name, measured in time_group(found, batches, rounds, progress, deadline).items():
                 rows.append(Row(target_name, dtype, batch_size, name, **measured))
                 progress(format_row(rows[-1]))
             if profile:
                 profile_group(found, batches[0], progress, deadline)
-        if not writer_batch:
-            continue
-        writer = {
-            f"data writer, {core}": (lambda p, o=options, t=target: _writer(t, p, writer_tokens, o))
-            for core, options in CORES.items()
-            if not only or any(word in f"data writer, {core}" for word in only)
-        }
-        for name, measured in time_group(writer, [prompts[:writer_batch]], rounds, progress, deadline).items():
-            rows.append(Row(target_name, dtype, writer_batch, name, **measured))
-            progress(format_row(rows[-1]))
-        if profile:
-            profile_group(writer, prompts[:writer_batch], progress, deadline)
     return rows
 
 
