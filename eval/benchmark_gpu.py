@@ -42,7 +42,10 @@ parser.add_argument("--threads", type=int, default=None, help="torch CPU threads
 parser.add_argument("--drafter", default=None, help="a saved feature drafter of the (first) target")
 parser.add_argument("--profile", action="store_true", help="print where each method's time goes (one more call)")
 parser.add_argument(
-    "--time-limit-s", type=float, default=None, help="start no method, round or profile after this many seconds"
+    "--time-limit-s",
+    type=float,
+    default=None,
+    help="after this many seconds start no method or profile, and no round after the first",
 )
 parser.add_argument("--out", default=None, help="also write the rows as JSON here")
 args = parser.parse_args()

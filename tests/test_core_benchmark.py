@@ -3,6 +3,8 @@ cores only (compiling takes minutes on a CPU; `make benchmark-gpu` runs it all o
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from transformers import LlamaForCausalLM
@@ -21,6 +23,7 @@ from specdecode.evaluation.core_benchmark import (
     run_core_benchmark,
     time_group,
 )
+from specdecode.evaluation.profiling import host_profile
 from tests.models_for_tests import tiny_llama
 
 
@@ -106,6 +109,7 @@ def test_the_lease_methods_are_methods_the_benchmark_has() -> None:
         (dict(only=["target alone", "compild"]), "'compild' is in no method's name"),
         (dict(dtypes=["fp8"]), "fp8"),
         (dict(time_limit_s=0), "time_limit_s must be positive, got 0"),
+        (dict(time_limit_s=float("nan")), "time_limit_s must be positive, got nan"),
     ],
 )
 def test_bad_methods_and_dtypes_are_named_before_any_work(kwargs, needle) -> None:
@@ -137,6 +141,15 @@ def test_past_the_time_limit_no_method_or_round_starts_and_what_was_timed_is_rep
     )
     assert "  target alone, static: not timed, past the time limit" in lines
     assert "  1 of 3 rounds: past the time limit" in lines
+
+
+def test_a_failed_host_profile_leaves_no_profiler_running() -> None:
+    def failing():
+        raise RuntimeError("out of memory")
+
+    with pytest.raises(RuntimeError, match="out of memory"):
+        host_profile(failing)
+    assert sys.getprofile() is None  # later timings would run under cProfile
 
 
 def test_a_method_whose_reference_was_not_timed_reports_no_match() -> None:

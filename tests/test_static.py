@@ -11,10 +11,12 @@ import pytest
 import torch
 
 import specdecode.decoding.compiled
+import specdecode.decoding.drafting
 import specdecode.decoding.static
 import specdecode.decoding.verify
 from specdecode import autoregressive_generate, speculative_generate
 from specdecode.decoding.sampling import SamplingParams, sample
+from specdecode.decoding.static_cache import StaticKVCache
 from specdecode.decoding.verify import rejection_sample
 from specdecode.models import derive_drafter
 from tests.models_for_tests import tiny_llama
@@ -313,6 +315,7 @@ def test_compiled_steps_skip_guards_from_the_third_only_when_compiled_whole(targ
         specdecode.decoding.static, "skipped_guards", lambda skip: flags.append(skip) or contextlib.nullcontext()
     )
     kwargs = dict(max_new_tokens=6, eos_token_ids=[], temperature=0.7, seed=seed, static=True, compile=True)
+    torch.manual_seed(0)  # unseeded calls draw from the global generator: fix how many rounds they take
     speculative_generate(target, derive_drafter(target, 1), [[1, 2, 3]], gamma=2, **kwargs)
     rounds, flags[:] = list(flags), []
     autoregressive_generate(target, [[1, 2, 3]], **kwargs)
@@ -329,6 +332,20 @@ def test_skipped_guards_keep_the_callers_stance() -> None:
         with specdecode.decoding.compiled.skipped_guards(False):
             assert not stance._stance.skip_guard_eval_unsafe
         assert (stance._stance.stance, stance._stance.skip_guard_eval_unsafe) == ("fail_on_recompile", False)
+
+
+def test_the_feature_drafters_cache_is_allocated_in_its_prefill_even_for_one_token_prompts(target) -> None:
+    """The drafter's static cache allocates its buffers at its first pass. That must be the prefill,
+    which runs eagerly: inside a compiled round, marking them static cannot be traced."""
+    drafter = random_feature_drafter(target, feature_layers=(1, -1))
+    drafting = specdecode.decoding.drafting.drafting_for(drafter, 2, 16)
+    drafting.cache = StaticKVCache.for_model(drafter, 2, 16)
+    rows = specdecode.decoding.static._Rows.from_prompts([[5], [9]], [4, 4], slack=4, eos=[], device=target.device)
+    cache = StaticKVCache.for_model(target, 2, rows.capacity)
+    _, hidden = specdecode.decoding.static._prefill(target, cache, rows, drafting.feature_layers)
+    drafting.prefill(rows.tokens, rows.lengths, 1, hidden)
+    assert all(keys is not None for keys in drafting.cache.keys)
+    assert drafting.start.tolist() == [0, 0] and drafting.cache.lengths.tolist() == [0, 0]
 
 
 # Tensors a round reassigns that the next round sets before it reads them: no copy needed.
@@ -392,6 +409,18 @@ def test_compiled_greedy_equals_the_eager_loop_and_compiles_once(target, ragged_
     assert ours.sequences == eager.sequences
     for a, b in zip(ours.features, eager.features):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_compiled_rounds_with_one_token_prompts_equal_the_eager_loop(target) -> None:
+    """Every prompt one token long: the feature drafter's prefill reads no position, yet the first
+    (compiled) round must find its cache allocated."""
+    drafter = drafter_of("feature", target)
+    kwargs = dict(gamma=3, max_new_tokens=8, eos_token_ids=[])
+    eager = speculative_generate(target, drafter, [[5], [9]], **kwargs)
+    assert speculative_generate(target, drafter, [[5], [9]], static=True, compile=True, **kwargs).sequences == (
+        eager.sequences
+    )
 
 
 @pytest.mark.slow

@@ -173,8 +173,9 @@ class FeatureDrafting:
         first token, not yet drawn): the first round's window is then as wide as every later one."""
         assert features is not None
         self.features[:, :longest] = features.to(self.features.dtype)
-        if longest > 1:
-            self._read(tokens, lengths - 1, longest - 1, longest - 1)
+        # at least one position wide, so that the drafter's cache is allocated here, eagerly, even
+        # where every prompt is one token (no position to read: each row's count is 0)
+        self._read(tokens, lengths - 1, longest - 1, max(longest - 1, 1))
 
     def propose(
         self,

@@ -219,6 +219,8 @@ def time_group(
         progress(f"  first call of {name}: {first[name]:.1f} s{skipped}")
         outputs[name] = [row for rows in sequences for row in rows]
         alphas[name] = statistics.mean(alpha) if all(a is not None for a in alpha) else None
+    if not first:
+        return {}
     speeds: dict[str, list[float]] = {name: [] for name in first}
     for done in range(rounds):
         if done and time.perf_counter() > deadline:
@@ -318,7 +320,7 @@ def run_core_benchmark(
     check_only(only)
     for dtype in dtypes:
         resolve_dtype(dtype)  # a bad name fails before any group is timed
-    if time_limit_s is not None and time_limit_s <= 0:
+    if time_limit_s is not None and not time_limit_s > 0:  # NaN too
         raise ValueError(f"time_limit_s must be positive, got {time_limit_s}")
     deadline = math.inf if time_limit_s is None else time.perf_counter() + time_limit_s
     rows: list[Row] = []

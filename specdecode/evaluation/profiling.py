@@ -43,8 +43,10 @@ def host_profile(run: Run, top: int = 5) -> str:
     functions that spent most of it themselves (where a device waits on the host, this says on what)."""
     profiler = cProfile.Profile()
     profiler.enable()
-    sequences, seconds, _ = run()
-    profiler.disable()
+    try:
+        sequences, seconds, _ = run()
+    finally:  # a failed call must not leave every later one profiled
+        profiler.disable()
     tokens = max(sum(len(row) for row in sequences), 1)
     stats = pstats.Stats(profiler).stats  # {(file, line, function): (calls, _, own seconds, cumulative, _)}
     ranked = sorted(stats.items(), key=lambda item: item[1][2], reverse=True)[:top]
