@@ -152,6 +152,12 @@ def test_a_failed_host_profile_leaves_no_profiler_running() -> None:
     assert sys.getprofile() is None  # later timings would run under cProfile
 
 
+def test_past_the_time_limit_no_target_is_built() -> None:
+    lines: list[str] = []
+    rows = run_core_benchmark("tiny", "cpu", ("float32", "bfloat16"), time_limit_s=1e-9, progress=lines.append)
+    assert rows == [] and lines == [f"tiny in {d}: not timed, past the time limit" for d in ("float32", "bfloat16")]
+
+
 def test_a_method_whose_reference_was_not_timed_reports_no_match() -> None:
     found = {"ours (slice), compiled": lambda batch: ([[1, 2]], 1.0, 0.5)}
     measured = time_group(found, [[[1]]], rounds=1)["ours (slice), compiled"]

@@ -325,6 +325,9 @@ def run_core_benchmark(
     deadline = math.inf if time_limit_s is None else time.perf_counter() + time_limit_s
     rows: list[Row] = []
     for dtype in dtypes:
+        if time.perf_counter() > deadline:
+            progress(f"{target_name} in {dtype}: not timed, past the time limit")
+            continue
         target, prompts = build_target(
             target_name, dtype, device, max([*batch_sizes, prompts_at_batch_1, writer_batch])
         )
