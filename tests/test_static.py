@@ -252,24 +252,22 @@ def test_the_round_is_compiled_whole_unless_a_seeded_generator_samples(
     assert models == ([] if whole_round else [target, drafter])
 
 
-@pytest.mark.parametrize(
-    "temperature, seed, whole_step",
-    [(0.0, 3, True), (0.7, None, True), (0.7, 3, False)],
-    ids=["greedy", "sampled", "seeded"],
-)
-def test_the_target_alone_step_is_compiled_whole_unless_a_seeded_generator_samples(
-    target, monkeypatch, temperature: float, seed: int | None, whole_step: bool
+@pytest.mark.parametrize("temperature, seed", [(0.0, 3), (0.7, None), (0.7, 3)], ids=["greedy", "sampled", "seeded"])
+def test_the_target_alone_step_is_compiled_whole_a_seeded_generator_drawing_ahead(
+    target, monkeypatch, temperature: float, seed: int | None
 ) -> None:
+    """What `compile` compiles for the target alone: the whole step, even where a seeded generator
+    samples. Its draws are made before each step, the same numbers as without compiling."""
     functions, models = [], []
     monkeypatch.setattr(specdecode.decoding.static, "compiled_function", lambda f, d: functions.append(f) or f)
     monkeypatch.setattr(specdecode.decoding.static, "compiled", lambda m: models.append(m) or m)
     kwargs = dict(max_new_tokens=6, eos_token_ids=[], temperature=temperature, seed=seed)
-    alone = autoregressive_generate(target, [[1, 2, 3]], static=True, compile=True, **kwargs)
+    alone = autoregressive_generate(target, [[1, 2, 3], [4]], static=True, compile=True, **kwargs)
     if seed is not None:
-        assert alone.sequences == autoregressive_generate(target, [[1, 2, 3]], static=True, **kwargs).sequences
-    assert len(alone.sequences[0]) == 6
-    assert functions == ([specdecode.decoding.static._step] if whole_step else [])
-    assert models == ([] if whole_step else [target])
+        reference = autoregressive_generate(target, [[1, 2, 3], [4]], static=True, **kwargs)
+        assert alone.sequences == reference.sequences
+    assert [len(s) for s in alone.sequences] == [6, 6]
+    assert functions == [specdecode.decoding.static._step] and models == []
 
 
 def test_state_a_compiled_step_reassigns_is_copied_out_before_the_next(target, monkeypatch) -> None:
@@ -319,9 +317,9 @@ def test_compiled_steps_skip_guards_from_the_third_only_when_compiled_whole(targ
     speculative_generate(target, derive_drafter(target, 1), [[1, 2, 3]], gamma=2, **kwargs)
     rounds, flags[:] = list(flags), []
     autoregressive_generate(target, [[1, 2, 3]], **kwargs)
-    whole = seed is None
-    assert rounds == [False, False] + [whole] * (len(rounds) - 2) and len(rounds) >= 3
-    assert flags == [False, False] + [whole] * 3
+    whole_rounds = seed is None  # a step of the target alone is compiled whole either way
+    assert rounds == [False, False] + [whole_rounds] * (len(rounds) - 2) and len(rounds) >= 3
+    assert flags == [False, False] + [True] * 3
 
 
 def test_skipped_guards_keep_the_callers_stance() -> None:
@@ -346,6 +344,16 @@ def test_the_feature_drafters_cache_is_allocated_in_its_prefill_even_for_one_tok
     drafting.prefill(rows.tokens, rows.lengths, 1, hidden)
     assert all(keys is not None for keys in drafting.cache.keys)
     assert drafting.start.tolist() == [0, 0] and drafting.cache.lengths.tolist() == [0, 0]
+
+
+def test_seeded_draws_made_ahead_are_the_eager_loops_own(target) -> None:
+    """The static step samples against draws made before it (`exponential_noise`), which a compiled
+    step needs: with no row finishing early, the eager loop's seeded samples, token for token."""
+    kwargs = dict(max_new_tokens=10, eos_token_ids=[], temperature=0.8, seed=7)
+    prompts = [[1, 2, 3], [4, 5], [6]]
+    eager = autoregressive_generate(target, prompts, **kwargs)
+    assert autoregressive_generate(target, prompts, static=True, **kwargs).sequences == eager.sequences
+    assert eager.sequences != autoregressive_generate(target, prompts, **{**kwargs, "seed": 8}).sequences
 
 
 # Tensors a round reassigns that the next round sets before it reads them: no copy needed.
@@ -421,6 +429,14 @@ def test_compiled_rounds_with_one_token_prompts_equal_the_eager_loop(target) -> 
     assert speculative_generate(target, drafter, [[5], [9]], static=True, compile=True, **kwargs).sequences == (
         eager.sequences
     )
+
+
+@pytest.mark.slow
+def test_compiled_seeded_steps_draw_what_the_eager_loop_draws(target) -> None:
+    kwargs = dict(max_new_tokens=10, eos_token_ids=[], temperature=0.8, seed=7)
+    prompts = [[1, 2, 3], [4, 5], [6]]
+    eager = autoregressive_generate(target, prompts, **kwargs)
+    assert autoregressive_generate(target, prompts, static=True, compile=True, **kwargs).sequences == eager.sequences
 
 
 @pytest.mark.slow

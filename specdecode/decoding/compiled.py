@@ -4,8 +4,9 @@ A speculative round (draft gamma tokens, verify them, accept, commit, count) run
 `torch.compile` whole, with static shapes (`dynamic=False`): the drafter's and the target's passes
 and the bookkeeping between them become one graph per (models, batch size, gamma, cache capacity),
 compiled on first use and reused by every later call of that shape; so does a step of the target
-alone (pass, sample, commit, features). Where a seeded generator samples, which dynamo cannot
-trace, the models' forward passes are compiled instead. On CUDA the mode is "reduce-overhead",
+alone (pass, sample, commit, features). Dynamo cannot trace a draw from a seeded generator: a
+step takes that generator's draws as an input, drawn before it; a round that samples with one
+compiles the models' forward passes instead. On CUDA the mode is "reduce-overhead",
 which captures each graph as a CUDA graph and replays it with one launch; the KV buffers and the
 state a round writes in place are marked static (`StaticKVCache`, `mark_static`) so the replay
 writes them where they are, and the state it reassigns (lengths, which rows are active) is copied

@@ -71,18 +71,34 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return logits.softmax(dim=-1)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Draw one token per row of `probs` `[..., V]` → `[...]` (int64).
+def exponential_noise(shape: tuple[int, ...], device: torch.device, generator: torch.Generator | None) -> torch.Tensor:
+    """The Exp(1) draws `sample` races fp32 probabilities of `shape` against, drawn ahead: the same
+    numbers `sample` would draw from `generator` itself, for a compiled graph, which cannot draw
+    from a `torch.Generator`."""
+    return torch.empty(shape, device=device).exponential_(1.0, generator=generator)
+
+
+def sample(
+    probs: torch.Tensor, generator: torch.Generator | None = None, noise: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Draw one token per row of `probs` `[..., V]` → `[...]` (int64), racing them against `noise`
+    (`exponential_noise`) where given, else against draws from `generator`.
 
     Uses the exponential race argmax(p / E), E ~ Exp(1), which samples exactly from p and, unlike
     `torch.multinomial`, never synchronises with the host on CUDA.
     """
-    noise = torch.empty_like(probs).exponential_(1.0, generator=generator).clamp_min_(_TINY)
-    return (probs / noise).argmax(dim=-1)
+    if noise is None:
+        noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    return (probs / noise.clamp_min(_TINY)).argmax(dim=-1)
 
 
-def next_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
+def next_tokens(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    noise: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One token per row of `logits` `[..., V]` → `[...]`: the argmax when greedy (no distribution is
     built: a one-hot over a 49k vocabulary costs more than the argmax itself), else a sample from
-    `logits_to_probs`."""
-    return logits.argmax(dim=-1) if params.greedy else sample(logits_to_probs(logits, params), generator)
+    `logits_to_probs` (`sample`)."""
+    return logits.argmax(dim=-1) if params.greedy else sample(logits_to_probs(logits, params), generator, noise)

@@ -50,7 +50,7 @@ from specdecode.decoding.compiled import (
 from specdecode.decoding.drafting import Drafting, drafting_for
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.ragged import kept_counts
-from specdecode.decoding.sampling import SamplingParams, next_tokens
+from specdecode.decoding.sampling import SamplingParams, exponential_noise, next_tokens
 from specdecode.decoding.static_cache import StaticKVCache
 from specdecode.decoding.stats import GenerationResult, StepCounters
 from specdecode.decoding.verify import verify_drafts
@@ -192,8 +192,8 @@ def _prefill(
 
 
 def _compiles_whole(compile: bool, params: SamplingParams, generator: torch.Generator | None) -> bool:
-    """Whether a round (a step) compiles as one graph: with `compile`, unless a seeded generator
-    draws samples (dynamo cannot trace one; the models' passes alone are compiled then)."""
+    """Whether a round compiles as one graph: with `compile`, unless a seeded generator draws
+    samples (dynamo cannot trace one; the models' passes alone are compiled then)."""
     return compile and (params.greedy or generator is None)
 
 
@@ -301,12 +301,13 @@ def _step(
     counters: _Counters,
     written: torch.Tensor | None,
     params: SamplingParams,
-    generator: torch.Generator | None,
+    noise: torch.Tensor | None,
     feature_layers: tuple[int, ...] | None,
 ) -> None:
-    """One step of the target alone: a one-token pass of the whole batch, sample, commit, and with
-    `feature_layers` write each active row's features into `written` `[B, S_cap, n·H]`. No host
-    sync, so under `compile` it traces as one graph."""
+    """One step of the target alone: a one-token pass of the whole batch, sample (against `noise`
+    where given: a seeded generator's draws), commit, and with `feature_layers` write each active
+    row's features into `written` `[B, S_cap, n·H]`. No host sync and no generator, so under
+    `compile` it traces as one graph."""
     cache.set_lengths(rows.lengths - 1)
     active = rows.active
     out = cached_forward(target, cache, rows.last(1), feature_layers=feature_layers)
@@ -316,7 +317,7 @@ def _step(
         batch_index = torch.arange(written.shape[0], device=written.device)
         written[batch_index, torch.where(active, rows.lengths - 1, rows.capacity - 1)] = hidden[:, -1]
     counters.record_target_call(active)
-    rows.commit(next_tokens(logits[:, -1], params, generator).unsqueeze(1), torch.ones_like(rows.lengths))
+    rows.commit(next_tokens(logits[:, -1], params, None, noise).unsqueeze(1), torch.ones_like(rows.lengths))
 
 
 def autoregressive_generate_static(
@@ -331,8 +332,8 @@ def autoregressive_generate_static(
 ) -> GenerationResult:
     """`autoregressive_generate(static=True)` on checked arguments: one-token passes of the whole
     batch, finished rows masked; with `feature_layers`, `result.features` as the eager loop's.
-    With `compile`, each step is one graph, as a speculative round is (the models' pass alone
-    where a seeded generator samples)."""
+    With `compile`, each step is one graph, as a speculative round is; a seeded generator's draws
+    are drawn before each step and passed in (`exponential_noise`), the numbers `sample` would draw."""
     start = time.perf_counter()
     device = target.device
     rows = _Rows.from_prompts(prompts, budgets, slack=1, eos=eos, device=device)
@@ -340,26 +341,27 @@ def autoregressive_generate_static(
     cache = StaticKVCache.for_model(target, batch_size, capacity)
     counters = _Counters(0, device)
     sync_every = default_sync_every(device)
-    whole_step = _compiles_whole(compile, params, generator)
-    run_step = compiled_function(_step, device) if whole_step else _step
-    step_model = compiled(target) if compile and not whole_step else target
+    run_step = compiled_function(_step, device) if compile else _step
+    seeded = generator is not None and not params.greedy
 
     logits, hidden = _prefill(target, cache, rows, feature_layers)
+    noise_shape = tuple(logits.shape)  # [B, V]: one draw per row and token id
     written = None
     if hidden is not None:
         written = hidden.new_zeros(batch_size, capacity, hidden.shape[-1])
         written[:, : hidden.shape[1]] = hidden
     counters.record_target_call(torch.ones_like(rows.active))
     rows.commit(next_tokens(logits, params, generator).unsqueeze(1), torch.ones_like(rows.lengths))
-    if whole_step:
+    if compile:
         mark_static(rows.tokens, counters.calls, counters.histogram, *([written] if written is not None else []))
     for step in range(_max_steps(budgets)):
         if step % sync_every == 0 and not rows.active.any().item():
             break
         mark_step(compile, device)
-        with skipped_guards(whole_step and step >= GUARDED_STEPS):
-            run_step(step_model, rows, cache, counters, written, params, generator, feature_layers)
-        if whole_step:
+        noise = exponential_noise(noise_shape, device, generator) if seeded else None
+        with skipped_guards(compile and step >= GUARDED_STEPS):
+            run_step(target, rows, cache, counters, written, params, noise, feature_layers)
+        if compile:
             # the step's reassigned state out of its CUDA graph's memory, before the next replay
             rows.lengths, rows.active = rows.lengths.clone(), rows.active.clone()
             cache.lengths = cache.lengths.clone()
