@@ -190,12 +190,15 @@ def test_static_samples_follow_the_target(mc_models) -> None:
 
 
 def test_static_distribution_test_catches_resampling_from_p(mc_models, monkeypatch) -> None:
-    """Planted bug in the static core: at a rejection, resample from p instead of norm(max(0, p - q))."""
+    """Planted bug in the static core: at a rejection, resample from p instead of norm(max(0, p - q)).
+    (Its extra draw comes from a generator of its own: the round's own draws are made ahead, as many
+    as a correct round uses.)"""
+    extra = torch.Generator().manual_seed(1)
 
     def buggy(draft_tokens, q, p, generator=None, greedy=False):
         num_accepted, _ = rejection_sample(draft_tokens, q, p, generator, greedy)
         at_n = num_accepted.view(-1, 1, 1).expand(-1, 1, p.shape[-1])
-        return num_accepted, sample(p.gather(1, at_n).squeeze(1), generator)
+        return num_accepted, sample(p.gather(1, at_n).squeeze(1), extra)
 
     monkeypatch.setattr(specdecode.decoding.verify, "rejection_sample", buggy)
     target, drafter = mc_models
@@ -230,44 +233,37 @@ def test_bad_core_options_are_named_before_any_work(target, kwargs, error, needl
 # --- compiled steps (slow: inductor compiles each shape for seconds on a CPU) ---------------------
 
 
-@pytest.mark.parametrize(
-    "temperature, seed, whole_round",
-    [(0.0, 3, True), (0.7, None, True), (0.7, 3, False)],
-    ids=["greedy", "sampled", "sampled with a seeded generator"],
-)
-def test_the_round_is_compiled_whole_unless_a_seeded_generator_samples(
-    target, monkeypatch, temperature: float, seed: int | None, whole_round: bool
-) -> None:
-    """What `compile` compiles, with the compiling itself stubbed out (the slow tests compile)."""
-    functions, models = [], []
-    monkeypatch.setattr(specdecode.decoding.static, "compiled_function", lambda f, d: functions.append(f) or f)
-    monkeypatch.setattr(specdecode.decoding.static, "compiled", lambda m: models.append(m) or m)
-    drafter = derive_drafter(target, 1)
-    kwargs = dict(gamma=2, max_new_tokens=6, eos_token_ids=[], temperature=temperature, seed=seed)
-    ours = speculative_generate(target, drafter, [[1, 2, 3]], static=True, compile=True, **kwargs)
-    if seed is not None:  # the same draws as without compiling
-        assert ours.sequences == speculative_generate(target, drafter, [[1, 2, 3]], static=True, **kwargs).sequences
-    assert len(ours.sequences[0]) == 6
-    assert functions == ([specdecode.decoding.static._round] if whole_round else [])
-    assert models == ([] if whole_round else [target, drafter])
-
-
 @pytest.mark.parametrize("temperature, seed", [(0.0, 3), (0.7, None), (0.7, 3)], ids=["greedy", "sampled", "seeded"])
-def test_the_target_alone_step_is_compiled_whole_a_seeded_generator_drawing_ahead(
-    target, monkeypatch, temperature: float, seed: int | None
+@pytest.mark.parametrize("who", ["round", "target alone"])
+def test_rounds_and_steps_compile_whole_a_seeded_generator_drawing_ahead(
+    target, monkeypatch, who: str, temperature: float, seed: int | None
 ) -> None:
-    """What `compile` compiles for the target alone: the whole step, even where a seeded generator
-    samples. Its draws are made before each step, the same numbers as without compiling."""
-    functions, models = [], []
+    """What `compile` compiles, with the compiling itself stubbed out (the slow tests compile): the
+    whole round (step), even where a seeded generator samples. Its draws are made before each
+    round (step), the same numbers as without compiling."""
+    functions = []
     monkeypatch.setattr(specdecode.decoding.static, "compiled_function", lambda f, d: functions.append(f) or f)
-    monkeypatch.setattr(specdecode.decoding.static, "compiled", lambda m: models.append(m) or m)
     kwargs = dict(max_new_tokens=6, eos_token_ids=[], temperature=temperature, seed=seed)
-    alone = autoregressive_generate(target, [[1, 2, 3], [4]], static=True, compile=True, **kwargs)
+    if who == "round":
+        kwargs.update(gamma=2, drafter=derive_drafter(target, 1))
+    run = speculative_generate if who == "round" else autoregressive_generate
+    ours = run(target, prompts=[[1, 2, 3], [4]], static=True, compile=True, **kwargs)
     if seed is not None:
-        reference = autoregressive_generate(target, [[1, 2, 3], [4]], static=True, **kwargs)
-        assert alone.sequences == reference.sequences
-    assert [len(s) for s in alone.sequences] == [6, 6]
-    assert functions == [specdecode.decoding.static._step] and models == []
+        assert ours.sequences == run(target, prompts=[[1, 2, 3], [4]], static=True, **kwargs).sequences
+    assert [len(s) for s in ours.sequences] == [6, 6]
+    assert functions == [specdecode.decoding.static._round if who == "round" else specdecode.decoding.static._step]
+
+
+@pytest.mark.parametrize("kind", ["slice", "feature"])
+def test_seeded_rounds_draw_ahead_what_the_eager_loop_draws(target, kind: str) -> None:
+    """A static round samples against its draws made ahead (`DrawnAhead`: the drafts' races, the
+    acceptance uniforms, the resample's race), which a compiled round needs: with one row, the
+    eager loop's seeded samples, token for token."""
+    kwargs = dict(gamma=3, max_new_tokens=16, eos_token_ids=[], temperature=0.8, seed=7, prompt_lookup=None)
+    drafter = drafter_of(kind, target)
+    eager = speculative_generate(target, drafter, [[1, 2, 3]], **kwargs)
+    assert speculative_generate(target, drafter, [[1, 2, 3]], static=True, **kwargs).sequences == eager.sequences
+    assert eager.sequences != speculative_generate(target, drafter, [[1, 2, 3]], **{**kwargs, "seed": 8}).sequences
 
 
 def test_state_a_compiled_step_reassigns_is_copied_out_before_the_next(target, monkeypatch) -> None:
@@ -302,13 +298,12 @@ def test_state_a_compiled_step_reassigns_is_copied_out_before_the_next(target, m
     assert set(checked) == {"rows.lengths", "rows.active", "cache.lengths"}
 
 
-@pytest.mark.parametrize("seed", [None, 3], ids=["whole", "seeded: models compiled"])
-def test_compiled_steps_skip_guards_from_the_third_only_when_compiled_whole(target, monkeypatch, seed) -> None:
+@pytest.mark.parametrize("seed", [None, 3], ids=["unseeded", "seeded"])
+def test_compiled_steps_skip_guards_from_the_third(target, monkeypatch, seed) -> None:
     """The first `GUARDED_STEPS` compiled rounds (steps) of a call evaluate their guards, and so
-    compile what the call needs; later ones skip them. Never where a round is not compiled whole."""
+    compile what the call needs; later ones skip them."""
     flags: list[bool] = []
     monkeypatch.setattr(specdecode.decoding.static, "compiled_function", lambda f, d: f)
-    monkeypatch.setattr(specdecode.decoding.static, "compiled", lambda m: m)
     monkeypatch.setattr(
         specdecode.decoding.static, "skipped_guards", lambda skip: flags.append(skip) or contextlib.nullcontext()
     )
@@ -317,8 +312,7 @@ def test_compiled_steps_skip_guards_from_the_third_only_when_compiled_whole(targ
     speculative_generate(target, derive_drafter(target, 1), [[1, 2, 3]], gamma=2, **kwargs)
     rounds, flags[:] = list(flags), []
     autoregressive_generate(target, [[1, 2, 3]], **kwargs)
-    whole_rounds = seed is None  # a step of the target alone is compiled whole either way
-    assert rounds == [False, False] + [whole_rounds] * (len(rounds) - 2) and len(rounds) >= 3
+    assert rounds == [False, False] + [True] * (len(rounds) - 2) and len(rounds) >= 3
     assert flags == [False, False] + [True] * 3
 
 
@@ -440,10 +434,10 @@ def test_compiled_seeded_steps_draw_what_the_eager_loop_draws(target) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [5, None], ids=["seeded: the models compiled", "unseeded: the whole round compiled"])
+@pytest.mark.parametrize("seed", [5, None], ids=["seeded: draws made ahead", "unseeded: inductor's draws"])
 def test_compiled_samples_follow_the_target(mc_models, seed: int | None) -> None:
-    """A seeded generator keeps the rounds eager around compiled models (dynamo cannot trace one);
-    without a seed each round is one compiled graph, drawing from inductor's own random numbers."""
+    """Each round is one compiled graph: seeded, it samples against its generator's draws made
+    ahead (dynamo cannot trace a generator); unseeded, against inductor's own random numbers."""
     target, _ = mc_models
     params = SamplingParams(1.0)
     torch.manual_seed(5)

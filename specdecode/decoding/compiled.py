@@ -4,23 +4,21 @@ A speculative round (draft gamma tokens, verify them, accept, commit, count) run
 `torch.compile` whole, with static shapes (`dynamic=False`): the drafter's and the target's passes
 and the bookkeeping between them become one graph per (models, batch size, gamma, cache capacity),
 compiled on first use and reused by every later call of that shape; so does a step of the target
-alone (pass, sample, commit, features). Dynamo cannot trace a draw from a seeded generator: a
-step takes that generator's draws as an input, drawn before it; a round that samples with one
-compiles the models' forward passes instead. On CUDA the mode is "reduce-overhead",
-which captures each graph as a CUDA graph and replays it with one launch; the KV buffers and the
-state a round writes in place are marked static (`StaticKVCache`, `mark_static`) so the replay
-writes them where they are, and the state it reassigns (lengths, which rows are active) is copied
-out of the graph's memory after each round, since the next replay overwrites its outputs (`Drafting.copy_out`).
+alone (pass, sample, commit, features). Dynamo cannot trace a draw from a seeded generator, so a
+step or round that samples with one takes that generator's draws as inputs, drawn before it. On
+CUDA the mode is "reduce-overhead", which captures each graph as a CUDA graph and replays it with
+one launch; the KV buffers and the state a round writes in place are marked static
+(`StaticKVCache`, `mark_static`) so the replay writes them where they are, and the state it
+reassigns (lengths, which rows are active) is copied out of the graph's memory after each round,
+since the next replay overwrites its outputs (`Drafting.copy_out`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import Callable
 
 import torch
-from torch import nn
 
 # Whether `compile=None` (auto) compiles on the CPU. Off: a compiled step is about a fifth faster
 # there, but each model and shape first compiles for tens of seconds, which takes thousands of
@@ -65,8 +63,7 @@ def check_core(static: object, compile: object, device: torch.device) -> bool:
     return static and on
 
 
-# The compiled wrapper of each model, kept while the model lives, and of each function, per mode.
-_COMPILED: weakref.WeakKeyDictionary[nn.Module, nn.Module] = weakref.WeakKeyDictionary()
+# The compiled wrapper of each function, per mode.
 _COMPILED_FUNCTIONS: dict[tuple[Callable, str | None], Callable] = {}
 
 
@@ -87,14 +84,6 @@ def _compile(target: Callable, device: torch.device) -> Callable:
 def _mode(device: torch.device) -> str | None:
     """The `torch.compile` mode the options above amount to: CUDA graphs on CUDA."""
     return "reduce-overhead" if device.type == "cuda" else None
-
-
-def compiled(model: nn.Module) -> nn.Module:
-    """`model` with its forward under `torch.compile` (see the module docstring), built once per
-    model; other attributes read through to `model`."""
-    if model not in _COMPILED:
-        _COMPILED[model] = _compile(model, model.device)
-    return _COMPILED[model]
 
 
 def compiled_function(function: Callable, device: torch.device) -> Callable:

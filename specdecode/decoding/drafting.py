@@ -31,7 +31,7 @@ from transformers import PreTrainedModel
 
 from specdecode.decoding.cache import RaggedKVCache, cached_call, cached_forward
 from specdecode.decoding.lookup import PromptLookup, override_q
-from specdecode.decoding.sampling import SamplingParams, logits_to_probs, sample
+from specdecode.decoding.sampling import Generator, SamplingParams, logits_to_probs, sample
 from specdecode.models.draft_vocab import DraftVocabHead
 from specdecode.models.feature_drafter import FeatureDrafter, feed_back
 
@@ -48,6 +48,8 @@ class Drafting(Protocol):
     looked_up: torch.Tensor
     # which of the last `propose`'s drafts prompt lookup filled, `[B, gamma]` bool; None without lookup
     last_looked_up: torch.Tensor | None
+    # how many ids each sampled draft is drawn over (the drafter's vocabulary, or its draft vocabulary)
+    draw_width: int
 
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
         """Take in the right-padded prompts `tokens[:, :longest]` (`lengths` `[B]`) and, when
@@ -61,7 +63,7 @@ class Drafting(Protocol):
         max_length: int,
         gamma: int,
         params: SamplingParams,
-        generator: torch.Generator | None,
+        generator: Generator,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft `gamma` tokens after each row's `lengths[b]` committed `tokens` `[B, S_cap]`
         (`max_length` = max(lengths)): the drafts `[B, gamma]` and the distributions they were drawn
@@ -102,6 +104,10 @@ class SliceDrafting:
         self.looked_up = torch.zeros((), dtype=torch.long, device=drafter.device)
         self.last_looked_up: torch.Tensor | None = None
 
+    @property
+    def draw_width(self) -> int:
+        return self.drafter.config.vocab_size
+
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
         """Cache the right-padded prompts `tokens[:, :longest]` (the first token is not yet committed)."""
         cached_forward(self.drafter, self.cache, tokens[:, :longest], logits_to_keep=1)
@@ -114,7 +120,7 @@ class SliceDrafting:
         max_length: int,
         gamma: int,
         params: SamplingParams,
-        generator: torch.Generator | None,
+        generator: Generator,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft `gamma` tokens after each row's `lengths[b]` committed `tokens` `[B, S_cap]`."""
         self.cache.set_lengths(lengths - 2, max_length - 2)
@@ -166,6 +172,7 @@ class FeatureDrafting:
         # spread to the full vocabulary once per step (softmax, top-k/p and the sampling noise over
         # 49k ids cost more than the drafter's whole step on SmolLM2; the other ids' q is 0 exactly).
         self.draft_head = head if isinstance(head, DraftVocabHead) else None
+        self.draw_width = head.weight.shape[0]
 
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
         """Keep the target's prompt features `[B, longest, n·H]` and read all but each row's last
@@ -184,7 +191,7 @@ class FeatureDrafting:
         max_length: int,
         gamma: int,
         params: SamplingParams,
-        generator: torch.Generator | None,
+        generator: Generator,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft `gamma` tokens after each row's `lengths[b]` committed `tokens` `[B, S_cap]`."""
         # 1. one window over the positions whose true features are new: [start, lengths - 1), at
@@ -309,7 +316,7 @@ class _Drafts:
 
 
 def _draw(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    logits: torch.Tensor, params: SamplingParams, generator: Generator
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """`[B, V]` drafter logits → (q `[B, V]`, the draft `[B]` drawn from it); greedy: (None, argmax),
     since greedy verification compares tokens and needs no distribution."""

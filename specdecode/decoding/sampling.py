@@ -78,15 +78,40 @@ def exponential_noise(shape: tuple[int, ...], device: torch.device, generator: t
     return torch.empty(shape, device=device).exponential_(1.0, generator=generator)
 
 
-def sample(
-    probs: torch.Tensor, generator: torch.Generator | None = None, noise: torch.Tensor | None = None
-) -> torch.Tensor:
+class DrawnAhead:
+    """Random numbers drawn from a seeded generator before a compiled round, which cannot draw from
+    a `torch.Generator`: the round's `sample` and `rejection_sample` take them, in the order drawn,
+    where they would have drawn them from the generator (pass it as their `generator`)."""
+
+    def __init__(self, draws: list[torch.Tensor]) -> None:
+        self.draws = draws
+        self.used = 0
+
+    def next(self) -> torch.Tensor:
+        draw = self.draws[self.used]
+        self.used += 1
+        return draw
+
+
+Generator = torch.Generator | DrawnAhead | None
+
+
+def uniform(shape: tuple[int, ...], device: torch.device, generator: Generator) -> torch.Tensor:
+    """U(0, 1) draws of `shape`: the next drawn ahead, or new ones from `generator`."""
+    if isinstance(generator, DrawnAhead):
+        return generator.next()
+    return torch.rand(shape, generator=generator, device=device)
+
+
+def sample(probs: torch.Tensor, generator: Generator = None, noise: torch.Tensor | None = None) -> torch.Tensor:
     """Draw one token per row of `probs` `[..., V]` → `[...]` (int64), racing them against `noise`
-    (`exponential_noise`) where given, else against draws from `generator`.
+    (`exponential_noise`) where given, else against draws from `generator` (or drawn ahead by it).
 
     Uses the exponential race argmax(p / E), E ~ Exp(1), which samples exactly from p and, unlike
     `torch.multinomial`, never synchronises with the host on CUDA.
     """
+    if noise is None and isinstance(generator, DrawnAhead):
+        noise = generator.next()
     if noise is None:
         noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
     return (probs / noise.clamp_min(_TINY)).argmax(dim=-1)
@@ -95,7 +120,7 @@ def sample(
 def next_tokens(
     logits: torch.Tensor,
     params: SamplingParams,
-    generator: torch.Generator | None,
+    generator: Generator,
     noise: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One token per row of `logits` `[..., V]` → `[...]`: the argmax when greedy (no distribution is

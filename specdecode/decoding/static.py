@@ -40,7 +40,6 @@ from transformers import PreTrainedModel
 
 from specdecode.decoding.cache import cached_forward, padded_prompts
 from specdecode.decoding.compiled import (
-    compiled,
     compiled_function,
     eager_passes,
     mark_static,
@@ -50,7 +49,7 @@ from specdecode.decoding.compiled import (
 from specdecode.decoding.drafting import Drafting, drafting_for
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.ragged import kept_counts
-from specdecode.decoding.sampling import SamplingParams, exponential_noise, next_tokens
+from specdecode.decoding.sampling import DrawnAhead, SamplingParams, exponential_noise, next_tokens, uniform
 from specdecode.decoding.static_cache import StaticKVCache
 from specdecode.decoding.stats import GenerationResult, StepCounters
 from specdecode.decoding.verify import verify_drafts
@@ -191,10 +190,15 @@ def _prefill(
     return logits[torch.arange(len(last), device=last.device), column], hidden
 
 
-def _compiles_whole(compile: bool, params: SamplingParams, generator: torch.Generator | None) -> bool:
-    """Whether a round compiles as one graph: with `compile`, unless a seeded generator draws
-    samples (dynamo cannot trace one; the models' passes alone are compiled then)."""
-    return compile and (params.greedy or generator is None)
+def _draws_ahead(
+    generator: torch.Generator, batch_size: int, gamma: int, draw_width: int, vocab_size: int, device: torch.device
+) -> DrawnAhead:
+    """A sampled round's draws from `generator`, as the round would draw them: one Exp(1) race per
+    draft over the drafter's `draw_width` ids, the uniforms of the acceptance test, and the race of
+    the resample over the target's vocabulary (`sample`, `rejection_sample`)."""
+    races = [exponential_noise((batch_size, draw_width), device, generator) for _ in range(gamma)]
+    acceptance = uniform((batch_size, gamma), device, generator)
+    return DrawnAhead([*races, acceptance, exponential_noise((batch_size, vocab_size), device, generator)])
 
 
 def _max_steps(budgets: list[int]) -> int:
@@ -211,10 +215,11 @@ def _round(
     lookup: _ActiveRowsLookup | None,
     params: SamplingParams,
     gamma: int,
-    generator: torch.Generator | None,
+    generator: torch.Generator | DrawnAhead | None,
 ) -> None:
     """One round of the static core: draft gamma tokens per row, verify them in one target pass,
-    accept or resample, commit. No host sync, so under `compile` it traces as one graph."""
+    accept or resample, commit. No host sync, and a seeded generator's draws made ahead
+    (`DrawnAhead`), so under `compile` it traces as one graph."""
     if lookup is not None:
         lookup.active = rows.active
     cache.set_lengths(rows.lengths - 1)
@@ -262,11 +267,8 @@ def speculative_generate_static(
     drafting.cache = StaticKVCache.for_model(drafter, batch_size, capacity)
     counters = _Counters(gamma, device)
     sync_every = default_sync_every(device)
-    whole_round = _compiles_whole(compile, params, generator)
-    run_round = compiled_function(_round, device) if whole_round else _round
-    verify_model = target
-    if compile and not whole_round:
-        verify_model, drafting.drafter = compiled(target), compiled(drafter)
+    run_round = compiled_function(_round, device) if compile else _round
+    seeded = generator is not None and not params.greedy
 
     # 0. prefill: the target's first token is an ordinary sample; the drafter only reads the prompt.
     first, hidden = _prefill(target, target_cache, rows, drafting.feature_layers)
@@ -274,16 +276,23 @@ def speculative_generate_static(
         drafting.prefill(rows.tokens, rows.lengths, max(rows.prompt_lengths), hidden)
     counters.record_target_call(torch.ones_like(rows.active))
     rows.commit(next_tokens(first, params, generator).unsqueeze(1), torch.ones_like(rows.lengths))
-    if whole_round:
+    if compile:
         mark_static(rows.tokens, counters.calls, counters.histogram, *drafting.state())
+    vocab_size = first.shape[-1]
 
     for step in range(_max_steps(budgets)):
         if step % sync_every == 0 and not rows.active.any().item():
             break
         mark_step(compile, device)
-        with skipped_guards(whole_round and step >= GUARDED_STEPS):
-            run_round(verify_model, drafting, rows, target_cache, counters, row_lookup, params, gamma, generator)
-        if whole_round:
+        # a seeded generator's draws are made ahead, in the order the round uses them
+        draws = (
+            _draws_ahead(generator, batch_size, gamma, drafting.draw_width, vocab_size, device) if seeded else generator
+        )
+        with skipped_guards(compile and step >= GUARDED_STEPS):
+            run_round(target, drafting, rows, target_cache, counters, row_lookup, params, gamma, draws)
+        if isinstance(draws, DrawnAhead) and draws.used != len(draws.draws):
+            raise RuntimeError(f"a round used {draws.used} of the {len(draws.draws)} draws made for it")
+        if compile:
             # the round's reassigned state out of its CUDA graph's memory, before the next replay
             rows.lengths, rows.active = rows.lengths.clone(), rows.active.clone()
             target_cache.lengths = target_cache.lengths.clone()

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from specdecode.decoding.cache import cached_forward
-from specdecode.decoding.sampling import SamplingParams, logits_to_probs, sample
+from specdecode.decoding.sampling import Generator, SamplingParams, logits_to_probs, sample, uniform
 
 if TYPE_CHECKING:
     from specdecode.decoding.cache import RaggedKVCache
@@ -23,7 +23,7 @@ def rejection_sample(
     draft_tokens: torch.Tensor,
     q: torch.Tensor,
     p: torch.Tensor,
-    generator: torch.Generator | None = None,
+    generator: Generator = None,
     greedy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Accept a prefix of each row's drafts so that the output follows p exactly.
@@ -37,7 +37,8 @@ def rejection_sample(
         q: `[B, gamma, V]` fp32, the distribution each draft was sampled from.
         p: `[B, gamma + 1, V]` fp32, the target's distribution at each draft position, plus one
             position past the last draft (for the bonus token).
-        generator: RNG for the uniforms and the resample; `None` uses torch's global RNG.
+        generator: RNG for the uniforms and the resample (or their draws made ahead: `DrawnAhead`);
+            `None` uses torch's global RNG.
         greedy: p and q are one-hot (temperature 0): the resample is the residual's argmax, no noise.
 
     Returns:
@@ -52,8 +53,7 @@ def rejection_sample(
     # q(x) > 0 for a token sampled from q; the floor only keeps stub inputs with q(x) = 0 finite
     # (p(x) / tiny then exceeds 1 and the draft is accepted, the limit of the ratio).
     accept_prob = (p_x / q_x.clamp_min(torch.finfo(q_x.dtype).tiny)).clamp_max(1.0)
-    uniform = torch.rand(batch_size, gamma, generator=generator, device=p.device)
-    accepted = uniform < accept_prob
+    accepted = uniform((batch_size, gamma), p.device, generator) < accept_prob
     # Drafts after the first rejection do not count, accepted or not.
     num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)
 
@@ -100,7 +100,7 @@ def verify_drafts(
     q: torch.Tensor | None,
     start: torch.Tensor,
     params: SamplingParams,
-    generator: torch.Generator | None,
+    generator: Generator,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One target pass over each row's pending token `[B, 1]` and its gamma drafts `[B, gamma]` (at
     positions `start[b]` on; the drafting strategy observes the pass's features), then accept or
