@@ -350,6 +350,16 @@ def test_seeded_draws_made_ahead_are_the_eager_loops_own(target) -> None:
     assert eager.sequences != autoregressive_generate(target, prompts, **{**kwargs, "seed": 8}).sequences
 
 
+def test_seeded_drafts_are_drawn_over_the_logits_width_not_the_configs() -> None:
+    """A slice drafter draws over its logits' width (its lm_head's rows), which a config may state
+    otherwise: the draws made ahead must be as wide as the draws made in place."""
+    target, drafter = tiny_llama(3, seed=0), derive_drafter(tiny_llama(3, seed=0), 1)
+    target.config.vocab_size = drafter.config.vocab_size = V - 4  # both lm_heads keep V rows
+    kwargs = dict(gamma=2, max_new_tokens=6, eos_token_ids=[], seed=7, temperature=0.8)
+    eager = speculative_generate(target, drafter, [[1, 2, 3]], **kwargs)
+    assert speculative_generate(target, drafter, [[1, 2, 3]], static=True, **kwargs).sequences == eager.sequences
+
+
 # Tensors a round reassigns that the next round sets before it reads them: no copy needed.
 REWRITTEN_FIRST = {"_write_slots", "active@lookup"}
 

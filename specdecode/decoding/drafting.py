@@ -48,8 +48,9 @@ class Drafting(Protocol):
     looked_up: torch.Tensor
     # which of the last `propose`'s drafts prompt lookup filled, `[B, gamma]` bool; None without lookup
     last_looked_up: torch.Tensor | None
-    # how many ids each sampled draft is drawn over (the drafter's vocabulary, or its draft vocabulary)
-    draw_width: int
+    # how many ids each sampled draft is drawn over where that is a draft vocabulary of K ids;
+    # None: the full vocabulary, as wide as the target's logits (rejection sampling needs q as wide as p)
+    draw_width: int | None
 
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
         """Take in the right-padded prompts `tokens[:, :longest]` (`lengths` `[B]`) and, when
@@ -94,6 +95,8 @@ class SliceDrafting:
 
     # which target hidden states it reads (`target_features`); None: none
     feature_layers: tuple[int, ...] | None = None
+    # drafts are drawn over the full vocabulary (a draft-vocabulary head still returns full logits)
+    draw_width: int | None = None
 
     def __init__(
         self, drafter: PreTrainedModel, batch_size: int, capacity: int, lookup: PromptLookup | None = None
@@ -103,10 +106,6 @@ class SliceDrafting:
         self.lookup = lookup
         self.looked_up = torch.zeros((), dtype=torch.long, device=drafter.device)
         self.last_looked_up: torch.Tensor | None = None
-
-    @property
-    def draw_width(self) -> int:
-        return self.drafter.config.vocab_size
 
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
         """Cache the right-padded prompts `tokens[:, :longest]` (the first token is not yet committed)."""
@@ -172,7 +171,7 @@ class FeatureDrafting:
         # spread to the full vocabulary once per step (softmax, top-k/p and the sampling noise over
         # 49k ids cost more than the drafter's whole step on SmolLM2; the other ids' q is 0 exactly).
         self.draft_head = head if isinstance(head, DraftVocabHead) else None
-        self.draw_width = head.weight.shape[0]
+        self.draw_width = None if self.draft_head is None else self.draft_head.weight.shape[0]
 
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
         """Keep the target's prompt features `[B, longest, n·H]` and read all but each row's last

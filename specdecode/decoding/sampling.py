@@ -75,7 +75,7 @@ def exponential_noise(shape: tuple[int, ...], device: torch.device, generator: t
     """The Exp(1) draws `sample` races fp32 probabilities of `shape` against, drawn ahead: the same
     numbers `sample` would draw from `generator` itself, for a compiled graph, which cannot draw
     from a `torch.Generator`."""
-    return torch.empty(shape, device=device).exponential_(1.0, generator=generator)
+    return torch.empty(shape, dtype=torch.float32, device=device).exponential_(1.0, generator=generator)
 
 
 class DrawnAhead:

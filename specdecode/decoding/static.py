@@ -191,12 +191,18 @@ def _prefill(
 
 
 def _draws_ahead(
-    generator: torch.Generator, batch_size: int, gamma: int, draw_width: int, vocab_size: int, device: torch.device
+    generator: torch.Generator,
+    batch_size: int,
+    gamma: int,
+    draw_width: int | None,
+    vocab_size: int,
+    device: torch.device,
 ) -> DrawnAhead:
     """A sampled round's draws from `generator`, as the round would draw them: one Exp(1) race per
-    draft over the drafter's `draw_width` ids, the uniforms of the acceptance test, and the race of
-    the resample over the target's vocabulary (`sample`, `rejection_sample`)."""
-    races = [exponential_noise((batch_size, draw_width), device, generator) for _ in range(gamma)]
+    draft over the drafter's `draw_width` ids (None: the target's `vocab_size`), the uniforms of the
+    acceptance test, and the race of the resample over the target's vocabulary (`sample`,
+    `rejection_sample`)."""
+    races = [exponential_noise((batch_size, draw_width or vocab_size), device, generator) for _ in range(gamma)]
     acceptance = uniform((batch_size, gamma), device, generator)
     return DrawnAhead([*races, acceptance, exponential_noise((batch_size, vocab_size), device, generator)])
 
