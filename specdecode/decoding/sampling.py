@@ -103,16 +103,16 @@ def uniform(shape: tuple[int, ...], device: torch.device, generator: Generator) 
     return torch.rand(shape, generator=generator, device=device)
 
 
-def sample(probs: torch.Tensor, generator: Generator = None, noise: torch.Tensor | None = None) -> torch.Tensor:
-    """Draw one token per row of `probs` `[..., V]` → `[...]` (int64), racing them against `noise`
-    (`exponential_noise`) where given, else against draws from `generator` (or drawn ahead by it).
+def sample(probs: torch.Tensor, generator: Generator = None) -> torch.Tensor:
+    """Draw one token per row of `probs` `[..., V]` → `[...]` (int64), racing them against draws
+    from `generator`, or drawn ahead by it (`DrawnAhead` of `exponential_noise`).
 
     Uses the exponential race argmax(p / E), E ~ Exp(1), which samples exactly from p and, unlike
     `torch.multinomial`, never synchronises with the host on CUDA.
     """
-    if noise is None and isinstance(generator, DrawnAhead):
+    if isinstance(generator, DrawnAhead):
         noise = generator.next()
-    if noise is None:
+    else:
         noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
     return (probs / noise.clamp_min(_TINY)).argmax(dim=-1)
 
@@ -121,9 +121,8 @@ def next_tokens(
     logits: torch.Tensor,
     params: SamplingParams,
     generator: Generator,
-    noise: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One token per row of `logits` `[..., V]` → `[...]`: the argmax when greedy (no distribution is
     built: a one-hot over a 49k vocabulary costs more than the argmax itself), else a sample from
     `logits_to_probs` (`sample`)."""
-    return logits.argmax(dim=-1) if params.greedy else sample(logits_to_probs(logits, params), generator, noise)
+    return logits.argmax(dim=-1) if params.greedy else sample(logits_to_probs(logits, params), generator)

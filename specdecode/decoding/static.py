@@ -316,11 +316,11 @@ def _step(
     counters: _Counters,
     written: torch.Tensor | None,
     params: SamplingParams,
-    noise: torch.Tensor | None,
+    generator: DrawnAhead | None,
     feature_layers: tuple[int, ...] | None,
 ) -> None:
-    """One step of the target alone: a one-token pass of the whole batch, sample (against `noise`
-    where given: a seeded generator's draws), commit, and with `feature_layers` write each active
+    """One step of the target alone: a one-token pass of the whole batch, sample (against a seeded
+    generator's draws made ahead, where given), commit, and with `feature_layers` write each active
     row's features into `written` `[B, S_cap, n·H]`. No host sync and no generator, so under
     `compile` it traces as one graph."""
     cache.set_lengths(rows.lengths - 1)
@@ -332,7 +332,7 @@ def _step(
         batch_index = torch.arange(written.shape[0], device=written.device)
         written[batch_index, torch.where(active, rows.lengths - 1, rows.capacity - 1)] = hidden[:, -1]
     counters.record_target_call(active)
-    rows.commit(next_tokens(logits[:, -1], params, None, noise).unsqueeze(1), torch.ones_like(rows.lengths))
+    rows.commit(next_tokens(logits[:, -1], params, generator).unsqueeze(1), torch.ones_like(rows.lengths))
 
 
 def autoregressive_generate_static(
@@ -348,7 +348,7 @@ def autoregressive_generate_static(
     """`autoregressive_generate(static=True)` on checked arguments: one-token passes of the whole
     batch, finished rows masked; with `feature_layers`, `result.features` as the eager loop's.
     With `compile`, each step is one graph, as a speculative round is; a seeded generator's draws
-    are drawn before each step and passed in (`exponential_noise`), the numbers `sample` would draw."""
+    are drawn before each step and passed in (`DrawnAhead`), the numbers `sample` would draw."""
     start = time.perf_counter()
     device = target.device
     rows = _Rows.from_prompts(prompts, budgets, slack=1, eos=eos, device=device)
@@ -373,9 +373,10 @@ def autoregressive_generate_static(
         if step % sync_every == 0 and not rows.active.any().item():
             break
         mark_step(compile, device)
-        noise = exponential_noise(noise_shape, device, generator) if seeded else None
+        # a seeded generator's draws are made ahead, as for a round
+        draws = DrawnAhead([exponential_noise(noise_shape, device, generator)]) if seeded else None
         with skipped_guards(compile and step >= GUARDED_STEPS):
-            run_step(target, rows, cache, counters, written, params, noise, feature_layers)
+            run_step(target, rows, cache, counters, written, params, draws, feature_layers)
         if compile:
             # the step's reassigned state out of its CUDA graph's memory, before the next replay
             rows.lengths, rows.active = rows.lengths.clone(), rows.active.clone()
