@@ -2,10 +2,11 @@
 ours and transformers assisted; fp32 and bf16; the data writer at batch 256.
 
 Defaults: SmolLM2-135M, batch 1, 128-token answers, the methods of `LEASE_METHODS`, fp32 and bf16.
-On an H200 each compiled method first compiles for 64–86 s (bf16), so one dtype is about one
-10-minute call: `--dtypes bfloat16`, and `--time-limit-s` to stop starting methods in time
-(docs/gpu-runs.md). `--every-method`, `--batch-sizes 1 8` and `--targets ... llama-3.2-1b-shape`
-widen it.
+With every decoder layer compiled on its own (`--no-nested-layers`), each compiled method's first
+call took 64–86 s in bf16 on an H200; one nested region for all layers (the default) compiles 14–43%
+faster on a CPU and is not yet timed on a GPU. One dtype is about one 10-minute call:
+`--dtypes bfloat16`, and `--time-limit-s` to stop starting methods in time (docs/gpu-runs.md).
+`--every-method`, `--batch-sizes 1 8` and `--targets ... llama-3.2-1b-shape` widen it.
 
     python eval/benchmark_gpu.py --drafter DIR                # SmolLM2-135M on CUDA, with a trained feature drafter
     python eval/benchmark_gpu.py --device cpu --tiny          # a tiny random model: checks it runs, in minutes
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+import specdecode.decoding.compiled
 from specdecode.evaluation.core_benchmark import LEASE_METHODS, TARGETS, report_markdown, run_core_benchmark
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -47,8 +49,15 @@ parser.add_argument(
     default=None,
     help="after this many seconds start no method or profile, and no round after the first",
 )
+parser.add_argument(
+    "--no-nested-layers",
+    action="store_true",
+    help="compile each decoder layer on its own, not one nested region for all (a longer first compile)",
+)
 parser.add_argument("--out", default=None, help="also write the rows as JSON here")
 args = parser.parse_args()
+
+specdecode.decoding.compiled.NESTED_LAYERS = not args.no_nested_layers
 
 if args.threads:
     torch.set_num_threads(args.threads)

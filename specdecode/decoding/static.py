@@ -20,7 +20,8 @@ ragged batches:
 * with `compile`, each speculative round (`_round`: draft, verify, accept, commit) runs under
   `torch.compile` as one graph, and so does each step of the target alone (CUDA graphs on
   CUDA; `compiled.py`): compiled once per shape (batch size, capacity rounded up to a power of
-  two, gamma), then reused across calls. The prefills (the target's, and the drafter's over the
+  two, gamma), then reused across calls, each model's decoder layers compiled once and reused
+  per layer (`compiled.nest_layers`). The prefills (the target's, and the drafter's over the
   prompts), whose widths the prompts set, run eagerly.
 
 What the caller gets is what the eager loops return: the same tokens in greedy decoding (in fp32
@@ -273,7 +274,7 @@ def speculative_generate_static(
     drafting.cache = StaticKVCache.for_model(drafter, batch_size, capacity)
     counters = _Counters(gamma, device)
     sync_every = default_sync_every(device)
-    run_round = compiled_function(_round, device) if compile else _round
+    run_round = compiled_function(_round, device, target, drafter) if compile else _round
     seeded = generator is not None and not params.greedy
 
     # 0. prefill: the target's first token is an ordinary sample; the drafter only reads the prompt.
@@ -356,7 +357,7 @@ def autoregressive_generate_static(
     cache = StaticKVCache.for_model(target, batch_size, capacity)
     counters = _Counters(0, device)
     sync_every = default_sync_every(device)
-    run_step = compiled_function(_step, device) if compile else _step
+    run_step = compiled_function(_step, device, target) if compile else _step
     seeded = generator is not None and not params.greedy
 
     logits, hidden = _prefill(target, cache, rows, feature_layers)
