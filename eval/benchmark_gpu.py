@@ -3,9 +3,10 @@ ours and transformers assisted; fp32 and bf16; the data writer at batch 256.
 
 Defaults: SmolLM2-135M, batch 1, 128-token answers, the methods of `LEASE_METHODS`, fp32 and bf16.
 With every decoder layer compiled on its own (`--no-nested-layers`), each compiled method's first
-call took 64–86 s in bf16 on an H200; one nested region for all layers (the default) compiles 14–43%
-faster on a CPU and is not yet timed on a GPU. One dtype is about one 10-minute call:
-`--dtypes bfloat16`, and `--time-limit-s` to stop starting methods in time (docs/gpu-runs.md).
+call took 64–86 s in bf16 on an H200; one nested region for all layers (the default) made the
+first call 14–43% shorter in two pairs of CPU runs, and is not yet timed on a GPU. One dtype is
+about one 10-minute call: `--dtypes bfloat16`, and `--time-limit-s` to stop starting methods in
+time (docs/gpu-runs.md).
 `--every-method`, `--batch-sizes 1 8` and `--targets ... llama-3.2-1b-shape` widen it.
 
     python eval/benchmark_gpu.py --drafter DIR                # SmolLM2-135M on CUDA, with a trained feature drafter

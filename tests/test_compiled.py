@@ -1,8 +1,11 @@
-"""The compile helpers: decoder layers marked as one nested compile region (`nest_layers`), so a
-compiled step traces a layer once and reuses it for every layer."""
+"""The compile helpers: decoder layers run as one nested compile region within a compiled decode
+(`nested_layers`), so inductor compiles a layer once for every layer, and the models come out as
+they went in."""
 
 from __future__ import annotations
 
+import inspect
+import io
 import types
 
 import pytest
@@ -10,6 +13,7 @@ import torch
 
 import specdecode.decoding.compiled as compiled
 from specdecode import autoregressive_generate, speculative_generate
+from specdecode.models import derive_drafter
 from tests.models_for_tests import tiny_llama
 from tests.test_feature_drafter import random_feature_drafter
 
@@ -19,31 +23,38 @@ needs_regions = pytest.mark.skipif(
 
 
 @needs_regions
-def test_nest_layers_binds_one_region_to_each_decoder_layer_once() -> None:
+def test_nested_layers_binds_one_region_to_each_layer_within_the_block_only() -> None:
     model = tiny_llama(3)
     tokens = torch.tensor([[1, 2, 3, 4]])
     before = model(tokens).logits
-    assert compiled.nest_layers(model) == 3
     layers = model.model.layers
-    functions = {layer.forward.__func__ for layer in layers}
-    assert len(functions) == 1 and all(layer.forward.__self__ is layer for layer in layers)
-    assert compiled.nest_layers(model) == 3  # idempotent: the same bound region, not wrapped twice
-    assert {layer.forward.__func__ for layer in layers} == functions
-    torch.testing.assert_close(model(tokens).logits, before, rtol=0, atol=0)  # eager: a no-op
+    signature = inspect.signature(layers[0].forward)
+    with compiled.nested_layers(model) as marked:
+        assert marked == 3
+        assert len({layer.forward.__func__ for layer in layers}) == 1
+        assert all(layer.forward.__self__ is layer for layer in layers)
+        assert inspect.signature(layers[0].forward) == signature
+        torch.testing.assert_close(model(tokens).logits, before, rtol=0, atol=0)  # eager: a no-op
+    assert not any("forward" in vars(layer) for layer in layers)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    torch.testing.assert_close(torch.load(buffer, weights_only=False)(tokens).logits, before, rtol=0, atol=0)
 
 
 @needs_regions
-def test_nest_layers_leaves_replaced_forwards_and_unmarked_models_alone(monkeypatch) -> None:
+def test_nested_layers_leaves_replaced_forwards_and_unmarked_models_alone(monkeypatch) -> None:
     model = tiny_llama(2)
     layer = model.model.layers[0]
     hook = types.MethodType(lambda self, *args, **kwargs: type(self).forward(self, *args, **kwargs), layer)
     layer.forward = hook
-    assert compiled.nest_layers(model) == 1
-    assert layer.forward is hook
-    assert compiled.nest_layers(random_feature_drafter(tiny_llama(2))) == 0  # no `_no_split_modules`
+    with compiled.nested_layers(model, random_feature_drafter(tiny_llama(2))) as marked:
+        assert marked == 1  # the other layer; a feature drafter declares no `_no_split_modules`
+        assert layer.forward is hook
+    assert layer.forward is hook and "forward" not in vars(model.model.layers[1])
     monkeypatch.setattr(compiled, "NESTED_LAYERS", False)
-    fresh = tiny_llama(2)
-    assert compiled.nest_layers(fresh) == 0 and "forward" not in vars(fresh.model.layers[0])
+    with compiled.nested_layers(model) as marked:
+        assert marked == 0 and "forward" not in vars(model.model.layers[1])
 
 
 def _invoked_regions(monkeypatch, run) -> list[list[str]]:
@@ -64,27 +75,44 @@ def _invoked_regions(monkeypatch, run) -> list[list[str]]:
 
 @needs_regions
 @pytest.mark.parametrize("nested", [True, False])
-def test_a_compiled_step_traces_every_layer_as_one_region(monkeypatch, nested: bool) -> None:
+def test_a_compiled_step_and_round_invoke_one_region_per_layer(monkeypatch, nested: bool) -> None:
     """A compiled step of the target alone and a compiled round invoke one region per target layer,
-    all the same region (traced once, reused), and decode the eager loop's tokens."""
+    all the same region, and decode the eager loop's tokens; a second call compiles nothing."""
     monkeypatch.setattr(compiled, "NESTED_LAYERS", nested)
     target = tiny_llama(3)
     prompts, kwargs = [[1, 2, 3], [4]], dict(max_new_tokens=5, eos_token_ids=[])
     eager = autoregressive_generate(target, prompts, **kwargs)
+    drafter = random_feature_drafter(target, feature_layers=(1, -1))
 
     def alone() -> None:
-        assert autoregressive_generate(target, prompts, static=True, compile=True, **kwargs).sequences == (
+        for stance in ("default", "fail_on_recompile"):
+            with torch.compiler.set_stance(stance):
+                ours = autoregressive_generate(target, prompts, static=True, compile=True, **kwargs)
+            assert ours.sequences == eager.sequences
+
+    def rounds() -> None:
+        for stance in ("default", "fail_on_recompile"):
+            with torch.compiler.set_stance(stance):
+                ours = speculative_generate(target, drafter, prompts, gamma=2, static=True, compile=True, **kwargs)
+            assert ours.sequences == eager.sequences
+
+    for run in (alone, rounds):
+        (invoked,) = _invoked_regions(monkeypatch, run)
+        assert len(invoked) == (3 if nested else 0) and len(set(invoked)) == (1 if nested else 0)
+    assert not any("forward" in vars(layer) for layer in target.model.layers)
+
+
+@needs_regions
+def test_a_slice_drafters_layers_are_regions_too(monkeypatch) -> None:
+    target = tiny_llama(3)
+    drafter = derive_drafter(target, 2)
+    prompts, kwargs = [[1, 2, 3], [4]], dict(max_new_tokens=6, eos_token_ids=[], gamma=2)
+    eager = speculative_generate(target, drafter, prompts, **kwargs)
+
+    def rounds() -> None:
+        assert speculative_generate(target, drafter, prompts, static=True, compile=True, **kwargs).sequences == (
             eager.sequences
         )
 
-    (step,) = _invoked_regions(monkeypatch, alone)
-    assert len(step) == (3 if nested else 0) and len(set(step)) == (1 if nested else 0)
-
-    drafter = random_feature_drafter(target, feature_layers=(1, -1))
-
-    def rounds() -> None:
-        ours = speculative_generate(target, drafter, prompts, gamma=2, static=True, compile=True, **kwargs)
-        assert ours.sequences == eager.sequences
-
-    (round_,) = _invoked_regions(monkeypatch, rounds)
-    assert len(round_) == (3 if nested else 0) and len(set(round_)) == (1 if nested else 0)
+    (invoked,) = _invoked_regions(monkeypatch, rounds)
+    assert len(invoked) == 3 + 2 * 2  # the target's 3 layers, and the drafter's 2 in each of its 2 passes

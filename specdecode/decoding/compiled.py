@@ -5,7 +5,7 @@ A speculative round (draft gamma tokens, verify them, accept, commit, count) run
 and the bookkeeping between them become one graph per (models, batch size, gamma, cache capacity),
 compiled on first use and reused by every later call of that shape; so does a step of the target
 alone (pass, sample, commit, features). Within a graph each model's decoder layers are one nested
-compile region (`nest_layers`), compiled once and reused for every layer. Dynamo cannot trace a
+compile region (`nested_layers`), compiled once and reused for every layer. Dynamo cannot trace a
 draw from a seeded generator, so a step or round that samples with one takes that generator's
 draws as inputs, drawn before it. On
 CUDA the mode is "reduce-overhead", which captures each graph as a CUDA graph and replays it with
@@ -18,8 +18,9 @@ since the next replay overwrites its outputs (`Drafting.copy_out`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -27,9 +28,9 @@ import torch
 # there, but each model and shape first compiles for tens of seconds, which takes thousands of
 # tokens per shape to pay back (a CPU evaluation decodes a few hundred); `compile=true` for long runs.
 COMPILE_ON_CPU = False
-# Whether compiled decodes trace a model's decoder layers as one nested compile region
-# (`nest_layers`): compiled once and stamped out per layer, which cuts a 30-layer
-# model's first compile by 14–43% (CPU); off, every layer is traced and compiled on its own.
+# Whether compiled decodes run each model's decoder layers as one nested compile region
+# (`nested_layers`): inductor compiles a layer once for all of them, a shorter first compile for
+# a slightly slower step (docs/experiments); off, inductor compiles every layer on its own.
 NESTED_LAYERS = True
 # Graphs dynamo keeps per compiled function before it falls back to eager: one per shape, and a
 # benchmark runs a model at a few batch sizes and widths (dynamo's own default, 8, is too few).
@@ -93,47 +94,49 @@ def _mode(device: torch.device) -> str | None:
     return "reduce-overhead" if device.type == "cuda" else None
 
 
-def compiled_function(function: Callable, device: torch.device, *models: torch.nn.Module) -> Callable:
+def compiled_function(function: Callable, device: torch.device) -> Callable:
     """`function` under `torch.compile` (see the module docstring), built once per function and mode:
-    for a whole decode round, whose models, bookkeeping and all run as one graph. The decoder layers
-    of `models` (those the function runs) are marked as nested compile regions first (`nest_layers`)."""
-    for model in models:
-        nest_layers(model)
+    for a whole decode round, whose models, bookkeeping and all run as one graph."""
     key = (function, _mode(device))
     if key not in _COMPILED_FUNCTIONS:
         _COMPILED_FUNCTIONS[key] = _compile(function, device)
     return _COMPILED_FUNCTIONS[key]
 
 
-# The nested compile region of each decoder layer class's forward.
-_REGIONS: dict[type, Callable] = {}
+# The nested compile region of each decoder layer forward function.
+_REGIONS: dict[Callable, Callable] = {}
 
 
-def nest_layers(model: torch.nn.Module) -> int:
-    """Mark the decoder layers of `model` (the module classes its `_no_split_modules` names, as
-    Hugging Face models declare their repeated block) as one nested compile region, so that
-    `torch.compile` compiles a layer once and reuses it for every layer of that class
-    (`torch.compiler.nested_compile_region`; a no-op outside compiled code). Each layer's `forward`
-    becomes the region bound to it, an instance attribute; a layer whose `forward` is already
-    replaced (an accelerate hook, say) is left as it is. Idempotent; returns how many layers are
-    marked, 0 where `NESTED_LAYERS` is off or torch lacks the API."""
-    classes = set(getattr(model, "_no_split_modules", None) or ())
-    if not NESTED_LAYERS or not classes or not hasattr(torch.compiler, "nested_compile_region"):
-        return 0
-    marked = 0
-    for module in model.modules():
-        cls = type(module)
-        if cls.__name__ not in classes:
-            continue
-        if cls not in _REGIONS:
-            _REGIONS[cls] = torch.compiler.nested_compile_region(cls.forward)
-        bound = module.__dict__.get("forward")
-        if bound is None:
-            module.forward = types.MethodType(_REGIONS[cls], module)
-        elif not (isinstance(bound, types.MethodType) and bound.__func__ is _REGIONS[cls]):
-            continue
-        marked += 1
-    return marked
+def _region(forward: Callable) -> Callable:
+    if forward not in _REGIONS:
+        region = torch.compiler.nested_compile_region(forward)
+        _REGIONS[forward] = functools.update_wrapper(region, forward)
+    return _REGIONS[forward]
+
+
+@contextlib.contextmanager
+def nested_layers(*models: torch.nn.Module) -> Iterator[int]:
+    """Within the block, the decoder layers of `models` (the module classes each one's
+    `_no_split_modules` names, as Hugging Face models declare their repeated block) run their
+    class's `forward` as one nested compile region (`torch.compiler.nested_compile_region`), so
+    that inductor compiles a layer once and reuses it for every layer; outside compiled code the
+    region is a no-op. Each layer's `forward` is the region bound to it, an instance attribute
+    removed on exit, so the models come out as they went in. A layer whose `forward` is already
+    replaced (an accelerate hook, say) is left as it is. Yields how many layers it marked: none
+    where `NESTED_LAYERS` is off or torch lacks the API."""
+    marked = []
+    if NESTED_LAYERS and hasattr(torch.compiler, "nested_compile_region"):
+        for model in models:
+            classes = set(getattr(model, "_no_split_modules", None) or ())
+            for module in model.modules() if classes else ():
+                if type(module).__name__ in classes and "forward" not in vars(module):
+                    module.forward = types.MethodType(_region(type(module).forward), module)
+                    marked.append(module)
+    try:
+        yield len(marked)
+    finally:
+        for module in marked:
+            del module.forward
 
 
 def mark_static(*tensors: torch.Tensor) -> None:

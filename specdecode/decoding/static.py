@@ -21,7 +21,7 @@ ragged batches:
   `torch.compile` as one graph, and so does each step of the target alone (CUDA graphs on
   CUDA; `compiled.py`): compiled once per shape (batch size, capacity rounded up to a power of
   two, gamma), then reused across calls, each model's decoder layers compiled once and reused
-  per layer (`compiled.nest_layers`). The prefills (the target's, and the drafter's over the
+  per layer (`compiled.nested_layers`). The prefills (the target's, and the drafter's over the
   prompts), whose widths the prompts set, run eagerly.
 
 What the caller gets is what the eager loops return: the same tokens in greedy decoding (in fp32
@@ -45,6 +45,7 @@ from specdecode.decoding.compiled import (
     eager_passes,
     mark_static,
     mark_step,
+    nested_layers,
     skipped_guards,
 )
 from specdecode.decoding.drafting import Drafting, drafting_for
@@ -274,7 +275,7 @@ def speculative_generate_static(
     drafting.cache = StaticKVCache.for_model(drafter, batch_size, capacity)
     counters = _Counters(gamma, device)
     sync_every = default_sync_every(device)
-    run_round = compiled_function(_round, device, target, drafter) if compile else _round
+    run_round = compiled_function(_round, device) if compile else _round
     seeded = generator is not None and not params.greedy
 
     # 0. prefill: the target's first token is an ordinary sample; the drafter only reads the prompt.
@@ -287,23 +288,26 @@ def speculative_generate_static(
         mark_static(rows.tokens, counters.calls, counters.histogram, *drafting.state())
     vocab_size = first.shape[-1]
 
-    for step in range(_max_steps(budgets)):
-        if step % sync_every == 0 and not rows.active.any().item():
-            break
-        mark_step(compile, device)
-        # a seeded generator's draws are made ahead, in the order the round uses them
-        draws = (
-            _draws_ahead(generator, batch_size, gamma, drafting.draw_width, vocab_size, device) if seeded else generator
-        )
-        with skipped_guards(compile and step >= GUARDED_STEPS):
-            run_round(target, drafting, rows, target_cache, counters, row_lookup, params, gamma, draws)
-        if isinstance(draws, DrawnAhead) and draws.used != len(draws.draws):
-            raise RuntimeError(f"a round used {draws.used} of the {len(draws.draws)} draws made for it")
-        if compile:
-            # the round's reassigned state out of its CUDA graph's memory, before the next replay
-            rows.lengths, rows.active = rows.lengths.clone(), rows.active.clone()
-            target_cache.lengths = target_cache.lengths.clone()
-            drafting.copy_out()
+    with nested_layers(*([target, drafter] if compile else [])):
+        for step in range(_max_steps(budgets)):
+            if step % sync_every == 0 and not rows.active.any().item():
+                break
+            mark_step(compile, device)
+            # a seeded generator's draws are made ahead, in the order the round uses them
+            draws = (
+                _draws_ahead(generator, batch_size, gamma, drafting.draw_width, vocab_size, device)
+                if seeded
+                else generator
+            )
+            with skipped_guards(compile and step >= GUARDED_STEPS):
+                run_round(target, drafting, rows, target_cache, counters, row_lookup, params, gamma, draws)
+            if isinstance(draws, DrawnAhead) and draws.used != len(draws.draws):
+                raise RuntimeError(f"a round used {draws.used} of the {len(draws.draws)} draws made for it")
+            if compile:
+                # the round's reassigned state out of its CUDA graph's memory, before the next replay
+                rows.lengths, rows.active = rows.lengths.clone(), rows.active.clone()
+                target_cache.lengths = target_cache.lengths.clone()
+                drafting.copy_out()
 
     sequences = rows.sequences()
     stats = counters.finish(gamma, 1, drafting.looked_up)
@@ -357,7 +361,7 @@ def autoregressive_generate_static(
     cache = StaticKVCache.for_model(target, batch_size, capacity)
     counters = _Counters(0, device)
     sync_every = default_sync_every(device)
-    run_step = compiled_function(_step, device, target) if compile else _step
+    run_step = compiled_function(_step, device) if compile else _step
     seeded = generator is not None and not params.greedy
 
     logits, hidden = _prefill(target, cache, rows, feature_layers)
@@ -370,18 +374,19 @@ def autoregressive_generate_static(
     rows.commit(next_tokens(logits, params, generator).unsqueeze(1), torch.ones_like(rows.lengths))
     if compile:
         mark_static(rows.tokens, counters.calls, counters.histogram, *([written] if written is not None else []))
-    for step in range(_max_steps(budgets)):
-        if step % sync_every == 0 and not rows.active.any().item():
-            break
-        mark_step(compile, device)
-        # a seeded generator's draws are made ahead, as for a round
-        draws = DrawnAhead([exponential_noise(noise_shape, device, generator)]) if seeded else None
-        with skipped_guards(compile and step >= GUARDED_STEPS):
-            run_step(target, rows, cache, counters, written, params, draws, feature_layers)
-        if compile:
-            # the step's reassigned state out of its CUDA graph's memory, before the next replay
-            rows.lengths, rows.active = rows.lengths.clone(), rows.active.clone()
-            cache.lengths = cache.lengths.clone()
+    with nested_layers(*([target] if compile else [])):
+        for step in range(_max_steps(budgets)):
+            if step % sync_every == 0 and not rows.active.any().item():
+                break
+            mark_step(compile, device)
+            # a seeded generator's draws are made ahead, as for a round
+            draws = DrawnAhead([exponential_noise(noise_shape, device, generator)]) if seeded else None
+            with skipped_guards(compile and step >= GUARDED_STEPS):
+                run_step(target, rows, cache, counters, written, params, draws, feature_layers)
+            if compile:
+                # the step's reassigned state out of its CUDA graph's memory, before the next replay
+                rows.lengths, rows.active = rows.lengths.clone(), rows.active.clone()
+                cache.lengths = cache.lengths.clone()
 
     sequences = rows.sequences()
     result = GenerationResult.build(sequences, counters.finish(0, 0, 0), time.perf_counter() - start)  # type: ignore[arg-type]
