@@ -6,8 +6,8 @@ With every decoder layer compiled on its own (`--no-nested-layers`), each compil
 call took 64–86 s in bf16 on an H200; one nested region for all layers (the default) made the
 first call 14–43% shorter in two pairs of CPU runs, and is not yet timed on a GPU. One dtype is
 about one 10-minute call: `--dtypes bfloat16`, and `--time-limit-s` to stop starting methods in
-time (docs/gpu-runs.md).
-`--every-method`, `--batch-sizes 1 8` and `--targets ... llama-3.2-1b-shape` widen it.
+time (docs/gpu-runs.md). `--every-method`, `--batch-sizes 1 8` and `--targets ...
+llama-3.2-1b-shape` widen it.
 
     python eval/benchmark_gpu.py --drafter DIR                # SmolLM2-135M on CUDA, with a trained feature drafter
     python eval/benchmark_gpu.py --device cpu --tiny          # a tiny random model: checks it runs, in minutes

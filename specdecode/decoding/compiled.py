@@ -29,8 +29,8 @@ import torch
 # tokens per shape to pay back (a CPU evaluation decodes a few hundred); `compile=true` for long runs.
 COMPILE_ON_CPU = False
 # Whether compiled decodes run each model's decoder layers as one nested compile region
-# (`nested_layers`): inductor compiles a layer once for all of them, a shorter first compile for
-# a slightly slower step (docs/experiments); off, inductor compiles every layer on its own.
+# (`nested_layers`): inductor compiles a layer once for all of them, a shorter first compile for a
+# slightly slower step (no fusion across a layer's edge); off, inductor compiles every layer on its own.
 NESTED_LAYERS = True
 # Graphs dynamo keeps per compiled function before it falls back to eager: one per shape, and a
 # benchmark runs a model at a few batch sizes and widths (dynamo's own default, 8, is too few).
