@@ -2,9 +2,9 @@
 ours and transformers assisted; fp32 and bf16; the data writer at batch 256.
 
 Defaults: SmolLM2-135M, batch 1, 128-token answers, the methods of `LEASE_METHODS`, fp32 and bf16.
-With every decoder layer compiled on its own (`--no-nested-layers`), each compiled method's first
-call took 64–86 s in bf16 on an H200; one nested region for all layers (the default) made the
-first call 14–43% shorter in two pairs of CPU runs, and is not yet timed on a GPU. One dtype is
+Each compiled method's first call took 64–86 s in bf16 on an H200. `--nested-layers` compiles
+one decoder layer for all of them, which made the first call 14–43% shorter in two pairs of CPU
+runs (exact with torch 2.13, not with 2.14; not yet run on a GPU). One dtype is
 about one 10-minute call: `--dtypes bfloat16`, and `--time-limit-s` to stop starting methods in
 time (docs/gpu-runs.md). `--every-method`, `--batch-sizes 1 8` and `--targets ...
 llama-3.2-1b-shape` widen it.
@@ -51,14 +51,15 @@ parser.add_argument(
     help="after this many seconds start no method or profile, and no round after the first",
 )
 parser.add_argument(
-    "--no-nested-layers",
+    "--nested-layers",
     action="store_true",
-    help="compile each decoder layer on its own, not one nested region for all (a longer first compile)",
+    help="compile one decoder layer for all (a nested region: a shorter first compile; needs torch < "
+    f"{specdecode.decoding.compiled.NESTED_LAYERS_BEFORE})",
 )
 parser.add_argument("--out", default=None, help="also write the rows as JSON here")
 args = parser.parse_args()
 
-specdecode.decoding.compiled.NESTED_LAYERS = not args.no_nested_layers
+specdecode.decoding.compiled.NESTED_LAYERS = args.nested_layers
 
 if args.threads:
     torch.set_num_threads(args.threads)

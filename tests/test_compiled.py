@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import io
+import re
 import types
 
 import pytest
@@ -18,12 +19,20 @@ from tests.models_for_tests import tiny_llama
 from tests.test_feature_drafter import random_feature_drafter
 
 needs_regions = pytest.mark.skipif(
-    not hasattr(torch.compiler, "nested_compile_region"), reason="torch without nested_compile_region"
+    not hasattr(torch.compiler, "nested_compile_region")
+    or torch.torch_version.TorchVersion(torch.__version__) >= compiled.NESTED_LAYERS_BEFORE,
+    reason="nested layer regions need torch with nested_compile_region, older than NESTED_LAYERS_BEFORE",
 )
 
 
+@pytest.fixture
+def nesting(monkeypatch) -> None:
+    """`NESTED_LAYERS` on (off by default)."""
+    monkeypatch.setattr(compiled, "NESTED_LAYERS", True)
+
+
 @needs_regions
-def test_nested_layers_binds_one_region_to_each_layer_within_the_block_only() -> None:
+def test_nested_layers_binds_one_region_to_each_layer_within_the_block_only(nesting) -> None:
     model = tiny_llama(3)
     tokens = torch.tensor([[1, 2, 3, 4]])
     before = model(tokens).logits
@@ -43,7 +52,7 @@ def test_nested_layers_binds_one_region_to_each_layer_within_the_block_only() ->
 
 
 @needs_regions
-def test_nested_layers_leaves_replaced_forwards_and_unmarked_models_alone(monkeypatch) -> None:
+def test_nested_layers_leaves_replaced_forwards_and_unmarked_models_alone(nesting, monkeypatch) -> None:
     model = tiny_llama(2)
     layer = model.model.layers[0]
     hook = types.MethodType(lambda self, *args, **kwargs: type(self).forward(self, *args, **kwargs), layer)
@@ -103,7 +112,7 @@ def test_a_compiled_step_and_round_invoke_one_region_per_layer(monkeypatch, nest
 
 
 @needs_regions
-def test_a_slice_drafters_layers_are_regions_too(monkeypatch) -> None:
+def test_a_slice_drafters_layers_are_regions_too(nesting, monkeypatch) -> None:
     target = tiny_llama(3)
     drafter = derive_drafter(target, 2)
     prompts, kwargs = [[1, 2, 3], [4]], dict(max_new_tokens=6, eos_token_ids=[], gamma=2)
@@ -116,3 +125,19 @@ def test_a_slice_drafters_layers_are_regions_too(monkeypatch) -> None:
 
     (invoked,) = _invoked_regions(monkeypatch, rounds)
     assert len(invoked) == 3 + 2 * 2  # the target's 3 layers, and the drafter's 2 in each of its 2 passes
+
+
+def test_nested_layers_refuse_a_torch_where_they_are_not_exact(monkeypatch) -> None:
+    """On with a torch at or past `NESTED_LAYERS_BEFORE` (where the tokens differ from the eager
+    loop's): a clear error naming the version, before any layer is marked; off, nothing happens."""
+    model = tiny_llama(2)
+    monkeypatch.setattr(compiled, "NESTED_LAYERS_BEFORE", str(torch.torch_version.TorchVersion(torch.__version__)))
+    with compiled.nested_layers(model) as marked:  # off by default
+        assert marked == 0
+    monkeypatch.setattr(compiled, "NESTED_LAYERS", True)
+    with pytest.raises(RuntimeError, match=f"needs torch < .*with torch {re.escape(torch.__version__)}"):
+        with compiled.nested_layers(model):
+            pass
+    assert not any("forward" in vars(layer) for layer in model.model.layers)
+    with pytest.raises(RuntimeError, match="needs torch"):
+        autoregressive_generate(model, [[1, 2]], max_new_tokens=3, eos_token_ids=[], static=True, compile=True)

@@ -4,8 +4,8 @@ A speculative round (draft gamma tokens, verify them, accept, commit, count) run
 `torch.compile` whole, with static shapes (`dynamic=False`): the drafter's and the target's passes
 and the bookkeeping between them become one graph per (models, batch size, gamma, cache capacity),
 compiled on first use and reused by every later call of that shape; so does a step of the target
-alone (pass, sample, commit, features). Within a graph each model's decoder layers are one nested
-compile region (`nested_layers`), compiled once and reused for every layer. Dynamo cannot trace a
+alone (pass, sample, commit, features). With `NESTED_LAYERS`, each model's decoder layers are one
+nested compile region (`nested_layers`), compiled once and reused for every layer. Dynamo cannot trace a
 draw from a seeded generator, so a step or round that samples with one takes that generator's
 draws as inputs, drawn before it. On
 CUDA the mode is "reduce-overhead", which captures each graph as a CUDA graph and replays it with
@@ -30,8 +30,11 @@ import torch
 COMPILE_ON_CPU = False
 # Whether compiled decodes run each model's decoder layers as one nested compile region
 # (`nested_layers`): inductor compiles a layer once for all of them, a shorter first compile for a
-# slightly slower step (no fusion across a layer's edge); off, inductor compiles every layer on its own.
-NESTED_LAYERS = True
+# slightly slower step (no fusion across a layer's edge). Off by default: the tokens match the eager
+# loop's with torch 2.13, but with torch 2.14 dynamo reuses one layer's trace for the others and
+# they do not, so on it needs a torch older than `NESTED_LAYERS_BEFORE`.
+NESTED_LAYERS = False
+NESTED_LAYERS_BEFORE = "2.14"
 # Graphs dynamo keeps per compiled function before it falls back to eager: one per shape, and a
 # benchmark runs a model at a few batch sizes and widths (dynamo's own default, 8, is too few).
 RECOMPILE_LIMIT = 64
@@ -123,7 +126,16 @@ def nested_layers(*models: torch.nn.Module) -> Iterator[int]:
     region is a no-op. Each layer's `forward` is the region bound to it, an instance attribute
     removed on exit, so the models come out as they went in. A layer whose `forward` is already
     replaced (an accelerate hook, say) is left as it is. Yields how many layers it marked: none
-    where `NESTED_LAYERS` is off or torch lacks the API."""
+    where `NESTED_LAYERS` is off or torch lacks the API.
+
+    Raises:
+        RuntimeError: `NESTED_LAYERS` on with torch `NESTED_LAYERS_BEFORE` or newer.
+    """
+    if NESTED_LAYERS and torch.torch_version.TorchVersion(torch.__version__) >= NESTED_LAYERS_BEFORE:
+        raise RuntimeError(
+            f"NESTED_LAYERS needs torch < {NESTED_LAYERS_BEFORE}: with torch {torch.__version__} a compiled "
+            "decode with nested layer regions does not match the eager loop; set NESTED_LAYERS = False"
+        )
     marked = []
     if NESTED_LAYERS and hasattr(torch.compiler, "nested_compile_region"):
         for model in models:
