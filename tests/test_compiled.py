@@ -141,3 +141,6 @@ def test_nested_layers_refuse_a_torch_where_they_are_not_exact(monkeypatch) -> N
     assert not any("forward" in vars(layer) for layer in model.model.layers)
     with pytest.raises(RuntimeError, match="needs torch"):
         autoregressive_generate(model, [[1, 2]], max_new_tokens=3, eos_token_ids=[], static=True, compile=True)
+    with pytest.raises(RuntimeError, match="needs torch"):  # checked with the other options, before any pass
+        compiled.check_core(True, True, torch.device("cpu"))
+    assert compiled.check_core(True, False, torch.device("cpu")) is False  # not compiling: nothing to refuse

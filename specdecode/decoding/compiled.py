@@ -60,7 +60,8 @@ def check_core(static: object, compile: object, device: torch.device) -> bool:
     Raises:
         TypeError: naming a non-bool `static` or a `compile` that is not true / false / None.
         ValueError: `compile=True` without `static=True` (only the static core has fixed shapes to compile).
-        RuntimeError: compiling with a torch older than 2.6 (no `torch.compiler.set_stance`).
+        RuntimeError: compiling with a torch older than 2.6 (no `torch.compiler.set_stance`), or with
+            `NESTED_LAYERS` on and a torch that is too new (`check_nested_layers`).
     """
     if not isinstance(static, bool):
         raise TypeError(f"static must be true or false, got {static!r}")
@@ -71,6 +72,8 @@ def check_core(static: object, compile: object, device: torch.device) -> bool:
         raise RuntimeError(
             f"compile=True needs torch >= 2.6 (torch.compiler.set_stance); this is torch {torch.__version__}"
         )
+    if static and on:
+        check_nested_layers()
     return static and on
 
 
@@ -117,6 +120,19 @@ def _region(forward: Callable) -> Callable:
     return _REGIONS[forward]
 
 
+def check_nested_layers() -> None:
+    """Refuse `NESTED_LAYERS` on a torch where its tokens differ from the eager loop's.
+
+    Raises:
+        RuntimeError: `NESTED_LAYERS` on with torch `NESTED_LAYERS_BEFORE` or newer.
+    """
+    if NESTED_LAYERS and torch.torch_version.TorchVersion(torch.__version__) >= NESTED_LAYERS_BEFORE:
+        raise RuntimeError(
+            f"NESTED_LAYERS needs torch < {NESTED_LAYERS_BEFORE}: with torch {torch.__version__} a compiled "
+            "decode with nested layer regions does not match the eager loop; set NESTED_LAYERS = False"
+        )
+
+
 @contextlib.contextmanager
 def nested_layers(*models: torch.nn.Module) -> Iterator[int]:
     """Within the block, the decoder layers of `models` (the module classes each one's
@@ -131,11 +147,7 @@ def nested_layers(*models: torch.nn.Module) -> Iterator[int]:
     Raises:
         RuntimeError: `NESTED_LAYERS` on with torch `NESTED_LAYERS_BEFORE` or newer.
     """
-    if NESTED_LAYERS and torch.torch_version.TorchVersion(torch.__version__) >= NESTED_LAYERS_BEFORE:
-        raise RuntimeError(
-            f"NESTED_LAYERS needs torch < {NESTED_LAYERS_BEFORE}: with torch {torch.__version__} a compiled "
-            "decode with nested layer regions does not match the eager loop; set NESTED_LAYERS = False"
-        )
+    check_nested_layers()
     marked = []
     if NESTED_LAYERS and hasattr(torch.compiler, "nested_compile_region"):
         for model in models:
