@@ -60,6 +60,10 @@ parser.add_argument("--out", default=None, help="also write the rows as JSON her
 args = parser.parse_args()
 
 specdecode.decoding.compiled.NESTED_LAYERS = args.nested_layers
+try:
+    specdecode.decoding.compiled.check_nested_layers()  # before any model is built
+except RuntimeError as error:
+    parser.error(str(error))
 
 if args.threads:
     torch.set_num_threads(args.threads)
