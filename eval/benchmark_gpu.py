@@ -7,7 +7,8 @@ one decoder layer for all of them, which made the first call 14–43% shorter in
 runs (exact with torch 2.13, not with 2.14; not yet run on a GPU). One dtype is
 about one 10-minute call: `--dtypes bfloat16`, and `--time-limit-s` to stop starting methods in
 time (docs/gpu-runs.md). `--every-method`, `--batch-sizes 1 8` and `--targets ...
-llama-3.2-1b-shape` widen it.
+llama-3.2-1b-shape` widen it. `--step-costs` first prints each drafter's step costs per core: a
+drafter step over a target step (c) and a verify over a step, the figures the speedup model reads.
 
     python eval/benchmark_gpu.py --drafter DIR                # SmolLM2-135M on CUDA, with a trained feature drafter
     python eval/benchmark_gpu.py --device cpu --tiny          # a tiny random model: checks it runs, in minutes
@@ -56,6 +57,11 @@ parser.add_argument(
     help="compile one decoder layer for all (a nested region: a shorter first compile; needs torch < "
     f"{specdecode.decoding.compiled.NESTED_LAYERS_BEFORE})",
 )
+parser.add_argument(
+    "--step-costs",
+    action="store_true",
+    help="first time each drafter's step costs (c, the verify ratio) on each core, at batch 1",
+)
 parser.add_argument("--out", default=None, help="also write the rows as JSON here")
 args = parser.parse_args()
 
@@ -85,6 +91,7 @@ for target in targets:
         only=[] if args.every_method else args.only,
         profile=args.profile,
         time_limit_s=args.time_limit_s,
+        step_costs=args.step_costs,
     )
 print(report_markdown(rows, args.device))
 if args.out:

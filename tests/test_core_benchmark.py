@@ -14,6 +14,7 @@ from specdecode.evaluation.core_benchmark import (
     CORES,
     LEASE_METHODS,
     agreement,
+    drafters_of,
     exact_match,
     llama_1b_shape,
     method_names,
@@ -96,7 +97,8 @@ def test_agreement_is_the_share_before_the_first_difference() -> None:
 
 
 def test_the_lease_methods_are_methods_the_benchmark_has() -> None:
-    names = set(methods(tiny_llama(2, seed=0), gamma=2, new_tokens=4, batch_size=1)) | {
+    target = tiny_llama(2, seed=0)
+    names = set(methods(target, gamma=2, new_tokens=4, batch_size=1, drafters=drafters_of(target))) | {
         f"data writer, {core}" for core in CORES
     }
     assert set(LEASE_METHODS) <= names

@@ -29,6 +29,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from specdecode.decoding.decode import autoregressive_generate, speculative_generate
 from specdecode.evaluation.benchmark import assisted_generate, benchmark_prompts
+from specdecode.evaluation.core_costs import CORES, core_step_costs, costs_markdown
 from specdecode.evaluation.profiling import host_profile, profile_call
 from specdecode.models.drafters import derive_drafter
 from specdecode.models.feature_drafter import derive_feature_drafter
@@ -46,12 +47,6 @@ LEASE_METHODS = (
     "data writer, eager",
     "data writer, compiled",
 )
-# The decode cores, as the options of `speculative_generate` / `autoregressive_generate`.
-CORES = {
-    "eager": dict(static=False),
-    "static": dict(static=True, compile=False),
-    "compiled": dict(static=True, compile=True),
-}
 
 
 def llama_1b_shape() -> LlamaConfig:
@@ -138,18 +133,23 @@ class Row:
 Method = Callable[[list[list[int]]], tuple[list[list[int]], float, float | None]]
 
 
-def methods(
-    target: PreTrainedModel, gamma: int, new_tokens: int, batch_size: int, drafter: str | None = None
-) -> dict[str, Method]:
-    """The methods of a group, by name: the target alone and ours with a slice and a feature
-    drafter (the saved one at `drafter`, else an untrained one) on each core; transformers assisted
-    generation with the slice drafter at batch 1."""
-    slice_drafter = derive_drafter(target, 1)
+def drafters_of(target: PreTrainedModel, drafter: str | None = None) -> dict[str, PreTrainedModel]:
+    """The drafters the benchmark times with `target`: "slice", a one-layer slice of it (ours and
+    transformers assisted share it), and "feature", the saved feature drafter at `drafter`, else an
+    untrained one-layer one."""
     feature_drafter = (
         derive_feature_drafter(target, 1)
         if drafter is None
         else load_model(drafter, dtype=target.dtype, device=target.device, skinny_matmul=False)[0]
     )
+    return {"slice": derive_drafter(target, 1), "feature": feature_drafter}
+
+
+def methods(
+    target: PreTrainedModel, gamma: int, new_tokens: int, batch_size: int, drafters: dict[str, PreTrainedModel]
+) -> dict[str, Method]:
+    """The methods of a group, by name: the target alone and ours with each of `drafters`
+    (`drafters_of`) on each core; transformers assisted generation with the slice drafter at batch 1."""
     decode = dict(max_new_tokens=new_tokens, eos_token_ids=[])
 
     def timed(call: Callable[[], object]) -> tuple[list[list[int]], float, float | None]:
@@ -163,12 +163,14 @@ def methods(
         found[f"target alone, {core}"] = lambda p, o=options: timed(
             lambda: autoregressive_generate(target, p, **decode, **o)
         )
-        for kind, drafter in (("slice", slice_drafter), ("feature", feature_drafter)):
+        for kind, drafter in drafters.items():
             found[f"ours ({kind}), {core}"] = lambda p, o=options, d=drafter: timed(
                 lambda: speculative_generate(target, d, p, gamma=gamma, prompt_lookup=None, **decode, **o)
             )
     if batch_size == 1:
-        found["transformers assisted (slice)"] = lambda p: hf_assisted(target, slice_drafter, p[0], gamma, new_tokens)
+        found["transformers assisted (slice)"] = lambda p: hf_assisted(
+            target, drafters["slice"], p[0], gamma, new_tokens
+        )
     return found
 
 
@@ -311,12 +313,15 @@ def run_core_benchmark(
     progress: Callable[[str], None] = print,
     profile: bool = False,
     time_limit_s: float | None = None,
+    step_costs: bool = False,
 ) -> list[Row]:
     """Per dtype, time the data writer at `writer_batch` (0: not; see the module docstring), then
     every method per batch size. `drafter`: a saved feature drafter of the target to time instead of
     an untrained one; `only`: the methods whose names contain one of these (all when empty);
     `profile`: print where each method's time goes (`profile_call`); `time_limit_s`: start no
-    method, round or profile after this many seconds (`time_group`), for a lease of fixed length."""
+    method, round or profile after this many seconds (`time_group`), for a lease of fixed length;
+    `step_costs`: first print each drafter's step costs on each core (`core_costs.core_step_costs`:
+    c, the verify ratio) at batch 1 after the first prompt."""
     check_only(only)
     for dtype in dtypes:
         resolve_dtype(dtype)  # a bad name fails before any group is timed
@@ -332,6 +337,10 @@ def run_core_benchmark(
             target_name, dtype, device, max([*batch_sizes, prompts_at_batch_1, writer_batch])
         )
         progress(f"{target_name} in {dtype} on {device}")
+        drafters = drafters_of(target, drafter)
+        if step_costs and time.perf_counter() < deadline:
+            costs = {kind: core_step_costs(target, d, prompts[0], new_tokens, gamma) for kind, d in drafters.items()}
+            progress(f"step costs at gamma {gamma}, batch 1:\n{costs_markdown(costs)}")
         writer = {
             f"data writer, {core}": (lambda p, o=options, t=target: _writer(t, p, writer_tokens, o))
             for core, options in CORES.items()
@@ -340,7 +349,7 @@ def run_core_benchmark(
         groups = [(writer_batch, writer, [prompts[:writer_batch]])] if writer_batch else []
         for batch_size in batch_sizes:
             batches = [[p] for p in prompts[:prompts_at_batch_1]] if batch_size == 1 else [prompts[:batch_size]]
-            groups.append((batch_size, methods(target, gamma, new_tokens, batch_size, drafter), batches))
+            groups.append((batch_size, methods(target, gamma, new_tokens, batch_size, drafters), batches))
         for batch_size, found, batches in groups:
             found = {name: m for name, m in found.items() if not only or any(word in name for word in only)}
             for name, measured in time_group(found, batches, rounds, progress, deadline).items():
