@@ -60,7 +60,8 @@ parser.add_argument(
 parser.add_argument(
     "--step-costs",
     action="store_true",
-    help="first time each drafter's step costs (c, the verify ratio) on each core, at batch 1",
+    help="first time each drafter's step costs (c, the verify ratio) on each core, at batch 1: three more "
+    "compiled graphs per drafter, started before --time-limit-s but not stopped by it",
 )
 parser.add_argument("--out", default=None, help="also write the rows as JSON here")
 args = parser.parse_args()

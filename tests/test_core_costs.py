@@ -7,8 +7,10 @@ import pytest
 import torch
 
 import specdecode.evaluation.core_benchmark
+import specdecode.evaluation.core_costs
 from specdecode import autoregressive_generate
 from specdecode.decoding.attention import folded_gqa
+from specdecode.decoding.static_cache import StaticKVCache
 from specdecode.evaluation.core_benchmark import run_core_benchmark
 from specdecode.evaluation.core_costs import _pieces, core_step_costs, costs_markdown
 from specdecode.models import derive_drafter
@@ -22,7 +24,7 @@ def _outputs(target, drafter, core: str, length: int, gamma: int) -> dict[str, l
     """Each piece of `core`, run twice from its state put back: its outputs."""
     tokens = torch.tensor([(PROMPT * 8)[:64]])
     with torch.inference_mode(), folded_gqa(target, drafter):
-        pieces = _pieces(target, drafter, tokens, length, gamma, core)
+        pieces = _pieces(target, drafter, tokens, length, gamma, core, step_capacity=32)
         found = {}
         for name, (back, run) in pieces.items():
             found[name] = []
@@ -50,18 +52,46 @@ def test_every_core_times_the_same_step_verify_and_drafts_each_time(kind: str) -
         assert eager["draft"][0] == [drafts]
 
 
-def test_step_costs_are_reported_per_core() -> None:
+def test_step_costs_are_reported_per_core(monkeypatch) -> None:
+    timed = {}
+
+    def fake_times(pieces, repeats, compiled, device, models):
+        timed.update({key: 0.001 * (i + 1) for i, key in enumerate(pieces)})
+        return timed
+
+    monkeypatch.setattr(specdecode.evaluation.core_costs, "_time_pieces", fake_times)
     target = tiny_llama(2, seed=0)
-    costs = core_step_costs(
-        target, derive_drafter(target, 1), PROMPT, new_tokens=8, gamma=2, cores=("eager", "static"), repeats=1
-    )
+    costs = core_step_costs(target, derive_drafter(target, 1), PROMPT, new_tokens=8, gamma=2, cores=("eager", "static"))
     assert list(costs) == ["eager", "static"]
-    for c in costs.values():
-        assert c.target_step_s > 0 and c.target_verify_s > 0 and c.drafter_step_s > 0
+    for core, c in costs.items():
+        assert (c.target_step_s, c.target_verify_s) == (timed[core, "step"], timed[core, "verify"])
+        assert c.drafter_step_s == timed[core, "draft"] / 2  # a draft piece drafts gamma tokens
         assert (c.gamma, c.context_tokens) == (2, len(PROMPT) + 4)
     table = costs_markdown({"slice": costs})
-    assert f"| slice | static | {costs['static'].target_step_s * 1e3:.2f} |" in table
-    assert f"{costs['eager'].cost_ratio:.3f}" in table
+    assert "| slice | static | 4.00 | 5.00 | 3.00 | 0.750 | 1.25 |" in table
+
+
+@pytest.mark.parametrize("kind", ["slice", "feature"])
+def test_the_static_cores_time_on_static_caches_as_large_as_their_decodes(monkeypatch, kind: str) -> None:
+    """A decode of 20 tokens after 9 at gamma 4 gets 64 slots (9 + 20 + 4 + 2 rounded up), the
+    target alone 32 (9 + 20 + 1); the eager core's caches are ragged."""
+    target = tiny_llama(2, seed=0)
+    drafter = derive_drafter(target, 1) if kind == "slice" else random_feature_drafter(target)
+    made = []
+    static_for_model = StaticKVCache.for_model.__func__
+
+    def recording(cls, model, batch_size, capacity):
+        made.append(("target" if model is target else "drafter", capacity))
+        return static_for_model(cls, model, batch_size, capacity)
+
+    monkeypatch.setattr(StaticKVCache, "for_model", classmethod(recording))
+    monkeypatch.setattr(
+        specdecode.evaluation.core_costs, "_time_pieces", lambda pieces, *args: dict.fromkeys(pieces, 1.0)
+    )
+    core_step_costs(target, drafter, PROMPT, new_tokens=20, gamma=4, cores=("eager",))
+    assert made == []
+    core_step_costs(target, drafter, PROMPT, new_tokens=20, gamma=4, cores=("static",))
+    assert sorted(made) == [("drafter", 64), ("target", 32), ("target", 64)]
 
 
 @pytest.mark.parametrize(

@@ -117,7 +117,7 @@ def test_shapes_are_fixed_and_finished_rows_stay_masked() -> None:
         handle.remove()
     assert [len(s) for s in result.sequences] == [2, 9, 0]
     assert set(target.input_shapes[1:]) == {(3, 3)} and len(target.input_shapes) == result.stats.target_calls
-    assert all(m.dtype == torch.bool and m.shape[-1] == specdecode.decoding.static.MIN_CAPACITY for m in masks)
+    assert all(m.dtype == torch.bool and m.shape[-1] == specdecode.decoding.static_cache.MIN_CAPACITY for m in masks)
     assert len({m.shape for m in masks[1:]}) == 1
 
 

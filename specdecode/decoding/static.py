@@ -52,16 +52,11 @@ from specdecode.decoding.drafting import Drafting, drafting_for
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.ragged import kept_counts
 from specdecode.decoding.sampling import DrawnAhead, SamplingParams, exponential_noise, next_tokens, uniform
-from specdecode.decoding.static_cache import StaticKVCache
+from specdecode.decoding.static_cache import StaticKVCache, static_capacity
 from specdecode.decoding.stats import GenerationResult, StepCounters
 from specdecode.decoding.verify import verify_drafts
 from specdecode.models.feature_drafter import FeatureDrafter
 
-# The cache capacity is rounded up to a power of two (at least this), so calls whose prompts and
-# budgets differ share one compiled shape, at most twice the slots they need: unused slots are
-# masked, and reading them costs little next to the weights (256 slots of SmolLM2-135M's keys and
-# values are ~6 MB per row against its 540 MB of weights).
-MIN_CAPACITY = 16
 # Steps between host syncs (is every row done?) on an accelerator: the host queues up to this many
 # steps ahead and the batch may run up to this many - 1 steps past its last row's end. On the CPU
 # the device is the host, a sync costs nothing, and every step is checked.
@@ -91,8 +86,7 @@ class _Rows:
         cls, prompts: Sequence[Sequence[int]], budgets: list[int], slack: int, eos: Sequence[int], device: torch.device
     ) -> _Rows:
         prompt_lengths = [len(p) for p in prompts]
-        needed = max(n + b for n, b in zip(prompt_lengths, budgets)) + slack
-        capacity = max(MIN_CAPACITY, 1 << (needed - 1).bit_length())
+        capacity = static_capacity(max(n + b for n, b in zip(prompt_lengths, budgets)) + slack)
         tokens, lengths, limits = padded_prompts(prompts, budgets, capacity)
         return cls(
             tokens.to(device),

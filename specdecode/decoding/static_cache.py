@@ -15,6 +15,17 @@ from transformers.cache_utils import Cache
 from specdecode.decoding.compiled import mark_static
 from specdecode.models.feature_drafter import FeatureDrafter
 
+# The cache capacity is rounded up to a power of two (at least this), so calls whose prompts and
+# budgets differ share one compiled shape, at most twice the slots they need: unused slots are
+# masked, and reading them costs little next to the weights (256 slots of SmolLM2-135M's keys and
+# values are ~6 MB per row against its 540 MB of weights).
+MIN_CAPACITY = 16
+
+
+def static_capacity(slots: int) -> int:
+    """The capacity of the static caches of a decode that needs `slots` slots per row."""
+    return max(MIN_CAPACITY, 1 << (slots - 1).bit_length())
+
 
 class StaticKVCache(Cache):
     """A KV cache of fixed shape in which every row keeps its own length.

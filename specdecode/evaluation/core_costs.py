@@ -5,7 +5,7 @@ Speculative decoding pays for itself when a drafter step is cheap next to a targ
 core that speeds the target up more than the drafter raises c. So each core times, at batch 1 in
 the middle of an answer (the prompt plus half of `new_tokens` committed), on its own caches:
 
-* a target step: one token through the target, as the target alone decodes;
+* a target step: one token through the target, on a cache the size the target alone decodes with;
 * a verify: the pending token and gamma drafts through the target, accepted greedily, the target's
   features kept where the drafter reads them (`verify_drafts`, as a round runs it);
 * a draft: the drafting strategy's gamma drafts (`Drafting.propose`, as a round runs it); the
@@ -28,11 +28,18 @@ from transformers import PreTrainedModel
 
 from specdecode.decoding.attention import folded_gqa
 from specdecode.decoding.cache import RaggedKVCache, cached_forward
-from specdecode.decoding.compiled import compiled_function, mark_static, mark_step, skipped_guards
+from specdecode.decoding.compiled import (
+    check_core,
+    compiled_function,
+    mark_static,
+    mark_step,
+    nested_layers,
+    skipped_guards,
+)
 from specdecode.decoding.drafting import Drafting, drafting_for
 from specdecode.decoding.sampling import SamplingParams
-from specdecode.decoding.static import MIN_CAPACITY
-from specdecode.decoding.static_cache import StaticKVCache
+from specdecode.decoding.static import GUARDED_STEPS
+from specdecode.decoding.static_cache import StaticKVCache, static_capacity
 from specdecode.decoding.timing import StepCosts
 from specdecode.decoding.verify import verify_drafts
 from specdecode.models.feature_drafter import FeatureDrafter
@@ -43,9 +50,6 @@ CORES = {
     "static": dict(static=True, compile=False),
     "compiled": dict(static=True, compile=True),
 }
-# Rounds run before the timed ones: the first compiles, the second runs with guards (as a decode's
-# first steps do; `static.GUARDED_STEPS`).
-UNTIMED_ROUNDS = 2
 GREEDY = SamplingParams()
 
 
@@ -79,16 +83,20 @@ def _pieces(
     length: int,
     gamma: int,
     core: str,
+    step_capacity: int,
 ) -> dict[str, Piece]:
     """The target step, verify and draft of one core, after `length` committed `tokens` `[1, S_cap]`
-    (the target's cache holds all but the last, as at the start of a round)."""
+    (the target's caches hold all but the last, as at the start of a round or step): the
+    speculative pieces on caches of S_cap slots, the target's step on one of `step_capacity`, the
+    sizes each static core's decode gets."""
     static, compile = CORES[core]["static"], CORES[core].get("compile", False)
     device, capacity = target.device, tokens.shape[1]
     cache_type = StaticKVCache if static else RaggedKVCache
-    cache = cache_type.for_model(target, 1, capacity)
+    cache, step_cache = cache_type.for_model(target, 1, capacity), cache_type.for_model(target, 1, step_capacity)
     drafting = drafting_for(drafter, 1, capacity)  # type: ignore[arg-type]
     if static:
         drafting.cache = StaticKVCache.for_model(drafter, 1, capacity)
+    cached_forward(target, step_cache, tokens[:, : length - 1], 1)
     out = cached_forward(target, cache, tokens[:, : length - 1], 1, feature_layers=drafting.feature_layers)
     hidden = out[1] if drafting.feature_layers is not None else None
     drafting.prefill(tokens, torch.tensor([length - 1], device=device), length - 1, hidden)
@@ -104,34 +112,52 @@ def _pieces(
         call = compiled_function(function, device) if compile else function
         return lambda: call(*args)
 
-    def target_back() -> None:
-        cache.set_lengths(start.clone(), length - 1)
+    def back(target_cache: RaggedKVCache | StaticKVCache) -> Callable[[], None]:
+        return lambda: target_cache.set_lengths(start.clone(), length - 1)
 
     def drafter_back() -> None:
         for name, value in saved.items():
             setattr(drafting, name, value.clone() if isinstance(value, torch.Tensor) else value)
 
     return {
-        "step": (target_back, run(_target_step, target, cache, pending)),
-        "verify": (target_back, run(_verify, target, cache, drafting, pending, draft, start)),
+        "step": (back(step_cache), run(_target_step, target, step_cache, pending)),
+        "verify": (back(cache), run(_verify, target, cache, drafting, pending, draft, start)),
         "draft": (drafter_back, run(_draft, drafting, tokens, lengths, length, gamma)),
     }
 
 
+def _wait(device: torch.device) -> None:
+    """Wait for the device's queued work (a CPU's ran as it was called)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
 def _time_pieces(
-    pieces: dict[tuple[str, str], Piece], repeats: int, compiled: set[str], device: torch.device
+    pieces: dict[tuple[str, str], Piece],
+    repeats: int,
+    compiled: set[str],
+    device: torch.device,
+    models: tuple[torch.nn.Module, ...],
 ) -> dict[tuple[str, str], float]:
-    """Median seconds of each (core, piece), the pieces taking turns within each round."""
+    """Median seconds of each (core, piece), the pieces taking turns within each round; the first
+    `GUARDED_STEPS` rounds (compiling, then guarded, as a decode's first steps) are not counted.
+    A compiled core's pieces run with the decoder layers of `models` marked as a decode's are
+    (`nested_layers`)."""
     times: dict[tuple[str, str], list[float]] = {key: [] for key in pieces}
-    for round_ in range(UNTIMED_ROUNDS + repeats):
+    for round_ in range(GUARDED_STEPS + repeats):
         for (core, name), (back, run) in pieces.items():
             back()
-            mark_step(core in compiled, device)
-            with skipped_guards(core in compiled and round_ >= UNTIMED_ROUNDS):
-                start = time.perf_counter()
-                run().sum().item()  # wait for the device
-                times[core, name].append(time.perf_counter() - start)
-    return {key: statistics.median(seconds[UNTIMED_ROUNDS:]) for key, seconds in times.items()}
+            with nested_layers(*(models if core in compiled else ())):
+                mark_step(core in compiled, device)
+                _wait(device)
+                with skipped_guards(core in compiled and round_ >= GUARDED_STEPS):
+                    start = time.perf_counter()
+                    run()
+                    _wait(device)
+                    times[core, name].append(time.perf_counter() - start)
+    return {key: statistics.median(seconds[GUARDED_STEPS:]) for key, seconds in times.items()}
 
 
 @torch.inference_mode()
@@ -150,6 +176,7 @@ def core_step_costs(
 
     Raises:
         ValueError: an unknown core, an empty prompt, gamma or new_tokens below 1 or repeats below 1.
+        RuntimeError: a compiled core on a torch that cannot compile it (`compiled.check_core`).
     """
     unknown = [core for core in cores if core not in CORES]
     if unknown or not cores:
@@ -159,20 +186,20 @@ def core_step_costs(
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     if not prompt:
         raise ValueError("prompt must hold one or more tokens")
+    compiled = {core for core in cores if check_core(CORES[core]["static"], CORES[core].get("compile"), target.device)}
     length = len(prompt) + max(new_tokens // 2, 1)
-    # as the static core sizes its buffers for this decode (`static._Rows.from_prompts`)
-    needed = len(prompt) + new_tokens + gamma + 2
-    capacity = max(MIN_CAPACITY, 1 << (needed - 1).bit_length())
+    # the slots a decode's static caches get: `slack` past the budget as in `static._Rows.from_prompts`
+    capacity = static_capacity(len(prompt) + new_tokens + gamma + 2)
+    step_capacity = static_capacity(len(prompt) + new_tokens + 1)
     ids = (list(prompt) * (capacity // len(prompt) + 1))[:capacity]
     tokens = torch.tensor([ids], device=target.device)
     with folded_gqa(target, drafter):
         pieces = {
             (core, name): piece
             for core in cores
-            for name, piece in _pieces(target, drafter, tokens.clone(), length, gamma, core).items()
+            for name, piece in _pieces(target, drafter, tokens.clone(), length, gamma, core, step_capacity).items()
         }
-        compiled = {core for core in cores if CORES[core].get("compile")}
-        times = _time_pieces(pieces, repeats, compiled, target.device)
+        times = _time_pieces(pieces, repeats, compiled, target.device, (target, drafter))
     return {
         core: StepCosts(
             target_step_s=times[core, "step"],
