@@ -105,26 +105,13 @@ def test_smoke_pipeline_end_to_end_and_cached(tmp_path, capsys) -> None:
 
 
 def _user_domains(tmp_path: Path) -> Path:
-    """A user's config folder with two domains of their own: `support`, plain prompts and answers in
-    a .jsonl file, and `tickets`, chat `messages` (multi-turn, the last assistant turn the response)
-    in a .parquet file."""
+    """A user's config folder with a domain of their own: `tickets`, chat `messages` (multi-turn,
+    the last assistant turn the response) in a .parquet file. (Prompt and response columns of
+    .jsonl, .csv and .parquet files: test_data_files.)"""
     import datasets
 
     conf = tmp_path / "my_conf"
     (conf / "data").mkdir(parents=True)
-    support = tmp_path / "support.jsonl"
-    support.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "question": f"My router {i} drops wifi at {i % 7} pm, what now?",
-                    "answer": f"Reboot it at {i % 5} pm.",
-                }
-            )
-            + "\n"
-            for i in range(200)
-        )
-    )
     tickets = tmp_path / "tickets.parquet"
     datasets.Dataset.from_list(
         [
@@ -139,9 +126,6 @@ def _user_domains(tmp_path: Path) -> Path:
             for i in range(200)
         ]
     ).to_parquet(str(tickets))
-    (conf / "data" / "support.yaml").write_text(
-        f"name: support\nsource: file\npath: {support}\nprompt_column: question\nresponse_column: answer\n"
-    )
     (conf / "data" / "tickets.yaml").write_text(
         f"name: tickets\nsource: file\npath: {tickets}\nprompt_column: messages\n"
     )
@@ -149,7 +133,7 @@ def _user_domains(tmp_path: Path) -> Path:
 
 
 def test_demo_app_runs_under_hydra_main_with_the_users_own_domains(tmp_path) -> None:
-    """`make demo`'s entry point with a user's domains beside a built-in one: stage configs are
+    """`make demo`'s entry point with a user's domain beside a built-in one: stage configs are
     composed inside a running @hydra.main app whose search path holds the user's conf/data/, the
     training and evaluation stages run under `accelerate launch` (conf/accelerate/cpu.yaml), and every
     stage reads each domain's data from its own file (distill → collect → fit → eval → report)."""
@@ -163,7 +147,7 @@ def test_demo_app_runs_under_hydra_main_with_the_users_own_domains(tmp_path) -> 
         "--config-name",
         "demo_smoke",
         f"hydra.searchpath=[file://{_user_domains(tmp_path)}]",
-        "domains=[code,support,tickets]",
+        "domains=[code,tickets]",  # a built-in domain and the user's
         f"output_dir={out}",
         f"distill=['experiment=smoke','cache_dir={out}/teacher_cache']",
         "eval=['target.name=smoke','synthetic=true','undistilled.num_layers=1','undistilled.draft_vocab=null',"
@@ -175,17 +159,17 @@ def test_demo_app_runs_under_hydra_main_with_the_users_own_domains(tmp_path) -> 
     results = json.loads((out / "results.json").read_text())
     assert {r["exact_match"] for r in results["rows"]} == {1.0}
     rows = {(r["domain"], r["method"]) for r in results["rows"]}
-    for domain in ("code", "support", "tickets"):
+    for domain in ("code", "tickets"):
         assert {(domain, "routed"), (domain, f"specialized:{domain}"), (domain, "generic")} <= rows, domain
     # every stage read the user's files: the domain jobs, the generic drafter's mix, the labels
     assert json.loads((out / "distill-tickets" / "metrics.json").read_text())["data"] == "tickets"
     mix = OmegaConf.load(out / "distill-mix" / "config.yaml").data
-    assert list(mix.domains) == ["code", "support", "tickets"] and mix.members.tickets.prompt_column == "messages"
+    assert list(mix.domains) == ["code", "tickets"] and mix.members.tickets.prompt_column == "messages"
     labelled = {json.loads(line)["domain"] for line in (out / "collect" / "labels.jsonl").read_text().splitlines()}
-    assert labelled == {"code", "support", "tickets"}
+    assert labelled == {"code", "tickets"}
     assert "Ticket" in (out / "collect" / "labels.jsonl").read_text()  # the messages' text, not synthetic prompts
     # Each launched stage left its Hydra log (the app composed its own config) in its folder.
-    for stage in ("distill-code", "distill-support", "distill-mix", "eval"):
+    for stage in ("distill-code", "distill-tickets", "distill-mix", "eval"):
         assert (out / stage / "hydra" / ".hydra" / "config.yaml").is_file(), stage
     assert not (out / "collect" / "hydra").exists()  # collect runs in the demo's process
 
