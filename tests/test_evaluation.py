@@ -658,3 +658,70 @@ def test_the_compile_knob_picks_the_evaluations_decode_core() -> None:
     ):
         cfg = EvalConfig(methods=["autoregressive"], compile=setting)
         assert _core(cfg, torch.device(device)) == {"static": expected, "compile": expected}
+
+
+def test_a_call_that_compiled_decodes_again_and_its_excess_counts_as_compiling(monkeypatch) -> None:
+    """Under `compile`, a shape's first decode pays for compiling: the evaluation times a second
+    decode of the same prompts instead, and counts the difference as the method's compile seconds."""
+    compiled_shapes: set[int] = set()
+    calls: list[int] = []
+    monkeypatch.setattr(suite, "graphs_compiled", lambda: len(compiled_shapes))
+
+    def generate(prompts):
+        calls.append(len(prompts))
+        seconds = 1.0
+        if len(prompts) not in compiled_shapes:  # a new batch size compiles one graph
+            compiled_shapes.add(len(prompts))
+            seconds = 5.0
+        return GenerationResult.build([[7]] * len(prompts), StepCounters(0, torch.device("cpu")), seconds)
+
+    compile_seconds: dict[str, float] = {}
+    settled = suite._settled(generate, "generic", compile_seconds)
+    assert settled([[1], [2]]).stats.wall_time_s == 1.0 and calls == [2, 2]
+    assert compile_seconds == {"generic": 4.0}
+    assert settled([[3], [4]]).stats.wall_time_s == 1.0 and calls == [2, 2, 2]  # a shape seen: once
+    settled([[5]])
+    assert calls == [2, 2, 2, 1, 1] and compile_seconds == {"generic": 8.0}
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_only_compiled_decodes_are_settled(compile: bool, monkeypatch) -> None:
+    models = suite._Models(target=None, tokenizer=None, eos=[], drafters={"generic": None})
+    settled = []
+    monkeypatch.setattr(suite, "_settled", lambda generate, name, seconds: settled.append(name) or generate)
+    generators = suite._generators(models, 2, {"max_new_tokens": 4, "static": compile, "compile": compile}, None)
+    assert list(generators) == ["autoregressive", "generic"]
+    assert settled == (["autoregressive", "generic"] if compile else [])
+
+
+@pytest.mark.slow  # compiles each method's graphs for each batch shape (minutes on a CPU)
+def test_a_compiled_evaluation_reports_compile_seconds_apart_from_its_rows(tiny_setup) -> None:
+    tmp_path, folders = tiny_setup
+    cfg = EvalConfig(
+        target=TargetConfig(name=str(tmp_path / "target")),
+        drafters={"generic": folders["generic"]},
+        domains=["code"],
+        methods=["autoregressive", "generic"],
+        prompts_per_domain=3,
+        max_prompt_tokens=150,
+        max_new_tokens=8,
+        gamma=2,
+        temperatures=[0.0],
+        batch_sizes=[1, 2],  # batch 2 over 3 prompts: a batch of 2, then one of 1
+        compile=True,
+        output_dir=str(tmp_path / "eval"),
+    )
+    results = run_eval(cfg)
+    assert set(results["compile_seconds"]) == {"autoregressive", "generic"}
+    assert all(seconds > 0 for seconds in results["compile_seconds"].values())
+    assert all(r["exact_match"] == 1.0 for r in results["rows"])
+    assert json.loads((tmp_path / "eval" / "results.json").read_text())["compile_seconds"] == results["compile_seconds"]
+    assert "seconds spent compiling" in (tmp_path / "eval" / "report.md").read_text()
+
+
+def test_the_report_says_what_compiling_cost_where_a_core_compiled(tmp_path) -> None:
+    from specdecode.evaluation.report import compile_lines
+
+    assert compile_lines({}) == []
+    line = compile_lines({"autoregressive": 41.25, "generic": 63.0})[0]
+    assert "autoregressive 41.2 s, generic 63.0 s" in line and "kept out of the rows' times" in line

@@ -95,6 +95,12 @@ def _compile(target: Callable, device: torch.device) -> Callable:
     return torch.compile(target, options=options, dynamic=False)
 
 
+def graphs_compiled() -> int:
+    """How many graphs dynamo has compiled in this process so far (any function, any shape): a call
+    that raised it paid for compiling."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
 def _mode(device: torch.device) -> str | None:
     """The `torch.compile` mode the options above amount to: CUDA graphs on CUDA."""
     return "reduce-overhead" if device.type == "cuda" else None

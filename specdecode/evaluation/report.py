@@ -240,6 +240,18 @@ def plot_position_acceptance(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def compile_lines(compile_seconds: dict[str, float]) -> list[str]:
+    """Where the decodes were compiled: each method's seconds compiling, out of its rows' times."""
+    if not compile_seconds:
+        return []
+    spent = ", ".join(f"{method} {seconds:.1f} s" for method, seconds in compile_seconds.items())
+    return [
+        f"Compiled decode core: seconds spent compiling, kept out of the rows' times (each shape's first "
+        f"decode ran again, timed): {spent}.",
+        "",
+    ]
+
+
 def write_report(results: dict, out_dir: Path) -> Path:
     """Write report.md and its PNG plots into `out_dir`; return the report's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -256,6 +268,7 @@ def write_report(results: dict, out_dir: Path) -> Path:
             "Speedup is tokens/s over `autoregressive` at the same domain, temperature and batch size; "
             "exact match is the share of prompts whose output equals target-only greedy (greedy rows only).",
             "",
+            *compile_lines(results.get("compile_seconds") or {}),
             *share_section(results.get("router_share") or []),
             *token_page_links(out_dir),
             "![speedup per domain and method](speedup.png)",
