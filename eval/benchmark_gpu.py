@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 import specdecode.decoding.compiled
-from specdecode.evaluation.core_benchmark import LEASE_METHODS, TARGETS, report_markdown, run_core_benchmark
+from specdecode.evaluation.core_benchmark import LEASE_METHODS, report_markdown, run_core_benchmark
+from specdecode.evaluation.core_targets import TARGETS
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--device", default="cuda")

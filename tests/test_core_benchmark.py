@@ -16,7 +16,6 @@ from specdecode.evaluation.core_benchmark import (
     agreement,
     drafters_of,
     exact_match,
-    llama_1b_shape,
     method_names,
     methods,
     reference_of,
@@ -24,6 +23,7 @@ from specdecode.evaluation.core_benchmark import (
     run_core_benchmark,
     time_group,
 )
+from specdecode.evaluation.core_targets import llama_1b_shape
 from specdecode.evaluation.profiling import host_profile
 from tests.models_for_tests import tiny_llama
 
@@ -177,3 +177,26 @@ def test_the_timing_model_has_llama_3_2_1b_shape() -> None:
     with torch.device("meta"):
         model = LlamaForCausalLM(llama_1b_shape())
     assert round(sum(p.numel() for p in model.parameters()) / 1e9, 2) == 1.24  # tied embeddings counted once
+
+
+def test_the_static_cores_decode_every_prompt_of_a_group_at_one_capacity(monkeypatch) -> None:
+    """Prompts of other lengths share one cache capacity, so a compiled method compiles one shape."""
+    seen = []
+
+    def spying(real):
+        def run(*args, **kwargs):
+            seen.append((kwargs.get("static", False), kwargs.get("capacity")))
+            return real(*args, **kwargs)
+
+        return run
+
+    for name in ("autoregressive_generate", "speculative_generate"):
+        monkeypatch.setattr(
+            specdecode.evaluation.core_benchmark, name, spying(getattr(specdecode.evaluation.core_benchmark, name))
+        )
+    run_core_benchmark(
+        "tiny", "cpu", dtypes=("float32",), batch_sizes=(1,), gamma=2, new_tokens=4, prompts_at_batch_1=3,
+        rounds=1, writer_batch=0, only=("eager", "static"), progress=lambda line: None,
+    )  # fmt: skip
+    assert {capacity for static, capacity in seen if static} == {128}  # up to 96 + 4 + 2 + 2 slots
+    assert {capacity for static, capacity in seen if not static} == {None}

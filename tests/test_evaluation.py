@@ -650,14 +650,22 @@ def test_the_compile_knob_picks_the_evaluations_decode_core() -> None:
     from specdecode.evaluation.config import EvalConfig
     from specdecode.evaluation.suite import _core
 
+    class Target:
+        def __init__(self, device: str) -> None:
+            self.device = torch.device(device)
+
     for setting, device, expected in (
         (None, "cpu", False),
         (None, "cuda", True),
         (True, "cpu", True),
         (False, "cuda", False),
     ):
-        cfg = EvalConfig(methods=["autoregressive"], compile=setting)
-        assert _core(cfg, torch.device(device)) == {"static": expected, "compile": expected}
+        cfg = EvalConfig(methods=["autoregressive"], compile=setting, max_prompt_tokens=100, max_new_tokens=64, gamma=3)
+        models = suite._Models(target=Target(device), tokenizer=None, eos=[], drafters={"generic": None})
+        core = _core(cfg, models)
+        assert {k: core[k] for k in ("static", "compile")} == {"static": expected, "compile": expected}
+        # compiled, one capacity for every decode: the longest prompt + its budget + gamma + 2, rounded up
+        assert core.get("capacity") == (256 if expected else None)
 
 
 def test_a_call_that_compiled_decodes_again_and_its_excess_counts_as_compiling(monkeypatch) -> None:

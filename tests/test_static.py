@@ -215,6 +215,9 @@ def test_static_distribution_test_catches_resampling_from_p(mc_models, monkeypat
         (dict(static="yes"), TypeError, "static must be true or false, got 'yes'"),
         (dict(static=True, compile="auto"), TypeError, "compile must be true, false or null .*'auto'"),
         (dict(compile=True), ValueError, "compile=True needs static=True"),
+        (dict(capacity=64), ValueError, "capacity=64 needs static=True"),
+        (dict(static=True, capacity=7), ValueError, r"capacity must be an int of at least (11|8) cache .*got 7"),
+        (dict(static=True, capacity=True), ValueError, "capacity must be an int .*got True"),
     ],
 )
 def test_bad_core_options_are_named_before_any_work(target, kwargs, error, needle) -> None:
@@ -228,6 +231,33 @@ def test_bad_core_options_are_named_before_any_work(target, kwargs, error, needl
     finally:
         handle.remove()
     assert calls == []
+
+
+# --- a fixed capacity ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["slice", "feature", "target alone"])
+def test_a_fixed_capacity_sizes_every_cache_and_decodes_the_same_tokens(
+    target, ragged_prompts, early_eos, monkeypatch, kind: str
+) -> None:
+    made = []
+    for_model = StaticKVCache.for_model.__func__
+    monkeypatch.setattr(
+        StaticKVCache, "for_model", classmethod(lambda cls, m, b, c: made.append(c) or for_model(cls, m, b, c))
+    )
+    kwargs = dict(max_new_tokens=BUDGETS, eos_token_ids=[early_eos], static=True)
+    if kind == "target alone":
+        run = lambda **more: autoregressive_generate(target, ragged_prompts, feature_layers=(-1,), **kwargs, **more)  # noqa: E731
+    else:
+        drafter = drafter_of(kind, target)
+        run = lambda **more: speculative_generate(target, drafter, ragged_prompts, gamma=3, **kwargs, **more)  # noqa: E731
+    default = run()
+    assert set(made) == {64}  # 12 + 20 + slack, rounded up to a power of two
+    made.clear()
+    fixed = run(capacity=100)
+    assert set(made) == {100} and fixed.sequences == default.sequences and counters(fixed) == counters(default)
+    if kind == "target alone":
+        assert all(torch.equal(a, b) for a, b in zip(fixed.features, default.features))
 
 
 # --- compiled steps (slow: inductor compiles each shape for seconds on a CPU) ---------------------
@@ -421,6 +451,21 @@ def test_compiled_greedy_equals_the_eager_loop_and_compiles_once(target, ragged_
     assert ours.sequences == eager.sequences
     for a, b in zip(ours.features, eager.features):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_calls_of_one_capacity_share_compiled_graphs(target) -> None:
+    """Prompts of other lengths and budgets, one capacity: the second call compiles nothing."""
+    kwargs = dict(eos_token_ids=[], static=True, compile=True, capacity=48)
+    first = autoregressive_generate(target, [[1, 2, 3], [4]], max_new_tokens=5, **kwargs)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        again = autoregressive_generate(target, [[5, 6, 7, 8, 9, 10, 11], [12, 13]], max_new_tokens=[30, 2], **kwargs)
+    assert [len(s) for s in first.sequences] == [5, 5] and [len(s) for s in again.sequences] == [30, 2]
+    assert (
+        again.sequences
+        == autoregressive_generate(
+            target, [[5, 6, 7, 8, 9, 10, 11], [12, 13]], max_new_tokens=[30, 2], eos_token_ids=[]
+        ).sequences
+    )
 
 
 @pytest.mark.slow

@@ -921,6 +921,37 @@ def test_compile_on_writes_the_training_data_with_the_static_core(tmp_path: Path
     torch.testing.assert_close(static.features.float(), eager.features.float(), atol=2e-3, rtol=2e-3)
 
 
+def test_compiled_writer_batches_share_one_shape(monkeypatch) -> None:
+    """Compiled, every batch of the data writer has one shape (each shape compiles for tens of
+    seconds on a GPU): one cache capacity, the longest row's, and the last batch filled up with
+    rows of no budget; the data is the eager writer's."""
+    import specdecode.training.sequences as sequences
+    from tests.models_for_tests import tiny_llama
+
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
+    shapes = []
+    generate = sequences.autoregressive_generate
+
+    def spy(model, batch, **kwargs):
+        shapes.append((len(batch), kwargs["capacity"]))
+        return generate(model, batch, **kwargs)
+
+    monkeypatch.setattr(sequences, "autoregressive_generate", spy)
+    target = tiny_llama(2, seed=0)
+    prompts = [[1 + i] * (2 + 3 * i) for i in range(7)]  # 2 to 20 tokens
+    train = TrainConfig(max_new_tokens=6, max_len=24, max_prompt_tokens=20)
+    written = {}
+    for compile in (False, True):
+        written[compile] = sequences._continuations(
+            target, prompts, train, [], seed=0, batch_size=3, temperature=0.0, feature_layers=(-1,), compile=compile
+        )
+    assert shapes[:3] == [(3, None), (3, None), (1, None)]
+    assert shapes[3:] == [(3, 32)] * 3  # 20 + 4 (max_len) + 1, rounded up to a power of two
+    assert written[True][0] == written[False][0] and [len(r) for r in written[True][0]] == [6] * 6 + [4]
+    for ours, eager in zip(written[True][1], written[False][1]):
+        torch.testing.assert_close(ours.float(), eager.float(), atol=2e-3, rtol=2e-3)
+
+
 @pytest.mark.parametrize("layers", ["[-1]", "[1,3,-1]"])
 def test_feature_drafter_batches_carry_the_features_of_their_own_sequences(
     tmp_path: Path, monkeypatch, layers: str

@@ -54,12 +54,14 @@ def resolve_compile(setting: bool | None, device: torch.device | str) -> bool:
     return kind == "cuda" or (kind == "cpu" and COMPILE_ON_CPU)
 
 
-def check_core(static: object, compile: object, device: torch.device) -> bool:
-    """Check the `static` / `compile` options of the decode entry points; return whether to compile.
+def check_core(static: object, compile: object, device: torch.device, capacity: object = None) -> bool:
+    """Check the `static` / `compile` / `capacity` options of the decode entry points; return
+    whether to compile. (Whether `capacity` holds the prompts: `static_cache.static_capacity`.)
 
     Raises:
         TypeError: naming a non-bool `static` or a `compile` that is not true / false / None.
-        ValueError: `compile=True` without `static=True` (only the static core has fixed shapes to compile).
+        ValueError: `compile=True` or a `capacity` without `static=True` (only the static core has
+            fixed shapes to compile and caches to size).
         RuntimeError: compiling with a torch older than 2.6 (no `torch.compiler.set_stance`), or with
             `NESTED_LAYERS` on and a torch that is too new (`check_nested_layers`).
     """
@@ -68,6 +70,8 @@ def check_core(static: object, compile: object, device: torch.device) -> bool:
     on = resolve_compile(compile, device)  # type: ignore[arg-type]
     if compile is True and not static:
         raise ValueError("compile=True needs static=True: only the static-shape core can be compiled")
+    if capacity is not None and not static:
+        raise ValueError(f"capacity={capacity!r} needs static=True: the eager loop sizes its caches per call")
     if static and on and not hasattr(torch.compiler, "set_stance"):
         raise RuntimeError(
             f"compile=True needs torch >= 2.6 (torch.compiler.set_stance); this is torch {torch.__version__}"

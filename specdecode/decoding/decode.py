@@ -61,6 +61,7 @@ def speculative_generate(
     prompt_lookup: PromptLookup | None = DEFAULT_LOOKUP,
     static: bool = False,
     compile: bool | None = None,
+    capacity: int | None = None,
     record: bool = False,
     on_step: Callable[[StepEvent], None] | None = None,
 ) -> GenerationResult:
@@ -78,6 +79,9 @@ def speculative_generate(
     `specdecode.decoding.lookup`); None: the drafter alone. `static=True` runs the static-shape
     core (`specdecode.decoding.static`: fixed caches and pass widths, finished rows masked), and
     `compile` compiles its steps there (None: on for CUDA, `compiled.COMPILE_ON_CPU` on the CPU).
+    `capacity` fixes the static caches' slots per row (at least the longest prompt + its budget +
+    gamma + 2): calls of one batch size and capacity share compiled graphs, where by default
+    (None) each call's need is rounded up to a power of two.
 
     `record=True` sets `result.record`: one `RowRecord` per prompt (`specdecode.decoding.record`),
     each step's drafts, accepted count, the target's correction or bonus token, which drafts prompt
@@ -88,7 +92,7 @@ def speculative_generate(
     """
     check_record(record, on_step, static)
     validate_models(target, drafter, prompt_lookup)
-    compiled = check_core(static, compile, target.device)
+    compiled = check_core(static, compile, target.device, capacity)
     gamma = drafter_gamma(drafter) if gamma is None else gamma
     params, budgets, eos, prompts = validate_request(
         target, prompts, max_new_tokens, temperature, top_k, top_p, eos_token_ids, gamma=gamma
@@ -100,7 +104,7 @@ def speculative_generate(
     with folded_gqa(target, drafter):
         if static:
             return speculative_generate_static(
-                target, drafter, prompts, budgets, eos, params, gamma, generator, lookup, compiled
+                target, drafter, prompts, budgets, eos, params, gamma, generator, lookup, compiled, capacity
             )
         return _speculative_eager(
             target, drafter, prompts, budgets, eos, params, gamma, generator, lookup, record=record, on_step=on_step
@@ -180,6 +184,7 @@ def autoregressive_generate(
     feature_layers: Sequence[int] | None = None,
     static: bool = False,
     compile: bool | None = None,
+    capacity: int | None = None,
     record: bool = False,
     on_step: Callable[[StepEvent], None] | None = None,
 ) -> GenerationResult:
@@ -192,9 +197,10 @@ def autoregressive_generate(
     generated token is never fed (decoding stops once it is chosen), so its row is zero, as padding
     is: a feature drafter's training never reads a sequence's last feature (its last loss position
     predicts that token from the one before). `static` / `compile` / `record` / `on_step`: as for
-    `speculative_generate` (every token's kind is `target`)."""
+    `speculative_generate` (every token's kind is `target`); `capacity` too, at least the longest
+    prompt + its budget + 1."""
     check_record(record, on_step, static)
-    compiled = check_core(static, compile, target.device)
+    compiled = check_core(static, compile, target.device, capacity)
     params, budgets, eos, prompts = validate_request(
         target, prompts, max_new_tokens, temperature, top_k, top_p, eos_token_ids
     )
@@ -204,7 +210,9 @@ def autoregressive_generate(
     generator = _generator(seed, target.device)
     with folded_gqa(target):
         if static:
-            return autoregressive_generate_static(target, prompts, budgets, eos, params, generator, layers, compiled)
+            return autoregressive_generate_static(
+                target, prompts, budgets, eos, params, generator, layers, compiled, capacity
+            )
         return _autoregressive_eager(target, prompts, budgets, eos, params, generator, layers, record, on_step)
 
 

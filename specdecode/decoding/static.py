@@ -15,14 +15,12 @@ ragged batches:
 * every pass has a fixed width: 1 for the target alone, gamma + 1 for a verify, the drafting
   strategies' own fixed windows (`specdecode.decoding.drafting`, unchanged: they run on this
   cache through `cached_forward` like on the ragged one);
-* the host learns whether every row is done once every few steps (`default_sync_every`), not
-  every step;
+* the host learns whether every row is done every few steps (`default_sync_every`), not every step;
 * with `compile`, each speculative round (`_round`: draft, verify, accept, commit) runs under
-  `torch.compile` as one graph, and so does each step of the target alone (CUDA graphs on
-  CUDA; `compiled.py`): compiled once per shape (batch size, capacity rounded up to a power of
-  two, gamma), then reused across calls, each model's decoder layers compiled once and reused
-  per layer (`compiled.nested_layers`). The prefills (the target's, and the drafter's over the
-  prompts), whose widths the prompts set, run eagerly.
+  `torch.compile` as one graph, and so does each step of the target alone (CUDA graphs on CUDA;
+  `compiled.py`), compiled once per shape (batch size, cache capacity, gamma) and reused across
+  calls: the capacity is the caller's `capacity`, else the need rounded up to a power of two. The
+  prefills, whose widths the prompts set, run eagerly.
 
 What the caller gets is what the eager loops return: the same tokens in greedy decoding (in fp32
 on these kernels; see `speculative_generate_static` for what exact means in bf16), the same
@@ -83,10 +81,16 @@ class _Rows:
 
     @classmethod
     def from_prompts(
-        cls, prompts: Sequence[Sequence[int]], budgets: list[int], slack: int, eos: Sequence[int], device: torch.device
+        cls,
+        prompts: Sequence[Sequence[int]],
+        budgets: list[int],
+        slack: int,
+        eos: Sequence[int],
+        device: torch.device,
+        capacity: int | None = None,
     ) -> _Rows:
         prompt_lengths = [len(p) for p in prompts]
-        capacity = static_capacity(max(n + b for n, b in zip(prompt_lengths, budgets)) + slack)
+        capacity = static_capacity(max(n + b for n, b in zip(prompt_lengths, budgets)) + slack, capacity)
         tokens, lengths, limits = padded_prompts(prompts, budgets, capacity)
         return cls(
             tokens.to(device),
@@ -247,6 +251,7 @@ def speculative_generate_static(
     generator: torch.Generator | None,
     lookup: PromptLookup | None,
     compile: bool,
+    capacity: int | None = None,
 ) -> GenerationResult:
     """`speculative_generate(static=True)` on checked arguments (see the module docstring).
 
@@ -260,7 +265,7 @@ def speculative_generate_static(
     """
     start = time.perf_counter()
     device = target.device
-    rows = _Rows.from_prompts(prompts, budgets, slack=gamma + 2, eos=eos, device=device)
+    rows = _Rows.from_prompts(prompts, budgets, slack=gamma + 2, eos=eos, device=device, capacity=capacity)
     batch_size, capacity = len(prompts), rows.capacity
     target_cache = StaticKVCache.for_model(target, batch_size, capacity)
     row_lookup = _ActiveRowsLookup(lookup) if lookup is not None else None
@@ -343,6 +348,7 @@ def autoregressive_generate_static(
     generator: torch.Generator | None,
     feature_layers: tuple[int, ...] | None,
     compile: bool,
+    capacity: int | None = None,
 ) -> GenerationResult:
     """`autoregressive_generate(static=True)` on checked arguments: one-token passes of the whole
     batch, finished rows masked; with `feature_layers`, `result.features` as the eager loop's.
@@ -350,7 +356,7 @@ def autoregressive_generate_static(
     are drawn before each step and passed in (`DrawnAhead`), the numbers `sample` would draw."""
     start = time.perf_counter()
     device = target.device
-    rows = _Rows.from_prompts(prompts, budgets, slack=1, eos=eos, device=device)
+    rows = _Rows.from_prompts(prompts, budgets, slack=1, eos=eos, device=device, capacity=capacity)
     batch_size, capacity = len(prompts), rows.capacity
     cache = StaticKVCache.for_model(target, batch_size, capacity)
     counters = _Counters(0, device)

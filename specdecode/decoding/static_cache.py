@@ -22,9 +22,22 @@ from specdecode.models.feature_drafter import FeatureDrafter
 MIN_CAPACITY = 16
 
 
-def static_capacity(slots: int) -> int:
-    """The capacity of the static caches of a decode that needs `slots` slots per row."""
-    return max(MIN_CAPACITY, 1 << (slots - 1).bit_length())
+def static_capacity(slots: int, capacity: int | None = None) -> int:
+    """The capacity of the static caches of a decode that needs `slots` slots per row: `capacity`
+    where the caller fixes it (so that calls of other lengths share compiled graphs), else `slots`
+    rounded up to a power of two.
+
+    Raises:
+        ValueError: `capacity` is not an int of at least `slots`.
+    """
+    if capacity is None:
+        return max(MIN_CAPACITY, 1 << (slots - 1).bit_length())
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < slots:
+        raise ValueError(
+            f"capacity must be an int of at least {slots} cache slots (the longest prompt + its max_new_tokens "
+            f"+ the core's slack), got {capacity!r}"
+        )
+    return capacity
 
 
 class StaticKVCache(Cache):

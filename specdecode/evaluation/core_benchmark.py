@@ -9,11 +9,9 @@ whose greedy tokens equal the target alone's in the same dtype and batch shape, 
 in bf16 a near-tie flips a long row somewhere, and this says how far in). The training-data writer
 (`autoregressive_generate(feature_layers=...)`) is timed at its own batch size.
 
-Targets: the embedded SmolLM2-135M (`load_model`'s default), a random-weight model of
-Llama-3.2-1B's shape built from its config (for timing: no hub, no checkpoint), or a tiny random
-Llama (to check the benchmark itself runs on a CPU). Drafters are built from the
-target: a one-layer slice (ours and transformers assisted share it) and an untrained one-layer
-feature drafter. Their acceptance is not the point; the cost of the loop around them is.
+Targets: `core_targets.TARGETS`. Drafters are built from the target: a one-layer slice (ours and
+transformers assisted share it) and an untrained one-layer feature drafter. Their acceptance is not
+the point; the cost of the loop around them is.
 """
 
 from __future__ import annotations
@@ -25,17 +23,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 
 from specdecode.decoding.decode import autoregressive_generate, speculative_generate
-from specdecode.evaluation.benchmark import assisted_generate, benchmark_prompts
+from specdecode.decoding.static_cache import static_capacity
+from specdecode.evaluation.benchmark import assisted_generate
 from specdecode.evaluation.core_costs import CORES, core_step_costs, costs_markdown
+from specdecode.evaluation.core_targets import build_target
 from specdecode.evaluation.profiling import host_profile, profile_call
 from specdecode.models.drafters import derive_drafter
 from specdecode.models.feature_drafter import derive_feature_drafter
 from specdecode.models.loading import load_model, resolve_dtype
 
-TARGETS = ("smollm2-135m-instruct", "llama-3.2-1b-shape", "tiny")
 # The methods a GPU check times (`eval/benchmark_gpu.py`'s default `--only`): on an H200 each
 # compiled one first compiled for 64-86 s in bf16, so every core of every method does not fit a lease.
 LEASE_METHODS = (
@@ -47,67 +46,6 @@ LEASE_METHODS = (
     "data writer, eager",
     "data writer, compiled",
 )
-
-
-def llama_1b_shape() -> LlamaConfig:
-    """Llama-3.2-1B's architecture (16 layers, hidden 2048, GQA 32/8 heads, 128k vocabulary, tied
-    embeddings), context cut to 4,096; weights are random: for timing only."""
-    return LlamaConfig(
-        vocab_size=128256,
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=64,
-        max_position_embeddings=4096,
-        rope_theta=500000.0,
-        tie_word_embeddings=True,
-        rms_norm_eps=1e-5,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-
-
-def tiny_shape() -> LlamaConfig:
-    return LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        initializer_range=0.5,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-
-
-def build_target(name: str, dtype: str, device: str, count: int) -> tuple[PreTrainedModel, list[list[int]]]:
-    """The benchmark's target `name` (one of `TARGETS`) in `dtype` on `device`, eval mode, and
-    `count` prompts: the benchmark's held-out prompts (repeated as needed) for SmolLM2, random ids
-    of 32..96 tokens for the random-weight targets."""
-    if name not in TARGETS:
-        raise ValueError(f"target must be one of {TARGETS}, got {name!r}")
-    if name == TARGETS[0]:
-        # plain linears: the CPU kernel choice (models.cpu_matmul) is another question than the core's
-        target, tokenizer = load_model(name, dtype=dtype, device=device, skinny_matmul=False)
-        held_out = [ids for _, ids in benchmark_prompts(tokenizer, min(count, 24), max_tokens=256)]
-        return target, [held_out[i % len(held_out)] for i in range(count)]
-    torch.manual_seed(0)
-    config = llama_1b_shape() if name == TARGETS[1] else tiny_shape()
-    target = LlamaForCausalLM(config).to(device=device, dtype=resolve_dtype(dtype)).eval()
-    return target, random_prompts(config.vocab_size, count, (32, 96))
-
-
-def random_prompts(vocab_size: int, count: int, lengths: tuple[int, int], seed: int = 0) -> list[list[int]]:
-    """`count` prompts of random ids with lengths drawn in [lengths[0], lengths[1]]."""
-    generator = torch.Generator().manual_seed(seed)
-    sizes = torch.randint(lengths[0], lengths[1] + 1, (count,), generator=generator).tolist()
-    return [torch.randint(0, vocab_size, (n,), generator=generator).tolist() for n in sizes]
 
 
 @dataclass
@@ -146,10 +84,16 @@ def drafters_of(target: PreTrainedModel, drafter: str | None = None) -> dict[str
 
 
 def methods(
-    target: PreTrainedModel, gamma: int, new_tokens: int, batch_size: int, drafters: dict[str, PreTrainedModel]
+    target: PreTrainedModel,
+    gamma: int,
+    new_tokens: int,
+    batch_size: int,
+    drafters: dict[str, PreTrainedModel],
+    capacity: int | None = None,
 ) -> dict[str, Method]:
     """The methods of a group, by name: the target alone and ours with each of `drafters`
-    (`drafters_of`) on each core; transformers assisted generation with the slice drafter at batch 1."""
+    (`drafters_of`) on each core, the static cores' caches of `capacity` slots (one compiled shape
+    for prompts of any length); transformers assisted generation with the slice drafter at batch 1."""
     decode = dict(max_new_tokens=new_tokens, eos_token_ids=[])
 
     def timed(call: Callable[[], object]) -> tuple[list[list[int]], float, float | None]:
@@ -160,6 +104,7 @@ def methods(
 
     found: dict[str, Method] = {}
     for core, options in CORES.items():
+        options = options | ({"capacity": capacity} if options["static"] and capacity else {})
         found[f"target alone, {core}"] = lambda p, o=options: timed(
             lambda: autoregressive_generate(target, p, **decode, **o)
         )
@@ -349,7 +294,10 @@ def run_core_benchmark(
         groups = [(writer_batch, writer, [prompts[:writer_batch]])] if writer_batch else []
         for batch_size in batch_sizes:
             batches = [[p] for p in prompts[:prompts_at_batch_1]] if batch_size == 1 else [prompts[:batch_size]]
-            groups.append((batch_size, methods(target, gamma, new_tokens, batch_size, drafters), batches))
+            # one cache capacity for all of the group's prompts: one compiled shape per method
+            capacity = static_capacity(max(len(p) for b in batches for p in b) + new_tokens + gamma + 2)
+            found = methods(target, gamma, new_tokens, batch_size, drafters, capacity)
+            groups.append((batch_size, found, batches))
         for batch_size, found, batches in groups:
             found = {name: m for name, m in found.items() if not only or any(word in name for word in only)}
             for name, measured in time_group(found, batches, rounds, progress, deadline).items():

@@ -35,6 +35,7 @@ from specdecode.data.registry import domain_examples, require_heldout
 from specdecode.decoding.compiled import graphs_compiled, resolve_compile
 from specdecode.decoding.decode import autoregressive_generate, drafter_gamma, speculative_generate
 from specdecode.decoding.lookup import PromptLookup
+from specdecode.decoding.static_cache import static_capacity
 from specdecode.decoding.stats import GenerationResult
 from specdecode.decoding.timing import measure_pass_costs, warm_up_tokens
 from specdecode.decoding.validation import validate_models
@@ -134,10 +135,16 @@ def _family(name: str) -> str:
     return name if name in ("autoregressive", "undistilled", "generic") else "specialized"
 
 
-def _core(cfg: EvalConfig, device: Any) -> dict[str, bool]:
-    """The decode core `compile` asks for: the static core under torch.compile, or the eager loop."""
-    compiled = resolve_compile(cfg.compile, device)
-    return {"static": compiled, "compile": compiled}
+def _core(cfg: EvalConfig, models: _Models) -> dict[str, Any]:
+    """The decode core `compile` asks for: the static core under torch.compile, or the eager loop.
+    Compiled, every decode gets one cache capacity, as large as the longest prompt the evaluation
+    takes, its budget and the widest gamma's slack need, so that they share compiled graphs."""
+    compiled = resolve_compile(cfg.compile, models.target.device)
+    if not compiled:
+        return {"static": False, "compile": False}
+    gammas = [cfg.gamma or drafter_gamma(d) for d in models.drafters.values()] + list(cfg.sweep_gammas)
+    slots = cfg.max_prompt_tokens + cfg.max_new_tokens + max(gammas, default=0) + 2
+    return {"static": True, "compile": True, "capacity": static_capacity(slots)}
 
 
 def _generators(models: _Models, gamma: int | None, decode: dict, lookup: PromptLookup) -> dict[str, Generate]:
@@ -208,7 +215,7 @@ def _eval_domain(
     for temperature in cfg.temperatures:
         decode = dict(
             max_new_tokens=cfg.max_new_tokens, temperature=temperature, eos_token_ids=models.eos, seed=cfg.seed
-        ) | _core(cfg, models.target.device)
+        ) | _core(cfg, models)
         generators = _generators(models, cfg.gamma, decode, cfg.prompt_lookup)
         oracle_choices: list[str] | None = None
         sweep_reference: list[list[int]] | None = None
@@ -347,7 +354,7 @@ def _warm_up(cfg: EvalConfig, models: _Models, prompt: list[int]) -> None:
         temperature=temperature,
         eos_token_ids=[],
         seed=cfg.seed,
-    ) | _core(cfg, models.target.device)
+    ) | _core(cfg, models)
     for generate in _generators(models, cfg.gamma, decode, cfg.prompt_lookup).values():
         generate([prompt])
 

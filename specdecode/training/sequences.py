@@ -21,6 +21,7 @@ from specdecode.data.domains import format_prompt
 from specdecode.data.example import Example
 from specdecode.data.registry import domain_examples
 from specdecode.decoding.decode import autoregressive_generate
+from specdecode.decoding.static_cache import static_capacity
 from specdecode.training.config import TrainConfig
 
 T = TypeVar("T")
@@ -231,20 +232,25 @@ def _continuations(
         disable=len(prompts) <= batch_size,
         leave=False,
     )
+    budget = {i: min(train.max_new_tokens, train.max_len - len(prompts[i])) for i in order}
+    # Compiled, every batch has one shape: the caches as large as the longest row needs and the last
+    # batch filled up with rows of no budget (each shape compiles for tens of seconds on a GPU).
+    capacity = static_capacity(max(len(prompts[i]) + budget[i] for i in order) + 1) if compile and order else None
     for start in range(0, len(order), batch_size):
         picks = order[start : start + batch_size]
-        batch = [list(prompts[i]) for i in picks]
-        budgets = [min(train.max_new_tokens, train.max_len - len(p)) for p in batch]
+        filler = batch_size - len(picks) if compile and len(order) > batch_size else 0
+        batch = [list(prompts[i]) for i in picks] + [list(prompts[picks[0]])] * filler
         result = autoregressive_generate(
             model,
             batch,
-            max_new_tokens=budgets,
+            max_new_tokens=[budget[i] for i in picks] + [0] * filler,
             temperature=train.temperature if temperature is None else temperature,
             eos_token_ids=list(eos) or None,
             seed=seed + start,
             feature_layers=feature_layers,
             static=compile,
             compile=compile,
+            capacity=capacity,
         )
         by_index.update(zip(picks, result.sequences))
         if result.features is not None:

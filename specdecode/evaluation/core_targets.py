@@ -1,0 +1,75 @@
+"""The targets the decode-core benchmark (`core_benchmark`) times: the embedded SmolLM2-135M
+(`load_model`'s default) on held-out prompts, a random-weight model of Llama-3.2-1B's shape built
+from its config (for timing: no hub, no checkpoint), or a tiny random Llama (to check the
+benchmark itself runs on a CPU), the last two on random prompts."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+from specdecode.evaluation.benchmark import benchmark_prompts
+from specdecode.models.loading import load_model, resolve_dtype
+
+TARGETS = ("smollm2-135m-instruct", "llama-3.2-1b-shape", "tiny")
+
+
+def llama_1b_shape() -> LlamaConfig:
+    """Llama-3.2-1B's architecture (16 layers, hidden 2048, GQA 32/8 heads, 128k vocabulary, tied
+    embeddings), context cut to 4,096; weights are random: for timing only."""
+    return LlamaConfig(
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        max_position_embeddings=4096,
+        rope_theta=500000.0,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-5,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+
+
+def tiny_shape() -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.5,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+
+
+def build_target(name: str, dtype: str, device: str, count: int) -> tuple[PreTrainedModel, list[list[int]]]:
+    """The benchmark's target `name` (one of `TARGETS`) in `dtype` on `device`, eval mode, and
+    `count` prompts: the benchmark's held-out prompts (repeated as needed) for SmolLM2, random ids
+    of 32..96 tokens for the random-weight targets."""
+    if name not in TARGETS:
+        raise ValueError(f"target must be one of {TARGETS}, got {name!r}")
+    if name == TARGETS[0]:
+        # plain linears: the CPU kernel choice (models.cpu_matmul) is another question than the core's
+        target, tokenizer = load_model(name, dtype=dtype, device=device, skinny_matmul=False)
+        held_out = [ids for _, ids in benchmark_prompts(tokenizer, min(count, 24), max_tokens=256)]
+        return target, [held_out[i % len(held_out)] for i in range(count)]
+    torch.manual_seed(0)
+    config = llama_1b_shape() if name == TARGETS[1] else tiny_shape()
+    target = LlamaForCausalLM(config).to(device=device, dtype=resolve_dtype(dtype)).eval()
+    return target, random_prompts(config.vocab_size, count, (32, 96))
+
+
+def random_prompts(vocab_size: int, count: int, lengths: tuple[int, int], seed: int = 0) -> list[list[int]]:
+    """`count` prompts of random ids with lengths drawn in [lengths[0], lengths[1]]."""
+    generator = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(lengths[0], lengths[1] + 1, (count,), generator=generator).tolist()
+    return [torch.randint(0, vocab_size, (n,), generator=generator).tolist() for n in sizes]
