@@ -666,6 +666,14 @@ def test_the_compile_knob_picks_the_evaluations_decode_core() -> None:
         assert {k: core[k] for k in ("static", "compile")} == {"static": expected, "compile": expected}
         # compiled, one capacity for every decode: the longest prompt + its budget + gamma + 2, rounded up
         assert core.get("capacity") == (256 if expected else None)
+    # the widest gamma sets it, a swept one included: 100 + 20 + 8 + 2 slots
+    cfg = EvalConfig(methods=["autoregressive"], compile=True, max_prompt_tokens=100, max_new_tokens=20, gamma=3)
+    models = suite._Models(target=Target("cpu"), tokenizer=None, eos=[], drafters={"generic": None})
+    assert _core(cfg, models)["capacity"] == 128
+    cfg = EvalConfig(
+        methods=["autoregressive"], compile=True, max_prompt_tokens=100, max_new_tokens=20, gamma=3, sweep_gammas=[8]
+    )
+    assert _core(cfg, models)["capacity"] == 256
 
 
 def test_a_call_that_compiled_decodes_again_and_its_excess_counts_as_compiling(monkeypatch) -> None:
@@ -733,3 +741,15 @@ def test_the_report_says_what_compiling_cost_where_a_core_compiled(tmp_path) -> 
     assert compile_lines({}) == []
     line = compile_lines({"autoregressive": 41.25, "generic": 63.0})[0]
     assert "autoregressive 41.2 s, generic 63.0 s" in line and "kept out of the rows' times" in line
+
+
+def test_a_decode_that_compiles_again_when_repeated_is_named(monkeypatch) -> None:
+    compiled = []
+    monkeypatch.setattr(suite, "graphs_compiled", lambda: len(compiled))
+
+    def generate(prompts):
+        compiled.append(1)  # every call compiles: guards that never hold
+        return GenerationResult.build([[7]], StepCounters(0, torch.device("cpu")), 1.0)
+
+    with pytest.warns(UserWarning, match="generic: a decode compiled again when repeated"):
+        suite._settled(generate, "generic", {})([[1]])

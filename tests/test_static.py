@@ -217,7 +217,9 @@ def test_static_distribution_test_catches_resampling_from_p(mc_models, monkeypat
         (dict(compile=True), ValueError, "compile=True needs static=True"),
         (dict(capacity=64), ValueError, "capacity=64 needs static=True"),
         (dict(static=True, capacity=7), ValueError, r"capacity must be an int of at least (11|8) cache .*got 7"),
-        (dict(static=True, capacity=True), ValueError, "capacity must be an int .*got True"),
+        (dict(static=True, capacity=True), TypeError, "capacity must be a positive int .*got True"),
+        (dict(static=True, capacity="x", max_new_tokens=0), TypeError, "capacity must be a positive int .*got 'x'"),
+        (dict(static=True, capacity=2, max_new_tokens=0), ValueError, "capacity must be an int of at least (7|4) "),
     ],
 )
 def test_bad_core_options_are_named_before_any_work(target, kwargs, error, needle) -> None:
@@ -225,9 +227,11 @@ def test_bad_core_options_are_named_before_any_work(target, kwargs, error, needl
     handle = target.register_forward_pre_hook(lambda *a: calls.append(1))
     try:
         with pytest.raises(error, match=needle):
-            speculative_generate(target, tiny_llama(1, seed=1), [[1, 2, 3]], gamma=2, max_new_tokens=4, **kwargs)
+            speculative_generate(
+                target, tiny_llama(1, seed=1), [[1, 2, 3]], **(dict(gamma=2, max_new_tokens=4) | kwargs)
+            )
         with pytest.raises(error, match=needle):
-            autoregressive_generate(target, [[1, 2, 3]], max_new_tokens=4, **kwargs)
+            autoregressive_generate(target, [[1, 2, 3]], **(dict(max_new_tokens=4) | kwargs))
     finally:
         handle.remove()
     assert calls == []
@@ -362,7 +366,7 @@ def test_the_feature_drafters_cache_is_allocated_in_its_prefill_even_for_one_tok
     drafter = random_feature_drafter(target, feature_layers=(1, -1))
     drafting = specdecode.decoding.drafting.drafting_for(drafter, 2, 16)
     drafting.cache = StaticKVCache.for_model(drafter, 2, 16)
-    rows = specdecode.decoding.static._Rows.from_prompts([[5], [9]], [4, 4], slack=4, eos=[], device=target.device)
+    rows = specdecode.decoding.static._Rows.from_prompts([[5], [9]], [4, 4], gamma=2, eos=[], device=target.device)
     cache = StaticKVCache.for_model(target, 2, rows.capacity)
     _, hidden = specdecode.decoding.static._prefill(target, cache, rows, drafting.feature_layers)
     drafting.prefill(rows.tokens, rows.lengths, 1, hidden)

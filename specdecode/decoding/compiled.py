@@ -59,7 +59,8 @@ def check_core(static: object, compile: object, device: torch.device, capacity: 
     whether to compile. (Whether `capacity` holds the prompts: `static_cache.static_capacity`.)
 
     Raises:
-        TypeError: naming a non-bool `static` or a `compile` that is not true / false / None.
+        TypeError: naming a non-bool `static`, a `compile` that is not true / false / None, or a
+            `capacity` that is not a positive int or None.
         ValueError: `compile=True` or a `capacity` without `static=True` (only the static core has
             fixed shapes to compile and caches to size).
         RuntimeError: compiling with a torch older than 2.6 (no `torch.compiler.set_stance`), or with
@@ -70,6 +71,8 @@ def check_core(static: object, compile: object, device: torch.device, capacity: 
     on = resolve_compile(compile, device)  # type: ignore[arg-type]
     if compile is True and not static:
         raise ValueError("compile=True needs static=True: only the static-shape core can be compiled")
+    if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
+        raise TypeError(f"capacity must be a positive int (cache slots per row) or None, got {capacity!r}")
     if capacity is not None and not static:
         raise ValueError(f"capacity={capacity!r} needs static=True: the eager loop sizes its caches per call")
     if static and on and not hasattr(torch.compiler, "set_stance"):

@@ -27,6 +27,7 @@ from specdecode.decoding.ragged import Batch, FeatureRows, Finisher, prefill
 from specdecode.decoding.record import Recorder, StepEvent, check_record
 from specdecode.decoding.sampling import SamplingParams, next_tokens
 from specdecode.decoding.static import autoregressive_generate_static, speculative_generate_static
+from specdecode.decoding.static_cache import rows_capacity
 from specdecode.decoding.stats import GenerationResult, StepCounters
 from specdecode.decoding.validation import validate_models, validate_request
 from specdecode.decoding.verify import verify_drafts
@@ -97,6 +98,8 @@ def speculative_generate(
     params, budgets, eos, prompts = validate_request(
         target, prompts, max_new_tokens, temperature, top_k, top_p, eos_token_ids, gamma=gamma
     )
+    if capacity is not None:
+        rows_capacity(prompts, budgets, gamma, capacity)  # holds the rows, before any work
     if max(budgets) == 0:
         return GenerationResult.empty(prompts, StepCounters(gamma, target.device), record)
     lookup = prompt_lookup if prompt_lookup is not None and prompt_lookup.applies(params.temperature) else None
@@ -204,6 +207,8 @@ def autoregressive_generate(
     params, budgets, eos, prompts = validate_request(
         target, prompts, max_new_tokens, temperature, top_k, top_p, eos_token_ids
     )
+    if capacity is not None:
+        rows_capacity(prompts, budgets, None, capacity)  # holds the rows, before any work
     layers = tuple(feature_layers) if feature_layers is not None else None
     if max(budgets) == 0 and layers is None:
         return GenerationResult.empty(prompts, StepCounters(0, target.device), record)

@@ -50,7 +50,7 @@ from specdecode.decoding.drafting import Drafting, drafting_for
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.ragged import kept_counts
 from specdecode.decoding.sampling import DrawnAhead, SamplingParams, exponential_noise, next_tokens, uniform
-from specdecode.decoding.static_cache import StaticKVCache, static_capacity
+from specdecode.decoding.static_cache import StaticKVCache, rows_capacity
 from specdecode.decoding.stats import GenerationResult, StepCounters
 from specdecode.decoding.verify import verify_drafts
 from specdecode.models.feature_drafter import FeatureDrafter
@@ -84,13 +84,13 @@ class _Rows:
         cls,
         prompts: Sequence[Sequence[int]],
         budgets: list[int],
-        slack: int,
+        gamma: int | None,
         eos: Sequence[int],
         device: torch.device,
         capacity: int | None = None,
     ) -> _Rows:
         prompt_lengths = [len(p) for p in prompts]
-        capacity = static_capacity(max(n + b for n, b in zip(prompt_lengths, budgets)) + slack, capacity)
+        capacity = rows_capacity(prompts, budgets, gamma, capacity)
         tokens, lengths, limits = padded_prompts(prompts, budgets, capacity)
         return cls(
             tokens.to(device),
@@ -265,7 +265,7 @@ def speculative_generate_static(
     """
     start = time.perf_counter()
     device = target.device
-    rows = _Rows.from_prompts(prompts, budgets, slack=gamma + 2, eos=eos, device=device, capacity=capacity)
+    rows = _Rows.from_prompts(prompts, budgets, gamma, eos=eos, device=device, capacity=capacity)
     batch_size, capacity = len(prompts), rows.capacity
     target_cache = StaticKVCache.for_model(target, batch_size, capacity)
     row_lookup = _ActiveRowsLookup(lookup) if lookup is not None else None
@@ -356,7 +356,7 @@ def autoregressive_generate_static(
     are drawn before each step and passed in (`DrawnAhead`), the numbers `sample` would draw."""
     start = time.perf_counter()
     device = target.device
-    rows = _Rows.from_prompts(prompts, budgets, slack=1, eos=eos, device=device, capacity=capacity)
+    rows = _Rows.from_prompts(prompts, budgets, None, eos=eos, device=device, capacity=capacity)
     batch_size, capacity = len(prompts), rows.capacity
     cache = StaticKVCache.for_model(target, batch_size, capacity)
     counters = _Counters(0, device)

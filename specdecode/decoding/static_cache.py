@@ -8,6 +8,8 @@ size and width, and a compiled forward can be replayed step after step.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
@@ -20,6 +22,19 @@ from specdecode.models.feature_drafter import FeatureDrafter
 # masked, and reading them costs little next to the weights (256 slots of SmolLM2-135M's keys and
 # values are ~6 MB per row against its 540 MB of weights).
 MIN_CAPACITY = 16
+
+
+def decode_slack(gamma: int | None) -> int:
+    """Slots a static decode writes past a row's budget: a speculative round's gamma drafts, its bonus
+    token and the pending one (gamma + 2); a step of the target alone (`gamma` None) 1."""
+    return 1 if gamma is None else gamma + 2
+
+
+def rows_capacity(
+    prompts: Sequence[Sequence[int]], budgets: Sequence[int], gamma: int | None, capacity: int | None = None
+) -> int:
+    """The cache capacity of a static decode of `prompts` with `budgets` (`static_capacity`)."""
+    return static_capacity(max(len(p) + b for p, b in zip(prompts, budgets)) + decode_slack(gamma), capacity)
 
 
 def static_capacity(slots: int, capacity: int | None = None) -> int:

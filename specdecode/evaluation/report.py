@@ -246,8 +246,8 @@ def compile_lines(compile_seconds: dict[str, float]) -> list[str]:
         return []
     spent = ", ".join(f"{method} {seconds:.1f} s" for method, seconds in compile_seconds.items())
     return [
-        f"Compiled decode core: seconds spent compiling, kept out of the rows' times (each shape's first "
-        f"decode ran again, timed): {spent}.",
+        f"Compiled decode core: the main process's seconds spent compiling, kept out of the rows' times "
+        f"(each shape's first decode ran again, timed): {spent}.",
         "",
     ]
 

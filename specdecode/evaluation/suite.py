@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -162,16 +163,20 @@ def _generators(models: _Models, gamma: int | None, decode: dict, lookup: Prompt
 
 def _settled(generate: Generate, name: str, compile_seconds: dict[str, float]) -> Generate:
     """`generate`, except that a call which compiled a graph (its shape's first: a batch size, cache
-    capacity or sampling mode not seen before) decodes again, and the second decode is returned:
-    its time is a decode's, and the first's excess is added to `compile_seconds[name]`. Greedy and
-    seeded decodes repeat exactly, so the tokens are the first call's."""
+    capacity or sampling setting not seen before) decodes again, and the second decode is returned:
+    its time is a decode's, and the first's excess is added to `compile_seconds[name]` (with the
+    process's one-off start-up costs, where the call was its first). Greedy and seeded decodes
+    repeat exactly; an unseeded sampled one draws afresh, from the same distribution."""
 
     def run(prompts: list[list[int]]) -> GenerationResult:
         before = graphs_compiled()
         first = generate(prompts)
         if graphs_compiled() == before:
             return first
+        compiled = graphs_compiled()
         again = generate(prompts)
+        if graphs_compiled() != compiled:
+            warnings.warn(f"{name}: a decode compiled again when repeated; its timed run includes compiling")
         excess = max(first.stats.wall_time_s - again.stats.wall_time_s, 0.0)
         compile_seconds[name] = compile_seconds.get(name, 0.0) + excess
         return again
