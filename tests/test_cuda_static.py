@@ -104,3 +104,27 @@ def test_bf16_greedy_equals_target_alone_in_bf16_on_the_device(ragged_prompts, c
         )
         exact = sum(a == b for a, b in zip(ours.sequences, alone.sequences, strict=True))
         assert exact == len(ragged_prompts) if not compile else exact >= 6
+
+
+@pytest.mark.skipif(not DEVICE.startswith("cuda"), reason="CUDA graphs are recorded on CUDA only")
+def test_later_calls_of_one_shape_replay_their_cuda_graphs_without_recording_again(target, monkeypatch) -> None:
+    """Each call allocates new static buffers (KV caches, token rows); CUDA graph trees record a graph
+    again wherever a static input's address moved. After the first two calls (compile, record),
+    calls of one shape and capacity must replay what was recorded, or every call pays a capture."""
+    from torch._inductor import cudagraph_trees
+
+    recorded = []
+    record_function = cudagraph_trees.CUDAGraphTreeManager.record_function
+    monkeypatch.setattr(
+        cudagraph_trees.CUDAGraphTreeManager,
+        "record_function",
+        lambda self, *args, **kwargs: recorded.append(1) or record_function(self, *args, **kwargs),
+    )
+    drafter = random_feature_drafter(target, feature_layers=(1, -1))
+    kwargs = dict(max_new_tokens=12, eos_token_ids=[], static=True, compile=True, capacity=64)
+    counts = []
+    for prompts in ([[1, 2, 3]], [[4, 5, 6, 7, 8]], [[9, 10]], [[11, 12, 13, 14]]):
+        speculative_generate(target, drafter, prompts, gamma=2, **kwargs)
+        autoregressive_generate(target, prompts, **kwargs)
+        counts.append(len(recorded))
+    assert counts[1] == counts[-1], f"graphs recorded after each call: {counts}"
