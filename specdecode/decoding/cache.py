@@ -19,6 +19,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
+from specdecode.models.compat import CACHE_KWARG
 from specdecode.models.feature_drafter import target_features
 
 
@@ -135,7 +136,7 @@ def cached_forward(
         input_ids=input_ids,
         attention_mask=mask,
         position_ids=position_ids,
-        past_key_values=cache,
+        **{CACHE_KWARG: cache},
         use_cache=True,
         logits_to_keep=logits_to_keep,
         output_hidden_states=feature_layers is not None,

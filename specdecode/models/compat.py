@@ -1,11 +1,17 @@
 """What a target and a drafter must share to work together: the tokenizer (ids to tokens, EOS) and
-the vocabulary size; and a model's own EOS ids."""
+the vocabulary size; a model's own EOS ids; and the keyword this transformers passes a KV cache by."""
 
 from __future__ import annotations
 
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+import inspect
+
+from transformers import LlamaModel, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdecode.core.config import is_int
+
+# The keyword transformers' models and decoder layers take a KV cache by: `cache` from 5.24 on,
+# where `past_key_values` is deprecated; `past_key_values` before.
+CACHE_KWARG = "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
 
 
 def check_tokenizers(target_tokenizer: PreTrainedTokenizerBase, drafter_tokenizer: PreTrainedTokenizerBase) -> None:

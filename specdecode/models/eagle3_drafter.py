@@ -123,15 +123,14 @@ class Eagle3Layer(nn.Module):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-        past_key_values: Any = None,
         **kwargs: Any,
     ) -> torch.Tensor:
+        """`kwargs`: the decoder's, the KV cache among them (by the keyword of this transformers), for the attention."""
         embeds, fused = hidden_states.chunk(2, dim=-1)
         attended, _ = self.self_attn(
             torch.cat([self.input_layernorm(embeds), self.hidden_norm(fused)], dim=-1),
             position_embeddings=position_embeddings,
             attention_mask=attention_mask,
-            past_key_values=past_key_values,
             **kwargs,
         )
         residual = fused + attended

@@ -48,6 +48,7 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers import PreTrainedModel
 
+from specdecode.models.compat import CACHE_KWARG
 from specdecode.models.config import LAST_FEATURE, check_feature_layers, check_layout
 from specdecode.models.draft_vocab import DraftVocabHead
 from specdecode.models.folders import read_safetensors
@@ -193,8 +194,8 @@ class FeatureDrafter(nn.Module):
             inputs_embeds=self.fuse(features, next_ids),
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
             use_cache=past_key_values is not None,
+            **{CACHE_KWARG: past_key_values},
         ).last_hidden_state
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
