@@ -276,7 +276,7 @@ def test_rounds_and_steps_compile_whole_a_seeded_generator_drawing_ahead(
     whole round (step), even where a seeded generator samples. Its draws are made before each
     round (step), the same numbers as without compiling."""
     functions = []
-    monkeypatch.setattr(specdecode.decoding.static, "compiled_function", lambda f, d: functions.append(f) or f)
+    monkeypatch.setattr(specdecode.decoding.compiled, "compiled_function", lambda f, d: functions.append(f) or f)
     kwargs = dict(max_new_tokens=6, eos_token_ids=[], temperature=temperature, seed=seed)
     if who == "round":
         kwargs.update(gamma=2, drafter=derive_drafter(target, 1))
@@ -318,7 +318,7 @@ def test_state_a_compiled_step_reassigns_is_copied_out_before_the_next(target, m
         held.clear()
         held.update(named(rows, cache))
 
-    monkeypatch.setattr(specdecode.decoding.static, "compiled_function", lambda f, d: watched)
+    monkeypatch.setattr(specdecode.decoding.compiled, "compiled_function", lambda f, d: watched)
     result = autoregressive_generate(
         target,
         [[1, 2, 3], [4, 5]],
@@ -337,7 +337,7 @@ def test_compiled_steps_skip_guards_from_the_third(target, monkeypatch, seed) ->
     """The first `GUARDED_STEPS` compiled rounds (steps) of a call evaluate their guards, and so
     compile what the call needs; later ones skip them."""
     flags: list[bool] = []
-    monkeypatch.setattr(specdecode.decoding.static, "compiled_function", lambda f, d: f)
+    monkeypatch.setattr(specdecode.decoding.compiled, "compiled_function", lambda f, d: f)
     monkeypatch.setattr(
         specdecode.decoding.static, "skipped_guards", lambda skip: flags.append(skip) or contextlib.nullcontext()
     )
@@ -426,7 +426,7 @@ def test_state_a_compiled_round_reassigns_is_copied_out_before_the_next(target, 
         held.clear()
         held.update({k: v for k, v in tensors(*objects).items() if before.get(k) is not v})
 
-    monkeypatch.setattr(specdecode.decoding.static, "compiled_function", lambda f, d: watched)
+    monkeypatch.setattr(specdecode.decoding.compiled, "compiled_function", lambda f, d: watched)
     drafter = drafter_of(kind, target)
     speculative_generate(
         target, drafter, [[1, 2, 3], [4, 5]], gamma=3, max_new_tokens=12, eos_token_ids=[], static=True, compile=True
@@ -470,6 +470,19 @@ def test_calls_of_one_capacity_share_compiled_graphs(target) -> None:
             target, [[5, 6, 7, 8, 9, 10, 11], [12, 13]], max_new_tokens=[30, 2], eos_token_ids=[]
         ).sequences
     )
+
+
+def test_one_compiled_graph_samples_at_every_temperature(target) -> None:
+    """The temperature reaches a compiled step as a tensor (`TensorTemperature`): a second
+    temperature compiles nothing, and seeded steps draw what the eager loop draws at each."""
+    kwargs = dict(max_new_tokens=8, eos_token_ids=[], seed=3, capacity=32)
+    for i, temperature in enumerate((0.7, 1.3)):
+        with torch.compiler.set_stance("fail_on_recompile" if i else "default"):
+            ours = autoregressive_generate(
+                target, [[1, 2, 3]], temperature=temperature, static=True, compile=True, **kwargs
+            )
+        eager = autoregressive_generate(target, [[1, 2, 3]], temperature=temperature, static=True, **kwargs)
+        assert ours.sequences == eager.sequences
 
 
 @pytest.mark.slow

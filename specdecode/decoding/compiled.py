@@ -7,7 +7,8 @@ compiled on first use and reused by every later call of that shape; so does a st
 alone (pass, sample, commit, features). With `NESTED_LAYERS`, each model's decoder layers are one
 nested compile region (`nested_layers`), compiled once and reused for every layer. Dynamo cannot trace a
 draw from a seeded generator, so a step or round that samples with one takes that generator's
-draws as inputs, drawn before it. On
+draws as inputs, drawn before it; and it takes a sampled temperature as a tensor
+(`compiled_for`), so that one graph samples at every temperature. On
 CUDA the mode is "reduce-overhead", which captures each graph as a CUDA graph and replays it with
 one launch; the KV buffers and the state a round writes in place are marked static
 (`StaticKVCache`, `mark_static`) so the replay writes them where they are, and the state it
@@ -23,6 +24,8 @@ import types
 from collections.abc import Callable, Iterator
 
 import torch
+
+from specdecode.decoding.sampling import SamplingParams, TensorTemperature
 
 # Whether `compile=None` (auto) compiles on the CPU. Off: a compiled step is about a fifth faster
 # there, but each model and shape first compiles for tens of seconds, which takes thousands of
@@ -120,6 +123,17 @@ def compiled_function(function: Callable, device: torch.device) -> Callable:
     if key not in _COMPILED_FUNCTIONS:
         _COMPILED_FUNCTIONS[key] = _compile(function, device)
     return _COMPILED_FUNCTIONS[key]
+
+
+def compiled_for(
+    function: Callable, params: SamplingParams, device: torch.device, compile: bool
+) -> tuple[Callable, SamplingParams | TensorTemperature]:
+    """A decode loop's step `function` and the sampling params to call it with: compiled
+    (`compiled_function`) with a sampled temperature as a tensor (`TensorTemperature`: one graph for
+    every temperature), or as they are."""
+    if not compile:
+        return function, params
+    return compiled_function(function, device), params if params.greedy else TensorTemperature.of(params, device)
 
 
 # The nested compile region of each decoder layer forward function.

@@ -41,12 +41,29 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
-def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+@dataclass(frozen=True)
+class TensorTemperature:
+    """`SamplingParams` for a compiled graph, with the temperature a 0-d fp32 tensor: dynamo compiles a
+    graph per value of a Python float, and a tensor lets one graph sample at every temperature."""
+
+    temperature: torch.Tensor
+    top_k: int
+    top_p: float
+    greedy: bool = False
+
+    @classmethod
+    def of(cls, params: SamplingParams, device: torch.device) -> TensorTemperature:
+        temperature = torch.tensor(params.temperature, dtype=torch.float32, device=device)
+        return cls(temperature, params.top_k, params.top_p)
+
+
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams | TensorTemperature) -> torch.Tensor:
     """Turn logits into the fp32 distribution a token is sampled from.
 
     Args:
         logits: `[..., V]` in any float dtype; `-inf` entries (a truncated-vocab drafter) are allowed.
-        params: temperature, top-k, top-p, applied in that order (as transformers does).
+        params: temperature, top-k, top-p, applied in that order (as transformers does); the
+            temperature a float or (`TensorTemperature`) a 0-d tensor.
 
     Returns:
         `[..., V]` fp32 probabilities summing to 1; one-hot at the argmax when greedy.

@@ -39,7 +39,7 @@ from transformers import PreTrainedModel
 
 from specdecode.decoding.cache import cached_forward, padded_prompts
 from specdecode.decoding.compiled import (
-    compiled_function,
+    compiled_for,
     eager_passes,
     mark_static,
     mark_step,
@@ -274,7 +274,7 @@ def speculative_generate_static(
     drafting.cache = StaticKVCache.for_model(drafter, batch_size, capacity)
     counters = _Counters(gamma, device)
     sync_every = default_sync_every(device)
-    run_round = compiled_function(_round, device) if compile else _round
+    run_round, round_params = compiled_for(_round, params, device, compile)
     seeded = generator is not None and not params.greedy
 
     # 0. prefill: the target's first token is an ordinary sample; the drafter only reads the prompt.
@@ -299,7 +299,7 @@ def speculative_generate_static(
                 else generator
             )
             with skipped_guards(compile and step >= GUARDED_STEPS):
-                run_round(target, drafting, rows, target_cache, counters, row_lookup, params, gamma, draws)
+                run_round(target, drafting, rows, target_cache, counters, row_lookup, round_params, gamma, draws)
             if isinstance(draws, DrawnAhead) and draws.used != len(draws.draws):
                 raise RuntimeError(f"a round used {draws.used} of the {len(draws.draws)} draws made for it")
             if compile:
@@ -361,7 +361,7 @@ def autoregressive_generate_static(
     cache = StaticKVCache.for_model(target, batch_size, capacity)
     counters = _Counters(0, device)
     sync_every = default_sync_every(device)
-    run_step = compiled_function(_step, device) if compile else _step
+    run_step, step_params = compiled_for(_step, params, device, compile)
     seeded = generator is not None and not params.greedy
 
     logits, hidden = _prefill(target, cache, rows, feature_layers)
@@ -382,7 +382,7 @@ def autoregressive_generate_static(
             # a seeded generator's draws are made ahead, as for a round
             draws = DrawnAhead([exponential_noise(noise_shape, device, generator)]) if seeded else None
             with skipped_guards(compile and step >= GUARDED_STEPS):
-                run_step(target, rows, cache, counters, written, params, draws, feature_layers)
+                run_step(target, rows, cache, counters, written, step_params, draws, feature_layers)
             if compile:
                 # the step's reassigned state out of its CUDA graph's memory, before the next replay
                 rows.lengths, rows.active = rows.lengths.clone(), rows.active.clone()
