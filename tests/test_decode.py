@@ -3,6 +3,8 @@ stopping rules, ragged batching, cache reuse, and bad input."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -303,3 +305,19 @@ def test_gamma_bound_and_nan_temperature_are_named_before_any_work(target, kwarg
     finally:
         handle.remove()
     assert calls == []
+
+
+def test_the_kv_cache_goes_by_the_keyword_this_transformers_takes() -> None:
+    """transformers 5.24 takes a cache as `cache` and warns on `past_key_values` (to be removed):
+    the decode passes of a target and of a feature drafter raise no such warning."""
+    import warnings
+
+    from specdecode.models.compat import CACHE_KWARG
+    from tests.test_feature_drafter import random_feature_drafter
+
+    target = tiny_llama(2, seed=0)
+    assert CACHE_KWARG in inspect.signature(type(target.model).forward).parameters
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        autoregressive_generate(target, [[1, 2, 3]], max_new_tokens=3, eos_token_ids=[])
+        speculative_generate(target, random_feature_drafter(target), [[1, 2, 3]], max_new_tokens=3, eos_token_ids=[])

@@ -11,7 +11,7 @@ import torch
 from specdecode import speculative_generate
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.stats import GenerationResult, StepCounters
-from specdecode.evaluation import suite
+from specdecode.evaluation import records, suite
 from specdecode.evaluation.config import EvalConfig
 from specdecode.evaluation.records import (
     RunRecord,
@@ -681,7 +681,7 @@ def test_a_call_that_compiled_decodes_again_and_its_excess_counts_as_compiling(m
     decode of the same prompts instead, and counts the difference as the method's compile seconds."""
     compiled_shapes: set[int] = set()
     calls: list[int] = []
-    monkeypatch.setattr(suite, "graphs_compiled", lambda: len(compiled_shapes))
+    monkeypatch.setattr(records, "graphs_compiled", lambda: len(compiled_shapes))
 
     def generate(prompts):
         calls.append(len(prompts))
@@ -692,7 +692,7 @@ def test_a_call_that_compiled_decodes_again_and_its_excess_counts_as_compiling(m
         return GenerationResult.build([[7]] * len(prompts), StepCounters(0, torch.device("cpu")), seconds)
 
     compile_seconds: dict[str, float] = {}
-    settled = suite._settled(generate, "generic", compile_seconds)
+    settled = records.settled(generate, "generic", compile_seconds)
     assert settled([[1], [2]]).stats.wall_time_s == 1.0 and calls == [2, 2]
     assert compile_seconds == {"generic": 4.0}
     assert settled([[3], [4]]).stats.wall_time_s == 1.0 and calls == [2, 2, 2]  # a shape seen: once
@@ -704,7 +704,7 @@ def test_a_call_that_compiled_decodes_again_and_its_excess_counts_as_compiling(m
 def test_only_compiled_decodes_are_settled(compile: bool, monkeypatch) -> None:
     models = suite._Models(target=None, tokenizer=None, eos=[], drafters={"generic": None})
     settled = []
-    monkeypatch.setattr(suite, "_settled", lambda generate, name, seconds: settled.append(name) or generate)
+    monkeypatch.setattr(suite, "settled", lambda generate, name, seconds: settled.append(name) or generate)
     generators = suite._generators(models, 2, {"max_new_tokens": 4, "static": compile, "compile": compile}, None)
     assert list(generators) == ["autoregressive", "generic"]
     assert settled == (["autoregressive", "generic"] if compile else [])
@@ -745,11 +745,11 @@ def test_the_report_says_what_compiling_cost_where_a_core_compiled(tmp_path) -> 
 
 def test_a_decode_that_compiles_again_when_repeated_is_named(monkeypatch) -> None:
     compiled = []
-    monkeypatch.setattr(suite, "graphs_compiled", lambda: len(compiled))
+    monkeypatch.setattr(records, "graphs_compiled", lambda: len(compiled))
 
     def generate(prompts):
         compiled.append(1)  # every call compiles: guards that never hold
         return GenerationResult.build([[7]], StepCounters(0, torch.device("cpu")), 1.0)
 
     with pytest.warns(UserWarning, match="generic: a decode compiled again when repeated"):
-        suite._settled(generate, "generic", {})([[1]])
+        records.settled(generate, "generic", {})([[1]])

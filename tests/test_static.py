@@ -472,16 +472,19 @@ def test_calls_of_one_capacity_share_compiled_graphs(target) -> None:
     )
 
 
-def test_one_compiled_graph_samples_at_every_temperature(target) -> None:
-    """The temperature reaches a compiled step as a tensor (`TensorTemperature`): a second
+@pytest.mark.parametrize("who", ["target alone", pytest.param("round", marks=pytest.mark.slow)])
+def test_one_compiled_graph_samples_at_every_temperature(target, who: str) -> None:
+    """The temperature reaches a compiled step or round as a tensor (`TensorTemperature`): a second
     temperature compiles nothing, and seeded steps draw what the eager loop draws at each."""
-    kwargs = dict(max_new_tokens=8, eos_token_ids=[], seed=3, capacity=32)
+    kwargs = dict(max_new_tokens=8, eos_token_ids=[], seed=3, capacity=32, static=True)
+    if who == "round":
+        # prompt lookup off: by default it applies up to 0.7 only, and on or off is its own graph
+        kwargs.update(gamma=2, drafter=drafter_of("feature", target), prompt_lookup=None)
+    run = speculative_generate if who == "round" else autoregressive_generate
     for i, temperature in enumerate((0.7, 1.3)):
         with torch.compiler.set_stance("fail_on_recompile" if i else "default"):
-            ours = autoregressive_generate(
-                target, [[1, 2, 3]], temperature=temperature, static=True, compile=True, **kwargs
-            )
-        eager = autoregressive_generate(target, [[1, 2, 3]], temperature=temperature, static=True, **kwargs)
+            ours = run(target, prompts=[[1, 2, 3]], temperature=temperature, compile=True, **kwargs)
+        eager = run(target, prompts=[[1, 2, 3]], temperature=temperature, **kwargs)
         assert ours.sequences == eager.sequences
 
 

@@ -2,7 +2,8 @@
 
 A speculative round (draft gamma tokens, verify them, accept, commit, count) runs under
 `torch.compile` whole, with static shapes (`dynamic=False`): the drafter's and the target's passes
-and the bookkeeping between them become one graph per (models, batch size, gamma, cache capacity),
+and the bookkeeping between them become one graph per (models, batch size, gamma, cache capacity,
+greedy or sampled, seeded or not, top-k, top-p, prompt lookup on or off; not per temperature),
 compiled on first use and reused by every later call of that shape; so does a step of the target
 alone (pass, sample, commit, features). With `NESTED_LAYERS`, each model's decoder layers are one
 nested compile region (`nested_layers`), compiled once and reused for every layer. Dynamo cannot trace a
@@ -25,7 +26,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from specdecode.decoding.sampling import SamplingParams, TensorTemperature
+from specdecode.decoding.sampling import Params, SamplingParams, TensorTemperature
 
 # Whether `compile=None` (auto) compiles on the CPU. Off: a compiled step is about a fifth faster
 # there, but each model and shape first compiles for tens of seconds, which takes thousands of
@@ -127,7 +128,7 @@ def compiled_function(function: Callable, device: torch.device) -> Callable:
 
 def compiled_for(
     function: Callable, params: SamplingParams, device: torch.device, compile: bool
-) -> tuple[Callable, SamplingParams | TensorTemperature]:
+) -> tuple[Callable, Params]:
     """A decode loop's step `function` and the sampling params to call it with: compiled
     (`compiled_function`) with a sampled temperature as a tensor (`TensorTemperature`: one graph for
     every temperature), or as they are."""

@@ -31,7 +31,7 @@ from transformers import PreTrainedModel
 
 from specdecode.decoding.cache import RaggedKVCache, cached_call, cached_forward
 from specdecode.decoding.lookup import PromptLookup, override_q
-from specdecode.decoding.sampling import Generator, SamplingParams, logits_to_probs, sample
+from specdecode.decoding.sampling import Generator, Params, logits_to_probs, sample
 from specdecode.models.draft_vocab import DraftVocabHead
 from specdecode.models.feature_drafter import FeatureDrafter, feed_back
 
@@ -63,7 +63,7 @@ class Drafting(Protocol):
         lengths: torch.Tensor,
         max_length: int,
         gamma: int,
-        params: SamplingParams,
+        params: Params,
         generator: Generator,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft `gamma` tokens after each row's `lengths[b]` committed `tokens` `[B, S_cap]`
@@ -118,7 +118,7 @@ class SliceDrafting:
         lengths: torch.Tensor,
         max_length: int,
         gamma: int,
-        params: SamplingParams,
+        params: Params,
         generator: Generator,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft `gamma` tokens after each row's `lengths[b]` committed `tokens` `[B, S_cap]`."""
@@ -189,7 +189,7 @@ class FeatureDrafting:
         lengths: torch.Tensor,
         max_length: int,
         gamma: int,
-        params: SamplingParams,
+        params: Params,
         generator: Generator,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft `gamma` tokens after each row's `lengths[b]` committed `tokens` `[B, S_cap]`."""
@@ -314,9 +314,7 @@ class _Drafts:
         return drafts, q if used is None else override_q(q, drafts, used)
 
 
-def _draw(
-    logits: torch.Tensor, params: SamplingParams, generator: Generator
-) -> tuple[torch.Tensor | None, torch.Tensor]:
+def _draw(logits: torch.Tensor, params: Params, generator: Generator) -> tuple[torch.Tensor | None, torch.Tensor]:
     """`[B, V]` drafter logits → (q `[B, V]`, the draft `[B]` drawn from it); greedy: (None, argmax),
     since greedy verification compares tokens and needs no distribution."""
     if params.greedy:

@@ -53,11 +53,24 @@ class TensorTemperature:
 
     @classmethod
     def of(cls, params: SamplingParams, device: torch.device) -> TensorTemperature:
+        """`params`' temperature as a tensor on `device`. The division by it may round the last bit
+        otherwise than the eager loop's division by a float (a CUDA kernel multiplies by the
+        reciprocal): sampling still follows the target's distribution.
+
+        Raises:
+            ValueError: `params` is greedy (a greedy step takes the argmax and no temperature).
+        """
+        if params.greedy:
+            raise ValueError("TensorTemperature is for sampling; greedy params need no temperature")
         temperature = torch.tensor(params.temperature, dtype=torch.float32, device=device)
         return cls(temperature, params.top_k, params.top_p)
 
 
-def logits_to_probs(logits: torch.Tensor, params: SamplingParams | TensorTemperature) -> torch.Tensor:
+# The sampling settings a decode step reads: as given, or with the temperature a tensor (compiled).
+Params = SamplingParams | TensorTemperature
+
+
+def logits_to_probs(logits: torch.Tensor, params: Params) -> torch.Tensor:
     """Turn logits into the fp32 distribution a token is sampled from.
 
     Args:
@@ -136,7 +149,7 @@ def sample(probs: torch.Tensor, generator: Generator = None) -> torch.Tensor:
 
 def next_tokens(
     logits: torch.Tensor,
-    params: SamplingParams,
+    params: Params,
     generator: Generator,
 ) -> torch.Tensor:
     """One token per row of `logits` `[..., V]` → `[...]`: the argmax when greedy (no distribution is

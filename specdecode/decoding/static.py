@@ -18,7 +18,7 @@ ragged batches:
 * the host learns whether every row is done every few steps (`default_sync_every`), not every step;
 * with `compile`, each speculative round (`_round`: draft, verify, accept, commit) runs under
   `torch.compile` as one graph, and so does each step of the target alone (CUDA graphs on CUDA;
-  `compiled.py`), compiled once per shape (batch size, cache capacity, gamma) and reused across
+  `compiled.py`), compiled once per shape (batch size, capacity, gamma, sampling mode), reused across
   calls: the capacity is the caller's `capacity`, else the need rounded up to a power of two. The
   prefills, whose widths the prompts set, run eagerly.
 
@@ -49,7 +49,7 @@ from specdecode.decoding.compiled import (
 from specdecode.decoding.drafting import Drafting, drafting_for
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.ragged import kept_counts
-from specdecode.decoding.sampling import DrawnAhead, SamplingParams, exponential_noise, next_tokens, uniform
+from specdecode.decoding.sampling import DrawnAhead, Params, SamplingParams, exponential_noise, next_tokens, uniform
 from specdecode.decoding.static_cache import StaticKVCache, rows_capacity
 from specdecode.decoding.stats import GenerationResult, StepCounters
 from specdecode.decoding.verify import verify_drafts
@@ -219,7 +219,7 @@ def _round(
     cache: StaticKVCache,
     counters: _Counters,
     lookup: _ActiveRowsLookup | None,
-    params: SamplingParams,
+    params: Params,
     gamma: int,
     generator: torch.Generator | DrawnAhead | None,
 ) -> None:
@@ -319,7 +319,7 @@ def _step(
     cache: StaticKVCache,
     counters: _Counters,
     written: torch.Tensor | None,
-    params: SamplingParams,
+    params: Params,
     generator: DrawnAhead | None,
     feature_layers: tuple[int, ...] | None,
 ) -> None:

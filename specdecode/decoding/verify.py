@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from specdecode.decoding.cache import cached_forward
-from specdecode.decoding.sampling import Generator, SamplingParams, logits_to_probs, sample, uniform
+from specdecode.decoding.sampling import Generator, Params, logits_to_probs, sample, uniform
 
 if TYPE_CHECKING:
     from specdecode.decoding.cache import RaggedKVCache
@@ -99,7 +99,7 @@ def verify_drafts(
     draft: torch.Tensor,
     q: torch.Tensor | None,
     start: torch.Tensor,
-    params: SamplingParams,
+    params: Params,
     generator: Generator,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One target pass over each row's pending token `[B, 1]` and its gamma drafts `[B, gamma]` (at

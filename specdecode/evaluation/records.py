@@ -1,12 +1,15 @@
 """What an evaluation counts: one method's decode of a prompt set (`RunRecord`), its raw summable
 counts, how processes' counts merge, and the results.json rows computed from them. Also the
-batching policies the methods decode with (consecutive batches, grouped by chosen drafter)."""
+batching policies the methods decode with (consecutive batches, grouped by chosen drafter), and
+compiled decodes timed apart from their compiling (`settled`)."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from specdecode.decoding.compiled import graphs_compiled
 from specdecode.decoding.stats import GenerationResult
 
 Generate = Callable[[list[list[int]]], GenerationResult]
@@ -261,3 +264,26 @@ def router_share(rows: list[dict], singles: Sequence[str] | None = None) -> list
                 entry[f"{chooser}_share"] = (mean[chooser] - mean[best]) / gain if gain > 0 else None
         shares.append(entry)
     return shares
+
+
+def settled(generate: Generate, name: str, compile_seconds: dict[str, float]) -> Generate:
+    """`generate`, except that a call which compiled a graph (its shape's first: a batch size, cache
+    capacity or sampling setting not seen before) decodes again, and the second decode is returned:
+    its time is a decode's, and the first's excess is added to `compile_seconds[name]` (with the
+    process's one-off start-up costs, where the call was its first). Greedy and seeded decodes
+    repeat exactly; an unseeded sampled one draws afresh, from the same distribution."""
+
+    def run(prompts: list[list[int]]) -> GenerationResult:
+        before = graphs_compiled()
+        first = generate(prompts)
+        if graphs_compiled() == before:
+            return first
+        compiled = graphs_compiled()
+        again = generate(prompts)
+        if graphs_compiled() != compiled:
+            warnings.warn(f"{name}: a decode compiled again when repeated; its timed run includes compiling")
+        excess = max(first.stats.wall_time_s - again.stats.wall_time_s, 0.0)
+        compile_seconds[name] = compile_seconds.get(name, 0.0) + excess
+        return again
+
+    return run

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import time
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -33,11 +32,10 @@ from specdecode.core.locking import locks_output_dir
 from specdecode.data.corpus import vocab_corpus
 from specdecode.data.domains import format_prompt
 from specdecode.data.registry import domain_examples, require_heldout
-from specdecode.decoding.compiled import graphs_compiled, resolve_compile
+from specdecode.decoding.compiled import resolve_compile
 from specdecode.decoding.decode import autoregressive_generate, drafter_gamma, speculative_generate
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.static_cache import static_capacity
-from specdecode.decoding.stats import GenerationResult
 from specdecode.decoding.timing import measure_pass_costs, warm_up_tokens
 from specdecode.decoding.validation import validate_models
 from specdecode.evaluation.config import EvalConfig
@@ -52,6 +50,7 @@ from specdecode.evaluation.records import (
     router_share,
     run_batched,
     run_interleaved,
+    settled,
 )
 from specdecode.evaluation.report import write_report
 from specdecode.evaluation.token_pages import write_token_pages
@@ -89,7 +88,7 @@ class _Models:
     router: Any = None
     # candidate → one of its passes in target steps (`measure_pass_costs`), timed when the oracle first picks.
     pass_costs: dict[str, float] | None = None
-    # method → seconds its decodes spent compiling (`_settled`), where the decode core compiles
+    # method → seconds its decodes spent compiling (`records.settled`), where the decode core compiles
     compile_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -150,38 +149,15 @@ def _core(cfg: EvalConfig, models: _Models) -> dict[str, Any]:
 
 def _generators(models: _Models, gamma: int | None, decode: dict, lookup: PromptLookup) -> dict[str, Generate]:
     """One decode function per method name at `gamma`, each drafter with `lookup` (`autoregressive`
-    ignores both); where `decode` compiles, each settled (`_settled`)."""
+    ignores both); where `decode` compiles, each settled (`records.settled`)."""
     generators: dict[str, Generate] = {"autoregressive": partial(autoregressive_generate, models.target, **decode)}
     for name, drafter in models.drafters.items():
         generators[name] = partial(
             speculative_generate, models.target, drafter, gamma=gamma, prompt_lookup=lookup, **decode
         )
     if decode.get("compile"):
-        generators = {name: _settled(generate, name, models.compile_seconds) for name, generate in generators.items()}
+        generators = {name: settled(generate, name, models.compile_seconds) for name, generate in generators.items()}
     return generators
-
-
-def _settled(generate: Generate, name: str, compile_seconds: dict[str, float]) -> Generate:
-    """`generate`, except that a call which compiled a graph (its shape's first: a batch size, cache
-    capacity or sampling setting not seen before) decodes again, and the second decode is returned:
-    its time is a decode's, and the first's excess is added to `compile_seconds[name]` (with the
-    process's one-off start-up costs, where the call was its first). Greedy and seeded decodes
-    repeat exactly; an unseeded sampled one draws afresh, from the same distribution."""
-
-    def run(prompts: list[list[int]]) -> GenerationResult:
-        before = graphs_compiled()
-        first = generate(prompts)
-        if graphs_compiled() == before:
-            return first
-        compiled = graphs_compiled()
-        again = generate(prompts)
-        if graphs_compiled() != compiled:
-            warnings.warn(f"{name}: a decode compiled again when repeated; its timed run includes compiling")
-        excess = max(first.stats.wall_time_s - again.stats.wall_time_s, 0.0)
-        compile_seconds[name] = compile_seconds.get(name, 0.0) + excess
-        return again
-
-    return run
 
 
 def _run_turns(
@@ -382,7 +358,7 @@ def _publish(
             "cpu_kernels": {"target": kernel_picks(models.target)}
             | {name: kernel_picks(d) for name, d in models.drafters.items()},
             "rows": [row | {"max_new_tokens": cfg.max_new_tokens} for row in finalize_rows(merged)],
-            # method → the main process's seconds compiling, kept out of its rows' times (`_settled`)
+            # method → the main process's seconds compiling, kept out of its rows' times (`records.settled`)
             "compile_seconds": models.compile_seconds,
             # the drafters the router and the oracle choose between (`_Models.candidates`), as rows name them
             "router_share": router_share(finalize_rows(main), [_method_name(n) for n in cfg.drafters]),
