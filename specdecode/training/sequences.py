@@ -21,7 +21,7 @@ from specdecode.data.domains import format_prompt
 from specdecode.data.example import Example
 from specdecode.data.registry import domain_examples
 from specdecode.decoding.decode import autoregressive_generate
-from specdecode.decoding.static_cache import static_capacity
+from specdecode.decoding.static_cache import rows_capacity
 from specdecode.training.config import TrainConfig
 
 T = TypeVar("T")
@@ -235,7 +235,7 @@ def _continuations(
     budget = {i: min(train.max_new_tokens, train.max_len - len(prompts[i])) for i in order}
     # Compiled, every batch has one shape: the caches as large as the longest row needs and the last
     # batch filled up with rows of no budget (each shape compiles for tens of seconds on a GPU).
-    capacity = static_capacity(max(len(prompts[i]) + budget[i] for i in order) + 1) if compile and order else None
+    capacity = rows_capacity([prompts[i] for i in order], list(budget.values()), None) if compile and order else None
     for start in range(0, len(order), batch_size):
         picks = order[start : start + batch_size]
         filler = batch_size - len(picks) if compile and len(order) > batch_size else 0
