@@ -692,9 +692,11 @@ def test_a_call_that_compiled_decodes_again_and_its_excess_counts_as_compiling(m
         return GenerationResult.build([[7]] * len(prompts), StepCounters(0, torch.device("cpu")), seconds)
 
     compile_seconds: dict[str, float] = {}
-    settled = records.settled(generate, "generic", compile_seconds)
+    said: list[str] = []
+    settled = records.settled(generate, "generic", compile_seconds, said.append)
     assert settled([[1], [2]]).stats.wall_time_s == 1.0 and calls == [2, 2]
     assert compile_seconds == {"generic": 4.0}
+    assert said == ["generic: compiled a decode of 2 prompts in 4.0 s (kept out of its timing)"]
     assert settled([[3], [4]]).stats.wall_time_s == 1.0 and calls == [2, 2, 2]  # a shape seen: once
     settled([[5]])
     assert calls == [2, 2, 2, 1, 1] and compile_seconds == {"generic": 8.0}
@@ -704,7 +706,7 @@ def test_a_call_that_compiled_decodes_again_and_its_excess_counts_as_compiling(m
 def test_only_compiled_decodes_are_settled(compile: bool, monkeypatch) -> None:
     models = suite._Models(target=None, tokenizer=None, eos=[], drafters={"generic": None})
     settled = []
-    monkeypatch.setattr(suite, "settled", lambda generate, name, seconds: settled.append(name) or generate)
+    monkeypatch.setattr(suite, "settled", lambda generate, name, seconds, say: settled.append(name) or generate)
     generators = suite._generators(models, 2, {"max_new_tokens": 4, "static": compile, "compile": compile}, None)
     assert list(generators) == ["autoregressive", "generic"]
     assert settled == (["autoregressive", "generic"] if compile else [])

@@ -266,12 +266,18 @@ def router_share(rows: list[dict], singles: Sequence[str] | None = None) -> list
     return shares
 
 
-def settled(generate: Generate, name: str, compile_seconds: dict[str, float]) -> Generate:
+def settled(
+    generate: Generate,
+    name: str,
+    compile_seconds: dict[str, float],
+    on_compile: Callable[[str], None] = lambda line: None,
+) -> Generate:
     """`generate`, except that a call which compiled a graph (its shape's first: a batch size, cache
     capacity or sampling setting not seen before) decodes again, and the second decode is returned:
     its time is a decode's, and the first's excess is added to `compile_seconds[name]` (with the
-    process's one-off start-up costs, where the call was its first). Greedy and seeded decodes
-    repeat exactly; an unseeded sampled one draws afresh, from the same distribution."""
+    process's one-off start-up costs, where the call was its first) and said in a line to
+    `on_compile`. Greedy and seeded decodes repeat exactly; an unseeded sampled one draws afresh,
+    from the same distribution."""
 
     def run(prompts: list[list[int]]) -> GenerationResult:
         before = graphs_compiled()
@@ -284,6 +290,7 @@ def settled(generate: Generate, name: str, compile_seconds: dict[str, float]) ->
             warnings.warn(f"{name}: a decode compiled again when repeated; its timed run includes compiling")
         excess = max(first.stats.wall_time_s - again.stats.wall_time_s, 0.0)
         compile_seconds[name] = compile_seconds.get(name, 0.0) + excess
+        on_compile(f"{name}: compiled a decode of {len(prompts)} prompts in {excess:.1f} s (kept out of its timing)")
         return again
 
     return run

@@ -156,7 +156,9 @@ def _generators(models: _Models, gamma: int | None, decode: dict, lookup: Prompt
             speculative_generate, models.target, drafter, gamma=gamma, prompt_lookup=lookup, **decode
         )
     if decode.get("compile"):
-        generators = {name: settled(generate, name, models.compile_seconds) for name, generate in generators.items()}
+        generators = {
+            name: settled(generate, name, models.compile_seconds, tqdm.write) for name, generate in generators.items()
+        }
     return generators
 
 
