@@ -108,10 +108,19 @@ def test_bf16_greedy_equals_target_alone_in_bf16_on_the_device(ragged_prompts, c
 
 @pytest.mark.skipif(not DEVICE.startswith("cuda"), reason="CUDA graphs are recorded on CUDA only")
 def test_later_calls_of_one_shape_replay_their_cuda_graphs_without_recording_again(target, monkeypatch) -> None:
-    """Each call allocates new static buffers (KV caches, token rows); CUDA graph trees record a graph
-    again wherever a static input's address moved. After the first two calls (compile, record),
-    calls of one shape and capacity must replay what was recorded, or every call pays a capture."""
+    """CUDA graph trees record a graph again wherever a static input (KV caches, token rows) moved.
+    After the first two calls (compile, record), calls of one shape and capacity must replay what
+    was recorded (`static_buffers`), or every call pays a capture. Every buffer marked static is
+    held here, so that a call which allocated its own could not land at the last one's address."""
     from torch._inductor import cudagraph_trees
+
+    import specdecode.decoding.static
+    import specdecode.decoding.static_cache
+
+    held = []
+    for module in (specdecode.decoding.static, specdecode.decoding.static_cache):
+        mark = module.mark_static
+        monkeypatch.setattr(module, "mark_static", lambda *tensors, mark=mark: held.extend(tensors) or mark(*tensors))
 
     recorded = []
     record_function = cudagraph_trees.CUDAGraphTreeManager.record_function

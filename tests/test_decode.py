@@ -321,3 +321,49 @@ def test_the_kv_cache_goes_by_the_keyword_this_transformers_takes() -> None:
         warnings.simplefilter("error", FutureWarning)
         autoregressive_generate(target, [[1, 2, 3]], max_new_tokens=3, eos_token_ids=[])
         speculative_generate(target, random_feature_drafter(target), [[1, 2, 3]], max_new_tokens=3, eos_token_ids=[])
+
+
+class _PastKeyValuesOnly(torch.nn.Module):
+    """A remote-code style causal LM: its forward names only the older `past_key_values`."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner, self.config, self.calls = inner, inner.config, []
+
+    @property
+    def device(self) -> torch.device:
+        return self.inner.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.inner.dtype
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, **kwargs):
+        from specdecode.models.compat import CACHE_KWARG
+
+        # as such a model would: a cache under another name is not one it knows, and is lost
+        self.calls.append(past_key_values is not None and "cache" not in kwargs)
+        kwargs.pop("cache", None)
+        return self.inner(input_ids, attention_mask, position_ids, **{CACHE_KWARG: past_key_values}, **kwargs)
+
+
+class _KwargsOnly(torch.nn.Module):
+    def forward(self, **kwargs):
+        return kwargs
+
+
+def test_a_model_gets_its_cache_by_the_keyword_its_own_forward_names() -> None:
+    """A target whose forward names only `past_key_values` decodes with its cache where this
+    transformers' models take `cache` (5.24 on; before, both names are one)."""
+    from specdecode.models.compat import CACHE_KWARG, cache_keyword
+
+    target = tiny_llama(2, seed=0)
+    old = _PastKeyValuesOnly(target)
+    assert cache_keyword(old) == "past_key_values" and cache_keyword(target) == CACHE_KWARG
+    assert cache_keyword(_KwargsOnly()) == CACHE_KWARG
+    prompts = [[1, 2, 3], [4, 5]]
+    kwargs = dict(max_new_tokens=6, eos_token_ids=[])
+    for static in (False, True):
+        want = autoregressive_generate(target, prompts, static=static, **kwargs).sequences
+        assert autoregressive_generate(old, prompts, static=static, **kwargs).sequences == want
+    assert old.calls and all(old.calls)

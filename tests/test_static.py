@@ -13,6 +13,7 @@ import torch
 import specdecode.decoding.compiled
 import specdecode.decoding.drafting
 import specdecode.decoding.static
+import specdecode.decoding.static_rows
 import specdecode.decoding.verify
 from specdecode import autoregressive_generate, speculative_generate
 from specdecode.decoding.sampling import SamplingParams, sample
@@ -247,7 +248,9 @@ def test_a_fixed_capacity_sizes_every_cache_and_decodes_the_same_tokens(
     made = []
     for_model = StaticKVCache.for_model.__func__
     monkeypatch.setattr(
-        StaticKVCache, "for_model", classmethod(lambda cls, m, b, c: made.append(c) or for_model(cls, m, b, c))
+        StaticKVCache,
+        "for_model",
+        classmethod(lambda cls, m, b, c, *rest: made.append(c) or for_model(cls, m, b, c, *rest)),
     )
     kwargs = dict(max_new_tokens=BUDGETS, eos_token_ids=[early_eos], static=True)
     if kind == "target alone":
@@ -366,7 +369,7 @@ def test_the_feature_drafters_cache_is_allocated_in_its_prefill_even_for_one_tok
     drafter = random_feature_drafter(target, feature_layers=(1, -1))
     drafting = specdecode.decoding.drafting.drafting_for(drafter, 2, 16)
     drafting.cache = StaticKVCache.for_model(drafter, 2, 16)
-    rows = specdecode.decoding.static._Rows.from_prompts([[5], [9]], [4, 4], gamma=2, eos=[], device=target.device)
+    rows = specdecode.decoding.static_rows.Rows.from_prompts([[5], [9]], [4, 4], gamma=2, eos=[], device=target.device)
     cache = StaticKVCache.for_model(target, 2, rows.capacity)
     _, hidden = specdecode.decoding.static._prefill(target, cache, rows, drafting.feature_layers)
     drafting.prefill(rows.tokens, rows.lengths, 1, hidden)
@@ -411,7 +414,9 @@ def test_state_a_compiled_round_reassigns_is_copied_out_before_the_next(target, 
         for i, obj in enumerate(objects):
             for name, value in vars(obj).items():
                 if isinstance(value, torch.Tensor):
-                    key = f"{name}@lookup" if isinstance(obj, specdecode.decoding.static._ActiveRowsLookup) else name
+                    key = (
+                        f"{name}@lookup" if isinstance(obj, specdecode.decoding.static_rows.ActiveRowsLookup) else name
+                    )
                     found[(i, key)] = value
         return found
 

@@ -19,7 +19,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
-from specdecode.models.compat import CACHE_KWARG
+from specdecode.models.compat import CACHE_KWARG, cache_keyword
 from specdecode.models.feature_drafter import target_features
 
 
@@ -30,6 +30,9 @@ class RaggedKVCache(Cache):
     each row. A forward pass must be set up with `prepare(num_new)`, which writes the new tokens of
     row b at slots `lengths[b] + t` and returns the matching position ids and attention mask.
     """
+
+    # the keyword `cached_forward` passes the cache by (`for_model` sets its model's)
+    keyword = CACHE_KWARG
 
     def __init__(self, num_layers: int, batch_size: int, capacity: int, device: torch.device) -> None:
         super().__init__(layers=[])
@@ -46,7 +49,9 @@ class RaggedKVCache(Cache):
 
     @classmethod
     def for_model(cls, model: PreTrainedModel, batch_size: int, capacity: int) -> RaggedKVCache:
-        return cls(model.config.num_hidden_layers, batch_size, capacity, model.device)
+        cache = cls(model.config.num_hidden_layers, batch_size, capacity, model.device)
+        cache.keyword = cache_keyword(model)
+        return cache
 
     def prepare(self, num_new: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Set up a forward pass that appends `num_new` tokens to every row.
@@ -136,7 +141,7 @@ def cached_forward(
         input_ids=input_ids,
         attention_mask=mask,
         position_ids=position_ids,
-        **{CACHE_KWARG: cache},
+        **{cache.keyword: cache},
         use_cache=True,
         logits_to_keep=logits_to_keep,
         output_hidden_states=feature_layers is not None,

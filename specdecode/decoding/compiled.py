@@ -12,7 +12,8 @@ draws as inputs, drawn before it; and it takes a sampled temperature as a tensor
 (`compiled_for`), so that one graph samples at every temperature. On
 CUDA the mode is "reduce-overhead", which captures each graph as a CUDA graph and replays it with
 one launch; the KV buffers and the state a round writes in place are marked static
-(`StaticKVCache`, `mark_static`) so the replay writes them where they are, and the state it
+(`StaticKVCache`, `mark_static`) and pooled across calls (`static_buffers`) so the replay writes
+them where they are, and the state it
 reassigns (lengths, which rows are active) is copied out of the graph's memory after each round,
 since the next replay overwrites its outputs (`Drafting.copy_out`).
 """

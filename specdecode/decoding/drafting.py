@@ -32,6 +32,7 @@ from transformers import PreTrainedModel
 from specdecode.decoding.cache import RaggedKVCache, cached_call, cached_forward
 from specdecode.decoding.lookup import PromptLookup, override_q
 from specdecode.decoding.sampling import Generator, Params, logits_to_probs, sample
+from specdecode.decoding.static_buffers import Zeros, fresh_zeros
 from specdecode.models.draft_vocab import DraftVocabHead
 from specdecode.models.feature_drafter import FeatureDrafter, feed_back
 
@@ -99,12 +100,17 @@ class SliceDrafting:
     draw_width: int | None = None
 
     def __init__(
-        self, drafter: PreTrainedModel, batch_size: int, capacity: int, lookup: PromptLookup | None = None
+        self,
+        drafter: PreTrainedModel,
+        batch_size: int,
+        capacity: int,
+        lookup: PromptLookup | None = None,
+        zeros: Zeros | None = None,
     ) -> None:
         self.drafter = drafter
         self.cache = RaggedKVCache.for_model(drafter, batch_size, capacity)
         self.lookup = lookup
-        self.looked_up = torch.zeros((), dtype=torch.long, device=drafter.device)
+        self.looked_up = (zeros or fresh_zeros(drafter.device))("drafting.looked_up", (), torch.long)
         self.last_looked_up: torch.Tensor | None = None
 
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
@@ -151,18 +157,22 @@ class FeatureDrafting:
     """A `FeatureDrafter` fed the target's hidden states (see the module docstring)."""
 
     def __init__(
-        self, drafter: FeatureDrafter, batch_size: int, capacity: int, lookup: PromptLookup | None = None
+        self,
+        drafter: FeatureDrafter,
+        batch_size: int,
+        capacity: int,
+        lookup: PromptLookup | None = None,
+        zeros: Zeros | None = None,
     ) -> None:
+        zeros = zeros or fresh_zeros(drafter.device)
         self.drafter = drafter
         self.lookup = lookup
-        self.looked_up = torch.zeros((), dtype=torch.long, device=drafter.device)
+        self.looked_up = zeros("drafting.looked_up", (), torch.long)
         self.last_looked_up: torch.Tensor | None = None
         self.feature_layers: tuple[int, ...] | None = drafter.feature_layers
         self.capacity = capacity
         self.cache = RaggedKVCache.for_model(drafter, batch_size, capacity)
-        self.features = torch.zeros(
-            batch_size, capacity, drafter.feature_width, dtype=drafter.dtype, device=drafter.device
-        )
+        self.features = zeros("drafting.features", (batch_size, capacity, drafter.feature_width), drafter.dtype)
         # Per row: drafter positions [0, start) hold true-feature entries; and its host-side bound.
         self.start = torch.zeros(batch_size, dtype=torch.long, device=drafter.device)
         self.start_bound = 0
@@ -324,12 +334,17 @@ def _draw(logits: torch.Tensor, params: Params, generator: Generator) -> tuple[t
 
 
 def drafting_for(
-    drafter: PreTrainedModel | FeatureDrafter, batch_size: int, capacity: int, lookup: PromptLookup | None = None
+    drafter: PreTrainedModel | FeatureDrafter,
+    batch_size: int,
+    capacity: int,
+    lookup: PromptLookup | None = None,
+    zeros: Zeros | None = None,
 ) -> SliceDrafting | FeatureDrafting:
-    """The drafting strategy of `drafter`'s kind, for `batch_size` rows of `capacity` token slots."""
+    """The drafting strategy of `drafter`'s kind, for `batch_size` rows of `capacity` token slots;
+    the state it writes in place from `zeros` (default: allocated)."""
     if isinstance(drafter, FeatureDrafter):
-        return FeatureDrafting(drafter, batch_size, capacity, lookup)
-    return SliceDrafting(drafter, batch_size, capacity, lookup)
+        return FeatureDrafting(drafter, batch_size, capacity, lookup, zeros)
+    return SliceDrafting(drafter, batch_size, capacity, lookup, zeros)
 
 
 def last_tokens(tokens: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Tensor:

@@ -20,7 +20,9 @@ ragged batches:
   `torch.compile` as one graph, and so does each step of the target alone (CUDA graphs on CUDA;
   `compiled.py`), compiled once per shape (batch size, capacity, gamma, sampling mode), reused across
   calls: the capacity is the caller's `capacity`, else the need rounded up to a power of two. The
-  prefills, whose widths the prompts set, run eagerly.
+  prefills, whose widths the prompts set, run eagerly;
+* a compiled call takes the buffers its steps write in place from a pool per model and shape
+  (`static_buffers`), so later calls replay CUDA graphs at the addresses the first recorded.
 
 What the caller gets is what the eager loops return: the same tokens in greedy decoding (in fp32
 on these kernels; see `speculative_generate_static` for what exact means in bf16), the same
@@ -32,12 +34,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
 
-from specdecode.decoding.cache import cached_forward, padded_prompts
+from specdecode.decoding.cache import cached_forward
 from specdecode.decoding.compiled import (
     compiled_for,
     eager_passes,
@@ -48,10 +49,11 @@ from specdecode.decoding.compiled import (
 )
 from specdecode.decoding.drafting import Drafting, drafting_for
 from specdecode.decoding.lookup import PromptLookup
-from specdecode.decoding.ragged import kept_counts
 from specdecode.decoding.sampling import DrawnAhead, Params, SamplingParams, exponential_noise, next_tokens, uniform
-from specdecode.decoding.static_cache import StaticKVCache, rows_capacity
-from specdecode.decoding.stats import GenerationResult, StepCounters
+from specdecode.decoding.static_buffers import static_buffers
+from specdecode.decoding.static_cache import StaticKVCache
+from specdecode.decoding.static_rows import ActiveRowsLookup, DeviceCounters, Rows
+from specdecode.decoding.stats import GenerationResult
 from specdecode.decoding.verify import verify_drafts
 from specdecode.models.feature_drafter import FeatureDrafter
 
@@ -67,114 +69,8 @@ def default_sync_every(device: torch.device) -> int:
     return 1 if device.type == "cpu" else SYNC_EVERY_ACCELERATOR
 
 
-@dataclass
-class _Rows:
-    """Committed tokens `[B, S_cap]`, lengths / limits `[B]` (limit = prompt length + budget) and
-    which rows are still decoding, `active` `[B]` bool. Rows never leave: a finished one is masked."""
-
-    tokens: torch.Tensor
-    lengths: torch.Tensor
-    limits: torch.Tensor
-    active: torch.Tensor
-    prompt_lengths: list[int]
-    eos: torch.Tensor
-
-    @classmethod
-    def from_prompts(
-        cls,
-        prompts: Sequence[Sequence[int]],
-        budgets: list[int],
-        gamma: int | None,
-        eos: Sequence[int],
-        device: torch.device,
-        capacity: int | None = None,
-    ) -> _Rows:
-        prompt_lengths = [len(p) for p in prompts]
-        capacity = rows_capacity(prompts, budgets, gamma, capacity)
-        tokens, lengths, limits = padded_prompts(prompts, budgets, capacity)
-        return cls(
-            tokens.to(device),
-            lengths.to(device),
-            limits.to(device),
-            (lengths < limits).to(device),
-            prompt_lengths,
-            torch.tensor(sorted(set(eos)), dtype=torch.long, device=device),
-        )
-
-    @property
-    def capacity(self) -> int:
-        return self.tokens.shape[1]
-
-    def last(self, n: int) -> torch.Tensor:
-        """The last `n` committed tokens of each row, `[B, n]`."""
-        return self.tokens.gather(1, self.lengths.unsqueeze(1) - n + torch.arange(n, device=self.tokens.device))
-
-    def commit(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> None:
-        """Append the first `counts[b]` of `new_tokens` `[B, W]` to each active row, cut at EOS and
-        budget (`ragged.kept_counts`); a row that hits either stops being active."""
-        counts = torch.where(self.active, counts, 0)
-        counts, hit_eos = kept_counts(new_tokens, counts, self.eos, self.limits - self.lengths)
-        # All W entries are written (one scatter); those past the new length are never read as committed.
-        offsets = torch.arange(new_tokens.shape[1], device=new_tokens.device)
-        self.tokens.scatter_(1, self.lengths.unsqueeze(1) + offsets, new_tokens)
-        self.lengths = self.lengths + counts
-        self.active = self.active & ~hit_eos & (self.lengths < self.limits)
-
-    def sequences(self) -> list[list[int]]:
-        """Each row's generated tokens (one host sync)."""
-        tokens, lengths = self.tokens.tolist(), self.lengths.tolist()
-        return [row[start:length] for row, start, length in zip(tokens, self.prompt_lengths, lengths)]
-
-
-class _Counters:
-    """`StepCounters` kept on the device, counting only active rows (a step counts where any is)."""
-
-    def __init__(self, gamma: int, device: torch.device) -> None:
-        self.gamma = gamma
-        # target calls, target calls counted per row, and draft-verify steps counted per row
-        self.calls = torch.zeros(3, dtype=torch.long, device=device)
-        self.histogram = torch.zeros(gamma + 1, dtype=torch.long, device=device)
-
-    def record_target_call(self, active: torch.Tensor) -> None:
-        self.calls[:2] += torch.stack([active.any().long(), active.sum()])
-
-    def record_step(self, num_accepted: torch.Tensor, active: torch.Tensor) -> None:
-        self.calls += torch.stack([active.any().long(), active.sum(), active.sum()])
-        # scatter_add_ rather than bincount: bincount sizes its output from the data (a host sync)
-        self.histogram.scatter_add_(0, num_accepted, active.long())
-
-    def finish(
-        self, drafter_calls_per_step: int, drafter_prefill_calls: int, looked_up: torch.Tensor | int
-    ) -> StepCounters:
-        """The eager loop's counters (one host sync)."""
-        counters = StepCounters(self.gamma, self.histogram.device)
-        calls, row_calls, row_steps = self.calls.tolist()
-        counters.target_calls, counters.row_calls = calls, row_calls
-        counters.drafter_calls = drafter_prefill_calls + drafter_calls_per_step * (calls - 1)
-        counters.drafted = self.gamma * row_steps
-        counters.histogram = self.histogram
-        counters.looked_up = looked_up
-        return counters
-
-
-class _ActiveRowsLookup:
-    """A `PromptLookup` that only the active rows use, so a masked row's drafts are never counted as
-    looked up (the drafting strategies call `choose` alone)."""
-
-    def __init__(self, lookup: PromptLookup) -> None:
-        self.lookup = lookup
-        self.active: torch.Tensor | None = None
-
-    def choose(
-        self, logits: torch.Tensor, drafts: torch.Tensor, context: torch.Tensor, lengths: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        chosen, used = self.lookup.choose(logits, drafts, context, lengths)
-        used = used & self.active
-        return torch.where(used, chosen, drafts), used
-
-
 def _prefill(
-    model: torch.nn.Module, cache: StaticKVCache, rows: _Rows, feature_layers: tuple[int, ...] | None
+    model: torch.nn.Module, cache: StaticKVCache, rows: Rows, feature_layers: tuple[int, ...] | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Cache the right-padded prompts; the logits at each row's last prompt token `[B, V]` and,
     with `feature_layers`, the features of all prompt positions `[B, T, n·H]`."""
@@ -215,10 +111,10 @@ def _max_steps(budgets: list[int]) -> int:
 def _round(
     target: PreTrainedModel,
     drafting: Drafting,
-    rows: _Rows,
+    rows: Rows,
     cache: StaticKVCache,
-    counters: _Counters,
-    lookup: _ActiveRowsLookup | None,
+    counters: DeviceCounters,
+    lookup: ActiveRowsLookup | None,
     params: Params,
     gamma: int,
     generator: torch.Generator | DrawnAhead | None,
@@ -265,59 +161,62 @@ def speculative_generate_static(
     """
     start = time.perf_counter()
     device = target.device
-    rows = _Rows.from_prompts(prompts, budgets, gamma, eos=eos, device=device, capacity=capacity)
-    batch_size, capacity = len(prompts), rows.capacity
-    target_cache = StaticKVCache.for_model(target, batch_size, capacity)
-    row_lookup = _ActiveRowsLookup(lookup) if lookup is not None else None
-    drafting = drafting_for(drafter, batch_size, capacity, row_lookup)  # type: ignore[arg-type]
-    # the drafting strategy drives its drafter on a cache of the same fixed shape
-    drafting.cache = StaticKVCache.for_model(drafter, batch_size, capacity)
-    counters = _Counters(gamma, device)
-    sync_every = default_sync_every(device)
-    run_round, round_params = compiled_for(_round, params, device, compile)
-    seeded = generator is not None and not params.greedy
+    with static_buffers(compile) as lease:
+        # what a round writes in place, at the addresses earlier calls of this shape used (compiled)
+        zeros, drafter_zeros = lease.zeros_for(target, device), lease.zeros_for(drafter, device)
+        rows = Rows.from_prompts(prompts, budgets, gamma, eos=eos, device=device, capacity=capacity, zeros=zeros)
+        batch_size, capacity = len(prompts), rows.capacity
+        target_cache = StaticKVCache.for_model(target, batch_size, capacity, zeros)
+        row_lookup = ActiveRowsLookup(lookup) if lookup is not None else None
+        drafting = drafting_for(drafter, batch_size, capacity, row_lookup, drafter_zeros)  # type: ignore[arg-type]
+        # the drafting strategy drives its drafter on a cache of the same fixed shape
+        drafting.cache = StaticKVCache.for_model(drafter, batch_size, capacity, drafter_zeros)
+        counters = DeviceCounters(gamma, device, zeros)
+        sync_every = default_sync_every(device)
+        run_round, round_params = compiled_for(_round, params, device, compile)
+        seeded = generator is not None and not params.greedy
 
-    # 0. prefill: the target's first token is an ordinary sample; the drafter only reads the prompt.
-    first, hidden = _prefill(target, target_cache, rows, drafting.feature_layers)
-    with eager_passes(compile):
-        drafting.prefill(rows.tokens, rows.lengths, max(rows.prompt_lengths), hidden)
-    counters.record_target_call(torch.ones_like(rows.active))
-    rows.commit(next_tokens(first, params, generator).unsqueeze(1), torch.ones_like(rows.lengths))
-    if compile:
-        mark_static(rows.tokens, counters.calls, counters.histogram, *drafting.state())
-    vocab_size = first.shape[-1]
+        # 0. prefill: the target's first token is an ordinary sample; the drafter only reads the prompt.
+        first, hidden = _prefill(target, target_cache, rows, drafting.feature_layers)
+        with eager_passes(compile):
+            drafting.prefill(rows.tokens, rows.lengths, max(rows.prompt_lengths), hidden)
+        counters.record_target_call(torch.ones_like(rows.active))
+        rows.commit(next_tokens(first, params, generator).unsqueeze(1), torch.ones_like(rows.lengths))
+        if compile:
+            mark_static(rows.tokens, counters.calls, counters.histogram, *drafting.state())
+        vocab_size = first.shape[-1]
 
-    with nested_layers(*([target, drafter] if compile else [])):
-        for step in range(_max_steps(budgets)):
-            if step % sync_every == 0 and not rows.active.any().item():
-                break
-            mark_step(compile, device)
-            # a seeded generator's draws are made ahead, in the order the round uses them
-            draws = (
-                _draws_ahead(generator, batch_size, gamma, drafting.draw_width, vocab_size, device)
-                if seeded
-                else generator
-            )
-            with skipped_guards(compile and step >= GUARDED_STEPS):
-                run_round(target, drafting, rows, target_cache, counters, row_lookup, round_params, gamma, draws)
-            if isinstance(draws, DrawnAhead) and draws.used != len(draws.draws):
-                raise RuntimeError(f"a round used {draws.used} of the {len(draws.draws)} draws made for it")
-            if compile:
-                # the round's reassigned state out of its CUDA graph's memory, before the next replay
-                rows.lengths, rows.active = rows.lengths.clone(), rows.active.clone()
-                target_cache.lengths = target_cache.lengths.clone()
-                drafting.copy_out()
+        with nested_layers(*([target, drafter] if compile else [])):
+            for step in range(_max_steps(budgets)):
+                if step % sync_every == 0 and not rows.active.any().item():
+                    break
+                mark_step(compile, device)
+                # a seeded generator's draws are made ahead, in the order the round uses them
+                draws = (
+                    _draws_ahead(generator, batch_size, gamma, drafting.draw_width, vocab_size, device)
+                    if seeded
+                    else generator
+                )
+                with skipped_guards(compile and step >= GUARDED_STEPS):
+                    run_round(target, drafting, rows, target_cache, counters, row_lookup, round_params, gamma, draws)
+                if isinstance(draws, DrawnAhead) and draws.used != len(draws.draws):
+                    raise RuntimeError(f"a round used {draws.used} of the {len(draws.draws)} draws made for it")
+                if compile:
+                    # the round's reassigned state out of its CUDA graph's memory, before the next replay
+                    rows.lengths, rows.active = rows.lengths.clone(), rows.active.clone()
+                    target_cache.lengths = target_cache.lengths.clone()
+                    drafting.copy_out()
 
-    sequences = rows.sequences()
-    stats = counters.finish(gamma, 1, drafting.looked_up)
-    return GenerationResult.build(sequences, stats, time.perf_counter() - start)  # type: ignore[arg-type]
+        # read before the buffers go back to the pool
+        stats = counters.finish(gamma, 1, drafting.looked_up)
+        return GenerationResult.build(rows.sequences(), stats, time.perf_counter() - start)  # type: ignore[arg-type]
 
 
 def _step(
     target: PreTrainedModel,
-    rows: _Rows,
+    rows: Rows,
     cache: StaticKVCache,
-    counters: _Counters,
+    counters: DeviceCounters,
     written: torch.Tensor | None,
     params: Params,
     generator: DrawnAhead | None,
@@ -356,45 +255,48 @@ def autoregressive_generate_static(
     are drawn before each step and passed in (`DrawnAhead`), the numbers `sample` would draw."""
     start = time.perf_counter()
     device = target.device
-    rows = _Rows.from_prompts(prompts, budgets, None, eos=eos, device=device, capacity=capacity)
-    batch_size, capacity = len(prompts), rows.capacity
-    cache = StaticKVCache.for_model(target, batch_size, capacity)
-    counters = _Counters(0, device)
-    sync_every = default_sync_every(device)
-    run_step, step_params = compiled_for(_step, params, device, compile)
-    seeded = generator is not None and not params.greedy
+    with static_buffers(compile) as lease:
+        # what a step writes in place, at the addresses earlier calls of this shape used (compiled)
+        zeros = lease.zeros_for(target, device)
+        rows = Rows.from_prompts(prompts, budgets, None, eos=eos, device=device, capacity=capacity, zeros=zeros)
+        batch_size, capacity = len(prompts), rows.capacity
+        cache = StaticKVCache.for_model(target, batch_size, capacity, zeros)
+        counters = DeviceCounters(0, device, zeros)
+        sync_every = default_sync_every(device)
+        run_step, step_params = compiled_for(_step, params, device, compile)
+        seeded = generator is not None and not params.greedy
 
-    logits, hidden = _prefill(target, cache, rows, feature_layers)
-    noise_shape = tuple(logits.shape)  # [B, V]: one draw per row and token id
-    written = None
-    if hidden is not None:
-        written = hidden.new_zeros(batch_size, capacity, hidden.shape[-1])
-        written[:, : hidden.shape[1]] = hidden
-    counters.record_target_call(torch.ones_like(rows.active))
-    rows.commit(next_tokens(logits, params, generator).unsqueeze(1), torch.ones_like(rows.lengths))
-    if compile:
-        mark_static(rows.tokens, counters.calls, counters.histogram, *([written] if written is not None else []))
-    with nested_layers(*([target] if compile else [])):
-        for step in range(_max_steps(budgets)):
-            if step % sync_every == 0 and not rows.active.any().item():
-                break
-            mark_step(compile, device)
-            # a seeded generator's draws are made ahead, as for a round
-            draws = DrawnAhead([exponential_noise(noise_shape, device, generator)]) if seeded else None
-            with skipped_guards(compile and step >= GUARDED_STEPS):
-                run_step(target, rows, cache, counters, written, step_params, draws, feature_layers)
-            if compile:
-                # the step's reassigned state out of its CUDA graph's memory, before the next replay
-                rows.lengths, rows.active = rows.lengths.clone(), rows.active.clone()
-                cache.lengths = cache.lengths.clone()
+        logits, hidden = _prefill(target, cache, rows, feature_layers)
+        noise_shape = tuple(logits.shape)  # [B, V]: one draw per row and token id
+        written = None
+        if hidden is not None:
+            written = zeros("features.written", (batch_size, capacity, hidden.shape[-1]), hidden.dtype)
+            written[:, : hidden.shape[1]] = hidden
+        counters.record_target_call(torch.ones_like(rows.active))
+        rows.commit(next_tokens(logits, params, generator).unsqueeze(1), torch.ones_like(rows.lengths))
+        if compile:
+            mark_static(rows.tokens, counters.calls, counters.histogram, *([written] if written is not None else []))
+        with nested_layers(*([target] if compile else [])):
+            for step in range(_max_steps(budgets)):
+                if step % sync_every == 0 and not rows.active.any().item():
+                    break
+                mark_step(compile, device)
+                # a seeded generator's draws are made ahead, as for a round
+                draws = DrawnAhead([exponential_noise(noise_shape, device, generator)]) if seeded else None
+                with skipped_guards(compile and step >= GUARDED_STEPS):
+                    run_step(target, rows, cache, counters, written, step_params, draws, feature_layers)
+                if compile:
+                    # the step's reassigned state out of its CUDA graph's memory, before the next replay
+                    rows.lengths, rows.active = rows.lengths.clone(), rows.active.clone()
+                    cache.lengths = cache.lengths.clone()
 
-    sequences = rows.sequences()
-    result = GenerationResult.build(sequences, counters.finish(0, 0, 0), time.perf_counter() - start)  # type: ignore[arg-type]
-    if written is not None:
-        result.features = []
-        for i, (length, generated) in enumerate(zip(rows.prompt_lengths, sequences)):
-            row = written[i, : length + len(generated)].clone()
-            if generated:
-                row[-1] = 0  # the last generated token is never fed, as in the eager loop
-            result.features.append(row)
-    return result
+        sequences = rows.sequences()
+        result = GenerationResult.build(sequences, counters.finish(0, 0, 0), time.perf_counter() - start)  # type: ignore[arg-type]
+        if written is not None:
+            result.features = []
+            for i, (length, generated) in enumerate(zip(rows.prompt_lengths, sequences)):
+                row = written[i, : length + len(generated)].clone()
+                if generated:
+                    row[-1] = 0  # the last generated token is never fed, as in the eager loop
+                result.features.append(row)
+        return result

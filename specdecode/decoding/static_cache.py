@@ -15,6 +15,8 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
 from specdecode.decoding.compiled import mark_static
+from specdecode.decoding.static_buffers import Zeros, fresh_zeros
+from specdecode.models.compat import CACHE_KWARG, cache_keyword
 from specdecode.models.feature_drafter import FeatureDrafter
 
 # The cache capacity is rounded up to a power of two (at least this), so calls whose prompts and
@@ -58,8 +60,8 @@ def static_capacity(slots: int, capacity: int | None = None) -> int:
 class StaticKVCache(Cache):
     """A KV cache of fixed shape in which every row keeps its own length.
 
-    Per layer, keys and values are `[B, H_kv, S_cap, D]`, allocated at the first write (the
-    prefill, which runs eagerly) and never reallocated. The interface is `RaggedKVCache`'s, so
+    Per layer, keys and values are `[B, H_kv, S_cap, D]`, taken from `zeros` (default: allocated)
+    at the first write (the prefill, which runs eagerly) and never reallocated. The interface is `RaggedKVCache`'s, so
     `cached_forward`, `cached_call` and the drafting strategies drive either: `prepare(T)` sets
     up a pass that writes row b's T new tokens at slots `lengths[b] + t` and returns their
     positions and a boolean mask `[B, 1, T, S_cap]`; `update` writes the new entries there and
@@ -67,8 +69,14 @@ class StaticKVCache(Cache):
     overwritten. The host-side `max_length` of `set_lengths` is not needed (reads are whole).
     """
 
-    def __init__(self, num_layers: int, batch_size: int, capacity: int, device: torch.device) -> None:
+    # the keyword `cached_forward` passes the cache by (`for_model` sets its model's)
+    keyword = CACHE_KWARG
+
+    def __init__(
+        self, num_layers: int, batch_size: int, capacity: int, device: torch.device, zeros: Zeros | None = None
+    ) -> None:
         super().__init__(layers=[])
+        self._zeros = zeros or fresh_zeros(device)
         self.num_layers = num_layers
         self.capacity = capacity
         self.keys: list[torch.Tensor | None] = [None] * num_layers
@@ -78,8 +86,12 @@ class StaticKVCache(Cache):
         self._write_slots: torch.Tensor | None = None
 
     @classmethod
-    def for_model(cls, model: PreTrainedModel | FeatureDrafter, batch_size: int, capacity: int) -> StaticKVCache:
-        return cls(model.config.num_hidden_layers, batch_size, capacity, model.device)
+    def for_model(
+        cls, model: PreTrainedModel | FeatureDrafter, batch_size: int, capacity: int, zeros: Zeros | None = None
+    ) -> StaticKVCache:
+        cache = cls(model.config.num_hidden_layers, batch_size, capacity, model.device, zeros)
+        cache.keyword = cache_keyword(model)
+        return cache
 
     def prepare(self, num_new: int, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Position ids `[B, T]` and the boolean mask `[B, 1, T, S_cap]` of a pass of `num_new`
@@ -105,8 +117,8 @@ class StaticKVCache(Cache):
         batch, heads, num_new, head_dim = key_states.shape
         if self.keys[layer_idx] is None:
             shape = (batch, heads, self.capacity, head_dim)
-            self.keys[layer_idx] = key_states.new_zeros(shape)
-            self.values[layer_idx] = value_states.new_zeros(shape)
+            self.keys[layer_idx] = self._zeros(f"kv.{layer_idx}.keys", shape, key_states.dtype)
+            self.values[layer_idx] = self._zeros(f"kv.{layer_idx}.values", shape, value_states.dtype)
             # fixed addresses: CUDA graphs may then write them in place
             mark_static(self.keys[layer_idx], self.values[layer_idx])
         # an indexed assignment rather than `scatter_`: inductor writes it into the buffers in place,

@@ -1,10 +1,11 @@
 """What a target and a drafter must share to work together: the tokenizer (ids to tokens, EOS) and
-the vocabulary size; a model's own EOS ids; and the keyword this transformers passes a KV cache by."""
+the vocabulary size; a model's own EOS ids; and the keyword a model takes a KV cache by."""
 
 from __future__ import annotations
 
 import inspect
 
+import torch
 from transformers import LlamaModel, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdecode.core.config import is_int
@@ -12,6 +13,14 @@ from specdecode.core.config import is_int
 # The keyword transformers' models and decoder layers take a KV cache by: `cache` from 5.24 on,
 # where `past_key_values` is deprecated; `past_key_values` before.
 CACHE_KWARG = "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword `model`'s forward takes a KV cache by: the one its signature names (`cache`
+    first; a remote-code model may name only the older `past_key_values`), else this
+    transformers' (`CACHE_KWARG`, for a forward that takes `**kwargs` alone)."""
+    parameters = inspect.signature(model.forward).parameters
+    return next((name for name in ("cache", "past_key_values") if name in parameters), CACHE_KWARG)
 
 
 def check_tokenizers(target_tokenizer: PreTrainedTokenizerBase, drafter_tokenizer: PreTrainedTokenizerBase) -> None:

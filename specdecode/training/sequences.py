@@ -21,6 +21,7 @@ from specdecode.data.domains import format_prompt
 from specdecode.data.example import Example
 from specdecode.data.registry import domain_examples
 from specdecode.decoding.decode import autoregressive_generate
+from specdecode.decoding.static_buffers import release_static_buffers
 from specdecode.decoding.static_cache import rows_capacity
 from specdecode.training.config import TrainConfig
 
@@ -258,5 +259,8 @@ def _continuations(
         bar.update(len(picks))
     bar.close()
     model.train(was_training)
+    # the batches' KV buffers, which compiled calls keep for the next call of their shape (there is
+    # none: training follows, and wants the memory)
+    release_static_buffers(model)
     out = [by_index[i] for i in range(len(prompts))]
     return out, ([features_by_index[i] for i in range(len(prompts))] if feature_layers is not None else None)
