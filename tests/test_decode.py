@@ -329,6 +329,8 @@ class _PastKeyValuesOnly(torch.nn.Module):
     def __init__(self, inner: torch.nn.Module) -> None:
         super().__init__()
         self.inner, self.config, self.calls = inner, inner.config, []
+        names = inspect.signature(type(inner.model).forward).parameters
+        self.inner_keyword = "cache" if "cache" in names else "past_key_values"
 
     @property
     def device(self) -> torch.device:
@@ -338,13 +340,21 @@ class _PastKeyValuesOnly(torch.nn.Module):
     def dtype(self) -> torch.dtype:
         return self.inner.dtype
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, **kwargs):
-        from specdecode.models.compat import CACHE_KWARG
-
+    def run(self, cache, other: str, input_ids, attention_mask, position_ids, kwargs):
         # as such a model would: a cache under another name is not one it knows, and is lost
-        self.calls.append(past_key_values is not None and "cache" not in kwargs)
-        kwargs.pop("cache", None)
-        return self.inner(input_ids, attention_mask, position_ids, **{CACHE_KWARG: past_key_values}, **kwargs)
+        self.calls.append(cache is not None and other not in kwargs)
+        kwargs.pop(other, None)
+        return self.inner(input_ids, attention_mask, position_ids, **{self.inner_keyword: cache}, **kwargs)
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, **kwargs):
+        return self.run(past_key_values, "cache", input_ids, attention_mask, position_ids, kwargs)
+
+
+class _CacheOnly(_PastKeyValuesOnly):
+    """A causal LM whose forward names only the newer `cache`."""
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, **kwargs):
+        return self.run(cache, "past_key_values", input_ids, attention_mask, position_ids, kwargs)
 
 
 class _KwargsOnly(torch.nn.Module):
@@ -352,18 +362,19 @@ class _KwargsOnly(torch.nn.Module):
         return kwargs
 
 
-def test_a_model_gets_its_cache_by_the_keyword_its_own_forward_names() -> None:
-    """A target whose forward names only `past_key_values` decodes with its cache where this
-    transformers' models take `cache` (5.24 on; before, both names are one)."""
+def test_a_model_gets_its_cache_by_the_keyword_its_own_forward_names(monkeypatch) -> None:
+    """Targets whose forwards name only `past_key_values` (remote code written before transformers
+    5.24) or only `cache` decode with their caches, whatever this transformers' models take."""
     from specdecode.models.compat import CACHE_KWARG, cache_keyword
 
     target = tiny_llama(2, seed=0)
-    old = _PastKeyValuesOnly(target)
-    assert cache_keyword(old) == "past_key_values" and cache_keyword(target) == CACHE_KWARG
-    assert cache_keyword(_KwargsOnly()) == CACHE_KWARG
+    assert cache_keyword(target) == CACHE_KWARG and cache_keyword(_KwargsOnly()) == CACHE_KWARG
     prompts = [[1, 2, 3], [4, 5]]
     kwargs = dict(max_new_tokens=6, eos_token_ids=[])
-    for static in (False, True):
-        want = autoregressive_generate(target, prompts, static=static, **kwargs).sequences
-        assert autoregressive_generate(old, prompts, static=static, **kwargs).sequences == want
-    assert old.calls and all(old.calls)
+    for wrapper, name in ((_PastKeyValuesOnly, "past_key_values"), (_CacheOnly, "cache")):
+        model = wrapper(target)
+        assert cache_keyword(model) == name
+        for static in (False, True):
+            want = autoregressive_generate(target, prompts, static=static, **kwargs).sequences
+            assert autoregressive_generate(model, prompts, static=static, **kwargs).sequences == want
+        assert model.calls and all(model.calls)

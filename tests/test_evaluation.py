@@ -703,18 +703,58 @@ def test_a_call_that_compiled_decodes_again_and_its_excess_counts_as_compiling(m
 
 
 @pytest.mark.parametrize("compile", [False, True])
-def test_only_compiled_decodes_are_settled(compile: bool, monkeypatch) -> None:
+def test_only_compiled_decodes_are_settled_and_filled(compile: bool, monkeypatch) -> None:
     models = suite._Models(target=None, tokenizer=None, eos=[], drafters={"generic": None})
-    settled = []
+    settled, filled = [], []
     monkeypatch.setattr(suite, "settled", lambda generate, name, seconds, say: settled.append(name) or generate)
-    generators = suite._generators(models, 2, {"max_new_tokens": 4, "static": compile, "compile": compile}, None)
+    monkeypatch.setattr(suite, "filled", lambda generate, sizes, budget: filled.append((sizes, budget)) or generate)
+    decode = {"max_new_tokens": 4, "static": compile, "compile": compile}
+    generators = suite._generators(models, 2, decode, None, [1, 8])
     assert list(generators) == ["autoregressive", "generic"]
     assert settled == (["autoregressive", "generic"] if compile else [])
+    assert filled == ([([1, 8], 4)] * 2 if compile else [])
+
+
+@pytest.mark.parametrize("core", ["eager", "static"])
+def test_a_filled_batch_decodes_what_the_batch_alone_does(core: str) -> None:
+    """Compiled, a batch of fewer prompts than a configured batch size is filled up to it with rows
+    of no budget (one graph per configured size); its sequences and stats are the batch's own."""
+    from tests.models_for_tests import tiny_llama
+
+    target = tiny_llama(2, seed=0)
+    drafter = derive_drafter(target, 1)
+    seen = []
+
+    def decode(prompts, **kwargs):
+        seen.append(kwargs.get("max_new_tokens", 10))
+        kwargs = {"max_new_tokens": 10} | kwargs
+        return speculative_generate(
+            target, drafter, prompts, gamma=2, eos_token_ids=[], static=core == "static", **kwargs
+        )
+
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
+    alone = decode(prompts)
+    ours = records.filled(decode, [1, 8], 10)(prompts)
+    assert seen[-1] == [10, 10, 10, 0, 0, 0, 0, 0]
+    assert ours.sequences == alone.sequences
+    times = ("wall_time_s", "tokens_per_s")
+    assert {k: v for k, v in ours.stats.to_dict().items() if k not in times} == {
+        k: v for k, v in alone.stats.to_dict().items() if k not in times
+    }
+    records.filled(decode, [1, 8], 10)(prompts[:1])
+    assert seen[-1] == 10  # batch 1 is a configured size: no filling
 
 
 @pytest.mark.slow  # compiles each method's graphs for each batch shape (minutes on a CPU)
-def test_a_compiled_evaluation_reports_compile_seconds_apart_from_its_rows(tiny_setup) -> None:
+def test_a_compiled_evaluation_reports_compile_seconds_apart_from_its_rows(tiny_setup, monkeypatch) -> None:
+    """Compiled, decodes run at the configured batch sizes only (3 prompts at batch 4: one batch of
+    4, filled), their compiling kept out of the rows' times."""
     tmp_path, folders = tiny_setup
+    sizes = set()
+    for name in ("autoregressive_generate", "speculative_generate"):
+        decode = getattr(suite, name)
+        spy = lambda *args, decode=decode, **kwargs: sizes.add(len(args[-1])) or decode(*args, **kwargs)  # noqa: E731
+        monkeypatch.setattr(suite, name, spy)
     cfg = EvalConfig(
         target=TargetConfig(name=str(tmp_path / "target")),
         drafters={"generic": folders["generic"]},
@@ -725,11 +765,12 @@ def test_a_compiled_evaluation_reports_compile_seconds_apart_from_its_rows(tiny_
         max_new_tokens=8,
         gamma=2,
         temperatures=[0.0],
-        batch_sizes=[1, 2],  # batch 2 over 3 prompts: a batch of 2, then one of 1
+        batch_sizes=[1, 4],
         compile=True,
         output_dir=str(tmp_path / "eval"),
     )
     results = run_eval(cfg)
+    assert sizes == {1, 4}
     assert set(results["compile_seconds"]) == {"autoregressive", "generic"}
     assert all(seconds > 0 for seconds in results["compile_seconds"].values())
     assert all(r["exact_match"] == 1.0 for r in results["rows"])

@@ -13,6 +13,7 @@ import torch
 
 import specdecode.decoding.compiled
 import specdecode.decoding.static
+import specdecode.decoding.static_buffers
 import specdecode.decoding.static_cache
 from specdecode import autoregressive_generate, speculative_generate
 from specdecode.decoding.static_buffers import Lease, pooled_bytes, release_static_buffers, static_buffers
@@ -43,7 +44,7 @@ def prompts_of(seed: int) -> list[list[int]]:
 
 
 def decode(kind: str, target, drafter, prompts, **kwargs):
-    kwargs = dict(max_new_tokens=BUDGETS, eos_token_ids=[], static=True, capacity=64, **kwargs)
+    kwargs = dict(max_new_tokens=BUDGETS[: len(prompts)], eos_token_ids=[], static=True, capacity=64, **kwargs)
     if kind == "target alone":
         return autoregressive_generate(target, prompts, feature_layers=(1, -1), **kwargs)
     return speculative_generate(target, drafter, prompts, gamma=3, prompt_lookup=EAGER_LOOKUP, **kwargs)
@@ -54,23 +55,56 @@ def same_result(a, b, kind: str) -> bool:
     return a.sequences == b.sequences and counters(a) == counters(b) and features
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_later_compiled_calls_of_one_shape_write_where_the_first_did(target, monkeypatch, kind) -> None:
-    """Every buffer a compiled step writes in place (`mark_static`) is at the first call's address in
-    the second, though the first call's buffers are still held (so a new allocation could not land
-    there)."""
-    marked: list[list[torch.Tensor]] = []
-    record = lambda *tensors: marked[-1].extend(tensors)  # noqa: E731
+@pytest.fixture()
+def marked(monkeypatch) -> list[list[torch.Tensor]]:
+    """Per call (a list the test appends), every tensor the call marks static, held here, so that a
+    call which allocated its own buffers could not land at an earlier call's addresses."""
+    calls: list[list[torch.Tensor]] = []
+    record = lambda *tensors: calls[-1].extend(tensors)  # noqa: E731
     monkeypatch.setattr(specdecode.decoding.static, "mark_static", record)
     monkeypatch.setattr(specdecode.decoding.static_cache, "mark_static", record)
+    return calls
+
+
+def addresses(tensors: list[torch.Tensor]) -> list[int]:
+    return [tensor.data_ptr() for tensor in tensors]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_later_compiled_calls_of_one_shape_write_where_the_first_did(target, marked, kind) -> None:
+    """Every buffer a compiled step writes in place (`mark_static`) is at the first call's address in
+    the second."""
     drafter = drafter_of(kind, target) if kind != "target alone" else None
     for seed in (1, 2):
         marked.append([])
         decode(kind, target, drafter, prompts_of(seed), compile=True)
-    first, second = ([t.data_ptr() for t in call] for call in marked)
+    first, second = (addresses(call) for call in marked)
     # the target's keys and values per layer, the token rows and two counters at least
     assert len(first) >= 2 * target.config.num_hidden_layers + 3
     assert second == first
+
+
+def test_a_call_that_raises_gives_its_buffers_back(target, marked, monkeypatch) -> None:
+    drafter = drafter_of("feature", target)
+    marked.append([])
+    decode("feature", target, drafter, prompts_of(1), compile=True)
+    calls = []
+    real_round = specdecode.decoding.static._round
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("a round failed")
+        return real_round(*args, **kwargs)
+
+    monkeypatch.setattr(specdecode.decoding.static, "_round", failing)
+    marked.append([])
+    with pytest.raises(RuntimeError, match="a round failed"):
+        decode("feature", target, drafter, prompts_of(2), compile=True)
+    monkeypatch.setattr(specdecode.decoding.static, "_round", real_round)
+    marked.append([])
+    decode("feature", target, drafter, prompts_of(2), compile=True)
+    assert addresses(marked[-1]) == addresses(marked[0])
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -97,21 +131,51 @@ def test_sampled_pooled_calls_repeat_for_a_seed(target) -> None:
     assert first.sequences == again.sequences and counters(first) == counters(again)
 
 
-def test_a_model_drafting_for_itself_gets_two_sets_of_buffers(target) -> None:
+def test_a_model_drafting_for_itself_gets_two_sets_of_buffers(target, marked) -> None:
     """The target's and the drafter's caches are the same model's buffers of one name and shape:
     within one call they must be two sets."""
     prompts = prompts_of(1)
+    marked.append([])
     pooled = decode("slice", target, target, prompts, compile=True)
+    assert len(set(addresses(marked[0]))) == len(marked[0])
     assert same_result(pooled, decode("slice", target, target, prompts, compile=False), "slice")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_what_a_call_leaves_in_its_buffers_reaches_no_later_call(target, kind) -> None:
+    """Masked slots are read with weight 0, and 0 · NaN is NaN: a pooled buffer must come back
+    zeroed, however the last call left it. Every pooled buffer is filled with NaN (floats) or
+    junk ids between two calls; the second is still the uncompiled call's."""
+    drafter = drafter_of(kind, target) if kind != "target alone" else None
+    decode(kind, target, drafter, prompts_of(2), compile=True)
+    owners = [target] + ([drafter] if drafter is not None else [])
+    with torch.inference_mode():
+        for owner in owners:
+            for buffers in specdecode.decoding.static_buffers._POOL[owner].values():
+                for kept in buffers.values():
+                    for tensor in kept:
+                        tensor.fill_(float("nan") if tensor.is_floating_point() else V - 1)
+    pooled = decode(kind, target, drafter, prompts_of(1), compile=True)
+    assert same_result(pooled, decode(kind, target, drafter, prompts_of(1), compile=False), kind)
+
+
+def test_a_model_keeps_the_buffers_of_its_latest_call_shapes(target, marked, monkeypatch) -> None:
+    """With room for two call shapes: batch 1, 2, 1, 3 leaves batches 1 and 3 (2 was used least recently)."""
+    monkeypatch.setattr(specdecode.decoding.static_buffers, "POOLED_SHAPES", 2)
+    for batch in (1, 2, 1, 3, 1, 2):
+        marked.append([])
+        decode("target alone", target, None, prompts_of(1)[:batch], compile=True)
+    assert addresses(marked[4]) == addresses(marked[2]) == addresses(marked[0])
+    assert addresses(marked[5]) != addresses(marked[1])
 
 
 def test_a_held_buffer_goes_to_no_other_call_and_comes_back_zeroed() -> None:
     owner, device = torch.nn.Linear(1, 1), torch.device("cpu")
-    with static_buffers(True) as one, static_buffers(True) as two:
+    with static_buffers(True, (1, 4)) as one, static_buffers(True, (1, 4)) as two:
         held = one.zeros(owner, "x", (4,), torch.float32, device).fill_(7)
         other = two.zeros(owner, "x", (4,), torch.float32, device)
         assert other.data_ptr() != held.data_ptr()
-    with static_buffers(True) as three:
+    with static_buffers(True, (1, 4)) as three:
         again = three.zeros(owner, "x", (4,), torch.float32, device)
         assert again.data_ptr() in {held.data_ptr(), other.data_ptr()} and not again.any()
         assert three.zeros(owner, "x", (4,), torch.float64, device).dtype == torch.float64
@@ -135,7 +199,48 @@ def test_pooled_buffers_go_with_their_model_or_on_release() -> None:
 
 
 def test_a_lease_that_is_not_pooled_allocates_every_time() -> None:
-    owner, lease = torch.nn.Linear(1, 1), Lease(pooled=False)
+    owner, lease = torch.nn.Linear(1, 1), Lease(pooled=False, shape=(1, 4))
     first = lease.zeros(owner, "x", (4,), torch.float32, torch.device("cpu"))
     assert lease.zeros(owner, "x", (4,), torch.float32, torch.device("cpu")) is not first
     assert pooled_bytes() == 0
+
+
+def _tensors(objects, seen: set[int] | None = None) -> list[torch.Tensor]:
+    """The tensors held by `objects`' attributes (also in lists, and in attributes' own attributes),
+    models aside."""
+    seen = set() if seen is None else seen
+    found = []
+    for obj in objects:
+        if id(obj) in seen or isinstance(obj, torch.nn.Module) or not hasattr(obj, "__dict__"):
+            continue
+        seen.add(id(obj))
+        for value in vars(obj).values():
+            values = value if isinstance(value, list | tuple) else [value]
+            found += [v for v in values if isinstance(v, torch.Tensor)]
+            found += _tensors([v for v in values if not isinstance(v, torch.Tensor)], seen)
+    return found
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_tensor_a_step_writes_in_place_is_marked_static(target, marked, monkeypatch, kind) -> None:
+    """A compiled step that writes a tensor in place which is not a static address is not captured
+    as a CUDA graph (and with a new tensor each call, would not replay): every tensor a round or a
+    step changes in place is one the call marked static (and so pooled)."""
+    changed: dict[int, str] = {}
+
+    def watched(function):
+        def step(*args):
+            before = [(tensor, tensor.clone()) for tensor in _tensors(args)]
+            function(*args)
+            for tensor, old in before:
+                if not torch.equal(tensor, old):
+                    changed[id(tensor)] = f"{tuple(tensor.shape)} {tensor.dtype}"
+
+        return step
+
+    monkeypatch.setattr(specdecode.decoding.compiled, "compiled_function", lambda function, device: watched(function))
+    drafter = drafter_of(kind, target) if kind != "target alone" else None
+    marked.append([])
+    decode(kind, target, drafter, prompts_of(1), compile=True)
+    static = {id(tensor) for tensor in marked[0]}
+    assert changed and not {key: name for key, name in changed.items() if key not in static}

@@ -948,7 +948,7 @@ def test_compiled_writer_batches_share_one_shape(monkeypatch) -> None:
         )
     assert shapes[:3] == [(3, None), (3, None), (1, None)]
     assert shapes[3:] == [(3, 32)] * 3  # 20 + 4 (max_len) + 1, rounded up to a power of two
-    assert pooled_bytes() == 0  # the compiled batches' buffers are not kept past the writer
+    assert pooled_bytes(target) == 0  # the compiled batches' buffers are not kept past the writer
     assert written[True][0] == written[False][0] and [len(r) for r in written[True][0]] == [6] * 6 + [4]
     for ours, eager in zip(written[True][1], written[False][1]):
         torch.testing.assert_close(ours.float(), eager.float(), atol=2e-3, rtol=2e-3)

@@ -51,7 +51,7 @@ from specdecode.decoding.drafting import Drafting, drafting_for
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.sampling import DrawnAhead, Params, SamplingParams, exponential_noise, next_tokens, uniform
 from specdecode.decoding.static_buffers import static_buffers
-from specdecode.decoding.static_cache import StaticKVCache
+from specdecode.decoding.static_cache import StaticKVCache, rows_capacity
 from specdecode.decoding.static_rows import ActiveRowsLookup, DeviceCounters, Rows
 from specdecode.decoding.stats import GenerationResult
 from specdecode.decoding.verify import verify_drafts
@@ -161,11 +161,11 @@ def speculative_generate_static(
     """
     start = time.perf_counter()
     device = target.device
-    with static_buffers(compile) as lease:
+    batch_size, capacity = len(prompts), rows_capacity(prompts, budgets, gamma, capacity)
+    with static_buffers(compile, (batch_size, capacity)) as lease:
         # what a round writes in place, at the addresses earlier calls of this shape used (compiled)
         zeros, drafter_zeros = lease.zeros_for(target, device), lease.zeros_for(drafter, device)
         rows = Rows.from_prompts(prompts, budgets, gamma, eos=eos, device=device, capacity=capacity, zeros=zeros)
-        batch_size, capacity = len(prompts), rows.capacity
         target_cache = StaticKVCache.for_model(target, batch_size, capacity, zeros)
         row_lookup = ActiveRowsLookup(lookup) if lookup is not None else None
         drafting = drafting_for(drafter, batch_size, capacity, row_lookup, drafter_zeros)  # type: ignore[arg-type]
@@ -255,11 +255,11 @@ def autoregressive_generate_static(
     are drawn before each step and passed in (`DrawnAhead`), the numbers `sample` would draw."""
     start = time.perf_counter()
     device = target.device
-    with static_buffers(compile) as lease:
+    batch_size, capacity = len(prompts), rows_capacity(prompts, budgets, None, capacity)
+    with static_buffers(compile, (batch_size, capacity)) as lease:
         # what a step writes in place, at the addresses earlier calls of this shape used (compiled)
         zeros = lease.zeros_for(target, device)
         rows = Rows.from_prompts(prompts, budgets, None, eos=eos, device=device, capacity=capacity, zeros=zeros)
-        batch_size, capacity = len(prompts), rows.capacity
         cache = StaticKVCache.for_model(target, batch_size, capacity, zeros)
         counters = DeviceCounters(0, device, zeros)
         sync_every = default_sync_every(device)

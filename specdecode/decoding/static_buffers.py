@@ -2,16 +2,19 @@
 
 A compiled step on CUDA is a CUDA graph that reads and writes its static inputs (KV buffers, token
 rows, counters, a feature drafter's features) at the addresses it was recorded with. Where a later
-call brings buffers at other addresses, CUDA graph trees record the graph again, and after
-`torch._inductor.config.triton.cudagraph_unexpected_rerecord_limit` such records (128) run that
-graph without CUDA graphs at all. gpt-fast keeps its caches as model buffers for this reason.
+call brings buffers at other addresses, CUDA graph trees record the graph again: a capture per
+call, and each recorded graph kept (a later call checks its inputs against every one) or, on
+torch versions that count such records against `cudagraph_unexpected_rerecord_limit` (128), the
+graph run without CUDA graphs from then on. gpt-fast keeps its caches as model buffers for this
+reason.
 
-Here a compiled decode takes its static buffers from a pool (`static_buffers`), one set per model,
-name, shape, dtype and device, zeroed in place at each call: later calls of one shape replay the
-graphs the first recorded. A buffer serves one call at a time (a second call of the same shape
-while one runs, or a model that is both target and drafter, gets a set of its own), and goes with
-its model (the pool holds models weakly) or with `release_static_buffers`. An uncompiled decode
-allocates its buffers per call, as before: nothing of it outlives the call.
+Here a compiled decode takes its static buffers from a pool (`static_buffers`): per model and call
+shape (batch size, cache capacity), one buffer per name, shape, dtype and device, zeroed in place
+at each call, so later calls of one shape replay the graphs the first recorded. A buffer serves one
+call at a time (a second call of the same shape while one runs, or a model that is both target and
+drafter, gets a set of its own). A model keeps the buffers of its `POOLED_SHAPES` most recent call
+shapes; they go with the model (the pool holds models weakly) or with `release_static_buffers`. An
+uncompiled decode allocates its buffers per call: nothing of it outlives the call.
 """
 
 from __future__ import annotations
@@ -19,15 +22,23 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
 import torch
 
 # zeros(name, shape, dtype): a zeroed buffer on an owner's device, by a name unique within the owner.
 Zeros = Callable[[str, tuple[int, ...], torch.dtype], torch.Tensor]
+# A call's shape: (batch size, cache capacity).
+CallShape = tuple[int, int]
+
+# Call shapes whose buffers a model keeps: a call of another shape evicts the least recently used
+# (an evaluation runs a few batch sizes at one capacity; the data writer one shape).
+POOLED_SHAPES = 4
 
 _Key = tuple[str, tuple[int, ...], torch.dtype, torch.device]
-_POOL: weakref.WeakKeyDictionary[torch.nn.Module, dict[_Key, list[torch.Tensor]]] = weakref.WeakKeyDictionary()
+_Shapes = OrderedDict[CallShape, dict[_Key, list[torch.Tensor]]]
+_POOL: weakref.WeakKeyDictionary[torch.nn.Module, _Shapes] = weakref.WeakKeyDictionary()
 _IN_USE: set[int] = set()
 _LOCK = threading.Lock()
 
@@ -38,10 +49,11 @@ def fresh_zeros(device: torch.device) -> Zeros:
 
 
 class Lease:
-    """The buffers one decode call holds: pooled ones when `pooled`, else fresh ones."""
+    """The buffers one decode call of `shape` holds: pooled ones when `pooled`, else fresh ones."""
 
-    def __init__(self, pooled: bool) -> None:
+    def __init__(self, pooled: bool, shape: CallShape) -> None:
         self.pooled = pooled
+        self.shape = shape
         self._taken: list[torch.Tensor] = []
 
     def zeros_for(self, owner: torch.nn.Module, device: torch.device) -> Zeros:
@@ -51,13 +63,16 @@ class Lease:
     def zeros(
         self, owner: torch.nn.Module, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
     ) -> torch.Tensor:
-        """A zeroed `shape` / `dtype` buffer on `device`: `owner`'s pooled `name`, where pooled and
-        not held by another call, else a new one (pooled for later calls where pooled)."""
+        """A zeroed `shape` / `dtype` buffer on `device`: `owner`'s pooled `name` for this call shape,
+        where pooled and not held by another call, else a new one (pooled for later calls where pooled)."""
         if not self.pooled:
             return fresh_zeros(device)(name, shape, dtype)
         key = (name, tuple(shape), dtype, torch.device(device))
         with _LOCK:
-            kept = _POOL.setdefault(owner, {}).setdefault(key, [])
+            shapes = _POOL.setdefault(owner, OrderedDict())
+            kept = shapes.setdefault(self.shape, {}).setdefault(key, [])
+            shapes.move_to_end(self.shape)
+            _evict(shapes)
             free = next((tensor for tensor in kept if id(tensor) not in _IN_USE), None)
             tensor = free if free is not None else torch.zeros(shape, dtype=dtype, device=device)
             if free is None:
@@ -74,11 +89,19 @@ class Lease:
             self._taken.clear()
 
 
+def _evict(shapes: _Shapes) -> None:
+    """Drop the least recently used call shapes past `POOLED_SHAPES` whose buffers no call holds."""
+    for shape in list(shapes)[: max(len(shapes) - POOLED_SHAPES, 0)]:
+        if not any(id(tensor) in _IN_USE for kept in shapes[shape].values() for tensor in kept):
+            del shapes[shape]
+
+
 @contextlib.contextmanager
-def static_buffers(pooled: bool) -> Iterator[Lease]:
-    """A decode call's `Lease`, given back on leaving the block (however it is left). Whatever the
-    call returns must be copied out of its buffers first: the next call of the shape zeroes them."""
-    lease = Lease(pooled)
+def static_buffers(pooled: bool, shape: CallShape) -> Iterator[Lease]:
+    """A `Lease` for a decode call of `shape`, given back on leaving the block (however it is left).
+    Whatever the call returns must be copied out of its buffers first: the next call of the shape
+    zeroes them."""
+    lease = Lease(pooled, shape)
     try:
         yield lease
     finally:
@@ -93,7 +116,14 @@ def release_static_buffers(*models: torch.nn.Module) -> None:
             _POOL.pop(model, None)
 
 
-def pooled_bytes() -> int:
-    """Bytes held in the pool (all models)."""
+def pooled_bytes(model: torch.nn.Module | None = None) -> int:
+    """Bytes held in the pool for `model` (all models where None)."""
     with _LOCK:
-        return sum(t.numel() * t.element_size() for kept in _POOL.values() for ts in kept.values() for t in ts)
+        pools = [_POOL.get(model, OrderedDict())] if model is not None else list(_POOL.values())
+        return sum(
+            tensor.numel() * tensor.element_size()
+            for shapes in pools
+            for buffers in shapes.values()
+            for kept in buffers.values()
+            for tensor in kept
+        )

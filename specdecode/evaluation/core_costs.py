@@ -188,7 +188,7 @@ def core_step_costs(
         raise ValueError("prompt must hold one or more tokens")
     compiled = {core for core in cores if check_core(CORES[core]["static"], CORES[core].get("compile"), target.device)}
     length = len(prompt) + max(new_tokens // 2, 1)
-    # the slots a decode's static caches get: `slack` past the budget as in `static._Rows.from_prompts`
+    # the slots a decode's static caches get: `slack` past the budget as in `static_rows.Rows.from_prompts`
     capacity = static_capacity(len(prompt) + new_tokens + gamma + 2)
     step_capacity = static_capacity(len(prompt) + new_tokens + 1)
     ids = (list(prompt) * (capacity // len(prompt) + 1))[:capacity]

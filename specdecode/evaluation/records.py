@@ -1,13 +1,14 @@
 """What an evaluation counts: one method's decode of a prompt set (`RunRecord`), its raw summable
 counts, how processes' counts merge, and the results.json rows computed from them. Also the
 batching policies the methods decode with (consecutive batches, grouped by chosen drafter), and
-compiled decodes timed apart from their compiling (`settled`)."""
+compiled decodes timed apart from their compiling (`settled`) in batches of the configured sizes
+(`filled`)."""
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specdecode.decoding.compiled import graphs_compiled
 from specdecode.decoding.stats import GenerationResult
@@ -292,5 +293,32 @@ def settled(
         compile_seconds[name] = compile_seconds.get(name, 0.0) + excess
         on_compile(f"{name}: compiled a decode of {len(prompts)} prompts in {excess:.1f} s (kept out of its timing)")
         return again
+
+    return run
+
+
+def filled(generate: Callable[..., GenerationResult], batch_sizes: Sequence[int], budget: int) -> Generate:
+    """`generate` (a decode with `max_new_tokens` as a keyword), except that a batch of n prompts is
+    filled up to the smallest of `batch_sizes` that holds it with one-token rows of no budget, which
+    decode nothing: compiled, each batch size is a graph of its own, and a last batch or a routed
+    group of another size would compile one more. The result is the prompts' own: their sequences,
+    and their stats less the filling rows' prefill (one target call each, all they count)."""
+
+    def run(prompts: list[list[int]]) -> GenerationResult:
+        size = min((b for b in batch_sizes if b >= len(prompts)), default=len(prompts))
+        fill = size - len(prompts)
+        if fill == 0:
+            return generate(prompts)
+        result = generate(prompts + [prompts[0][:1]] * fill, max_new_tokens=[budget] * len(prompts) + [0] * fill)
+        stats = result.stats
+        row_calls = round(stats.generated_tokens / stats.tau) - fill if stats.tau else 0
+        tau = stats.generated_tokens / row_calls if row_calls > 0 else 0.0
+        return replace(
+            result,
+            sequences=result.sequences[: len(prompts)],
+            stats=replace(stats, tau=tau),
+            features=None if result.features is None else result.features[: len(prompts)],
+            record=None if result.record is None else result.record[: len(prompts)],
+        )
 
     return run

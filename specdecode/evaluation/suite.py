@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from functools import partial
@@ -44,6 +44,7 @@ from specdecode.evaluation.records import (
     Generate,
     RunRecord,
     composed,
+    filled,
     finalize_rows,
     merge_counts,
     pick_per_prompt,
@@ -147,9 +148,12 @@ def _core(cfg: EvalConfig, models: _Models) -> dict[str, Any]:
     return {"static": True, "compile": True, "capacity": static_capacity(slots)}
 
 
-def _generators(models: _Models, gamma: int | None, decode: dict, lookup: PromptLookup) -> dict[str, Generate]:
+def _generators(
+    models: _Models, gamma: int | None, decode: dict, lookup: PromptLookup, batch_sizes: Sequence[int]
+) -> dict[str, Generate]:
     """One decode function per method name at `gamma`, each drafter with `lookup` (`autoregressive`
-    ignores both); where `decode` compiles, each settled (`records.settled`)."""
+    ignores both); where `decode` compiles, each decoding in batches of `batch_sizes` only
+    (`records.filled`) and settled (`records.settled`)."""
     generators: dict[str, Generate] = {"autoregressive": partial(autoregressive_generate, models.target, **decode)}
     for name, drafter in models.drafters.items():
         generators[name] = partial(
@@ -157,7 +161,10 @@ def _generators(models: _Models, gamma: int | None, decode: dict, lookup: Prompt
         )
     if decode.get("compile"):
         generators = {
-            name: settled(generate, name, models.compile_seconds, tqdm.write) for name, generate in generators.items()
+            name: settled(
+                filled(generate, batch_sizes, decode["max_new_tokens"]), name, models.compile_seconds, tqdm.write
+            )
+            for name, generate in generators.items()
         }
     return generators
 
@@ -199,7 +206,7 @@ def _eval_domain(
         decode = dict(
             max_new_tokens=cfg.max_new_tokens, temperature=temperature, eos_token_ids=models.eos, seed=cfg.seed
         ) | _core(cfg, models)
-        generators = _generators(models, cfg.gamma, decode, cfg.prompt_lookup)
+        generators = _generators(models, cfg.gamma, decode, cfg.prompt_lookup, cfg.batch_sizes)
         oracle_choices: list[str] | None = None
         sweep_reference: list[list[int]] | None = None
         for batch_size in sorted(cfg.batch_sizes):
@@ -274,7 +281,7 @@ def _sweep(
         if gamma == cfg.gamma:
             continue
         progress.set_postfix_str(f"{domain} T={temperature} B={batch_size} gamma={gamma}")
-        generators = _generators(models, gamma, decode, cfg.prompt_lookup)
+        generators = _generators(models, gamma, decode, cfg.prompt_lookup, cfg.batch_sizes)
         methods = [m for m in cfg.sweep_methods if m in generators and _family(m) in cfg.methods]
         chosen = {"routed": route_choices} if "routed" in cfg.sweep_methods and route_choices is not None else {}
         if not methods and not chosen:
@@ -338,7 +345,7 @@ def _warm_up(cfg: EvalConfig, models: _Models, prompt: list[int]) -> None:
         eos_token_ids=[],
         seed=cfg.seed,
     ) | _core(cfg, models)
-    for generate in _generators(models, cfg.gamma, decode, cfg.prompt_lookup).values():
+    for generate in _generators(models, cfg.gamma, decode, cfg.prompt_lookup, cfg.batch_sizes).values():
         generate([prompt])
 
 

@@ -237,30 +237,32 @@ def _continuations(
     # Compiled, every batch has one shape: the caches as large as the longest row needs and the last
     # batch filled up with rows of no budget (each shape compiles for tens of seconds on a GPU).
     capacity = rows_capacity([prompts[i] for i in order], list(budget.values()), None) if compile and order else None
-    for start in range(0, len(order), batch_size):
-        picks = order[start : start + batch_size]
-        filler = batch_size - len(picks) if compile and len(order) > batch_size else 0
-        batch = [list(prompts[i]) for i in picks] + [list(prompts[picks[0]])] * filler
-        result = autoregressive_generate(
-            model,
-            batch,
-            max_new_tokens=[budget[i] for i in picks] + [0] * filler,
-            temperature=train.temperature if temperature is None else temperature,
-            eos_token_ids=list(eos) or None,
-            seed=seed + start,
-            feature_layers=feature_layers,
-            static=compile,
-            compile=compile,
-            capacity=capacity,
-        )
-        by_index.update(zip(picks, result.sequences))
-        if result.features is not None:
-            features_by_index.update(zip(picks, (f.half().cpu() for f in result.features)))
-        bar.update(len(picks))
+    try:
+        for start in range(0, len(order), batch_size):
+            picks = order[start : start + batch_size]
+            filler = batch_size - len(picks) if compile and len(order) > batch_size else 0
+            batch = [list(prompts[i]) for i in picks] + [list(prompts[picks[0]])] * filler
+            result = autoregressive_generate(
+                model,
+                batch,
+                max_new_tokens=[budget[i] for i in picks] + [0] * filler,
+                temperature=train.temperature if temperature is None else temperature,
+                eos_token_ids=list(eos) or None,
+                seed=seed + start,
+                feature_layers=feature_layers,
+                static=compile,
+                compile=compile,
+                capacity=capacity,
+            )
+            by_index.update(zip(picks, result.sequences))
+            if result.features is not None:
+                features_by_index.update(zip(picks, (f.half().cpu() for f in result.features)))
+            bar.update(len(picks))
+    finally:
+        # the batches' KV buffers, which compiled calls keep for the next call of their shape (there is
+        # none: training follows, and wants the memory)
+        release_static_buffers(model)
     bar.close()
     model.train(was_training)
-    # the batches' KV buffers, which compiled calls keep for the next call of their shape (there is
-    # none: training follows, and wants the memory)
-    release_static_buffers(model)
     out = [by_index[i] for i in range(len(prompts))]
     return out, ([features_by_index[i] for i in range(len(prompts))] if feature_layers is not None else None)
