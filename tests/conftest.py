@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -18,9 +19,12 @@ from tests.models_for_tests import tiny_llama_config as tiny_llama_config_
 
 @pytest.fixture(autouse=True, scope="session")
 def _single_thread_torch() -> None:
-    """Run torch single-threaded: the test models are tiny, so threads buy nothing, and on a
-    shared 2-core machine OpenMP oversubscription made the suite ~10x slower (3 s -> 30 s)."""
+    """Run torch single-threaded, here and in the apps tests launch as subprocesses (which read
+    OMP_NUM_THREADS): the test models are tiny, so threads buy nothing, and on a shared 2-core
+    machine OpenMP oversubscription made the suite ~10x slower (3 s -> 30 s), and the demo's
+    subprocesses ~3x (61 s alone -> 174 s beside one busy process)."""
     torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(autouse=True)
