@@ -110,7 +110,7 @@ class SliceDrafting:
         self.drafter = drafter
         self.cache = RaggedKVCache.for_model(drafter, batch_size, capacity)
         self.lookup = lookup
-        self.looked_up = (zeros or fresh_zeros(drafter.device))("drafting.looked_up", (), torch.long)
+        self.looked_up = (zeros or fresh_zeros)("drafting.looked_up", (), torch.long, drafter.device)
         self.last_looked_up: torch.Tensor | None = None
 
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
@@ -164,15 +164,17 @@ class FeatureDrafting:
         lookup: PromptLookup | None = None,
         zeros: Zeros | None = None,
     ) -> None:
-        zeros = zeros or fresh_zeros(drafter.device)
+        zeros = zeros or fresh_zeros
         self.drafter = drafter
         self.lookup = lookup
-        self.looked_up = zeros("drafting.looked_up", (), torch.long)
+        self.looked_up = zeros("drafting.looked_up", (), torch.long, drafter.device)
         self.last_looked_up: torch.Tensor | None = None
         self.feature_layers: tuple[int, ...] | None = drafter.feature_layers
         self.capacity = capacity
         self.cache = RaggedKVCache.for_model(drafter, batch_size, capacity)
-        self.features = zeros("drafting.features", (batch_size, capacity, drafter.feature_width), drafter.dtype)
+        self.features = zeros(
+            "drafting.features", (batch_size, capacity, drafter.feature_width), drafter.dtype, drafter.device
+        )
         # Per row: drafter positions [0, start) hold true-feature entries; and its host-side bound.
         self.start = torch.zeros(batch_size, dtype=torch.long, device=drafter.device)
         self.start_bound = 0

@@ -164,7 +164,7 @@ def speculative_generate_static(
     batch_size, capacity = len(prompts), rows_capacity(prompts, budgets, gamma, capacity)
     with static_buffers(compile, (batch_size, capacity)) as lease:
         # what a round writes in place, at the addresses earlier calls of this shape used (compiled)
-        zeros, drafter_zeros = lease.zeros_for(target, device), lease.zeros_for(drafter, device)
+        zeros, drafter_zeros = lease.zeros_for(target), lease.zeros_for(drafter)
         rows = Rows.from_prompts(prompts, budgets, gamma, eos=eos, device=device, capacity=capacity, zeros=zeros)
         target_cache = StaticKVCache.for_model(target, batch_size, capacity, zeros)
         row_lookup = ActiveRowsLookup(lookup) if lookup is not None else None
@@ -258,7 +258,7 @@ def autoregressive_generate_static(
     batch_size, capacity = len(prompts), rows_capacity(prompts, budgets, None, capacity)
     with static_buffers(compile, (batch_size, capacity)) as lease:
         # what a step writes in place, at the addresses earlier calls of this shape used (compiled)
-        zeros = lease.zeros_for(target, device)
+        zeros = lease.zeros_for(target)
         rows = Rows.from_prompts(prompts, budgets, None, eos=eos, device=device, capacity=capacity, zeros=zeros)
         cache = StaticKVCache.for_model(target, batch_size, capacity, zeros)
         counters = DeviceCounters(0, device, zeros)
@@ -270,7 +270,7 @@ def autoregressive_generate_static(
         noise_shape = tuple(logits.shape)  # [B, V]: one draw per row and token id
         written = None
         if hidden is not None:
-            written = zeros("features.written", (batch_size, capacity, hidden.shape[-1]), hidden.dtype)
+            written = zeros("features.written", (batch_size, capacity, hidden.shape[-1]), hidden.dtype, hidden.device)
             written[:, : hidden.shape[1]] = hidden
         counters.record_target_call(torch.ones_like(rows.active))
         rows.commit(next_tokens(logits, params, generator).unsqueeze(1), torch.ones_like(rows.lengths))

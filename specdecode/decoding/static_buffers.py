@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-# zeros(name, shape, dtype): a zeroed buffer on an owner's device, by a name unique within the owner.
-Zeros = Callable[[str, tuple[int, ...], torch.dtype], torch.Tensor]
+# zeros(name, shape, dtype, device): a zeroed buffer, by a name unique within its owner.
+Zeros = Callable[[str, tuple[int, ...], torch.dtype, torch.device], torch.Tensor]
 # A call's shape: (batch size, cache capacity).
 CallShape = tuple[int, int]
 
@@ -43,9 +43,9 @@ _IN_USE: set[int] = set()
 _LOCK = threading.Lock()
 
 
-def fresh_zeros(device: torch.device) -> Zeros:
-    """`Zeros` that allocates new buffers on `device` (what a call outside the pool gets)."""
-    return lambda name, shape, dtype: torch.zeros(shape, dtype=dtype, device=device)
+def fresh_zeros(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """`Zeros` that allocates a new buffer (what a call outside the pool gets)."""
+    return torch.zeros(shape, dtype=dtype, device=device)
 
 
 class Lease:
@@ -56,9 +56,9 @@ class Lease:
         self.shape = shape
         self._taken: list[torch.Tensor] = []
 
-    def zeros_for(self, owner: torch.nn.Module, device: torch.device) -> Zeros:
-        """`Zeros` of `owner`'s buffers on `device`."""
-        return lambda name, shape, dtype: self.zeros(owner, name, shape, dtype, device)
+    def zeros_for(self, owner: torch.nn.Module) -> Zeros:
+        """`Zeros` of `owner`'s buffers."""
+        return lambda name, shape, dtype, device: self.zeros(owner, name, shape, dtype, device)
 
     def zeros(
         self, owner: torch.nn.Module, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
@@ -66,7 +66,7 @@ class Lease:
         """A zeroed `shape` / `dtype` buffer on `device`: `owner`'s pooled `name` for this call shape,
         where pooled and not held by another call, else a new one (pooled for later calls where pooled)."""
         if not self.pooled:
-            return fresh_zeros(device)(name, shape, dtype)
+            return fresh_zeros(name, shape, dtype, device)
         key = (name, tuple(shape), dtype, torch.device(device))
         with _LOCK:
             shapes = _POOL.setdefault(owner, OrderedDict())

@@ -76,7 +76,7 @@ class StaticKVCache(Cache):
         self, num_layers: int, batch_size: int, capacity: int, device: torch.device, zeros: Zeros | None = None
     ) -> None:
         super().__init__(layers=[])
-        self._zeros = zeros or fresh_zeros(device)
+        self._zeros = zeros or fresh_zeros
         self.num_layers = num_layers
         self.capacity = capacity
         self.keys: list[torch.Tensor | None] = [None] * num_layers
@@ -117,8 +117,10 @@ class StaticKVCache(Cache):
         batch, heads, num_new, head_dim = key_states.shape
         if self.keys[layer_idx] is None:
             shape = (batch, heads, self.capacity, head_dim)
-            self.keys[layer_idx] = self._zeros(f"kv.{layer_idx}.keys", shape, key_states.dtype)
-            self.values[layer_idx] = self._zeros(f"kv.{layer_idx}.values", shape, value_states.dtype)
+            self.keys[layer_idx] = self._zeros(f"kv.{layer_idx}.keys", shape, key_states.dtype, key_states.device)
+            self.values[layer_idx] = self._zeros(
+                f"kv.{layer_idx}.values", shape, value_states.dtype, value_states.device
+            )
             # fixed addresses: CUDA graphs may then write them in place
             mark_static(self.keys[layer_idx], self.values[layer_idx])
         # an indexed assignment rather than `scatter_`: inductor writes it into the buffers in place,

@@ -44,7 +44,7 @@ class Rows:
         prompt_lengths = [len(p) for p in prompts]
         capacity = rows_capacity(prompts, budgets, gamma, capacity)
         tokens, lengths, limits = padded_prompts(prompts, budgets, capacity)
-        buffer = (zeros or fresh_zeros(device))("rows.tokens", tuple(tokens.shape), torch.long)
+        buffer = (zeros or fresh_zeros)("rows.tokens", tuple(tokens.shape), torch.long, device)
         return cls(
             buffer.copy_(tokens),
             lengths.to(device),
@@ -84,10 +84,10 @@ class DeviceCounters:
 
     def __init__(self, gamma: int, device: torch.device, zeros: Zeros | None = None) -> None:
         self.gamma = gamma
-        zeros = zeros or fresh_zeros(device)
+        zeros = zeros or fresh_zeros
         # target calls, target calls counted per row, and draft-verify steps counted per row
-        self.calls = zeros("counters.calls", (3,), torch.long)
-        self.histogram = zeros("counters.histogram", (gamma + 1,), torch.long)
+        self.calls = zeros("counters.calls", (3,), torch.long, device)
+        self.histogram = zeros("counters.histogram", (gamma + 1,), torch.long, device)
 
     def record_target_call(self, active: torch.Tensor) -> None:
         self.calls[:2] += torch.stack([active.any().long(), active.sum()])
