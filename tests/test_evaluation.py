@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
 import pytest
@@ -706,49 +707,64 @@ def test_a_call_that_compiled_decodes_again_and_its_excess_counts_as_compiling(m
 def test_only_compiled_decodes_are_settled_and_filled(compile: bool, monkeypatch) -> None:
     models = suite._Models(target=None, tokenizer=None, eos=[], drafters={"generic": None})
     settled, filled = [], []
-    monkeypatch.setattr(suite, "settled", lambda generate, name, seconds, say: settled.append(name) or generate)
-    monkeypatch.setattr(suite, "filled", lambda generate, sizes, budget: filled.append((sizes, budget)) or generate)
+    monkeypatch.setattr(suite, "settled", lambda generate, name, seconds, say: settled.append(generate) or name)
+    monkeypatch.setattr(suite, "filled", lambda generate, sizes, budget: filled.append((sizes, budget)) or "filled")
     decode = {"max_new_tokens": 4, "static": compile, "compile": compile}
     generators = suite._generators(models, 2, decode, None, [1, 8])
     assert list(generators) == ["autoregressive", "generic"]
-    assert settled == (["autoregressive", "generic"] if compile else [])
+    # compiled, each decode is filled, and the filled decode settled
+    assert generators == ({"autoregressive": "autoregressive", "generic": "generic"} if compile else generators)
+    assert settled == (["filled", "filled"] if compile else [])
     assert filled == ([([1, 8], 4)] * 2 if compile else [])
 
 
+@pytest.mark.parametrize("kind", ["slice", "target alone"])
 @pytest.mark.parametrize("core", ["eager", "static"])
-def test_a_filled_batch_decodes_what_the_batch_alone_does(core: str) -> None:
+def test_a_filled_batch_decodes_what_the_batch_alone_does(core: str, kind: str) -> None:
     """Compiled, a batch of fewer prompts than a configured batch size is filled up to it with rows
-    of no budget (one graph per configured size); its sequences and stats are the batch's own."""
+    of no budget (one graph per configured size); in greedy decoding its sequences and stats are
+    the batch's own, a row cut short by EOS and prompt lookup's counts included."""
+    from specdecode.decoding import autoregressive_generate
     from tests.models_for_tests import tiny_llama
+    from tests.test_verify import EAGER_LOOKUP
 
     target = tiny_llama(2, seed=0)
     drafter = derive_drafter(target, 1)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
     seen = []
 
-    def decode(prompts, **kwargs):
+    def decode(prompts, eos=(), **kwargs):
         seen.append(kwargs.get("max_new_tokens", 10))
-        kwargs = {"max_new_tokens": 10} | kwargs
-        return speculative_generate(
-            target, drafter, prompts, gamma=2, eos_token_ids=[], static=core == "static", **kwargs
-        )
+        kwargs = {"max_new_tokens": 10, "eos_token_ids": list(eos), "static": core == "static"} | kwargs
+        if kind == "target alone":
+            return autoregressive_generate(target, prompts, **kwargs)
+        return speculative_generate(target, drafter, prompts, gamma=2, prompt_lookup=EAGER_LOOKUP, **kwargs)
 
-    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
-    alone = decode(prompts)
-    ours = records.filled(decode, [1, 8], 10)(prompts)
+    eos = decode(prompts).sequences[1][3]  # cuts row 1 (at least) short
+    run = partial(decode, eos=[eos])
+    alone = run(prompts)
+    ours = records.filled(run, [1, 8], 10)(prompts)
     assert seen[-1] == [10, 10, 10, 0, 0, 0, 0, 0]
-    assert ours.sequences == alone.sequences
+    assert ours.sequences == alone.sequences and len(alone.sequences[1]) <= 4
     times = ("wall_time_s", "tokens_per_s")
     assert {k: v for k, v in ours.stats.to_dict().items() if k not in times} == {
         k: v for k, v in alone.stats.to_dict().items() if k not in times
     }
-    records.filled(decode, [1, 8], 10)(prompts[:1])
+    assert kind == "target alone" or alone.stats.looked_up > 0
+    records.filled(run, [1, 8], 10)(prompts[:1])
     assert seen[-1] == 10  # batch 1 is a configured size: no filling
+
+
+def test_a_compiled_evaluation_fills_no_batch_past_its_prompts() -> None:
+    cfg = EvalConfig(methods=["autoregressive"], batch_sizes=[1, 8, 64])
+    assert suite._batch_shapes(cfg, [[1]] * 10) == [1, 8, 10]
+    assert suite._batch_shapes(cfg, [[1]] * 3) == [1, 3]
 
 
 @pytest.mark.slow  # compiles each method's graphs for each batch shape (minutes on a CPU)
 def test_a_compiled_evaluation_reports_compile_seconds_apart_from_its_rows(tiny_setup, monkeypatch) -> None:
-    """Compiled, decodes run at the configured batch sizes only (3 prompts at batch 4: one batch of
-    4, filled), their compiling kept out of the rows' times."""
+    """Compiled, decodes run at the configured batch sizes only (5 prompts at batch 4: 4, then 1
+    filled up to 4), their compiling kept out of the rows' times."""
     tmp_path, folders = tiny_setup
     sizes = set()
     for name in ("autoregressive_generate", "speculative_generate"):
@@ -760,7 +776,7 @@ def test_a_compiled_evaluation_reports_compile_seconds_apart_from_its_rows(tiny_
         drafters={"generic": folders["generic"]},
         domains=["code"],
         methods=["autoregressive", "generic"],
-        prompts_per_domain=3,
+        prompts_per_domain=5,
         max_prompt_tokens=150,
         max_new_tokens=8,
         gamma=2,

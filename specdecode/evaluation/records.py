@@ -301,12 +301,14 @@ def filled(generate: Callable[..., GenerationResult], batch_sizes: Sequence[int]
     """`generate` (a decode with `max_new_tokens` as a keyword), except that a batch of n prompts is
     filled up to the smallest of `batch_sizes` that holds it with one-token rows of no budget, which
     decode nothing: compiled, each batch size is a graph of its own, and a last batch or a routed
-    group of another size would compile one more. The result is the prompts' own: their sequences,
-    and their stats less the filling rows' prefill (one target call each, all they count)."""
+    group of another size would compile one more. The result is the prompts' own: in greedy
+    decoding their sequences and stats exactly, less the filling rows' prefill (one row call each,
+    all they count); sampled, a draw from the same distribution (masked rows draw noise too). The
+    filling rows' compute is in the batch's time, as a CUDA-graph server's padded batches are."""
 
     def run(prompts: list[list[int]]) -> GenerationResult:
         size = min((b for b in batch_sizes if b >= len(prompts)), default=len(prompts))
-        fill = size - len(prompts)
+        fill = size - len(prompts) if prompts else 0
         if fill == 0:
             return generate(prompts)
         result = generate(prompts + [prompts[0][:1]] * fill, max_new_tokens=[budget] * len(prompts) + [0] * fill)

@@ -169,6 +169,12 @@ def _generators(
     return generators
 
 
+def _batch_shapes(cfg: EvalConfig, ids: list[list[int]]) -> list[int]:
+    """The batch sizes a compiled evaluation of `ids` decodes at (`records.filled`): each configured
+    one, or all of the prompts where they are fewer (no batch is filled past them)."""
+    return sorted({min(size, len(ids)) for size in cfg.batch_sizes})
+
+
 def _run_turns(
     generators: dict[str, Generate],
     methods: list[str],
@@ -206,7 +212,7 @@ def _eval_domain(
         decode = dict(
             max_new_tokens=cfg.max_new_tokens, temperature=temperature, eos_token_ids=models.eos, seed=cfg.seed
         ) | _core(cfg, models)
-        generators = _generators(models, cfg.gamma, decode, cfg.prompt_lookup, cfg.batch_sizes)
+        generators = _generators(models, cfg.gamma, decode, cfg.prompt_lookup, _batch_shapes(cfg, ids))
         oracle_choices: list[str] | None = None
         sweep_reference: list[list[int]] | None = None
         for batch_size in sorted(cfg.batch_sizes):
@@ -281,7 +287,7 @@ def _sweep(
         if gamma == cfg.gamma:
             continue
         progress.set_postfix_str(f"{domain} T={temperature} B={batch_size} gamma={gamma}")
-        generators = _generators(models, gamma, decode, cfg.prompt_lookup, cfg.batch_sizes)
+        generators = _generators(models, gamma, decode, cfg.prompt_lookup, _batch_shapes(cfg, ids))
         methods = [m for m in cfg.sweep_methods if m in generators and _family(m) in cfg.methods]
         chosen = {"routed": route_choices} if "routed" in cfg.sweep_methods and route_choices is not None else {}
         if not methods and not chosen:
