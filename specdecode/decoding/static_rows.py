@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from specdecode.decoding.cache import padded_prompts
+from specdecode.decoding.drafting import last_tokens
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.ragged import kept_counts
 from specdecode.decoding.static_buffers import Zeros, fresh_zeros
@@ -60,7 +61,7 @@ class Rows:
 
     def last(self, n: int) -> torch.Tensor:
         """The last `n` committed tokens of each row, `[B, n]`."""
-        return self.tokens.gather(1, self.lengths.unsqueeze(1) - n + torch.arange(n, device=self.tokens.device))
+        return last_tokens(self.tokens, self.lengths, n)
 
     def commit(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> None:
         """Append the first `counts[b]` of `new_tokens` `[B, W]` to each active row, cut at EOS and
