@@ -105,12 +105,12 @@ class SliceDrafting:
         batch_size: int,
         capacity: int,
         lookup: PromptLookup | None = None,
-        zeros: Zeros | None = None,
+        zeros: Zeros = fresh_zeros,
     ) -> None:
         self.drafter = drafter
         self.cache = RaggedKVCache.for_model(drafter, batch_size, capacity)
         self.lookup = lookup
-        self.looked_up = (zeros or fresh_zeros)("drafting.looked_up", (), torch.long, drafter.device)
+        self.looked_up = zeros("drafting.looked_up", (), torch.long, drafter.device)
         self.last_looked_up: torch.Tensor | None = None
 
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
@@ -162,9 +162,8 @@ class FeatureDrafting:
         batch_size: int,
         capacity: int,
         lookup: PromptLookup | None = None,
-        zeros: Zeros | None = None,
+        zeros: Zeros = fresh_zeros,
     ) -> None:
-        zeros = zeros or fresh_zeros
         self.drafter = drafter
         self.lookup = lookup
         self.looked_up = zeros("drafting.looked_up", (), torch.long, drafter.device)
@@ -340,7 +339,7 @@ def drafting_for(
     batch_size: int,
     capacity: int,
     lookup: PromptLookup | None = None,
-    zeros: Zeros | None = None,
+    zeros: Zeros = fresh_zeros,
 ) -> SliceDrafting | FeatureDrafting:
     """The drafting strategy of `drafter`'s kind, for `batch_size` rows of `capacity` token slots;
     the state it writes in place from `zeros` (default: allocated)."""

@@ -73,10 +73,10 @@ class StaticKVCache(Cache):
     keyword = CACHE_KWARG
 
     def __init__(
-        self, num_layers: int, batch_size: int, capacity: int, device: torch.device, zeros: Zeros | None = None
+        self, num_layers: int, batch_size: int, capacity: int, device: torch.device, zeros: Zeros = fresh_zeros
     ) -> None:
         super().__init__(layers=[])
-        self._zeros = zeros or fresh_zeros
+        self._zeros = zeros
         self.num_layers = num_layers
         self.capacity = capacity
         self.keys: list[torch.Tensor | None] = [None] * num_layers
@@ -87,7 +87,7 @@ class StaticKVCache(Cache):
 
     @classmethod
     def for_model(
-        cls, model: PreTrainedModel | FeatureDrafter, batch_size: int, capacity: int, zeros: Zeros | None = None
+        cls, model: PreTrainedModel | FeatureDrafter, batch_size: int, capacity: int, zeros: Zeros = fresh_zeros
     ) -> StaticKVCache:
         cache = cls(model.config.num_hidden_layers, batch_size, capacity, model.device, zeros)
         cache.keyword = cache_keyword(model)

@@ -39,13 +39,13 @@ class Rows:
         eos: Sequence[int],
         device: torch.device,
         capacity: int | None = None,
-        zeros: Zeros | None = None,
+        zeros: Zeros = fresh_zeros,
     ) -> Rows:
         """The rows of `prompts`, their token buffer from `zeros` (default: a new one)."""
         prompt_lengths = [len(p) for p in prompts]
         capacity = rows_capacity(prompts, budgets, gamma, capacity)
         tokens, lengths, limits = padded_prompts(prompts, budgets, capacity)
-        buffer = (zeros or fresh_zeros)("rows.tokens", tuple(tokens.shape), torch.long, device)
+        buffer = zeros("rows.tokens", tuple(tokens.shape), torch.long, device)
         return cls(
             buffer.copy_(tokens),
             lengths.to(device),
@@ -83,9 +83,8 @@ class Rows:
 class DeviceCounters:
     """`StepCounters` kept on the device, counting only active rows (a step counts where any is)."""
 
-    def __init__(self, gamma: int, device: torch.device, zeros: Zeros | None = None) -> None:
+    def __init__(self, gamma: int, device: torch.device, zeros: Zeros = fresh_zeros) -> None:
         self.gamma = gamma
-        zeros = zeros or fresh_zeros
         # target calls, target calls counted per row, and draft-verify steps counted per row
         self.calls = zeros("counters.calls", (3,), torch.long, device)
         self.histogram = zeros("counters.histogram", (gamma + 1,), torch.long, device)
