@@ -47,6 +47,7 @@ class FixedRouter:
 
     def __init__(self, short: str, long: str, cut: int = 200) -> None:
         self.short, self.long, self.cut = short, long, cut
+        self.drafters = [short, long]  # what it was fitted on, as a `Router` says
 
     def choose(self, texts: list[str]) -> list[str]:
         return [self.long if len(t) > self.cut else self.short for t in texts]
@@ -151,6 +152,17 @@ def test_run_eval_writes_every_method_with_exact_greedy(tiny_setup) -> None:
     assert "## The router's share of the oracle's gain" in report
     for png in ("speedup.png", "gamma_sweep.png", "position_acceptance.png"):
         assert (tmp_path / "eval" / png).stat().st_size > 1000
+
+
+def test_a_router_fitted_on_a_drafter_the_run_lacks_is_named_before_any_model_loads(tiny_setup, monkeypatch) -> None:
+    """A router that may choose a drafter the run was not given is refused before any model loads
+    and any decoding starts, naming the drafters it lacks and those the run has."""
+    tmp_path, folders = tiny_setup
+    monkeypatch.setattr(suite, "load_target", lambda *a, **k: pytest.fail("the target loaded"))
+    cfg = routed_config(tmp_path, folders, domains=["code"], prompts_per_domain=3)
+    with pytest.raises(ValueError, match=r"routes to \['math'\], which drafters lacks \(it has \['code', 'generic'\]"):
+        run_eval(cfg, router_loader=lambda path: FixedRouter("generic", "math"))
+    assert not (tmp_path / "eval" / "results.json").exists()
 
 
 @pytest.mark.parametrize("chooser", ["routed", "oracle"])

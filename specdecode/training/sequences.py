@@ -79,8 +79,22 @@ def training_pool(examples: Sequence[Example], train: TrainConfig) -> list[Examp
 
 
 def pool_size(data: DataConfig, train: TrainConfig, split: str) -> int:
-    """How many sequences `data`'s split can give at most (`training_pool` of its examples)."""
-    return len(training_pool(load_examples(data, split), train))
+    """How many sequences `data`'s split can give at most (`training_pool` of its examples).
+
+    Raises:
+        ValueError: `seq_source: data` and no example of the split has a response (a mix would
+            otherwise train without that domain, and its own job fail later).
+    """
+    examples = load_examples(data, split)
+    pool = training_pool(examples, train)
+    if examples and not pool:
+        where = f"data.path={data.path!r}" if data.source == "file" else f"data.name={data.name!r}"
+        raise ValueError(
+            f"{where}: no usable {split} sequences: none of its {len(examples)} examples has a response, and "
+            "train.seq_source=data trains on the data's responses: set data.response_column (a messages prompt "
+            "gives one where an assistant turn follows its last user turn), or train.seq_source=target"
+        )
+    return len(pool)
 
 
 def effective_limit(limit: int | None, pool: int) -> int:
