@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import inspect
 import io
-import re
 import types
 
 import pytest
@@ -14,14 +13,14 @@ import torch
 
 import specdecode.decoding.compiled as compiled
 from specdecode import autoregressive_generate, speculative_generate
+from specdecode.decoding.cache import cached_forward
+from specdecode.decoding.static_cache import StaticKVCache
 from specdecode.models import derive_drafter
 from tests.models_for_tests import tiny_llama
 from tests.test_feature_drafter import random_feature_drafter
 
 needs_regions = pytest.mark.skipif(
-    not hasattr(torch.compiler, "nested_compile_region")
-    or torch.torch_version.TorchVersion(torch.__version__) >= compiled.NESTED_LAYERS_BEFORE,
-    reason="nested layer regions need torch with nested_compile_region, older than NESTED_LAYERS_BEFORE",
+    not hasattr(torch.compiler, "nested_compile_region"), reason="nested layer regions need nested_compile_region"
 )
 
 
@@ -127,20 +126,26 @@ def test_a_slice_drafters_layers_are_regions_too(nesting, monkeypatch) -> None:
     assert len(invoked) == 3 + 2 * 2  # the target's 3 layers, and the drafter's 2 in each of its 2 passes
 
 
-def test_nested_layers_refuse_a_torch_where_they_are_not_exact(monkeypatch) -> None:
-    """On with a torch at or past `NESTED_LAYERS_BEFORE` (where the tokens differ from the eager
-    loop's): a clear error naming the version, before any layer is marked; off, nothing happens."""
+@needs_regions
+def test_a_layers_region_writes_the_buffers_it_is_given_not_those_its_layer_index_picks(nesting) -> None:
+    """A region takes its layer's KV buffers as tensors, so one trace serves every layer: the index the
+    layer's attention passes to the cache (a constant of the trace that torch 2.14 reuses for the next
+    layer) picks nothing. With it made wrong, the layer still writes its own buffers, as eagerly."""
     model = tiny_llama(2)
-    monkeypatch.setattr(compiled, "NESTED_LAYERS_BEFORE", str(torch.torch_version.TorchVersion(torch.__version__)))
-    with compiled.nested_layers(model) as marked:  # off by default
-        assert marked == 0
-    monkeypatch.setattr(compiled, "NESTED_LAYERS", True)
-    with pytest.raises(RuntimeError, match=f"needs torch < .*with torch {re.escape(torch.__version__)}"):
-        with compiled.nested_layers(model):
-            pass
-    assert not any("forward" in vars(layer) for layer in model.model.layers)
-    with pytest.raises(RuntimeError, match="needs torch"):
-        autoregressive_generate(model, [[1, 2]], max_new_tokens=3, eos_token_ids=[], static=True, compile=True)
-    with pytest.raises(RuntimeError, match="needs torch"):  # checked with the other options, before any pass
-        compiled.check_core(True, True, torch.device("cpu"))
-    assert compiled.check_core(True, False, torch.device("cpu")) is False  # not compiling: nothing to refuse
+    tokens = torch.tensor([[1, 2, 3, 4]])
+    cache = StaticKVCache.for_model(model, 1, 16)
+    cached_forward(model, cache, tokens)  # the prefill allocates both layers' buffers
+    expected = cached_forward(model, cache, torch.tensor([[5]]))
+    keys = [k.clone() for k in cache.keys]
+    cache.set_lengths(torch.tensor([4]))
+    for k, v in zip(cache.keys, cache.values):
+        k[:, :, 4:].zero_(), v[:, :, 4:].zero_()
+    with compiled.nested_layers(model) as marked:
+        assert marked == 2
+        model.model.layers[1].self_attn.layer_idx = 0
+        try:
+            torch.testing.assert_close(cached_forward(model, cache, torch.tensor([[5]])), expected, rtol=0, atol=0)
+        finally:
+            model.model.layers[1].self_attn.layer_idx = 1
+    for k, before in zip(cache.keys, keys):
+        torch.testing.assert_close(k, before, rtol=0, atol=0)

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import types
 from collections.abc import Callable, Iterator
 
 import torch
 
+from specdecode.decoding.layer_kv import LayerKV
 from specdecode.decoding.sampling import Params, SamplingParams, TensorTemperature
 
 # Whether `compile=None` (auto) compiles on the CPU. Off: a compiled step is about a fifth faster
@@ -35,11 +37,8 @@ from specdecode.decoding.sampling import Params, SamplingParams, TensorTemperatu
 COMPILE_ON_CPU = False
 # Whether compiled decodes run each model's decoder layers as one nested compile region
 # (`nested_layers`): inductor compiles a layer once for all of them, a shorter first compile for a
-# slightly slower step (no fusion across a layer's edge). Off by default: the tokens match the eager
-# loop's with torch 2.13, but with torch 2.14 dynamo reuses one layer's trace for the others and
-# they do not, so on it needs a torch older than `NESTED_LAYERS_BEFORE`.
+# slightly slower step (no fusion across a layer's edge). Off until measured on a GPU.
 NESTED_LAYERS = False
-NESTED_LAYERS_BEFORE = "2.14"
 # Graphs dynamo keeps per compiled function before it falls back to eager: one per shape, and a
 # benchmark runs a model at a few batch sizes and widths (dynamo's own default, 8, is too few).
 RECOMPILE_LIMIT = 64
@@ -68,8 +67,7 @@ def check_core(static: object, compile: object, device: torch.device, capacity: 
             `capacity` that is not a positive int or None.
         ValueError: `compile=True` or a `capacity` without `static=True` (only the static core has
             fixed shapes to compile and caches to size).
-        RuntimeError: compiling with a torch older than 2.6 (no `torch.compiler.set_stance`), or with
-            `NESTED_LAYERS` on and a torch that is too new (`check_nested_layers`).
+        RuntimeError: compiling with a torch older than 2.6 (no `torch.compiler.set_stance`).
     """
     if not isinstance(static, bool):
         raise TypeError(f"static must be true or false, got {static!r}")
@@ -84,8 +82,6 @@ def check_core(static: object, compile: object, device: torch.device, capacity: 
         raise RuntimeError(
             f"compile=True needs torch >= 2.6 (torch.compiler.set_stance); this is torch {torch.__version__}"
         )
-    if static and on:
-        check_nested_layers()
     return static and on
 
 
@@ -140,26 +136,51 @@ def compiled_for(
 
 # The nested compile region of each decoder layer forward function.
 _REGIONS: dict[Callable, Callable] = {}
+# the attribute `nested_layers` gives a marked layer: its index, which picks its buffers in the cache
+_LAYER_INDEX = "_specdecode_layer_index"
 
 
-def _region(forward: Callable) -> Callable:
+def _region(forward: Callable) -> Callable | None:
+    """A decoder layer class's `forward` (one for every layer of the class) that, given a static
+    cache with this layer's buffers, runs the layer as a nested compile region taking the buffers as
+    tensors (`layer_kv.LayerKV`). A region that took the cache object would read the layer's index
+    to pick them: a constant of its trace, which torch 2.14's reuse of one layer's trace for the
+    next does not tell apart. Anything else (no such cache, positional arguments past the hidden
+    states) runs `forward` as it is. None for a `forward` that takes no cache by a known keyword."""
     if forward not in _REGIONS:
-        region = torch.compiler.nested_compile_region(forward)
-        _REGIONS[forward] = functools.update_wrapper(region, forward)
+        parameters = inspect.signature(forward).parameters
+        keyword = next((name for name in ("cache", "past_key_values") if name in parameters), None)
+        if keyword is None:
+            return None
+
+        def in_region(
+            self: torch.nn.Module,
+            hidden_states: torch.Tensor,
+            keys: torch.Tensor,
+            values: torch.Tensor,
+            slots: torch.Tensor,
+            **kwargs: object,
+        ) -> object:
+            return forward(self, hidden_states, **{keyword: LayerKV(keys, values, slots)}, **kwargs)
+
+        region = torch.compiler.nested_compile_region(in_region)
+
+        def layer_forward(self: torch.nn.Module, *args: object, **kwargs: object) -> object:
+            cache = kwargs.get(keyword)
+            buffers = cache.layer_buffers(getattr(self, _LAYER_INDEX)) if hasattr(cache, "layer_buffers") else None
+            if buffers is None or len(args) + ("hidden_states" in kwargs) != 1:
+                return forward(self, *args, **kwargs)
+            kwargs = {k: v for k, v in kwargs.items() if k != keyword}
+            hidden_states = args[0] if args else kwargs.pop("hidden_states")
+            return region(self, hidden_states, *buffers, **kwargs)
+
+        _REGIONS[forward] = functools.update_wrapper(layer_forward, forward)
     return _REGIONS[forward]
 
 
-def check_nested_layers() -> None:
-    """Refuse `NESTED_LAYERS` on a torch where its tokens differ from the eager loop's.
-
-    Raises:
-        RuntimeError: `NESTED_LAYERS` on with torch `NESTED_LAYERS_BEFORE` or newer.
-    """
-    if NESTED_LAYERS and torch.torch_version.TorchVersion(torch.__version__) >= NESTED_LAYERS_BEFORE:
-        raise RuntimeError(
-            f"NESTED_LAYERS needs torch < {NESTED_LAYERS_BEFORE}: with torch {torch.__version__} a compiled "
-            "decode with nested layer regions does not match the eager loop; set NESTED_LAYERS = False"
-        )
+def _layer_index(layer: torch.nn.Module) -> int | None:
+    """The index a decoder layer's attention passes to its cache (`layer_idx`), or None."""
+    return next((m.layer_idx for m in layer.modules() if isinstance(getattr(m, "layer_idx", None), int)), None)
 
 
 @contextlib.contextmanager
@@ -172,24 +193,24 @@ def nested_layers(*models: torch.nn.Module) -> Iterator[int]:
     removed on exit, so the models come out as they went in. A layer whose `forward` is already
     replaced (an accelerate hook, say) is left as it is. Yields how many layers it marked: none
     where `NESTED_LAYERS` is off or torch lacks the API.
-
-    Raises:
-        RuntimeError: `NESTED_LAYERS` on with torch `NESTED_LAYERS_BEFORE` or newer.
     """
-    check_nested_layers()
     marked = []
     if NESTED_LAYERS and hasattr(torch.compiler, "nested_compile_region"):
         for model in models:
             classes = set(getattr(model, "_no_split_modules", None) or ())
             for module in model.modules() if classes else ():
-                if type(module).__name__ in classes and "forward" not in vars(module):
-                    module.forward = types.MethodType(_region(type(module).forward), module)
+                index = _layer_index(module) if type(module).__name__ in classes else None
+                region = _region(type(module).forward) if index is not None else None
+                if region is not None and "forward" not in vars(module):
+                    module.forward = types.MethodType(region, module)
+                    setattr(module, _LAYER_INDEX, index)
                     marked.append(module)
     try:
         yield len(marked)
     finally:
         for module in marked:
             del module.forward
+            delattr(module, _LAYER_INDEX)
 
 
 def mark_static(*tensors: torch.Tensor) -> None:

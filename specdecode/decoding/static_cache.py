@@ -15,6 +15,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
 from specdecode.decoding.compiled import mark_static
+from specdecode.decoding.layer_kv import write_layer
 from specdecode.decoding.static_buffers import Zeros, fresh_zeros
 from specdecode.models.compat import CACHE_KWARG, cache_keyword
 from specdecode.models.feature_drafter import FeatureDrafter
@@ -123,13 +124,15 @@ class StaticKVCache(Cache):
             )
             # fixed addresses: CUDA graphs may then write them in place
             mark_static(self.keys[layer_idx], self.values[layer_idx])
-        # an indexed assignment rather than `scatter_`: inductor writes it into the buffers in place,
-        # where a scatter into a graph input costs a copy of every layer's whole buffers per pass
-        rows = torch.arange(batch, device=key_states.device).unsqueeze(1)
-        keys, values = self.keys[layer_idx], self.values[layer_idx]
-        keys[rows, :, self._write_slots] = key_states.transpose(1, 2)
-        values[rows, :, self._write_slots] = value_states.transpose(1, 2)
-        return keys, values
+        return write_layer(self.keys[layer_idx], self.values[layer_idx], self._write_slots, key_states, value_states)
+
+    def layer_buffers(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Layer `layer_idx`'s keys, values and the pass's write slots `[B, T]`, once the layer's
+        buffers exist and a pass is prepared (a nested layer region takes them as its inputs:
+        `compiled.nested_layers`); else None."""
+        if self.keys[layer_idx] is None or self._write_slots is None:
+            return None
+        return self.keys[layer_idx], self.values[layer_idx], self._write_slots
 
     def get_seq_length(self, layer_idx: int | None = 0) -> int:
         return self.capacity
