@@ -10,6 +10,7 @@ import types
 
 import pytest
 import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import specdecode.decoding.compiled as compiled
 from specdecode import autoregressive_generate, speculative_generate
@@ -63,6 +64,18 @@ def test_nested_layers_leaves_replaced_forwards_and_unmarked_models_alone(nestin
     monkeypatch.setattr(compiled, "NESTED_LAYERS", False)
     with compiled.nested_layers(model) as marked:
         assert marked == 0 and "forward" not in vars(model.model.layers[1])
+
+
+@needs_regions
+def test_a_model_whose_layers_differ_by_type_is_not_nested(nesting) -> None:
+    """Sliding-window and full-attention layers of one class would share one trace: such a model is
+    left as it is; one whose layers are all alike is nested."""
+    config = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
+    config.update(num_hidden_layers=3, head_dim=8, sliding_window=8, max_window_layers=1)
+    mixed = Qwen3ForCausalLM(Qwen3Config(**config, use_sliding_window=True))
+    alike = Qwen3ForCausalLM(Qwen3Config(**config, use_sliding_window=False))
+    with compiled.nested_layers(mixed, alike) as marked:
+        assert marked == 3 and all("forward" in vars(layer) for layer in alike.model.layers)
 
 
 def _invoked_regions(monkeypatch, run) -> list[list[str]]:

@@ -191,13 +191,16 @@ def nested_layers(*models: torch.nn.Module) -> Iterator[int]:
     that inductor compiles a layer once and reuses it for every layer; outside compiled code the
     region is a no-op. Each layer's `forward` is the region bound to it, an instance attribute
     removed on exit, so the models come out as they went in. A layer whose `forward` is already
-    replaced (an accelerate hook, say) is left as it is. Yields how many layers it marked: none
-    where `NESTED_LAYERS` is off or torch lacks the API.
+    replaced (an accelerate hook, say) is left as it is, and so is a model whose layers differ by
+    type (`config.layer_types`: sliding-window and full attention). Yields how many layers it
+    marked: none where `NESTED_LAYERS` is off or torch lacks the API.
     """
     marked = []
     if NESTED_LAYERS and hasattr(torch.compiler, "nested_compile_region"):
         for model in models:
             classes = set(getattr(model, "_no_split_modules", None) or ())
+            if len(set(getattr(getattr(model, "config", None), "layer_types", None) or ())) > 1:
+                continue  # layers of one class that differ (sliding and full attention): not one trace
             for module in model.modules() if classes else ():
                 index = _layer_index(module) if type(module).__name__ in classes else None
                 region = _region(type(module).forward) if index is not None else None
