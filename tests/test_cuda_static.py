@@ -1,8 +1,8 @@
 """The static-shape core and its compiled steps on a CUDA device (`mode="reduce-overhead"`: CUDA
 graphs): token for token transformers' greedy there, on a ragged batch with slice and feature
 drafters at gamma 1 and 4, the data writer's features, bf16 greedy against target-alone greedy in
-bf16, no recompiling on a second call of the same shapes, and every compiled graph captured as a
-CUDA graph.
+bf16, no recompiling on a second call of the same shapes, every compiled graph captured as a
+CUDA graph, and the same with decoder layers as nested compile regions.
 
 Marked `gpu` (`make test-gpu`) and skipped without CUDA; `SPECDECODE_GPU_TEST_DEVICE=cpu` runs
 them on the CPU (slowly: inductor compiles each shape there for seconds).
@@ -104,6 +104,36 @@ def test_bf16_greedy_equals_target_alone_in_bf16_on_the_device(ragged_prompts, c
         )
         exact = sum(a == b for a, b in zip(ours.sequences, alone.sequences, strict=True))
         assert exact == len(ragged_prompts) if not compile else exact >= 6
+
+
+@pytest.mark.skipif(not hasattr(torch.compiler, "nested_compile_region"), reason="needs nested_compile_region")
+def test_nested_layer_regions_are_exact_on_the_device(target, ragged_prompts, monkeypatch) -> None:
+    """With each model's layers one nested region (`compiled.NESTED_LAYERS`), writing its layer's KV
+    buffers in place: transformers' greedy tokens with both drafter kinds and the target alone, every
+    graph captured as a CUDA graph (the fixture above), and no recompiling on a second call."""
+    import contextlib
+
+    import specdecode.decoding.compiled as compiled
+    import specdecode.decoding.static as static
+
+    monkeypatch.setattr(compiled, "NESTED_LAYERS", True)
+    marked = []
+
+    @contextlib.contextmanager
+    def counted(*models: torch.nn.Module):
+        with compiled.nested_layers(*models) as count:
+            marked.append(count)
+            yield count
+
+    monkeypatch.setattr(static, "nested_layers", counted)
+    expected = [hf_greedy(target, p, 20) for p in ragged_prompts]
+    kwargs = dict(max_new_tokens=20, eos_token_ids=[], static=True, compile=True)
+    for drafter in (derive_drafter(target, 1), random_feature_drafter(target, feature_layers=(1, -1))):
+        assert speculative_generate(target, drafter, ragged_prompts, gamma=2, **kwargs).sequences == expected
+        with torch.compiler.set_stance("fail_on_recompile"):
+            assert speculative_generate(target, drafter, ragged_prompts, gamma=2, **kwargs).sequences == expected
+    assert autoregressive_generate(target, ragged_prompts, **kwargs).sequences == expected
+    assert marked and min(marked) >= 3  # the target's layers were regions in every call
 
 
 @pytest.mark.skipif(not DEVICE.startswith("cuda"), reason="CUDA graphs are recorded on CUDA only")
