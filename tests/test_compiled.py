@@ -38,13 +38,14 @@ def test_nested_layers_binds_one_region_to_each_layer_within_the_block_only(nest
     before = model(tokens).logits
     layers = model.model.layers
     signature = inspect.signature(layers[0].forward)
+    attributes = [set(vars(layer)) for layer in layers]
     with compiled.nested_layers(model) as marked:
         assert marked == 3
         assert len({layer.forward.__func__ for layer in layers}) == 1
         assert all(layer.forward.__self__ is layer for layer in layers)
         assert inspect.signature(layers[0].forward) == signature
         torch.testing.assert_close(model(tokens).logits, before, rtol=0, atol=0)  # eager: a no-op
-    assert not any("forward" in vars(layer) for layer in layers)
+    assert [set(vars(layer)) for layer in layers] == attributes  # no forward, no layer index left
     buffer = io.BytesIO()
     torch.save(model, buffer)
     buffer.seek(0)
@@ -64,6 +65,25 @@ def test_nested_layers_leaves_replaced_forwards_and_unmarked_models_alone(nestin
     monkeypatch.setattr(compiled, "NESTED_LAYERS", False)
     with compiled.nested_layers(model) as marked:
         assert marked == 0 and "forward" not in vars(model.model.layers[1])
+
+
+@needs_regions
+def test_an_error_while_marking_unmarks_the_layers_marked_before_it(nesting, monkeypatch) -> None:
+    model = tiny_llama(2)
+    attributes = [set(vars(layer)) for layer in model.model.layers]
+    calls, region = [], compiled._region
+
+    def region_then_error(forward: object) -> object:
+        calls.append(forward)
+        if len(calls) == 2:
+            raise RuntimeError("no region for the second layer")
+        return region(forward)
+
+    monkeypatch.setattr(compiled, "_region", region_then_error)
+    with pytest.raises(RuntimeError, match="second layer"):
+        with compiled.nested_layers(model):
+            pass
+    assert [set(vars(layer)) for layer in model.model.layers] == attributes
 
 
 @needs_regions

@@ -196,19 +196,19 @@ def nested_layers(*models: torch.nn.Module) -> Iterator[int]:
     marked: none where `NESTED_LAYERS` is off or torch lacks the API.
     """
     marked = []
-    if NESTED_LAYERS and hasattr(torch.compiler, "nested_compile_region"):
-        for model in models:
-            classes = set(getattr(model, "_no_split_modules", None) or ())
-            if len(set(getattr(getattr(model, "config", None), "layer_types", None) or ())) > 1:
-                continue  # layers of one class that differ (sliding and full attention): not one trace
-            for module in model.modules() if classes else ():
-                index = _layer_index(module) if type(module).__name__ in classes else None
-                region = _region(type(module).forward) if index is not None else None
-                if region is not None and "forward" not in vars(module):
-                    module.forward = types.MethodType(region, module)
-                    setattr(module, _LAYER_INDEX, index)
-                    marked.append(module)
-    try:
+    try:  # marking inside: a layer marked before an error while marking the next is unmarked too
+        if NESTED_LAYERS and hasattr(torch.compiler, "nested_compile_region"):
+            for model in models:
+                classes = set(getattr(model, "_no_split_modules", None) or ())
+                if len(set(getattr(getattr(model, "config", None), "layer_types", None) or ())) > 1:
+                    continue  # layers of one class that differ (sliding and full attention): not one trace
+                for module in model.modules() if classes else ():
+                    index = _layer_index(module) if type(module).__name__ in classes else None
+                    region = _region(type(module).forward) if index is not None else None
+                    if region is not None and "forward" not in vars(module):
+                        module.forward = types.MethodType(region, module)
+                        setattr(module, _LAYER_INDEX, index)
+                        marked.append(module)
         yield len(marked)
     finally:
         for module in marked:
