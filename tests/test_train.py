@@ -933,6 +933,36 @@ def test_compile_on_writes_the_training_data_with_the_static_core(tmp_path: Path
     torch.testing.assert_close(static.features.float(), eager.features.float(), atol=2e-3, rtol=2e-3)
 
 
+def test_auto_compile_writes_with_the_compiled_core_only_a_job_that_pays_its_compile(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """`compile: null` (auto) compiles the data writer where compiling is on by default for the device
+    and the job writes at least `WRITER_COMPILE_MIN_TOKENS`; `compile: true` compiles whatever the size."""
+    import specdecode.decoding.compiled as compiled
+    import specdecode.training.sequences as sequences
+
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
+    monkeypatch.setattr(compiled, "COMPILE_ON_CPU", True)  # the device's default: on, as on CUDA
+    cores = []
+    generate = sequences.autoregressive_generate
+
+    def spy(*args, **kwargs):
+        cores.append(kwargs["compile"])
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(sequences, "autoregressive_generate", spy)
+    args = ("drafter.kind=feature", "train.seq_source=target", "train.seq_temperatures=[0.0]", "train.max_steps=1")
+    written = {}
+    for setting, threshold in (("null", 10**9), ("null", 1), ("true", 10**9)):
+        monkeypatch.setattr(sequences, "WRITER_COMPILE_MIN_TOKENS", threshold)
+        cores.clear()
+        run_distill(
+            smoke_cfg(tmp_path / f"{setting}-{threshold}", *args, "train.gamma_candidates=[]", f"compile={setting}")
+        )
+        written[setting, threshold] = set(cores)
+    assert written == {("null", 10**9): {False}, ("null", 1): {True}, ("true", 10**9): {True}}
+
+
 def test_compiled_writer_batches_share_one_shape(monkeypatch) -> None:
     """Compiled, every batch of the data writer has one shape (each shape compiles for tens of
     seconds on a GPU): one cache capacity, the longest row's, and the last batch filled up with

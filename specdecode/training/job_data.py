@@ -96,7 +96,7 @@ def job_teacher(
             eos,
             limit,
             layers if train.seq_source == "target" else None,
-            compile=resolve_compile(cfg.compile, model().device),
+            compile=None if cfg.compile is None else resolve_compile(cfg.compile, model().device),
         )
         if accelerator.is_main_process:
             save_cache(sequences_only(sequences), path)
