@@ -188,7 +188,7 @@ def build_sequences(
         responses, repeated, features = [], [], [] if feature_layers is not None else None
         temperatures = train.seq_temperatures or [train.temperature]
         if compile is None:
-            budgets = sum(min(train.max_new_tokens, train.max_len - len(p)) for p in prompts) * len(temperatures)
+            budgets = sum(_budget(train, p) for p in prompts) * len(temperatures)
             compile = writer_compiles(target.device, budgets)
         for i, temperature in enumerate(temperatures):
             written, read = _continuations(
@@ -216,6 +216,11 @@ def build_sequences(
     if features is not None:
         features = [features[i][: len(s.tokens)] for i, s in zip(kept, sequences)]
     return sequences, features
+
+
+def _budget(train: TrainConfig, prompt: Sequence[int]) -> int:
+    """The tokens the writer continues `prompt` by: up to `max_new_tokens`, within `max_len`."""
+    return min(train.max_new_tokens, train.max_len - len(prompt))
 
 
 def writer_compiles(device: torch.device, tokens: int) -> bool:
@@ -266,7 +271,7 @@ def _continuations(
         disable=len(prompts) <= batch_size,
         leave=False,
     )
-    budget = {i: min(train.max_new_tokens, train.max_len - len(prompts[i])) for i in order}
+    budget = {i: _budget(train, prompts[i]) for i in order}
     # Compiled, every batch has one shape: the caches as large as the longest row needs and the last
     # batch filled up with rows of no budget (each shape compiles for tens of seconds on a GPU).
     capacity = rows_capacity([prompts[i] for i in order], list(budget.values()), None) if compile and order else None
