@@ -50,6 +50,10 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, TrainJobCon
         "train.lr=2e-2",
         "train.seq_source=target",
         "train.seq_temperatures=[0.0]",
+        # The tiny random target's argmax is near-uniform noise: held-out greedy acceptance stays at
+        # 0.007-0.027 whatever the training (seeds 0-4), so the best step is chosen by Σ min(p, q) at
+        # T = 1, which training raises from 0.026 to 0.083 or more.
+        "train.select_temperature=1.0",
         "train.gamma_candidates=[1,3]",
     )
     return root, cfg, run_distill(cfg)
@@ -61,9 +65,12 @@ def test_the_job_trains_an_eagle3_drafter(trained) -> None:
     the embeddings stayed the target's; the folder loads back as an EAGLE-3 drafter of those layers."""
     root, _, metrics = trained
     assert metrics["drafter_kind"] == "eagle3" and metrics["feature_layers"] == list(LAYERS)
-    # the tiny random target's argmax is near-uniform noise, so progress shows in Σ min(p, q)
-    assert max(h["expected"] for h in metrics["history"]) > metrics["history"][0]["expected"] + 0.04
-    assert metrics["acceptance_best"] > metrics["acceptance_before"]
+    # progress in held-out Σ min(p, q) (+0.057 at least over seeds 0-4) and in greedy agreement on
+    # the training data (+0.044 at least)
+    first, last = metrics["history"][0], metrics["history"][-1]
+    assert metrics["selection_metric"] != "greedy acceptance"
+    assert metrics["acceptance_best"] > metrics["acceptance_before"] + 0.04
+    assert last["train_greedy"] > first["train_greedy"] + 0.02
 
     target = smoke_target()
     (path,) = (root / "cache").glob("distill-train-*.pt")
