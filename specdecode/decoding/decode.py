@@ -29,7 +29,7 @@ from specdecode.decoding.sampling import SamplingParams, next_tokens
 from specdecode.decoding.static import autoregressive_generate_static, speculative_generate_static
 from specdecode.decoding.static_cache import rows_capacity
 from specdecode.decoding.stats import GenerationResult, StepCounters
-from specdecode.decoding.validation import validate_models, validate_request
+from specdecode.decoding.validation import check_feature_layers, check_seed, validate_models, validate_request
 from specdecode.decoding.verify import verify_drafts
 from specdecode.models.feature_drafter import FeatureDrafter
 
@@ -42,7 +42,9 @@ def drafter_gamma(drafter: PreTrainedModel | FeatureDrafter) -> int:
     return gamma if isinstance(gamma, int) and not isinstance(gamma, bool) and gamma >= 1 else DEFAULT_GAMMA
 
 
-def _generator(seed: int | None, device: torch.device) -> torch.Generator | None:
+def _generator(seed: object, device: torch.device) -> torch.Generator | None:
+    """A generator seeded with `seed` (checked: `check_seed`), or None for torch's global one."""
+    seed = check_seed(seed)
     return None if seed is None else torch.Generator(device=device).manual_seed(seed)
 
 
@@ -209,7 +211,7 @@ def autoregressive_generate(
     )
     if capacity is not None:
         rows_capacity(prompts, budgets, None, capacity)  # holds the rows, before any work
-    layers = tuple(feature_layers) if feature_layers is not None else None
+    layers = check_feature_layers(feature_layers, target.config.num_hidden_layers)
     if max(budgets) == 0 and layers is None:
         return GenerationResult.empty(prompts, StepCounters(0, target.device), record)
     generator = _generator(seed, target.device)

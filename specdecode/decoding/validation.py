@@ -84,6 +84,39 @@ def _eos_ids(eos_token_ids: object) -> list[int]:
     return ids  # type: ignore[return-value]
 
 
+def check_seed(seed: object) -> int | None:
+    """`seed` as an int or None: what `torch.Generator.manual_seed` takes (bools refused).
+
+    Raises:
+        TypeError: naming a seed that is not an integer.
+    """
+    if seed is None:
+        return None
+    value = _token_id(seed)
+    if value is None:
+        raise TypeError(f"seed must be an int or None, got {seed!r} ({type(seed).__name__})")
+    return value
+
+
+def check_feature_layers(feature_layers: object, num_layers: int) -> tuple[int, ...] | None:
+    """`feature_layers` as a tuple of the target's hidden-state indices, or None.
+
+    Raises:
+        TypeError: naming a value that is not a sequence of ints.
+        ValueError: naming an index outside the target's hidden states `[-1, num_layers]`.
+    """
+    if feature_layers is None:
+        return None
+    listed = isinstance(feature_layers, Sequence) and not isinstance(feature_layers, (str, bytes))
+    layers = [_token_id(i) for i in feature_layers] if listed else [None]  # type: ignore[union-attr]
+    if not layers or None in layers:
+        raise TypeError(f"feature_layers must be a non-empty list of layer indices or None, got {feature_layers!r}")
+    bad = next((i for i in layers if not -1 <= i <= num_layers), None)  # type: ignore[operator]
+    if bad is not None:
+        raise ValueError(f"feature_layers holds {bad}, outside the target's hidden states [-1, {num_layers}]")
+    return tuple(layers)  # type: ignore[arg-type]
+
+
 def validate_request(
     model: PreTrainedModel,
     prompts: Sequence[Sequence[int]],
