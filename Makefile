@@ -34,9 +34,10 @@ test-gpu: install
 test-all: install
 	$(PY) -m pytest -q
 
-# The demo's stages on tiny in-process models and synthetic prompts: minutes, no data packages.
+# The demo's stages on tiny in-process models and synthetic prompts: minutes, no data packages. A user's
+# domains in ARGS, e.g. ARGS="domains=[code,support] hydra.searchpath=[file:///my/conf]".
 smoke: install
-	$(PY) eval/demo.py --config-name demo_smoke
+	$(PY) eval/demo.py --config-name demo_smoke $(ARGS)
 
 demo: install
 	$(PY) eval/demo.py

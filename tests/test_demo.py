@@ -11,6 +11,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from specdecode.core.config import from_dict
+from specdecode.evaluation.report import markdown_links
 from specdecode.pipeline.config import CONF_DIR, DemoConfig
 from specdecode.pipeline.demo import demo_stages, run_demo
 
@@ -30,14 +31,14 @@ SCHEMA = {
 
 def smoke_config(output_dir: str, overrides: list[str] = ()) -> DemoConfig:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        # Everything under the test's folder, the teacher cache too.
-        cache = f"distill=['experiment=smoke','cache_dir={output_dir}/teacher_cache']"
         # In this process (fast); test_demo_app_runs_under_hydra_main goes through accelerate launch.
         cfg = compose(
-            config_name="demo_smoke", overrides=[f"output_dir={output_dir}", cache, "launcher=in_process", *overrides]
+            config_name="demo_smoke", overrides=[f"output_dir={output_dir}", "launcher=in_process", *overrides]
         )
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved.pop("hydra", None)
+    # Everything under the test's folder, the teacher cache too.
+    resolved["distill"] = [*resolved["distill"], f"cache_dir={output_dir}/teacher_cache"]
     return from_dict(DemoConfig, resolved)
 
 
@@ -73,6 +74,11 @@ def test_smoke_pipeline_end_to_end_and_cached(tmp_path, capsys) -> None:
     assert (root / "gamma_sweep.png").stat().st_size > 1000
     report = (root / "report.md").read_text()
     assert "| code | routed |" in report and "## Router" in report and "## Distillation" in report
+    # every link and image of the published report (and of the evaluation's own) resolves from its file
+    for path in (root / "report.md", root / "eval" / "report.md"):
+        links = markdown_links(path.read_text())
+        assert any(link.startswith(("tokens-", "eval/tokens-")) for link in links), path
+        assert [link for link in links if not (path.parent / link).is_file()] == [], path
     # the router's share of the oracle's gain in every setting with an oracle, the sweep's rows left out
     shares = results["router_share"]
     assert {(s["temperature"], s["batch_size"]) for s in shares} == {
@@ -105,8 +111,9 @@ def test_smoke_pipeline_end_to_end_and_cached(tmp_path, capsys) -> None:
 
 
 def _user_domains(tmp_path: Path) -> Path:
-    """A user's config folder with a domain of their own: `tickets`, chat `messages` (multi-turn,
-    the last assistant turn the response) in a .parquet file. (Prompt and response columns of
+    """A user's config folder with domains of their own: `tickets`, chat `messages` (a system turn,
+    multi-turn, the last assistant turn the response) in a .parquet file, and `questions`, plain
+    prompts without responses in a .jsonl file. (Prompt and response columns of
     .jsonl, .csv and .parquet files: test_data_files.)"""
     import datasets
 
@@ -117,6 +124,7 @@ def _user_domains(tmp_path: Path) -> Path:
         [
             {
                 "messages": [
+                    {"role": "system", "content": "You are a billing assistant. Answer briefly."},
                     {"role": "user", "content": f"Ticket {i}: invoice {i * 3} is wrong."},
                     {"role": "assistant", "content": "Which line?"},
                     {"role": "user", "content": f"Line {i % 5}, charged twice."},
@@ -129,44 +137,73 @@ def _user_domains(tmp_path: Path) -> Path:
     (conf / "data" / "tickets.yaml").write_text(
         f"name: tickets\nsource: file\npath: {tickets}\nprompt_column: messages\n"
     )
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text(
+        "".join(json.dumps({"question": f"Why does order {i} show error {100 + i}?"}) + "\n" for i in range(60))
+    )
+    (conf / "data" / "questions.yaml").write_text(
+        f"name: questions\nsource: file\npath: {questions}\nprompt_column: question\n"
+    )
     return conf
 
 
-def test_demo_app_runs_under_hydra_main_with_the_users_own_domains(tmp_path) -> None:
-    """`make demo`'s entry point with a user's domain beside a built-in one: stage configs are
-    composed inside a running @hydra.main app whose search path holds the user's conf/data/, the
-    training and evaluation stages run under `accelerate launch` (conf/accelerate/cpu.yaml), and every
-    stage reads each domain's data from its own file (distill → collect → fit → eval → report)."""
+def test_a_demo_that_would_train_on_missing_responses_stops_before_any_stage(tmp_path) -> None:
+    """A prompts-only domain under settings that train on the data's own responses: the demo
+    stops before its first stage, naming the file and the setting to change."""
     import subprocess
-    import sys
 
     out = tmp_path / "demo"
-    command = [
+    command = _demo_app(tmp_path, "[code,questions]", "'experiment=smoke','train.seq_source=data'", out)
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert completed.returncode != 0
+    assert "questions.jsonl" in completed.stderr and "train.seq_source=target" in completed.stderr
+    assert not out.exists() or not any(out.glob("distill-*"))
+
+
+def _demo_app(tmp_path: Path, domains: str, distill: str, out: Path) -> list[str]:
+    """`make demo`'s entry point at the smoke budget with the user's domains (`_user_domains`)."""
+    import sys
+
+    return [
         sys.executable,
         str(CONF_DIR.parent / "eval" / "demo.py"),
         "--config-name",
         "demo_smoke",
         f"hydra.searchpath=[file://{_user_domains(tmp_path)}]",
-        "domains=[code,tickets]",  # a built-in domain and the user's
+        f"domains={domains}",
         f"output_dir={out}",
-        f"distill=['experiment=smoke','cache_dir={out}/teacher_cache']",
+        f"distill=[{distill},'cache_dir={out}/teacher_cache']",
         "eval=['target.name=smoke','synthetic=true','undistilled.num_layers=1','undistilled.draft_vocab=null',"
-        "'prompts_per_domain=2','max_prompt_tokens=96','max_new_tokens=4','gamma=2','temperatures=[0.0]','batch_sizes=[1]']",
+        "'prompts_per_domain=2','max_prompt_tokens=256','max_new_tokens=4','gamma=2','temperatures=[0.0]',"
+        "'batch_sizes=[1]']",
         "short_eval=[]",  # the second evaluation has its own test (test_smoke_pipeline_end_to_end_and_cached)
     ]
+
+
+def test_demo_app_runs_under_hydra_main_with_the_users_own_domains(tmp_path) -> None:
+    """`make demo`'s entry point with two user domains beside a built-in one (chat `messages` with
+    a system turn, and a file of plain prompts with no responses): stage configs are composed
+    inside a running @hydra.main app whose search path holds the user's conf/data/, the training
+    and evaluation stages run under `accelerate launch` (conf/accelerate/cpu.yaml), and every
+    stage reads each domain's data from its own file (distill → collect → fit → eval → report)."""
+    import subprocess
+
+    out = tmp_path / "demo"
+    command = _demo_app(tmp_path, "[code,tickets,questions]", "'experiment=smoke','train.seq_source=target'", out)
     completed = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     assert {r["exact_match"] for r in results["rows"]} == {1.0}
     rows = {(r["domain"], r["method"]) for r in results["rows"]}
-    for domain in ("code", "tickets"):
+    for domain in ("code", "tickets", "questions"):
         assert {(domain, "routed"), (domain, f"specialized:{domain}"), (domain, "generic")} <= rows, domain
     # every stage read the user's files: the domain jobs, the generic drafter's mix, the labels
     assert json.loads((out / "distill-tickets" / "metrics.json").read_text())["data"] == "tickets"
     mix = OmegaConf.load(out / "distill-mix" / "config.yaml").data
-    assert list(mix.domains) == ["code", "tickets"] and mix.members.tickets.prompt_column == "messages"
+    assert list(mix.domains) == ["code", "tickets", "questions"]
+    assert mix.members.tickets.prompt_column == "messages"
     labelled = {json.loads(line)["domain"] for line in (out / "collect" / "labels.jsonl").read_text().splitlines()}
-    assert labelled == {"code", "tickets"}
+    assert labelled == {"code", "tickets", "questions"}
     assert "Ticket" in (out / "collect" / "labels.jsonl").read_text()  # the messages' text, not synthetic prompts
     # Each launched stage left its Hydra log (the app composed its own config) in its folder.
     for stage in ("distill-code", "distill-tickets", "distill-mix", "eval"):
@@ -228,6 +265,16 @@ def test_launched_stage_config_composes_back_to_the_same_config(tmp_path) -> Non
             r"^demo stage 'eval': gamma=None: an int when sweep_gammas=\[1, 2\]",
         ),
         ("distill=['experiment=smoke','train.keep_checkpoints=1']", r"keep_checkpoints=1: at least 2"),
+        (
+            "short_eval=['max_prompt_tokens=10']",
+            r"^demo stage 'eval-short': domain 'code' has only 0 held-out prompts within max_prompt_tokens=10, "
+            r"and prompts_per_domain=3 are needed: .* \(the demo sets it in `short_eval`\)",
+        ),
+        (
+            "collect=['cost_ratios=null','verify_ratio=1.2','max_prompt_tokens=10']",
+            r"^demo stage 'collect': domain 'code': none of its \d+ prompts .* fits max_prompt_tokens=10 .* "
+            r"set max_prompt_tokens to at least \d+ \(the demo sets it in `collect`\)",
+        ),
     ],
 )
 def test_a_bad_stage_override_fails_before_any_stage_runs(tmp_path, monkeypatch, override: str, needle: str) -> None:
@@ -378,3 +425,16 @@ def test_smoke_pipeline_with_specialists_from_scratch(tmp_path) -> None:
     assert {r["exact_match"] for r in rows if r["temperature"] == 0.0} == {1.0}
     job = OmegaConf.load(root / "distill-code" / "config.yaml")
     assert job.drafter.kind != "pretrained"
+
+
+def test_links_rebased_to_the_including_report_resolve_there(tmp_path) -> None:
+    from specdecode.evaluation.report import rebase_links
+
+    stage = tmp_path / "eval"
+    stage.mkdir()
+    (stage / "tokens-code.html").write_text("<html></html>")
+    (stage / "speedup.png").write_bytes(b"png")
+    text = "[code](tokens-code.html), ![s](speedup.png), [web](https://example.org/a.md), [top](#rows)"
+    rebased = rebase_links(text, stage, tmp_path)
+    assert markdown_links(rebased) == ["eval/tokens-code.html", "eval/speedup.png", "https://example.org/a.md", "#rows"]
+    assert all((tmp_path / link).is_file() for link in markdown_links(rebased)[:2])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -91,6 +93,31 @@ def merge_results(paths: Iterable[Path]) -> dict:
     if not merged["sources"]:
         raise ValueError("no results.json files to merge")
     return merged
+
+
+# A markdown link or image: `[text](target)` / `![text](target)`; the target is group 1.
+_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def markdown_links(text: str) -> list[str]:
+    """The targets of the markdown links and images in `text`, in order."""
+    return _LINK.findall(text)
+
+
+def rebase_links(text: str, source_dir: Path, dest_dir: Path) -> str:
+    """`text`, a report written in `source_dir`, with its relative link targets rewritten to
+    resolve from `dest_dir` (where it is included); URLs, anchors and absolute paths stay."""
+
+    def rebase(match: re.Match[str]) -> str:
+        target = match.group(1)
+        if "://" in target or target.startswith(("#", "/", "mailto:")):
+            return match.group(0)
+        moved = Path(os.path.relpath(source_dir / target, dest_dir)).as_posix()
+        start, end = match.span(1)
+        whole = match.group(0)
+        return whole[: start - match.start()] + moved + whole[end - match.start() :]
+
+    return _LINK.sub(rebase, text)
 
 
 def markdown_table(rows: list[dict]) -> str:

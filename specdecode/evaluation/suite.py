@@ -57,7 +57,7 @@ from specdecode.evaluation.report import write_report
 from specdecode.evaluation.token_pages import write_token_pages
 from specdecode.models.compat import check_tokenizers, default_eos
 from specdecode.models.cpu_matmul import kernel_picks
-from specdecode.models.loading import build_drafter, load_model, load_target
+from specdecode.models.loading import build_drafter, load_model, load_target, load_tokenizer
 from specdecode.routing.router import NO_DRAFTER, Router
 
 
@@ -74,7 +74,20 @@ def heldout_prompts(
             chosen.append((example.prompt, ids))
         if len(chosen) == count:
             return chosen
-    raise ValueError(f"domain {domain!r} has only {len(chosen)} held-out prompts within max_prompt_tokens={max_tokens}")
+    raise ValueError(
+        f"domain {domain!r} has only {len(chosen)} held-out prompts within max_prompt_tokens={max_tokens}, and "
+        f"prompts_per_domain={count} are needed: raise max_prompt_tokens or lower prompts_per_domain"
+    )
+
+
+def check_heldout_prompts(cfg: EvalConfig, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Every domain has `prompts_per_domain` held-out prompts within `max_prompt_tokens`.
+
+    Raises:
+        ValueError: naming the domain and the two settings (`heldout_prompts`).
+    """
+    for domain in cfg.domains:
+        heldout_prompts(tokenizer, cfg.data[domain], cfg.prompts_per_domain, cfg.max_prompt_tokens)
 
 
 @dataclass
@@ -315,6 +328,7 @@ def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = No
     on the number of processes; tokens/s is then the whole system's throughput).
     """
     require_heldout(cfg.data, cfg.prompts_per_domain, "prompts_per_domain")  # before any model loads
+    check_heldout_prompts(cfg, load_tokenizer(cfg.target))
     accelerator, device = placed_accelerator(cfg.device)
     models = _load_models(cfg, device, router_loader)
     steps = len(cfg.domains) * (

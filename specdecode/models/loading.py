@@ -191,6 +191,27 @@ def load_target(
     return target.requires_grad_(False), tokenizer
 
 
+def load_tokenizer(cfg: TargetConfig) -> PreTrainedTokenizerBase:
+    """The tokenizer of the target a `TargetConfig` names, without its weights: what the checks
+    that run before any work need (which prompts fit a stage's limits)."""
+    if cfg.name == SMOKE_TARGET:
+        from specdecode.models.smoke import smoke_tokenizer
+
+        return smoke_tokenizer()
+    source = _resolve_source(cfg.name)
+    if isinstance(source, Path) and source.is_file():
+        if source.suffix.lower() != ".gguf":
+            raise ValueError(f"expected a .gguf file or a model folder, got the file {str(source)!r}")
+        source = gguf_to_hf_folder(source)
+    hub = {"revision": cfg.revision, "trust_remote_code": cfg.trust_remote_code}
+    try:
+        return AutoTokenizer.from_pretrained(source, **hub)
+    except OSError as error:
+        if isinstance(source, str):
+            raise OSError(_hub_load_error(source, error)) from error
+        raise
+
+
 def _placed(
     model: PreTrainedModel, dtype: torch.dtype, device: torch.device, skinny_matmul: bool | None
 ) -> PreTrainedModel:

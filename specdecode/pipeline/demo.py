@@ -22,7 +22,7 @@ from specdecode.core.locking import locks_output_dir
 from specdecode.data.config import DataConfig, to_dict
 from specdecode.data.registry import resolve_domains
 from specdecode.evaluation.config import BenchmarkConfig, EvalConfig
-from specdecode.evaluation.report import markdown_table
+from specdecode.evaluation.report import markdown_table, rebase_links
 from specdecode.models.config import DrafterConfig
 from specdecode.pipeline.config import DemoConfig, accelerate_config_file
 from specdecode.pipeline.launch import launch_app
@@ -30,7 +30,7 @@ from specdecode.pipeline.schemas import compose_config
 from specdecode.pipeline.stages import Stage, code_fingerprint, run_stages
 from specdecode.routing.config import CollectConfig, FitRouterConfig
 from specdecode.training.config import TrainConfig, TrainJobConfig
-from specdecode.training.sequences import mix_limit
+from specdecode.training.sequences import domain_parts, mix_limit, pool_size
 
 
 def _benchmark(config: dict, out: Path) -> None:
@@ -202,12 +202,55 @@ def check_stage_configs(stages: list[Stage], root: Path) -> None:
             return str(root.parent)
         return value
 
+    typed = {}
     for stage in stages:
         schema, output_key, file_name = _SCHEMAS[stage.name.split("-")[0]]
         try:
-            from_dict(schema, stand_in(stage.config) | {output_key: str(root / stage.name / file_name)})
+            typed[stage.name] = from_dict(
+                schema, stand_in(stage.config) | {output_key: str(root / stage.name / file_name)}
+            )
         except ValueError as error:
             raise ValueError(f"demo stage {stage.name!r}: {error}") from None
+    check_stage_inputs(typed)
+
+
+def check_stage_inputs(configs: dict[str, Any]) -> None:
+    """What a later stage would fail on with the data at hand, checked before the first stage
+    (with the target's tokenizer, not its weights): each domain's training examples have the
+    responses its job's settings train on; every domain has a prompt within the router labels'
+    `max_prompt_tokens`, and `prompts_per_domain` held-out prompts within the evaluation's.
+
+    Raises:
+        ValueError: naming the stage, the domain and the setting to change, and the demo key
+            (`distill_per_domain`, `collect`, `eval`, `short_eval`) that sets it.
+    """
+    from specdecode.evaluation.suite import check_heldout_prompts
+    from specdecode.models.loading import load_tokenizer
+    from specdecode.routing.collect import check_domain_prompts
+
+    tokenizers: dict[str, Any] = {}
+
+    def tokenizer(config: Any) -> Any:
+        if config.target.name not in tokenizers:
+            tokenizers[config.target.name] = load_tokenizer(config.target)
+        return tokenizers[config.target.name]
+
+    demo_key = {"distill": "distill", "collect": "collect", "eval": "eval", "eval-short": "short_eval"}
+    for name, config in configs.items():
+        kind = name.split("-")[0]
+        try:
+            if kind == "distill":
+                for part in domain_parts(config.data):
+                    for split in ("train", "heldout"):
+                        pool_size(part, config.train, split)
+            elif kind == "collect":
+                check_domain_prompts(config, tokenizer(config))
+            elif kind == "eval":
+                check_heldout_prompts(config, tokenizer(config))
+        except ValueError as error:
+            key = demo_key.get(name, demo_key.get(kind))
+            where = f" (the demo sets it in `{key}`)" if key else ""
+            raise ValueError(f"demo stage {name!r}: {error}{where}") from None
 
 
 @locks_output_dir
@@ -231,14 +274,15 @@ def run_demo(cfg: DemoConfig) -> Path:
         short = json.loads((outputs["eval-short"] / "results.json").read_text())
         results["short_eval"] = {"config": short["config"], "rows": short["rows"]}
     write_atomic(root / "results.json", json.dumps(results, indent=2))
-    report = [(evaluation / "report.md").read_text()]
+    report = [rebase_links((evaluation / "report.md").read_text(), evaluation, root)]
     if "eval-short" in outputs:
         tokens = results["short_eval"]["config"]["max_new_tokens"]
         report += ["", f"## The same drafters at {tokens} new tokens (stage `eval-short`)", ""]
         report.append(markdown_table(results["short_eval"]["rows"]))
     for name, title in (("benchmark", "Decode benchmark"), ("fit", "Router")):
         if name in outputs and (outputs[name] / "report.md").is_file():
-            report += ["", f"## {title} (stage `{name}`)", "", (outputs[name] / "report.md").read_text()]
+            text = rebase_links((outputs[name] / "report.md").read_text(), outputs[name], root)
+            report += ["", f"## {title} (stage `{name}`)", "", text]
     report += [
         "",
         "## Distillation (held-out acceptance by each job's selection metric; greedy: argmax agreement)",

@@ -23,7 +23,7 @@ from specdecode.data.registry import domain_examples
 from specdecode.decoding.decode import drafter_gamma
 from specdecode.decoding.timing import measure_step_costs
 from specdecode.models.compat import default_eos
-from specdecode.models.loading import build_drafter, load_target
+from specdecode.models.loading import build_drafter, load_target, load_tokenizer
 from specdecode.routing.config import CollectConfig
 from specdecode.routing.labels import collect_labels, label_rows, meta_path
 
@@ -40,14 +40,11 @@ def run_collect(cfg: CollectConfig, *, progress: bool = True) -> Path:
     for domain in cfg.domains:  # a missing file, column or malformed row fails before the target loads
         for split in cfg.splits:
             _examples(cfg, domain, split)
+    check_domain_prompts(cfg, load_tokenizer(cfg.target))  # every domain gets labels, before the target loads
     target, tokenizer = load_target(
         cfg.target, dtype=cfg.dtype, device=resolve_device(cfg.device), skinny_matmul=cfg.skinny_matmul
     )
     examples = _prompts(cfg, tokenizer)
-    if not examples:
-        raise ValueError(
-            f"no prompt of domains={cfg.domains} splits={cfg.splits} fits max_prompt_tokens={cfg.max_prompt_tokens}"
-        )
     corpus = _corpus(cfg, tokenizer)
     drafters = [(d.name, build_drafter(d.as_drafter_config(), target, tokenizer, corpus).eval()) for d in cfg.drafters]
     eos = default_eos(target)
@@ -108,6 +105,24 @@ def _check_drafter_paths(cfg: CollectConfig) -> None:
 
 def _examples(cfg: CollectConfig, domain: str, split: str) -> list[Example]:
     return domain_examples(cfg.data[domain], split)  # type: ignore[arg-type]
+
+
+def check_domain_prompts(cfg: CollectConfig, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Every domain has a prompt within `max_prompt_tokens` in `cfg.splits`: a domain without one
+    would get no labels, and the router could never pick its drafter.
+
+    Raises:
+        ValueError: naming the domain, its shortest prompt and the setting to change.
+    """
+    for domain in cfg.domains:
+        lengths = [len(format_prompt(tokenizer, ex)) for split in cfg.splits for ex in _examples(cfg, domain, split)]
+        if not any(0 < n <= cfg.max_prompt_tokens for n in lengths):
+            shortest = min(lengths, default=0)
+            raise ValueError(
+                f"domain {domain!r}: none of its {len(lengths)} prompts (splits {cfg.splits}) fits "
+                f"max_prompt_tokens={cfg.max_prompt_tokens} (its shortest has {shortest} tokens), so it would get "
+                f"no router labels: set max_prompt_tokens to at least {shortest}"
+            )
 
 
 def _prompts(cfg: CollectConfig, tokenizer: PreTrainedTokenizerBase) -> list[tuple[str, Example, list[int]]]:
