@@ -153,15 +153,16 @@ def test_a_demo_that_would_train_on_missing_responses_stops_before_any_stage(tmp
     import subprocess
 
     out = tmp_path / "demo"
-    command = _demo_app(tmp_path, "[code,questions]", "'experiment=smoke','train.seq_source=data'", out)
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    command = _demo_app(tmp_path, "[code,questions]", out, "distill=['experiment=smoke','train.seq_source=data']")
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert completed.returncode != 0
     assert "questions.jsonl" in completed.stderr and "train.seq_source=target" in completed.stderr
     assert not out.exists() or not any(out.glob("distill-*"))
 
 
-def _demo_app(tmp_path: Path, domains: str, distill: str, out: Path) -> list[str]:
-    """`make demo`'s entry point at the smoke budget with the user's domains (`_user_domains`)."""
+def _demo_app(tmp_path: Path, domains: str, out: Path, *overrides: str) -> list[str]:
+    """`make demo`'s entry point at the smoke budget with the user's domains (`_user_domains`), to
+    run in `tmp_path` (where the stages' relative paths, the teacher cache's among them, land)."""
     import sys
 
     return [
@@ -172,11 +173,11 @@ def _demo_app(tmp_path: Path, domains: str, distill: str, out: Path) -> list[str
         f"hydra.searchpath=[file://{_user_domains(tmp_path)}]",
         f"domains={domains}",
         f"output_dir={out}",
-        f"distill=[{distill},'cache_dir={out}/teacher_cache']",
         "eval=['target.name=smoke','synthetic=true','undistilled.num_layers=1','undistilled.draft_vocab=null',"
         "'prompts_per_domain=2','max_prompt_tokens=256','max_new_tokens=4','gamma=2','temperatures=[0.0]',"
         "'batch_sizes=[1]']",
         "short_eval=[]",  # the second evaluation has its own test (test_smoke_pipeline_end_to_end_and_cached)
+        *overrides,
     ]
 
 
@@ -189,8 +190,8 @@ def test_demo_app_runs_under_hydra_main_with_the_users_own_domains(tmp_path) -> 
     import subprocess
 
     out = tmp_path / "demo"
-    command = _demo_app(tmp_path, "[code,tickets,questions]", "'experiment=smoke','train.seq_source=target'", out)
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    command = _demo_app(tmp_path, "[code,tickets,questions]", out)  # demo_smoke.yaml's distill settings
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert completed.returncode == 0, completed.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     assert {r["exact_match"] for r in results["rows"]} == {1.0}
