@@ -1,0 +1,205 @@
+"""The teacher store (specdecode.training.store) and the online teacher: a store killed mid-write
+resumes to the same tensors, processes write disjoint shards that cover every sequence, reading
+holds one shard whatever the store's size, and online and offline teachers give the same loss."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdecode.models import load_model
+from specdecode.training.config import TrainConfig
+from specdecode.training.job import run_distill
+from specdecode.training.job_data import teacher_mode
+from specdecode.training.loop import global_batch_indices
+from specdecode.training.sequences import TrainSequence
+from specdecode.training.store import (
+    MANIFEST,
+    TeacherStore,
+    finish_store,
+    read_store,
+    shard_path,
+    shard_ranges,
+    write_shards,
+)
+from specdecode.training.teacher import TeacherCache, save_cache, score_topk
+from tests.test_train import ROOT, run_app, smoke_cfg
+
+
+def scored_sequences(count: int, features: bool, seed: int = 0) -> TeacherCache:
+    """The smoke target's top-k logits (or features) on `count` random sequences of 6-17 tokens."""
+    target, _ = load_model("smoke")
+    generator = torch.Generator().manual_seed(seed)
+    sequences = [
+        TrainSequence(torch.randint(1, 200, (int(n),), generator=generator).tolist(), 3)
+        for n in torch.randint(6, 18, (count,), generator=generator)
+    ]
+    return score_topk(target, sequences, 0 if features else 8, 0, features=(-1,) if features else None)
+
+
+def assert_same_cache(a: TeacherCache, b: TeacherCache) -> None:
+    assert a.sequences == b.sequences
+    for name in ("offsets", "topk_ids", "topk_logits", "features", "token_offsets"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert (x is None) == (y is None), name
+        if x is not None:
+            assert torch.equal(x, y), name
+
+
+@pytest.mark.parametrize("features", [False, True])
+def test_two_processes_write_disjoint_shards_covering_all_sequences(tmp_path: Path, features: bool) -> None:
+    """Ranks 0 and 1 of 2 each write their own shards (none twice, none missed); the store then
+    holds every sequence and the target's outputs on it in order, as one process's store does."""
+    cache = scored_sequences(11, features)
+    ranges = shard_ranges(11, 3)
+    assert ranges == [(0, 3), (3, 6), (6, 9), (9, 11)]
+
+    def write(start: int, stop: int, path: Path) -> None:
+        save_cache(cache.select(range(start, stop)), path)
+
+    two, one = tmp_path / "two", tmp_path / "one"
+    assert not finish_store(two, ranges)  # nothing written: no manifest
+    mine = [set(write_shards(two, ranges, write, rank, 2)) for rank in (0, 1)]
+    assert not mine[0] & mine[1] and mine[0] | mine[1] == {shard_path(two, a, b) for a, b in ranges}
+    assert mine[0] == {shard_path(two, *ranges[0]), shard_path(two, *ranges[2])}
+    assert write_shards(two, ranges, write, 0, 2) == []  # complete shards are skipped
+    assert finish_store(two, ranges) and (two / MANIFEST).is_file()
+    write_shards(one, ranges, write)
+    finish_store(one, ranges)
+    assert_same_cache(read_store(two), cache)
+    assert_same_cache(read_store(two), read_store(one))
+    store = TeacherStore.open(two)
+    assert len(store) == 11 and store.num_positions == cache.num_positions
+    assert_same_cache(store.select([7, 0, 10, 7]), cache.select([7, 0, 10, 7]))
+    assert store.sequences[-1] == cache.sequences[-1] and store.sequences[2:5] == cache.sequences[2:5]
+
+
+def test_a_store_killed_mid_write_resumes_and_yields_the_same_tensors(tmp_path: Path) -> None:
+    """A job SIGKILLed as it publishes its second training shard (tests/kill_after_shard.py) leaves
+    the first shard and a temp file, no manifest; the rerun keeps the first shard as it was, writes
+    the rest and yields the store, tensor for tensor, of a run never killed (continuations sampled
+    at T = 1 and the target's features included)."""
+    args = (
+        "drafter.kind=feature",
+        "train.seq_source=target",
+        "train.generation_batch=8",  # shards of 32 prompts: 2 for the 64 training prompts
+        "train.max_steps=1",
+        "train.gamma_candidates=[]",
+    )
+    straight = run_app("distill", tmp_path / "straight", *args)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    killer = [sys.executable, str(ROOT / "tests" / "kill_after_shard.py"), "2"]
+    killed = run_app("distill", tmp_path / "killed", *args, launcher=killer)
+    assert killed.returncode == -signal.SIGKILL
+    # shards published in order: training shard 1 (its scored store's, then its sequences'), then shard 2
+    [folder] = (tmp_path / "killed" / "cache").glob("distill-train-*")
+    [first] = [p for p in folder.iterdir() if not p.name.startswith(".")]
+    assert first == shard_path(folder, 0, 32) and len(list(folder.glob(".*.tmp"))) == 1
+    assert not (folder / MANIFEST).exists()
+    before = (first.stat().st_ino, first.stat().st_mtime_ns)
+    resumed = run_app("distill", tmp_path / "killed", *args)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (first.stat().st_ino, first.stat().st_mtime_ns) == before and not list(folder.glob(".*.tmp"))
+    [reference] = (tmp_path / "straight" / "cache").glob("distill-train-*")
+    assert reference.name == folder.name
+    ours, theirs = read_store(folder), read_store(reference)
+    assert ours.features is not None and len(ours.sequences) == 64
+    assert_same_cache(ours, theirs)
+
+
+def test_reading_a_store_holds_one_shard_open_whatever_its_size(tmp_path: Path) -> None:
+    """An epoch of random batches, as training reads them, from stores of 32 and 256 sequences
+    (shards of 16): the reader never holds more than one shard open, and its peak resident memory,
+    measured in a fresh process, does not grow with the store (the large one is 56 MB bigger)."""
+    width, length = 4096, 32  # 256 KB of fp16 features per sequence
+    peaks = {}
+    for count in (32, 256):
+        folder = tmp_path / f"store-{count}"
+        ranges = shard_ranges(count, 16)
+        for start, stop in ranges:
+            sequences = [TrainSequence(list(range(1, length + 1)), 8) for _ in range(start, stop)]
+            rows = (stop - start) * length
+            cache = TeacherCache(
+                sequences,
+                torch.arange(0, (stop - start + 1) * (length - 8), length - 8),
+                torch.zeros(rows - (stop - start) * 8, 0, dtype=torch.int32),
+                torch.zeros(rows - (stop - start) * 8, 0),
+                torch.randn(rows, width).half(),
+                torch.arange(0, rows + 1, length),
+            )
+            save_cache(cache, shard_path(folder, start, stop))
+        assert finish_store(folder, ranges)
+        store = TeacherStore.open(folder)
+        for step in range(count // 8):
+            batch = store.select(global_batch_indices(step, 8, count, seed=0))
+            assert batch.features.shape == (8 * length, width) and store.resident_shards <= 1
+        peaks[count] = _peak_reading(folder)
+    assert peaks[256] - peaks[32] < 24, peaks
+
+
+def _peak_reading(folder: Path) -> float:
+    """Peak RSS growth in MiB of a fresh process reading an epoch of batches of 8 from `folder`."""
+    script = f"""
+import resource, torch
+from specdecode.training.loop import global_batch_indices
+from specdecode.training.store import TeacherStore
+store = TeacherStore.open(__import__("pathlib").Path({str(folder)!r}))
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+for step in range(len(store) // 8):
+    store.select(global_batch_indices(step, 8, len(store), seed=0))
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)
+"""
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    return float(out.stdout.split()[-1])
+
+
+@pytest.mark.parametrize("kind", ["derived", "feature"])
+def test_online_and_offline_teachers_give_the_same_loss_on_the_same_batch(tmp_path: Path, kind: str) -> None:
+    """At equal data and seed, the target's outputs read from the store (offline) and computed in
+    the step (online) give the same loss on the same batches and the same held-out figures; online
+    writes the sequences only (a slice drafter distils from top-k logits, a feature drafter from
+    the target's features)."""
+    cache = tmp_path / "cache"
+    common = (f"drafter.kind={kind}", "train.max_steps=3", "train.eval_every=3", "train.gamma_candidates=[]")
+    offline = run_distill(smoke_cfg(tmp_path / "offline", *common, "train.teacher=offline", f"cache_dir={cache}"))
+    stores = {p.name for p in cache.iterdir()}
+    assert {n.split("-")[0] for n in stores} == {"sequences", "distill", "heldout"}
+    online = run_distill(smoke_cfg(tmp_path / "online", *common, "train.teacher=online", f"cache_dir={cache}"))
+    assert {p.name for p in cache.iterdir()} == stores  # the sequences were there: nothing written
+    assert (offline["teacher"], online["teacher"]) == ("offline", "online")
+    logged = {
+        mode: [json.loads(line) for line in (tmp_path / mode / "out" / "metrics.jsonl").read_text().splitlines()]
+        for mode in ("offline", "online")
+    }
+    losses = {mode: [r["loss"] for r in records if "loss" in r] for mode, records in logged.items()}
+    assert len(losses["offline"]) == 3 and losses["online"] == pytest.approx(losses["offline"], rel=1e-5)
+    for a, b in zip(offline["history"], online["history"]):
+        assert a["greedy"] == pytest.approx(b["greedy"], abs=1e-6)
+        assert a["expected"] == pytest.approx(b["expected"], rel=1e-5)
+        assert a["train_greedy"] == pytest.approx(b["train_greedy"], abs=1e-6)
+
+
+def test_online_writes_no_scored_store(tmp_path: Path) -> None:
+    """Online from scratch: only the sequences' stores are written (training and held-out)."""
+    metrics = run_distill(smoke_cfg(tmp_path, "train.teacher=online", "train.max_steps=1", "train.gamma_candidates=[]"))
+    assert metrics["teacher"] == "online" and metrics["steps"] == 1
+    assert sorted(p.name.split("-")[:2] for p in (tmp_path / "cache").iterdir()) == [
+        ["sequences", "heldout"],
+        ["sequences", "train"],
+    ]
+
+
+def test_teacher_auto_is_online_on_a_gpu_and_a_bad_value_is_named() -> None:
+    assert teacher_mode("auto", torch.device("cuda", 0)) == "online"
+    assert teacher_mode("auto", torch.device("cpu")) == "offline"
+    assert teacher_mode("offline", torch.device("cuda")) == "offline"
+    with pytest.raises(ValueError, match=r"train.teacher='gpu': online\|offline\|auto"):
+        TrainConfig(teacher="gpu")
