@@ -203,3 +203,39 @@ def test_teacher_auto_is_online_on_a_gpu_and_a_bad_value_is_named() -> None:
     assert teacher_mode("offline", torch.device("cuda")) == "offline"
     with pytest.raises(ValueError, match=r"train.teacher='gpu': online\|offline\|auto"):
         TrainConfig(teacher="gpu")
+
+
+def test_a_sharded_compiled_writer_decodes_every_batch_in_one_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`writer_plan` fixes one cache capacity over all of a job's prompts (a shard's own would differ
+    from shard to shard, and each shape compiles anew), and with it a shard's last batch is filled
+    up to the full batch size; a job of one batch keeps its own shape; auto does not compile on a CPU."""
+    import specdecode.training.sequences as sequences
+    from specdecode.training.sequences import writer_plan
+    from tests.models_for_tests import tiny_llama
+
+    train = TrainConfig(max_new_tokens=6, max_len=24, max_prompt_tokens=20, generation_batch=2, seq_temperatures=[0.0])
+    prompts = [[1 + i] * (2 + 3 * i) for i in range(7)]  # 2 to 20 tokens
+    cpu = torch.device("cpu")
+    assert writer_plan(prompts, train, cpu, True) == (True, 32)  # 20 + 4 (max_len) + 1, rounded up
+    assert writer_plan(prompts[:2], train, cpu, True) == (True, None)
+    assert writer_plan(prompts, train, cpu, None) == writer_plan(prompts, train, cpu, False) == (False, None)
+
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
+    shapes = []
+    generate = sequences.autoregressive_generate
+
+    def spy(model, batch, **kwargs):
+        shapes.append((len(batch), kwargs["capacity"]))
+        return generate(model, batch, **kwargs)
+
+    monkeypatch.setattr(sequences, "autoregressive_generate", spy)
+    target = tiny_llama(2, seed=0)
+    shard = prompts[:3]  # a shard of short prompts: on its own, a capacity of 16
+    written = {
+        capacity: sequences._continuations(
+            target, shard, train, [], seed=0, batch_size=2, temperature=0.0, compile=True, capacity=capacity
+        )[0]
+        for capacity in (32, None)
+    }
+    assert shapes == [(2, 32), (2, 32), (2, 16), (2, 16)]
+    assert written[32] == written[None]
