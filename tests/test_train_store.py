@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -239,3 +240,63 @@ def test_a_sharded_compiled_writer_decodes_every_batch_in_one_shape(monkeypatch:
     }
     assert shapes == [(2, 32), (2, 32), (2, 16), (2, 16)]
     assert written[32] == written[None]
+
+
+class SimulatedRank:
+    """The part of an `Accelerator` a job's stores use, for process `index` of 2 run as a thread:
+    `wait_for_everyone` is a barrier shared with the other one."""
+
+    def __init__(self, index: int, world: int, barrier: threading.Barrier | None) -> None:
+        self.process_index, self.num_processes, self.is_main_process = index, world, index == 0
+        self.device = torch.device("cpu")
+        self.barrier = barrier
+
+    def wait_for_everyone(self) -> None:
+        if self.barrier is not None:
+            self.barrier.wait(timeout=300)
+
+
+def test_a_jobs_two_processes_write_disjoint_shards_and_the_one_process_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`job_teacher` on processes 0 and 1 of 2 (threads with a shared barrier): each writes its own
+    shards of every store, none twice, together all; both read the same complete stores, equal
+    tensor for tensor to those one process writes (the target's continuations, sampled, and features)."""
+    import specdecode.training.job_data as job_data
+
+    target, tokenizer = load_model("smoke")
+    written: dict[str, list[Path]] = {"rank-0": [], "rank-1": []}
+    save = job_data.save_cache
+
+    def recording(cache: TeacherCache, path: Path) -> None:
+        written[threading.current_thread().name].append(path)
+        save(cache, path)
+
+    monkeypatch.setattr(job_data, "save_cache", recording)
+    args = ("drafter.kind=feature", "train.seq_source=target", "train.generation_batch=8")
+    cfg = smoke_cfg(tmp_path / "two", *args)
+    barrier, teachers = threading.Barrier(2), {}
+
+    def run(rank: int) -> None:
+        teachers[rank] = job_data.job_teacher(cfg, "distill", target, tokenizer, SimulatedRank(rank, 2, barrier))  # type: ignore[arg-type]
+
+    threads = [threading.Thread(target=run, args=(rank,), name=f"rank-{rank}") for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    assert set(teachers) == {0, 1}
+    two = tmp_path / "two" / "cache"
+    mine = [set(written["rank-0"]), set(written["rank-1"])]
+    assert not mine[0] & mine[1] and mine[0] | mine[1] == set(two.rglob("*.safetensors"))
+    # training: 2 shards of 32 prompts, one each (scored and sequences stores); held-out: 1 shard, process 0's
+    assert len(written["rank-1"]) == 2 and len(written["rank-0"]) == 4
+    assert all(p.name == "prompts-000000032-000000064.safetensors" for p in written["rank-1"])
+    assert [len(t.train_cache) for t in teachers.values()] == [64, 64]
+    monkeypatch.undo()
+
+    job_data.job_teacher(smoke_cfg(tmp_path / "one", *args), "distill", target, tokenizer, SimulatedRank(0, 1, None))  # type: ignore[arg-type]
+    one = tmp_path / "one" / "cache"
+    assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in two.iterdir())
+    for folder in one.iterdir():
+        assert_same_cache(read_store(two / folder.name), read_store(folder))
