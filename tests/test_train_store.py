@@ -300,3 +300,13 @@ def test_a_jobs_two_processes_write_disjoint_shards_and_the_one_process_store(
     assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in two.iterdir())
     for folder in one.iterdir():
         assert_same_cache(read_store(two / folder.name), read_store(folder))
+
+
+def test_a_run_resumes_with_the_other_teacher(tmp_path: Path) -> None:
+    """`train.teacher` may change on resume (the same losses either way): a run checkpointed offline
+    continues online."""
+    args = ("train.checkpoint_every=2", "train.eval_every=2", "train.gamma_candidates=[]")
+    run_distill(smoke_cfg(tmp_path, *args, "train.max_steps=2", "train.teacher=offline"))
+    metrics = run_distill(smoke_cfg(tmp_path, *args, "train.max_steps=3", "train.teacher=online", "train.resume=true"))
+    assert metrics["steps"] == 3 and metrics["teacher"] == "online"
+    assert '"resumed_from_step": 2' in (tmp_path / "out" / "metrics.jsonl").read_text()
