@@ -173,7 +173,9 @@ def test_bf16_autocast_trains_fp32_weights_and_is_recorded(tmp_path: Path) -> No
 def test_data_precision_writes_and_scores_only_the_training_split_in_bf16(tmp_path: Path) -> None:
     """train.data_precision=bf16: the training split's continuations and cached features come from a
     bf16 copy of the target (close to the fp32 ones, not equal), under keys of their own; the
-    held-out split, which selection measures on, is the fp32 target's, byte for byte the same file."""
+    held-out split, which selection measures on, is the fp32 target's, byte for byte the same files."""
+    from specdecode.training.store import read_store
+
     args = (
         "drafter.kind=feature",
         "train.seq_source=target",
@@ -186,18 +188,22 @@ def test_data_precision_writes_and_scores_only_the_training_split_in_bf16(tmp_pa
     files = {p: {f.name: f for f in (tmp_path / p / "cache").iterdir()} for p in runs}
     held_out = {name for name in files["no"] if "heldout" in name}
     assert len(held_out) == 2 and held_out <= files["bf16"].keys()
-    assert all(files["no"][n].read_bytes() == files["bf16"][n].read_bytes() for n in held_out)
+
+    def contents(folder: Path) -> dict[str, bytes]:
+        return {f.name: f.read_bytes() for f in folder.iterdir()}
+
+    assert all(contents(files["no"][n]) == contents(files["bf16"][n]) for n in held_out)
     train = {p: [f for n, f in files[p].items() if n.startswith("distill-train-")] for p in runs}
     assert len(train["no"]) == len(train["bf16"]) == 1 and train["no"][0].name != train["bf16"][0].name
     # The prompts are the same tokens in both (the continuations may part): compare features there.
     prompts = []
     for p in ("no", "bf16"):
-        cache = torch.load(train[p][0], weights_only=False)
+        cache = read_store(train[p][0])
         prompts.append(
             torch.cat(
                 [
-                    cache["features"][start : start + seq["response_start"]].float()
-                    for start, seq in zip(cache["token_offsets"].tolist(), cache["sequences"])
+                    cache.features[start : start + seq.response_start].float()
+                    for start, seq in zip(cache.token_offsets.tolist(), cache.sequences)
                 ]
             )
         )
