@@ -150,10 +150,6 @@ class TeacherStore:
         tokens = handle.get_slice("tokens")[a:b].tolist()
         return TrainSequence(tokens, index_of["response_start"][local])
 
-    def close(self) -> None:
-        """Unmap the open shard (a reader reopens what it reads next)."""
-        self._open = None
-
     def _locate(self, index: int) -> tuple[int, Any, dict[str, list[int]]]:
         """Sequence `index`'s position in its shard, and that shard open (replacing the one held)."""
         if not 0 <= index < len(self):
