@@ -26,7 +26,7 @@ from specdecode.models.smoke import smoke_target, smoke_tokenizer
 from specdecode.training.config import TrainJobConfig
 from specdecode.training.feature_training import FeatureDrafterLogits, regression_weight
 from specdecode.training.job import run_distill
-from specdecode.training.teacher import load_cache
+from specdecode.training.store import read_store
 from tests.models_for_tests import tiny_llama
 from tests.test_engine_export import assert_engine_runs_eagle3
 from tests.test_evaluation import FixedRouter
@@ -73,8 +73,8 @@ def test_the_job_trains_an_eagle3_drafter(trained) -> None:
     assert last["train_greedy"] > first["train_greedy"] + 0.02
 
     target = smoke_target()
-    (path,) = (root / "cache").glob("distill-train-*.pt")
-    cache = load_cache(path)
+    (path,) = (root / "cache").glob("distill-train-*")
+    cache = read_store(path)
     tokens = torch.tensor([cache.sequences[0].tokens])
     with torch.no_grad():
         states = target(tokens, output_hidden_states=True).hidden_states
@@ -110,8 +110,8 @@ def test_a_job_fine_tunes_a_trained_eagle3_folder(trained, tmp_path) -> None:
     )
     metrics = run_distill(cfg)
     assert metrics["drafter_kind"] == "eagle3" and metrics["feature_layers"] == list(LAYERS)
-    (path,) = (tmp_path / "cache").glob("distill-train-*.pt")
-    assert load_cache(path).features.shape[1] == 4 * 64
+    (path,) = (tmp_path / "cache").glob("distill-train-*")
+    assert read_store(path).features.shape[1] == 4 * 64
     assert isinstance(load_model(tmp_path / "out" / "drafter", skinny_matmul=False)[0], Eagle3Drafter)
 
 

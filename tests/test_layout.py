@@ -32,7 +32,6 @@ FUNCTION_LINE_CAPS: dict[str, int] = {
     "specdecode.models.card.training_facts": 76,
     "specdecode.routing.labels.teacher_forced_acceptance": 83,
     "specdecode.training.job._run": 87,
-    "specdecode.training.job_data.job_teacher": 78,
 }
 
 SMOKE_MODEL = "specdecode.models.smoke"

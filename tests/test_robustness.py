@@ -65,7 +65,9 @@ def test_published_files_get_the_umask_mode(tmp_path: Path, umask: None, mask: i
 
 def test_training_outputs_are_readable_under_umask_022(tmp_path: Path, umask: None) -> None:
     run_distill(smoke_cfg(tmp_path, "train.max_steps=1"))
-    published = [p for p in (tmp_path / "out").rglob("*") if p.is_file()] + list((tmp_path / "cache").iterdir())
+    published = [p for p in (tmp_path / "out").rglob("*") if p.is_file()] + [
+        p for p in (tmp_path / "cache").rglob("*") if p.is_file()
+    ]
     assert {p.name for p in published} >= {"metrics.json", "config.yaml", "metrics.jsonl", "config.json"}
     assert {str(p.relative_to(tmp_path)): _mode(p) for p in published if _mode(p) != 0o644} == {}
 

@@ -173,7 +173,9 @@ def test_bf16_autocast_trains_fp32_weights_and_is_recorded(tmp_path: Path) -> No
 def test_data_precision_writes_and_scores_only_the_training_split_in_bf16(tmp_path: Path) -> None:
     """train.data_precision=bf16: the training split's continuations and cached features come from a
     bf16 copy of the target (close to the fp32 ones, not equal), under keys of their own; the
-    held-out split, which selection measures on, is the fp32 target's, byte for byte the same file."""
+    held-out split, which selection measures on, is the fp32 target's, byte for byte the same files."""
+    from specdecode.training.store import read_store
+
     args = (
         "drafter.kind=feature",
         "train.seq_source=target",
@@ -186,18 +188,22 @@ def test_data_precision_writes_and_scores_only_the_training_split_in_bf16(tmp_pa
     files = {p: {f.name: f for f in (tmp_path / p / "cache").iterdir()} for p in runs}
     held_out = {name for name in files["no"] if "heldout" in name}
     assert len(held_out) == 2 and held_out <= files["bf16"].keys()
-    assert all(files["no"][n].read_bytes() == files["bf16"][n].read_bytes() for n in held_out)
+
+    def contents(folder: Path) -> dict[str, bytes]:
+        return {f.name: f.read_bytes() for f in folder.iterdir()}
+
+    assert all(contents(files["no"][n]) == contents(files["bf16"][n]) for n in held_out)
     train = {p: [f for n, f in files[p].items() if n.startswith("distill-train-")] for p in runs}
     assert len(train["no"]) == len(train["bf16"]) == 1 and train["no"][0].name != train["bf16"][0].name
     # The prompts are the same tokens in both (the continuations may part): compare features there.
     prompts = []
     for p in ("no", "bf16"):
-        cache = torch.load(train[p][0], weights_only=False)
+        cache = read_store(train[p][0])
         prompts.append(
             torch.cat(
                 [
-                    cache["features"][start : start + seq["response_start"]].float()
-                    for start, seq in zip(cache["token_offsets"].tolist(), cache["sequences"])
+                    cache.features[start : start + seq.response_start].float()
+                    for start, seq in zip(cache.token_offsets.tolist(), cache.sequences)
                 ]
             )
         )
@@ -570,7 +576,7 @@ def test_feature_drafter_distills_from_cached_features_and_reloads(tmp_path: Pat
     (greedy decoding with it equals the target's)."""
     from specdecode import autoregressive_generate, speculative_generate
     from specdecode.models.feature_drafter import FeatureDrafter
-    from specdecode.training.teacher import load_cache
+    from specdecode.training.store import read_store
 
     cfg = smoke_cfg(
         tmp_path,
@@ -590,7 +596,7 @@ def test_feature_drafter_distills_from_cached_features_and_reloads(tmp_path: Pat
     assert {"greedy", "expected", "train_greedy", "epochs"} <= metrics["history"][-1].keys() and metrics["epochs"] > 0
     logged = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert all(0 <= r["train_greedy"] <= 1 and "heldout_train_greedy" not in r for r in logged if "heldout_greedy" in r)
-    caches = [load_cache(p) for p in (tmp_path / "cache").glob("distill-train-*.pt")]
+    caches = [read_store(p) for p in (tmp_path / "cache").glob("distill-train-*")]
     assert len(caches) == 1 and caches[0].features is not None
     # two temperatures: every prompt appears twice
     assert caches[0].features.shape[0] == int(caches[0].token_offsets[-1]) and len(caches[0].sequences) == 2 * 64
@@ -816,8 +822,8 @@ def test_target_continuations_are_generated_once_for_both_drafter_kinds(tmp_path
 
     monkeypatch.setattr(specdecode.training.sequences, "autoregressive_generate", no_generation)
     run_distill(smoke_cfg(tmp_path / "b", *common, f"cache_dir={tmp_path / 'cache'}"))
-    assert len(list((tmp_path / "cache").glob("sequences-train-*.pt"))) == 1
-    assert len(list((tmp_path / "cache").glob("distill-train-*.pt"))) == 2
+    assert len(list((tmp_path / "cache").glob("sequences-train-*"))) == 1
+    assert len(list((tmp_path / "cache").glob("distill-train-*"))) == 2
 
 
 def test_generation_batch_sets_the_continuation_batches_and_keys_only_other_batchings(
@@ -873,7 +879,7 @@ def test_a_feature_drafters_continuations_and_features_take_one_target_pass(
     finished sequences gives (fp16), except the last token's row, which the target never read: zero
     (budgets stop each continuation within `max_len`, so no sequence is cut after a read token)."""
     import specdecode.training.job_data
-    from specdecode.training.teacher import load_cache
+    from specdecode.training.store import read_store
 
     def no_forward(*args, **kwargs):
         raise AssertionError("a second target pass scored the continuations")
@@ -889,8 +895,8 @@ def test_a_feature_drafters_continuations_and_features_take_one_target_pass(
     )
     run_distill(cfg)
     monkeypatch.undo()
-    [path] = (tmp_path / "cache").glob("distill-train-*.pt")
-    cache = load_cache(path)
+    [path] = (tmp_path / "cache").glob("distill-train-*")
+    cache = read_store(path)
     target, _ = load_model("smoke")
     scored = score_topk(target, cache.sequences, 0, 0, features=json.loads(layers))
     assert (
@@ -909,7 +915,7 @@ def test_compile_on_writes_the_training_data_with_the_static_core(tmp_path: Path
     core under torch.compile; here torch.compile is the identity, so the static core runs eagerly
     (the compiled core's own equality is tests/test_static.py's, slow): the eager writer's data."""
     import specdecode.training.sequences as sequences
-    from specdecode.training.teacher import load_cache
+    from specdecode.training.store import read_store
 
     monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
     cores = []
@@ -925,8 +931,8 @@ def test_compile_on_writes_the_training_data_with_the_static_core(tmp_path: Path
         out = tmp_path / f"compile-{compile}"
         args = ("drafter.kind=feature", "train.seq_source=target", "train.seq_temperatures=[0.0]", "train.max_steps=1")
         run_distill(smoke_cfg(out, *args, "train.gamma_candidates=[]", f"compile={str(compile).lower()}"))
-        [path] = (out / "cache").glob("distill-train-*.pt")
-        caches[compile] = load_cache(path)
+        [path] = (out / "cache").glob("distill-train-*")
+        caches[compile] = read_store(path)
     assert set(cores) == {(False, False), (True, True)}
     eager, static = caches[False], caches[True]
     assert [s.tokens for s in static.sequences] == [s.tokens for s in eager.sequences]
@@ -1038,19 +1044,20 @@ def test_feature_drafter_batches_carry_the_features_of_their_own_sequences(
 
 
 def test_cache_barriers_do_not_depend_on_what_is_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under DDP only the main process builds a missing cache; every process must still pass the same
-    barriers (accelerate's main_process_first), whether the caches exist yet or not. A nested cached
-    build once added barriers only the main process reached, and DDP hung."""
+    """Under DDP each process writes its shards of a missing store and the main process its manifest;
+    every process must still pass the same barriers (accelerate's wait_for_everyone), whether the
+    stores exist yet or not. A nested cached build once added barriers only the main process
+    reached, and DDP hung."""
     from accelerate import Accelerator
 
     entered: list[int] = []
-    real = Accelerator.main_process_first
+    real = Accelerator.wait_for_everyone
 
     def counting(self: Accelerator) -> Any:
         entered.append(1)
         return real(self)
 
-    monkeypatch.setattr(Accelerator, "main_process_first", counting)
+    monkeypatch.setattr(Accelerator, "wait_for_everyone", counting)
     run_distill(smoke_cfg(tmp_path, "train.max_steps=0", "output_dir=" + str(tmp_path / "first")))
     fresh, entered[:] = len(entered), []
     run_distill(smoke_cfg(tmp_path, "train.max_steps=0", "output_dir=" + str(tmp_path / "second")))

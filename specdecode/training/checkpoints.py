@@ -50,7 +50,8 @@ SCHEDULER_FILE = "scheduler.json"
 # accelerate's files for objects passed to `register_for_checkpointing`, loaded with full pickle.
 UNSAFE_PICKLES = "custom_checkpoint_*.pkl"
 PREFIX = "checkpoint_"  # accelerate's automatic naming: checkpoint_<iteration>
-# Config fields a resumed run may change: its budgets, and where and how it logs and checkpoints.
+# Config fields a resumed run may change: its budgets, where and how it logs and checkpoints, and
+# where the target's outputs come from (`train.teacher`: the same losses either way).
 # Every other field decides what is trained or how the best step is picked (data,
 # target, drafter, loss, schedule, seed, eval_every, ...): resuming with another value would finish
 # one run under another's name.
@@ -62,6 +63,7 @@ RESUMABLE_KEYS = frozenset(
         "train.log_every",
         "train.checkpoint_every",
         "train.keep_checkpoints",
+        "train.teacher",
         "logger",
         "wandb_project",
         "wandb_mode",

@@ -25,6 +25,7 @@ from specdecode.training.losses import LOSSES
 
 TRAIN_SEQ_SOURCES = ("data", "target")
 TRAIN_LOGGERS = ("jsonl", "wandb")
+TEACHER_MODES = ("online", "offline", "auto")
 LR_DECAYS = ("constant", "linear", "cosine")
 
 
@@ -83,6 +84,11 @@ class TrainConfig:
     generation_batch: int = 64
     # The teacher cache keeps the target's top-k logits per position (see specdecode.training.teacher).
     teacher_topk: int = 64
+    # Where the target's outputs on the training sequences (top-k logits or features) come from:
+    # offline = written once to the teacher store on disk and streamed into training; online = the
+    # target's forward inside each training step, nothing stored; auto = online on a GPU (its
+    # forward costs little there), offline elsewhere (on a CPU it costs more than the drafter's step).
+    teacher: str = "auto"
     train_sequences: int | None = 512
     # Training sequences per domain, in place of train_sequences where not null: a domain's own job
     # takes that many, and a mix takes at most that many of the domain (its train_sequences still
@@ -139,6 +145,7 @@ class TrainConfig:
             "must be in [0, 1]",
         )
         require(is_temperature(self.temperature), "train.temperature", self.temperature, TEMPERATURE_RANGE)
+        require(self.teacher in TEACHER_MODES, "train.teacher", self.teacher, "|".join(TEACHER_MODES))
         require(
             self.seq_temperatures is None
             or (

@@ -3,7 +3,8 @@
 
 A job: validate the config (before any heavy work), load the target, build the drafter (derived
 from the target with a truncated-vocab head, or any HF model with the target's tokenizer), build or
-load the training sequences and the teacher cache (specdecode.training.sequences, .teacher), train
+load the training sequences and the target's outputs on them (specdecode.training.job_data: teacher
+stores on disk, or the target's forward in each step with `train.teacher=online`), train
 (specdecode.training.loop), and write to `output_dir`:
 `drafter/` (HF `save_pretrained`, the checkpoint with the best held-out expected acceptance, not
 the lowest loss), `metrics.json`, `config.yaml`, `metrics.jsonl` and `checkpoints/`; with
@@ -246,7 +247,9 @@ def _metrics(
         "peak_memory_mb": peak_memory_mb(accelerator.device),
         "train_sequences": num_train,
         "heldout_sequences": len(teacher.heldout.sequences),
-        "heldout_positions": int(teacher.heldout.offsets[-1]),
+        "heldout_positions": teacher.heldout.num_positions,
+        # where the target's outputs came from: the teacher store (offline) or its forward in the step (online)
+        "teacher": "online" if teacher.scorer is not None else "offline",
         "draft_vocab": len(objective.draft_ids),
         "feature_layers": list(objective.drafter.feature_layers) if teacher.features else None,
         "num_processes": accelerator.num_processes,

@@ -1,13 +1,14 @@
-"""The teacher data a training job reads: the target's sequences and scores for the training and
-held-out splits, written once per config and shared through the teacher cache (a mix reads its
-domains' caches)."""
+"""The teacher data a training job reads: the target's sequences and its outputs on them for the
+training and held-out splits, written once per config as teacher stores on disk
+(specdecode.training.store) shared by the jobs that train on the same sequences (a mix reads its
+domains'); online (`train.teacher`), the sequences only, the target scoring each batch in the step."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -15,6 +16,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdecode.core.devices import autocast_dtype, resolve_mixed_precision
 from specdecode.data.config import DataConfig
+from specdecode.data.domains import format_prompt
+from specdecode.data.example import Example
 from specdecode.decoding.compiled import resolve_compile
 from specdecode.models.compat import default_eos
 from specdecode.models.loading import cast_copy, reads_features
@@ -28,11 +31,20 @@ from specdecode.training.sequences import (
     load_examples,
     mix_shares,
     pool_size,
+    training_pool,
+    writer_plan,
+)
+from specdecode.training.store import (
+    SHARD_BATCHES,
+    TeacherStore,
+    finish_store,
+    is_complete,
+    shard_path,
+    shard_ranges,
+    write_shards,
 )
 from specdecode.training.teacher import (
-    TeacherCache,
     cache_key,
-    concat_caches,
     feature_cache,
     load_cache,
     save_cache,
@@ -41,104 +53,169 @@ from specdecode.training.teacher import (
 )
 
 
-def cached_teacher(path: Path, build: Any, accelerator: Accelerator) -> TeacherCache:
-    """Load `path`, or build it on the main process first (the others then read the file).
-
-    One barrier per call on every process. A cache built from another cache (the scored sequences
-    from the generated ones) reads or writes the inner one without a barrier, never a nested
-    `cached_teacher`: only the main process runs a build, so a nested barrier would be one the others
-    never reach.
-    """
-    with accelerator.main_process_first():
-        if path.is_file():
-            return load_cache(path)
-        cache = build()
-        if accelerator.is_main_process:
-            save_cache(cache, path)
-        return cache
+def teacher_mode(setting: str, device: torch.device) -> str:
+    """`train.teacher` resolved for `device`: auto is online on a GPU, offline elsewhere."""
+    if setting != "auto":
+        return setting
+    return "online" if device.type == "cuda" else "offline"
 
 
 def job_teacher(
     cfg: TrainJobConfig, job: str, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, accelerator: Accelerator
 ) -> Teacher:
-    """The training and held-out sequences and the target's outputs on them, each cached once
-    (finetune needs no logits: k = 0; a feature drafter's teacher is the frozen head on the cached
-    features, so it needs none either)."""
+    """The training and held-out sequences and the target's outputs on them, each stored once
+    (finetune needs no logits: k = 0; a feature drafter's teacher is the frozen head on the stored
+    features, so it needs none either). Online, only the sequences are stored."""
     train = cfg.train
-    cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else Path(cfg.output_dir).parent / "teacher_cache"
     eos = default_eos(target)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     layers = reads_features(cfg.drafter, target.config.get_text_config().num_hidden_layers)
     topk = train.teacher_topk if job == "distill" and layers is None else 0
+    online = teacher_mode(train.teacher, accelerator.device) == "online"
     # The training split is written (and scored) by the target in train.data_precision (a cast copy,
-    # made only if a cache has to be built); the held-out split, which model selection measures
-    # against, by the target as loaded. A dtype is part of a cache's key.
+    # made only if a store has to be written or the target scores online); the held-out split, which
+    # model selection measures against, by the target as loaded. A dtype is part of a store's key.
     written_dtype = data_dtype(train.data_precision, target)
-    data_target = functools.cache(lambda: cast_copy(target, written_dtype))
+    stores = JobStores(
+        cfg,
+        tokenizer,
+        accelerator,
+        Path(cfg.cache_dir) if cfg.cache_dir else Path(cfg.output_dir).parent / "teacher_cache",
+        functools.cache(lambda: cast_copy(target, written_dtype)),
+        target,
+        dtype_name(written_dtype) if written_dtype != target.dtype else cfg.dtype,
+        pad_id,
+        eos,
+        layers,
+        online,
+    )
+    train_store = stores.split("train", f"{job}-train", topk, train.train_sequences)
+    heldout = stores.split("heldout", "heldout", 0, train.heldout_sequences)
+    if not len(train_store) or not len(heldout):
+        where = f"data.path={cfg.data.path!r}" if cfg.data.source == "file" else f"data.name={cfg.data.name!r}"
+        raise ValueError(f"{where}: no usable {'train' if not len(train_store) else 'held-out'} sequences")
+    scorer = stores.data_target() if online else None
+    return Teacher(target, train_store, heldout, pad_id, eos, topk, layers is not None, scorer, layers)
 
-    def split_target(split: str) -> tuple[Callable[[], PreTrainedModel], str]:
-        if split == "train" and written_dtype != target.dtype:
-            return data_target, dtype_name(written_dtype)
-        return lambda: target, cfg.dtype
 
-    def written(data: DataConfig, split: str, limit: int | None) -> TeacherCache:
-        """The split's sequences, cached apart from their scores (one set of target continuations for
-        drafters of either kind), a feature drafter's features from the same passes (`build_sequences`)."""
-        model, dtype = split_target(split)
-        path = cache_dir / f"sequences-{split}-{cache_key(cfg.target, data, train, split, 0, limit, dtype=dtype)}.pt"
-        if path.is_file():
-            return load_cache(path)
-        sequences, read = build_sequences(
-            load_examples(data, split),
-            tokenizer,
-            model(),
-            train,
-            eos,
-            limit,
-            layers if train.seq_source == "target" else None,
-            compile=None if cfg.compile is None else resolve_compile(cfg.compile, model().device),
-        )
-        if accelerator.is_main_process:
-            save_cache(sequences_only(sequences), path)
-        return sequences_only(sequences) if read is None else feature_cache(sequences, read)
+@dataclass
+class JobStores:
+    """The stores one job reads, written where missing: per domain and split, the sequences
+    (`sequences-<split>-<key>`, one set of target continuations for drafters of either kind) and,
+    offline, the target's outputs on them (`<name>-<key>`; a feature drafter's features from the
+    passes that wrote the continuations, `build_sequences`)."""
 
-    def domain_scored(data: DataConfig, split: str, name: str, k: int, limit: int | None) -> TeacherCache:
-        model, dtype = split_target(split)
+    cfg: TrainJobConfig
+    tokenizer: PreTrainedTokenizerBase
+    accelerator: Accelerator
+    cache_dir: Path
+    data_target: Callable[[], PreTrainedModel]
+    target: PreTrainedModel
+    # the dtype the training split is written in, as its stores' keys name it
+    data_dtype: str
+    pad_id: int
+    eos: list[int]
+    layers: tuple[int, ...] | None
+    online: bool
 
-        def build() -> TeacherCache:
-            cache = written(data, split, limit)
-            return (
-                cache
-                if cache.features is not None
-                else score_topk(model(), cache.sequences, k, pad_id, features=layers)
-            )
-
-        return cached_teacher(
-            cache_dir / f"{name}-{cache_key(cfg.target, data, train, split, k, limit, layers, dtype)}.pt",
-            build,
-            accelerator,
-        )
-
-    def scored(split: str, name: str, k: int, limit: int | None) -> TeacherCache:
-        """A domain's cache, or a mix's: its domains' own caches (`domain_parts`), each domain's
+    def split(self, split: str, name: str, k: int, limit: int | None) -> TeacherStore:
+        """A domain's store, or a mix's: its domains' own stores (`domain_parts`), each domain's
         share of the first `limit` interleaved sequences, so a generic drafter trained beside the
         domain drafters costs no target pass of its own."""
-        # A cache is keyed by the sequences it holds: a limit past a domain's examples names the
-        # same cache as their count (a mix's shares never pass them), so a mix finds its domains'.
-        if not cfg.data.is_mix:
-            limit = domain_limit(train, cfg.data.name, split, limit)
-            return domain_scored(cfg.data, split, name, k, effective_limit(limit, pool_size(cfg.data, train, split)))
-        shares = mix_shares(cfg.data, train, split, limit)
-        return concat_caches(
-            [domain_scored(part, split, name, k, n) for part, n in zip(domain_parts(cfg.data), shares)]
+        # A store is keyed by the sequences it holds: a limit past a domain's examples names the
+        # same store as their count (a mix's shares never pass them), so a mix finds its domains'.
+        data, train = self.cfg.data, self.cfg.train
+        if not data.is_mix:
+            limit = domain_limit(train, data.name, split, limit)
+            return self.domain(data, split, name, k, effective_limit(limit, pool_size(data, train, split)))
+        shares = mix_shares(data, train, split, limit)
+        return TeacherStore.concat(
+            [self.domain(part, split, name, k, n) for part, n in zip(domain_parts(data), shares)]
         )
 
-    train_cache = scored("train", f"{job}-train", topk, train.train_sequences)
-    heldout = scored("heldout", "heldout", 0, train.heldout_sequences)
-    if not train_cache.sequences or not heldout.sequences:
-        where = f"data.path={cfg.data.path!r}" if cfg.data.source == "file" else f"data.name={cfg.data.name!r}"
-        raise ValueError(f"{where}: no usable {'train' if not train_cache.sequences else 'held-out'} sequences")
-    return Teacher(target, train_cache, heldout, pad_id, eos, topk, layers is not None)
+    def domain(self, data: DataConfig, split: str, name: str, k: int, limit: int) -> TeacherStore:
+        """One domain's store of `limit` sequences: its missing shards written, this process's share
+        (`write_shards`), then its manifest. Two barriers on every process, whatever is missing."""
+        train, accelerator = self.cfg.train, self.accelerator
+        dtype = self.data_dtype if split == "train" else self.cfg.dtype
+        sequences = (
+            self.cache_dir
+            / f"sequences-{split}-{cache_key(self.cfg.target, data, train, split, 0, limit, dtype=dtype)}"
+        )
+        scored = (
+            self.cache_dir / f"{name}-{cache_key(self.cfg.target, data, train, split, k, limit, self.layers, dtype)}"
+        )
+        folder = sequences if self.online else scored
+        pool = training_pool(load_examples(data, split), train)[:limit]
+        ranges = shard_ranges(len(pool), SHARD_BATCHES * train.generation_batch)
+        if not is_complete(folder):
+            shard = ShardWriter(self, split, pool, sequences, k, scored=not self.online)
+            write_shards(folder, ranges, shard, accelerator.process_index, accelerator.num_processes)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            finish_store(sequences, ranges)
+            finish_store(folder, ranges)
+        accelerator.wait_for_everyone()
+        return TeacherStore.open(folder)
+
+    def model(self, split: str) -> PreTrainedModel:
+        """The target that writes `split`: the training split in `train.data_precision`."""
+        return self.data_target() if split == "train" else self.target
+
+
+@dataclass
+class ShardWriter:
+    """`(start, stop, path)`: writes one shard of a domain's store, from the prompts `pool[start:stop]`:
+    its sequences read from their own store's shard or written, then, for a scored store, the
+    target's outputs on them. A scored shard is saved before the sequences' shard it was written
+    with: a kill between the two leaves the sequences to write again (seeded: the same ones), not
+    a scored shard to compute again from them (a forward's features are not the writer's bit for bit)."""
+
+    stores: JobStores
+    split: str
+    pool: Sequence[Example]
+    sequences: Path
+    k: int
+    scored: bool
+
+    def __call__(self, start: int, stop: int, path: Path) -> None:
+        stores, train = self.stores, self.stores.cfg.train
+        layers = stores.layers if self.scored else None
+        own = shard_path(self.sequences, start, stop)
+        if own.is_file():
+            cache = load_cache(own)
+        else:
+            compile, capacity = self.plan
+            written, read = build_sequences(
+                self.pool[start:stop],
+                stores.tokenizer,
+                stores.model(self.split),
+                train,
+                stores.eos,
+                None,
+                layers if train.seq_source == "target" else None,
+                compile=compile,
+                first=start,
+                capacity=capacity,
+            )
+            cache = sequences_only(written) if read is None else feature_cache(written, read)
+        if self.scored and cache.features is None and (self.k or layers is not None):
+            cache = score_topk(stores.model(self.split), cache.sequences, self.k, stores.pad_id, features=layers)
+        save_cache(cache, path)
+        if path != own and not own.is_file():
+            save_cache(sequences_only(cache.sequences), own)
+
+    @functools.cached_property
+    def plan(self) -> tuple[bool, int | None]:
+        """Whether the writer compiles, and the capacity its batches share (`writer_plan`): decided
+        once per store over all its prompts, so every shard decodes in one compiled shape."""
+        stores, train = self.stores, self.stores.cfg.train
+        if train.seq_source != "target":
+            return False, None
+        device = stores.model(self.split).device
+        setting = None if stores.cfg.compile is None else resolve_compile(stores.cfg.compile, device)
+        prompts = (format_prompt(stores.tokenizer, ex)[-train.max_prompt_tokens :] for ex in self.pool)
+        return writer_plan(prompts, train, device, setting)
 
 
 def data_dtype(precision: str, target: PreTrainedModel) -> torch.dtype:

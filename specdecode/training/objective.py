@@ -1,10 +1,12 @@
-"""What a training job optimises and how it is scored: batches from the teacher cache (or on-policy
-continuations the target scores on the spot), the loss of a batch, and the held-out acceptance
-that selects the checkpoint. `specdecode.training.job` builds one `Objective` per job and hands
-its `make_batches`, `loss_sum` and `evaluate` to the training loop."""
+"""What a training job optimises and how it is scored: batches from the teacher store, or scored by
+the target's forward in the step (`train.teacher=online`, and on-policy continuations), the loss
+of a batch, and the held-out acceptance that selects the checkpoint. `specdecode.training.job`
+builds one `Objective` per job and hands its `make_batches`, `loss_sum` and `evaluate` to the
+training loop."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +25,7 @@ from specdecode.training.feature_training import (
 from specdecode.training.loop import Batch
 from specdecode.training.losses import get_loss
 from specdecode.training.sequences import TrainSequence, generate_continuations
+from specdecode.training.store import TeacherStore
 from specdecode.training.teacher import (
     TeacherCache,
     dense_teacher_logits,
@@ -34,6 +37,9 @@ from specdecode.training.teacher import (
 
 # Training sequences whose greedy agreement each evaluation also reports (`Objective.evaluate`).
 TRAIN_SAMPLE = 16
+
+# Sequences and the target's outputs on them: a store on disk, or a cache in memory (a test's).
+TeacherData = TeacherCache | TeacherStore
 
 
 def drop_positions_without_teacher(
@@ -55,18 +61,24 @@ def drop_positions_without_teacher(
 
 @dataclass
 class Teacher:
-    """What the job learns from: the frozen target, its cached outputs on the training and held-out
-    sequences, and how sequences are padded and stopped."""
+    """What the job learns from: the frozen target, the training and held-out sequences with its
+    outputs on them (stored, or computed in the step: `scorer`), and how sequences are padded and stopped."""
 
     target: PreTrainedModel
-    train_cache: TeacherCache
-    heldout: TeacherCache
+    train_cache: TeacherData
+    heldout: TeacherData
     pad_id: int
     eos: list[int]
-    # the top-k target logits cached per position (0: none, e.g. finetune or a feature drafter)
+    # the top-k target logits per position (0: none, e.g. finetune or a feature drafter)
     topk: int
     # whether the drafter reads the target's features (a feature drafter)
     features: bool
+    # online (`train.teacher=online`): the target (in the training data's precision) whose forward
+    # scores each training batch in the step, the held-out ones scored by `target`; None: offline,
+    # the outputs are read from `train_cache` and `heldout`
+    scorer: PreTrainedModel | None = None
+    # the target layers a feature drafter reads (`target_features`), for the online forward
+    layers: Sequence[int] | None = None
 
 
 @dataclass
@@ -145,11 +157,23 @@ class Objective:
             batch |= {"topk_ids": ids, "topk_logits": logits}
         return batch | {"positions": positions}
 
+    def teacher_outputs(
+        self, data: TeacherData, indices: list[int], scorer: PreTrainedModel | None, topk: int
+    ) -> TeacherCache:
+        """The target's outputs (`topk` logits, or a feature drafter's features) on `data`'s sequences
+        `indices`, as a cache of those only: read from `data` (offline), or from `scorer`'s forward
+        now (online), the same tensors `score_topk` writes to the store."""
+        if scorer is None:
+            return data.select(indices)
+        sequences = [data.sequences[i] for i in indices]
+        return score_topk(scorer, sequences, topk, self.teacher.pad_id, features=self.teacher.layers)
+
     def make_batches(self, indices: list[int], step: int, on_policy: bool) -> list[Batch]:
-        """The micro-batches of one step: cached sequences `indices`, or on-policy continuations of their prompts."""
+        """The micro-batches of one step: stored sequences `indices`, or on-policy continuations of their prompts."""
         cache, train = self.teacher.train_cache, self.cfg.train
         if not on_policy:
-            return self.micro_batches([cache.sequences[i] for i in indices], cache, indices)
+            scored = self.teacher_outputs(cache, indices, self.teacher.scorer, self.teacher.topk)
+            return self.micro_batches(scored.sequences, scored, list(range(len(indices))))
         # GKD: the drafter writes the continuations, the target scores them now (not cacheable)
         prompts = [cache.sequences[i].tokens[: cache.sequences[i].response_start] for i in indices]
         seed = train.seed + 7919 * step + 104_729 * self.accelerator.process_index
@@ -204,30 +228,37 @@ class Objective:
         return total
 
     def _scored_logits(
-        self, module: torch.nn.Module, cache: TeacherCache, indices: list[int]
+        self, module: torch.nn.Module, cache: TeacherData, indices: list[int], scorer: PreTrainedModel | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`[S, P, K]` drafter logits at the loss positions of `cache`'s sequences `indices` (S
         unrolled passes for a feature drafter, 1 otherwise) and the `[S, P]` mask of positions
-        each pass can score."""
+        each pass can score; a feature drafter's features from `scorer` (None: from `cache`)."""
         device = self.accelerator.device
-        input_ids, attention_mask, positions = pad_batch([cache.sequences[i] for i in indices], self.teacher.pad_id)
+        scored = self.teacher_outputs(cache, indices, scorer, 0) if self.teacher.features else None
+        sequences = scored.sequences if scored is not None else [cache.sequences[i] for i in indices]
+        input_ids, attention_mask, positions = pad_batch(sequences, self.teacher.pad_id)
         input_ids, attention_mask, positions = input_ids.to(device), attention_mask.to(device), positions.to(device)
-        if not self.teacher.features:
+        if scored is None:
             logits = module(input_ids, attention_mask, positions).unsqueeze(0)
             return logits, torch.ones(logits.shape[:2], dtype=torch.bool, device=logits.device)
-        features = padded_features(cache, indices, input_ids.shape[1]).to(device)
+        features = padded_features(scored, range(len(indices)), input_ids.shape[1]).to(device)
         logits, _ = module(input_ids, attention_mask, features, positions)
         return logits, pass_positions(positions, logits.shape[0])[:, positions]
 
     def _greedy_hits(
-        self, module: torch.nn.Module, cache: TeacherCache, indices: list[int], argmax: torch.Tensor
+        self,
+        module: torch.nn.Module,
+        cache: TeacherData,
+        indices: list[int],
+        argmax: torch.Tensor,
+        scorer: PreTrainedModel | None,
     ) -> torch.Tensor:
         """`[2]`: how many scored positions of `cache`'s sequences `indices` the drafter's argmax is
         the target's `argmax` `[P]` at, and how many positions were scored (all passes)."""
         totals = torch.zeros(2, device=self.accelerator.device)
         row = 0
         for start in range(0, len(indices), 8):
-            logits, scored = self._scored_logits(module, cache, indices[start : start + 8])
+            logits, scored = self._scored_logits(module, cache, indices[start : start + 8], scorer)
             greedy = self._agrees(logits, argmax[row : row + logits.shape[1]])
             row += logits.shape[1]
             totals += torch.stack([greedy[scored].sum().float(), scored.sum().float()])
@@ -248,12 +279,15 @@ class Objective:
         module = self.accelerator.unwrap_model(self.model)
         module.eval()
         totals = torch.zeros(5, device=self.accelerator.device)
+        heldout_scorer = self.teacher.target if self.teacher.scorer is not None else None
         if self.train_indices:
-            totals[3:] = self._greedy_hits(module, self.teacher.train_cache, self.train_indices, self.train_argmax)
+            totals[3:] = self._greedy_hits(
+                module, self.teacher.train_cache, self.train_indices, self.train_argmax, self.teacher.scorer
+            )
         row = 0
         for start in range(0, len(self.my_indices), 8):
             logits, scored = self._scored_logits(
-                module, self.teacher.heldout, self.my_indices[start : start + 8]
+                module, self.teacher.heldout, self.my_indices[start : start + 8], heldout_scorer
             )  # [S, P, K], [S, P]
             count = logits.shape[1]
             p = self.heldout_p[row : row + count].to(logits.device, torch.float32)

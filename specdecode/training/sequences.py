@@ -8,7 +8,7 @@ generic drafter's job reads (`domain_parts`): the costly target continuations ar
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -154,6 +154,8 @@ def build_sequences(
     limit: int | None,
     feature_layers: Sequence[int] | None = None,
     compile: bool | None = False,
+    first: int = 0,
+    capacity: int | None = None,
 ) -> tuple[list[TrainSequence], list[torch.Tensor] | None]:
     """Prompt (chat-formatted, left-truncated to `max_prompt_tokens`) + response, cut at `max_len`.
 
@@ -169,6 +171,10 @@ def build_sequences(
     None (auto): where `compile` is on by default for the device (`compiled.resolve_compile`), and
     the job writes at least `WRITER_COMPILE_MIN_TOKENS`, which a compile pays back
     (`writer_compiles`).
+    `first`: the index of `examples[0]` among the job's (a store's shard, `specdecode.training.store`),
+    which offsets the sampling seeds so that shards draw apart; `capacity`: the compiled writer's
+    cache capacity, fixed by the caller so that every shard's batches share one shape
+    (`writer_plan`).
     """
     if feature_layers is not None and train.seq_source != "target":
         raise ValueError(
@@ -196,11 +202,12 @@ def build_sequences(
                 prompts,
                 train,
                 eos,
-                seed=train.seed + 1000 * i,
+                seed=train.seed + 1000 * i + first,
                 batch_size=train.generation_batch,
                 temperature=temperature,
                 feature_layers=feature_layers,
                 compile=compile,
+                capacity=capacity,
             )
             responses += written
             repeated += prompts
@@ -221,6 +228,24 @@ def build_sequences(
 def _budget(train: TrainConfig, prompt: Sequence[int]) -> int:
     """The tokens the writer continues `prompt` by: up to `max_new_tokens`, within `max_len`."""
     return min(train.max_new_tokens, train.max_len - len(prompt))
+
+
+def writer_plan(
+    prompts: Iterable[Sequence[int]], train: TrainConfig, device: torch.device, compile: bool | None
+) -> tuple[bool, int | None]:
+    """Whether a sharded writer of `prompts` (all the job's, read once, none kept) compiles (`compile`,
+    None: `writer_compiles`) and, if it does and they fill more than one batch, the cache capacity
+    every batch of every shard then shares (`rows_capacity`: one compiled shape)."""
+    if compile is False or (compile is None and not resolve_compile(None, device)):
+        return False, None
+    count, slots, tokens = 0, 0, 0
+    for prompt in prompts:
+        budget = _budget(train, prompt)
+        count, slots, tokens = count + 1, max(slots, len(prompt) + budget), tokens + budget
+    temperatures = len(train.seq_temperatures or [train.temperature])
+    if compile is None and not writer_compiles(device, tokens * temperatures):
+        return False, None
+    return True, (rows_capacity([[0] * slots], [0], None) if count > train.generation_batch else None)
 
 
 def writer_compiles(device: torch.device, tokens: int) -> bool:
@@ -256,9 +281,11 @@ def _continuations(
     temperature: float | None = None,
     feature_layers: Sequence[int] | None = None,
     compile: bool = False,
+    capacity: int | None = None,
 ) -> tuple[list[list[int]], list[torch.Tensor] | None]:
     """`generate_continuations`, and with `feature_layers` each prompt + continuation's features
-    `[len(prompt) + len(continuation), n·H]` fp16 on the CPU (`autoregressive_generate`)."""
+    `[len(prompt) + len(continuation), n·H]` fp16 on the CPU (`autoregressive_generate`).
+    Compiled with a `capacity`, every batch is filled up to `batch_size` (other calls share its shape)."""
     was_training = model.training
     model.eval()
     # Similar lengths batch together (less padding); the output keeps the prompts' order.
@@ -274,11 +301,13 @@ def _continuations(
     budget = {i: _budget(train, prompts[i]) for i in order}
     # Compiled, every batch has one shape: the caches as large as the longest row needs and the last
     # batch filled up with rows of no budget (each shape compiles for tens of seconds on a GPU).
-    capacity = rows_capacity([prompts[i] for i in order], list(budget.values()), None) if compile and order else None
+    fill = compile and (capacity is not None or len(order) > batch_size)
+    if compile and order and capacity is None:
+        capacity = rows_capacity([prompts[i] for i in order], list(budget.values()), None)
     try:
         for start in range(0, len(order), batch_size):
             picks = order[start : start + batch_size]
-            filler = batch_size - len(picks) if compile and len(order) > batch_size else 0
+            filler = batch_size - len(picks) if fill else 0
             batch = [list(prompts[i]) for i in picks] + [list(prompts[picks[0]])] * filler
             result = autoregressive_generate(
                 model,
@@ -290,7 +319,7 @@ def _continuations(
                 feature_layers=feature_layers,
                 static=compile,
                 compile=compile,
-                capacity=capacity,
+                capacity=capacity if compile else None,
             )
             by_index.update(zip(picks, result.sequences))
             if result.features is not None:

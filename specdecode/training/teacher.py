@@ -1,8 +1,10 @@
-"""What the target says about the training sequences (specdecode.training.sequences), computed
-once and cached.
+"""What the target says about the training sequences (specdecode.training.sequences): computed
+once and stored (a teacher store of shards on disk, specdecode.training.store), or computed in
+each training step (`train.teacher=online`).
 
-On a CPU the target's no-grad forward costs more than the drafter's whole training step, so every
-target forward is paid once per training sequence and stored.
+On a CPU the target's no-grad forward costs more than the drafter's whole training step, so there
+every target forward is paid once per training sequence and stored; on a GPU it costs little, and
+storing features (KBs per token) costs more than computing them again.
 
 What is stored. Full-vocabulary logits would be 25 MB per 128-token sequence for SmolLM2 (49,152
 ids, fp32). The cache keeps, per loss position, the target's **top-k logits and their ids** (k =
@@ -36,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import safetensors.torch
 import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
@@ -48,8 +51,9 @@ from specdecode.models.gguf_cache import DEFAULT_TARGET
 from specdecode.training.config import TrainConfig
 from specdecode.training.sequences import TrainSequence
 
-# 2: a mix's caches are its domains' (domain_parts)
-CACHE_VERSION = 2
+# A store's format and sampling go with its key: shards of safetensors, each shard's continuations
+# sampled from seeds offset by its first prompt.
+CACHE_VERSION = 3
 SCORE_BATCH = 8
 
 
@@ -77,6 +81,30 @@ class TeacherCache:
         """`[L_i, H]` fp16 target features of sequence `index` (a feature cache only)."""
         assert self.features is not None and self.token_offsets is not None
         return self.features[self.token_offsets[index] : self.token_offsets[index + 1]]
+
+    @property
+    def num_positions(self) -> int:
+        """The loss positions of all sequences (P)."""
+        return int(self.offsets[-1])
+
+    def select(self, indices: Sequence[int]) -> TeacherCache:
+        """A cache of sequences `indices` only, in that order (a training batch's)."""
+
+        def rows(table: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+            return torch.cat([table[offsets[i] : offsets[i + 1]] for i in indices]) if indices else table[:0]
+
+        def counts(offsets: torch.Tensor) -> torch.Tensor:
+            return torch.tensor([0] + [int(offsets[i + 1] - offsets[i]) for i in indices]).cumsum(0)
+
+        has_features = self.features is not None and self.token_offsets is not None
+        return TeacherCache(
+            [self.sequences[i] for i in indices],
+            counts(self.offsets),
+            rows(self.topk_ids, self.offsets),
+            rows(self.topk_logits, self.offsets),
+            rows(self.features, self.token_offsets) if has_features else None,  # type: ignore[arg-type]
+            counts(self.token_offsets) if has_features else None,  # type: ignore[arg-type]
+        )
 
 
 def concat_caches(parts: Sequence[TeacherCache]) -> TeacherCache:
@@ -287,15 +315,37 @@ def content_fingerprint(target: TargetConfig, data: DataConfig) -> dict[str, obj
 
 
 def save_cache(cache: TeacherCache, path: Path) -> None:
-    """torch.save through `write_atomic`: never half-written, readable under the umask."""
-    payload = asdict(cache) | {"sequences": [asdict(s) for s in cache.sequences]}
-    write_atomic(path, lambda handle: torch.save(payload, handle))
+    """Write `cache` as one safetensors file (a store's shard, `specdecode.training.store`) through
+    `write_atomic`: never half-written, readable under the umask. Sequences are flat `tokens` [Σ L_i]
+    int32 with their `token_offsets` [N + 1] and `response_start` [N]."""
+    tensors = {
+        "tokens": torch.tensor([t for s in cache.sequences for t in s.tokens], dtype=torch.int32),
+        "token_offsets": torch.tensor([0] + [len(s.tokens) for s in cache.sequences]).cumsum(0),
+        "response_start": torch.tensor([s.response_start for s in cache.sequences], dtype=torch.long),
+        "offsets": cache.offsets.long(),
+        "topk_ids": cache.topk_ids.to(torch.int32),
+        "topk_logits": cache.topk_logits.float(),
+    }
+    if cache.features is not None:
+        tensors["features"] = cache.features.half()
+    write_atomic(path, safetensors.torch.save({k: v.contiguous() for k, v in tensors.items()}))
 
 
 def load_cache(path: Path) -> TeacherCache:
-    payload = torch.load(path, weights_only=True)
-    payload["sequences"] = [TrainSequence(**s) for s in payload["sequences"]]
-    return TeacherCache(**payload)
+    """The `TeacherCache` a `save_cache` file holds, all in memory (a store reads shards lazily)."""
+    tensors = safetensors.torch.load_file(path)
+    starts, offsets = tensors["response_start"].tolist(), tensors["token_offsets"]
+    tokens = tensors["tokens"].tolist()
+    sequences = [TrainSequence(tokens[offsets[i] : offsets[i + 1]], start) for i, start in enumerate(starts)]
+    features = tensors.get("features")
+    return TeacherCache(
+        sequences,
+        tensors["offsets"],
+        tensors["topk_ids"],
+        tensors["topk_logits"],
+        features,
+        offsets if features is not None else None,
+    )
 
 
 def padded_features(cache: TeacherCache, indices: Sequence[int], width: int) -> torch.Tensor:
