@@ -94,9 +94,9 @@ class Placement:
     device: str = "cpu"
     dtype: str = "float32"
     # On CPU, linear layers over 2..64 rows as `weight @ x.T` (specdecode.models.cpu_matmul): on
-    # some CPUs a verify pass then costs about one decode step, on others twice as much. null
-    # takes the faster, timed once per machine and kept on disk (models.kernel_choice); true / false force one.
-    skinny_matmul: bool | None = None
+    # some CPUs a verify pass then costs about one decode step, on others twice as much. Off by
+    # default; true forces it; null takes the faster, timed once per machine (models.kernel_choice).
+    skinny_matmul: bool | None = False
     # Decode with the static-shape core's steps under torch.compile (specdecode.decoding.compiled);
     # null: on for CUDA, on the CPU as measured faster there; true / false force it.
     compile: bool | None = None

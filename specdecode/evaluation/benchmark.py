@@ -153,7 +153,7 @@ def run_benchmark(cfg: BenchmarkConfig) -> dict:
             "cpus": os.cpu_count(),
             "torch": torch.__version__,
             "device": str(target.device),
-            # the CPU kernel in use (skinny_matmul=null: the faster, measured once per machine):
+            # the CPU kernel in use (skinny_matmul; null: the faster, measured once per machine):
             # the row counts computed as weight @ x.T, null where F.linear does all
             "skinny_rows": skinny_rows_of(target),
         },

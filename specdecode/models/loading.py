@@ -20,14 +20,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from specdecode.models.compat import check_tokenizers, check_vocab_sizes
 from specdecode.models.config import BUILT_KINDS, SMOKE_TARGET, DrafterConfig, TargetConfig
-from specdecode.models.cpu_matmul import (
-    FEW_ROWS,
-    packed_rows_of,
-    skinny_rows_of,
-    use_packed_linears,
-    use_plain_linears,
-    use_skinny_linears,
-)
+from specdecode.models.cpu_matmul import FEW_ROWS, skinny_rows_of, use_plain_linears, use_skinny_linears
 from specdecode.models.draft_vocab import apply_draft_vocab_from_config, pad_vocab
 from specdecode.models.drafters import derive_drafter
 from specdecode.models.eagle3_drafter import (
@@ -47,7 +40,7 @@ from specdecode.models.feature_drafter import (
 )
 from specdecode.models.folders import check_model_folder
 from specdecode.models.gguf_cache import DEFAULT_TARGET, default_target_gguf, gguf_to_hf_folder
-from specdecode.models.kernel_choice import cached_packed_rows, cached_skinny_rows
+from specdecode.models.kernel_choice import cached_skinny_rows
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -66,7 +59,7 @@ def load_model(
     *,
     dtype: str | torch.dtype = "float32",
     device: str | torch.device = "cpu",
-    skinny_matmul: bool | None = None,
+    skinny_matmul: bool | None = False,
     revision: str | None = None,
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
@@ -85,14 +78,11 @@ def load_model(
         device: where to put the model.
         skinny_matmul: on CPU, compute linear layers over 2..64 rows as `weight @ x.T`
             (`specdecode.models.cpu_matmul`), which on some CPUs makes a verify pass of a few
-            tokens cost about one decode step instead of ~1.7x, and on others costs 2x. None
-            (default) takes the faster of both kernels on this machine, timed on its first load
-            and kept on disk (`specdecode.models.kernel_choice`), for a single row
-            (computed as two, faster where MKL runs a matrix-vector product on one core) and
-            for 2..64 rows apart, then times oneDNN's product over weights reordered once for
-            3..16 rows (a verify of gamma 2..4; it keeps a second copy of the weights) against
-            that and takes it if faster (`packed_rows_of(model)` says which); True forces the
-            skinny kernel for 2..64 rows; False keeps `F.linear` everywhere. Ignored off CPU.
+            tokens cost about one decode step instead of ~1.7x, and on others costs 2x. False
+            (default) keeps `F.linear` everywhere; True forces the skinny kernel for 2..64 rows;
+            None takes the faster of both kernels on this machine, timed on its first load and
+            kept on disk (`specdecode.models.kernel_choice`), for a single row and for 2..64
+            rows apart. Ignored off CPU.
         revision: a hub id's branch, tag or commit (hub ids only).
         trust_remote_code: run the repo's own model code; a model that needs it and lacks it fails
             with a ValueError saying so.
@@ -175,7 +165,7 @@ def load_target(
     cfg: TargetConfig,
     dtype: str | torch.dtype = "float32",
     device: str | torch.device = "cpu",
-    skinny_matmul: bool | None = None,
+    skinny_matmul: bool | None = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The target a `TargetConfig` names, with its hub options, frozen, in eval mode."""
     target, tokenizer = load_model(
@@ -202,9 +192,6 @@ def _placed(
         rows = FEW_ROWS if skinny_matmul else cached_skinny_rows(timed)
         if rows is not None:
             use_skinny_linears(model, rows)
-        # verify passes of 3..16 rows: oneDNN over reordered weights, where timed faster than the above
-        if skinny_matmul is None and (packed := cached_packed_rows(timed)) is not None:
-            use_packed_linears(model, packed)
     return model
 
 
@@ -330,8 +317,6 @@ def build_drafter(
     # after padding, so that a padded (truncated-head) vocabulary takes the kernel too
     if (rows := skinny_rows_of(target)) is not None:
         use_skinny_linears(drafter, rows)
-    if (packed := packed_rows_of(target)) is not None:
-        use_packed_linears(drafter, packed)
     return drafter
 
 
