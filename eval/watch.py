@@ -8,8 +8,8 @@ python eval/watch.py demo_dir=outputs/demo serve=true      # a local web page th
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from specdecode.evaluation.watch_terminal import run_watch
 from specdecode.pipeline.schemas import register_schemas
+from specdecode.watch.terminal import run_watch
 
 # conf/*.yaml list their schema (the dataclass) first; Hydra finds it in the ConfigStore.
 register_schemas()

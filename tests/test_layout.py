@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "specdecode"
 
 # Lowest first. A module may import from its own layer and the layers before it, never after it.
 # The package root (`specdecode/__init__.py`, the public API) sits above them all.
-LAYERS = ("core", "data", "models", "decoding", "training", "routing", "evaluation", "pipeline")
+LAYERS = ("core", "data", "models", "decoding", "training", "routing", "watch", "evaluation", "pipeline")
 ROOT_LAYER = len(LAYERS)
 
 # Code lines of a function: from `def` to its last line, less its docstring (documentation is not

@@ -1,6 +1,6 @@
 """The evaluation's token pages: `tokens-<domain>.html` beside report.md, a few held-out prompts
 per domain decoded greedily at batch 1 by the routed method (the generic drafter without a router)
-with the per-token record on, each token coloured by how it came (`watch_html`). These decodes run
+with the per-token record on, each token coloured by how it came (`specdecode.watch.render`). These decodes run
 after the domain's timed ones and are not part of any row."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from specdecode.decoding.decode import autoregressive_generate, speculative_generate
 from specdecode.evaluation.config import EvalConfig
-from specdecode.evaluation.watch_html import Answer, pieces, write_token_page
+from specdecode.watch.render import Answer, pieces, write_token_page
 
 
 def page_methods(cfg: EvalConfig, models: Any, texts: list[str], router_key: Callable[[str], str]) -> list[str]:

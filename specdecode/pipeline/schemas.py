@@ -15,10 +15,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from specdecode.evaluation.config import BenchmarkConfig, EvalConfig
-from specdecode.evaluation.watch import WatchConfig
 from specdecode.pipeline.config import CONF_DIR, DemoConfig
 from specdecode.routing.config import CollectConfig, FitRouterConfig
 from specdecode.training.config import TrainJobConfig
+from specdecode.watch.watcher import WatchConfig
 
 # ConfigStore name → the dataclass behind the conf/*.yaml files that list it first in their defaults.
 SCHEMAS: dict[str, type] = {

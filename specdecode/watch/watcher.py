@@ -1,7 +1,7 @@
 """Watch speculative decoding work (eval/watch.py, conf/watch.yaml): its config, and the loaded
 models that answer a prompt the way the views show it: routed to a drafter, decoded with the
 per-token record on, with tau and tokens/s against the target alone on the same prompt. The views:
-the terminal (`watch_terminal`), a local web page (`watch_server`), HTML pages (`watch_html`).
+the terminal (`terminal`), a local web page (`server`), HTML pages (`render`).
 
 The drafters: a fitted router and its drafters (`router_dir` + `drafters`, or a finished demo's
 `demo_dir`), one drafter folder (`drafters` with one entry), or else `drafter`, built from the
@@ -26,12 +26,12 @@ from specdecode.decoding.decode import autoregressive_generate, speculative_gene
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.record import StepEvent
 from specdecode.decoding.stats import GenerationResult
-from specdecode.evaluation.watch_html import Answer, pieces
 from specdecode.models.compat import check_tokenizers, default_eos
 from specdecode.models.config import DrafterConfig, TargetConfig
 from specdecode.models.loading import build_drafter, load_model, load_target
 from specdecode.routing.generate import match_drafters
 from specdecode.routing.router import NO_DRAFTER, Router
+from specdecode.watch.render import Answer, pieces
 
 
 @dataclass
