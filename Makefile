@@ -44,7 +44,7 @@ demo: install
 benchmark: install
 	$(PY) eval/benchmark.py
 
-# The decode cores (eager, static, compiled) side by side on a GPU, sized for one lease; pass more in
+# The decode cores (eager, static, compiled) side by side on a GPU, sized for a 10-minute call; pass more in
 # ARGS, e.g. ARGS="--drafter outputs/demo/distill-mix/drafter" (eval/benchmark_gpu.py --help).
 benchmark-gpu: install
 	$(PY) eval/benchmark_gpu.py --out outputs/benchmark-gpu.json $(ARGS)

@@ -35,9 +35,9 @@ from specdecode.models.drafters import derive_drafter
 from specdecode.models.feature_drafter import derive_feature_drafter
 from specdecode.models.loading import load_model, resolve_dtype
 
-# The methods a GPU check times (`eval/benchmark_gpu.py`'s default `--only`): on an H200 each
-# compiled one first compiled for 64-86 s in bf16, so every core of every method does not fit a lease.
-LEASE_METHODS = (
+# The methods timed unless asked for more (`eval/benchmark_gpu.py`'s default `--only`): each compiled
+# method first compiles for 64-86 s in bf16 on an H200, so every core of every method takes long.
+DEFAULT_METHODS = (
     "target alone, eager",
     "target alone, compiled",
     "ours (slice), compiled",
@@ -264,7 +264,7 @@ def run_core_benchmark(
     every method per batch size. `drafter`: a saved feature drafter of the target to time instead of
     an untrained one; `only`: the methods whose names contain one of these (all when empty);
     `profile`: print where each method's time goes (`profile_call`); `time_limit_s`: start no
-    method, round or profile after this many seconds (`time_group`), for a lease of fixed length;
+    method, round or profile after this many seconds (`time_group`), for a run of fixed length;
     `step_costs`: first print each drafter's step costs on each core (`core_costs.core_step_costs`:
     c, the verify ratio) at batch 1 after the first prompt."""
     check_only(only)
