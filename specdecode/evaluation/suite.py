@@ -37,7 +37,6 @@ from specdecode.decoding.decode import autoregressive_generate, drafter_gamma, s
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.static_cache import static_capacity
 from specdecode.decoding.timing import measure_pass_costs, warm_up_tokens
-from specdecode.decoding.validation import validate_models
 from specdecode.evaluation.config import EvalConfig
 from specdecode.evaluation.records import (
     ROUTED_CHOICES,
@@ -55,9 +54,9 @@ from specdecode.evaluation.records import (
 )
 from specdecode.evaluation.report import write_report
 from specdecode.evaluation.token_pages import write_token_pages
-from specdecode.models.compat import check_tokenizers, default_eos
+from specdecode.models.compat import default_eos
 from specdecode.models.cpu_matmul import kernel_picks
-from specdecode.models.loading import build_drafter, load_model, load_target
+from specdecode.models.loading import build_drafter, load_drafters, load_target
 from specdecode.routing.router import NO_DRAFTER, Router
 
 
@@ -120,16 +119,8 @@ def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], ob
     # The router and the oracle choose between the trained drafters: they load for either, even
     # where their own rows were not asked for.
     choosers = {"routed", "oracle"} & set(cfg.methods)
-    for name, path in cfg.drafters.items():
-        if _family(name) not in cfg.methods and not choosers:
-            continue
-        try:  # a drafter of another target (tokenizer, vocabulary, hidden size) is named by its key
-            model, drafter_tokenizer = load_model(path, dtype=cfg.dtype, device=device, skinny_matmul=cfg.skinny_matmul)
-            check_tokenizers(tokenizer, drafter_tokenizer)
-            validate_models(target, model)
-        except ValueError as error:
-            raise ValueError(f"drafters.{name}={path!r}: {error}") from None
-        drafters[_method_name(name)] = model
+    wanted = {name: path for name, path in cfg.drafters.items() if _family(name) in cfg.methods or choosers}
+    drafters |= {_method_name(name): model for name, model in load_drafters(wanted, target, tokenizer).items()}
     return _Models(target, tokenizer, default_eos(target), drafters, router)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy as copy_module
 import difflib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -300,21 +300,70 @@ def build_drafter(
         else:
             drafter = derive_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs)
     else:
-        drafter, drafter_tokenizer = load_model(
+        return load_drafter(
             str(cfg.path),
-            dtype=target.dtype,
-            device=target.device,
-            skinny_matmul=False,
+            target,
+            tokenizer,
+            name=f"drafter.path={cfg.path!r}",
             revision=cfg.revision,
             trust_remote_code=cfg.trust_remote_code,
         )
-        check_tokenizers(tokenizer, drafter_tokenizer)
-        if not isinstance(drafter, FeatureDrafter):  # e.g. Qwen2.5-0.5B for the 7B: same tokenizer, less padding
+    return _target_kernels(drafter, target)
+
+
+def load_drafter(
+    name_or_path: str | os.PathLike[str],
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    *,
+    name: str | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+) -> PreTrainedModel | FeatureDrafter:
+    """A trained drafter (a folder or hub id, either kind) for `target`: on its device in its dtype,
+    its tokenizer checked against `tokenizer` (None: unchecked), a plain drafter padded to the
+    target's vocabulary (e.g. Qwen2.5-0.5B for the 7B: same tokenizer, less padding), a feature
+    drafter checked to fit the target here rather than mid-draft, with the target's linear kernels.
+
+    Raises:
+        ValueError: another tokenizer, vocabulary or hidden size; the message starts with `name`
+            (default: the path) so that a caller with several drafters says which.
+    """
+    name = name or repr(str(name_or_path))
+    try:
+        drafter, drafter_tokenizer = load_model(
+            name_or_path,
+            dtype=target.dtype,
+            device=target.device,
+            revision=revision,
+            trust_remote_code=trust_remote_code,
+        )
+        if tokenizer is not None:
+            check_tokenizers(tokenizer, drafter_tokenizer)
+        if not isinstance(drafter, FeatureDrafter):
             drafter = pad_vocab(drafter, target.config.get_text_config().vocab_size)
         else:
-            check_fits_target(drafter, target, f"drafter.path={cfg.path!r}")  # here, not mid-draft
+            check_fits_target(drafter, target, name)
         check_vocab_sizes(target, drafter)
-    # after padding, so that a padded (truncated-head) vocabulary takes the kernel too
+    except ValueError as error:
+        raise ValueError(str(error) if str(error).startswith(name) else f"{name}: {error}") from None
+    return _target_kernels(drafter, target)
+
+
+def load_drafters(
+    folders: Mapping[str, str | os.PathLike[str]], target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+) -> dict[str, PreTrainedModel | FeatureDrafter]:
+    """name → `load_drafter(folder)` for each of `folders`; an error names the drafter as
+    `drafters.<name>=<folder>`, the config key it came from."""
+    return {
+        key: load_drafter(folder, target, tokenizer, name=f"drafters.{key}={str(folder)!r}")
+        for key, folder in folders.items()
+    }
+
+
+def _target_kernels(drafter: PreTrainedModel, target: PreTrainedModel) -> PreTrainedModel:
+    """`drafter` with the target's skinny linears, if it has them (after padding, so that a padded,
+    truncated-head vocabulary takes the kernel too)."""
     if (rows := skinny_rows_of(target)) is not None:
         use_skinny_linears(drafter, rows)
     return drafter

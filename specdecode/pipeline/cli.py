@@ -161,10 +161,10 @@ def export(args: Sequence[str]) -> Path:
 
     from specdecode.models.card import push_to_hub
     from specdecode.models.eagle_export import export_drafter
-    from specdecode.models.loading import load_model
+    from specdecode.models.loading import load_drafter, load_model
 
-    target, _ = load_model(target_name, skinny_matmul=False)
-    drafter, _ = load_model(drafter_dir, skinny_matmul=False)
+    target, _ = load_model(target_name)
+    drafter = load_drafter(drafter_dir, target)
     folder = export_drafter(
         drafter,
         target,
