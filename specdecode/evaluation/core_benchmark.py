@@ -27,13 +27,13 @@ from transformers import PreTrainedModel
 
 from specdecode.decoding.decode import autoregressive_generate, speculative_generate
 from specdecode.decoding.static_cache import static_capacity
+from specdecode.decoding.timing import CORES, StepCosts, core_step_costs
 from specdecode.evaluation.benchmark import assisted_generate
-from specdecode.evaluation.core_costs import CORES, core_step_costs, costs_markdown
 from specdecode.evaluation.core_targets import build_target
 from specdecode.evaluation.profiling import host_profile, profile_call
 from specdecode.models.drafters import derive_drafter
 from specdecode.models.feature_drafter import derive_feature_drafter
-from specdecode.models.loading import load_model, resolve_dtype
+from specdecode.models.loading import load_drafter, resolve_dtype
 
 # The methods timed unless asked for more (`eval/benchmark_gpu.py`'s default `--only`): each compiled
 # method first compiles for 64-86 s in bf16 on an H200, so every core of every method takes long.
@@ -75,11 +75,7 @@ def drafters_of(target: PreTrainedModel, drafter: str | None = None) -> dict[str
     """The drafters the benchmark times with `target`: "slice", a one-layer slice of it (ours and
     transformers assisted share it), and "feature", the saved feature drafter at `drafter`, else an
     untrained one-layer one."""
-    feature_drafter = (
-        derive_feature_drafter(target, 1)
-        if drafter is None
-        else load_model(drafter, dtype=target.dtype, device=target.device, skinny_matmul=False)[0]
-    )
+    feature_drafter = derive_feature_drafter(target, 1) if drafter is None else load_drafter(drafter, target)
     return {"slice": derive_drafter(target, 1), "feature": feature_drafter}
 
 
@@ -265,7 +261,7 @@ def run_core_benchmark(
     an untrained one; `only`: the methods whose names contain one of these (all when empty);
     `profile`: print where each method's time goes (`profile_call`); `time_limit_s`: start no
     method, round or profile after this many seconds (`time_group`), for a run of fixed length;
-    `step_costs`: first print each drafter's step costs on each core (`core_costs.core_step_costs`:
+    `step_costs`: first print each drafter's step costs on each core (`timing.core_step_costs`:
     c, the verify ratio) at batch 1 after the first prompt."""
     check_only(only)
     for dtype in dtypes:
@@ -342,3 +338,18 @@ def report_markdown(rows: Sequence[Row], device: str) -> str:
 
 def rows_as_dicts(rows: Sequence[Row]) -> list[dict]:
     return [asdict(r) for r in rows]
+
+
+def costs_markdown(costs: dict[str, dict[str, StepCosts]]) -> str:
+    """A table of `core_step_costs` per drafter: drafter name → core → costs."""
+    lines = [
+        "| drafter | core | target step ms | verify ms | drafter step ms | c | verify ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for drafter, by_core in costs.items():
+        for core, c in by_core.items():
+            lines.append(
+                f"| {drafter} | {core} | {c.target_step_s * 1e3:.2f} | {c.target_verify_s * 1e3:.2f} | "
+                f"{c.drafter_step_s * 1e3:.2f} | {c.cost_ratio:.3f} | {c.verify_ratio:.2f} |"
+            )
+    return "\n".join(lines)
