@@ -21,10 +21,12 @@ $(STAMP): pyproject.toml
 test: install lint
 	$(PY) -m pytest -q -n auto -m "not slow and not gpu"
 
-# ruff: lint (pycodestyle, pyflakes, import order) and the formatter, line length 120 (pyproject.toml).
+# ruff: lint (pycodestyle, pyflakes, import order) and the formatter, line length 120; mypy: types of
+# specdecode/ (both configured in pyproject.toml).
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # The CUDA tests (marked gpu; skipped where torch sees no GPU). Most of their time is compiling CUDA
 # graphs, so 8 workers compile side by side, each with 2 compile threads.

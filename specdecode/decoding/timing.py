@@ -184,7 +184,11 @@ def measure_verify_ratios(
 
 @torch.inference_mode()
 def measure_step_costs(
-    target: PreTrainedModel, drafter: PreTrainedModel, context: Sequence[int], gamma: int, repeats: int = 10
+    target: PreTrainedModel,
+    drafter: PreTrainedModel | FeatureDrafter,
+    context: Sequence[int],
+    gamma: int,
+    repeats: int = 10,
 ) -> StepCosts:
     """Time a target step, a (gamma + 1)-token verify and a drafter step after `context` tokens."""
     if len(context) <= gamma + 1:
@@ -273,9 +277,9 @@ def timed_decodes(
         tau each gamma's generated tokens over its target passes (the prefill counts as one, as in
         `DecodeStats.tau`).
     """
-    prompts = [list(p) for p in prompts]
+    rows = [list(p) for p in prompts]
     if (
-        not prompts
+        not rows
         or not gammas
         or isinstance(max_new_tokens, bool)
         or not isinstance(max_new_tokens, int)
@@ -283,7 +287,7 @@ def timed_decodes(
     ):
         raise ValueError(
             f"timed_decodes needs one or more prompts and gammas and max_new_tokens >= 2 (a verify after the "
-            f"prefill), got {len(prompts)} prompts, gammas={list(gammas)}, max_new_tokens={max_new_tokens!r}"
+            f"prefill), got {len(rows)} prompts, gammas={list(gammas)}, max_new_tokens={max_new_tokens!r}"
         )
     # key 0: the target alone, the baseline every gamma's speedup is measured against
     runs: dict[int, TimedRun] = {
@@ -291,17 +295,20 @@ def timed_decodes(
             target, [ids], max_new_tokens=n, temperature=temperature, seed=0, eos_token_ids=[]
         )
     }
-    for g in gammas:
-        runs[g] = lambda ids, n, g=g: speculative_generate(
-            target, drafter, [ids], max_new_tokens=n, gamma=g, temperature=temperature, seed=0, eos_token_ids=[]
+
+    def ours(gamma: int) -> TimedRun:
+        return lambda ids, n: speculative_generate(
+            target, drafter, [ids], max_new_tokens=n, gamma=gamma, temperature=temperature, seed=0, eos_token_ids=[]
         )
+
+    runs |= {g: ours(g) for g in gammas}
     for run in runs.values():  # warm-up, not counted
-        run(prompts[0], warm_up_tokens(max_new_tokens, gammas))
+        run(rows[0], warm_up_tokens(max_new_tokens, gammas))
     seconds: dict[int, list[float]] = {key: [] for key in runs}
     passes = dict.fromkeys(runs, 0)
     tokens = dict.fromkeys(runs, 0)
     order = list(runs)
-    for i, ids in enumerate(prompts):
+    for i, ids in enumerate(rows):
         for key in order[i % len(order) :] + order[: i % len(order)]:
             start = time.perf_counter()
             result = runs[key](ids, max_new_tokens)
@@ -353,7 +360,7 @@ def _pieces(
     device, capacity = target.device, tokens.shape[1]
     cache_type = StaticKVCache if static else RaggedKVCache
     cache, step_cache = cache_type.for_model(target, 1, capacity), cache_type.for_model(target, 1, step_capacity)
-    drafting = drafting_for(drafter, 1, capacity)  # type: ignore[arg-type]
+    drafting = drafting_for(drafter, 1, capacity)
     if static:
         drafting.cache = StaticKVCache.for_model(drafter, 1, capacity)
     cached_forward(target, step_cache, tokens[:, : length - 1], 1)

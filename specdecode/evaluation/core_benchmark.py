@@ -16,23 +16,26 @@ the point; the cost of the loop around them is.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
 from specdecode.decoding.decode import autoregressive_generate, speculative_generate
 from specdecode.decoding.static_cache import static_capacity
+from specdecode.decoding.stats import GenerationResult
 from specdecode.decoding.timing import CORES, StepCosts, core_step_costs
 from specdecode.evaluation.benchmark import assisted_generate
 from specdecode.evaluation.core_targets import build_target
 from specdecode.evaluation.profiling import host_profile, profile_call
 from specdecode.models.drafters import derive_drafter
-from specdecode.models.feature_drafter import derive_feature_drafter
+from specdecode.models.feature_drafter import FeatureDrafter, derive_feature_drafter
 from specdecode.models.loading import load_drafter, resolve_dtype
 
 # The methods timed unless asked for more (`eval/benchmark_gpu.py`'s default `--only`): each compiled
@@ -71,7 +74,7 @@ class Row:
 Method = Callable[[list[list[int]]], tuple[list[list[int]], float, float | None]]
 
 
-def drafters_of(target: PreTrainedModel, drafter: str | None = None) -> dict[str, PreTrainedModel]:
+def drafters_of(target: PreTrainedModel, drafter: str | None = None) -> dict[str, PreTrainedModel | FeatureDrafter]:
     """The drafters the benchmark times with `target`: "slice", a one-layer slice of it (ours and
     transformers assisted share it), and "feature", the saved feature drafter at `drafter`, else an
     untrained one-layer one."""
@@ -84,34 +87,36 @@ def methods(
     gamma: int,
     new_tokens: int,
     batch_size: int,
-    drafters: dict[str, PreTrainedModel],
+    drafters: dict[str, PreTrainedModel | FeatureDrafter],
     capacity: int | None = None,
 ) -> dict[str, Method]:
     """The methods of a group, by name: the target alone and ours with each of `drafters`
     (`drafters_of`) on each core, the static cores' caches of `capacity` slots (one compiled shape
     for prompts of any length); transformers assisted generation with the slice drafter at batch 1."""
-    decode = dict(max_new_tokens=new_tokens, eos_token_ids=[])
+    decode: dict[str, Any] = dict(max_new_tokens=new_tokens, eos_token_ids=[])
 
-    def timed(call: Callable[[], object]) -> tuple[list[list[int]], float, float | None]:
+    def timed(call: Callable[[], GenerationResult]) -> tuple[list[list[int]], float, float | None]:
         start = time.perf_counter()
         result = call()
         seconds = time.perf_counter() - start
-        return result.sequences, seconds, result.stats.alpha  # type: ignore[attr-defined]
+        return result.sequences, seconds, result.stats.alpha
+
+    def alone(options: dict[str, Any]) -> Method:
+        return lambda p: timed(lambda: autoregressive_generate(target, p, **decode, **options))
+
+    def ours(options: dict[str, Any], drafter: PreTrainedModel | FeatureDrafter) -> Method:
+        return lambda p: timed(
+            lambda: speculative_generate(target, drafter, p, gamma=gamma, prompt_lookup=None, **decode, **options)
+        )
 
     found: dict[str, Method] = {}
-    for core, options in CORES.items():
-        options = options | ({"capacity": capacity} if options["static"] and capacity else {})
-        found[f"target alone, {core}"] = lambda p, o=options: timed(
-            lambda: autoregressive_generate(target, p, **decode, **o)
-        )
+    for core, core_options in CORES.items():
+        options: dict[str, Any] = core_options | ({"capacity": capacity} if core_options["static"] and capacity else {})
+        found[f"target alone, {core}"] = alone(options)
         for kind, drafter in drafters.items():
-            found[f"ours ({kind}), {core}"] = lambda p, o=options, d=drafter: timed(
-                lambda: speculative_generate(target, d, p, gamma=gamma, prompt_lookup=None, **decode, **o)
-            )
-    if batch_size == 1:
-        found["transformers assisted (slice)"] = lambda p: hf_assisted(
-            target, drafters["slice"], p[0], gamma, new_tokens
-        )
+            found[f"ours ({kind}), {core}"] = ours(options, drafter)
+    if batch_size == 1 and isinstance(slice_drafter := drafters["slice"], PreTrainedModel):
+        found["transformers assisted (slice)"] = lambda p: hf_assisted(target, slice_drafter, p[0], gamma, new_tokens)
     return found
 
 
@@ -202,8 +207,8 @@ def profile_group(
             progress(f"  profile of {name}: not run, past the time limit")
             continue
         try:
-            progress(f"  profile of {name}: {profile_call(lambda m=method: m(batch))}")
-            progress(f"  host of {name}: {host_profile(lambda m=method: m(batch))}")
+            progress(f"  profile of {name}: {profile_call(functools.partial(method, batch))}")
+            progress(f"  host of {name}: {host_profile(functools.partial(method, batch))}")
         except Exception as error:  # a diagnostic: its failure must not end the benchmark
             progress(f"  profile of {name} failed: {error!r}")
 
@@ -282,8 +287,8 @@ def run_core_benchmark(
         if step_costs and time.perf_counter() < deadline:
             costs = {kind: core_step_costs(target, d, prompts[0], new_tokens, gamma) for kind, d in drafters.items()}
             progress(f"step costs at gamma {gamma}, batch 1:\n{costs_markdown(costs)}")
-        writer = {
-            f"data writer, {core}": (lambda p, o=options, t=target: _writer(t, p, writer_tokens, o))
+        writer: dict[str, Method] = {
+            f"data writer, {core}": functools.partial(_writer, target, new_tokens=writer_tokens, options=options)
             for core, options in CORES.items()
         }
         # the data writer first: it compiles one shape, where the decode groups compile several
@@ -306,7 +311,7 @@ def run_core_benchmark(
 
 def _writer(
     target: PreTrainedModel, prompts: list[list[int]], new_tokens: int, options: dict
-) -> tuple[list[list[int]], float, None]:
+) -> tuple[list[list[int]], float, float | None]:
     start = time.perf_counter()
     result = autoregressive_generate(
         target, prompts, max_new_tokens=new_tokens, eos_token_ids=[], feature_layers=(-1,), **options

@@ -33,7 +33,9 @@ def write_token_pages(
         return None
     answers = []
     for text, prompt, method in zip(texts, ids, methods):
-        decode = dict(max_new_tokens=cfg.max_new_tokens, eos_token_ids=models.eos, seed=cfg.seed, record=True)
+        decode: dict[str, Any] = dict(
+            max_new_tokens=cfg.max_new_tokens, eos_token_ids=models.eos, seed=cfg.seed, record=True
+        )
         if method == "autoregressive":
             result = autoregressive_generate(models.target, [prompt], **decode)
         else:
@@ -41,6 +43,7 @@ def write_token_pages(
             result = speculative_generate(
                 models.target, drafter, [prompt], gamma=cfg.gamma, prompt_lookup=cfg.prompt_lookup, **decode
             )
+        assert result.record is not None  # record=True
         row = result.record[0]
         answers.append(Answer(text, method, pieces(models.tokenizer, row), row.tau, result.stats.tokens_per_s))
     shown = "the router's choice per prompt" if "routed" in cfg.methods and models.router is not None else "generic"

@@ -4,11 +4,15 @@ the vocabulary size; a model's own EOS ids; and the keyword a model takes a KV c
 from __future__ import annotations
 
 import inspect
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import LlamaModel, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdecode.core.config import is_int
+
+if TYPE_CHECKING:
+    from specdecode.models.feature_drafter import FeatureDrafter
 
 # The keyword transformers' models and decoder layers take a KV cache by: `cache` from 5.24 on,
 # where `past_key_values` is deprecated; `past_key_values` before.
@@ -51,7 +55,7 @@ def check_tokenizers(target_tokenizer: PreTrainedTokenizerBase, drafter_tokenize
         )
 
 
-def check_vocab_sizes(target: PreTrainedModel, drafter: PreTrainedModel) -> None:
+def check_vocab_sizes(target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter) -> None:
     """Require the drafter's logits to live in the target's vocabulary.
 
     Raises:

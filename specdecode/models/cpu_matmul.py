@@ -99,10 +99,10 @@ def use_skinny_linears(model: nn.Module, rows: tuple[int, int] = FEW_ROWS) -> in
     for module in model.modules():
         if type(module) in (nn.Linear, SkinnyLinear):
             module.__class__ = SkinnyLinear
-            module.skinny_rows = (int(rows[0]), int(rows[1]))
+            setattr(module, "skinny_rows", (int(rows[0]), int(rows[1])))
             count += 1
         elif _takes_skinny_rows(module):
-            module.skinny_rows = (int(rows[0]), int(rows[1]))
+            setattr(module, "skinny_rows", (int(rows[0]), int(rows[1])))
     return count
 
 
@@ -117,9 +117,9 @@ def use_plain_linears(model: nn.Module) -> None:
     for module in model.modules():
         if type(module) is SkinnyLinear:
             vars(module).pop("skinny_rows", None)
-            module.__class__ = nn.Linear
+            setattr(module, "__class__", nn.Linear)
         elif _takes_skinny_rows(module):
-            module.skinny_rows = None
+            setattr(module, "skinny_rows", None)
 
 
 def skinny_rows_of(model: nn.Module) -> tuple[int, int] | None:

@@ -14,6 +14,7 @@ import difflib
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import cast
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -64,7 +65,7 @@ def load_model(
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
     device_map: str | None = None,
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+) -> tuple[PreTrainedModel | FeatureDrafter, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer, in eval mode on `device`.
 
     Args:
@@ -136,6 +137,7 @@ def load_model(
 
     hub = {"revision": revision, "trust_remote_code": trust_remote_code}
     options = {"attn_implementation": attn_implementation, "device_map": device_map}
+    model: PreTrainedModel | FeatureDrafter
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=torch_dtype, **hub, **{k: v for k, v in options.items() if v}
@@ -178,16 +180,28 @@ def load_target(
         attn_implementation=cfg.attn_implementation,
         device_map=cfg.device_map,
     )
-    return target.requires_grad_(False), tokenizer
+    return as_target(target, cfg.name).requires_grad_(False), tokenizer
+
+
+def as_target(model: PreTrainedModel | FeatureDrafter, name: str) -> PreTrainedModel:
+    """`model` as a target: a feature drafter's folder cannot be one (it reads a target's states).
+
+    Raises:
+        ValueError: naming `name`, when `model` is a feature drafter.
+    """
+    if isinstance(model, FeatureDrafter):
+        raise ValueError(f"{name!r} is a feature drafter, which drafts for a target and cannot be one")
+    return model
 
 
 def _placed(
-    model: PreTrainedModel, dtype: torch.dtype, device: torch.device, skinny_matmul: bool | None
-) -> PreTrainedModel:
+    model: PreTrainedModel | FeatureDrafter, dtype: torch.dtype, device: torch.device, skinny_matmul: bool | None
+) -> PreTrainedModel | FeatureDrafter:
     """`model` in eval mode on `device` in `dtype`, with skinny linears on CPU if asked, or if
     measured faster on this machine (None; measured once, then read from disk)."""
-    model = model.to(device=device, dtype=dtype).eval()
-    timed = model.timed_module() if isinstance(model, FeatureDrafter) else model
+    model = model.to(device=device, dtype=dtype).eval()  # type: ignore[call-arg]  # transformers' wrapped `.to` hides its signature
+    # a feature drafter's timed module runs on tokens as a causal LM does (`FeatureDrafter.timed_module`)
+    timed = cast(PreTrainedModel, model.timed_module()) if isinstance(model, FeatureDrafter) else model
     if device.type == "cpu" and skinny_matmul is not False:
         rows = FEW_ROWS if skinny_matmul else cached_skinny_rows(timed)
         if rows is not None:
@@ -205,7 +219,7 @@ def cast_copy(model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
     """
     if model.dtype == dtype:
         return model
-    copy = copy_module.deepcopy(model).to(dtype=dtype).eval().requires_grad_(False)
+    copy = copy_module.deepcopy(model).to(dtype=dtype).eval().requires_grad_(False)  # type: ignore[call-arg]  # transformers' wrapped `.to` hides its signature
     use_plain_linears(copy)
     return copy
 
@@ -283,11 +297,13 @@ def build_drafter(
                 "set a smaller one, or null to keep the full vocabulary"
             )
         vocab_docs = corpus() if cfg.draft_vocab is not None else None
+        drafter: PreTrainedModel | FeatureDrafter
         if cfg.kind == "eagle3":
             drafter = derive_eagle3_drafter(
                 target, feature_layers=cfg.feature_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs
             )
         elif cfg.kind == "feature":
+            assert cfg.feature_layers is not None and cfg.layout is not None  # DrafterConfig sets both for it
             drafter = derive_feature_drafter(
                 target,
                 cfg.num_layers,
@@ -361,7 +377,9 @@ def load_drafters(
     }
 
 
-def _target_kernels(drafter: PreTrainedModel, target: PreTrainedModel) -> PreTrainedModel:
+def _target_kernels(
+    drafter: PreTrainedModel | FeatureDrafter, target: PreTrainedModel
+) -> PreTrainedModel | FeatureDrafter:
     """`drafter` with the target's skinny linears, if it has them (after padding, so that a padded,
     truncated-head vocabulary takes the kernel too)."""
     if (rows := skinny_rows_of(target)) is not None:
@@ -396,8 +414,8 @@ def reads_features(cfg: DrafterConfig, num_target_layers: int) -> tuple[int, ...
         layers = cfg.feature_layers or default_feature_layers(num_target_layers)
         return teacher_layers(check_eagle3_layers(layers, num_target_layers), num_target_layers)
     if cfg.kind != "pretrained":
-        return tuple(cfg.feature_layers) if cfg.kind == "feature" else None
+        return tuple(cfg.feature_layers or ()) if cfg.kind == "feature" else None
     settings = getattr(AutoConfig.from_pretrained(str(cfg.path)), FEATURE_CONFIG_KEY, None)
     if settings is not None and settings.get("fusion") == FUSION:
         return teacher_layers(check_eagle3_layers(settings["layers"], num_target_layers), num_target_layers)
-    return None if settings is None else tuple(saved_settings(settings, cfg.path)[0])
+    return None if settings is None else tuple(saved_settings(settings, str(cfg.path))[0])

@@ -54,5 +54,6 @@ def compose_config(config_name: str, overrides: list[str]) -> dict[str, Any]:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name=config_name, overrides=overrides)
     resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(resolved, dict)  # a composed config is a mapping
     resolved.pop("hydra", None)
-    return resolved  # type: ignore[return-value]
+    return {str(key): value for key, value in resolved.items()}

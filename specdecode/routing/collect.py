@@ -23,6 +23,7 @@ from specdecode.data.registry import domain_examples
 from specdecode.decoding.decode import drafter_gamma
 from specdecode.decoding.timing import measure_step_costs
 from specdecode.models.compat import default_eos
+from specdecode.models.feature_drafter import FeatureDrafter
 from specdecode.models.loading import build_drafter, load_target
 from specdecode.routing.config import CollectConfig
 from specdecode.routing.labels import collect_labels, label_rows, meta_path
@@ -135,7 +136,7 @@ def _corpus(cfg: CollectConfig, tokenizer: PreTrainedTokenizerBase) -> Callable[
 def _costs(
     cfg: CollectConfig,
     target: PreTrainedModel,
-    drafters: Sequence[tuple[str, PreTrainedModel]],
+    drafters: Sequence[tuple[str, PreTrainedModel | FeatureDrafter]],
     gammas: dict[str, int],
     prompts: Sequence[Sequence[int]],
     continuations: Sequence[Sequence[int]],

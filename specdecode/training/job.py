@@ -123,11 +123,13 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     objective = Objective(cfg, job, teacher, drafter, accelerator)
     cache_seconds = time.perf_counter() - cache_start
     autocast = autocast_dtype(resolve_mixed_precision(train.mixed_precision, accelerator.device))
-    model = (
-        FeatureDrafterLogits(drafter, train.unroll_steps, autocast, train.feature_noise)
-        if teacher.features
-        else DrafterLogits(drafter, autocast)
-    )
+    model: torch.nn.Module
+    if teacher.features:
+        assert isinstance(drafter, FeatureDrafter)  # a teacher with features trains a feature drafter
+        model = FeatureDrafterLogits(drafter, train.unroll_steps, autocast, train.feature_noise)
+    else:
+        assert not isinstance(drafter, FeatureDrafter)  # a teacher without features trains a causal LM
+        model = DrafterLogits(drafter, autocast)
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=train.lr, weight_decay=train.weight_decay
     )
@@ -137,7 +139,7 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     objective.model = model
 
     # 3. resume or start, then train
-    state, best = LoopState(), {}
+    state, best = LoopState(), dict[str, torch.Tensor]()
     if train.resume and (restored := resume(accelerator, checkpoints, asdict(cfg), scheduler)) is not None:
         state, best = restored
         logger.log({"resumed_from_step": state.step})
@@ -206,7 +208,9 @@ def _choose_gamma(
     return figures
 
 
-def _trainable_drafter(cfg: TrainJobConfig, teacher: Teacher, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+def _trainable_drafter(
+    cfg: TrainJobConfig, teacher: Teacher, tokenizer: PreTrainedTokenizerBase
+) -> PreTrainedModel | FeatureDrafter:
     """The drafter the config names (its truncated vocabulary picked from the training sequences),
     in train mode, with the embeddings and head frozen as asked (`train.freeze_head` null: an
     EAGLE-3 drafter's own head and final norm train, another's head is the target's, frozen)."""
@@ -248,7 +252,9 @@ def _metrics(
         "heldout_sequences": len(teacher.heldout.sequences),
         "heldout_positions": int(teacher.heldout.offsets[-1]),
         "draft_vocab": len(objective.draft_ids),
-        "feature_layers": list(objective.drafter.feature_layers) if teacher.features else None,
+        "feature_layers": list(objective.drafter.feature_layers)
+        if isinstance(objective.drafter, FeatureDrafter)
+        else None,
         "num_processes": accelerator.num_processes,
         "mixed_precision": resolve_mixed_precision(train.mixed_precision, accelerator.device),
         "data_dtype": dtype_name(data_dtype(train.data_precision, teacher.target)),

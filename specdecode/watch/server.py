@@ -130,7 +130,7 @@ class WatchServer:
     @property
     def url(self) -> str:
         host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}/"
+        return f"http://{host!s}:{port}/"
 
     def start(self) -> WatchServer:
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
