@@ -40,7 +40,7 @@ def from_dict(cls: type[T], data: dict[str, Any] | DictConfig, where: str = "") 
         ValueError: `<where><dotted key>: <what is wrong>`, plus the known fields for an unknown key.
     """
     try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), data))  # type: ignore[return-value]
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), data))  # type: ignore[return-value]  # to_object of a structured cls builds a cls
     except OmegaConfBaseException as error:
         raise config_error(error, where) from None
 
@@ -72,7 +72,7 @@ def is_int(value: object) -> bool:
 
 def is_gamma(value: object) -> bool:
     """A draft length every entry point accepts: an int in [1, MAX_GAMMA] (`GAMMA_RANGE`)."""
-    return is_int(value) and 1 <= value <= MAX_GAMMA  # type: ignore[operator]
+    return is_int(value) and 1 <= value <= MAX_GAMMA  # type: ignore[operator]  # is_int narrowed it to an int
 
 
 def is_number(value: object) -> bool:
@@ -82,7 +82,7 @@ def is_number(value: object) -> bool:
 
 def is_temperature(value: object) -> bool:
     """A sampling temperature every entry point accepts (`TEMPERATURE_RANGE`)."""
-    return is_number(value) and (value == 0 or MIN_TEMPERATURE <= value < float("inf"))  # type: ignore[operator]
+    return is_number(value) and (value == 0 or MIN_TEMPERATURE <= value < float("inf"))  # type: ignore[operator]  # is_number narrowed it to a number
 
 
 @dataclass

@@ -74,7 +74,7 @@ def check_eagle3_layers(layers: Sequence[int], num_target_layers: int) -> tuple[
             f"[1, {num_target_layers - 1}] (the target has {num_target_layers}), e.g. "
             f"{list(default_feature_layers(max(num_target_layers, 8)))}"
         )
-    return layers  # type: ignore[return-value]
+    return layers  # type: ignore[return-value]  # checked above to be three ints
 
 
 def llama_config_like(text: Any, **overrides: Any) -> LlamaConfig:

@@ -108,7 +108,7 @@ def _check_drafter_paths(cfg: CollectConfig) -> None:
 
 
 def _examples(cfg: CollectConfig, domain: str, split: str) -> list[Example]:
-    return domain_examples(cfg.data[domain], split)  # type: ignore[arg-type]
+    return domain_examples(cfg.data[domain], split)  # type: ignore[arg-type]  # resolved data configs are DataConfigs
 
 
 def _prompts(cfg: CollectConfig, tokenizer: PreTrainedTokenizerBase) -> list[tuple[str, Example, list[int]]]:

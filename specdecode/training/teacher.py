@@ -92,7 +92,7 @@ def concat_caches(parts: Sequence[TeacherCache]) -> TeacherCache:
         offsets([s.num_targets for p in parts for s in p.sequences]),
         torch.cat([p.topk_ids for p in parts]),
         torch.cat([p.topk_logits for p in parts]),
-        torch.cat(features) if has_features else None,  # type: ignore[arg-type]
+        torch.cat(features) if has_features else None,  # type: ignore[arg-type]  # None where no part has features
         offsets([len(s.tokens) for p in parts for s in p.sequences]) if has_features else None,
     )
 
