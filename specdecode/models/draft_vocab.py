@@ -11,17 +11,23 @@ On disk a truncated drafter is a plain full-vocab checkpoint plus `config.draft_
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import PreTrainedConfig, PreTrainedModel
 
 from specdecode.models.cpu_matmul import skinny_linear
 
-if TYPE_CHECKING:
-    from specdecode.models.feature_drafter import FeatureDrafter
+
+class Configured(Protocol):
+    """A model with a transformers config: a causal LM, or a feature drafter wrapping one."""
+
+    @property
+    def config(self) -> PreTrainedConfig: ...
+
+    def get_output_embeddings(self) -> torch.nn.Module | None: ...
 
 
 class DraftVocabHead(nn.Module):
@@ -160,7 +166,7 @@ def _draft_head_load_hook(
         state_dict[key] = full[module.draft_ids.to(full.device)]
 
 
-def draft_vocab_ids(drafter: PreTrainedModel | FeatureDrafter) -> torch.Tensor:
+def draft_vocab_ids(drafter: PreTrainedModel | Configured) -> torch.Tensor:
     """[K] ids the drafter's head scores: its draft ids, or all V for a full head."""
     head = drafter.get_output_embeddings()
     if isinstance(head, DraftVocabHead):

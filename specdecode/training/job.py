@@ -49,7 +49,7 @@ from specdecode.training.checkpoints import (
     project_configuration,
     resume,
 )
-from specdecode.training.config import TrainJobConfig
+from specdecode.training.config import TrainConfig, TrainJobConfig
 from specdecode.training.feature_training import FeatureDrafterLogits
 from specdecode.training.job_data import data_dtype, dtype_name, job_teacher
 from specdecode.training.loop import (
@@ -123,13 +123,7 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     objective = Objective(cfg, job, teacher, drafter, accelerator)
     cache_seconds = time.perf_counter() - cache_start
     autocast = autocast_dtype(resolve_mixed_precision(train.mixed_precision, accelerator.device))
-    model: torch.nn.Module
-    if teacher.features:
-        assert isinstance(drafter, FeatureDrafter)  # a teacher with features trains a feature drafter
-        model = FeatureDrafterLogits(drafter, train.unroll_steps, autocast, train.feature_noise)
-    else:
-        assert not isinstance(drafter, FeatureDrafter)  # a teacher without features trains a causal LM
-        model = DrafterLogits(drafter, autocast)
+    model = _logits_module(drafter, train, autocast)
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=train.lr, weight_decay=train.weight_decay
     )
@@ -206,6 +200,16 @@ def _choose_gamma(
     )
     drafter.config.specdecode_gamma = figures["chosen"]  # saved with the drafter, read by decode.drafter_gamma
     return figures
+
+
+def _logits_module(
+    drafter: PreTrainedModel | FeatureDrafter, train: TrainConfig, autocast: torch.dtype | None
+) -> torch.nn.Module:
+    """The module the loop trains: the drafter's logits at the standard positions, a feature
+    drafter's unrolled as decoding runs it (its teacher cache holds features)."""
+    if isinstance(drafter, FeatureDrafter):
+        return FeatureDrafterLogits(drafter, train.unroll_steps, autocast, train.feature_noise)
+    return DrafterLogits(drafter, autocast)
 
 
 def _trainable_drafter(
