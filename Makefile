@@ -21,10 +21,12 @@ $(STAMP): pyproject.toml
 test: install lint
 	$(PY) -m pytest -q -n auto -m "not slow and not gpu"
 
-# ruff: lint (pycodestyle, pyflakes, import order) and the formatter, line length 120 (pyproject.toml).
+# ruff: lint (pycodestyle, pyflakes, import order) and the formatter, line length 120; mypy: types of
+# specdecode/ (both configured in pyproject.toml).
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # The CUDA tests (marked gpu; skipped where torch sees no GPU). Most of their time is compiling CUDA
 # graphs, so 8 workers compile side by side, each with 2 compile threads.
@@ -45,7 +47,7 @@ demo: install
 benchmark: install
 	$(PY) eval/benchmark.py
 
-# The decode cores (eager, static, compiled) side by side on a GPU, sized for one lease; pass more in
+# The decode cores (eager, static, compiled) side by side on a GPU, sized for a 10-minute call; pass more in
 # ARGS, e.g. ARGS="--drafter outputs/demo/distill-mix/drafter" (eval/benchmark_gpu.py --help).
 benchmark-gpu: install
 	$(PY) eval/benchmark_gpu.py --out outputs/benchmark-gpu.json $(ARGS)

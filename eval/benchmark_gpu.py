@@ -1,7 +1,7 @@
 """The decode cores side by side (`make benchmark-gpu`): eager, static and compiled; target alone,
 ours and transformers assisted; fp32 and bf16; the data writer at batch 256.
 
-Defaults: SmolLM2-135M, batch 1, 128-token answers, the methods of `LEASE_METHODS`, fp32 and bf16.
+Defaults: SmolLM2-135M, batch 1, 128-token answers, the methods of `DEFAULT_METHODS`, fp32 and bf16.
 Each compiled method's first call took 64–86 s in bf16 on an H200. `--nested-layers` compiles
 one decoder layer for all of them, which made the first call 37–44% shorter on the CPU (exact
 with torch 2.11, 2.13 and 2.14; not yet run on a GPU). One dtype is
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 import specdecode.decoding.compiled
-from specdecode.evaluation.core_benchmark import LEASE_METHODS, report_markdown, run_core_benchmark
+from specdecode.evaluation.core_benchmark import DEFAULT_METHODS, report_markdown, run_core_benchmark
 from specdecode.evaluation.core_targets import TARGETS
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -39,8 +39,8 @@ parser.add_argument("--prompts-at-batch-1", type=int, default=2)
 parser.add_argument(
     "--only",
     nargs="*",
-    default=list(LEASE_METHODS),
-    help="time only the methods whose names contain one of these (default: LEASE_METHODS)",
+    default=list(DEFAULT_METHODS),
+    help="time only the methods whose names contain one of these (default: DEFAULT_METHODS)",
 )
 parser.add_argument("--every-method", action="store_true", help="every method on every core (overrides --only)")
 parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")

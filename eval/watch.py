@@ -5,20 +5,7 @@ python eval/watch.py demo_dir=outputs/demo                 # type prompts, one a
 python eval/watch.py demo_dir=outputs/demo serve=true      # a local web page that streams the tokens
 """
 
-import hydra
-from omegaconf import DictConfig, OmegaConf
-
-from specdecode.evaluation.watch_terminal import run_watch
-from specdecode.pipeline.schemas import register_schemas
-
-# conf/*.yaml list their schema (the dataclass) first; Hydra finds it in the ConfigStore.
-register_schemas()
-
-
-@hydra.main(version_base="1.3", config_path="../conf", config_name="watch")
-def main(cfg: DictConfig) -> None:
-    run_watch(OmegaConf.to_object(cfg))
-
+from specdecode.pipeline.cli import run_hydra_app
 
 if __name__ == "__main__":
-    main()
+    run_hydra_app("watch")

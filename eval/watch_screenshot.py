@@ -13,10 +13,10 @@ import argparse
 from pathlib import Path
 
 from specdecode.core.config import from_dict
-from specdecode.evaluation.watch import WatchConfig, load_watcher
-from specdecode.evaluation.watch_browser import screenshot_mid_generation
-from specdecode.evaluation.watch_server import WatchServer
 from specdecode.pipeline.schemas import compose_config
+from specdecode.watch.browser import screenshot_mid_generation
+from specdecode.watch.server import WatchServer
+from specdecode.watch.watcher import WatchConfig, load_watcher
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--out", default="docs/images/watch.png")

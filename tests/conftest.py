@@ -28,19 +28,12 @@ def _single_thread_torch() -> None:
 
 
 @pytest.fixture(autouse=True)
-def _plain_kernels_unless_measured(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """`load_model`'s default (`skinny_matmul=None`) takes the faster of two CPU kernels, timed
-    once per machine; on tiny models either can win by noise, and a test comparing logits bitwise
-    would then see another kernel's rounding now and then. Tests load with plain linears unless
-    they ask for skinny ones; the choice's own tests (tests/test_cpu_matmul.py,
-    test_packed_linears.py) put it back. Picks are kept in a fresh folder per test (the apps a
-    test runs in a subprocess too), never in the user's cache."""
-    import specdecode.models.loading as loading
+def _kernel_picks_in_a_fresh_folder(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Kernel picks that a test measures (`skinny_matmul=None`, opt-in) are kept in a fresh folder per
+    test (the apps a test runs in a subprocess too), never in the user's cache."""
     from specdecode.models.kernel_choice import KERNEL_CACHE_ENV
 
     monkeypatch.setenv(KERNEL_CACHE_ENV, str(tmp_path_factory.mktemp("cpu_kernels")))
-    monkeypatch.setattr(loading, "cached_skinny_rows", lambda model: None)
-    monkeypatch.setattr(loading, "cached_packed_rows", lambda model: None)
 
 
 @pytest.fixture(autouse=True, scope="session")

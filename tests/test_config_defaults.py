@@ -28,7 +28,6 @@ NOT_DEFAULTS: dict[tuple[str, str], str] = {
         "distill.yaml",
         "output_dir",
     ): "an interpolation of the data and loss names, which a dataclass default cannot resolve",
-    ("finetune.yaml", "output_dir"): "an interpolation of the data name, which a dataclass default cannot resolve",
     ("finetune.yaml", "name"): "TrainJobConfig serves two apps; its defaults are distill.yaml's",
     ("finetune.yaml", "train.seq_source"): "TrainJobConfig serves two apps; its defaults are distill.yaml's",
     ("finetune.yaml", "train.seq_temperatures"): "TrainJobConfig serves two apps; its defaults are distill.yaml's",
@@ -40,14 +39,33 @@ NOT_DEFAULTS: dict[tuple[str, str], str] = {
 }
 
 
+# The training apps' YAML sets only what differs from the dataclass: every key they set is listed in
+# NOT_DEFAULTS (finetune.yaml composes distill.yaml, so each training default lives in TrainJobConfig).
+ONLY_DIFFERENCES = ("distill.yaml", "finetune.yaml")
+
+
 def app_yamls() -> dict[str, type]:
-    """conf/<app>.yaml → the schema dataclass it names first in its defaults list."""
+    """conf/<app>.yaml → the schema dataclass it names first in its defaults list, or that of the
+    app YAML it composes (finetune.yaml's `- distill`)."""
     found = {}
     for path in sorted(CONF.glob("*.yaml")):
         defaults = OmegaConf.to_container(OmegaConf.load(path)).get("defaults", [])
         schema = next((d for d in defaults if isinstance(d, str) and d.endswith("_schema")), None)
         if schema is not None:
             found[path.name] = SCHEMAS[schema]
+    for path in sorted(CONF.glob("*.yaml")):
+        defaults = OmegaConf.to_container(OmegaConf.load(path)).get("defaults", [])
+        base = next((f"{d}.yaml" for d in defaults if isinstance(d, str) and f"{d}.yaml" in found), None)
+        if base is not None and path.name in ONLY_DIFFERENCES and path.name not in found:
+            found[path.name] = found[base]
+    return found
+
+
+def keys_of(values: dict[str, Any], prefix: str = "") -> set[str]:
+    """The dotted keys of the leaves of `values`."""
+    found = set()
+    for key, value in values.items():
+        found |= keys_of(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key}
     return found
 
 
@@ -94,6 +112,18 @@ def test_every_value_an_app_yaml_sets_is_its_schemas_default(name: str) -> None:
     found = disagreements(defaults_of(app_yamls()[name]), app_values(name))
     unexplained = {key: pair for key, pair in found.items() if (name, key) not in NOT_DEFAULTS}
     assert not unexplained, f"{name}: (dataclass default, YAML value) disagree for {unexplained}: make them equal"
+
+
+@pytest.mark.parametrize("name", ONLY_DIFFERENCES)
+def test_the_training_yamls_set_only_what_differs_from_the_dataclass(name: str) -> None:
+    assert name in app_yamls(), f"{name} names no schema, nor composes an app YAML that does"
+    same = {key for key in keys_of(app_values(name)) if (name, key) not in NOT_DEFAULTS}
+    assert not same, f"{name} repeats dataclass defaults {sorted(same)}: drop them (each default lives in one place)"
+
+
+def test_finetune_composes_distill() -> None:
+    defaults = OmegaConf.to_container(OmegaConf.load(CONF / "finetune.yaml"))["defaults"]
+    assert "distill" in defaults
 
 
 def test_every_listed_exception_still_disagrees() -> None:

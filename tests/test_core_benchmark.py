@@ -12,7 +12,7 @@ from transformers import LlamaForCausalLM
 import specdecode.evaluation.core_benchmark
 from specdecode.evaluation.core_benchmark import (
     CORES,
-    LEASE_METHODS,
+    DEFAULT_METHODS,
     agreement,
     drafters_of,
     exact_match,
@@ -101,7 +101,7 @@ def test_the_lease_methods_are_methods_the_benchmark_has() -> None:
     names = set(methods(target, gamma=2, new_tokens=4, batch_size=1, drafters=drafters_of(target))) | {
         f"data writer, {core}" for core in CORES
     }
-    assert set(LEASE_METHODS) <= names
+    assert set(DEFAULT_METHODS) <= names
     assert set(method_names()) == names
 
 

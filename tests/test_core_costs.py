@@ -1,4 +1,4 @@
-"""The step costs of each decode core (`core_costs`): every core times the same target step, verify
+"""The step costs of each decode core (`timing.core_step_costs`): every core times the same target step, verify
 and drafts, from the same state each time, on a tiny random target."""
 
 from __future__ import annotations
@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+import specdecode.decoding.timing
 import specdecode.evaluation.core_benchmark
-import specdecode.evaluation.core_costs
 from specdecode import autoregressive_generate
 from specdecode.decoding.attention import folded_gqa
 from specdecode.decoding.static_cache import StaticKVCache
-from specdecode.evaluation.core_benchmark import run_core_benchmark
-from specdecode.evaluation.core_costs import _pieces, core_step_costs, costs_markdown
+from specdecode.decoding.timing import _pieces, core_step_costs
+from specdecode.evaluation.core_benchmark import costs_markdown, run_core_benchmark
 from specdecode.models import derive_drafter
 from tests.models_for_tests import tiny_llama
 from tests.test_feature_drafter import random_feature_drafter
@@ -59,7 +59,7 @@ def test_step_costs_are_reported_per_core(monkeypatch) -> None:
         timed.update({key: 0.001 * (i + 1) for i, key in enumerate(pieces)})
         return timed
 
-    monkeypatch.setattr(specdecode.evaluation.core_costs, "_time_pieces", fake_times)
+    monkeypatch.setattr(specdecode.decoding.timing, "_time_pieces", fake_times)
     target = tiny_llama(2, seed=0)
     costs = core_step_costs(target, derive_drafter(target, 1), PROMPT, new_tokens=8, gamma=2, cores=("eager", "static"))
     assert list(costs) == ["eager", "static"]
@@ -85,9 +85,7 @@ def test_the_static_cores_time_on_static_caches_as_large_as_their_decodes(monkey
         return static_for_model(cls, model, batch_size, capacity)
 
     monkeypatch.setattr(StaticKVCache, "for_model", classmethod(recording))
-    monkeypatch.setattr(
-        specdecode.evaluation.core_costs, "_time_pieces", lambda pieces, *args: dict.fromkeys(pieces, 1.0)
-    )
+    monkeypatch.setattr(specdecode.decoding.timing, "_time_pieces", lambda pieces, *args: dict.fromkeys(pieces, 1.0))
     core_step_costs(target, drafter, PROMPT, new_tokens=20, gamma=4, cores=("eager",))
     assert made == []
     core_step_costs(target, drafter, PROMPT, new_tokens=20, gamma=4, cores=("static",))

@@ -156,10 +156,9 @@ def test_load_model_switch() -> None:
 def test_load_model_keeps_the_kernel_measured_faster(
     monkeypatch: pytest.MonkeyPatch, single_wins: bool, few_wins: bool, expected: tuple[int, int] | None
 ) -> None:
-    """skinny_matmul=None (the default) times both kernels and keeps the faster one, for a single
+    """skinny_matmul=None (opt-in) times both kernels and keeps the faster one, for a single
     row and for a verify's few rows apart."""
     import specdecode.models.cpu_matmul as cpu_matmul
-    import specdecode.models.kernel_choice as kernel_choice
 
     real_linear = F.linear
     slow = 0.002  # seconds per call of the losing kernel: far above a tiny model's timing noise
@@ -178,12 +177,9 @@ def test_load_model_keeps_the_kernel_measured_faster(
             time.sleep(slow)
         return real_linear(x, weight, bias)
 
-    import specdecode.models.loading as loading
-
-    monkeypatch.setattr(loading, "cached_skinny_rows", kernel_choice.cached_skinny_rows)  # conftest pins it
     monkeypatch.setattr(cpu_matmul.F, "linear", timed_linear)
     monkeypatch.setattr(SkinnyLinear, "forward", lambda self, x: timed_skinny(x, self.weight, self.bias))
-    model, _ = load_model("smoke")
+    model, _ = load_model("smoke", skinny_matmul=None)
     assert skinny_rows_of(model) == expected
 
 
@@ -281,11 +277,10 @@ def test_cast_copy_is_a_plain_copy_in_the_new_dtype_and_leaves_the_model_alone()
 
 
 def test_the_kernel_pick_is_measured_once_per_machine_and_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`load_model` times the kernels on a model's first load on this machine only: later loads read
+    """`load_model(skinny_matmul=None)` times the kernels on a model's first load on this machine only: later loads read
     the pick from the cache folder (conftest's, per test), until what it depends on changes (the CPU,
     torch, the model's shapes) or its file cannot be read."""
     import specdecode.models.kernel_choice as kernel_choice
-    import specdecode.models.loading as loading
 
     measured = []
 
@@ -293,19 +288,19 @@ def test_the_kernel_pick_is_measured_once_per_machine_and_kept(monkeypatch: pyte
         measured.append(model)
         return FEW_ROWS
 
-    monkeypatch.setattr(loading, "cached_skinny_rows", kernel_choice.cached_skinny_rows)  # conftest pins it
     monkeypatch.setattr(kernel_choice, "measure_skinny_rows", measure)
     for _ in range(2):
-        assert skinny_rows_of(load_model("smoke")[0]) == FEW_ROWS
+        assert skinny_rows_of(load_model("smoke", skinny_matmul=None)[0]) == FEW_ROWS
     assert len(measured) == 1
     [kept] = kernel_choice.kernel_cache_dir().glob("*.json")
     kept.write_text("{not json")
-    assert skinny_rows_of(load_model("smoke")[0]) == FEW_ROWS and len(measured) == 2  # measured again, rewritten
-    assert skinny_rows_of(load_model("smoke")[0]) == FEW_ROWS and len(measured) == 2
+    # measured again, rewritten
+    assert skinny_rows_of(load_model("smoke", skinny_matmul=None)[0]) == FEW_ROWS and len(measured) == 2
+    assert skinny_rows_of(load_model("smoke", skinny_matmul=None)[0]) == FEW_ROWS and len(measured) == 2
     monkeypatch.setattr(kernel_choice, "cpu_model", lambda: "another CPU")
-    load_model("smoke")
+    load_model("smoke", skinny_matmul=None)
     monkeypatch.setattr(torch, "__version__", "0.0.0")
-    load_model("smoke")
+    load_model("smoke", skinny_matmul=None)
     kernel_choice.cached_skinny_rows(tiny_llama(1))  # other shapes
     assert len(measured) == 5
 

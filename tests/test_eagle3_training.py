@@ -134,17 +134,14 @@ def test_the_trained_drafter_decodes_as_the_target_alone(trained, gamma, lookup)
     assert [len(s) for s in sampled.sequences] == [20, 20, 20] and sampled.stats.drafted > 0
 
 
-def test_the_cpu_kernel_choice_times_an_eagle3_drafter_and_it_stays_exact(trained, monkeypatch) -> None:
-    """`load_model`'s default (`skinny_matmul=None`) times a drafter folder's forward on tokens; an
+def test_the_cpu_kernel_choice_times_an_eagle3_drafter_and_it_stays_exact(trained) -> None:
+    """`load_model(skinny_matmul=None)` times a drafter folder's forward on tokens; an
     EAGLE-3 drafter's layer reads `[embedding; g]`, so it is timed as a drafting pass over zero target
     states (`timed_module`). Whatever kernels that picks, greedy decoding stays the target's."""
     import specdecode.models.kernel_choice as kernel_choice
-    import specdecode.models.loading as loading
 
-    monkeypatch.setattr(loading, "cached_skinny_rows", kernel_choice.cached_skinny_rows)  # conftest pins it
-    monkeypatch.setattr(loading, "cached_packed_rows", kernel_choice.cached_packed_rows)
     root, _, _ = trained
-    drafter, _ = load_model(root / "out" / "drafter")
+    drafter, _ = load_model(root / "out" / "drafter", skinny_matmul=None)
     assert isinstance(drafter, Eagle3Drafter) and len(list((kernel_choice.kernel_cache_dir()).glob("*.json"))) >= 1
     target, tokenizer = load_model("smoke", skinny_matmul=False)
     prompts = [tokenizer.encode("def add(a, b):"), tokenizer.encode("x = 1")]

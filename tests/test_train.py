@@ -91,12 +91,12 @@ def test_distill_steps_raise_heldout_acceptance(tmp_path: Path) -> None:
     assert OmegaConf.load(out / "config.yaml").loss.name == "forward_kl"
     drafter, tokenizer = load_model(out / "drafter")
     assert drafter.config.draft_vocab_ids is not None and len(tokenizer) == len(smoke_tokenizer())
-    assert metrics["cpu_kernels"] == {"skinny_rows": None, "packed_rows": None}  # conftest pins the picks to plain
+    assert metrics["cpu_kernels"] == {"skinny_rows": None}  # plain linears by default
 
 
 def test_metrics_record_the_targets_cpu_kernels(tmp_path: Path) -> None:
     metrics = run_distill(smoke_cfg(tmp_path, "skinny_matmul=true", "train.max_steps=1", "train.gamma_candidates=[]"))
-    assert metrics["cpu_kernels"] == {"skinny_rows": list(FEW_ROWS), "packed_rows": None}
+    assert metrics["cpu_kernels"] == {"skinny_rows": list(FEW_ROWS)}
 
 
 @pytest.mark.parametrize("loss", ["reverse_kl", "jsd", "tvd"])

@@ -19,15 +19,15 @@ from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.record import KINDS
 from specdecode.evaluation.config import EvalConfig
 from specdecode.evaluation.suite import run_eval
-from specdecode.evaluation.watch import WatchConfig, Watcher
-from specdecode.evaluation.watch_browser import find_chromium, screenshot_mid_generation
-from specdecode.evaluation.watch_html import STYLES, Answer, pieces, token_page
-from specdecode.evaluation.watch_server import WatchServer
-from specdecode.evaluation.watch_terminal import run_watch
 from specdecode.models import derive_drafter
 from specdecode.models.config import TargetConfig
 from specdecode.models.smoke import smoke_target, smoke_tokenizer
 from specdecode.pipeline.schemas import compose_config
+from specdecode.watch.browser import find_chromium, screenshot_mid_generation
+from specdecode.watch.render import STYLES, Answer, pieces, token_page
+from specdecode.watch.server import WatchServer
+from specdecode.watch.terminal import run_watch
+from specdecode.watch.watcher import WatchConfig, Watcher
 from tests.test_evaluation import tiny_setup  # noqa: F401 (a fixture)
 
 PROMPT = "the cat sat on the mat, the cat sat on the"

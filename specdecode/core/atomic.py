@@ -45,7 +45,7 @@ def write_atomic(path: Path, data: str | bytes | Callable[[BinaryIO], None]) -> 
         with os.fdopen(fd, "w" if isinstance(data, str) else "wb") as f:
             os.fchmod(f.fileno(), 0o666 & ~_umask())
             if callable(data):
-                data(f)
+                data(f)  # type: ignore[arg-type]  # fdopen's file is typed IO[Any]; opened "wb" here, a binary file
             else:
                 f.write(data)
         os.replace(tmp, path)

@@ -40,7 +40,7 @@ def from_dict(cls: type[T], data: dict[str, Any] | DictConfig, where: str = "") 
         ValueError: `<where><dotted key>: <what is wrong>`, plus the known fields for an unknown key.
     """
     try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), data))  # type: ignore[return-value]
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), data))  # type: ignore[return-value]  # to_object of a structured cls builds a cls
     except OmegaConfBaseException as error:
         raise config_error(error, where) from None
 
@@ -72,7 +72,7 @@ def is_int(value: object) -> bool:
 
 def is_gamma(value: object) -> bool:
     """A draft length every entry point accepts: an int in [1, MAX_GAMMA] (`GAMMA_RANGE`)."""
-    return is_int(value) and 1 <= value <= MAX_GAMMA  # type: ignore[operator]
+    return is_int(value) and 1 <= value <= MAX_GAMMA  # type: ignore[operator]  # is_int narrowed it to an int
 
 
 def is_number(value: object) -> bool:
@@ -82,7 +82,7 @@ def is_number(value: object) -> bool:
 
 def is_temperature(value: object) -> bool:
     """A sampling temperature every entry point accepts (`TEMPERATURE_RANGE`)."""
-    return is_number(value) and (value == 0 or MIN_TEMPERATURE <= value < float("inf"))  # type: ignore[operator]
+    return is_number(value) and (value == 0 or MIN_TEMPERATURE <= value < float("inf"))  # type: ignore[operator]  # is_number narrowed it to a number
 
 
 @dataclass
@@ -94,9 +94,9 @@ class Placement:
     device: str = "cpu"
     dtype: str = "float32"
     # On CPU, linear layers over 2..64 rows as `weight @ x.T` (specdecode.models.cpu_matmul): on
-    # some CPUs a verify pass then costs about one decode step, on others twice as much. null
-    # takes the faster, timed once per machine and kept on disk (models.kernel_choice); true / false force one.
-    skinny_matmul: bool | None = None
+    # some CPUs a verify pass then costs about one decode step, on others twice as much. Off by
+    # default; true forces it; null takes the faster, timed once per machine (models.kernel_choice).
+    skinny_matmul: bool | None = False
     # Decode with the static-shape core's steps under torch.compile (specdecode.decoding.compiled);
     # null: on for CUDA, on the CPU as measured faster there; true / false force it.
     compile: bool | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,7 +31,7 @@ def check_device_name(device: object, name: str = "device") -> str:
 def check_dtype_name(dtype: object, name: str = "dtype") -> str:
     if dtype not in DTYPES:
         raise ValueError(f"{name}={dtype!r}: expected {'|'.join(DTYPES)}")
-    return dtype  # type: ignore[return-value]
+    return str(dtype)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -65,7 +65,7 @@ def fast_bf16(device: torch.device) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     if device.type == "cpu":
-        capabilities = getattr(torch.cpu, "get_capabilities", dict)()
+        capabilities: dict[str, Any] = getattr(torch.cpu, "get_capabilities", dict)()
         return bool(capabilities.get("amx_bf16", False) or capabilities.get("avx512_bf16", False))
     return False
 
@@ -108,7 +108,7 @@ def placed_accelerator(device: str, **kwargs: object) -> tuple[Accelerator, torc
     from accelerate import Accelerator
 
     resolved = resolve_device(device)
-    accelerator = Accelerator(cpu=resolved.type == "cpu", **kwargs)  # type: ignore[arg-type]
+    accelerator = Accelerator(cpu=resolved.type == "cpu", **kwargs)
     if accelerator.num_processes > 1:
         return accelerator, accelerator.device
     return accelerator, resolved

@@ -190,4 +190,4 @@ def locks_output_dir(run: F) -> F:
         with output_lock(Path(cfg.output_dir)):
             return run(cfg, *args, **kwargs)
 
-    return locked  # type: ignore[return-value]
+    return locked  # type: ignore[return-value]  # same signature as run, which ParamSpec cannot say here

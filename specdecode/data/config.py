@@ -134,7 +134,7 @@ def as_synthetic(data: DataConfig) -> DataConfig:
 def to_dict(data: DataConfig) -> dict[str, Any]:
     """A single-domain config as plain values, as it goes into a stage's resolved config."""
     return {f.name: getattr(data, f.name) for f in fields(DataConfig) if f.name not in ("domains", "members")} | (
-        {"domains": list(data.domains), "members": asdict(data)["members"]} if data.is_mix else {}
+        {"domains": list(data.domains or []), "members": asdict(data)["members"]} if data.is_mix else {}
     )
 
 
@@ -195,12 +195,12 @@ def _load(path: Path, name: str) -> DataConfig:
     raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: a data config must be a mapping (name, source, ...), got {type(raw).__name__}")
-    raw = {k: v for k, v in raw.items() if k != "defaults"}
-    raw.setdefault("name", name)
-    if raw["name"] != name:
-        raise ValueError(f"{path}: name {raw['name']!r} differs from the file's name {name!r}")
+    values: dict[str, Any] = {str(k): v for k, v in raw.items() if k != "defaults"}
+    values.setdefault("name", name)
+    if values["name"] != name:
+        raise ValueError(f"{path}: name {values['name']!r} differs from the file's name {name!r}")
     try:
-        return DataConfig(**raw)
+        return DataConfig(**values)
     except TypeError as error:
         raise ValueError(f"{path}: {error}") from None
     except ValueError as error:

@@ -204,9 +204,9 @@ def _source_examples(
     if source == "synthetic":
         return _to_examples(synthetic_dataset(domain), domain, "prompt", "response", "synthetic data")
     if source == "hf":
-        return _from_hf(domain, hf_id, hf_split, hf_name, revision, prompt_column, response_column)  # type: ignore[arg-type]
+        return _from_hf(domain, hf_id, hf_split, hf_name, revision, prompt_column, response_column)  # type: ignore[arg-type]  # DataConfig requires hf_id and hf_split for hf
     where = f"domain {domain!r}, file {str(path)!r}"
-    examples = _to_examples(read_data_file(Path(path)), domain, prompt_column, response_column, where)  # type: ignore[arg-type]
+    examples = _to_examples(read_data_file(Path(path)), domain, prompt_column, response_column, where)  # type: ignore[arg-type]  # DataConfig requires path for file
     if not examples:
         raise ValueError(f"{where} holds no row with a non-empty {prompt_column!r}")
     return examples

@@ -229,7 +229,7 @@ def _sharegpt_user_turns(max_prompt_chars: int) -> Iterable[tuple[str, int, str,
                 continue
             reply = turns[i + 1] if i + 1 < len(turns) else {}
             response = reply.get("value") if reply.get("from") in _ASSISTANT_ROLES else None
-            yield opening, i, prompt, (response if isinstance(response, str) and response else None)
+            yield str(opening), i, str(prompt), (response if isinstance(response, str) and response else None)
 
 
 def _usable(prompt: object, max_prompt_chars: int) -> bool:

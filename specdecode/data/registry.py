@@ -78,4 +78,4 @@ def check_domains(domains: object, key: str = "domains") -> list[str]:
         domains,
         "a non-empty list of distinct domain names (each defined by conf/data/<name>.yaml)",
     )
-    return list(domains)  # type: ignore[arg-type]
+    return [str(d) for d in domains]  # type: ignore[attr-defined]  # `require` above checked it is a list

@@ -1,33 +1,104 @@
-"""Timing harness: the wall time of cached forward passes (a target step, a verify of gamma + 1
-tokens, a drafter step) and of whole batch-1 decodes, as the speedup model (`speedup.py`) and the
-gamma choice (`gamma.py`) read them.
+"""The one timer: the wall time of cached forward passes (a target step, a verify of gamma + 1
+tokens, a drafter step), of each decode core's pieces, and of whole batch-1 decodes, as the speedup
+model (`speedup.py`), the gamma choice (`gamma.py`) and the benchmarks read them.
 
-Every harness here lets the things it compares take turns within each round (widths, gammas, the
-target alone), so a machine whose speed drifts (other tenants, clock changes) biases all of them
-alike instead of skewing their ratios; the first round warms up and is not counted.
+Everything timed here goes through `time_rounds`: the things it compares (widths, gammas, cores,
+the target alone) take turns within each round, so a machine whose speed drifts (other tenants,
+clock changes) biases all of them alike instead of skewing their ratios; the first rounds warm up
+and are not counted.
+
+Per core (`core_step_costs`), at batch 1 in the middle of an answer (the prompt plus half of
+`new_tokens` committed), on the caches that core's decode gets:
+
+* a target step: one token through the target, on a cache the size the target alone decodes with;
+* a verify: the pending token and gamma drafts through the target, accepted greedily, the target's
+  features kept where the drafter reads them (`verify_drafts`, as a round runs it);
+* a draft: the drafting strategy's gamma drafts (`Drafting.propose`, as a round runs it); the
+  drafter's step is a gamma-th of it (for a feature drafter that includes its first window, the
+  gamma + 1 positions whose true features are new).
+
+On the compiled core each of the three is its own compiled graph, so what a whole round fuses
+across them is not in these figures; the decode benchmark times whole rounds. A core's first
+`GUARDED_STEPS` rounds (compiling, guards) are not counted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from transformers import PreTrainedModel
 
 from specdecode.decoding.attention import folded_gqa
 from specdecode.decoding.cache import RaggedKVCache, cached_call, cached_forward
+from specdecode.decoding.compiled import (
+    check_core,
+    compiled_function,
+    mark_static,
+    mark_step,
+    nested_layers,
+    skipped_guards,
+)
 from specdecode.decoding.decode import autoregressive_generate, speculative_generate
+from specdecode.decoding.drafting import Drafting, drafting_for
+from specdecode.decoding.sampling import SamplingParams
+from specdecode.decoding.static import GUARDED_STEPS
+from specdecode.decoding.static_cache import StaticKVCache, static_capacity
 from specdecode.decoding.stats import GenerationResult
+from specdecode.decoding.verify import verify_drafts
 from specdecode.models.feature_drafter import FeatureDrafter
 
 # Timed rounds behind a verify ratio (the gamma choice without prompts, the evaluation's pass
 # costs). Each round times every width once, ~0.1 s for the embedded target on a 2-core CPU; with
 # a few rounds a 4-token verify's ratio to a step moved by a third between processes.
 VERIFY_REPEATS = 30
+# The decode cores, as the options of `speculative_generate` / `autoregressive_generate`.
+CORES: dict[str, dict[str, bool]] = {
+    "eager": dict(static=False),
+    "static": dict(static=True, compile=False),
+    "compiled": dict(static=True, compile=True),
+}
+GREEDY = SamplingParams()
+
+# A timed piece: (put its state back, run it once).
+Piece = tuple[Callable[[], None], Callable[[], object]]
+Key = TypeVar("Key", bound=Hashable)
+
+
+def wait_for(device: torch.device) -> None:
+    """Wait for the device's queued work (a CPU's ran as it was called)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def time_rounds(
+    pieces: Mapping[Key, Piece],
+    repeats: int,
+    device: torch.device,
+    warm_up: int = 1,
+    around: Callable[[Key, int], contextlib.AbstractContextManager[object]] | None = None,
+) -> dict[Key, float]:
+    """Median seconds of each piece over `repeats` rounds after `warm_up` uncounted ones, the pieces
+    taking turns within each round; each call runs from its state put back, inside
+    `around(key, round)` where given."""
+    times: dict[Key, list[float]] = {key: [] for key in pieces}
+    for round_ in range(warm_up + repeats):
+        for key, (back, run) in pieces.items():
+            back()
+            with around(key, round_) if around is not None else contextlib.nullcontext():
+                wait_for(device)
+                start = time.perf_counter()
+                run()
+                wait_for(device)
+                times[key].append(time.perf_counter() - start)
+    return {key: statistics.median(seconds[warm_up:]) for key, seconds in times.items()}
 
 
 @dataclass
@@ -72,19 +143,15 @@ def _time_forwards(
     tokens = torch.tensor([list(context)], device=device)
     cached_length = len(context) - longest
     cached_forward(model, cache, tokens[:, :cached_length], logits_to_keep=1)
-    times: dict[int, list[float]] = {n: [] for n in widths}
-    for _ in range(repeats + 1):  # the first round warms up and is not counted
-        for num_new in widths:
-            cache.set_lengths(torch.tensor([cached_length], device=device), cached_length)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            logits = cached_forward(
-                model, cache, tokens[:, cached_length : cached_length + num_new], logits_to_keep=0 if num_new > 1 else 1
-            )
-            logits.sum().item()  # wait for the device
-            times[num_new].append(time.perf_counter() - start)
-    return {n: statistics.median(t[1:]) for n, t in times.items()}
+
+    def piece(num_new: int) -> Piece:
+        new = tokens[:, cached_length : cached_length + num_new]
+        return (
+            lambda: cache.set_lengths(torch.tensor([cached_length], device=device), cached_length),
+            lambda: cached_forward(model, cache, new, logits_to_keep=0 if num_new > 1 else 1),
+        )
+
+    return time_rounds({n: piece(n) for n in widths}, repeats, device)
 
 
 def _time_feature_step(drafter: FeatureDrafter, context: Sequence[int], repeats: int) -> float:
@@ -94,16 +161,13 @@ def _time_feature_step(drafter: FeatureDrafter, context: Sequence[int], repeats:
     tokens = torch.tensor([list(context)], device=device)
     features = torch.randn(1, len(context), drafter.feature_width, device=device, dtype=drafter.dtype)
     cached_call(cache, len(context) - 1, drafter.dtype, lambda **kw: drafter(features[:, :-1], tokens[:, 1:], **kw))
-    times = []
-    for _ in range(repeats + 1):  # the first pass warms up and is not counted
-        cache.set_lengths(torch.tensor([len(context) - 1], device=device), len(context) - 1)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        out = cached_call(cache, 1, drafter.dtype, lambda **kw: drafter(features[:, -1:], tokens[:, -1:], **kw))
-        drafter.logits(out).sum().item()  # wait for the device
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
+    step: Piece = (
+        lambda: cache.set_lengths(torch.tensor([len(context) - 1], device=device), len(context) - 1),
+        lambda: drafter.logits(
+            cached_call(cache, 1, drafter.dtype, lambda **kw: drafter(features[:, -1:], tokens[:, -1:], **kw))
+        ),
+    )
+    return time_rounds({"step": step}, repeats, device)["step"]
 
 
 @torch.inference_mode()
@@ -120,7 +184,11 @@ def measure_verify_ratios(
 
 @torch.inference_mode()
 def measure_step_costs(
-    target: PreTrainedModel, drafter: PreTrainedModel, context: Sequence[int], gamma: int, repeats: int = 10
+    target: PreTrainedModel,
+    drafter: PreTrainedModel | FeatureDrafter,
+    context: Sequence[int],
+    gamma: int,
+    repeats: int = 10,
 ) -> StepCosts:
     """Time a target step, a (gamma + 1)-token verify and a drafter step after `context` tokens."""
     if len(context) <= gamma + 1:
@@ -209,9 +277,9 @@ def timed_decodes(
         tau each gamma's generated tokens over its target passes (the prefill counts as one, as in
         `DecodeStats.tau`).
     """
-    prompts = [list(p) for p in prompts]
+    rows = [list(p) for p in prompts]
     if (
-        not prompts
+        not rows
         or not gammas
         or isinstance(max_new_tokens, bool)
         or not isinstance(max_new_tokens, int)
@@ -219,7 +287,7 @@ def timed_decodes(
     ):
         raise ValueError(
             f"timed_decodes needs one or more prompts and gammas and max_new_tokens >= 2 (a verify after the "
-            f"prefill), got {len(prompts)} prompts, gammas={list(gammas)}, max_new_tokens={max_new_tokens!r}"
+            f"prefill), got {len(rows)} prompts, gammas={list(gammas)}, max_new_tokens={max_new_tokens!r}"
         )
     # key 0: the target alone, the baseline every gamma's speedup is measured against
     runs: dict[int, TimedRun] = {
@@ -227,17 +295,20 @@ def timed_decodes(
             target, [ids], max_new_tokens=n, temperature=temperature, seed=0, eos_token_ids=[]
         )
     }
-    for g in gammas:
-        runs[g] = lambda ids, n, g=g: speculative_generate(
-            target, drafter, [ids], max_new_tokens=n, gamma=g, temperature=temperature, seed=0, eos_token_ids=[]
+
+    def ours(gamma: int) -> TimedRun:
+        return lambda ids, n: speculative_generate(
+            target, drafter, [ids], max_new_tokens=n, gamma=gamma, temperature=temperature, seed=0, eos_token_ids=[]
         )
+
+    runs |= {g: ours(g) for g in gammas}
     for run in runs.values():  # warm-up, not counted
-        run(prompts[0], warm_up_tokens(max_new_tokens, gammas))
+        run(rows[0], warm_up_tokens(max_new_tokens, gammas))
     seconds: dict[int, list[float]] = {key: [] for key in runs}
     passes = dict.fromkeys(runs, 0)
     tokens = dict.fromkeys(runs, 0)
     order = list(runs)
-    for i, ids in enumerate(prompts):
+    for i, ids in enumerate(rows):
         for key in order[i % len(order) :] + order[: i % len(order)]:
             start = time.perf_counter()
             result = runs[key](ids, max_new_tokens)
@@ -250,4 +321,148 @@ def timed_decodes(
         "per_prompt_s": {g: seconds[g] for g in gammas},
         "tau": {g: tokens[g] / passes[g] for g in gammas},
         "tokens": tokens[0],
+    }
+
+
+def _target_step(target: PreTrainedModel, cache: RaggedKVCache | StaticKVCache, token: torch.Tensor) -> torch.Tensor:
+    return cached_forward(target, cache, token).argmax(dim=-1)
+
+
+def _verify(
+    target: PreTrainedModel,
+    cache: RaggedKVCache | StaticKVCache,
+    drafting: Drafting,
+    pending: torch.Tensor,
+    draft: torch.Tensor,
+    start: torch.Tensor,
+) -> torch.Tensor:
+    return verify_drafts(target, cache, drafting, pending, draft, None, start, GREEDY, None)[2]
+
+
+def _draft(drafting: Drafting, tokens: torch.Tensor, lengths: torch.Tensor, length: int, gamma: int) -> torch.Tensor:
+    return drafting.propose(tokens, lengths, length, gamma, GREEDY, None)[0]
+
+
+def _pieces(
+    target: PreTrainedModel,
+    drafter: PreTrainedModel | FeatureDrafter,
+    tokens: torch.Tensor,
+    length: int,
+    gamma: int,
+    core: str,
+    step_capacity: int,
+) -> dict[str, Piece]:
+    """The target step, verify and draft of one core, after `length` committed `tokens` `[1, S_cap]`
+    (the target's caches hold all but the last, as at the start of a round or step): the
+    speculative pieces on caches of S_cap slots, the target's step on one of `step_capacity`, the
+    sizes each static core's decode gets."""
+    static, compile = CORES[core]["static"], CORES[core].get("compile", False)
+    device, capacity = target.device, tokens.shape[1]
+    cache_type = StaticKVCache if static else RaggedKVCache
+    cache, step_cache = cache_type.for_model(target, 1, capacity), cache_type.for_model(target, 1, step_capacity)
+    drafting = drafting_for(drafter, 1, capacity)
+    if static:
+        drafting.cache = StaticKVCache.for_model(drafter, 1, capacity)
+    cached_forward(target, step_cache, tokens[:, : length - 1], 1)
+    out = cached_forward(target, cache, tokens[:, : length - 1], 1, feature_layers=drafting.feature_layers)
+    hidden = out[1] if drafting.feature_layers is not None else None
+    drafting.prefill(tokens, torch.tensor([length - 1], device=device), length - 1, hidden)
+    if compile:
+        mark_static(tokens, *drafting.state())
+    # a feature drafter's progress (`propose` sets the drafter's cache lengths from it; a slice
+    # drafter's from its arguments)
+    saved = {name: getattr(drafting, name) for name in ("start", "start_bound") if hasattr(drafting, name)}
+    pending, draft = tokens[:, length - 1 : length], tokens[:, length : length + gamma]
+    start, lengths = torch.tensor([length - 1], device=device), torch.tensor([length], device=device)
+
+    def run(function: Callable, *args: object) -> Callable[[], torch.Tensor]:
+        call = compiled_function(function, device) if compile else function
+        return lambda: call(*args)
+
+    def back(target_cache: RaggedKVCache | StaticKVCache) -> Callable[[], None]:
+        return lambda: target_cache.set_lengths(start.clone(), length - 1)
+
+    def drafter_back() -> None:
+        for name, value in saved.items():
+            setattr(drafting, name, value.clone() if isinstance(value, torch.Tensor) else value)
+
+    return {
+        "step": (back(step_cache), run(_target_step, target, step_cache, pending)),
+        "verify": (back(cache), run(_verify, target, cache, drafting, pending, draft, start)),
+        "draft": (drafter_back, run(_draft, drafting, tokens, lengths, length, gamma)),
+    }
+
+
+def _time_pieces(
+    pieces: dict[tuple[str, str], Piece],
+    repeats: int,
+    compiled: set[str],
+    device: torch.device,
+    models: tuple[torch.nn.Module, ...],
+) -> dict[tuple[str, str], float]:
+    """Median seconds of each (core, piece), the pieces taking turns within each round; the first
+    `GUARDED_STEPS` rounds (compiling, then guarded, as a decode's first steps) are not counted.
+    A compiled core's pieces run with the decoder layers of `models` marked as a decode's are
+    (`nested_layers`)."""
+
+    @contextlib.contextmanager
+    def around(key: tuple[str, str], round_: int) -> Iterator[None]:
+        on = key[0] in compiled
+        with nested_layers(*(models if on else ())):
+            mark_step(on, device)
+            with skipped_guards(on and round_ >= GUARDED_STEPS):
+                yield
+
+    return time_rounds(pieces, repeats, device, GUARDED_STEPS, around)
+
+
+@torch.inference_mode()
+def core_step_costs(
+    target: PreTrainedModel,
+    drafter: PreTrainedModel | FeatureDrafter,
+    prompt: Sequence[int],
+    new_tokens: int,
+    gamma: int,
+    cores: Sequence[str] = tuple(CORES),
+    repeats: int = 10,
+) -> dict[str, StepCosts]:
+    """core → its `StepCosts` (c, the verify ratio) for `drafter` at `gamma`, at batch 1 with `prompt`
+    and half of `new_tokens` committed, on caches as large as a decode of `new_tokens` after `prompt`
+    gets (see the module docstring).
+
+    Raises:
+        ValueError: an unknown core, an empty prompt, gamma or new_tokens below 1 or repeats below 1.
+        RuntimeError: a compiled core on a torch that cannot compile it (`compiled.check_core`).
+    """
+    unknown = [core for core in cores if core not in CORES]
+    if unknown or not cores:
+        raise ValueError(f"cores must be one or more of {list(CORES)}, got {list(cores)}")
+    for name, value in (("gamma", gamma), ("new_tokens", new_tokens), ("repeats", repeats)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if not prompt:
+        raise ValueError("prompt must hold one or more tokens")
+    compiled = {core for core in cores if check_core(CORES[core]["static"], CORES[core].get("compile"), target.device)}
+    length = len(prompt) + max(new_tokens // 2, 1)
+    # the slots a decode's static caches get: `slack` past the budget as in `static_rows.Rows.from_prompts`
+    capacity = static_capacity(len(prompt) + new_tokens + gamma + 2)
+    step_capacity = static_capacity(len(prompt) + new_tokens + 1)
+    ids = (list(prompt) * (capacity // len(prompt) + 1))[:capacity]
+    tokens = torch.tensor([ids], device=target.device)
+    with folded_gqa(target, drafter):
+        pieces = {
+            (core, name): piece
+            for core in cores
+            for name, piece in _pieces(target, drafter, tokens.clone(), length, gamma, core, step_capacity).items()
+        }
+        times = _time_pieces(pieces, repeats, compiled, target.device, (target, drafter))
+    return {
+        core: StepCosts(
+            target_step_s=times[core, "step"],
+            target_verify_s=times[core, "verify"],
+            drafter_step_s=times[core, "draft"] / gamma,
+            gamma=gamma,
+            context_tokens=length,
+        )
+        for core in cores
     }

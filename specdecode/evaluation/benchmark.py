@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -81,7 +82,7 @@ def assisted_generate(
     drafter.generation_config.assistant_confidence_threshold = 0.0
     input_ids = torch.tensor([prompt], device=target.device)
     start = time.perf_counter()
-    out = target.generate(
+    out = target.generate(  # type: ignore[operator]  # transformers types `generate` through nn.Module's __getattr__
         input_ids,
         attention_mask=torch.ones_like(input_ids),
         assistant_model=drafter,
@@ -96,7 +97,7 @@ def assisted_generate(
     return out[0, len(prompt) :].tolist(), time.perf_counter() - start
 
 
-def _pooled(results: Sequence[GenerationResult]) -> dict[str, float | None]:
+def _pooled(results: Sequence[GenerationResult]) -> dict[str, Any]:
     """Throughput and acceptance pooled over runs (tokens / seconds, accepts / judged)."""
     tokens = sum(r.stats.generated_tokens for r in results)
     seconds = sum(r.stats.wall_time_s for r in results)
@@ -153,7 +154,7 @@ def run_benchmark(cfg: BenchmarkConfig) -> dict:
             "cpus": os.cpu_count(),
             "torch": torch.__version__,
             "device": str(target.device),
-            # the CPU kernel in use (skinny_matmul=null: the faster, measured once per machine):
+            # the CPU kernel in use (skinny_matmul; null: the faster, measured once per machine):
             # the row counts computed as weight @ x.T, null where F.linear does all
             "skinny_rows": skinny_rows_of(target),
         },
@@ -179,7 +180,9 @@ def _measure(
 ) -> tuple[StepCosts, _Runs]:
     """Warm up, measure the step costs, then time each method at batch 1 and at batch B."""
     eos = default_eos(target)
-    decode = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, eos_token_ids=eos, seed=cfg.seed)
+    decode: dict[str, Any] = dict(
+        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, eos_token_ids=eos, seed=cfg.seed
+    )
     lookup = cfg.prompt_lookup
 
     # Warm-up: first calls pay one-off allocation and dispatch costs that would skew short runs.

@@ -16,28 +16,31 @@ the point; the cost of the loop around them is.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
 from specdecode.decoding.decode import autoregressive_generate, speculative_generate
 from specdecode.decoding.static_cache import static_capacity
+from specdecode.decoding.stats import GenerationResult
+from specdecode.decoding.timing import CORES, StepCosts, core_step_costs
 from specdecode.evaluation.benchmark import assisted_generate
-from specdecode.evaluation.core_costs import CORES, core_step_costs, costs_markdown
 from specdecode.evaluation.core_targets import build_target
 from specdecode.evaluation.profiling import host_profile, profile_call
 from specdecode.models.drafters import derive_drafter
-from specdecode.models.feature_drafter import derive_feature_drafter
-from specdecode.models.loading import load_model, resolve_dtype
+from specdecode.models.feature_drafter import FeatureDrafter, derive_feature_drafter
+from specdecode.models.loading import load_drafter, resolve_dtype
 
-# The methods a GPU check times (`eval/benchmark_gpu.py`'s default `--only`): on an H200 each
-# compiled one first compiled for 64-86 s in bf16, so every core of every method does not fit a lease.
-LEASE_METHODS = (
+# The methods timed unless asked for more (`eval/benchmark_gpu.py`'s default `--only`): each compiled
+# method first compiles for 64-86 s in bf16 on an H200, so every core of every method takes long.
+DEFAULT_METHODS = (
     "target alone, eager",
     "target alone, compiled",
     "ours (slice), compiled",
@@ -71,15 +74,11 @@ class Row:
 Method = Callable[[list[list[int]]], tuple[list[list[int]], float, float | None]]
 
 
-def drafters_of(target: PreTrainedModel, drafter: str | None = None) -> dict[str, PreTrainedModel]:
+def drafters_of(target: PreTrainedModel, drafter: str | None = None) -> dict[str, PreTrainedModel | FeatureDrafter]:
     """The drafters the benchmark times with `target`: "slice", a one-layer slice of it (ours and
     transformers assisted share it), and "feature", the saved feature drafter at `drafter`, else an
     untrained one-layer one."""
-    feature_drafter = (
-        derive_feature_drafter(target, 1)
-        if drafter is None
-        else load_model(drafter, dtype=target.dtype, device=target.device, skinny_matmul=False)[0]
-    )
+    feature_drafter = derive_feature_drafter(target, 1) if drafter is None else load_drafter(drafter, target)
     return {"slice": derive_drafter(target, 1), "feature": feature_drafter}
 
 
@@ -88,34 +87,36 @@ def methods(
     gamma: int,
     new_tokens: int,
     batch_size: int,
-    drafters: dict[str, PreTrainedModel],
+    drafters: dict[str, PreTrainedModel | FeatureDrafter],
     capacity: int | None = None,
 ) -> dict[str, Method]:
     """The methods of a group, by name: the target alone and ours with each of `drafters`
     (`drafters_of`) on each core, the static cores' caches of `capacity` slots (one compiled shape
     for prompts of any length); transformers assisted generation with the slice drafter at batch 1."""
-    decode = dict(max_new_tokens=new_tokens, eos_token_ids=[])
+    decode: dict[str, Any] = dict(max_new_tokens=new_tokens, eos_token_ids=[])
 
-    def timed(call: Callable[[], object]) -> tuple[list[list[int]], float, float | None]:
+    def timed(call: Callable[[], GenerationResult]) -> tuple[list[list[int]], float, float | None]:
         start = time.perf_counter()
         result = call()
         seconds = time.perf_counter() - start
-        return result.sequences, seconds, result.stats.alpha  # type: ignore[attr-defined]
+        return result.sequences, seconds, result.stats.alpha
+
+    def alone(options: dict[str, Any]) -> Method:
+        return lambda p: timed(lambda: autoregressive_generate(target, p, **decode, **options))
+
+    def ours(options: dict[str, Any], drafter: PreTrainedModel | FeatureDrafter) -> Method:
+        return lambda p: timed(
+            lambda: speculative_generate(target, drafter, p, gamma=gamma, prompt_lookup=None, **decode, **options)
+        )
 
     found: dict[str, Method] = {}
-    for core, options in CORES.items():
-        options = options | ({"capacity": capacity} if options["static"] and capacity else {})
-        found[f"target alone, {core}"] = lambda p, o=options: timed(
-            lambda: autoregressive_generate(target, p, **decode, **o)
-        )
+    for core, core_options in CORES.items():
+        options: dict[str, Any] = core_options | ({"capacity": capacity} if core_options["static"] and capacity else {})
+        found[f"target alone, {core}"] = alone(options)
         for kind, drafter in drafters.items():
-            found[f"ours ({kind}), {core}"] = lambda p, o=options, d=drafter: timed(
-                lambda: speculative_generate(target, d, p, gamma=gamma, prompt_lookup=None, **decode, **o)
-            )
-    if batch_size == 1:
-        found["transformers assisted (slice)"] = lambda p: hf_assisted(
-            target, drafters["slice"], p[0], gamma, new_tokens
-        )
+            found[f"ours ({kind}), {core}"] = ours(options, drafter)
+    if batch_size == 1 and isinstance(slice_drafter := drafters["slice"], PreTrainedModel):
+        found["transformers assisted (slice)"] = lambda p: hf_assisted(target, slice_drafter, p[0], gamma, new_tokens)
     return found
 
 
@@ -206,8 +207,8 @@ def profile_group(
             progress(f"  profile of {name}: not run, past the time limit")
             continue
         try:
-            progress(f"  profile of {name}: {profile_call(lambda m=method: m(batch))}")
-            progress(f"  host of {name}: {host_profile(lambda m=method: m(batch))}")
+            progress(f"  profile of {name}: {profile_call(functools.partial(method, batch))}")
+            progress(f"  host of {name}: {host_profile(functools.partial(method, batch))}")
         except Exception as error:  # a diagnostic: its failure must not end the benchmark
             progress(f"  profile of {name} failed: {error!r}")
 
@@ -264,8 +265,8 @@ def run_core_benchmark(
     every method per batch size. `drafter`: a saved feature drafter of the target to time instead of
     an untrained one; `only`: the methods whose names contain one of these (all when empty);
     `profile`: print where each method's time goes (`profile_call`); `time_limit_s`: start no
-    method, round or profile after this many seconds (`time_group`), for a lease of fixed length;
-    `step_costs`: first print each drafter's step costs on each core (`core_costs.core_step_costs`:
+    method, round or profile after this many seconds (`time_group`), for a run of fixed length;
+    `step_costs`: first print each drafter's step costs on each core (`timing.core_step_costs`:
     c, the verify ratio) at batch 1 after the first prompt."""
     check_only(only)
     for dtype in dtypes:
@@ -286,8 +287,8 @@ def run_core_benchmark(
         if step_costs and time.perf_counter() < deadline:
             costs = {kind: core_step_costs(target, d, prompts[0], new_tokens, gamma) for kind, d in drafters.items()}
             progress(f"step costs at gamma {gamma}, batch 1:\n{costs_markdown(costs)}")
-        writer = {
-            f"data writer, {core}": (lambda p, o=options, t=target: _writer(t, p, writer_tokens, o))
+        writer: dict[str, Method] = {
+            f"data writer, {core}": functools.partial(_writer, target, new_tokens=writer_tokens, options=options)
             for core, options in CORES.items()
         }
         # the data writer first: it compiles one shape, where the decode groups compile several
@@ -310,7 +311,7 @@ def run_core_benchmark(
 
 def _writer(
     target: PreTrainedModel, prompts: list[list[int]], new_tokens: int, options: dict
-) -> tuple[list[list[int]], float, None]:
+) -> tuple[list[list[int]], float, float | None]:
     start = time.perf_counter()
     result = autoregressive_generate(
         target, prompts, max_new_tokens=new_tokens, eos_token_ids=[], feature_layers=(-1,), **options
@@ -342,3 +343,18 @@ def report_markdown(rows: Sequence[Row], device: str) -> str:
 
 def rows_as_dicts(rows: Sequence[Row]) -> list[dict]:
     return [asdict(r) for r in rows]
+
+
+def costs_markdown(costs: dict[str, dict[str, StepCosts]]) -> str:
+    """A table of `core_step_costs` per drafter: drafter name → core → costs."""
+    lines = [
+        "| drafter | core | target step ms | verify ms | drafter step ms | c | verify ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for drafter, by_core in costs.items():
+        for core, c in by_core.items():
+            lines.append(
+                f"| {drafter} | {core} | {c.target_step_s * 1e3:.2f} | {c.target_verify_s * 1e3:.2f} | "
+                f"{c.drafter_step_s * 1e3:.2f} | {c.cost_ratio:.3f} | {c.verify_ratio:.2f} |"
+            )
+    return "\n".join(lines)

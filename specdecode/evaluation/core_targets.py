@@ -9,7 +9,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from specdecode.evaluation.benchmark import benchmark_prompts
-from specdecode.models.loading import load_model, resolve_dtype
+from specdecode.models.loading import as_target, load_model, resolve_dtype
 
 TARGETS = ("smollm2-135m-instruct", "llama-3.2-1b-shape", "tiny")
 
@@ -17,7 +17,7 @@ TARGETS = ("smollm2-135m-instruct", "llama-3.2-1b-shape", "tiny")
 def llama_1b_shape() -> LlamaConfig:
     """Llama-3.2-1B's architecture (16 layers, hidden 2048, GQA 32/8 heads, 128k vocabulary, tied
     embeddings), context cut to 4,096; weights are random: for timing only."""
-    return LlamaConfig(
+    return LlamaConfig(  # type: ignore[call-arg]  # rope_theta goes through **kwargs in transformers 5
         vocab_size=128256,
         hidden_size=2048,
         intermediate_size=8192,
@@ -59,12 +59,13 @@ def build_target(name: str, dtype: str, device: str, count: int) -> tuple[PreTra
         raise ValueError(f"target must be one of {TARGETS}, got {name!r}")
     if name == TARGETS[0]:
         # plain linears: the CPU kernel choice (models.cpu_matmul) is another question than the core's
-        target, tokenizer = load_model(name, dtype=dtype, device=device, skinny_matmul=False)
+        model, tokenizer = load_model(name, dtype=dtype, device=device, skinny_matmul=False)
+        target = as_target(model, name)
         held_out = [ids for _, ids in benchmark_prompts(tokenizer, min(count, 24), max_tokens=256)]
         return target, [held_out[i % len(held_out)] for i in range(count)]
     torch.manual_seed(0)
     config = llama_1b_shape() if name == TARGETS[1] else tiny_shape()
-    target = LlamaForCausalLM(config).to(device=device, dtype=resolve_dtype(dtype)).eval()
+    target = LlamaForCausalLM(config).to(device=device, dtype=resolve_dtype(dtype)).eval()  # type: ignore[call-arg]  # transformers' wrapped `.to` hides its signature
     return target, random_prompts(config.vocab_size, count, (32, 96))
 
 

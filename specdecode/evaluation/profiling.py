@@ -48,7 +48,7 @@ def host_profile(run: Run, top: int = 5) -> str:
     finally:  # a failed call must not leave every later one profiled
         profiler.disable()
     tokens = max(sum(len(row) for row in sequences), 1)
-    stats = pstats.Stats(profiler).stats  # {(file, line, function): (calls, _, own seconds, cumulative, _)}
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]  # pstats has no public table; {(file, line, function): (calls, _, own seconds, cumulative, _)}
     ranked = sorted(stats.items(), key=lambda item: item[1][2], reverse=True)[:top]
     named = "; ".join(
         f"{Path(file).name}:{line}({function}) {own / tokens * 1e3:.3f} ms"

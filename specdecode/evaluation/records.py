@@ -132,7 +132,7 @@ def run_interleaved(
         missing = sorted(set(choices) - set(pool or {}))
         if missing:
             raise ValueError(f"{name} chooses {missing}, which the pool of generators lacks")
-        plans[name] = grouped_batches(pool, choices, batch_size)
+        plans[name] = grouped_batches(pool or {}, choices, batch_size)
     results: dict[str, list[GenerationResult]] = {name: [] for name in plans}
     names = list(plans)
     for turn in range(max((len(plan) for plan in plans.values()), default=0)):

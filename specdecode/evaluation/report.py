@@ -7,12 +7,13 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from specdecode.core.atomic import write_atomic
 from specdecode.evaluation.token_pages import token_page_links
 
 
-def _pyplot():  # type: ignore[no-untyped-def]
+def _pyplot() -> Any:
     """matplotlib on its file-only backend, imported when a plot is drawn (not by importers of fmt)."""
     import matplotlib
 

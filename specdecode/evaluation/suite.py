@@ -37,7 +37,6 @@ from specdecode.decoding.decode import autoregressive_generate, drafter_gamma, s
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.static_cache import static_capacity
 from specdecode.decoding.timing import measure_pass_costs, warm_up_tokens
-from specdecode.decoding.validation import validate_models
 from specdecode.evaluation.config import EvalConfig
 from specdecode.evaluation.records import (
     ROUTED_CHOICES,
@@ -55,9 +54,9 @@ from specdecode.evaluation.records import (
 )
 from specdecode.evaluation.report import write_report
 from specdecode.evaluation.token_pages import write_token_pages
-from specdecode.models.compat import check_tokenizers, default_eos
+from specdecode.models.compat import default_eos
 from specdecode.models.cpu_matmul import kernel_picks
-from specdecode.models.loading import build_drafter, load_model, load_target, load_tokenizer
+from specdecode.models.loading import build_drafter, load_drafters, load_target, load_tokenizer
 from specdecode.routing.router import NO_DRAFTER, Router
 
 
@@ -116,10 +115,10 @@ def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], ob
     if "routed" in cfg.methods:
         if router_loader is None:
             router_loader = partial(Router.load, device=str(device))
-        router = router_loader(cfg.router_dir)  # type: ignore[arg-type]
+        router = router_loader(cfg.router_dir)  # type: ignore[arg-type]  # router_dir is checked set when routed is asked for
         # The router may choose any drafter it was fitted on: each must be one this run loads.
         known = {"autoregressive", *map(_method_name, cfg.drafters)} | ({"undistilled"} & set(cfg.methods))
-        missing = [name for name in router.drafters if _router_key(name) not in known]  # type: ignore[attr-defined]
+        missing = [name for name in router.drafters if _router_key(name) not in known]  # type: ignore[attr-defined]  # the loader returns a Router (tests pass stand-ins)
         if missing:
             raise ValueError(
                 f"router_dir={cfg.router_dir!r} routes to {missing}, which drafters lacks "
@@ -133,16 +132,8 @@ def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], ob
     # The router and the oracle choose between the trained drafters: they load for either, even
     # where their own rows were not asked for.
     choosers = {"routed", "oracle"} & set(cfg.methods)
-    for name, path in cfg.drafters.items():
-        if _family(name) not in cfg.methods and not choosers:
-            continue
-        try:  # a drafter of another target (tokenizer, vocabulary, hidden size) is named by its key
-            model, drafter_tokenizer = load_model(path, dtype=cfg.dtype, device=device, skinny_matmul=cfg.skinny_matmul)
-            check_tokenizers(tokenizer, drafter_tokenizer)
-            validate_models(target, model)
-        except ValueError as error:
-            raise ValueError(f"drafters.{name}={path!r}: {error}") from None
-        drafters[_method_name(name)] = model
+    wanted = {name: path for name, path in cfg.drafters.items() if _family(name) in cfg.methods or choosers}
+    drafters |= {_method_name(name): model for name, model in load_drafters(wanted, target, tokenizer).items()}
     return _Models(target, tokenizer, default_eos(target), drafters, router)
 
 

@@ -1,6 +1,6 @@
 """The evaluation's token pages: `tokens-<domain>.html` beside report.md, a few held-out prompts
 per domain decoded greedily at batch 1 by the routed method (the generic drafter without a router)
-with the per-token record on, each token coloured by how it came (`watch_html`). These decodes run
+with the per-token record on, each token coloured by how it came (`specdecode.watch.render`). These decodes run
 after the domain's timed ones and are not part of any row."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from specdecode.decoding.decode import autoregressive_generate, speculative_generate
 from specdecode.evaluation.config import EvalConfig
-from specdecode.evaluation.watch_html import Answer, pieces, write_token_page
+from specdecode.watch.render import Answer, pieces, write_token_page
 
 
 def page_methods(cfg: EvalConfig, models: Any, texts: list[str], router_key: Callable[[str], str]) -> list[str]:
@@ -33,7 +33,9 @@ def write_token_pages(
         return None
     answers = []
     for text, prompt, method in zip(texts, ids, methods):
-        decode = dict(max_new_tokens=cfg.max_new_tokens, eos_token_ids=models.eos, seed=cfg.seed, record=True)
+        decode: dict[str, Any] = dict(
+            max_new_tokens=cfg.max_new_tokens, eos_token_ids=models.eos, seed=cfg.seed, record=True
+        )
         if method == "autoregressive":
             result = autoregressive_generate(models.target, [prompt], **decode)
         else:
@@ -41,6 +43,7 @@ def write_token_pages(
             result = speculative_generate(
                 models.target, drafter, [prompt], gamma=cfg.gamma, prompt_lookup=cfg.prompt_lookup, **decode
             )
+        assert result.record is not None  # record=True
         row = result.record[0]
         answers.append(Answer(text, method, pieces(models.tokenizer, row), row.tau, result.stats.tokens_per_s))
     shown = "the router's choice per prompt" if "routed" in cfg.methods and models.router is not None else "generic"

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints; its stubs are no dependency
 from huggingface_hub import HfApi
 
 from specdecode.core.atomic import write_atomic

@@ -4,11 +4,20 @@ the vocabulary size; a model's own EOS ids; and the keyword a model takes a KV c
 from __future__ import annotations
 
 import inspect
+from typing import Protocol
 
 import torch
-from transformers import LlamaModel, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import LlamaModel, PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdecode.core.config import is_int
+
+
+class Configured(Protocol):
+    """A model with a transformers config: a causal LM, or a feature drafter wrapping one."""
+
+    @property
+    def config(self) -> PreTrainedConfig: ...
+
 
 # The keyword transformers' models and decoder layers take a KV cache by: `cache` from 5.24 on,
 # where `past_key_values` is deprecated; `past_key_values` before.
@@ -51,7 +60,7 @@ def check_tokenizers(target_tokenizer: PreTrainedTokenizerBase, drafter_tokenize
         )
 
 
-def check_vocab_sizes(target: PreTrainedModel, drafter: PreTrainedModel) -> None:
+def check_vocab_sizes(target: PreTrainedModel, drafter: PreTrainedModel | Configured) -> None:
     """Require the drafter's logits to live in the target's vocabulary.
 
     Raises:

@@ -68,26 +68,26 @@ LAST_FEATURE = (-1,)
 
 
 def check_feature_layers(
-    layers: Sequence[int], num_target_layers: int | None = None, name: str = "feature_layers"
+    layers: Sequence[int] | None, num_target_layers: int | None = None, name: str = "feature_layers"
 ) -> tuple[int, ...]:
     """`layers` as a tuple if it is a list of distinct ints ending with -1 (the last hidden state,
     which the drafter predicts and the head reads), the others in [1, num_target_layers - 1]."""
-    layers = tuple(layers) if isinstance(layers, (list, tuple)) else ()
-    inner = layers[:-1]
+    found = tuple(layers) if isinstance(layers, (list, tuple)) else ()
+    inner = found[:-1]
     ok = (
-        bool(layers)
-        and all(isinstance(i, int) and not isinstance(i, bool) for i in layers)
-        and layers[-1] == -1
+        bool(found)
+        and all(isinstance(i, int) and not isinstance(i, bool) for i in found)
+        and found[-1] == -1
         and len(set(inner)) == len(inner)
         and all(i >= 1 and (num_target_layers is None or i < num_target_layers) for i in inner)
     )
     if not ok:
         bound = f"{num_target_layers - 1}" if num_target_layers is not None else "L - 1"
         raise ValueError(
-            f"{name}={list(layers) if layers else layers!r}: expected distinct target layers in [1, {bound}] "
+            f"{name}={list(found) if found else layers!r}: expected distinct target layers in [1, {bound}] "
             "followed by -1 (the last hidden state), e.g. [-1] or [2, 15, -1]"
         )
-    return layers
+    return found
 
 
 def check_layout(layout: str, name: str = "layout") -> str:

@@ -11,14 +11,23 @@ On disk a truncated drafter is a plain full-vocab checkpoint plus `config.draft_
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import PreTrainedConfig, PreTrainedModel
 
 from specdecode.models.cpu_matmul import skinny_linear
+
+
+class Configured(Protocol):
+    """A model with a transformers config: a causal LM, or a feature drafter wrapping one."""
+
+    @property
+    def config(self) -> PreTrainedConfig: ...
+
+    def get_output_embeddings(self) -> torch.nn.Module | None: ...
 
 
 class DraftVocabHead(nn.Module):
@@ -45,6 +54,10 @@ class DraftVocabHead(nn.Module):
     """
 
     skinny_rows: tuple[int, int] | None = None
+    # buffers (register_buffer), declared for the type checker
+    draft_ids: torch.Tensor
+    base_weight: torch.Tensor
+    base_bias: torch.Tensor | None
 
     def __init__(
         self, full_weight: torch.Tensor, draft_ids: torch.Tensor, full_bias: torch.Tensor | None = None
@@ -87,6 +100,7 @@ class DraftVocabHead(nn.Module):
         """[V] counterpart of `full_weight` for the bias, or None."""
         if self.bias is None:
             return None
+        assert self.base_bias is not None  # registered with the bias
         full = self.base_bias.clone()
         full[self.draft_ids] = self.bias.detach()
         return full
@@ -152,7 +166,7 @@ def _draft_head_load_hook(
         state_dict[key] = full[module.draft_ids.to(full.device)]
 
 
-def draft_vocab_ids(drafter: PreTrainedModel) -> torch.Tensor:
+def draft_vocab_ids(drafter: PreTrainedModel | Configured) -> torch.Tensor:
     """[K] ids the drafter's head scores: its draft ids, or all V for a full head."""
     head = drafter.get_output_embeddings()
     if isinstance(head, DraftVocabHead):

@@ -102,7 +102,7 @@ def resolve_draft_vocab(
         return most_frequent_token_ids(corpus, draft_vocab, vocab_size, always_include=default_eos(target))
     if corpus is not None:
         raise ValueError("corpus=... is only used with an int draft_vocab; explicit ids were given")
-    return validate_draft_ids(draft_vocab, vocab_size)
+    return validate_draft_ids(draft_vocab, vocab_size)  # type: ignore[arg-type]  # a bool is refused there, by name
 
 
 def _trim_per_layer_config(config: Any, num_layers: int) -> None:

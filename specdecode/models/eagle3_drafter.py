@@ -24,7 +24,7 @@ import copy
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from safetensors.torch import save_file
@@ -74,7 +74,7 @@ def check_eagle3_layers(layers: Sequence[int], num_target_layers: int) -> tuple[
             f"[1, {num_target_layers - 1}] (the target has {num_target_layers}), e.g. "
             f"{list(default_feature_layers(max(num_target_layers, 8)))}"
         )
-    return layers  # type: ignore[return-value]
+    return layers  # type: ignore[return-value]  # checked above to be three ints
 
 
 def llama_config_like(text: Any, **overrides: Any) -> LlamaConfig:
@@ -108,11 +108,13 @@ class Eagle3Layer(nn.Module):
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
-        hidden, head_dim = config.hidden_size, config.head_dim
+        hidden = config.hidden_size
+        head_dim = config.head_dim or hidden // config.num_attention_heads
+        kv_heads = config.num_key_value_heads or config.num_attention_heads
         self.self_attn = LlamaAttention(config, layer_idx=0)
         self.self_attn.q_proj = nn.Linear(2 * hidden, config.num_attention_heads * head_dim, bias=False)
-        self.self_attn.k_proj = nn.Linear(2 * hidden, config.num_key_value_heads * head_dim, bias=False)
-        self.self_attn.v_proj = nn.Linear(2 * hidden, config.num_key_value_heads * head_dim, bias=False)
+        self.self_attn.k_proj = nn.Linear(2 * hidden, kv_heads * head_dim, bias=False)
+        self.self_attn.v_proj = nn.Linear(2 * hidden, kv_heads * head_dim, bias=False)
         self.mlp = LlamaMLP(config)
         self.input_layernorm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
         self.hidden_norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
@@ -143,7 +145,7 @@ class NormedDraftHead(DraftVocabHead):
 
     def __init__(self, full_weight: torch.Tensor, draft_ids: torch.Tensor, eps: float) -> None:
         super().__init__(full_weight, draft_ids)
-        self.norm = LlamaRMSNorm(full_weight.shape[1], eps=eps).to(full_weight.device, full_weight.dtype)
+        self.norm: LlamaRMSNorm = LlamaRMSNorm(full_weight.shape[1], eps=eps).to(full_weight.device, full_weight.dtype)
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return super().draft_logits(self.norm(hidden))
@@ -206,8 +208,8 @@ class Eagle3Drafter(FeatureDrafter):
         config = copy.deepcopy(self.body.config)
         config.num_hidden_layers = 0
         with torch.device("meta"):
-            plain = LlamaForCausalLM(config)
-        head = self.get_output_embeddings()
+            plain = LlamaForCausalLM(cast(LlamaConfig, config))
+        head = cast(NormedDraftHead, self.get_output_embeddings())
         plain.load_state_dict(
             {
                 "model.embed_tokens.weight": self.get_input_embeddings().weight.detach(),
@@ -273,7 +275,7 @@ def derive_eagle3_drafter(
         config.draft_vocab_ids = draft_ids.tolist()
     body = LlamaForCausalLM(config)
     body.model.layers = nn.ModuleList([Eagle3Layer(config)])
-    body.to(device=target.device, dtype=target.dtype)
+    body.to(device=target.device, dtype=target.dtype)  # type: ignore[call-arg]  # transformers' wrapped `.to` hides its signature
     init_at_random(body.model.layers, getattr(text, "initializer_range", 0.02), seed)
     with torch.no_grad():
         body.model.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
@@ -299,7 +301,7 @@ def load_eagle3(model: PreTrainedModel, folder: str | os.PathLike[str]) -> Eagle
     tensors = read_safetensors(path)
     config = model.config
     config.num_hidden_layers = 1
-    layer = Eagle3Layer(config).to(model.device, model.dtype)
+    layer = Eagle3Layer(cast(LlamaConfig, config)).to(model.device, model.dtype)
     try:
         layer.load_state_dict({k.removeprefix("layer."): v for k, v in tensors.items() if k.startswith("layer.")})
         head = model.get_output_embeddings()

@@ -42,17 +42,18 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from safetensors.torch import save_file
+from torch import nn
 from transformers import PreTrainedModel
 
 from specdecode.core.atomic import atomic_folder
 from specdecode.models.card import export_card
 from specdecode.models.config import LAST_FEATURE
 from specdecode.models.draft_vocab import DraftVocabHead, draft_vocab_ids
-from specdecode.models.eagle3_drafter import Eagle3Drafter, llama_config_like
+from specdecode.models.eagle3_drafter import Eagle3Drafter, NormedDraftHead, llama_config_like
 from specdecode.models.feature_drafter import CONFIG_KEY, FeatureDrafter
 
 WEIGHTS_FILE = "model.safetensors"
@@ -74,7 +75,7 @@ class Exported:
 
 
 def export_drafter(
-    drafter: FeatureDrafter,
+    drafter: PreTrainedModel | FeatureDrafter,
     target: PreTrainedModel,
     folder: str | os.PathLike[str],
     format: str = "vllm-eagle",
@@ -176,8 +177,8 @@ def _sglang_eagle3(drafter: Eagle3Drafter, target: PreTrainedModel) -> Exported:
     return Exported(config, _eagle3_tensors(drafter), engine="sglang", method="EAGLE3")
 
 
-# format → what it writes
-FORMATS: dict[str, Callable[[FeatureDrafter, PreTrainedModel], Exported]] = {
+# format → what it writes; each checks the drafter's kind itself, so that its refusal names the format
+FORMATS: dict[str, Callable[[Any, PreTrainedModel], Exported]] = {
     "vllm-eagle": _vllm_eagle,
     "sglang-eagle": _sglang_eagle,
     "vllm-eagle3": _vllm_eagle3,
@@ -192,7 +193,7 @@ def _eagle3_config(drafter: Eagle3Drafter, target: PreTrainedModel, format: str)
         raise ValueError(f"format {format!r} writes EAGLE-3 drafters (drafter=eagle3); got {type(drafter).__name__}")
     check_family(target, format)
     embeddings = drafter.get_input_embeddings().weight.detach().cpu()
-    if not torch.equal(embeddings, target.get_input_embeddings().weight.detach().cpu()):
+    if not torch.equal(embeddings, _embedding_weight(target).cpu()):
         raise ValueError(
             f"drafter embeddings differ from the target's, which {format} uses in their place "
             "(train with train.freeze_embeddings=true)"
@@ -208,7 +209,7 @@ def _eagle3_tensors(drafter: Eagle3Drafter) -> dict[str, torch.Tensor]:
     """`fc.weight`, `midlayer.*` (both engines' name for the one layer), `norm.weight`, `lm_head.weight`
     over the K draft ids, `d2t` (target id - draft id, per draft id), `t2d` (is a target id drafted),
     `embed_tokens.weight`."""
-    head = drafter.get_output_embeddings()
+    head = cast(NormedDraftHead, drafter.get_output_embeddings())
     ids = draft_vocab_ids(drafter)
     t2d = torch.zeros(drafter.config.vocab_size, dtype=torch.bool)
     t2d[ids] = True
@@ -269,6 +270,11 @@ def _check_eagle1(drafter: FeatureDrafter, target: PreTrainedModel, format: str)
     return family
 
 
+def _embedding_weight(model: PreTrainedModel) -> torch.Tensor:
+    """`[V, H]` the model's input embeddings, detached."""
+    return cast(nn.Embedding, model.get_input_embeddings()).weight.detach()
+
+
 def check_family(target: PreTrainedModel, format: str) -> str:
     """The target's family if `format` covers it; a ValueError naming both otherwise."""
     family = target_family(target)
@@ -283,7 +289,7 @@ def check_family(target: PreTrainedModel, format: str) -> str:
 def _check_shared_with_target(drafter: FeatureDrafter, target: PreTrainedModel, format: str) -> None:
     """The engines replace the drafter's embeddings and LM head with the target's: they must match."""
     embeddings = drafter.get_input_embeddings().weight.detach().cpu()
-    target_embeddings = target.get_input_embeddings().weight.detach().cpu()
+    target_embeddings = _embedding_weight(target).cpu()
     if embeddings.shape != target_embeddings.shape or not torch.equal(embeddings, target_embeddings):
         raise ValueError(
             f"drafter embeddings differ from the target's, which {format} uses in their place "

@@ -40,7 +40,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -145,11 +145,11 @@ class FeatureDrafter(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.body.dtype
 
-    def get_input_embeddings(self) -> nn.Module:
-        return self.body.get_input_embeddings()
+    def get_input_embeddings(self) -> nn.Embedding:
+        return cast(nn.Embedding, self.body.get_input_embeddings())
 
-    def get_output_embeddings(self) -> nn.Module:
-        return self.body.get_output_embeddings()
+    def get_output_embeddings(self) -> nn.Linear | DraftVocabHead:
+        return cast("nn.Linear | DraftVocabHead", self.body.get_output_embeddings())
 
     @property
     def feature_width(self) -> int:
@@ -282,6 +282,7 @@ def derive_feature_drafter(
             body.get_decoder().layers, getattr(body.config.get_text_config(), "initializer_range", 0.02), seed
         )
     else:
+        assert last is not None  # checked with init_from_layer above
         for i, layer in enumerate(body.get_decoder().layers):
             layer.load_state_dict(layers[last + 1 - num_layers + i].state_dict())
             if layout == "eagle":

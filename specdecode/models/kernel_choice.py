@@ -1,16 +1,14 @@
 """Which CPU kernel a model's linear layers take (`cpu_matmul.py`): measured once per machine, then
 read from a cache on disk.
 
-Which kernel is fastest depends on the CPU, so it is measured: `measure_skinny_rows` times a
-batch-1 forward of 1..5 tokens with skinny linears and with `F.linear` (the single row and the few
-rows decided apart, since each kernel choice only touches its own row counts), and
-`measure_packed_rows` times oneDNN's reordered weights for 3..5 tokens against what the model has.
-That takes seconds for SmolLM2-135M on a 2-core CPU, so `load_model` (`skinny_matmul=None`) asks
-`cached_skinny_rows` / `cached_packed_rows`, which measure on the first load and keep the pick in
-`kernel_cache_dir()`, one JSON file per key: the CPU model, the cores and torch threads, the torch
-version, the model's dtype and linear shapes, and what was timed. A later load on the same machine
-reads the pick. Delete the folder to measure again (e.g. after a noisy first measurement), or pass
-`skinny_matmul=True` / `False` to skip the choice.
+Which kernel is fastest depends on the CPU, so it is measured where asked (`load_model`'s
+`skinny_matmul=None`; the default `False` takes none of this): `measure_skinny_rows` times a
+batch-1 forward of 1..5 tokens with skinny linears and with `F.linear`, the single row and the few
+rows decided apart, since each kernel choice only touches its own row counts. That takes seconds
+for SmolLM2-135M on a 2-core CPU, so `cached_skinny_rows` keeps the pick in `kernel_cache_dir()`,
+one JSON file per key: the CPU model, the cores and torch threads, the torch version, the model's
+dtype and linear shapes, and what was timed. A later load on the same machine reads the pick.
+Delete the folder to measure again.
 """
 
 from __future__ import annotations
@@ -33,13 +31,8 @@ from transformers import PreTrainedModel
 from specdecode.core.atomic import write_atomic
 from specdecode.models.cpu_matmul import (
     FEW_ROWS,
-    PACKED_ROWS,
     SKINNY_MAX_ROWS,
-    SkinnyLinear,
-    packed_available,
-    packed_rows_of,
     skinny_rows_of,
-    use_packed_linears,
     use_plain_linears,
     use_skinny_linears,
 )
@@ -47,8 +40,6 @@ from specdecode.models.gguf_cache import cache_dir
 
 # The pass widths the skinny choice times: a decode step, and verify passes of gamma + 1 tokens for gamma 1..4.
 AUTO_WIDTHS = (1, 2, 3, 4, 5)
-# The widths `measure_packed_rows` times: verify passes of gamma 2..4.
-PACKED_WIDTHS = (3, 4, 5)
 # A single row's kernels are timed over this many times the rounds of the wider passes: they differ
 # by ~10-14% where the few rows' differ by ~2x, and five rounds' medians then picked the slower one
 # now and then; a one-token pass is the cheapest to time.
@@ -90,7 +81,6 @@ def kernel_key(model: nn.Module, kind: str, **timed: Any) -> dict[str, Any]:
         "dtype": str(next(model.parameters()).dtype),
         "linears": sorted([*shape, count] for shape, count in shapes.items()),
         "skinny_rows": skinny_rows_of(model),
-        "packed_rows": packed_rows_of(model),
     } | timed
 
 
@@ -116,13 +106,6 @@ def cached_rows(key: dict[str, Any], measure: Callable[[], Rows]) -> Rows:
 def cached_skinny_rows(model: PreTrainedModel) -> Rows:
     """`measure_skinny_rows(model)`, measured once per machine and model shape (module docstring)."""
     return cached_rows(kernel_key(model, "skinny", widths=AUTO_WIDTHS), lambda: measure_skinny_rows(model))
-
-
-def cached_packed_rows(model: PreTrainedModel) -> Rows:
-    """`measure_packed_rows(model)`, measured once per machine, model shape and the kernels it has."""
-    if not packed_available() or model.device.type != "cpu" or model.dtype != torch.float32:
-        return None
-    return cached_rows(kernel_key(model, "packed", widths=PACKED_WIDTHS), lambda: measure_packed_rows(model))
 
 
 def _use_kernel(model: nn.Module, rows: Rows) -> None:
@@ -185,27 +168,3 @@ def measure_skinny_rows(model: PreTrainedModel, widths: tuple[int, ...] = AUTO_W
     if single and few:
         return (1, SKINNY_MAX_ROWS)
     return FEW_ROWS if few else (1, 1) if single else None
-
-
-@torch.inference_mode()
-def measure_packed_rows(model: PreTrainedModel, widths: tuple[int, ...] = PACKED_WIDTHS, repeats: int = 15) -> Rows:
-    """Whether oneDNN's reordered weights make `model`'s verify passes of `widths` tokens faster on
-    this CPU than the kernels it has (`time_kernels`, compared round by round by `is_faster`; 15
-    rounds, since on 5 a pick now and then kept them where they ran ~11% slower): `PACKED_ROWS` if
-    so, else None. `model` comes back with the kernels it had (a float32 model on CPU; anything
-    else, or a torch whose oneDNN ops are missing or fail: None, nothing timed)."""
-    if not packed_available() or model.device.type != "cpu" or model.dtype != torch.float32:
-        return None
-    had_packed, had_skinny = packed_rows_of(model), skinny_rows_of(model)
-    use_packed_linears(model, PACKED_ROWS)
-    linears = [m for m in model.modules() if isinstance(m, SkinnyLinear)]
-
-    def use(packed: bool) -> None:  # flips the rows only: the reordered copies stay built
-        for module in linears:
-            module.packed_rows = PACKED_ROWS if packed else None
-
-    times = time_kernels(model, widths, repeats, use)
-    use_packed_linears(model, had_packed)
-    if had_packed is None and had_skinny is None:
-        use_plain_linears(model)
-    return PACKED_ROWS if is_faster(times, list(widths)) else None

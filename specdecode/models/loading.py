@@ -12,22 +12,16 @@ from __future__ import annotations
 import copy as copy_module
 import difflib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import cast
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdecode.models.compat import check_tokenizers, check_vocab_sizes
 from specdecode.models.config import BUILT_KINDS, SMOKE_TARGET, DrafterConfig, TargetConfig
-from specdecode.models.cpu_matmul import (
-    FEW_ROWS,
-    packed_rows_of,
-    skinny_rows_of,
-    use_packed_linears,
-    use_plain_linears,
-    use_skinny_linears,
-)
+from specdecode.models.cpu_matmul import FEW_ROWS, skinny_rows_of, use_plain_linears, use_skinny_linears
 from specdecode.models.draft_vocab import apply_draft_vocab_from_config, pad_vocab
 from specdecode.models.drafters import derive_drafter
 from specdecode.models.eagle3_drafter import (
@@ -47,7 +41,7 @@ from specdecode.models.feature_drafter import (
 )
 from specdecode.models.folders import check_model_folder
 from specdecode.models.gguf_cache import DEFAULT_TARGET, default_target_gguf, gguf_to_hf_folder
-from specdecode.models.kernel_choice import cached_packed_rows, cached_skinny_rows
+from specdecode.models.kernel_choice import cached_skinny_rows
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -66,12 +60,12 @@ def load_model(
     *,
     dtype: str | torch.dtype = "float32",
     device: str | torch.device = "cpu",
-    skinny_matmul: bool | None = None,
+    skinny_matmul: bool | None = False,
     revision: str | None = None,
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
     device_map: str | None = None,
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+) -> tuple[PreTrainedModel | FeatureDrafter, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer, in eval mode on `device`.
 
     Args:
@@ -85,14 +79,11 @@ def load_model(
         device: where to put the model.
         skinny_matmul: on CPU, compute linear layers over 2..64 rows as `weight @ x.T`
             (`specdecode.models.cpu_matmul`), which on some CPUs makes a verify pass of a few
-            tokens cost about one decode step instead of ~1.7x, and on others costs 2x. None
-            (default) takes the faster of both kernels on this machine, timed on its first load
-            and kept on disk (`specdecode.models.kernel_choice`), for a single row
-            (computed as two, faster where MKL runs a matrix-vector product on one core) and
-            for 2..64 rows apart, then times oneDNN's product over weights reordered once for
-            3..16 rows (a verify of gamma 2..4; it keeps a second copy of the weights) against
-            that and takes it if faster (`packed_rows_of(model)` says which); True forces the
-            skinny kernel for 2..64 rows; False keeps `F.linear` everywhere. Ignored off CPU.
+            tokens cost about one decode step instead of ~1.7x, and on others costs 2x. False
+            (default) keeps `F.linear` everywhere; True forces the skinny kernel for 2..64 rows;
+            None takes the faster of both kernels on this machine, timed on its first load and
+            kept on disk (`specdecode.models.kernel_choice`), for a single row and for 2..64
+            rows apart. Ignored off CPU.
         revision: a hub id's branch, tag or commit (hub ids only).
         trust_remote_code: run the repo's own model code; a model that needs it and lacks it fails
             with a ValueError saying so.
@@ -146,6 +137,7 @@ def load_model(
 
     hub = {"revision": revision, "trust_remote_code": trust_remote_code}
     options = {"attn_implementation": attn_implementation, "device_map": device_map}
+    model: PreTrainedModel | FeatureDrafter
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=torch_dtype, **hub, **{k: v for k, v in options.items() if v}
@@ -175,7 +167,7 @@ def load_target(
     cfg: TargetConfig,
     dtype: str | torch.dtype = "float32",
     device: str | torch.device = "cpu",
-    skinny_matmul: bool | None = None,
+    skinny_matmul: bool | None = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The target a `TargetConfig` names, with its hub options, frozen, in eval mode."""
     target, tokenizer = load_model(
@@ -188,7 +180,18 @@ def load_target(
         attn_implementation=cfg.attn_implementation,
         device_map=cfg.device_map,
     )
-    return target.requires_grad_(False), tokenizer
+    return as_target(target, cfg.name).requires_grad_(False), tokenizer
+
+
+def as_target(model: PreTrainedModel | FeatureDrafter, name: str) -> PreTrainedModel:
+    """`model` as a target: a feature drafter's folder cannot be one (it reads a target's states).
+
+    Raises:
+        ValueError: naming `name`, when `model` is a feature drafter.
+    """
+    if isinstance(model, FeatureDrafter):
+        raise ValueError(f"{name!r} is a feature drafter, which drafts for a target and cannot be one")
+    return model
 
 
 def load_tokenizer(cfg: TargetConfig) -> PreTrainedTokenizerBase:
@@ -213,19 +216,17 @@ def load_tokenizer(cfg: TargetConfig) -> PreTrainedTokenizerBase:
 
 
 def _placed(
-    model: PreTrainedModel, dtype: torch.dtype, device: torch.device, skinny_matmul: bool | None
-) -> PreTrainedModel:
+    model: PreTrainedModel | FeatureDrafter, dtype: torch.dtype, device: torch.device, skinny_matmul: bool | None
+) -> PreTrainedModel | FeatureDrafter:
     """`model` in eval mode on `device` in `dtype`, with skinny linears on CPU if asked, or if
     measured faster on this machine (None; measured once, then read from disk)."""
-    model = model.to(device=device, dtype=dtype).eval()
-    timed = model.timed_module() if isinstance(model, FeatureDrafter) else model
+    model = model.to(device=device, dtype=dtype).eval()  # type: ignore[call-arg]  # transformers' wrapped `.to` hides its signature
+    # a feature drafter's timed module runs on tokens as a causal LM does (`FeatureDrafter.timed_module`)
+    timed = cast(PreTrainedModel, model.timed_module()) if isinstance(model, FeatureDrafter) else model
     if device.type == "cpu" and skinny_matmul is not False:
         rows = FEW_ROWS if skinny_matmul else cached_skinny_rows(timed)
         if rows is not None:
             use_skinny_linears(model, rows)
-        # verify passes of 3..16 rows: oneDNN over reordered weights, where timed faster than the above
-        if skinny_matmul is None and (packed := cached_packed_rows(timed)) is not None:
-            use_packed_linears(model, packed)
     return model
 
 
@@ -239,7 +240,7 @@ def cast_copy(model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
     """
     if model.dtype == dtype:
         return model
-    copy = copy_module.deepcopy(model).to(dtype=dtype).eval().requires_grad_(False)
+    copy = copy_module.deepcopy(model).to(dtype=dtype).eval().requires_grad_(False)  # type: ignore[call-arg]  # transformers' wrapped `.to` hides its signature
     use_plain_linears(copy)
     return copy
 
@@ -317,11 +318,13 @@ def build_drafter(
                 "set a smaller one, or null to keep the full vocabulary"
             )
         vocab_docs = corpus() if cfg.draft_vocab is not None else None
+        drafter: PreTrainedModel | FeatureDrafter
         if cfg.kind == "eagle3":
             drafter = derive_eagle3_drafter(
                 target, feature_layers=cfg.feature_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs
             )
         elif cfg.kind == "feature":
+            assert cfg.feature_layers is not None and cfg.layout is not None  # DrafterConfig sets both for it
             drafter = derive_feature_drafter(
                 target,
                 cfg.num_layers,
@@ -334,25 +337,74 @@ def build_drafter(
         else:
             drafter = derive_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs)
     else:
-        drafter, drafter_tokenizer = load_model(
+        return load_drafter(
             str(cfg.path),
-            dtype=target.dtype,
-            device=target.device,
-            skinny_matmul=False,
+            target,
+            tokenizer,
+            name=f"drafter.path={cfg.path!r}",
             revision=cfg.revision,
             trust_remote_code=cfg.trust_remote_code,
         )
-        check_tokenizers(tokenizer, drafter_tokenizer)
-        if not isinstance(drafter, FeatureDrafter):  # e.g. Qwen2.5-0.5B for the 7B: same tokenizer, less padding
+    return _target_kernels(drafter, target)
+
+
+def load_drafter(
+    name_or_path: str | os.PathLike[str],
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    *,
+    name: str | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+) -> PreTrainedModel | FeatureDrafter:
+    """A trained drafter (a folder or hub id, either kind) for `target`: on its device in its dtype,
+    its tokenizer checked against `tokenizer` (None: unchecked), a plain drafter padded to the
+    target's vocabulary (e.g. Qwen2.5-0.5B for the 7B: same tokenizer, less padding), a feature
+    drafter checked to fit the target here rather than mid-draft, with the target's linear kernels.
+
+    Raises:
+        ValueError: another tokenizer, vocabulary or hidden size; the message starts with `name`
+            (default: the path) so that a caller with several drafters says which.
+    """
+    name = name or repr(str(name_or_path))
+    try:
+        drafter, drafter_tokenizer = load_model(
+            name_or_path,
+            dtype=target.dtype,
+            device=target.device,
+            revision=revision,
+            trust_remote_code=trust_remote_code,
+        )
+        if tokenizer is not None:
+            check_tokenizers(tokenizer, drafter_tokenizer)
+        if not isinstance(drafter, FeatureDrafter):
             drafter = pad_vocab(drafter, target.config.get_text_config().vocab_size)
         else:
-            check_fits_target(drafter, target, f"drafter.path={cfg.path!r}")  # here, not mid-draft
+            check_fits_target(drafter, target, name)
         check_vocab_sizes(target, drafter)
-    # after padding, so that a padded (truncated-head) vocabulary takes the kernel too
+    except ValueError as error:
+        raise ValueError(str(error) if str(error).startswith(name) else f"{name}: {error}") from None
+    return _target_kernels(drafter, target)
+
+
+def load_drafters(
+    folders: Mapping[str, str | os.PathLike[str]], target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+) -> dict[str, PreTrainedModel | FeatureDrafter]:
+    """name → `load_drafter(folder)` for each of `folders`; an error names the drafter as
+    `drafters.<name>=<folder>`, the config key it came from."""
+    return {
+        key: load_drafter(folder, target, tokenizer, name=f"drafters.{key}={str(folder)!r}")
+        for key, folder in folders.items()
+    }
+
+
+def _target_kernels(
+    drafter: PreTrainedModel | FeatureDrafter, target: PreTrainedModel
+) -> PreTrainedModel | FeatureDrafter:
+    """`drafter` with the target's skinny linears, if it has them (after padding, so that a padded,
+    truncated-head vocabulary takes the kernel too)."""
     if (rows := skinny_rows_of(target)) is not None:
         use_skinny_linears(drafter, rows)
-    if (packed := packed_rows_of(target)) is not None:
-        use_packed_linears(drafter, packed)
     return drafter
 
 
@@ -383,8 +435,8 @@ def reads_features(cfg: DrafterConfig, num_target_layers: int) -> tuple[int, ...
         layers = cfg.feature_layers or default_feature_layers(num_target_layers)
         return teacher_layers(check_eagle3_layers(layers, num_target_layers), num_target_layers)
     if cfg.kind != "pretrained":
-        return tuple(cfg.feature_layers) if cfg.kind == "feature" else None
+        return tuple(cfg.feature_layers or ()) if cfg.kind == "feature" else None
     settings = getattr(AutoConfig.from_pretrained(str(cfg.path)), FEATURE_CONFIG_KEY, None)
     if settings is not None and settings.get("fusion") == FUSION:
         return teacher_layers(check_eagle3_layers(settings["layers"], num_target_layers), num_target_layers)
-    return None if settings is None else tuple(saved_settings(settings, cfg.path)[0])
+    return None if settings is None else tuple(saved_settings(settings, str(cfg.path))[0])

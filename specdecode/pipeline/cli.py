@@ -5,11 +5,14 @@
     specdecode finetune data=math                 # train/finetune.py
     specdecode collect | fit                      # router/collect.py, router/fit.py
     specdecode eval | benchmark                   # eval/acceptance.py, eval/benchmark.py
+    specdecode watch demo_dir=outputs/demo        # eval/watch.py
     specdecode report multirun_dir=<folder>       # eval/report.py
     specdecode export drafter=<folder> format=vllm-eagle output=<folder> [target=<name>] [push_to_hub=<owner/name>]
 
-The Hydra apps take the same overrides as the scripts and compose from the same configs
-(`specdecode.core.paths.CONF_DIR`: the checkout's conf/, or the copy the wheel ships).
+This is the one front door: the scripts in train/, router/ and eval/ call `run_hydra_app` (or
+`report` / `export`) too, so they take the same overrides, compose from the same configs
+(`specdecode.core.paths.CONF_DIR`: the checkout's conf/, or the copy the wheel ships) and share
+one multirun rule.
 """
 
 from __future__ import annotations
@@ -58,6 +61,12 @@ def _benchmark(cfg: Any) -> None:
     print(report_markdown(run_benchmark(cfg)))
 
 
+def _watch(cfg: Any) -> None:
+    from specdecode.watch.terminal import run_watch
+
+    run_watch(cfg)
+
+
 def _demo(cfg: Any) -> None:
     from specdecode.pipeline.demo import run_demo
 
@@ -73,15 +82,20 @@ HYDRA_APPS: dict[str, tuple[str, Callable[[Any], None], str]] = {
     "eval": ("eval", _eval, "eval/acceptance.py"),
     "benchmark": ("benchmark", _benchmark, "eval/benchmark.py"),
     "demo": ("demo", _demo, "eval/demo.py"),
+    "watch": ("watch", _watch, "eval/watch.py"),
 }
 APPS = (*HYDRA_APPS, "report", "export")
 USAGE = f"usage: specdecode {{{','.join(APPS)}}} [overrides]  (`specdecode --help`)"
 
 
-def run_hydra_app(app: str, args: Sequence[str]) -> None:
-    """Run `app` as its script would, with `args` as its command line (Hydra overrides, --config-name...)."""
+def run_hydra_app(app: str, args: Sequence[str] | None = None) -> None:
+    """Run `app` under Hydra with `args` as its command line (Hydra overrides, --config-name...;
+    default: this process's). Under a multirun (`-m`) each job writes into its own folder, the
+    sweep's subdir, in place of the config's `output_dir`."""
+    args = sys.argv[1:] if args is None else args
     import hydra
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
     from omegaconf import DictConfig, OmegaConf
 
     from specdecode.pipeline.schemas import register_schemas
@@ -90,7 +104,7 @@ def run_hydra_app(app: str, args: Sequence[str]) -> None:
     register_schemas()  # conf/*.yaml list their schema (the dataclass) first
 
     def task(cfg: DictConfig) -> None:
-        if app == "eval" and HydraConfig.get().mode.name == "MULTIRUN":  # each sweep job writes into its own folder
+        if HydraConfig.get().mode == RunMode.MULTIRUN and "output_dir" in cfg:
             cfg.output_dir = HydraConfig.get().runtime.output_dir
         run(OmegaConf.to_object(cfg))
 
@@ -161,10 +175,10 @@ def export(args: Sequence[str]) -> Path:
 
     from specdecode.models.card import push_to_hub
     from specdecode.models.eagle_export import export_drafter
-    from specdecode.models.loading import load_model
+    from specdecode.models.loading import as_target, load_drafter, load_model
 
-    target, _ = load_model(target_name, skinny_matmul=False)
-    drafter, _ = load_model(drafter_dir, skinny_matmul=False)
+    target = as_target(load_model(target_name)[0], target_name)
+    drafter = load_drafter(drafter_dir, target)
     folder = export_drafter(
         drafter,
         target,
@@ -185,7 +199,7 @@ def _trained_target(drafter_dir: Path) -> str:
     if config.is_file():
         from omegaconf import OmegaConf
 
-        name = OmegaConf.load(config).get("target", {}).get("name")
+        name = OmegaConf.select(OmegaConf.load(config), "target.name")
         if name:
             return str(name)
     raise SystemExit(

@@ -38,7 +38,7 @@ def accelerate_config_file(name: str, device: str = "cpu") -> Path:
         raise ValueError(
             f"accelerate_config={name!r}: no such accelerate config ({path}); auto, one of {known} or a .yaml path"
         )
-    if OmegaConf.load(path).get("use_cpu", False) and device != "cpu":
+    if OmegaConf.select(OmegaConf.load(path), "use_cpu", default=False) and device != "cpu":
         raise ValueError(
             f"accelerate_config={name!r} runs on the CPU (use_cpu: true in {path}) but device={device!r}; "
             "use accelerate_config=auto, single_gpu or multi_gpu"

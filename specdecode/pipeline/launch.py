@@ -46,7 +46,7 @@ def launch_command(app: str, accelerate_config: Path, config_dir: Path, device: 
     other GPU (CUDA_VISIBLE_DEVICES), and the app honours N itself.
     """
     script, _, command = APPS[app]
-    single = OmegaConf.load(accelerate_config).get("num_processes", 1) == 1
+    single = OmegaConf.select(OmegaConf.load(accelerate_config), "num_processes", default=1) == 1
     gpu_ids = ["--gpu_ids", "all"] if single and device.startswith("cuda:") else []
     return [
         sys.executable,

@@ -15,10 +15,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from specdecode.evaluation.config import BenchmarkConfig, EvalConfig
-from specdecode.evaluation.watch import WatchConfig
 from specdecode.pipeline.config import CONF_DIR, DemoConfig
 from specdecode.routing.config import CollectConfig, FitRouterConfig
 from specdecode.training.config import TrainJobConfig
+from specdecode.watch.watcher import WatchConfig
 
 # ConfigStore name → the dataclass behind the conf/*.yaml files that list it first in their defaults.
 SCHEMAS: dict[str, type] = {
@@ -54,5 +54,6 @@ def compose_config(config_name: str, overrides: list[str]) -> dict[str, Any]:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name=config_name, overrides=overrides)
     resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(resolved, dict)  # a composed config is a mapping
     resolved.pop("hydra", None)
-    return resolved  # type: ignore[return-value]
+    return {str(key): value for key, value in resolved.items()}

@@ -23,6 +23,7 @@ from specdecode.data.registry import domain_examples
 from specdecode.decoding.decode import drafter_gamma
 from specdecode.decoding.timing import measure_step_costs
 from specdecode.models.compat import default_eos
+from specdecode.models.feature_drafter import FeatureDrafter
 from specdecode.models.loading import build_drafter, load_target, load_tokenizer
 from specdecode.routing.config import CollectConfig
 from specdecode.routing.labels import collect_labels, label_rows, meta_path
@@ -104,7 +105,7 @@ def _check_drafter_paths(cfg: CollectConfig) -> None:
 
 
 def _examples(cfg: CollectConfig, domain: str, split: str) -> list[Example]:
-    return domain_examples(cfg.data[domain], split)  # type: ignore[arg-type]
+    return domain_examples(cfg.data[domain], split)  # type: ignore[arg-type]  # resolved data configs are DataConfigs
 
 
 def check_domain_prompts(cfg: CollectConfig, tokenizer: PreTrainedTokenizerBase) -> None:
@@ -150,7 +151,7 @@ def _corpus(cfg: CollectConfig, tokenizer: PreTrainedTokenizerBase) -> Callable[
 def _costs(
     cfg: CollectConfig,
     target: PreTrainedModel,
-    drafters: Sequence[tuple[str, PreTrainedModel]],
+    drafters: Sequence[tuple[str, PreTrainedModel | FeatureDrafter]],
     gammas: dict[str, int],
     prompts: Sequence[Sequence[int]],
     continuations: Sequence[Sequence[int]],

@@ -68,9 +68,10 @@ def _routed_drafters(value: object) -> list[RoutedDrafterConfig]:
         value,
         "a list of at least 2 {name, kind, path, ...}",
     )
-    drafters = [
+    assert isinstance(value, (list, tuple))  # checked above
+    drafters: list[RoutedDrafterConfig] = [
         d if isinstance(d, RoutedDrafterConfig) else from_dict(RoutedDrafterConfig, dict(d), f"drafters[{i}].")
-        for i, d in enumerate(value)  # type: ignore[union-attr]
+        for i, d in enumerate(value)
     ]
     names = [d.name for d in drafters]
     require(len(set(names)) == len(names), "drafters[].name", names, "names must be unique")

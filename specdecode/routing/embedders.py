@@ -86,7 +86,7 @@ class SentenceTransformerEmbedder:
         self.batch_size = batch_size
         # Renamed in sentence-transformers 6; the old name still works there, with a warning.
         dimension = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
-        self.dim = int(dimension())
+        self.dim = int(dimension() or 0)
 
     def encode(self, texts: Sequence[str]) -> torch.Tensor:
         embedded = self.model.encode(

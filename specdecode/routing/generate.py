@@ -17,6 +17,7 @@ from transformers import PreTrainedModel
 from specdecode.decoding.decode import autoregressive_generate, speculative_generate
 from specdecode.decoding.record import RowRecord, StepEvent
 from specdecode.decoding.stats import GenerationResult
+from specdecode.models.feature_drafter import FeatureDrafter
 from specdecode.routing.router import NO_DRAFTER, Router
 
 
@@ -36,14 +37,17 @@ class RoutedGeneration:
 
 
 def match_drafters(
-    router: Router, drafters: Mapping[str, PreTrainedModel] | Sequence[tuple[str, PreTrainedModel]]
-) -> list[PreTrainedModel | None]:
+    router: Router,
+    drafters: Mapping[str, PreTrainedModel | FeatureDrafter] | Sequence[tuple[str, PreTrainedModel | FeatureDrafter]],
+) -> list[PreTrainedModel | FeatureDrafter | None]:
     """The drafters in the router's order, by name (None for the router's `NO_DRAFTER` route).
 
     Raises:
         ValueError: naming both lists when the names or their count differ.
     """
-    pairs = list(drafters.items()) if isinstance(drafters, Mapping) else [tuple(pair) for pair in drafters]
+    pairs: list[tuple[str, PreTrainedModel | FeatureDrafter]] = (
+        list(drafters.items()) if isinstance(drafters, Mapping) else [(name, model) for name, model in drafters]
+    )
     names = [name for name, _ in pairs]
     real = [name for name in router.drafters if name != NO_DRAFTER]
     if len(names) != len(real) or sorted(names) != sorted(real):
@@ -55,7 +59,7 @@ def match_drafters(
 def route_and_generate(
     router: Router,
     target: PreTrainedModel,
-    drafters: Mapping[str, PreTrainedModel] | Sequence[tuple[str, PreTrainedModel]],
+    drafters: Mapping[str, PreTrainedModel | FeatureDrafter] | Sequence[tuple[str, PreTrainedModel | FeatureDrafter]],
     prompts: Sequence[Sequence[int]],
     *,
     texts: Sequence[str],

@@ -78,7 +78,7 @@ def meta_path(labels_path: str | Path) -> Path:
 @torch.inference_mode()
 def teacher_forced_acceptance(
     target: PreTrainedModel,
-    drafters: Sequence[PreTrainedModel],
+    drafters: Sequence[PreTrainedModel | FeatureDrafter],
     prompts: Sequence[Sequence[int]],
     continuations: Sequence[Sequence[int]],
     *,
@@ -157,8 +157,8 @@ def teacher_forced_acceptance(
                 attention,
                 keep,
                 p_argmax,
-                gammas[k],
-                features=features,  # type: ignore[index]
+                (gammas or [])[k],
+                features=features,
                 first_logits=q_logits,
                 lookup=lookup if lookup is not None and lookup.applies(0.0) else None,
             )
@@ -214,7 +214,7 @@ def _pack(
 
 def collect_labels(
     target: PreTrainedModel,
-    drafters: Sequence[tuple[str, PreTrainedModel]],
+    drafters: Sequence[tuple[str, PreTrainedModel | FeatureDrafter]],
     prompts: Sequence[Sequence[int]],
     *,
     max_new_tokens: int,
@@ -272,7 +272,7 @@ def collect_labels(
             target, models, batch, generated.sequences, temperature=temperature, lookup=lookup, gammas=gammas
         )
         acceptance[rows], greedy[rows] = a, g
-        if decode_tau is not None:
+        if decode_tau is not None and t is not None:
             decode_tau[rows] = t
         for i, sequence in zip(rows, generated.sequences):
             continuations[i] = sequence

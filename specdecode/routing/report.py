@@ -53,7 +53,7 @@ def routing_report(router: Router, rows: Sequence[Mapping[str, Any]], *, latency
         policies.setdefault("oracle", {})[metric] = values.max(1).values.mean().item()
         policies.setdefault("best single", {})[metric] = means[best].item()
         policies.setdefault("random", {})[metric] = values.mean().item()
-        policies["best single"][f"{metric}_drafter"] = drafters[best]  # type: ignore[assignment]
+        policies["best single"][f"{metric}_drafter"] = drafters[best]  # type: ignore[assignment]  # the row mixes figures and the drafter's name
     gain = {}
     for metric in metrics:
         headroom = policies["oracle"][metric] - policies["best single"][metric]

@@ -103,8 +103,10 @@ def pass_positions(positions: torch.Tensor, steps: int) -> torch.Tensor:
 def frozen_head_rows(target_head: nn.Module, draft_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The target's LM-head rows (and bias) at the draft ids, detached: the teacher's logits over
     the draft vocabulary are `features @ weight.T + bias` (the drafter's own head may train)."""
-    weight = target_head.weight.detach()[draft_ids.to(target_head.weight.device)].clone()
-    bias = None if getattr(target_head, "bias", None) is None else target_head.bias.detach()[draft_ids].clone()
+    head_weight: torch.Tensor = target_head.weight  # type: ignore[assignment]  # an nn.Linear's, typed Tensor | Module
+    head_bias: torch.Tensor | None = getattr(target_head, "bias", None)
+    weight = head_weight.detach()[draft_ids.to(head_weight.device)].clone()
+    bias = None if head_bias is None else head_bias.detach()[draft_ids].clone()
     return weight, bias
 
 

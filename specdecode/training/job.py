@@ -50,7 +50,7 @@ from specdecode.training.checkpoints import (
     project_configuration,
     resume,
 )
-from specdecode.training.config import TrainJobConfig
+from specdecode.training.config import TrainConfig, TrainJobConfig
 from specdecode.training.feature_training import FeatureDrafterLogits
 from specdecode.training.job_data import data_dtype, dtype_name, job_teacher
 from specdecode.training.loop import (
@@ -124,11 +124,7 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     objective = Objective(cfg, job, teacher, drafter, accelerator)
     cache_seconds = time.perf_counter() - cache_start
     autocast = autocast_dtype(resolve_mixed_precision(train.mixed_precision, accelerator.device))
-    model = (
-        FeatureDrafterLogits(drafter, train.unroll_steps, autocast, train.feature_noise)
-        if teacher.features
-        else DrafterLogits(drafter, autocast)
-    )
+    model = _logits_module(drafter, train, autocast)
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=train.lr, weight_decay=train.weight_decay
     )
@@ -138,7 +134,7 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     objective.model = model
 
     # 3. resume or start, then train
-    state, best = LoopState(), {}
+    state, best = LoopState(), dict[str, torch.Tensor]()
     if train.resume and (restored := resume(accelerator, checkpoints, asdict(cfg), scheduler)) is not None:
         state, best = restored
         logger.log({"resumed_from_step": state.step})
@@ -207,7 +203,19 @@ def _choose_gamma(
     return figures
 
 
-def _trainable_drafter(cfg: TrainJobConfig, teacher: Teacher, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+def _logits_module(
+    drafter: PreTrainedModel | FeatureDrafter, train: TrainConfig, autocast: torch.dtype | None
+) -> torch.nn.Module:
+    """The module the loop trains: the drafter's logits at the standard positions, a feature
+    drafter's unrolled as decoding runs it (its teacher cache holds features)."""
+    if isinstance(drafter, FeatureDrafter):
+        return FeatureDrafterLogits(drafter, train.unroll_steps, autocast, train.feature_noise)
+    return DrafterLogits(drafter, autocast)
+
+
+def _trainable_drafter(
+    cfg: TrainJobConfig, teacher: Teacher, tokenizer: PreTrainedTokenizerBase
+) -> PreTrainedModel | FeatureDrafter:
     """The drafter the config names (its truncated vocabulary picked from the training sequences),
     in train mode, with the embeddings and head frozen as asked (`train.freeze_head` null: an
     EAGLE-3 drafter's own head and final norm train, another's head is the target's, frozen)."""
@@ -251,7 +259,9 @@ def _metrics(
         # where the target's outputs came from: the teacher store (offline) or its forward in the step (online)
         "teacher": "online" if teacher.scorer is not None else "offline",
         "draft_vocab": len(objective.draft_ids),
-        "feature_layers": list(objective.drafter.feature_layers) if teacher.features else None,
+        "feature_layers": list(objective.drafter.feature_layers)
+        if isinstance(objective.drafter, FeatureDrafter)
+        else None,
         "num_processes": accelerator.num_processes,
         "mixed_precision": resolve_mixed_precision(train.mixed_precision, accelerator.device),
         "data_dtype": dtype_name(data_dtype(train.data_precision, teacher.target)),

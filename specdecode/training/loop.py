@@ -213,7 +213,7 @@ def train_loop(
         mine = indices[accelerator.process_index * per_process : (accelerator.process_index + 1) * per_process]
         on_policy = random.Random(f"{cfg.seed}-{state.step}").random() < cfg.lambda_on_policy
         # 2.-3. forward / backward per micro-batch, one optimizer step
-        lr = scheduler.get_last_lr()[0]  # what this step uses
+        lr = float(scheduler.get_last_lr()[0])  # what this step uses
         # the next step's lr, set as this one ends, follows the budget used by then (mean step time)
         _set_progress(
             scheduler, budget_progress(state.step + 1, state.train_seconds * (1 + 1 / max(state.step, 1)), cfg)
@@ -284,7 +284,7 @@ def _step(
     """One optimizer step (and one scheduler step) over `micro_batches`; returns the step's mean
     loss per counted token and the number of tokens counted on all processes."""
     # the global token count of the step: the divisor of every micro-batch's summed loss
-    local = sum(b["positions"].sum() for b in micro_batches).to(accelerator.device)
+    local = torch.stack([b["positions"].sum() for b in micro_batches]).sum().to(accelerator.device)
     count = accelerator.reduce(local.clone(), "sum").clamp_min(1)
     # accelerate divides by `grad_accum` and DDP averages over the processes: undo both
     scale = accelerator.num_processes * cfg.grad_accum / count
@@ -299,7 +299,7 @@ def _step(
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
-    return (accelerator.reduce(total, "sum") / count).item(), int(count.item())
+    return float((accelerator.reduce(total, "sum") / count).item()), int(count.item())
 
 
 def _eval_and_select(

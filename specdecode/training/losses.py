@@ -172,15 +172,7 @@ def reverse_kl(
     Tokens the drafter cannot emit (q = 0) add nothing. Where the drafter puts mass on a token the
     target rules out (p = 0, a target `-inf` logit), log p is floored at `LOG_PROB_FLOOR`.
 
-    Args:
-        student_logits: `[B, T, V]` drafter logits (q); `-inf` entries allowed.
-        teacher_logits: `[B, T, V]` target logits (p); `-inf` entries allowed.
-        mask: `[B, T]` bool or 0/1 selecting the positions that count; None counts all.
-        temperature: both logits are divided by it; 0 (greedy decoding) uses 1.
-        reduction: "mean" per counted token, or "sum" to divide by a global count yourself.
-
-    Returns:
-        0-d fp32 tensor.
+    Arguments and result as `forward_kl`'s, the signature every loss shares.
     """
     log_q, log_p, keep = _log_probs(student_logits, teacher_logits, mask, temperature)
     return _reduce(_kl(log_q, log_p), keep, reduction)
@@ -212,16 +204,8 @@ def jsd(
     m >= (1 - beta) · q, so the value is at most the binary entropy H(beta) <= log 2 per token,
     even with `-inf` logits on either side.
 
-    Args:
-        student_logits: `[B, T, V]` drafter logits (q); `-inf` entries allowed.
-        teacher_logits: `[B, T, V]` target logits (p); `-inf` entries allowed.
-        mask: `[B, T]` bool or 0/1 selecting the positions that count; None counts all.
-        beta: mixture weight of the target p, in (0, 1).
-        temperature: both logits are divided by it; 0 (greedy decoding) uses 1.
-        reduction: "mean" per counted token, or "sum" to divide by a global count yourself.
-
-    Returns:
-        0-d fp32 tensor.
+    `beta` is the mixture weight of the target p, in (0, 1); the other arguments and the result
+    are as `forward_kl`'s, the signature every loss shares.
     """
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 < beta < 1.0:
         raise ValueError(f"beta must be in (0, 1), got {beta!r}; use forward_kl (beta -> 0) or reverse_kl (beta -> 1)")
@@ -263,15 +247,7 @@ def tvd(
     is exactly 0 for identical inputs and keeps precision when the TVD is tiny, where
     1 - Σ min(p, q) cancels; both forms have the same gradient with respect to the logits.
 
-    Args:
-        student_logits: `[B, T, V]` drafter logits (q); `-inf` entries allowed.
-        teacher_logits: `[B, T, V]` target logits (p); `-inf` entries allowed.
-        mask: `[B, T]` bool or 0/1 selecting the positions that count; None counts all.
-        temperature: both logits are divided by it; 0 (greedy decoding) uses 1.
-        reduction: "mean" per counted token, or "sum" to divide by a global count yourself.
-
-    Returns:
-        0-d fp32 tensor in [0, 1] per token.
+    Arguments as `forward_kl`'s, the signature every loss shares; a 0-d fp32 tensor in [0, 1] per token.
     """
     log_q, log_p, keep = _log_probs(student_logits, teacher_logits, mask, temperature)
     per_position = 0.5 * (log_p.exp() - log_q.exp()).abs().sum(-1)
@@ -291,14 +267,8 @@ def expected_acceptance(
     `temperature`. At temperature 0 it uses the temperature-1 distributions (as the losses do);
     greedy acceptance itself is 1[argmax p = argmax q], which this does not compute.
 
-    Args:
-        student_logits: `[B, T, V]` drafter logits (q); `-inf` entries allowed.
-        teacher_logits: `[B, T, V]` target logits (p); `-inf` entries allowed.
-        mask: `[B, T]` bool or 0/1 selecting the positions that count; None counts all.
-        temperature: both logits are divided by it; 0 uses 1.
-
-    Returns:
-        0-d fp32 tensor in [0, 1]; 0 when no position is counted.
+    Arguments as `forward_kl`'s, less `reduction`; a 0-d fp32 tensor in [0, 1], 0 when no position
+    is counted.
     """
     log_q, log_p, keep = _log_probs(student_logits, teacher_logits, mask, temperature)
     return _reduce(_acceptance_per_position(log_q, log_p), keep, "mean")

@@ -15,6 +15,7 @@ from accelerate import Accelerator
 from transformers import PreTrainedModel
 
 from specdecode.models.draft_vocab import draft_vocab_ids
+from specdecode.models.feature_drafter import FeatureDrafter
 from specdecode.training.config import TrainJobConfig
 from specdecode.training.feature_training import (
     feature_regression_sum,
@@ -89,7 +90,7 @@ class Objective:
     cfg: TrainJobConfig
     job: str
     teacher: Teacher
-    drafter: PreTrainedModel
+    drafter: PreTrainedModel | FeatureDrafter
     accelerator: Accelerator
     model: torch.nn.Module | None = None
     draft_ids: torch.Tensor = field(init=False)
@@ -109,6 +110,8 @@ class Objective:
         self.my_indices = list(range(len(heldout)))[self.accelerator.process_index :: self.accelerator.num_processes]
         self.select_tau = train.select_temperature or 1.0
         mine = [heldout[i] for i in self.my_indices]
+        self.heldout_p: torch.Tensor | None
+        self.heldout_argmax: torch.Tensor | None
         self.heldout_p, self.heldout_argmax = (
             heldout_targets(target, mine, self.draft_ids, self.select_tau, self.teacher.pad_id)
             if mine
@@ -129,6 +132,7 @@ class Objective:
         )
         if self.teacher.features:  # the distillation teacher is the frozen head on the cached features
             self.teacher_weight, self.teacher_bias = frozen_head_rows(target.get_output_embeddings(), self.draft_ids)
+            assert isinstance(self.drafter, FeatureDrafter)  # a teacher with features trains a feature drafter
             self.feature_weight = regression_weight(train.feature_loss_weight, self.drafter)
 
     def micro_batches(self, sequences: list[TrainSequence], scored: TeacherCache, picks: list[int]) -> list[Batch]:
@@ -280,7 +284,7 @@ class Objective:
         module.eval()
         totals = torch.zeros(5, device=self.accelerator.device)
         heldout_scorer = self.teacher.target if self.teacher.scorer is not None else None
-        if self.train_indices:
+        if self.train_indices and self.train_argmax is not None:
             totals[3:] = self._greedy_hits(
                 module, self.teacher.train_cache, self.train_indices, self.train_argmax, self.teacher.scorer
             )
@@ -290,6 +294,7 @@ class Objective:
                 module, self.teacher.heldout, self.my_indices[start : start + 8], heldout_scorer
             )  # [S, P, K], [S, P]
             count = logits.shape[1]
+            assert self.heldout_p is not None and self.heldout_argmax is not None  # set where there are indices
             p = self.heldout_p[row : row + count].to(logits.device, torch.float32)
             greedy = self._agrees(logits, self.heldout_argmax[row : row + count]).float()
             row += count

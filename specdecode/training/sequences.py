@@ -50,7 +50,7 @@ class TrainSequence:
 def load_examples(data: DataConfig, split: str) -> list[Example]:
     """The split's examples of every domain of `data` (a mix's, each from its own data config),
     interleaved (a `mix` prefix covers all domains), in a deterministic order."""
-    return round_robin([domain_examples(part, split) for part in data.parts()])  # type: ignore[arg-type]
+    return round_robin([domain_examples(part, split) for part in data.parts()])  # type: ignore[arg-type]  # each part is a resolved DataConfig
 
 
 def round_robin(parts: Sequence[Sequence[T]]) -> list[T]:
@@ -212,7 +212,7 @@ def build_sequences(
             responses += written
             repeated += prompts
             if features is not None:
-                features += read  # type: ignore[arg-type]
+                features += read  # type: ignore[arg-type]  # read is set whenever features is
         prompts = repeated
     sequences, kept = [], []
     for i, (prompt, response) in enumerate(zip(prompts, responses)):

@@ -120,7 +120,7 @@ def concat_caches(parts: Sequence[TeacherCache]) -> TeacherCache:
         offsets([s.num_targets for p in parts for s in p.sequences]),
         torch.cat([p.topk_ids for p in parts]),
         torch.cat([p.topk_logits for p in parts]),
-        torch.cat(features) if has_features else None,  # type: ignore[arg-type]
+        torch.cat(features) if has_features else None,  # type: ignore[arg-type]  # None where no part has features
         offsets([len(s.tokens) for p in parts for s in p.sequences]) if has_features else None,
     )
 
@@ -157,7 +157,11 @@ def _target_outputs(
     # softcapping); the decoder alone when only features are wanted.
     model = target if logits else target.get_decoder()
     out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=states)
-    features = target_features(target, out.hidden_states, feature_layers)[attention_mask.bool()] if states else None
+    features = (
+        target_features(target, out.hidden_states, feature_layers)[attention_mask.bool()]
+        if feature_layers is not None
+        else None
+    )
     return (out.logits[positions.to(out.logits.device)].float() if logits else None), features
 
 
@@ -189,7 +193,7 @@ def score_topk(
             top = logits.topk(min(k, logits.shape[-1]), dim=-1)
             ids.append(top.indices.to(torch.int32).cpu())
             values.append(top.values.cpu())
-        if features is not None:
+        if batch_hidden is not None:
             hidden.append(batch_hidden.half().cpu())
     if k == 0:
         return feature_cache(sequences, hidden)
@@ -244,6 +248,7 @@ def heldout_targets(
     probs, argmax = [], []
     for start in range(0, len(sequences), SCORE_BATCH):
         logits, _ = _target_outputs(target, sequences[start : start + SCORE_BATCH], pad_id)
+        assert logits is not None  # asked for
         probs.append(logits.div(tau).softmax(-1)[:, draft_ids.to(logits.device)].half().cpu())
         argmax.append(logits.argmax(-1).cpu())
     return torch.cat(probs), torch.cat(argmax)

@@ -1,6 +1,6 @@
 """The watch in a terminal: each prompt's answer printed with every token coloured by how it came
 (ANSI), the drafter, tau and tokens/s against the target alone; or, with `serve=true`, the local
-web page (`watch_server`)."""
+web page (`server`)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import TextIO
 
-from specdecode.evaluation.watch import WatchConfig, load_watcher
-from specdecode.evaluation.watch_html import Answer, ansi, ansi_legend
-from specdecode.evaluation.watch_server import serve_forever
 from specdecode.routing.router import Router
+from specdecode.watch.render import Answer, ansi, ansi_legend
+from specdecode.watch.server import serve_forever
+from specdecode.watch.watcher import WatchConfig, load_watcher
 
 
 def format_answer(answer: Answer) -> str:

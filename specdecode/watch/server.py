@@ -19,9 +19,9 @@ from typing import Any, TextIO
 from urllib.parse import parse_qs, urlparse
 
 from specdecode.decoding.record import StepEvent
-from specdecode.evaluation.watch import Watcher
-from specdecode.evaluation.watch_html import CSS, PieceDecoder, legend_html
 from specdecode.routing.router import NO_DRAFTER
+from specdecode.watch.render import CSS, PieceDecoder, legend_html
+from specdecode.watch.watcher import Watcher
 
 PAGE = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>specdecode: watch it work</title>
@@ -130,7 +130,7 @@ class WatchServer:
     @property
     def url(self) -> str:
         host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}/"
+        return f"http://{host!s}:{port}/"
 
     def start(self) -> WatchServer:
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)

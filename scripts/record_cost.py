@@ -1,8 +1,8 @@
 """What the per-token record costs: the same decodes with `record` off and on, interleaved, medians.
 
-    python eval/record_cost.py                                 # the smoke target, 128 new tokens
-    python eval/record_cost.py --target smollm2-135m-instruct --repeats 3   # the embedded target
-    python eval/record_cost.py --baseline-rev <commit>         # also the loop as it was at <commit>
+    python scripts/record_cost.py                                 # the smoke target, 128 new tokens
+    python scripts/record_cost.py --target smollm2-135m-instruct --repeats 3   # the embedded target
+    python scripts/record_cost.py --baseline-rev <commit>         # also the loop as it was at <commit>
 
 Each prompt (batch 1, no EOS, so every decode runs its whole budget) is decoded once per mode per
 repeat, the modes taking turns in a rotating order; the cost is the median over (repeat, prompt)

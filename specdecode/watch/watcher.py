@@ -1,7 +1,7 @@
 """Watch speculative decoding work (eval/watch.py, conf/watch.yaml): its config, and the loaded
 models that answer a prompt the way the views show it: routed to a drafter, decoded with the
 per-token record on, with tau and tokens/s against the target alone on the same prompt. The views:
-the terminal (`watch_terminal`), a local web page (`watch_server`), HTML pages (`watch_html`).
+the terminal (`terminal`), a local web page (`server`), HTML pages (`render`).
 
 The drafters: a fitted router and its drafters (`router_dir` + `drafters`, or a finished demo's
 `demo_dir`), one drafter folder (`drafters` with one entry), or else `drafter`, built from the
@@ -26,12 +26,12 @@ from specdecode.decoding.decode import autoregressive_generate, speculative_gene
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.record import StepEvent
 from specdecode.decoding.stats import GenerationResult
-from specdecode.evaluation.watch_html import Answer, pieces
-from specdecode.models.compat import check_tokenizers, default_eos
+from specdecode.models.compat import default_eos
 from specdecode.models.config import DrafterConfig, TargetConfig
-from specdecode.models.loading import build_drafter, load_model, load_target
+from specdecode.models.loading import build_drafter, load_drafters, load_target
 from specdecode.routing.generate import match_drafters
 from specdecode.routing.router import NO_DRAFTER, Router
+from specdecode.watch.render import Answer, pieces
 
 
 @dataclass
@@ -168,15 +168,7 @@ def load_watcher(cfg: WatchConfig, router_loader: Callable[[str], Router] | None
     router = None
     if router_dir is not None:
         router = (router_loader or (lambda path: Router.load(path, device=str(device))))(router_dir)
-    drafters: dict[str, Any] = {}
-    for name, path in drafter_folders(cfg, router).items():
-        try:
-            drafters[name], drafter_tokenizer = load_model(
-                path, dtype=cfg.dtype, device=device, skinny_matmul=cfg.skinny_matmul
-            )
-            check_tokenizers(tokenizer, drafter_tokenizer)
-        except ValueError as error:
-            raise ValueError(f"drafters.{name}={path!r}: {error}") from None
+    drafters: dict[str, Any] = dict(load_drafters(drafter_folders(cfg, router), target, tokenizer))
     if router is not None:
         match_drafters(router, drafters)
     if not drafters:

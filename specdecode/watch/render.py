@@ -46,7 +46,7 @@ class PieceDecoder:
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        text = str(self.tokenizer.decode(self.ids, skip_special_tokens=True))
         if text.endswith("\ufffd"):
             return ""
         piece, self.text = text[len(self.text) :], text
@@ -54,7 +54,7 @@ class PieceDecoder:
 
     def flush(self) -> str:
         """The text held back at the end (an answer cut inside a character), replacement mark included."""
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        text = str(self.tokenizer.decode(self.ids, skip_special_tokens=True))
         piece, self.text = text[len(self.text) :], text
         return piece
 
