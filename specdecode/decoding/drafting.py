@@ -1,12 +1,14 @@
-"""How each kind of drafter proposes gamma tokens inside the one speculative loop (decode.py).
+"""How each kind of drafter proposes gamma tokens inside the speculative loop of every decoder.
 
 Every strategy implements `Drafting` (as every transformers candidate generator implements
 `CandidateGenerator`): the loop calls `prefill` once, then per step `propose` and `observe`, and
 `select_rows` when finished rows leave the batch. Prompt lookup is no strategy of its own: each
-strategy applies it to its drafts as they are drawn (`lookup.py`).
+strategy applies it to its drafts as they are drawn (`lookup.py`). A strategy knows nothing of how
+its decoder runs: it drives its drafter on the KV cache the decoder gives it (`cache.KVCache`,
+ragged or static) and keeps its own state beside it (`KVCache.buffer`).
 
 * `SliceDrafting`: a plain causal LM (a slice of the target, or any pretrained drafter) with its
-  own ragged KV cache. Its cache holds all committed tokens but the last two; each step re-feeds
+  own KV cache. Its cache holds all committed tokens but the last two; each step re-feeds
   those two (one extra token costs the drafter almost nothing and spares a second code path for
   steps where every draft was accepted and the drafter never saw the last draft).
 * `FeatureDrafting`: a `FeatureDrafter` that reads the target's last hidden states. The verify
@@ -29,10 +31,10 @@ from typing import Protocol, runtime_checkable
 import torch
 from transformers import PreTrainedModel
 
-from specdecode.decoding.cache import RaggedKVCache, cached_call, cached_forward
-from specdecode.decoding.lookup import PromptLookup, override_q
+from specdecode.decoding.cache import KVCache, cached_call, cached_forward
+from specdecode.decoding.lookup import DraftLookup, override_q
+from specdecode.decoding.rows import last_tokens
 from specdecode.decoding.sampling import Generator, Params, logits_to_probs, sample
-from specdecode.decoding.static_buffers import Zeros, fresh_zeros
 from specdecode.models.draft_vocab import DraftVocabHead
 from specdecode.models.feature_drafter import FeatureDrafter, feed_back
 
@@ -42,6 +44,8 @@ class Drafting(Protocol):
     """What the speculative loop asks of a drafting strategy; shapes for a batch of B rows in
     token buffers of S_cap slots."""
 
+    # the drafter's KV cache, of the core's kind (`ragged` or static), made by the core
+    cache: KVCache
     # which target hidden states the strategy reads: the verify pass then returns them `[B, W, n·H]`
     # (`target_features`); None: none
     feature_layers: tuple[int, ...] | None
@@ -81,15 +85,6 @@ class Drafting(Protocol):
         """Keep only `rows` `[B']` of the batch (finished rows leave), in that order."""
         ...
 
-    def state(self) -> tuple[torch.Tensor, ...]:
-        """The tensors a round writes in place (besides its KV cache's buffers)."""
-        ...
-
-    def copy_out(self) -> None:
-        """Replace the tensors the last round reassigned (rather than wrote in place) by copies: a
-        compiled round's outputs live in its CUDA graph's memory, which its next replay overwrites."""
-        ...
-
 
 class SliceDrafting:
     """A plain causal-LM drafter (see the module docstring)."""
@@ -99,18 +94,11 @@ class SliceDrafting:
     # drafts are drawn over the full vocabulary (a draft-vocabulary head still returns full logits)
     draw_width: int | None = None
 
-    def __init__(
-        self,
-        drafter: PreTrainedModel,
-        batch_size: int,
-        capacity: int,
-        lookup: PromptLookup | None = None,
-        zeros: Zeros = fresh_zeros,
-    ) -> None:
+    def __init__(self, drafter: PreTrainedModel, cache: KVCache, lookup: DraftLookup | None = None) -> None:
         self.drafter = drafter
-        self.cache = RaggedKVCache.for_model(drafter, batch_size, capacity)
+        self.cache = cache
         self.lookup = lookup
-        self.looked_up = zeros("drafting.looked_up", (), torch.long, drafter.device)
+        self.looked_up = cache.buffer("drafting.looked_up", (), torch.long)
         self.last_looked_up: torch.Tensor | None = None
 
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
@@ -144,38 +132,22 @@ class SliceDrafting:
     def select_rows(self, rows: torch.Tensor) -> None:
         self.cache.select_rows(rows)
 
-    def state(self) -> tuple[torch.Tensor, ...]:
-        return (self.looked_up,)
-
-    def copy_out(self) -> None:
-        self.cache.lengths = self.cache.lengths.clone()
-        if self.last_looked_up is not None:
-            self.last_looked_up = self.last_looked_up.clone()
-
 
 class FeatureDrafting:
     """A `FeatureDrafter` fed the target's hidden states (see the module docstring)."""
 
-    def __init__(
-        self,
-        drafter: FeatureDrafter,
-        batch_size: int,
-        capacity: int,
-        lookup: PromptLookup | None = None,
-        zeros: Zeros = fresh_zeros,
-    ) -> None:
+    def __init__(self, drafter: FeatureDrafter, cache: KVCache, lookup: DraftLookup | None = None) -> None:
         self.drafter = drafter
+        self.cache = cache
         self.lookup = lookup
-        self.looked_up = zeros("drafting.looked_up", (), torch.long, drafter.device)
+        self.looked_up = cache.buffer("drafting.looked_up", (), torch.long)
         self.last_looked_up: torch.Tensor | None = None
         self.feature_layers: tuple[int, ...] | None = drafter.feature_layers
-        self.capacity = capacity
-        self.cache = RaggedKVCache.for_model(drafter, batch_size, capacity)
-        self.features = zeros(
-            "drafting.features", (batch_size, capacity, drafter.feature_width), drafter.dtype, drafter.device
-        )
+        self.capacity = cache.capacity
+        shape = (cache.batch_size, cache.capacity, drafter.feature_width)
+        self.features = cache.buffer("drafting.features", shape, drafter.dtype)
         # Per row: drafter positions [0, start) hold true-feature entries; and its host-side bound.
-        self.start = torch.zeros(batch_size, dtype=torch.long, device=drafter.device)
+        self.start = torch.zeros(cache.batch_size, dtype=torch.long, device=drafter.device)
         self.start_bound = 0
         head = drafter.get_output_embeddings()
         # A truncated head's K ids are all a draft can be: q is computed and sampled over them and
@@ -263,14 +235,6 @@ class FeatureDrafting:
         self.features = self.features.index_select(0, rows)
         self.start = self.start.index_select(0, rows)
 
-    def state(self) -> tuple[torch.Tensor, ...]:
-        return self.looked_up, self.features
-
-    def copy_out(self) -> None:
-        self.cache.lengths, self.start = self.cache.lengths.clone(), self.start.clone()
-        if self.last_looked_up is not None:
-            self.last_looked_up = self.last_looked_up.clone()
-
 
 class _Drafts:
     """The drafts of one step as they are drawn, with prompt lookup applied (`lookup.py`): a row
@@ -280,7 +244,7 @@ class _Drafts:
         self,
         tokens: torch.Tensor,
         lengths: torch.Tensor,
-        lookup: PromptLookup | None,
+        lookup: DraftLookup | None,
         looked_up: torch.Tensor,
         spread: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
@@ -335,19 +299,9 @@ def _draw(logits: torch.Tensor, params: Params, generator: Generator) -> tuple[t
 
 
 def drafting_for(
-    drafter: PreTrainedModel | FeatureDrafter,
-    batch_size: int,
-    capacity: int,
-    lookup: PromptLookup | None = None,
-    zeros: Zeros = fresh_zeros,
+    drafter: PreTrainedModel | FeatureDrafter, cache: KVCache, lookup: DraftLookup | None = None
 ) -> SliceDrafting | FeatureDrafting:
-    """The drafting strategy of `drafter`'s kind, for `batch_size` rows of `capacity` token slots;
-    the state it writes in place from `zeros` (default: allocated)."""
+    """The drafting strategy of `drafter`'s kind, driving it on `cache` (the drafter's, of the core's kind)."""
     if isinstance(drafter, FeatureDrafter):
-        return FeatureDrafting(drafter, batch_size, capacity, lookup, zeros)
-    return SliceDrafting(drafter, batch_size, capacity, lookup, zeros)
-
-
-def last_tokens(tokens: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Tensor:
-    """The last `n` committed tokens of each row, `[B, n]`."""
-    return tokens.gather(1, lengths.unsqueeze(1) - n + torch.arange(n, device=tokens.device))
+        return FeatureDrafting(drafter, cache, lookup)
+    return SliceDrafting(drafter, cache, lookup)

@@ -17,11 +17,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from specdecode.core.config import require
+
+
+class DraftLookup(Protocol):
+    """What a drafting strategy asks of prompt lookup (`PromptLookup.choose`)."""
+
+    def choose(
+        self, logits: torch.Tensor, drafts: torch.Tensor, context: torch.Tensor, lengths: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 @dataclass

@@ -5,74 +5,35 @@ in place, so they come from the call's `Zeros` (`static_buffers`): at fixed addr
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
-from specdecode.decoding.cache import padded_prompts
-from specdecode.decoding.drafting import last_tokens
 from specdecode.decoding.lookup import PromptLookup
-from specdecode.decoding.ragged import kept_counts
+from specdecode.decoding.rows import RowState
 from specdecode.decoding.static_buffers import Zeros, fresh_zeros
-from specdecode.decoding.static_cache import rows_capacity
 from specdecode.decoding.stats import StepCounters
 
 
-@dataclass
-class Rows:
-    """Committed tokens `[B, S_cap]`, lengths / limits `[B]` (limit = prompt length + budget) and
-    which rows are still decoding, `active` `[B]` bool. Rows never leave: a finished one is masked."""
+class StaticRows(RowState):
+    """The static core's rows, and which are still decoding, `active` `[B]` bool. Rows never leave:
+    a finished one is masked."""
 
-    tokens: torch.Tensor
-    lengths: torch.Tensor
-    limits: torch.Tensor
-    active: torch.Tensor
-    prompt_lengths: list[int]
-    eos: torch.Tensor
-
-    @classmethod
-    def from_prompts(
-        cls,
+    def __init__(
+        self,
         prompts: Sequence[Sequence[int]],
         budgets: list[int],
-        gamma: int | None,
+        capacity: int,
         eos: Sequence[int],
         device: torch.device,
-        capacity: int | None = None,
         zeros: Zeros = fresh_zeros,
-    ) -> Rows:
-        """The rows of `prompts`, their token buffer from `zeros` (default: a new one)."""
-        prompt_lengths = [len(p) for p in prompts]
-        capacity = rows_capacity(prompts, budgets, gamma, capacity)
-        tokens, lengths, limits = padded_prompts(prompts, budgets, capacity)
-        buffer = zeros("rows.tokens", tuple(tokens.shape), torch.long, device)
-        return cls(
-            buffer.copy_(tokens),
-            lengths.to(device),
-            limits.to(device),
-            (lengths < limits).to(device),
-            prompt_lengths,
-            torch.tensor(sorted(set(eos)), dtype=torch.long, device=device),
-        )
+    ) -> None:
+        super().__init__(prompts, budgets, capacity, eos, device, zeros)
+        self.active = self.lengths < self.limits
 
-    @property
-    def capacity(self) -> int:
-        return self.tokens.shape[1]
-
-    def last(self, n: int) -> torch.Tensor:
-        """The last `n` committed tokens of each row, `[B, n]`."""
-        return last_tokens(self.tokens, self.lengths, n)
-
-    def commit(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> None:
-        """Append the first `counts[b]` of `new_tokens` `[B, W]` to each active row, cut at EOS and
-        budget (`ragged.kept_counts`); a row that hits either stops being active."""
-        counts = torch.where(self.active, counts, 0)
-        counts, hit_eos = kept_counts(new_tokens, counts, self.eos, self.limits - self.lengths)
-        # All W entries are written (one scatter); those past the new length are never read as committed.
-        offsets = torch.arange(new_tokens.shape[1], device=new_tokens.device)
-        self.tokens.scatter_(1, self.lengths.unsqueeze(1) + offsets, new_tokens)
-        self.lengths = self.lengths + counts
-        self.active = self.active & ~hit_eos & (self.lengths < self.limits)
+    def commit(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """`RowState.commit` for the active rows alone; a row that finishes stops being active."""
+        self.active = self.active & ~super().commit(new_tokens, torch.where(self.active, counts, 0))
+        return ~self.active
 
     def sequences(self) -> list[list[int]]:
         """Each row's generated tokens (one host sync)."""

@@ -1,0 +1,129 @@
+"""The eager decoder: ragged caches whose read window grows with the longest row, and finished rows
+leaving the batch (`ragged.py`), so later passes are narrower; the host checks every step.
+
+Invariant between steps, per row: `tokens[:length]` are committed (prompt + generated); the target
+cache holds all but the last committed token (the "pending" one, fed in the next pass). How a
+drafter keeps its own state is the drafting strategy's (`drafting.Drafting`); the loop is the same
+for every kind.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from specdecode.decoding.cache import RaggedKVCache, cached_forward
+from specdecode.decoding.decoder import Decoder, Request
+from specdecode.decoding.drafting import drafting_for
+from specdecode.decoding.lookup import PromptLookup
+from specdecode.decoding.ragged import Finisher, RaggedRows
+from specdecode.decoding.record import Recorder, StepEvent
+from specdecode.decoding.rows import FeatureRows, prefill
+from specdecode.decoding.sampling import next_tokens
+from specdecode.decoding.stats import GenerationResult, StepCounters
+from specdecode.decoding.verify import verify_drafts
+from specdecode.models.feature_drafter import FeatureDrafter
+
+
+@dataclass(frozen=True)
+class EagerDecoder(Decoder):
+    """`record`: keep each step's drafts and outcome per row (`result.record`); `on_step`: called
+    after every step with the tokens each row committed (one more host sync per step)."""
+
+    record: bool = False
+    on_step: Callable[[StepEvent], None] | None = None
+
+    def _recorder(self, rows: RaggedRows, start: float) -> Recorder | None:
+        return Recorder(rows.prompt_lengths, start, self.on_step) if self.record or self.on_step is not None else None
+
+    def _result(self, finisher: Finisher, counters: StepCounters, start: float) -> GenerationResult:
+        result = GenerationResult.build(finisher.sequences, counters, time.perf_counter() - start)
+        result.record = finisher.recorder.rows() if self.record and finisher.recorder is not None else None
+        return result
+
+    def speculative(
+        self,
+        target: PreTrainedModel,
+        drafter: PreTrainedModel | FeatureDrafter,
+        request: Request,
+        gamma: int,
+        lookup: PromptLookup | None,
+    ) -> GenerationResult:
+        start = time.perf_counter()
+        params, generator, batch_size = request.params, request.generator, len(request.prompts)
+        rows = RaggedRows(request.prompts, request.budgets, slack=gamma + 2, eos=request.eos, device=target.device)
+        target_cache = RaggedKVCache.for_model(target, batch_size, rows.capacity)
+        drafting = drafting_for(drafter, RaggedKVCache.for_model(drafter, batch_size, rows.capacity), lookup)
+        counters = StepCounters(gamma, target.device)
+        recorder = self._recorder(rows, start)
+        finisher = Finisher(batch_size, recorder)
+
+        # 0. prefill: the target's first token is an ordinary sample; the drafter only reads the prompt.
+        first, hidden = prefill(target, target_cache, rows, feature_layers=drafting.feature_layers)
+        drafting.prefill(rows.tokens, rows.lengths, max(rows.prompt_lengths), hidden)
+        counters.record_target_call(batch_size)
+        counters.drafter_calls += 1
+        first_token = next_tokens(first, params, generator)
+        finished = rows.commit(first_token.unsqueeze(1), torch.ones_like(rows.lengths))
+        if recorder is not None:
+            recorder.add(rows.rows, rows.lengths, first_token)
+
+        while (max_length := finisher.step(rows, finished, (target_cache, drafting))) is not None:
+            target_cache.set_lengths(rows.lengths - 1, max_length - 1)
+
+            # 1. draft gamma tokens, keeping q exactly as sampled from (None when greedy: not needed)
+            draft, q = drafting.propose(rows.tokens, rows.lengths, max_length, gamma, params, generator)
+
+            # 2. verify in one target pass: the pending token and the gamma drafts; 3. accept / resample
+            num_accepted, next_token, new_tokens = verify_drafts(
+                target, target_cache, drafting, rows.last(1), draft, q, rows.lengths - 1, params, generator
+            )
+            finished = rows.commit(new_tokens, num_accepted + 1)
+            counters.record_step(num_accepted, drafter_calls=gamma)
+            if recorder is not None:
+                recorder.add(rows.rows, rows.lengths, next_token, draft, num_accepted, drafting.last_looked_up)
+
+            # 4. trim caches: done at the top of the loop from the committed lengths (rejected drafts'
+            # entries stay in their slots, masked, until overwritten).
+
+        counters.looked_up = drafting.looked_up
+        return self._result(finisher, counters, start)
+
+    def autoregressive(
+        self, target: PreTrainedModel, request: Request, feature_layers: tuple[int, ...] | None
+    ) -> GenerationResult:
+        start = time.perf_counter()
+        params, generator, batch_size = request.params, request.generator, len(request.prompts)
+        rows = RaggedRows(request.prompts, request.budgets, slack=1, eos=request.eos, device=target.device)
+        cache = RaggedKVCache.for_model(target, batch_size, rows.capacity)
+        counters = StepCounters(0, target.device)
+        recorder = self._recorder(rows, start)
+        finisher = Finisher(batch_size, recorder)
+
+        logits, hidden = prefill(target, cache, rows, feature_layers=feature_layers)
+        features = FeatureRows(hidden, rows.capacity) if hidden is not None else None
+        counters.record_target_call(batch_size)
+        token = next_tokens(logits, params, generator)
+        finished = rows.commit(token.unsqueeze(1), torch.ones_like(rows.lengths))
+        if recorder is not None:
+            recorder.add(rows.rows, rows.lengths, token)
+        while (max_length := finisher.step(rows, finished, (cache,))) is not None:
+            cache.set_lengths(rows.lengths - 1, max_length - 1)
+            out = cached_forward(target, cache, rows.last(1), feature_layers=feature_layers)
+            logits, hidden = out if feature_layers is not None else (out, None)
+            if features is not None:
+                features.write(rows.rows, rows.lengths - 1, hidden[:, -1])
+            token = next_tokens(logits[:, -1], params, generator)
+            finished = rows.commit(token.unsqueeze(1), torch.ones_like(rows.lengths))
+            counters.record_target_call(len(finished))
+            if recorder is not None:
+                recorder.add(rows.rows, rows.lengths, token)
+
+        result = self._result(finisher, counters, start)
+        if features is not None:
+            result.features = features.rows(rows.prompt_lengths, result.sequences)
+        return result

@@ -1,0 +1,122 @@
+"""The rows a decode writes: each row's committed tokens and the one commit rule of both cores.
+
+Between steps, per row: `tokens[:length]` are committed (prompt + generated); the target cache
+holds all but the last committed token (the "pending" one, fed in the next pass). The eager core's
+rows leave the batch when they finish (`ragged.RaggedRows`); the static core's stay, masked
+(`static_rows.StaticRows`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import PreTrainedModel
+
+from specdecode.decoding.cache import KVCache, cached_forward, padded_prompts
+from specdecode.decoding.static_buffers import Zeros, fresh_zeros
+
+
+def kept_counts(
+    new_tokens: torch.Tensor, counts: torch.Tensor, eos: torch.Tensor, room: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The commit rule: of the first `counts[b]` of `new_tokens` `[B, W]`, a row keeps those up to
+    and including its first EOS id (`eos`, sorted), at most `room[b]` (its budget left).
+
+    Returns:
+        The kept counts `[B]` and whether each row hit an EOS id `[B]` bool.
+    """
+    offsets = torch.arange(new_tokens.shape[1], device=new_tokens.device)
+    is_eos = (offsets < counts.unsqueeze(1)) & torch.isin(new_tokens, eos)
+    hit_eos = is_eos.any(dim=1)
+    counts = torch.where(hit_eos, is_eos.long().argmax(dim=1) + 1, counts)
+    return torch.minimum(counts, room), hit_eos
+
+
+def last_tokens(tokens: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Tensor:
+    """The last `n` committed tokens of each row, `[B, n]`."""
+    return tokens.gather(1, lengths.unsqueeze(1) - n + torch.arange(n, device=tokens.device))
+
+
+class RowState:
+    """Committed tokens `[B, S_cap]`, lengths / limits `[B]` (limit = prompt length + budget), the
+    prompts' lengths and the EOS ids: what both cores' rows are, and how they commit."""
+
+    def __init__(
+        self,
+        prompts: Sequence[Sequence[int]],
+        budgets: Sequence[int],
+        capacity: int,
+        eos: Sequence[int],
+        device: torch.device,
+        zeros: Zeros = fresh_zeros,
+    ) -> None:
+        """The rows of `prompts`, their token buffer from `zeros` (default: a new one)."""
+        tokens, lengths, limits = padded_prompts(prompts, budgets, capacity)
+        self.tokens = zeros("rows.tokens", tuple(tokens.shape), torch.long, device).copy_(tokens)
+        self.lengths = lengths.to(device)
+        self.limits = limits.to(device)
+        self.prompt_lengths = [len(p) for p in prompts]
+        self.eos = torch.tensor(sorted(set(eos)), dtype=torch.long, device=device)
+
+    @property
+    def capacity(self) -> int:
+        return self.tokens.shape[1]
+
+    def last(self, n: int) -> torch.Tensor:
+        """The last `n` committed tokens of each row, `[B, n]`."""
+        return last_tokens(self.tokens, self.lengths, n)
+
+    def commit(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Append the first `counts[b]` of `new_tokens` `[B, W]` to each row, cut at EOS and budget
+        (`kept_counts`). Returns `finished` `[B]` bool: the row hit an EOS id or its budget."""
+        counts, hit_eos = kept_counts(new_tokens, counts, self.eos, self.limits - self.lengths)
+        # All W entries are written (one scatter); those past the new length are never read as committed.
+        offsets = torch.arange(new_tokens.shape[1], device=new_tokens.device)
+        self.tokens.scatter_(1, self.lengths.unsqueeze(1) + offsets, new_tokens)
+        self.lengths = self.lengths + counts
+        return hit_eos | (self.lengths >= self.limits)
+
+
+def prefill(
+    model: PreTrainedModel, cache: KVCache, rows: RowState, feature_layers: tuple[int, ...] | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Cache the right-padded prompts; return the logits at each row's last prompt token `[B, V]`
+    and, with `feature_layers`, the drafter's features of all prompt positions `[B, T, n·H]`."""
+    longest = max(rows.prompt_lengths)
+    last = rows.lengths - 1
+    # Ask only for the positions some row ends at (a handful), not the whole prompt's logits.
+    positions = torch.unique(last)
+    out = cached_forward(
+        model, cache, rows.tokens[:, :longest], logits_to_keep=positions, feature_layers=feature_layers
+    )
+    logits, hidden = out if feature_layers is not None else (out, None)
+    cache.set_lengths(rows.lengths.clone(), longest)
+    column = torch.searchsorted(positions, last)
+    return logits[torch.arange(len(last), device=last.device), column], hidden
+
+
+class FeatureRows:
+    """The target's features of every token a target-only decode read, per row of the caller's
+    prompt list: `values` `[B, S_cap, n·H]` (from `zeros`), written in place (no host sync), cut
+    per row at the end."""
+
+    def __init__(self, prompt_features: torch.Tensor, capacity: int, zeros: Zeros = fresh_zeros) -> None:
+        batch, longest, width = prompt_features.shape
+        self.values = zeros("features.written", (batch, capacity, width), prompt_features.dtype, prompt_features.device)
+        self.values[:, :longest] = prompt_features
+
+    def write(self, rows: torch.Tensor, positions: torch.Tensor, features: torch.Tensor) -> None:
+        """Row `rows[b]`'s token at `positions[b]` has features `features[b]` `[B', n·H]`."""
+        self.values[rows, positions] = features
+
+    def rows(self, prompt_lengths: Sequence[int], sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """`[P_i + R_i, n·H]` per row; the last generated token's row (never fed) is zero. Past a
+        row's prompt the prefill wrote other rows' padding, which every fed token overwrote."""
+        out = []
+        for i, (length, generated) in enumerate(zip(prompt_lengths, sequences)):
+            row = self.values[i, : length + len(generated)].clone()
+            if generated:
+                row[-1] = 0
+            out.append(row)
+        return out
