@@ -25,8 +25,8 @@ Both return the drafts `[B, gamma]` and the distributions they were drawn from `
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
 
 import torch
 from transformers import PreTrainedModel
@@ -39,29 +39,35 @@ from specdecode.models.draft_vocab import DraftVocabHead
 from specdecode.models.feature_drafter import FeatureDrafter, feed_back
 
 
-@runtime_checkable
-class Drafting(Protocol):
-    """What the speculative loop asks of a drafting strategy; shapes for a batch of B rows in
-    token buffers of S_cap slots."""
+class Drafting(ABC):
+    """What the speculative loop asks of a drafting strategy, and the state every one keeps; shapes
+    for a batch of B rows in token buffers of S_cap slots."""
 
-    # the drafter's KV cache, of the core's kind (`ragged` or static), made by the core
-    cache: KVCache
     # which target hidden states the strategy reads: the verify pass then returns them `[B, W, n·H]`
     # (`target_features`); None: none
-    feature_layers: tuple[int, ...] | None
-    # drafts taken from prompt lookup so far, a 0-d tensor counted on the device (never synced)
-    looked_up: torch.Tensor
-    # which of the last `propose`'s drafts prompt lookup filled, `[B, gamma]` bool; None without lookup
-    last_looked_up: torch.Tensor | None
+    feature_layers: tuple[int, ...] | None = None
     # how many ids each sampled draft is drawn over where that is a draft vocabulary of K ids;
     # None: the full vocabulary, as wide as the target's logits (rejection sampling needs q as wide as p)
-    draw_width: int | None
+    draw_width: int | None = None
 
+    def __init__(
+        self, drafter: PreTrainedModel | FeatureDrafter, cache: KVCache, lookup: DraftLookup | None = None
+    ) -> None:
+        self.drafter = drafter
+        # the drafter's KV cache, of its decoder's kind (ragged or static)
+        self.cache = cache
+        self.lookup = lookup
+        # drafts taken from prompt lookup so far, a 0-d tensor counted on the device (never synced)
+        self.looked_up = cache.buffer("drafting.looked_up", (), torch.long)
+        # which of the last `propose`'s drafts prompt lookup filled, `[B, gamma]` bool; None without lookup
+        self.last_looked_up: torch.Tensor | None = None
+
+    @abstractmethod
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
         """Take in the right-padded prompts `tokens[:, :longest]` (`lengths` `[B]`) and, when
         `feature_layers` is set, the target's prompt features `[B, longest, n·H]`."""
-        ...
 
+    @abstractmethod
     def propose(
         self,
         tokens: torch.Tensor,
@@ -74,32 +80,19 @@ class Drafting(Protocol):
         """Draft `gamma` tokens after each row's `lengths[b]` committed `tokens` `[B, S_cap]`
         (`max_length` = max(lengths)): the drafts `[B, gamma]` and the distributions they were drawn
         from `[B, gamma, V]`, None when greedy."""
-        ...
 
     def observe(self, features: torch.Tensor | None, start: torch.Tensor) -> None:
         """The verify pass's target features `[B, W, n·H]` of positions `start[b] + w` (None when
-        `feature_layers` is None)."""
-        ...
+        `feature_layers` is None): nothing to keep unless the strategy reads them."""
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only `rows` `[B']` of the batch (finished rows leave), in that order."""
-        ...
+        self.cache.select_rows(rows)
 
 
-class SliceDrafting:
-    """A plain causal-LM drafter (see the module docstring)."""
-
-    # which target hidden states it reads (`target_features`); None: none
-    feature_layers: tuple[int, ...] | None = None
-    # drafts are drawn over the full vocabulary (a draft-vocabulary head still returns full logits)
-    draw_width: int | None = None
-
-    def __init__(self, drafter: PreTrainedModel, cache: KVCache, lookup: DraftLookup | None = None) -> None:
-        self.drafter = drafter
-        self.cache = cache
-        self.lookup = lookup
-        self.looked_up = cache.buffer("drafting.looked_up", (), torch.long)
-        self.last_looked_up: torch.Tensor | None = None
+class SliceDrafting(Drafting):
+    """A plain causal-LM drafter (see the module docstring); drafts are drawn over the full
+    vocabulary (a draft-vocabulary head still returns full logits)."""
 
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
         """Cache the right-padded prompts `tokens[:, :longest]` (the first token is not yet committed)."""
@@ -115,7 +108,6 @@ class SliceDrafting:
         params: Params,
         generator: Generator,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draft `gamma` tokens after each row's `lengths[b]` committed `tokens` `[B, S_cap]`."""
         self.cache.set_lengths(lengths - 2, max_length - 2)
         drafter_input = last_tokens(tokens, lengths, 2)
         step = _Drafts(tokens, lengths, self.lookup, self.looked_up)
@@ -126,23 +118,14 @@ class SliceDrafting:
         self.last_looked_up = step.used_mask
         return result
 
-    def observe(self, features: torch.Tensor | None, start: torch.Tensor) -> None:
-        """A slice drafter reads no target features."""
 
-    def select_rows(self, rows: torch.Tensor) -> None:
-        self.cache.select_rows(rows)
-
-
-class FeatureDrafting:
+class FeatureDrafting(Drafting):
     """A `FeatureDrafter` fed the target's hidden states (see the module docstring)."""
 
     def __init__(self, drafter: FeatureDrafter, cache: KVCache, lookup: DraftLookup | None = None) -> None:
-        self.drafter = drafter
-        self.cache = cache
-        self.lookup = lookup
-        self.looked_up = cache.buffer("drafting.looked_up", (), torch.long)
-        self.last_looked_up: torch.Tensor | None = None
-        self.feature_layers: tuple[int, ...] | None = drafter.feature_layers
+        super().__init__(drafter, cache, lookup)
+        self.drafter: FeatureDrafter = drafter
+        self.feature_layers = drafter.feature_layers
         self.capacity = cache.capacity
         shape = (cache.batch_size, cache.capacity, drafter.feature_width)
         self.features = cache.buffer("drafting.features", shape, drafter.dtype)
@@ -175,7 +158,6 @@ class FeatureDrafting:
         params: Params,
         generator: Generator,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draft `gamma` tokens after each row's `lengths[b]` committed `tokens` `[B, S_cap]`."""
         # 1. one window over the positions whose true features are new: [start, lengths - 1), at
         # most gamma + 1 (the verify's accepted drafts and its bonus token)
         feature = self._read(tokens, lengths - 1, max_length - 1, gamma + 1)
@@ -231,7 +213,7 @@ class FeatureDrafting:
         )
 
     def select_rows(self, rows: torch.Tensor) -> None:
-        self.cache.select_rows(rows)
+        super().select_rows(rows)
         self.features = self.features.index_select(0, rows)
         self.start = self.start.index_select(0, rows)
 

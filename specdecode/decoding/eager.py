@@ -24,7 +24,7 @@ from specdecode.decoding.ragged import Finisher, RaggedRows
 from specdecode.decoding.record import Recorder, StepEvent
 from specdecode.decoding.rows import FeatureRows, prefill
 from specdecode.decoding.sampling import next_tokens
-from specdecode.decoding.stats import GenerationResult, StepCounters
+from specdecode.decoding.stats import DeviceCounters, GenerationResult, StepCounters
 from specdecode.decoding.verify import verify_drafts
 from specdecode.models.feature_drafter import FeatureDrafter
 
@@ -41,6 +41,7 @@ class EagerDecoder(Decoder):
         return Recorder(rows.prompt_lengths, start, self.on_step) if self.record or self.on_step is not None else None
 
     def _result(self, finisher: Finisher, counters: StepCounters, start: float) -> GenerationResult:
+        """The result of the sequences `finisher` collected (`counters` read: one host sync)."""
         result = GenerationResult.build(finisher.sequences, counters, time.perf_counter() - start)
         result.record = finisher.recorder.rows() if self.record and finisher.recorder is not None else None
         return result
@@ -58,15 +59,14 @@ class EagerDecoder(Decoder):
         rows = RaggedRows(request.prompts, request.budgets, slack=gamma + 2, eos=request.eos, device=target.device)
         target_cache = RaggedKVCache.for_model(target, batch_size, rows.capacity)
         drafting = drafting_for(drafter, RaggedKVCache.for_model(drafter, batch_size, rows.capacity), lookup)
-        counters = StepCounters(gamma, target.device)
+        counters = DeviceCounters(gamma, target.device)
         recorder = self._recorder(rows, start)
         finisher = Finisher(batch_size, recorder)
 
         # 0. prefill: the target's first token is an ordinary sample; the drafter only reads the prompt.
         first, hidden = prefill(target, target_cache, rows, feature_layers=drafting.feature_layers)
         drafting.prefill(rows.tokens, rows.lengths, max(rows.prompt_lengths), hidden)
-        counters.record_target_call(batch_size)
-        counters.drafter_calls += 1
+        counters.record_target_call(torch.ones_like(rows.rows, dtype=torch.bool))
         first_token = next_tokens(first, params, generator)
         finished = rows.commit(first_token.unsqueeze(1), torch.ones_like(rows.lengths))
         if recorder is not None:
@@ -83,15 +83,14 @@ class EagerDecoder(Decoder):
                 target, target_cache, drafting, rows.last(1), draft, q, rows.lengths - 1, params, generator
             )
             finished = rows.commit(new_tokens, num_accepted + 1)
-            counters.record_step(num_accepted, drafter_calls=gamma)
+            counters.record_step(num_accepted, torch.ones_like(num_accepted, dtype=torch.bool))
             if recorder is not None:
                 recorder.add(rows.rows, rows.lengths, next_token, draft, num_accepted, drafting.last_looked_up)
 
             # 4. trim caches: done at the top of the loop from the committed lengths (rejected drafts'
             # entries stay in their slots, masked, until overwritten).
 
-        counters.looked_up = drafting.looked_up
-        return self._result(finisher, counters, start)
+        return self._result(finisher, counters.finish(gamma, 1, drafting.looked_up), start)
 
     def autoregressive(
         self, target: PreTrainedModel, request: Request, feature_layers: tuple[int, ...] | None
@@ -100,13 +99,13 @@ class EagerDecoder(Decoder):
         params, generator, batch_size = request.params, request.generator, len(request.prompts)
         rows = RaggedRows(request.prompts, request.budgets, slack=1, eos=request.eos, device=target.device)
         cache = RaggedKVCache.for_model(target, batch_size, rows.capacity)
-        counters = StepCounters(0, target.device)
+        counters = DeviceCounters(0, target.device)
         recorder = self._recorder(rows, start)
         finisher = Finisher(batch_size, recorder)
 
         logits, hidden = prefill(target, cache, rows, feature_layers=feature_layers)
         features = FeatureRows(hidden, rows.capacity) if hidden is not None else None
-        counters.record_target_call(batch_size)
+        counters.record_target_call(torch.ones_like(rows.rows, dtype=torch.bool))
         token = next_tokens(logits, params, generator)
         finished = rows.commit(token.unsqueeze(1), torch.ones_like(rows.lengths))
         if recorder is not None:
@@ -119,11 +118,11 @@ class EagerDecoder(Decoder):
                 features.write(rows.rows, rows.lengths - 1, hidden[:, -1])
             token = next_tokens(logits[:, -1], params, generator)
             finished = rows.commit(token.unsqueeze(1), torch.ones_like(rows.lengths))
-            counters.record_target_call(len(finished))
+            counters.record_target_call(torch.ones_like(finished))
             if recorder is not None:
                 recorder.add(rows.rows, rows.lengths, token)
 
-        result = self._result(finisher, counters, start)
+        result = self._result(finisher, counters.finish(0, 0, 0), start)
         if features is not None:
             result.features = features.rows(rows.prompt_lengths, result.sequences)
         return result
