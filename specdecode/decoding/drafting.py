@@ -26,7 +26,6 @@ Both return the drafts `[B, gamma]` and the distributions they were drawn from `
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 
 import torch
 from transformers import PreTrainedModel
@@ -49,6 +48,8 @@ class Drafting(ABC):
     # how many ids each sampled draft is drawn over where that is a draft vocabulary of K ids;
     # None: the full vocabulary, as wide as the target's logits (rejection sampling needs q as wide as p)
     draw_width: int | None = None
+    # the truncated head whose K ids the drafts are drawn over (`draw_width` = K); None: none
+    draft_head: DraftVocabHead | None = None
 
     def __init__(
         self, drafter: PreTrainedModel | FeatureDrafter, cache: KVCache, lookup: DraftLookup | None = None
@@ -67,7 +68,6 @@ class Drafting(ABC):
         """Take in the right-padded prompts `tokens[:, :longest]` (`lengths` `[B]`) and, when
         `feature_layers` is set, the target's prompt features `[B, longest, n·H]`."""
 
-    @abstractmethod
     def propose(
         self,
         tokens: torch.Tensor,
@@ -80,6 +80,16 @@ class Drafting(ABC):
         """Draft `gamma` tokens after each row's `lengths[b]` committed `tokens` `[B, S_cap]`
         (`max_length` = max(lengths)): the drafts `[B, gamma]` and the distributions they were drawn
         from `[B, gamma, V]`, None when greedy."""
+        drafts = _Drafts(tokens, lengths, self.lookup, self.looked_up, params, generator, self.draft_head)
+        self._draft(drafts, max_length, gamma)
+        result = drafts.result()
+        self.last_looked_up = drafts.used_mask
+        return result
+
+    @abstractmethod
+    def _draft(self, drafts: _Drafts, max_length: int, gamma: int) -> None:
+        """Draw `gamma` drafts into `drafts` (`_Drafts.draw`), after each row's `drafts.lengths[b]`
+        committed tokens `drafts.context` `[B, S_cap]` (`max_length` = max(lengths))."""
 
     def observe(self, features: torch.Tensor | None, start: torch.Tensor) -> None:
         """The verify pass's target features `[B, W, n·H]` of positions `start[b] + w` (None when
@@ -99,24 +109,12 @@ class SliceDrafting(Drafting):
         cached_forward(self.drafter, self.cache, tokens[:, :longest], logits_to_keep=1)
         self.cache.set_lengths(lengths.clone(), longest)
 
-    def propose(
-        self,
-        tokens: torch.Tensor,
-        lengths: torch.Tensor,
-        max_length: int,
-        gamma: int,
-        params: Params,
-        generator: Generator,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        self.cache.set_lengths(lengths - 2, max_length - 2)
-        drafter_input = last_tokens(tokens, lengths, 2)
-        step = _Drafts(tokens, lengths, self.lookup, self.looked_up)
+    def _draft(self, drafts: _Drafts, max_length: int, gamma: int) -> None:
+        self.cache.set_lengths(drafts.lengths - 2, max_length - 2)
+        drafter_input = last_tokens(drafts.context, drafts.lengths, 2)
         for _ in range(gamma):
             logits = cached_forward(self.drafter, self.cache, drafter_input, logits_to_keep=1)[:, -1]
-            drafter_input = step.add(logits, *_draw(logits, params, generator)).unsqueeze(1)
-        result = step.result()
-        self.last_looked_up = step.used_mask
-        return result
+            drafter_input = drafts.draw(logits).unsqueeze(1)
 
 
 class FeatureDrafting(Drafting):
@@ -149,40 +147,19 @@ class FeatureDrafting(Drafting):
         # where every prompt is one token (no position to read: each row's count is 0)
         self._read(tokens, lengths - 1, longest - 1, max(longest - 1, 1))
 
-    def propose(
-        self,
-        tokens: torch.Tensor,
-        lengths: torch.Tensor,
-        max_length: int,
-        gamma: int,
-        params: Params,
-        generator: Generator,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _draft(self, drafts: _Drafts, max_length: int, gamma: int) -> None:
         # 1. one window over the positions whose true features are new: [start, lengths - 1), at
         # most gamma + 1 (the verify's accepted drafts and its bonus token)
-        feature = self._read(tokens, lengths - 1, max_length - 1, gamma + 1)
-
+        feature = self._read(drafts.context, drafts.lengths - 1, max_length - 1, gamma + 1)
         # 2. gamma drafts, each fed back with the feature it was predicted from
-        step = _Drafts(
-            tokens, lengths, self.lookup, self.looked_up, None if self.draft_head is None else self.draft_head.spread
-        )
+        head = self.draft_head
         for i in range(gamma):
-            # logits and q over the K draft ids of a truncated head (K = V without one)
-            logits = (
-                self.drafter.logits(feature[:, -1])
-                if self.draft_head is None
-                else self.draft_head.draft_logits(feature[:, -1])
-            )
-            q_i, index = _draw(logits, params, generator)
-            draft = step.add(
-                logits, q_i, index if self.draft_head is None else self.draft_head.draft_ids[index]
-            ).unsqueeze(1)
+            # logits over the K draft ids of a truncated head (K = V without one)
+            logits = self.drafter.logits(feature[:, -1]) if head is None else head.draft_logits(feature[:, -1])
+            draft = drafts.draw(logits).unsqueeze(1)
             if i + 1 < gamma:
                 fed = feed_back(feature, self.features.shape[-1])
                 feature = cached_call(self.cache, 1, self.drafter.dtype, lambda **kw: self.drafter(fed, draft, **kw))
-        result = step.result()
-        self.last_looked_up = step.used_mask
-        return result
 
     def _read(self, tokens: torch.Tensor, upto: torch.Tensor, bound: int, width: int) -> torch.Tensor:
         """Run the drafter over each row's positions [start, upto) in one window of `width` (the
@@ -219,8 +196,9 @@ class FeatureDrafting(Drafting):
 
 
 class _Drafts:
-    """The drafts of one step as they are drawn, with prompt lookup applied (`lookup.py`): a row
-    may take a looked-up token instead of its drawn one, and its q is then one-hot there."""
+    """The drafts of one step as they are drawn (`params`, `generator`; over a truncated `head`'s
+    ids where given), with prompt lookup applied (`lookup.py`): a row may take a looked-up token
+    instead of its drawn one, and its q is then one-hot there."""
 
     def __init__(
         self,
@@ -228,31 +206,37 @@ class _Drafts:
         lengths: torch.Tensor,
         lookup: DraftLookup | None,
         looked_up: torch.Tensor,
-        spread: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        params: Params,
+        generator: Generator,
+        head: DraftVocabHead | None,
     ) -> None:
-        self.lookup = lookup
+        self.lookup, self.params, self.generator, self.head = lookup, params, generator, head
         # the drafting's running count of looked-up drafts (0-d, added to in place: never synced)
         self.looked_up = looked_up
         # committed tokens, then this step's drafts (a copy: the batch's own buffer stays committed-only)
         self.context = tokens.clone() if lookup is not None else tokens
         self.lengths = lengths
-        self.spread = spread
         self.drafts: list[torch.Tensor] = []
-        self.q: list[torch.Tensor | None] = []
+        self.q: list[torch.Tensor] = []
         self.used: list[torch.Tensor] = []
         # which drafts lookup filled, `[B, gamma]` bool, once `result` ran (None without lookup)
         self.used_mask: torch.Tensor | None = None
 
-    def add(self, logits: torch.Tensor, q: torch.Tensor | None, draft: torch.Tensor) -> torch.Tensor:
-        """Record a step's drawn `draft` `[B]` (drawn from `q` `[B, K]`, None when greedy, given
-        `logits` `[B, K]`); return the draft actually proposed."""
+    def draw(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draw the next draft `[B]` from the drafter's `logits` `[B, K]` (greedy: the argmax, and no
+        q: greedy verification compares tokens), apply lookup; return the draft proposed."""
+        if self.params.greedy:
+            index = logits.argmax(dim=-1)
+        else:
+            self.q.append(logits_to_probs(logits, self.params))
+            index = sample(self.q[-1], self.generator)
+        draft = index if self.head is None else self.head.draft_ids[index]
         if self.lookup is not None:
             at = self.lengths + len(self.drafts)
             draft, used = self.lookup.choose(logits, draft, self.context, at)
             self.context.scatter_(1, at.unsqueeze(1), draft.unsqueeze(1))
             self.used.append(used)
         self.drafts.append(draft)
-        self.q.append(q)
         return draft
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -263,21 +247,12 @@ class _Drafts:
         self.used_mask = used
         if used is not None:
             self.looked_up += used.sum()
-        if self.q[0] is None:
+        if not self.q:
             return drafts, None
-        q = torch.stack(self.q, dim=1)  # type: ignore[arg-type]
-        if self.spread is not None:
-            q = self.spread(q)
+        q = torch.stack(self.q, dim=1)
+        if self.head is not None:
+            q = self.head.spread(q)
         return drafts, q if used is None else override_q(q, drafts, used)
-
-
-def _draw(logits: torch.Tensor, params: Params, generator: Generator) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """`[B, V]` drafter logits → (q `[B, V]`, the draft `[B]` drawn from it); greedy: (None, argmax),
-    since greedy verification compares tokens and needs no distribution."""
-    if params.greedy:
-        return None, logits.argmax(dim=-1)
-    q = logits_to_probs(logits, params)
-    return q, sample(q, generator)
 
 
 def drafting_for(
