@@ -124,13 +124,13 @@ def speculative_generate(
     validate_models(target, drafter, prompt_lookup)
     decoder = options.decoder(target.device)
     gamma = drafter_gamma(drafter) if gamma is None else gamma
-    request = _request(target, prompts, max_new_tokens, options, gamma)
-    decoder.check_room(request.prompts, request.budgets, gamma)
+    lookup = prompt_lookup if prompt_lookup is not None and prompt_lookup.applies(options.temperature) else None
+    request = _request(target, prompts, max_new_tokens, options, gamma=gamma, lookup=lookup)
+    decoder.check_room(request)
     if max(request.budgets) == 0:
         return GenerationResult.empty(request.prompts, StepCounters(gamma, target.device), options.record)
-    lookup = prompt_lookup if prompt_lookup is not None and prompt_lookup.applies(options.temperature) else None
     with folded_gqa(target, drafter):
-        return decoder.speculative(target, drafter, request, gamma, lookup)
+        return decoder.speculative(target, drafter, request)
 
 
 @torch.inference_mode()
@@ -155,13 +155,13 @@ def autoregressive_generate(
     predicts that token from the one before)."""
     options = _options(options, fields)
     decoder = options.decoder(target.device)
-    request = _request(target, prompts, max_new_tokens, options)
-    decoder.check_room(request.prompts, request.budgets, None)
     layers = tuple(feature_layers) if feature_layers is not None else None
+    request = _request(target, prompts, max_new_tokens, options, feature_layers=layers)
+    decoder.check_room(request)
     if max(request.budgets) == 0 and layers is None:
         return GenerationResult.empty(request.prompts, StepCounters(0, target.device), options.record)
     with folded_gqa(target):
-        return decoder.autoregressive(target, request, layers)
+        return decoder.autoregressive(target, request)
 
 
 def _request(
@@ -169,7 +169,10 @@ def _request(
     prompts: Sequence[Sequence[int]],
     max_new_tokens: int | Sequence[int],
     options: DecodeOptions,
-    gamma: int | None = None,
+    **decoding: Any,
 ) -> Request:
-    budgets, eos, checked = validate_request(target, prompts, max_new_tokens, options.eos_token_ids, gamma)
-    return Request(checked, budgets, eos, options.params, options.generator(target.device))
+    """The checked `Request` (`decoding`: its gamma, lookup or feature layers)."""
+    budgets, eos, checked = validate_request(
+        target, prompts, max_new_tokens, options.eos_token_ids, decoding.get("gamma")
+    )
+    return Request(checked, budgets, eos, options.params, options.generator(target.device), **decoding)

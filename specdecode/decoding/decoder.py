@@ -11,7 +11,6 @@ every core returns what the eager one does.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -33,30 +32,27 @@ class Request:
     eos: list[int]
     params: SamplingParams
     generator: torch.Generator | None
+    # drafts per target pass; None: the target alone
+    gamma: int | None = None
+    # prompt lookup applied to the drafts; None: the drafter alone
+    lookup: PromptLookup | None = None
+    # the target's layers whose features a target-only decode returns (`result.features`); None: none
+    feature_layers: tuple[int, ...] | None = None
 
 
 class Decoder(ABC):
-    """A way to run the decode loops on checked arguments."""
+    """A way to run the decode loops on a checked request."""
 
     @abstractmethod
     def speculative(
-        self,
-        target: PreTrainedModel,
-        drafter: PreTrainedModel | FeatureDrafter,
-        request: Request,
-        gamma: int,
-        lookup: PromptLookup | None,
+        self, target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, request: Request
     ) -> GenerationResult:
-        """Decode `request` with `drafter` proposing `gamma` tokens per target pass (`lookup`
-        applied to its drafts where given): `speculative_generate`."""
+        """Decode with `drafter` proposing `request.gamma` tokens per target pass: `speculative_generate`."""
 
     @abstractmethod
-    def autoregressive(
-        self, target: PreTrainedModel, request: Request, feature_layers: tuple[int, ...] | None
-    ) -> GenerationResult:
-        """Decode `request` with the target alone, with `feature_layers` its features of every token
-        it read (`result.features`): `autoregressive_generate`."""
+    def autoregressive(self, target: PreTrainedModel, request: Request) -> GenerationResult:
+        """Decode with the target alone: `autoregressive_generate`."""
 
-    def check_room(self, prompts: Sequence[Sequence[int]], budgets: Sequence[int], gamma: int | None) -> None:
-        """Raise, before any work, where this decoder's caches cannot hold the rows (`gamma` None:
-        the target alone). The eager caches are sized per call: they always can."""
+    def check_room(self, request: Request) -> None:
+        """Raise, before any work, where this decoder's caches cannot hold the request's rows. The
+        eager caches are sized per call: they always can."""

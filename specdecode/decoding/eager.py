@@ -19,7 +19,6 @@ from transformers import PreTrainedModel
 from specdecode.decoding.cache import RaggedKVCache, cached_forward
 from specdecode.decoding.decoder import Decoder, Request
 from specdecode.decoding.drafting import drafting_for
-from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.ragged import Finisher, RaggedRows
 from specdecode.decoding.record import Recorder, StepEvent
 from specdecode.decoding.rows import FeatureRows, prefill
@@ -47,18 +46,14 @@ class EagerDecoder(Decoder):
         return result
 
     def speculative(
-        self,
-        target: PreTrainedModel,
-        drafter: PreTrainedModel | FeatureDrafter,
-        request: Request,
-        gamma: int,
-        lookup: PromptLookup | None,
+        self, target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, request: Request
     ) -> GenerationResult:
         start = time.perf_counter()
         params, generator, batch_size = request.params, request.generator, len(request.prompts)
+        gamma = request.gamma or 0
         rows = RaggedRows(request.prompts, request.budgets, slack=gamma + 2, eos=request.eos, device=target.device)
         target_cache = RaggedKVCache.for_model(target, batch_size, rows.capacity)
-        drafting = drafting_for(drafter, RaggedKVCache.for_model(drafter, batch_size, rows.capacity), lookup)
+        drafting = drafting_for(drafter, RaggedKVCache.for_model(drafter, batch_size, rows.capacity), request.lookup)
         counters = DeviceCounters(gamma, target.device)
         recorder = self._recorder(rows, start)
         finisher = Finisher(batch_size, recorder)
@@ -92,10 +87,9 @@ class EagerDecoder(Decoder):
 
         return self._result(finisher, counters.finish(gamma, 1, drafting.looked_up), start)
 
-    def autoregressive(
-        self, target: PreTrainedModel, request: Request, feature_layers: tuple[int, ...] | None
-    ) -> GenerationResult:
+    def autoregressive(self, target: PreTrainedModel, request: Request) -> GenerationResult:
         start = time.perf_counter()
+        feature_layers = request.feature_layers
         params, generator, batch_size = request.params, request.generator, len(request.prompts)
         rows = RaggedRows(request.prompts, request.budgets, slack=1, eos=request.eos, device=target.device)
         cache = RaggedKVCache.for_model(target, batch_size, rows.capacity)

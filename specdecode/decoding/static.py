@@ -53,7 +53,6 @@ from specdecode.decoding.compiled import (
 )
 from specdecode.decoding.decoder import Decoder, Request
 from specdecode.decoding.drafting import Drafting, drafting_for
-from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.rows import FeatureRows, prefill
 from specdecode.decoding.sampling import DrawnAhead, Params, SamplingParams, exponential_noise, next_tokens, uniform
 from specdecode.decoding.static_buffers import static_buffers
@@ -155,9 +154,9 @@ class StaticDecoder(Decoder):
     # whether the steps run compiled (`CompiledDecoder`)
     compile: ClassVar[bool] = False
 
-    def check_room(self, prompts: Sequence[Sequence[int]], budgets: Sequence[int], gamma: int | None) -> None:
+    def check_room(self, request: Request) -> None:
         if self.capacity is not None:
-            rows_capacity(prompts, budgets, gamma, self.capacity)
+            rows_capacity(request.prompts, request.budgets, request.gamma, self.capacity)
 
     def _compiled(
         self, function: Callable[..., None], params: SamplingParams, device: torch.device
@@ -186,12 +185,7 @@ class StaticDecoder(Decoder):
                 run(step)
 
     def speculative(
-        self,
-        target: PreTrainedModel,
-        drafter: PreTrainedModel | FeatureDrafter,
-        request: Request,
-        gamma: int,
-        lookup: PromptLookup | None,
+        self, target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, request: Request
     ) -> GenerationResult:
         """Exact, in greedy decoding, means each token is the argmax of the target's logits at that
         position as the target computes them in a pass of this batch's shape. In fp32 that is
@@ -203,6 +197,7 @@ class StaticDecoder(Decoder):
         """
         start = time.perf_counter()
         device, params, generator, batch_size = target.device, request.params, request.generator, len(request.prompts)
+        gamma, lookup = request.gamma or 0, request.lookup
         capacity = rows_capacity(request.prompts, request.budgets, gamma, self.capacity)
         with static_buffers(self.compile, (batch_size, capacity)) as lease:
             # what a round writes in place, at the addresses earlier calls of this shape used (compiled)
@@ -242,13 +237,12 @@ class StaticDecoder(Decoder):
             stats = counters.finish(gamma, 1, drafting.looked_up)
             return GenerationResult.build(rows.sequences(), stats, time.perf_counter() - start)
 
-    def autoregressive(
-        self, target: PreTrainedModel, request: Request, feature_layers: tuple[int, ...] | None
-    ) -> GenerationResult:
+    def autoregressive(self, target: PreTrainedModel, request: Request) -> GenerationResult:
         """One-token passes of the whole batch, finished rows masked; a seeded generator's draws are
         drawn before each step and passed in (`DrawnAhead`), the numbers `sample` would draw."""
         start = time.perf_counter()
         device, params, generator, batch_size = target.device, request.params, request.generator, len(request.prompts)
+        feature_layers = request.feature_layers
         capacity = rows_capacity(request.prompts, request.budgets, None, self.capacity)
         with static_buffers(self.compile, (batch_size, capacity)) as lease:
             # what a step writes in place, at the addresses earlier calls of this shape used (compiled)
