@@ -12,10 +12,10 @@ import torch
 
 import specdecode.decoding.compiled
 import specdecode.decoding.drafting
+import specdecode.decoding.lookup
 import specdecode.decoding.rows
 import specdecode.decoding.static
 import specdecode.decoding.static_cache
-import specdecode.decoding.static_rows
 import specdecode.decoding.verify
 from specdecode import autoregressive_generate, speculative_generate
 from specdecode.decoding.sampling import SamplingParams, sample
@@ -372,7 +372,7 @@ def test_the_feature_drafters_cache_is_allocated_in_its_prefill_even_for_one_tok
     drafter = random_feature_drafter(target, feature_layers=(1, -1))
     drafting = specdecode.decoding.drafting.drafting_for(drafter, StaticKVCache.for_model(drafter, 2, 16))
     capacity = specdecode.decoding.static_cache.rows_capacity([[5], [9]], [4, 4], 2)
-    rows = specdecode.decoding.static_rows.StaticRows([[5], [9]], [4, 4], capacity, eos=[], device=target.device)
+    rows = specdecode.decoding.rows.StaticRows([[5], [9]], [4, 4], capacity, eos=[], device=target.device)
     cache = StaticKVCache.for_model(target, 2, rows.capacity)
     _, hidden = specdecode.decoding.rows.prefill(target, cache, rows, drafting.feature_layers)
     drafting.prefill(rows.tokens, rows.lengths, 1, hidden)
@@ -417,9 +417,7 @@ def test_state_a_compiled_round_reassigns_is_copied_out_before_the_next(target, 
         for i, obj in enumerate(objects):
             for name, value in vars(obj).items():
                 if isinstance(value, torch.Tensor):
-                    key = (
-                        f"{name}@lookup" if isinstance(obj, specdecode.decoding.static_rows.ActiveRowsLookup) else name
-                    )
+                    key = f"{name}@lookup" if isinstance(obj, specdecode.decoding.lookup.ActiveRowsLookup) else name
                     found[(i, key)] = value
         return found
 

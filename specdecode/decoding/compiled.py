@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from specdecode.decoding.layer_kv import LayerKV
 from specdecode.decoding.sampling import Params, SamplingParams, TensorTemperature
+from specdecode.decoding.static_cache import LayerKV
 
 # Whether `compile=None` (auto) compiles on the CPU. Off: a compiled step is about a fifth faster
 # there, but each model and shape first compiles for tens of seconds, which takes thousands of
@@ -134,7 +134,7 @@ _LAYER_INDEX = "_specdecode_layer_index"
 def _region(forward: Callable) -> Callable | None:
     """A decoder layer class's `forward` (one for every layer of the class) that, given a static
     cache with this layer's buffers, runs the layer as a nested compile region taking the buffers as
-    tensors (`layer_kv.LayerKV`). A region that took the cache object would read the layer's index
+    tensors (`static_cache.LayerKV`). A region that took the cache object would read the layer's index
     to pick them: a constant of its trace, which torch 2.14's reuse of one layer's trace for the
     next does not tell apart. Anything else (no such cache, positional arguments past the hidden
     states) runs `forward` as it is. None for a `forward` that takes no cache by a known keyword."""

@@ -21,7 +21,7 @@ from specdecode.decoding.compiled import check_core
 from specdecode.decoding.decoder import Decoder, Request
 from specdecode.decoding.eager import EagerDecoder
 from specdecode.decoding.lookup import DEFAULT_LOOKUP, PromptLookup
-from specdecode.decoding.record import StepEvent, check_record
+from specdecode.decoding.record import StepEvent
 from specdecode.decoding.sampling import SamplingParams
 from specdecode.decoding.static import CompiledDecoder, StaticDecoder
 from specdecode.decoding.stats import GenerationResult, StepCounters
@@ -72,7 +72,15 @@ class DecodeOptions:
     params: SamplingParams = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        check_record(self.record, self.on_step, self.static)
+        if not isinstance(self.record, bool):
+            raise TypeError(f"record must be true or false, got {self.record!r}")
+        if self.on_step is not None and not callable(self.on_step):
+            raise TypeError(f"on_step must be a callable taking a StepEvent, or None, got {self.on_step!r}")
+        if self.static and (self.record or self.on_step is not None):
+            raise ValueError(
+                "record=True and on_step need the eager decoder (static=False): the static ones do not "
+                "sync with the host every step"
+            )
         object.__setattr__(self, "params", SamplingParams(self.temperature, self.top_k, self.top_p))
 
     def decoder(self, device: torch.device) -> Decoder:

@@ -1,5 +1,5 @@
 """The eager decoder: ragged caches whose read window grows with the longest row, and finished rows
-leaving the batch (`ragged.py`), so later passes are narrower; the host checks every step.
+leaving the batch (`RaggedRows`, `Finisher`), so later passes are narrower; the host checks every step.
 
 Invariant between steps, per row: `tokens[:length]` are committed (prompt + generated); the target
 cache holds all but the last committed token (the "pending" one, fed in the next pass). How a
@@ -10,22 +10,54 @@ for every kind.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
 
-from specdecode.decoding.cache import RaggedKVCache, cached_forward
+from specdecode.decoding.cache import KVCache, RaggedKVCache, cached_forward
 from specdecode.decoding.decoder import Decoder, Request
-from specdecode.decoding.drafting import drafting_for
-from specdecode.decoding.ragged import Finisher, RaggedRows
+from specdecode.decoding.drafting import Drafting, drafting_for
 from specdecode.decoding.record import Recorder, StepEvent
-from specdecode.decoding.rows import FeatureRows, prefill
+from specdecode.decoding.rows import FeatureRows, RaggedRows, prefill
 from specdecode.decoding.sampling import next_tokens
 from specdecode.decoding.stats import DeviceCounters, GenerationResult, StepCounters
 from specdecode.decoding.verify import verify_drafts
 from specdecode.models.feature_drafter import FeatureDrafter
+
+
+class Finisher:
+    """Collects finished rows' outputs and drops them from the batch and the caches."""
+
+    def __init__(self, num_rows: int, recorder: Recorder | None = None) -> None:
+        self.sequences: list[list[int] | None] = [None] * num_rows
+        self.recorder = recorder
+
+    def step(self, batch: RaggedRows, finished: torch.Tensor, caches: Sequence[KVCache | Drafting]) -> int | None:
+        """Between steps: retire finished rows; return the longest row's length, None once all are done.
+
+        The one host sync of a step: which rows finished, and how long the longest row is (the
+        recorder time-stamps the step there).
+        """
+        any_finished, max_length = torch.stack([finished.any().long(), batch.lengths.max()]).tolist()
+        if self.recorder is not None:
+            self.recorder.synced()
+        if any_finished:
+            self._collect(batch, finished, caches)
+            if batch.rows.numel() == 0:
+                return None
+        return max_length
+
+    def _collect(self, batch: RaggedRows, finished: torch.Tensor, caches: Sequence[KVCache | Drafting]) -> None:
+        done = finished.nonzero().squeeze(1)
+        for b, row, length in zip(done.tolist(), batch.rows[done].tolist(), batch.lengths[done].tolist()):
+            start = batch.prompt_lengths[row]
+            self.sequences[row] = batch.tokens[b, start:length].tolist()
+        keep = (~finished).nonzero().squeeze(1)
+        batch.keep(keep)
+        for cache in caches:
+            cache.select_rows(keep)
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,22 @@ class PromptLookup:
 DEFAULT_LOOKUP = PromptLookup()
 
 
+class ActiveRowsLookup:
+    """A `PromptLookup` that only the active rows use, so a masked row's drafts are never counted as
+    looked up (the drafting strategies call `choose` alone)."""
+
+    def __init__(self, lookup: PromptLookup) -> None:
+        self.lookup = lookup
+        self.active: torch.Tensor | None = None
+
+    def choose(
+        self, logits: torch.Tensor, drafts: torch.Tensor, context: torch.Tensor, lengths: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        chosen, used = self.lookup.choose(logits, drafts, context, lengths)
+        used = used & self.active
+        return torch.where(used, chosen, drafts), used
+
+
 def lookup(
     context: torch.Tensor, lengths: torch.Tensor, max_ngram: int, min_ngram: int
 ) -> tuple[torch.Tensor, torch.Tensor]:

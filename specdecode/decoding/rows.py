@@ -2,8 +2,8 @@
 
 Between steps, per row: `tokens[:length]` are committed (prompt + generated); the target cache
 holds all but the last committed token (the "pending" one, fed in the next pass). The eager core's
-rows leave the batch when they finish (`ragged.RaggedRows`); the static core's stay, masked
-(`static_rows.StaticRows`).
+rows leave the batch when they finish (`RaggedRows`), so later passes are narrower; the static
+core's stay, masked (`StaticRows`), so every pass keeps its shape.
 """
 
 from __future__ import annotations
@@ -76,6 +76,51 @@ class RowState:
         self.tokens.scatter_(1, self.lengths.unsqueeze(1) + offsets, new_tokens)
         self.lengths = self.lengths + counts
         return hit_eos | (self.lengths >= self.limits)
+
+
+class RaggedRows(RowState):
+    """The eager core's rows; `rows` `[B]` is each one's index in the caller's prompt list, and
+    finished rows leave (`keep`)."""
+
+    def __init__(
+        self, prompts: Sequence[Sequence[int]], budgets: list[int], slack: int, eos: Sequence[int], device: torch.device
+    ) -> None:
+        capacity = max(len(p) + b for p, b in zip(prompts, budgets)) + slack
+        super().__init__(prompts, budgets, capacity, eos, device)
+        self.rows = torch.arange(len(prompts), device=device)
+
+    def keep(self, keep: torch.Tensor) -> None:
+        self.tokens = self.tokens.index_select(0, keep)
+        self.lengths = self.lengths.index_select(0, keep)
+        self.limits = self.limits.index_select(0, keep)
+        self.rows = self.rows.index_select(0, keep)
+
+
+class StaticRows(RowState):
+    """The static core's rows, and which are still decoding, `active` `[B]` bool. Rows never leave:
+    a finished one is masked."""
+
+    def __init__(
+        self,
+        prompts: Sequence[Sequence[int]],
+        budgets: list[int],
+        capacity: int,
+        eos: Sequence[int],
+        device: torch.device,
+        zeros: Zeros = fresh_zeros,
+    ) -> None:
+        super().__init__(prompts, budgets, capacity, eos, device, zeros)
+        self.active = self.lengths < self.limits
+
+    def commit(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """`RowState.commit` for the active rows alone; a row that finishes stops being active."""
+        self.active = self.active & ~super().commit(new_tokens, torch.where(self.active, counts, 0))
+        return ~self.active
+
+    def sequences(self) -> list[list[int]]:
+        """Each row's generated tokens (one host sync)."""
+        tokens, lengths = self.tokens.tolist(), self.lengths.tolist()
+        return [row[start:length] for row, start, length in zip(tokens, self.prompt_lengths, lengths)]
 
 
 def prefill(

@@ -53,11 +53,11 @@ from specdecode.decoding.compiled import (
 )
 from specdecode.decoding.decoder import Decoder, Request
 from specdecode.decoding.drafting import Drafting, drafting_for
-from specdecode.decoding.rows import FeatureRows, prefill
+from specdecode.decoding.lookup import ActiveRowsLookup
+from specdecode.decoding.rows import FeatureRows, StaticRows, prefill
 from specdecode.decoding.sampling import DrawnAhead, Params, SamplingParams, exponential_noise, next_tokens, uniform
 from specdecode.decoding.static_buffers import static_buffers
 from specdecode.decoding.static_cache import StaticKVCache, rows_capacity
-from specdecode.decoding.static_rows import ActiveRowsLookup, StaticRows
 from specdecode.decoding.stats import DeviceCounters, GenerationResult
 from specdecode.decoding.verify import verify_drafts
 from specdecode.models.feature_drafter import FeatureDrafter

@@ -1,4 +1,6 @@
 """The static core's `KVCache` and its capacity: fixed shapes, so a compiled forward can be replayed.
+A pass writes each layer's buffers in place (`write_layer`); a nested compile region sees a cache
+of its one layer (`LayerKV`, `compiled.nested_layers`).
 
 `RaggedKVCache` (cache.py) reads a window that grows with the longest row and builds an additive
 float mask for it, so every pass has a new shape. Here the buffers are read whole and the mask is
@@ -12,7 +14,6 @@ from collections.abc import Sequence
 import torch
 
 from specdecode.decoding.cache import KVCache
-from specdecode.decoding.layer_kv import write_layer
 from specdecode.decoding.static_buffers import Zeros, fresh_zeros
 
 # The cache capacity is rounded up to a power of two (at least this), so calls whose prompts and
@@ -51,6 +52,33 @@ def static_capacity(slots: int, capacity: int | None = None) -> int:
             f"+ the core's slack), got {capacity!r}"
         )
     return capacity
+
+
+def write_layer(
+    keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, key_states: torch.Tensor, value_states: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write a pass's `[B, H_kv, T, D]` keys and values into one layer's `[B, H_kv, S_cap, D]`
+    buffers at each row's `slots` `[B, T]`, in place; return the buffers."""
+    # an indexed assignment rather than `scatter_`: inductor writes it into the buffers in place,
+    # where a scatter into a graph input costs a copy of every layer's whole buffers per pass
+    rows = torch.arange(key_states.shape[0], device=key_states.device).unsqueeze(1)
+    keys[rows, :, slots] = key_states.transpose(1, 2)
+    values[rows, :, slots] = value_states.transpose(1, 2)
+    return keys, values
+
+
+class LayerKV:
+    """The cache a decoder layer's attention sees inside a nested region: `update` writes that
+    layer's buffers whatever layer index it is given, so a trace of one layer is right for every
+    layer (the region's tensors, not the layer's index, say which buffers it writes)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:
+        self.keys, self.values, self.slots = keys, values, slots
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return write_layer(self.keys, self.values, self.slots, key_states, value_states)
 
 
 class StaticKVCache(KVCache):
