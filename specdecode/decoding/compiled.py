@@ -1,21 +1,14 @@
-"""The `compile` option of the static decode core: when to compile, and what.
+"""What `CompiledDecoder` compiles, and how (`torch.compile` and `torch.compiler`'s public APIs).
 
-A speculative round (draft gamma tokens, verify them, accept, commit, count) runs under
-`torch.compile` whole, with static shapes (`dynamic=False`): the drafter's and the target's passes
-and the bookkeeping between them become one graph per (models, batch size, gamma, cache capacity,
-greedy or sampled, seeded or not, top-k, top-p, prompt lookup on or off; not per temperature),
-compiled on first use and reused by every later call of that shape; so does a step of the target
-alone (pass, sample, commit, features). With `NESTED_LAYERS`, each model's decoder layers are one
-nested compile region (`nested_layers`), compiled once and reused for every layer. Dynamo cannot trace a
-draw from a seeded generator, so a step or round that samples with one takes that generator's
-draws as inputs, drawn before it; and it takes a sampled temperature as a tensor
-(`compiled_for`), so that one graph samples at every temperature. On
-CUDA the mode is "reduce-overhead", which captures each graph as a CUDA graph and replays it with
-one launch; the KV buffers and the state a round writes in place are marked static
-(`StaticKVCache`, `mark_static`) and pooled across calls (`static_buffers`) so the replay writes
-them where they are, and the state it
-reassigns (lengths, which rows are active) is copied out of the graph's memory after each round,
-since the next replay overwrites its outputs (`outputs_copied`).
+A speculative round (draft, verify, accept, commit, count) or a step of the target alone runs under
+`torch.compile` whole, with static shapes: one graph per (models, batch size, gamma, cache
+capacity, greedy or sampled, seeded or not, top-k, top-p, prompt lookup on or off; a sampled
+temperature is a tensor input: `compiled_for`), reused by every later call of that shape. Dynamo
+cannot trace a draw from a seeded generator, so such a step takes its draws as inputs, drawn
+before it. On CUDA each graph is captured as a CUDA graph ("reduce-overhead"), which writes its
+static inputs in place (`static_buffers`) and whose outputs the next replay overwrites, so the
+state a step reassigns is copied out after it (`outputs_copied`). With `NESTED_LAYERS`, each
+model's decoder layers are one nested compile region (`nested_layers`), compiled once for all.
 """
 
 from __future__ import annotations

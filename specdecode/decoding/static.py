@@ -1,34 +1,22 @@
-"""The static and compiled decoders: fixed buffers and pass widths, so the step functions can be compiled.
+"""The static and compiled decoders: fixed buffers and pass widths, so the steps can be compiled.
 
-The eager decoder (eager.py) reads a KV window that grows with the longest row, build a float mask
-each pass, drop finished rows from the batch and ask the host every step whether to stop. Every
-one of those changes a tensor's shape or waits on the device, which is what keeps a compiled
-(on CUDA: graph-captured) step from being replayed. Here, in the manner of gpt-fast while keeping
-ragged batches:
+The eager decoder's growing read window, float masks, leaving rows and per-step host syncs each
+change a shape or wait on the device, which keeps a compiled (on CUDA: graph-captured) step from
+being replayed. Here, as in gpt-fast but with ragged batches: each KV cache is a fixed
+`[B, H_kv, S_cap, D]` buffer per layer (`StaticKVCache`), read whole under a boolean mask;
+finished rows stay in the batch, masked (they commit, count and look up nothing); every pass has a
+fixed width (1 for the target alone, gamma + 1 for a verify, the drafting strategies' own
+windows); and the host asks whether every row is done every few steps (`default_sync_every`).
 
-* each KV cache is a fixed `[B, H_kv, S_cap, D]` buffer per layer (`StaticKVCache`), written at
-  per-row positions with one indexed write and read whole; a boolean mask compares a fixed
-  `arange(S_cap)` with each query's position, so slots past a row's length (other rows' padding,
-  rejected drafts) are never seen;
-* finished rows stay in the batch, masked: they commit nothing, count nothing, look nothing up,
-  and their (ignored) passes keep every shape fixed;
-* every pass has a fixed width: 1 for the target alone, gamma + 1 for a verify, the drafting
-  strategies' own fixed windows (`specdecode.decoding.drafting`, unchanged: they drive their
-  drafter on the static cache this decoder gives them);
-* the host learns whether every row is done every few steps (`default_sync_every`), not every step;
-* `CompiledDecoder` runs each speculative round (`_round`: draft, verify, accept, commit) runs under
-  `torch.compile` as one graph, and so does each step of the target alone (CUDA graphs on CUDA;
-  `compiled.py`), compiled once per shape (batch size, capacity, gamma, sampling mode), reused across
-  calls: the capacity is the caller's `capacity`, else the need rounded up to a power of two. The
-  prefills, whose widths the prompts set, run eagerly. It takes the buffers its steps write in
-  place from a pool per model and shape (`static_buffers`), so later calls replay CUDA graphs at
-  the addresses the first recorded, and copies what a step reassigns out of the graph's memory
-  (`compiled.outputs_copied`).
+`CompiledDecoder` runs each speculative round (`_round`: draft, verify, accept, commit) or step of
+the target alone (`_step`) as one compiled graph (`compiled.py`), compiled once per shape (batch
+size, capacity, gamma, sampling mode) and reused across calls; the prefills, whose widths the
+prompts set, run eagerly. It takes the buffers a step writes in place from a pool per model and
+shape (`static_buffers`), so later calls replay CUDA graphs at the addresses the first recorded.
 
-What the caller gets is what the eager loops return: the same tokens in greedy decoding (in fp32
-on these kernels; see `StaticDecoder.speculative` for what exact means in bf16), the same
-distribution when sampling (though not the same draws for a seed: masked rows still consume random
-numbers), and the same counters.
+The caller gets what the eager decoder returns: the same tokens in greedy decoding (in fp32 on
+these kernels; see `StaticDecoder.speculative` for bf16), the same distribution when sampling
+(though not the same draws for a seed once a row finishes: masked rows still draw), the same counters.
 """
 
 from __future__ import annotations
