@@ -8,6 +8,7 @@ core's stay, masked (`StaticRows`), so every pass keeps its shape.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 import torch
@@ -38,9 +39,9 @@ def last_tokens(tokens: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Te
     return tokens.gather(1, lengths.unsqueeze(1) - n + torch.arange(n, device=tokens.device))
 
 
-class RowState:
+class RowState(ABC):
     """Committed tokens `[B, S_cap]`, lengths / limits `[B]` (limit = prompt length + budget), the
-    prompts' lengths and the EOS ids: what both cores' rows are, and how they commit."""
+    prompts' lengths and the EOS ids: what both decoders' rows are, and the commit rule they share."""
 
     def __init__(
         self,
@@ -67,9 +68,13 @@ class RowState:
         """The last `n` committed tokens of each row, `[B, n]`."""
         return last_tokens(self.tokens, self.lengths, n)
 
+    @abstractmethod
     def commit(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Append the first `counts[b]` of `new_tokens` `[B, W]` to each row, cut at EOS and budget
-        (`kept_counts`). Returns `finished` `[B]` bool: the row hit an EOS id or its budget."""
+        """Append the first `counts[b]` of `new_tokens` `[B, W]` to each row that still decodes, cut
+        at EOS and budget (`kept_counts`). Returns `finished` `[B]` bool."""
+
+    def _append(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """`commit` for every row; whether each hit an EOS id or its budget `[B]` bool."""
         counts, hit_eos = kept_counts(new_tokens, counts, self.eos, self.limits - self.lengths)
         # All W entries are written (one scatter); those past the new length are never read as committed.
         offsets = torch.arange(new_tokens.shape[1], device=new_tokens.device)
@@ -88,6 +93,9 @@ class RaggedRows(RowState):
         capacity = max(len(p) + b for p, b in zip(prompts, budgets)) + slack
         super().__init__(prompts, budgets, capacity, eos, device)
         self.rows = torch.arange(len(prompts), device=device)
+
+    def commit(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        return self._append(new_tokens, counts)
 
     def keep(self, keep: torch.Tensor) -> None:
         self.tokens = self.tokens.index_select(0, keep)
@@ -113,8 +121,8 @@ class StaticRows(RowState):
         self.active = self.lengths < self.limits
 
     def commit(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """`RowState.commit` for the active rows alone; a row that finishes stops being active."""
-        self.active = self.active & ~super().commit(new_tokens, torch.where(self.active, counts, 0))
+        """A row that finishes stops being active; a masked row commits nothing."""
+        self.active = self.active & ~self._append(new_tokens, torch.where(self.active, counts, 0))
         return ~self.active
 
     def sequences(self) -> list[list[int]]:
