@@ -109,8 +109,9 @@ class GenerationResult:
     record: list[RowRecord] | None = field(default=None, repr=False)
 
     @classmethod
-    def build(cls, sequences: list[list[int] | None], counters: StepCounters, wall_time_s: float) -> GenerationResult:
-        assert all(s is not None for s in sequences), "every row must finish"
+    def build(cls, rows: Sequence[list[int] | None], counters: StepCounters, wall_time_s: float) -> GenerationResult:
+        sequences = [s for s in rows if s is not None]
+        assert len(sequences) == len(rows), "every row must finish"
         histogram = counters.histogram.tolist()
         gamma = counters.gamma
         accepted = sum(n * count for n, count in enumerate(histogram))
@@ -121,7 +122,7 @@ class GenerationResult:
             (reached[i + 1] if i + 1 < gamma else histogram[gamma]) / reached[i] if reached[i] else None
             for i in range(gamma)
         ]
-        generated = sum(len(s) for s in sequences)  # type: ignore[arg-type]
+        generated = sum(len(s) for s in sequences)
         stats = DecodeStats(
             gamma=gamma,
             target_calls=counters.target_calls,
@@ -138,7 +139,7 @@ class GenerationResult:
             tokens_per_s=generated / wall_time_s if wall_time_s > 0 else 0.0,
             looked_up=int(counters.looked_up),
         )
-        return cls(sequences=sequences, stats=stats)  # type: ignore[arg-type]
+        return cls(sequences=sequences, stats=stats)
 
     @classmethod
     def empty(cls, prompts: Sequence[Sequence[int]], counters: StepCounters, record: bool) -> GenerationResult:
