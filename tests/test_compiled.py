@@ -182,3 +182,36 @@ def test_a_layers_region_writes_the_buffers_it_is_given_not_those_its_layer_inde
             model.model.layers[1].self_attn.layer_idx = 1
     for k, before in zip(cache.keys, keys):
         torch.testing.assert_close(k, before, rtol=0, atol=0)
+
+
+def test_outputs_copied_replaces_reassigned_tensors_and_keeps_those_written_in_place() -> None:
+    """A compiled step's outputs live in its CUDA graph's memory: what the step reassigns comes out a
+    copy (same values, another tensor); what it writes in place stays where it is (a static buffer)."""
+    state = types.SimpleNamespace(lengths=torch.tensor([1, 2]), buffer=torch.zeros(2), label="rows")
+    buffer, returned = state.buffer, []
+    with compiled.outputs_copied(state):
+        state.lengths = state.lengths + 1
+        state.buffer.add_(1)
+        returned.append(state.lengths)
+    assert state.lengths is not returned[0] and state.lengths.tolist() == [2, 3]
+    assert state.buffer is buffer and state.buffer.tolist() == [1.0, 1.0] and state.label == "rows"
+
+
+def test_both_caches_are_one_kv_cache_and_allocate_state_beside_them() -> None:
+    """The ragged and static caches share the declared `KVCache`, and `buffer` takes state from the
+    cache's own `zeros` (the static decoder's pool), by name."""
+    from specdecode.decoding.cache import KVCache, RaggedKVCache
+
+    model, asked = tiny_llama(2, seed=0), []
+
+    def zeros(name, shape, dtype, device):
+        asked.append(name)
+        return torch.zeros(shape, dtype=dtype, device=device)
+
+    for kind in (RaggedKVCache, StaticKVCache):
+        cache = kind.for_model(model, 2, 16, zeros)
+        assert isinstance(cache, KVCache) and cache.batch_size == 2
+        assert cache.buffer("drafting.features", (2, 16, 3), torch.float32).shape == (2, 16, 3)
+        cached_forward(model, cache, torch.tensor([[1, 2], [3, 4]]))
+        assert cache.lengths.tolist() == [2, 2]
+    assert asked.count("drafting.features") == 2 and asked.count("kv.0.keys") == 2

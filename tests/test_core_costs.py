@@ -80,9 +80,9 @@ def test_the_static_cores_time_on_static_caches_as_large_as_their_decodes(monkey
     made = []
     static_for_model = StaticKVCache.for_model.__func__
 
-    def recording(cls, model, batch_size, capacity):
+    def recording(cls, model, batch_size, capacity, *zeros):
         made.append(("target" if model is target else "drafter", capacity))
-        return static_for_model(cls, model, batch_size, capacity)
+        return static_for_model(cls, model, batch_size, capacity, *zeros)
 
     monkeypatch.setattr(StaticKVCache, "for_model", classmethod(recording))
     monkeypatch.setattr(specdecode.decoding.timing, "_time_pieces", lambda pieces, *args: dict.fromkeys(pieces, 1.0))

@@ -144,13 +144,13 @@ def test_later_calls_of_one_shape_replay_their_cuda_graphs_without_recording_aga
     held here, so that a call which allocated its own could not land at the last one's address."""
     from torch._inductor import cudagraph_trees
 
-    import specdecode.decoding.static
-    import specdecode.decoding.static_cache
+    import specdecode.decoding.static_buffers
 
     held = []
-    for module in (specdecode.decoding.static, specdecode.decoding.static_cache):
-        mark = module.mark_static
-        monkeypatch.setattr(module, "mark_static", lambda *tensors, mark=mark: held.extend(tensors) or mark(*tensors))
+    mark = specdecode.decoding.static_buffers.mark_static
+    monkeypatch.setattr(
+        specdecode.decoding.static_buffers, "mark_static", lambda *tensors: held.extend(tensors) or mark(*tensors)
+    )
 
     recorded = []
     record_function = cudagraph_trees.CUDAGraphTreeManager.record_function

@@ -9,6 +9,10 @@ import pytest
 import torch
 
 from specdecode import autoregressive_generate, speculative_generate
+from specdecode.decoding import DecodeOptions
+from specdecode.decoding.eager import EagerDecoder
+from specdecode.decoding.static import CompiledDecoder, StaticDecoder
+from specdecode.models import derive_drafter
 from tests.models_for_tests import tiny_llama
 from tests.stubs import MarkovLM, successor_table
 
@@ -378,3 +382,57 @@ def test_a_model_gets_its_cache_by_the_keyword_its_own_forward_names(monkeypatch
             want = autoregressive_generate(target, prompts, static=static, **kwargs).sequences
             assert autoregressive_generate(model, prompts, static=static, **kwargs).sequences == want
         assert model.calls and all(model.calls)
+
+
+def test_options_given_whole_or_by_keyword_decode_alike(target, ragged_prompts) -> None:
+    """`options=DecodeOptions(...)` and the same fields by keyword are one request; a keyword given
+    beside `options` overrides its field."""
+    drafter = derive_drafter(target, 1)
+    kwargs = dict(max_new_tokens=8, eos_token_ids=[], gamma=2)
+    by_keyword = speculative_generate(target, drafter, ragged_prompts, temperature=0.8, seed=3, **kwargs)
+    whole = speculative_generate(
+        target, drafter, ragged_prompts, options=DecodeOptions(temperature=0.8, seed=3), **kwargs
+    )
+    overridden = speculative_generate(
+        target, drafter, ragged_prompts, options=DecodeOptions(temperature=0.8, seed=4), seed=3, **kwargs
+    )
+    assert whole.sequences == by_keyword.sequences == overridden.sequences
+    alone = autoregressive_generate(
+        target, ragged_prompts, max_new_tokens=8, options=DecodeOptions(seed=3, temperature=0.8)
+    )
+    assert (
+        alone.sequences
+        == autoregressive_generate(target, ragged_prompts, max_new_tokens=8, seed=3, temperature=0.8).sequences
+    )
+
+
+@pytest.mark.parametrize(
+    "fields, decoder",
+    [
+        (dict(), EagerDecoder(record=False, on_step=None)),
+        (dict(record=True), EagerDecoder(record=True, on_step=None)),
+        (dict(static=True), StaticDecoder(capacity=None)),
+        (dict(static=True, capacity=64, compile=False), StaticDecoder(capacity=64)),
+        (dict(static=True, compile=True), CompiledDecoder(capacity=None)),
+    ],
+)
+def test_the_options_choose_one_decoder(fields, decoder) -> None:
+    chosen = DecodeOptions(**fields).decoder(torch.device("cpu"))
+    assert type(chosen) is type(decoder) and chosen == decoder
+
+
+@pytest.mark.parametrize(
+    "options, error, needle",
+    [
+        (dict(temprature=0.5), TypeError, "temprature"),
+        (dict(record="yes"), TypeError, "record"),
+        (dict(static=True, on_step=print), ValueError, "eager"),
+        (dict(top_k=-1), ValueError, "top_k"),
+    ],
+)
+def test_bad_options_are_named_before_any_work(target, options, error, needle) -> None:
+    drafter = derive_drafter(target, 1)
+    with pytest.raises(error, match=needle):
+        speculative_generate(target, drafter, [[1, 2]], max_new_tokens=4, **options)
+    with pytest.raises(TypeError, match="DecodeOptions"):
+        speculative_generate(target, drafter, [[1, 2]], max_new_tokens=4, options={"temperature": 0.5})

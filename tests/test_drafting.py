@@ -7,6 +7,7 @@ import inspect
 
 import torch
 
+from specdecode.decoding.cache import RaggedKVCache
 from specdecode.decoding.drafting import Drafting, FeatureDrafting, SliceDrafting, drafting_for
 from specdecode.models.feature_drafter import derive_feature_drafter
 from tests.models_for_tests import tiny_llama
@@ -16,7 +17,8 @@ METHODS = ("prefill", "propose", "observe", "select_rows")
 
 def test_every_drafting_strategy_implements_the_protocol() -> None:
     target = tiny_llama(2, seed=0)
-    strategies = [drafting_for(tiny_llama(1, seed=1), 2, 16), drafting_for(derive_feature_drafter(target, 1), 2, 16)]
+    drafters = [tiny_llama(1, seed=1), derive_feature_drafter(target, 1)]
+    strategies = [drafting_for(drafter, RaggedKVCache.for_model(drafter, 2, 16)) for drafter in drafters]
     assert [type(s) for s in strategies] == [SliceDrafting, FeatureDrafting]
     for strategy in strategies:
         assert isinstance(strategy, Drafting)

@@ -12,8 +12,10 @@ import torch
 
 import specdecode.decoding.compiled
 import specdecode.decoding.drafting
+import specdecode.decoding.lookup
+import specdecode.decoding.rows
 import specdecode.decoding.static
-import specdecode.decoding.static_rows
+import specdecode.decoding.static_cache
 import specdecode.decoding.verify
 from specdecode import autoregressive_generate, speculative_generate
 from specdecode.decoding.sampling import SamplingParams, sample
@@ -353,25 +355,26 @@ def test_compiled_steps_skip_guards_from_the_third(target, monkeypatch, seed) ->
     assert flags == [False, False] + [True] * 3
 
 
-def test_skipped_guards_keep_the_callers_stance() -> None:
-    stance = torch._dynamo.eval_frame
-    with torch.compiler.set_stance("fail_on_recompile"):
-        with specdecode.decoding.compiled.skipped_guards(True):
-            assert (stance._stance.stance, stance._stance.skip_guard_eval_unsafe) == ("fail_on_recompile", True)
-        with specdecode.decoding.compiled.skipped_guards(False):
-            assert not stance._stance.skip_guard_eval_unsafe
-        assert (stance._stance.stance, stance._stance.skip_guard_eval_unsafe) == ("fail_on_recompile", False)
+def test_skipped_guards_take_the_public_stance_api(monkeypatch) -> None:
+    """Skipping guards is `torch.compiler.set_stance`'s `skip_guard_eval_unsafe` (no private state
+    read); without `skip` the caller's stance is left as it is."""
+    calls: list[tuple[tuple, dict]] = []
+    monkeypatch.setattr(torch.compiler, "set_stance", lambda *a, **k: calls.append((a, k)) or contextlib.nullcontext())
+    with specdecode.decoding.compiled.skipped_guards(False):
+        assert calls == []
+    with specdecode.decoding.compiled.skipped_guards(True):
+        assert calls == [(("default",), {"skip_guard_eval_unsafe": True})]
 
 
 def test_the_feature_drafters_cache_is_allocated_in_its_prefill_even_for_one_token_prompts(target) -> None:
     """The drafter's static cache allocates its buffers at its first pass. That must be the prefill,
     which runs eagerly: inside a compiled round, marking them static cannot be traced."""
     drafter = random_feature_drafter(target, feature_layers=(1, -1))
-    drafting = specdecode.decoding.drafting.drafting_for(drafter, 2, 16)
-    drafting.cache = StaticKVCache.for_model(drafter, 2, 16)
-    rows = specdecode.decoding.static_rows.Rows.from_prompts([[5], [9]], [4, 4], gamma=2, eos=[], device=target.device)
+    drafting = specdecode.decoding.drafting.drafting_for(drafter, StaticKVCache.for_model(drafter, 2, 16))
+    capacity = specdecode.decoding.static_cache.rows_capacity([[5], [9]], [4, 4], 2)
+    rows = specdecode.decoding.rows.StaticRows([[5], [9]], [4, 4], capacity, eos=[], device=target.device)
     cache = StaticKVCache.for_model(target, 2, rows.capacity)
-    _, hidden = specdecode.decoding.static._prefill(target, cache, rows, drafting.feature_layers)
+    _, hidden = specdecode.decoding.rows.prefill(target, cache, rows, drafting.feature_layers)
     drafting.prefill(rows.tokens, rows.lengths, 1, hidden)
     assert all(keys is not None for keys in drafting.cache.keys)
     assert drafting.start.tolist() == [0, 0] and drafting.cache.lengths.tolist() == [0, 0]
@@ -414,9 +417,7 @@ def test_state_a_compiled_round_reassigns_is_copied_out_before_the_next(target, 
         for i, obj in enumerate(objects):
             for name, value in vars(obj).items():
                 if isinstance(value, torch.Tensor):
-                    key = (
-                        f"{name}@lookup" if isinstance(obj, specdecode.decoding.static_rows.ActiveRowsLookup) else name
-                    )
+                    key = f"{name}@lookup" if isinstance(obj, specdecode.decoding.lookup.ActiveRowsLookup) else name
                     found[(i, key)] = value
         return found
 

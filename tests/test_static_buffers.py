@@ -61,8 +61,7 @@ def marked(monkeypatch) -> list[list[torch.Tensor]]:
     call which allocated its own buffers could not land at an earlier call's addresses."""
     calls: list[list[torch.Tensor]] = []
     record = lambda *tensors: calls[-1].extend(tensors)  # noqa: E731
-    monkeypatch.setattr(specdecode.decoding.static, "mark_static", record)
-    monkeypatch.setattr(specdecode.decoding.static_cache, "mark_static", record)
+    monkeypatch.setattr(specdecode.decoding.static_buffers, "mark_static", record)
     return calls
 
 

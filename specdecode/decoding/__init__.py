@@ -1,8 +1,15 @@
-"""Speculative and autoregressive decoding: sampling, rejection sampling, the ragged KV cache, how
-each drafter kind drafts, the loop itself, Leviathan's speedup model, the timing of passes and
-decodes, and the gamma choice. Reads models (`specdecode.models`), never trains or routes them."""
+"""Speculative and autoregressive decoding: sampling, rejection sampling, the KV caches, how each
+drafter kind drafts, the loop and its three decoders (eager, static, compiled), Leviathan's
+speedup model, the timing of passes and decodes, and the gamma choice. Reads models
+(`specdecode.models`), never trains or routes them."""
 
-from specdecode.decoding.decode import DEFAULT_GAMMA, autoregressive_generate, drafter_gamma, speculative_generate
+from specdecode.decoding.decode import (
+    DEFAULT_GAMMA,
+    DecodeOptions,
+    autoregressive_generate,
+    drafter_gamma,
+    speculative_generate,
+)
 from specdecode.decoding.gamma import choose_gamma
 from specdecode.decoding.sampling import SamplingParams, logits_to_probs, sample
 from specdecode.decoding.speedup import optimal_gamma, predicted_speedup
@@ -12,6 +19,7 @@ from specdecode.decoding.verify import rejection_sample
 
 __all__ = [
     "DEFAULT_GAMMA",
+    "DecodeOptions",
     "DecodeStats",
     "GenerationResult",
     "SamplingParams",

@@ -13,54 +13,124 @@ skips its own mask construction and never needs to know the rows are ragged.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from typing import Self
 
 import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
+from specdecode.decoding.static_buffers import Zeros, fresh_zeros
 from specdecode.models.compat import CACHE_KWARG, cache_keyword
-from specdecode.models.feature_drafter import target_features
+from specdecode.models.feature_drafter import FeatureDrafter, target_features
 
 
-class RaggedKVCache(Cache):
-    """Per-row-length KV cache for any transformers decoder that calls `Cache.update`.
+class KVCache(Cache, ABC):
+    """The KV cache both decode cores drive, whatever the model: every row of the batch at its own length.
 
-    Per layer, keys and values are `[B, H_kv, S_cap, D]`. `lengths` `[B]` counts the valid slots of
-    each row. A forward pass must be set up with `prepare(num_new)`, which writes the new tokens of
-    row b at slots `lengths[b] + t` and returns the matching position ids and attention mask.
+    Per layer, keys and values are `[B, H_kv, S_cap, D]`, taken from `zeros` at the layer's first
+    write. `lengths` `[B]` counts the valid slots of each row. A forward pass is set up with
+    `prepare(num_new)`, which places row b's new tokens at slots `lengths[b] + t` and returns their
+    position ids and attention mask; `advance` then counts them as cached; `set_lengths` trims a
+    row (stale entries stay, masked, until overwritten). `buffer` allocates state kept beside the
+    cache (a drafter's features, its counters) from the same `zeros`, so that a static core's
+    buffers all come from one pool.
     """
 
     # the keyword `cached_forward` passes the cache by (`for_model` sets its model's)
     keyword = CACHE_KWARG
 
-    def __init__(self, num_layers: int, batch_size: int, capacity: int, device: torch.device) -> None:
+    def __init__(
+        self, num_layers: int, batch_size: int, capacity: int, device: torch.device, zeros: Zeros = fresh_zeros
+    ) -> None:
         super().__init__(layers=[])
         self.num_layers = num_layers
         self.capacity = capacity
+        self.device = torch.device(device)
+        self.zeros = zeros
         self.keys: list[torch.Tensor | None] = [None] * num_layers
         self.values: list[torch.Tensor | None] = [None] * num_layers
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
-        # Host-side upper bound of lengths.max(): how many slots attention must read. Kept on the
-        # host so that slicing the buffers never waits on the device.
-        self.max_length = 0
         self._write_slots: torch.Tensor | None = None
-        self._read_length = 0
 
     @classmethod
-    def for_model(cls, model: PreTrainedModel, batch_size: int, capacity: int) -> RaggedKVCache:
-        cache = cls(model.config.num_hidden_layers, batch_size, capacity, model.device)
+    def for_model(
+        cls, model: PreTrainedModel | FeatureDrafter, batch_size: int, capacity: int, zeros: Zeros = fresh_zeros
+    ) -> Self:
+        cache = cls(model.config.num_hidden_layers, batch_size, capacity, model.device, zeros)
         cache.keyword = cache_keyword(model)
         return cache
 
-    def prepare(self, num_new: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Set up a forward pass that appends `num_new` tokens to every row.
+    @property
+    def batch_size(self) -> int:
+        return self.lengths.shape[0]
 
-        Returns:
-            `position_ids` `[B, T]` and an additive attention mask `[B, 1, T, S]` (0 where a query may
-            attend, the dtype's minimum elsewhere), S = the slots read by this pass. Query t of row b
-            sees exactly slots 0..lengths[b] + t: its row's history and the new tokens before it.
-        """
+    def buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A zeroed buffer beside the cache, by a `name` unique among its owner's."""
+        return self.zeros(name, shape, dtype, self.device)
+
+    @abstractmethod
+    def prepare(self, num_new: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Position ids `[B, T]` and the attention mask `[B, 1, T, S]` of a pass of `num_new` tokens
+        per row: query t of row b sees exactly slots 0..lengths[b] + t."""
+
+    def advance(self, num_new: int) -> None:
+        """Count the tokens of the pass just run as cached (a new tensor: the one `set_lengths` was
+        given may be the caller's own)."""
+        self.lengths = self.lengths + num_new
+
+    @abstractmethod
+    def set_lengths(self, lengths: torch.Tensor, max_length: int) -> None:
+        """Trim (or keep) each row to `lengths` `[B]`; `max_length` is a host-side bound of its max."""
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only the batch rows `rows` `[B']` (finished rows leave so they stop costing compute)."""
+        for i in range(self.num_layers):
+            if self.keys[i] is not None:
+                self.keys[i] = self.keys[i].index_select(0, rows)
+                self.values[i] = self.values[i].index_select(0, rows)
+        self.lengths = self.lengths.index_select(0, rows)
+
+    @abstractmethod
+    def _write(
+        self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write `[B, H_kv, T, D]` new entries at the prepared slots; return what attention reads."""
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write `[B, H_kv, T, D]` new keys/values at each row's slots; return `[B, H_kv, S, D]`."""
+        if self._write_slots is None:
+            raise RuntimeError(f"{type(self).__name__}.prepare() must be called before each forward pass")
+        if self.keys[layer_idx] is None:
+            batch, heads, _, head_dim = key_states.shape
+            shape = (batch, heads, self.capacity, head_dim)
+            self.keys[layer_idx] = self.zeros(f"kv.{layer_idx}.keys", shape, key_states.dtype, key_states.device)
+            self.values[layer_idx] = self.zeros(
+                f"kv.{layer_idx}.values", shape, value_states.dtype, value_states.device
+            )
+        return self._write(layer_idx, key_states, value_states)
+
+    def get_max_cache_shape(self, layer_idx: int = 0) -> int:
+        return self.capacity
+
+
+class RaggedKVCache(KVCache):
+    """The eager core's cache: it reads a window as long as its longest row (a host-side bound,
+    `max_length`, so slicing never waits on the device) under an additive float mask."""
+
+    def __init__(
+        self, num_layers: int, batch_size: int, capacity: int, device: torch.device, zeros: Zeros = fresh_zeros
+    ) -> None:
+        super().__init__(num_layers, batch_size, capacity, device, zeros)
+        self.max_length = 0
+        self._read_length = 0
+
+    def prepare(self, num_new: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The position ids and an additive mask (0 where a query may attend, the dtype's minimum
+        elsewhere) over the S = `max_length + num_new` slots this pass reads."""
         if self.max_length + num_new > self.capacity:
             raise RuntimeError(f"KV cache overflow: {self.max_length} + {num_new} slots > capacity {self.capacity}")
         device = self.lengths.device
@@ -74,35 +144,16 @@ class RaggedKVCache(Cache):
         return positions, mask.unsqueeze(1)
 
     def advance(self, num_new: int) -> None:
-        """Count the tokens of the pass just run as cached (a new tensor: the one `set_lengths` was
-        given may be the caller's own)."""
-        self.lengths = self.lengths + num_new
+        super().advance(num_new)
         self.max_length += num_new
 
     def set_lengths(self, lengths: torch.Tensor, max_length: int) -> None:
-        """Trim (or keep) each row to `lengths` `[B]`; `max_length` is a host-side bound of its max."""
         self.lengths = lengths
         self.max_length = max_length
 
-    def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep only the batch rows `rows` `[B']` (finished rows leave so they stop costing compute)."""
-        for i in range(self.num_layers):
-            if self.keys[i] is not None:
-                self.keys[i] = self.keys[i].index_select(0, rows)
-                self.values[i] = self.values[i].index_select(0, rows)
-        self.lengths = self.lengths.index_select(0, rows)
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: object, **kwargs: object
+    def _write(
+        self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write `[B, H_kv, T, D]` new keys/values at each row's slots; return `[B, H_kv, S, D]` views."""
-        if self._write_slots is None:
-            raise RuntimeError("RaggedKVCache.prepare() must be called before each forward pass")
-        if self.keys[layer_idx] is None:
-            batch, heads, _, head_dim = key_states.shape
-            shape = (batch, heads, self.capacity, head_dim)
-            self.keys[layer_idx] = key_states.new_zeros(shape)
-            self.values[layer_idx] = value_states.new_zeros(shape)
         batch, heads, num_new, head_dim = key_states.shape
         index = self._write_slots.view(batch, 1, num_new, 1).expand(batch, heads, num_new, head_dim)
         keys = self.keys[layer_idx].scatter_(2, index, key_states)
@@ -112,9 +163,6 @@ class RaggedKVCache(Cache):
     def get_seq_length(self, layer_idx: int | None = 0) -> int:
         return self.max_length
 
-    def get_max_cache_shape(self, layer_idx: int = 0) -> int:
-        return self.capacity
-
     @property
     def is_compileable(self) -> bool:
         return False
@@ -122,7 +170,7 @@ class RaggedKVCache(Cache):
 
 def cached_forward(
     model: PreTrainedModel,
-    cache: RaggedKVCache,
+    cache: KVCache,
     input_ids: torch.Tensor,
     logits_to_keep: int | torch.Tensor = 0,
     *,
@@ -152,9 +200,7 @@ def cached_forward(
     return output.logits
 
 
-def cached_call(
-    cache: RaggedKVCache, num_new: int, dtype: torch.dtype, run: Callable[..., torch.Tensor]
-) -> torch.Tensor:
+def cached_call(cache: KVCache, num_new: int, dtype: torch.dtype, run: Callable[..., torch.Tensor]) -> torch.Tensor:
     """`run(attention_mask=..., position_ids=..., past_key_values=cache)` for `num_new` new tokens per
     row (models driven by embeddings rather than ids, e.g. feature drafters)."""
     position_ids, mask = cache.prepare(num_new, dtype)

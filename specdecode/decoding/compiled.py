@@ -1,21 +1,14 @@
-"""The `compile` option of the static decode core: when to compile, and what.
+"""What `CompiledDecoder` compiles, and how (`torch.compile` and `torch.compiler`'s public APIs).
 
-A speculative round (draft gamma tokens, verify them, accept, commit, count) runs under
-`torch.compile` whole, with static shapes (`dynamic=False`): the drafter's and the target's passes
-and the bookkeeping between them become one graph per (models, batch size, gamma, cache capacity,
-greedy or sampled, seeded or not, top-k, top-p, prompt lookup on or off; not per temperature),
-compiled on first use and reused by every later call of that shape; so does a step of the target
-alone (pass, sample, commit, features). With `NESTED_LAYERS`, each model's decoder layers are one
-nested compile region (`nested_layers`), compiled once and reused for every layer. Dynamo cannot trace a
-draw from a seeded generator, so a step or round that samples with one takes that generator's
-draws as inputs, drawn before it; and it takes a sampled temperature as a tensor
-(`compiled_for`), so that one graph samples at every temperature. On
-CUDA the mode is "reduce-overhead", which captures each graph as a CUDA graph and replays it with
-one launch; the KV buffers and the state a round writes in place are marked static
-(`StaticKVCache`, `mark_static`) and pooled across calls (`static_buffers`) so the replay writes
-them where they are, and the state it
-reassigns (lengths, which rows are active) is copied out of the graph's memory after each round,
-since the next replay overwrites its outputs (`Drafting.copy_out`).
+A speculative round (draft, verify, accept, commit, count) or a step of the target alone runs under
+`torch.compile` whole, with static shapes: one graph per (models, batch size, gamma, cache
+capacity, greedy or sampled, seeded or not, top-k, top-p, prompt lookup on or off; a sampled
+temperature is a tensor input: `compiled_for`), reused by every later call of that shape. Dynamo
+cannot trace a draw from a seeded generator, so such a step takes its draws as inputs, drawn
+before it. On CUDA each graph is captured as a CUDA graph ("reduce-overhead"), which writes its
+static inputs in place (`static_buffers`) and whose outputs the next replay overwrites, so the
+state a step reassigns is copied out after it (`outputs_copied`). With `NESTED_LAYERS`, each
+model's decoder layers are one nested compile region (`nested_layers`), compiled once for all.
 """
 
 from __future__ import annotations
@@ -28,8 +21,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from specdecode.decoding.layer_kv import LayerKV
 from specdecode.decoding.sampling import Params, SamplingParams, TensorTemperature
+from specdecode.decoding.static_cache import LayerKV
 
 # Whether `compile=None` (auto) compiles on the CPU. Off: a compiled step is about a fifth faster
 # there, but each model and shape first compiles for tens of seconds, which takes thousands of
@@ -67,7 +60,7 @@ def check_core(static: object, compile: object, device: torch.device, capacity: 
             `capacity` that is not a positive int or None.
         ValueError: `compile=True` or a `capacity` without `static=True` (only the static core has
             fixed shapes to compile and caches to size).
-        RuntimeError: compiling with a torch older than 2.6 (no `torch.compiler.set_stance`).
+        RuntimeError: compiling with a torch older than 2.7 (no `torch.compiler.config`).
     """
     if not isinstance(static, bool):
         raise TypeError(f"static must be true or false, got {static!r}")
@@ -78,9 +71,9 @@ def check_core(static: object, compile: object, device: torch.device, capacity: 
         raise TypeError(f"capacity must be a positive int (cache slots per row) or None, got {capacity!r}")
     if capacity is not None and not static:
         raise ValueError(f"capacity={capacity!r} needs static=True: the eager loop sizes its caches per call")
-    if static and on and not hasattr(torch.compiler, "set_stance"):
+    if static and on and not hasattr(getattr(torch.compiler, "config", None), "recompile_limit"):
         raise RuntimeError(
-            f"compile=True needs torch >= 2.6 (torch.compiler.set_stance); this is torch {torch.__version__}"
+            f"compile=True needs torch >= 2.7 (torch.compiler.config); this is torch {torch.__version__}"
         )
     return static and on
 
@@ -90,16 +83,12 @@ _COMPILED_FUNCTIONS: dict[tuple[Callable, str | None], Callable] = {}
 
 
 def _compile(target: Callable, device: torch.device) -> Callable:
-    config = torch._dynamo.config
-    # `cache_size_limit` is the name before torch 2.7
-    limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    setattr(config, limit, max(getattr(config, limit), RECOMPILE_LIMIT))
+    config = torch.compiler.config
+    config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
     # "reduce-overhead" is these options' CUDA graphs (a mode and options cannot both be given).
     # Rounding as eager does between fused ops keeps a bf16 verify pass and a bf16 one-token pass,
     # fused differently, from parting at near-ties more often than the eager passes do.
-    options = {"triton.cudagraphs": _mode(device) == "reduce-overhead"}
-    if hasattr(torch._inductor.config, "emulate_precision_casts"):
-        options["emulate_precision_casts"] = True
+    options = {"triton.cudagraphs": _mode(device) == "reduce-overhead", "emulate_precision_casts": True}
     return torch.compile(target, options=options, dynamic=False)
 
 
@@ -123,14 +112,9 @@ def compiled_function(function: Callable, device: torch.device) -> Callable:
     return _COMPILED_FUNCTIONS[key]
 
 
-def compiled_for(
-    function: Callable, params: SamplingParams, device: torch.device, compile: bool
-) -> tuple[Callable, Params]:
-    """A decode loop's step `function` and the sampling params to call it with: compiled
-    (`compiled_function`) with a sampled temperature as a tensor (`TensorTemperature`: one graph for
-    every temperature), or as they are."""
-    if not compile:
-        return function, params
+def compiled_for(function: Callable, params: SamplingParams, device: torch.device) -> tuple[Callable, Params]:
+    """A decode loop's step `function` compiled (`compiled_function`), and the sampling params to call
+    it with: a sampled temperature as a tensor (`TensorTemperature`: one graph for every temperature)."""
     return compiled_function(function, device), params if params.greedy else TensorTemperature.of(params, device)
 
 
@@ -143,7 +127,7 @@ _LAYER_INDEX = "_specdecode_layer_index"
 def _region(forward: Callable) -> Callable | None:
     """A decoder layer class's `forward` (one for every layer of the class) that, given a static
     cache with this layer's buffers, runs the layer as a nested compile region taking the buffers as
-    tensors (`layer_kv.LayerKV`). A region that took the cache object would read the layer's index
+    tensors (`static_cache.LayerKV`). A region that took the cache object would read the layer's index
     to pick them: a constant of its trace, which torch 2.14's reuse of one layer's trace for the
     next does not tell apart. Anything else (no such cache, positional arguments past the hidden
     states) runs `forward` as it is. None for a `forward` that takes no cache by a known keyword."""
@@ -216,12 +200,17 @@ def nested_layers(*models: torch.nn.Module) -> Iterator[int]:
             delattr(module, _LAYER_INDEX)
 
 
-def mark_static(*tensors: torch.Tensor) -> None:
-    """Give tensors that compiled graphs write in place (KV buffers, a round's state) fixed
-    addresses, so that CUDA graphs may write them where they are rather than skip the graph
-    (inductor captures no graph that mutates a plain input)."""
-    for tensor in tensors:
-        torch._dynamo.mark_static_address(tensor)
+@contextlib.contextmanager
+def outputs_copied(*objects: object) -> Iterator[None]:
+    """Within the block (a compiled step), every tensor attribute of `objects` that the step
+    reassigns, rather than writes in place, is replaced by a copy on leaving: a compiled step's
+    outputs live in its CUDA graph's memory, which the next replay overwrites."""
+    before = [dict(vars(obj)) for obj in objects]
+    yield
+    for obj, attributes in zip(objects, before):
+        for name, value in vars(obj).items():
+            if isinstance(value, torch.Tensor) and value is not attributes.get(name):
+                setattr(obj, name, value.clone())
 
 
 def eager_passes(compile: bool) -> contextlib.AbstractContextManager[None]:
@@ -231,18 +220,14 @@ def eager_passes(compile: bool) -> contextlib.AbstractContextManager[None]:
 
 
 def skipped_guards(skip: bool) -> contextlib.AbstractContextManager[None]:
-    """Within `skip`, a compiled function runs its graph without evaluating the guards that say it
-    still fits (only those that tell its compiled graphs apart), in the current stance otherwise.
+    """Within `skip`, compiled functions run their graphs without evaluating the guards that say
+    they still fit (only those that tell their compiled graphs apart), in the default stance.
 
     Guards cost the host about 0.3–0.5 ms per call of a 30-layer model's step or round (CPU,
     measured), which on a GPU is a share of a replayed step. The decode loops skip them from the
     third step of a call on: by then, the call's own steps have run guarded and compiled every
-    graph they need, and the later steps differ from them only in tensor values. Without the torch
-    API (`skip_guard_eval_unsafe`, torch >= 2.7) guards run as usual."""
-    stance = getattr(torch._dynamo.eval_frame, "_stance", None)
-    if not skip or stance is None or not hasattr(stance, "skip_guard_eval_unsafe"):
-        return contextlib.nullcontext()
-    return torch.compiler.set_stance(stance.stance, skip_guard_eval_unsafe=True, force_backend=stance.backend)
+    graph they need, and the later steps differ from them only in tensor values."""
+    return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True) if skip else contextlib.nullcontext()
 
 
 def mark_step(compile: bool, device: torch.device) -> None:

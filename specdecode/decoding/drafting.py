@@ -1,12 +1,14 @@
-"""How each kind of drafter proposes gamma tokens inside the one speculative loop (decode.py).
+"""How each kind of drafter proposes gamma tokens inside the speculative loop of every decoder.
 
 Every strategy implements `Drafting` (as every transformers candidate generator implements
 `CandidateGenerator`): the loop calls `prefill` once, then per step `propose` and `observe`, and
 `select_rows` when finished rows leave the batch. Prompt lookup is no strategy of its own: each
-strategy applies it to its drafts as they are drawn (`lookup.py`).
+strategy applies it to its drafts as they are drawn (`lookup.py`). A strategy knows nothing of how
+its decoder runs: it drives its drafter on the KV cache the decoder gives it (`cache.KVCache`,
+ragged or static) and keeps its own state beside it (`KVCache.buffer`).
 
 * `SliceDrafting`: a plain causal LM (a slice of the target, or any pretrained drafter) with its
-  own ragged KV cache. Its cache holds all committed tokens but the last two; each step re-feeds
+  own KV cache. Its cache holds all committed tokens but the last two; each step re-feeds
   those two (one extra token costs the drafter almost nothing and spares a second code path for
   steps where every draft was accepted and the drafter never saw the last draft).
 * `FeatureDrafting`: a `FeatureDrafter` that reads the target's last hidden states. The verify
@@ -23,40 +25,48 @@ Both return the drafts `[B, gamma]` and the distributions they were drawn from `
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from abc import ABC, abstractmethod
 
 import torch
 from transformers import PreTrainedModel
 
-from specdecode.decoding.cache import RaggedKVCache, cached_call, cached_forward
-from specdecode.decoding.lookup import PromptLookup, override_q
+from specdecode.decoding.cache import KVCache, cached_call, cached_forward
+from specdecode.decoding.lookup import DraftLookup, override_q
+from specdecode.decoding.rows import last_tokens
 from specdecode.decoding.sampling import Generator, Params, logits_to_probs, sample
-from specdecode.decoding.static_buffers import Zeros, fresh_zeros
 from specdecode.models.draft_vocab import DraftVocabHead
 from specdecode.models.feature_drafter import FeatureDrafter, feed_back
 
 
-@runtime_checkable
-class Drafting(Protocol):
-    """What the speculative loop asks of a drafting strategy; shapes for a batch of B rows in
-    token buffers of S_cap slots."""
+class Drafting(ABC):
+    """What the speculative loop asks of a drafting strategy, and the state every one keeps; shapes
+    for a batch of B rows in token buffers of S_cap slots."""
 
     # which target hidden states the strategy reads: the verify pass then returns them `[B, W, n·H]`
     # (`target_features`); None: none
-    feature_layers: tuple[int, ...] | None
-    # drafts taken from prompt lookup so far, a 0-d tensor counted on the device (never synced)
-    looked_up: torch.Tensor
-    # which of the last `propose`'s drafts prompt lookup filled, `[B, gamma]` bool; None without lookup
-    last_looked_up: torch.Tensor | None
+    feature_layers: tuple[int, ...] | None = None
     # how many ids each sampled draft is drawn over where that is a draft vocabulary of K ids;
     # None: the full vocabulary, as wide as the target's logits (rejection sampling needs q as wide as p)
-    draw_width: int | None
+    draw_width: int | None = None
+    # the truncated head whose K ids the drafts are drawn over (`draw_width` = K); None: none
+    draft_head: DraftVocabHead | None = None
 
+    def __init__(
+        self, drafter: PreTrainedModel | FeatureDrafter, cache: KVCache, lookup: DraftLookup | None = None
+    ) -> None:
+        self.drafter = drafter
+        # the drafter's KV cache, of its decoder's kind (ragged or static)
+        self.cache = cache
+        self.lookup = lookup
+        # drafts taken from prompt lookup so far, a 0-d tensor counted on the device (never synced)
+        self.looked_up = cache.buffer("drafting.looked_up", (), torch.long)
+        # which of the last `propose`'s drafts prompt lookup filled, `[B, gamma]` bool; None without lookup
+        self.last_looked_up: torch.Tensor | None = None
+
+    @abstractmethod
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
         """Take in the right-padded prompts `tokens[:, :longest]` (`lengths` `[B]`) and, when
         `feature_layers` is set, the target's prompt features `[B, longest, n·H]`."""
-        ...
 
     def propose(
         self,
@@ -70,112 +80,55 @@ class Drafting(Protocol):
         """Draft `gamma` tokens after each row's `lengths[b]` committed `tokens` `[B, S_cap]`
         (`max_length` = max(lengths)): the drafts `[B, gamma]` and the distributions they were drawn
         from `[B, gamma, V]`, None when greedy."""
-        ...
+        drafts = _Drafts(tokens, lengths, self.lookup, self.looked_up, params, generator, self.draft_head)
+        self._draft(drafts, max_length, gamma)
+        result = drafts.result()
+        self.last_looked_up = drafts.used_mask
+        return result
+
+    @abstractmethod
+    def _draft(self, drafts: _Drafts, max_length: int, gamma: int) -> None:
+        """Draw `gamma` drafts into `drafts` (`_Drafts.draw`), after each row's `drafts.lengths[b]`
+        committed tokens `drafts.context` `[B, S_cap]` (`max_length` = max(lengths))."""
 
     def observe(self, features: torch.Tensor | None, start: torch.Tensor) -> None:
         """The verify pass's target features `[B, W, n·H]` of positions `start[b] + w` (None when
-        `feature_layers` is None)."""
-        ...
+        `feature_layers` is None): nothing to keep unless the strategy reads them."""
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only `rows` `[B']` of the batch (finished rows leave), in that order."""
-        ...
-
-    def state(self) -> tuple[torch.Tensor, ...]:
-        """The tensors a round writes in place (besides its KV cache's buffers)."""
-        ...
-
-    def copy_out(self) -> None:
-        """Replace the tensors the last round reassigned (rather than wrote in place) by copies: a
-        compiled round's outputs live in its CUDA graph's memory, which its next replay overwrites."""
-        ...
+        self.cache.select_rows(rows)
 
 
-class SliceDrafting:
-    """A plain causal-LM drafter (see the module docstring)."""
-
-    # which target hidden states it reads (`target_features`); None: none
-    feature_layers: tuple[int, ...] | None = None
-    # drafts are drawn over the full vocabulary (a draft-vocabulary head still returns full logits)
-    draw_width: int | None = None
-
-    def __init__(
-        self,
-        drafter: PreTrainedModel,
-        batch_size: int,
-        capacity: int,
-        lookup: PromptLookup | None = None,
-        zeros: Zeros = fresh_zeros,
-    ) -> None:
-        self.drafter = drafter
-        self.cache = RaggedKVCache.for_model(drafter, batch_size, capacity)
-        self.lookup = lookup
-        self.looked_up = zeros("drafting.looked_up", (), torch.long, drafter.device)
-        self.last_looked_up: torch.Tensor | None = None
+class SliceDrafting(Drafting):
+    """A plain causal-LM drafter (see the module docstring); drafts are drawn over the full
+    vocabulary (a draft-vocabulary head still returns full logits)."""
 
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
         """Cache the right-padded prompts `tokens[:, :longest]` (the first token is not yet committed)."""
         cached_forward(self.drafter, self.cache, tokens[:, :longest], logits_to_keep=1)
         self.cache.set_lengths(lengths.clone(), longest)
 
-    def propose(
-        self,
-        tokens: torch.Tensor,
-        lengths: torch.Tensor,
-        max_length: int,
-        gamma: int,
-        params: Params,
-        generator: Generator,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draft `gamma` tokens after each row's `lengths[b]` committed `tokens` `[B, S_cap]`."""
-        self.cache.set_lengths(lengths - 2, max_length - 2)
-        drafter_input = last_tokens(tokens, lengths, 2)
-        step = _Drafts(tokens, lengths, self.lookup, self.looked_up)
+    def _draft(self, drafts: _Drafts, max_length: int, gamma: int) -> None:
+        self.cache.set_lengths(drafts.lengths - 2, max_length - 2)
+        drafter_input = last_tokens(drafts.context, drafts.lengths, 2)
         for _ in range(gamma):
             logits = cached_forward(self.drafter, self.cache, drafter_input, logits_to_keep=1)[:, -1]
-            drafter_input = step.add(logits, *_draw(logits, params, generator)).unsqueeze(1)
-        result = step.result()
-        self.last_looked_up = step.used_mask
-        return result
-
-    def observe(self, features: torch.Tensor | None, start: torch.Tensor) -> None:
-        """A slice drafter reads no target features."""
-
-    def select_rows(self, rows: torch.Tensor) -> None:
-        self.cache.select_rows(rows)
-
-    def state(self) -> tuple[torch.Tensor, ...]:
-        return (self.looked_up,)
-
-    def copy_out(self) -> None:
-        self.cache.lengths = self.cache.lengths.clone()
-        if self.last_looked_up is not None:
-            self.last_looked_up = self.last_looked_up.clone()
+            drafter_input = drafts.draw(logits).unsqueeze(1)
 
 
-class FeatureDrafting:
+class FeatureDrafting(Drafting):
     """A `FeatureDrafter` fed the target's hidden states (see the module docstring)."""
 
-    def __init__(
-        self,
-        drafter: FeatureDrafter,
-        batch_size: int,
-        capacity: int,
-        lookup: PromptLookup | None = None,
-        zeros: Zeros = fresh_zeros,
-    ) -> None:
-        self.drafter = drafter
-        self.lookup = lookup
-        self.looked_up = zeros("drafting.looked_up", (), torch.long, drafter.device)
-        self.last_looked_up: torch.Tensor | None = None
-        self.feature_layers: tuple[int, ...] | None = drafter.feature_layers
-        self.capacity = capacity
-        self.cache = RaggedKVCache.for_model(drafter, batch_size, capacity)
-        self.features = zeros(
-            "drafting.features", (batch_size, capacity, drafter.feature_width), drafter.dtype, drafter.device
-        )
+    def __init__(self, drafter: FeatureDrafter, cache: KVCache, lookup: DraftLookup | None = None) -> None:
+        super().__init__(drafter, cache, lookup)
+        self.drafter: FeatureDrafter = drafter
+        self.feature_layers = drafter.feature_layers
+        self.capacity = cache.capacity
+        shape = (cache.batch_size, cache.capacity, drafter.feature_width)
+        self.features = cache.buffer("drafting.features", shape, drafter.dtype)
         # Per row: drafter positions [0, start) hold true-feature entries; and its host-side bound.
-        self.start = torch.zeros(batch_size, dtype=torch.long, device=drafter.device)
+        self.start = torch.zeros(cache.batch_size, dtype=torch.long, device=drafter.device)
         self.start_bound = 0
         head = drafter.get_output_embeddings()
         # A truncated head's K ids are all a draft can be: q is computed and sampled over them and
@@ -194,41 +147,19 @@ class FeatureDrafting:
         # where every prompt is one token (no position to read: each row's count is 0)
         self._read(tokens, lengths - 1, longest - 1, max(longest - 1, 1))
 
-    def propose(
-        self,
-        tokens: torch.Tensor,
-        lengths: torch.Tensor,
-        max_length: int,
-        gamma: int,
-        params: Params,
-        generator: Generator,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draft `gamma` tokens after each row's `lengths[b]` committed `tokens` `[B, S_cap]`."""
+    def _draft(self, drafts: _Drafts, max_length: int, gamma: int) -> None:
         # 1. one window over the positions whose true features are new: [start, lengths - 1), at
         # most gamma + 1 (the verify's accepted drafts and its bonus token)
-        feature = self._read(tokens, lengths - 1, max_length - 1, gamma + 1)
-
+        feature = self._read(drafts.context, drafts.lengths - 1, max_length - 1, gamma + 1)
         # 2. gamma drafts, each fed back with the feature it was predicted from
-        step = _Drafts(
-            tokens, lengths, self.lookup, self.looked_up, None if self.draft_head is None else self.draft_head.spread
-        )
+        head = self.draft_head
         for i in range(gamma):
-            # logits and q over the K draft ids of a truncated head (K = V without one)
-            logits = (
-                self.drafter.logits(feature[:, -1])
-                if self.draft_head is None
-                else self.draft_head.draft_logits(feature[:, -1])
-            )
-            q_i, index = _draw(logits, params, generator)
-            draft = step.add(
-                logits, q_i, index if self.draft_head is None else self.draft_head.draft_ids[index]
-            ).unsqueeze(1)
+            # logits over the K draft ids of a truncated head (K = V without one)
+            logits = self.drafter.logits(feature[:, -1]) if head is None else head.draft_logits(feature[:, -1])
+            draft = drafts.draw(logits).unsqueeze(1)
             if i + 1 < gamma:
                 fed = feed_back(feature, self.features.shape[-1])
                 feature = cached_call(self.cache, 1, self.drafter.dtype, lambda **kw: self.drafter(fed, draft, **kw))
-        result = step.result()
-        self.last_looked_up = step.used_mask
-        return result
 
     def _read(self, tokens: torch.Tensor, upto: torch.Tensor, bound: int, width: int) -> torch.Tensor:
         """Run the drafter over each row's positions [start, upto) in one window of `width` (the
@@ -259,54 +190,53 @@ class FeatureDrafting:
         )
 
     def select_rows(self, rows: torch.Tensor) -> None:
-        self.cache.select_rows(rows)
+        super().select_rows(rows)
         self.features = self.features.index_select(0, rows)
         self.start = self.start.index_select(0, rows)
 
-    def state(self) -> tuple[torch.Tensor, ...]:
-        return self.looked_up, self.features
-
-    def copy_out(self) -> None:
-        self.cache.lengths, self.start = self.cache.lengths.clone(), self.start.clone()
-        if self.last_looked_up is not None:
-            self.last_looked_up = self.last_looked_up.clone()
-
 
 class _Drafts:
-    """The drafts of one step as they are drawn, with prompt lookup applied (`lookup.py`): a row
-    may take a looked-up token instead of its drawn one, and its q is then one-hot there."""
+    """The drafts of one step as they are drawn (`params`, `generator`; over a truncated `head`'s
+    ids where given), with prompt lookup applied (`lookup.py`): a row may take a looked-up token
+    instead of its drawn one, and its q is then one-hot there."""
 
     def __init__(
         self,
         tokens: torch.Tensor,
         lengths: torch.Tensor,
-        lookup: PromptLookup | None,
+        lookup: DraftLookup | None,
         looked_up: torch.Tensor,
-        spread: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        params: Params,
+        generator: Generator,
+        head: DraftVocabHead | None,
     ) -> None:
-        self.lookup = lookup
+        self.lookup, self.params, self.generator, self.head = lookup, params, generator, head
         # the drafting's running count of looked-up drafts (0-d, added to in place: never synced)
         self.looked_up = looked_up
         # committed tokens, then this step's drafts (a copy: the batch's own buffer stays committed-only)
         self.context = tokens.clone() if lookup is not None else tokens
         self.lengths = lengths
-        self.spread = spread
         self.drafts: list[torch.Tensor] = []
-        self.q: list[torch.Tensor | None] = []
+        self.q: list[torch.Tensor] = []
         self.used: list[torch.Tensor] = []
         # which drafts lookup filled, `[B, gamma]` bool, once `result` ran (None without lookup)
         self.used_mask: torch.Tensor | None = None
 
-    def add(self, logits: torch.Tensor, q: torch.Tensor | None, draft: torch.Tensor) -> torch.Tensor:
-        """Record a step's drawn `draft` `[B]` (drawn from `q` `[B, K]`, None when greedy, given
-        `logits` `[B, K]`); return the draft actually proposed."""
+    def draw(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draw the next draft `[B]` from the drafter's `logits` `[B, K]` (greedy: the argmax, and no
+        q: greedy verification compares tokens), apply lookup; return the draft proposed."""
+        if self.params.greedy:
+            index = logits.argmax(dim=-1)
+        else:
+            self.q.append(logits_to_probs(logits, self.params))
+            index = sample(self.q[-1], self.generator)
+        draft = index if self.head is None else self.head.draft_ids[index]
         if self.lookup is not None:
             at = self.lengths + len(self.drafts)
             draft, used = self.lookup.choose(logits, draft, self.context, at)
             self.context.scatter_(1, at.unsqueeze(1), draft.unsqueeze(1))
             self.used.append(used)
         self.drafts.append(draft)
-        self.q.append(q)
         return draft
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -317,37 +247,18 @@ class _Drafts:
         self.used_mask = used
         if used is not None:
             self.looked_up += used.sum()
-        if self.q[0] is None:
+        if not self.q:
             return drafts, None
-        q = torch.stack(self.q, dim=1)  # type: ignore[arg-type]
-        if self.spread is not None:
-            q = self.spread(q)
+        q = torch.stack(self.q, dim=1)
+        if self.head is not None:
+            q = self.head.spread(q)
         return drafts, q if used is None else override_q(q, drafts, used)
 
 
-def _draw(logits: torch.Tensor, params: Params, generator: Generator) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """`[B, V]` drafter logits → (q `[B, V]`, the draft `[B]` drawn from it); greedy: (None, argmax),
-    since greedy verification compares tokens and needs no distribution."""
-    if params.greedy:
-        return None, logits.argmax(dim=-1)
-    q = logits_to_probs(logits, params)
-    return q, sample(q, generator)
-
-
 def drafting_for(
-    drafter: PreTrainedModel | FeatureDrafter,
-    batch_size: int,
-    capacity: int,
-    lookup: PromptLookup | None = None,
-    zeros: Zeros = fresh_zeros,
+    drafter: PreTrainedModel | FeatureDrafter, cache: KVCache, lookup: DraftLookup | None = None
 ) -> SliceDrafting | FeatureDrafting:
-    """The drafting strategy of `drafter`'s kind, for `batch_size` rows of `capacity` token slots;
-    the state it writes in place from `zeros` (default: allocated)."""
+    """The drafting strategy of `drafter`'s kind, driving it on `cache` (the drafter's, of the core's kind)."""
     if isinstance(drafter, FeatureDrafter):
-        return FeatureDrafting(drafter, batch_size, capacity, lookup, zeros)
-    return SliceDrafting(drafter, batch_size, capacity, lookup, zeros)
-
-
-def last_tokens(tokens: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Tensor:
-    """The last `n` committed tokens of each row, `[B, n]`."""
-    return tokens.gather(1, lengths.unsqueeze(1) - n + torch.arange(n, device=tokens.device))
+        return FeatureDrafting(drafter, cache, lookup)
+    return SliceDrafting(drafter, cache, lookup)

@@ -17,11 +17,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from specdecode.core.config import require
+
+
+class DraftLookup(Protocol):
+    """What a drafting strategy asks of prompt lookup (`PromptLookup.choose`)."""
+
+    def choose(
+        self, logits: torch.Tensor, drafts: torch.Tensor, context: torch.Tensor, lengths: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 @dataclass
@@ -85,6 +94,22 @@ class PromptLookup:
 
 # What `speculative_generate` uses unless told otherwise.
 DEFAULT_LOOKUP = PromptLookup()
+
+
+class ActiveRowsLookup:
+    """A `PromptLookup` that only the active rows use, so a masked row's drafts are never counted as
+    looked up (the drafting strategies call `choose` alone)."""
+
+    def __init__(self, lookup: PromptLookup) -> None:
+        self.lookup = lookup
+        self.active: torch.Tensor | None = None
+
+    def choose(
+        self, logits: torch.Tensor, drafts: torch.Tensor, context: torch.Tensor, lengths: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        chosen, used = self.lookup.choose(logits, drafts, context, lengths)
+        used = used & self.active
+        return torch.where(used, chosen, drafts), used
 
 
 def lookup(

@@ -199,21 +199,3 @@ def _host_rows(steps: list[_Step]) -> list[tuple[list[int], list[StepRecord]]]:
         records = [StepRecord(drafts[b], accepted[b], target[b], looked[b], lengths[b], s.time_s) for b in range(batch)]
         out.append((rows, records))
     return out
-
-
-def check_record(record: object, on_step: object, static: bool) -> None:
-    """Check the `record` / `on_step` options of the decode entry points.
-
-    Raises:
-        TypeError: `record` is not a bool or `on_step` is not callable.
-        ValueError: either is asked of the static core (it syncs every few steps, not every step).
-    """
-    if not isinstance(record, bool):
-        raise TypeError(f"record must be true or false, got {record!r}")
-    if on_step is not None and not callable(on_step):
-        raise TypeError(f"on_step must be a callable taking a StepEvent, or None, got {on_step!r}")
-    if static and (record or on_step is not None):
-        raise ValueError(
-            "record=True and on_step need the eager core (static=False): the static core does not "
-            "sync with the host every step"
-        )

@@ -14,7 +14,8 @@ at each call, so later calls of one shape replay the graphs the first recorded. 
 call at a time (a second call of the same shape while one runs, or a model that is both target and
 drafter, gets a set of its own). A model keeps the buffers of its `POOLED_SHAPES` most recent call
 shapes; they go with the model (the pool holds models weakly) or with `release_static_buffers`. An
-uncompiled decode allocates its buffers per call: nothing of it outlives the call.
+uncompiled decode allocates its buffers per call: nothing of it outlives the call. A pooled buffer
+is marked static (`mark_static`) as it is handed out, so that CUDA graphs write it where it is.
 """
 
 from __future__ import annotations
@@ -43,9 +44,24 @@ _IN_USE: set[int] = set()
 _LOCK = threading.Lock()
 
 
+def mark_static(*tensors: torch.Tensor) -> None:
+    """Give tensors that compiled graphs write in place fixed addresses, so that CUDA graphs may
+    write them where they are rather than skip the graph (inductor captures no graph that mutates
+    a plain input). torch has no public API for this (2.14): `torch._dynamo.mark_static_address`."""
+    for tensor in tensors:
+        torch._dynamo.mark_static_address(tensor)
+
+
 def fresh_zeros(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """`Zeros` that allocates a new buffer (what a call outside the pool gets)."""
     return torch.zeros(shape, dtype=dtype, device=device)
+
+
+def static_zeros(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """`Zeros` that allocates a new buffer marked static (`mark_static`), outside the pool."""
+    tensor = fresh_zeros(name, shape, dtype, device)
+    mark_static(tensor)
+    return tensor
 
 
 class Lease:
@@ -79,6 +95,7 @@ class Lease:
                 kept.append(tensor)
             _IN_USE.add(id(tensor))
             self._taken.append(tensor)
+        mark_static(tensor)
         return tensor.zero_() if free is not None else tensor
 
     def close(self) -> None:

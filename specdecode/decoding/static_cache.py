@@ -1,9 +1,10 @@
-"""A KV cache of fixed shape in which every row keeps its own length: the static core's cache.
+"""The static core's `KVCache` and its capacity: fixed shapes, so a compiled forward can be replayed.
+A pass writes each layer's buffers in place (`write_layer`); a nested compile region sees a cache
+of its one layer (`LayerKV`, `compiled.nested_layers`).
 
 `RaggedKVCache` (cache.py) reads a window that grows with the longest row and builds an additive
 float mask for it, so every pass has a new shape. Here the buffers are read whole and the mask is
-boolean (SDPA can then pick its efficient kernels), so a pass's shapes depend only on its batch
-size and width, and a compiled forward can be replayed step after step.
+boolean (SDPA can then pick its efficient kernels).
 """
 
 from __future__ import annotations
@@ -11,14 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from transformers import PreTrainedModel
-from transformers.cache_utils import Cache
 
-from specdecode.decoding.compiled import mark_static
-from specdecode.decoding.layer_kv import write_layer
+from specdecode.decoding.cache import KVCache
 from specdecode.decoding.static_buffers import Zeros, fresh_zeros
-from specdecode.models.compat import CACHE_KWARG, cache_keyword
-from specdecode.models.feature_drafter import FeatureDrafter
 
 # The cache capacity is rounded up to a power of two (at least this), so calls whose prompts and
 # budgets differ share one compiled shape, at most twice the slots they need: unused slots are
@@ -58,72 +54,56 @@ def static_capacity(slots: int, capacity: int | None = None) -> int:
     return capacity
 
 
-class StaticKVCache(Cache):
-    """A KV cache of fixed shape in which every row keeps its own length.
+def write_layer(
+    keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, key_states: torch.Tensor, value_states: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write a pass's `[B, H_kv, T, D]` keys and values into one layer's `[B, H_kv, S_cap, D]`
+    buffers at each row's `slots` `[B, T]`, in place; return the buffers."""
+    # an indexed assignment rather than `scatter_`: inductor writes it into the buffers in place,
+    # where a scatter into a graph input costs a copy of every layer's whole buffers per pass
+    rows = torch.arange(key_states.shape[0], device=key_states.device).unsqueeze(1)
+    keys[rows, :, slots] = key_states.transpose(1, 2)
+    values[rows, :, slots] = value_states.transpose(1, 2)
+    return keys, values
 
-    Per layer, keys and values are `[B, H_kv, S_cap, D]`, taken from `zeros` (default: allocated)
-    at the first write (the prefill, which runs eagerly) and never reallocated. The interface is `RaggedKVCache`'s, so
-    `cached_forward`, `cached_call` and the drafting strategies drive either: `prepare(T)` sets
-    up a pass that writes row b's T new tokens at slots `lengths[b] + t` and returns their
-    positions and a boolean mask `[B, 1, T, S_cap]`; `update` writes the new entries there and
-    returns the whole buffers. Lowering a row's length trims it: stale entries stay, masked, until
-    overwritten. The host-side `max_length` of `set_lengths` is not needed (reads are whole).
-    """
 
-    # the keyword `cached_forward` passes the cache by (`for_model` sets its model's)
-    keyword = CACHE_KWARG
+class LayerKV:
+    """The cache a decoder layer's attention sees inside a nested region: `update` writes that
+    layer's buffers whatever layer index it is given, so a trace of one layer is right for every
+    layer (the region's tensors, not the layer's index, say which buffers it writes)."""
 
-    def __init__(
-        self, num_layers: int, batch_size: int, capacity: int, device: torch.device, zeros: Zeros = fresh_zeros
-    ) -> None:
-        super().__init__(layers=[])
-        self._zeros = zeros
-        self.num_layers = num_layers
-        self.capacity = capacity
-        self.keys: list[torch.Tensor | None] = [None] * num_layers
-        self.values: list[torch.Tensor | None] = [None] * num_layers
-        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
-        self.slots = torch.arange(capacity, device=device)
-        self._write_slots: torch.Tensor | None = None
-
-    @classmethod
-    def for_model(
-        cls, model: PreTrainedModel | FeatureDrafter, batch_size: int, capacity: int, zeros: Zeros = fresh_zeros
-    ) -> StaticKVCache:
-        cache = cls(model.config.num_hidden_layers, batch_size, capacity, model.device, zeros)
-        cache.keyword = cache_keyword(model)
-        return cache
-
-    def prepare(self, num_new: int, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Position ids `[B, T]` and the boolean mask `[B, 1, T, S_cap]` of a pass of `num_new`
-        tokens per row (True where a query may attend: slots 0..lengths[b] + t). `dtype` is unused
-        (the ragged cache's additive mask needs it)."""
-        positions = self.lengths.unsqueeze(1) + torch.arange(num_new, device=self.lengths.device)
-        self._write_slots = positions
-        return positions, (self.slots.view(1, 1, -1) <= positions.unsqueeze(-1)).unsqueeze(1)
-
-    def advance(self, num_new: int) -> None:
-        self.lengths = self.lengths + num_new
-
-    def set_lengths(self, lengths: torch.Tensor, max_length: int | None = None) -> None:
-        """Trim (or keep) each row to `lengths` `[B]`."""
-        self.lengths = lengths
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:
+        self.keys, self.values, self.slots = keys, values, slots
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: object, **kwargs: object
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write `[B, H_kv, T, D]` new keys/values at each row's slots; return the `[B, H_kv, S_cap, D]` buffers."""
-        if self._write_slots is None:
-            raise RuntimeError("StaticKVCache.prepare() must be called before each forward pass")
-        batch, heads, num_new, head_dim = key_states.shape
-        if self.keys[layer_idx] is None:
-            shape = (batch, heads, self.capacity, head_dim)
-            self.keys[layer_idx] = self._zeros(f"kv.{layer_idx}.keys", shape, key_states.dtype, key_states.device)
-            self.values[layer_idx] = self._zeros(
-                f"kv.{layer_idx}.values", shape, value_states.dtype, value_states.device
-            )
-            # fixed addresses: CUDA graphs may then write them in place
-            mark_static(self.keys[layer_idx], self.values[layer_idx])
+        return write_layer(self.keys, self.values, self.slots, key_states, value_states)
+
+
+class StaticKVCache(KVCache):
+    """The static core's cache: the buffers are read whole under a boolean mask of fixed shape
+    `[B, 1, T, S_cap]`, so a pass's shapes depend only on its batch size and width. Rows never leave
+    (a finished one is masked), and the host-side `max_length` of `set_lengths` is not needed."""
+
+    def __init__(
+        self, num_layers: int, batch_size: int, capacity: int, device: torch.device, zeros: Zeros = fresh_zeros
+    ) -> None:
+        super().__init__(num_layers, batch_size, capacity, device, zeros)
+        self.slots = torch.arange(capacity, device=device)
+
+    def prepare(self, num_new: int, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The position ids and a boolean mask (True where a query may attend); `dtype` is unused."""
+        positions = self.lengths.unsqueeze(1) + torch.arange(num_new, device=self.lengths.device)
+        self._write_slots = positions
+        return positions, (self.slots.view(1, 1, -1) <= positions.unsqueeze(-1)).unsqueeze(1)
+
+    def set_lengths(self, lengths: torch.Tensor, max_length: int | None = None) -> None:
+        self.lengths = lengths
+
+    def _write(
+        self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return write_layer(self.keys[layer_idx], self.values[layer_idx], self._write_slots, key_states, value_states)
 
     def layer_buffers(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -135,9 +115,6 @@ class StaticKVCache(Cache):
         return self.keys[layer_idx], self.values[layer_idx], self._write_slots
 
     def get_seq_length(self, layer_idx: int | None = 0) -> int:
-        return self.capacity
-
-    def get_max_cache_shape(self, layer_idx: int = 0) -> int:
         return self.capacity
 
     @property

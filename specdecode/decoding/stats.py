@@ -8,10 +8,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from specdecode.decoding.record import RowRecord
+from specdecode.decoding.static_buffers import Zeros, fresh_zeros
 
 
 class StepCounters:
-    """Running counts of a decode loop, kept on the device so recording a step never syncs."""
+    """The counts of a decode, as `GenerationResult.build` reads them (`DeviceCounters.finish`)."""
 
     def __init__(self, gamma: int, device: torch.device) -> None:
         self.gamma = gamma
@@ -30,12 +31,38 @@ class StepCounters:
         self.target_calls += 1
         self.row_calls += batch_size
 
-    def record_step(self, num_accepted: torch.Tensor, drafter_calls: int) -> None:
-        """Count one draft-verify step over the active rows; `num_accepted` `[B]`."""
-        self.record_target_call(num_accepted.shape[0])
-        self.drafter_calls += drafter_calls
-        self.drafted += self.gamma * num_accepted.shape[0]
-        self.histogram += torch.bincount(num_accepted, minlength=self.gamma + 1)
+
+class DeviceCounters:
+    """A decode's running counts, kept on the device so that counting a step never syncs; only
+    active rows count (a step counts where any is). A compiled step adds to them in place, so
+    they come from the call's `zeros`."""
+
+    def __init__(self, gamma: int, device: torch.device, zeros: Zeros = fresh_zeros) -> None:
+        self.gamma = gamma
+        # target calls, target calls counted per row, and draft-verify steps counted per row
+        self.calls = zeros("counters.calls", (3,), torch.long, device)
+        self.histogram = zeros("counters.histogram", (gamma + 1,), torch.long, device)
+
+    def record_target_call(self, active: torch.Tensor) -> None:
+        self.calls[:2] += torch.stack([active.any().long(), active.sum()])
+
+    def record_step(self, num_accepted: torch.Tensor, active: torch.Tensor) -> None:
+        self.calls += torch.stack([active.any().long(), active.sum(), active.sum()])
+        # scatter_add_ rather than bincount: bincount sizes its output from the data (a host sync)
+        self.histogram.scatter_add_(0, num_accepted, active.long())
+
+    def finish(
+        self, drafter_calls_per_step: int, drafter_prefill_calls: int, looked_up: torch.Tensor | int
+    ) -> StepCounters:
+        """The counts as `StepCounters` (one host sync)."""
+        counters = StepCounters(self.gamma, self.histogram.device)
+        calls, row_calls, row_steps = self.calls.tolist()
+        counters.target_calls, counters.row_calls = calls, row_calls
+        counters.drafter_calls = drafter_prefill_calls + drafter_calls_per_step * (calls - 1)
+        counters.drafted = self.gamma * row_steps
+        counters.histogram = self.histogram
+        counters.looked_up = looked_up
+        return counters
 
 
 @dataclass
@@ -82,8 +109,9 @@ class GenerationResult:
     record: list[RowRecord] | None = field(default=None, repr=False)
 
     @classmethod
-    def build(cls, sequences: list[list[int] | None], counters: StepCounters, wall_time_s: float) -> GenerationResult:
-        assert all(s is not None for s in sequences), "every row must finish"
+    def build(cls, rows: Sequence[list[int] | None], counters: StepCounters, wall_time_s: float) -> GenerationResult:
+        sequences = [s for s in rows if s is not None]
+        assert len(sequences) == len(rows), "every row must finish"
         histogram = counters.histogram.tolist()
         gamma = counters.gamma
         accepted = sum(n * count for n, count in enumerate(histogram))
@@ -94,7 +122,7 @@ class GenerationResult:
             (reached[i + 1] if i + 1 < gamma else histogram[gamma]) / reached[i] if reached[i] else None
             for i in range(gamma)
         ]
-        generated = sum(len(s) for s in sequences)  # type: ignore[arg-type]
+        generated = sum(len(s) for s in sequences)
         stats = DecodeStats(
             gamma=gamma,
             target_calls=counters.target_calls,
@@ -111,7 +139,7 @@ class GenerationResult:
             tokens_per_s=generated / wall_time_s if wall_time_s > 0 else 0.0,
             looked_up=int(counters.looked_up),
         )
-        return cls(sequences=sequences, stats=stats)  # type: ignore[arg-type]
+        return cls(sequences=sequences, stats=stats)
 
     @classmethod
     def empty(cls, prompts: Sequence[Sequence[int]], counters: StepCounters, record: bool) -> GenerationResult:

@@ -36,18 +36,12 @@ from transformers import PreTrainedModel
 
 from specdecode.decoding.attention import folded_gqa
 from specdecode.decoding.cache import RaggedKVCache, cached_call, cached_forward
-from specdecode.decoding.compiled import (
-    check_core,
-    compiled_function,
-    mark_static,
-    mark_step,
-    nested_layers,
-    skipped_guards,
-)
+from specdecode.decoding.compiled import check_core, compiled_function, mark_step, nested_layers, skipped_guards
 from specdecode.decoding.decode import autoregressive_generate, speculative_generate
 from specdecode.decoding.drafting import Drafting, drafting_for
 from specdecode.decoding.sampling import SamplingParams
 from specdecode.decoding.static import GUARDED_STEPS
+from specdecode.decoding.static_buffers import fresh_zeros, mark_static, static_zeros
 from specdecode.decoding.static_cache import StaticKVCache, static_capacity
 from specdecode.decoding.stats import GenerationResult
 from specdecode.decoding.verify import verify_drafts
@@ -358,17 +352,15 @@ def _pieces(
     sizes each static core's decode gets."""
     static, compile = CORES[core]["static"], CORES[core].get("compile", False)
     device, capacity = target.device, tokens.shape[1]
-    cache_type = StaticKVCache if static else RaggedKVCache
-    cache, step_cache = cache_type.for_model(target, 1, capacity), cache_type.for_model(target, 1, step_capacity)
-    drafting = drafting_for(drafter, 1, capacity)
-    if static:
-        drafting.cache = StaticKVCache.for_model(drafter, 1, capacity)
+    cache_type, zeros = StaticKVCache if static else RaggedKVCache, static_zeros if compile else fresh_zeros
+    cache, step_cache = (cache_type.for_model(target, 1, size, zeros) for size in (capacity, step_capacity))
+    drafting = drafting_for(drafter, cache_type.for_model(drafter, 1, capacity, zeros))
     cached_forward(target, step_cache, tokens[:, : length - 1], 1)
     out = cached_forward(target, cache, tokens[:, : length - 1], 1, feature_layers=drafting.feature_layers)
     hidden = out[1] if drafting.feature_layers is not None else None
     drafting.prefill(tokens, torch.tensor([length - 1], device=device), length - 1, hidden)
     if compile:
-        mark_static(tokens, *drafting.state())
+        mark_static(tokens)
     # a feature drafter's progress (`propose` sets the drafter's cache lengths from it; a slice
     # drafter's from its arguments)
     saved = {name: getattr(drafting, name) for name in ("start", "start_bound") if hasattr(drafting, name)}
@@ -444,7 +436,7 @@ def core_step_costs(
         raise ValueError("prompt must hold one or more tokens")
     compiled = {core for core in cores if check_core(CORES[core]["static"], CORES[core].get("compile"), target.device)}
     length = len(prompt) + max(new_tokens // 2, 1)
-    # the slots a decode's static caches get: `slack` past the budget as in `static_rows.Rows.from_prompts`
+    # the slots a decode's static caches get: `slack` past the budget as in `static_cache.rows_capacity`
     capacity = static_capacity(len(prompt) + new_tokens + gamma + 2)
     step_capacity = static_capacity(len(prompt) + new_tokens + 1)
     ids = (list(prompt) * (capacity // len(prompt) + 1))[:capacity]

@@ -11,7 +11,6 @@ from transformers import PreTrainedModel
 
 from specdecode.core.config import GAMMA_RANGE, is_gamma, is_int
 from specdecode.decoding.lookup import PromptLookup
-from specdecode.decoding.sampling import SamplingParams
 from specdecode.models.compat import check_vocab_sizes, default_eos
 from specdecode.models.feature_drafter import FeatureDrafter, check_fits_target
 
@@ -121,21 +120,17 @@ def validate_request(
     model: PreTrainedModel,
     prompts: Sequence[Sequence[int]],
     max_new_tokens: int | Sequence[int],
-    temperature: float,
-    top_k: int,
-    top_p: float,
     eos_token_ids: Sequence[int] | int | None,
     gamma: int | None = None,
-) -> tuple[SamplingParams, list[int], list[int], list[list[int]]]:
-    """Check a decode request; return the sampling params, one budget per prompt, the EOS ids and
-    the prompts as lists of ints (NumPy integers and 0-d tensors, as indexing gives them, are ids).
+) -> tuple[list[int], list[int], list[list[int]]]:
+    """Check a decode request; return one budget per prompt, the EOS ids and the prompts as lists
+    of ints (NumPy integers and 0-d tensors, as indexing gives them, are ids).
 
     `gamma` is bounded by `specdecode.core.config.MAX_GAMMA` (64): each step drafts gamma tokens whatever
     the rows' remaining budgets, so an unbounded gamma is unbounded wasted work.
     """
     if gamma is not None and not is_gamma(gamma):
         raise ValueError(f"gamma must be {GAMMA_RANGE}, got {gamma!r}")
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
         raise TypeError(f"prompts must be a list of token-id lists, got {type(prompts).__name__}")
     if len(prompts) == 0:
@@ -166,4 +161,4 @@ def validate_request(
     bad_eos = next((t for t in eos if not is_int(t) or not 0 <= t < vocab_size), None)
     if bad_eos is not None:
         raise ValueError(f"eos_token_ids holds {bad_eos!r}, outside the vocabulary [0, {vocab_size})")
-    return params, budgets, eos, prompts
+    return budgets, eos, prompts

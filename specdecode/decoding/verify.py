@@ -15,7 +15,7 @@ from specdecode.decoding.cache import cached_forward
 from specdecode.decoding.sampling import Generator, Params, logits_to_probs, sample, uniform
 
 if TYPE_CHECKING:
-    from specdecode.decoding.cache import RaggedKVCache
+    from specdecode.decoding.cache import KVCache
     from specdecode.decoding.drafting import Drafting
 
 
@@ -93,7 +93,7 @@ def greedy_accept(draft_tokens: torch.Tensor, target_argmax: torch.Tensor) -> tu
 
 def verify_drafts(
     target: PreTrainedModel,
-    cache: RaggedKVCache,
+    cache: KVCache,
     drafting: Drafting,
     pending: torch.Tensor,
     draft: torch.Tensor,

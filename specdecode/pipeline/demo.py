@@ -202,7 +202,7 @@ def check_stage_configs(stages: list[Stage], root: Path) -> None:
             return str(root.parent)
         return value
 
-    typed = {}
+    typed: dict[str, Any] = {}
     for stage in stages:
         schema, output_key, file_name = _SCHEMAS[stage.name.split("-")[0]]
         try:

@@ -1,0 +1,58 @@
+"""The one decoder interface: eager, static and compiled decoding implement it (`eager.py`,
+`static.py`), and `decode.py` picks one per call from its options.
+
+Each implementation runs both loops, speculative (drafter + target) and autoregressive (target
+alone), on the same machinery: its rows (`rows.RowState`), its KV caches (`cache.KVCache`), one
+commit rule for EOS and budgets, one verify step (`verify.verify_drafts`) and the drafting
+strategies (`drafting.Drafting`), so a speedup measured between them compares like with like and
+every core returns what the eager one does.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from specdecode.decoding.lookup import PromptLookup
+from specdecode.decoding.sampling import SamplingParams
+from specdecode.decoding.stats import GenerationResult
+from specdecode.models.feature_drafter import FeatureDrafter
+
+
+@dataclass(frozen=True)
+class Request:
+    """A checked decode request: each prompt's token ids, its budget (`max_new_tokens`), the EOS ids,
+    how tokens are drawn, and the generator they are drawn from (None: torch's global one)."""
+
+    prompts: list[list[int]]
+    budgets: list[int]
+    eos: list[int]
+    params: SamplingParams
+    generator: torch.Generator | None
+    # drafts per target pass; None: the target alone
+    gamma: int | None = None
+    # prompt lookup applied to the drafts; None: the drafter alone
+    lookup: PromptLookup | None = None
+    # the target's layers whose features a target-only decode returns (`result.features`); None: none
+    feature_layers: tuple[int, ...] | None = None
+
+
+class Decoder(ABC):
+    """A way to run the decode loops on a checked request."""
+
+    @abstractmethod
+    def speculative(
+        self, target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, request: Request
+    ) -> GenerationResult:
+        """Decode with `drafter` proposing `request.gamma` tokens per target pass: `speculative_generate`."""
+
+    @abstractmethod
+    def autoregressive(self, target: PreTrainedModel, request: Request) -> GenerationResult:
+        """Decode with the target alone: `autoregressive_generate`."""
+
+    def check_room(self, request: Request) -> None:
+        """Raise, before any work, where this decoder's caches cannot hold the request's rows. The
+        eager caches are sized per call: they always can."""

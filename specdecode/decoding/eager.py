@@ -1,0 +1,154 @@
+"""The eager decoder: ragged caches whose read window grows with the longest row, and finished rows
+leaving the batch (`RaggedRows`, `Finisher`), so later passes are narrower; the host checks every step.
+
+Invariant between steps, per row: `tokens[:length]` are committed (prompt + generated); the target
+cache holds all but the last committed token (the "pending" one, fed in the next pass). How a
+drafter keeps its own state is the drafting strategy's (`drafting.Drafting`); the loop is the same
+for every kind.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from specdecode.decoding.cache import KVCache, RaggedKVCache, cached_forward
+from specdecode.decoding.decoder import Decoder, Request
+from specdecode.decoding.drafting import Drafting, drafting_for
+from specdecode.decoding.record import Recorder, StepEvent
+from specdecode.decoding.rows import FeatureRows, RaggedRows, prefill
+from specdecode.decoding.sampling import next_tokens
+from specdecode.decoding.stats import DeviceCounters, GenerationResult, StepCounters
+from specdecode.decoding.verify import verify_drafts
+from specdecode.models.feature_drafter import FeatureDrafter
+
+
+class Finisher:
+    """Collects finished rows' outputs and drops them from the batch and the caches."""
+
+    def __init__(self, num_rows: int, recorder: Recorder | None = None) -> None:
+        self.sequences: list[list[int] | None] = [None] * num_rows
+        self.recorder = recorder
+
+    def step(self, batch: RaggedRows, finished: torch.Tensor, caches: Sequence[KVCache | Drafting]) -> int | None:
+        """Between steps: retire finished rows; return the longest row's length, None once all are done.
+
+        The one host sync of a step: which rows finished, and how long the longest row is (the
+        recorder time-stamps the step there).
+        """
+        any_finished, max_length = torch.stack([finished.any().long(), batch.lengths.max()]).tolist()
+        if self.recorder is not None:
+            self.recorder.synced()
+        if any_finished:
+            self._collect(batch, finished, caches)
+            if batch.rows.numel() == 0:
+                return None
+        return max_length
+
+    def _collect(self, batch: RaggedRows, finished: torch.Tensor, caches: Sequence[KVCache | Drafting]) -> None:
+        done = finished.nonzero().squeeze(1)
+        for b, row, length in zip(done.tolist(), batch.rows[done].tolist(), batch.lengths[done].tolist()):
+            start = batch.prompt_lengths[row]
+            self.sequences[row] = batch.tokens[b, start:length].tolist()
+        keep = (~finished).nonzero().squeeze(1)
+        batch.keep(keep)
+        for cache in caches:
+            cache.select_rows(keep)
+
+
+@dataclass(frozen=True)
+class EagerDecoder(Decoder):
+    """`record`: keep each step's drafts and outcome per row (`result.record`); `on_step`: called
+    after every step with the tokens each row committed (one more host sync per step)."""
+
+    record: bool = False
+    on_step: Callable[[StepEvent], None] | None = None
+
+    def _recorder(self, rows: RaggedRows, start: float) -> Recorder | None:
+        return Recorder(rows.prompt_lengths, start, self.on_step) if self.record or self.on_step is not None else None
+
+    def _result(self, finisher: Finisher, counters: StepCounters, start: float) -> GenerationResult:
+        """The result of the sequences `finisher` collected (`counters` read: one host sync)."""
+        result = GenerationResult.build(finisher.sequences, counters, time.perf_counter() - start)
+        result.record = finisher.recorder.rows() if self.record and finisher.recorder is not None else None
+        return result
+
+    def speculative(
+        self, target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, request: Request
+    ) -> GenerationResult:
+        start = time.perf_counter()
+        params, generator, batch_size = request.params, request.generator, len(request.prompts)
+        gamma = request.gamma or 0
+        rows = RaggedRows(request.prompts, request.budgets, slack=gamma + 2, eos=request.eos, device=target.device)
+        target_cache = RaggedKVCache.for_model(target, batch_size, rows.capacity)
+        drafting = drafting_for(drafter, RaggedKVCache.for_model(drafter, batch_size, rows.capacity), request.lookup)
+        counters = DeviceCounters(gamma, target.device)
+        recorder = self._recorder(rows, start)
+        finisher = Finisher(batch_size, recorder)
+
+        # 0. prefill: the target's first token is an ordinary sample; the drafter only reads the prompt.
+        first, hidden = prefill(target, target_cache, rows, feature_layers=drafting.feature_layers)
+        drafting.prefill(rows.tokens, rows.lengths, max(rows.prompt_lengths), hidden)
+        counters.record_target_call(torch.ones_like(rows.rows, dtype=torch.bool))
+        first_token = next_tokens(first, params, generator)
+        finished = rows.commit(first_token.unsqueeze(1), torch.ones_like(rows.lengths))
+        if recorder is not None:
+            recorder.add(rows.rows, rows.lengths, first_token)
+
+        while (max_length := finisher.step(rows, finished, (target_cache, drafting))) is not None:
+            target_cache.set_lengths(rows.lengths - 1, max_length - 1)
+
+            # 1. draft gamma tokens, keeping q exactly as sampled from (None when greedy: not needed)
+            draft, q = drafting.propose(rows.tokens, rows.lengths, max_length, gamma, params, generator)
+
+            # 2. verify in one target pass: the pending token and the gamma drafts; 3. accept / resample
+            num_accepted, next_token, new_tokens = verify_drafts(
+                target, target_cache, drafting, rows.last(1), draft, q, rows.lengths - 1, params, generator
+            )
+            finished = rows.commit(new_tokens, num_accepted + 1)
+            counters.record_step(num_accepted, torch.ones_like(num_accepted, dtype=torch.bool))
+            if recorder is not None:
+                recorder.add(rows.rows, rows.lengths, next_token, draft, num_accepted, drafting.last_looked_up)
+
+            # 4. trim caches: done at the top of the loop from the committed lengths (rejected drafts'
+            # entries stay in their slots, masked, until overwritten).
+
+        return self._result(finisher, counters.finish(gamma, 1, drafting.looked_up), start)
+
+    def autoregressive(self, target: PreTrainedModel, request: Request) -> GenerationResult:
+        start = time.perf_counter()
+        feature_layers = request.feature_layers
+        params, generator, batch_size = request.params, request.generator, len(request.prompts)
+        rows = RaggedRows(request.prompts, request.budgets, slack=1, eos=request.eos, device=target.device)
+        cache = RaggedKVCache.for_model(target, batch_size, rows.capacity)
+        counters = DeviceCounters(0, target.device)
+        recorder = self._recorder(rows, start)
+        finisher = Finisher(batch_size, recorder)
+
+        logits, hidden = prefill(target, cache, rows, feature_layers=feature_layers)
+        features = FeatureRows(hidden, rows.capacity) if hidden is not None else None
+        counters.record_target_call(torch.ones_like(rows.rows, dtype=torch.bool))
+        token = next_tokens(logits, params, generator)
+        finished = rows.commit(token.unsqueeze(1), torch.ones_like(rows.lengths))
+        if recorder is not None:
+            recorder.add(rows.rows, rows.lengths, token)
+        while (max_length := finisher.step(rows, finished, (cache,))) is not None:
+            cache.set_lengths(rows.lengths - 1, max_length - 1)
+            out = cached_forward(target, cache, rows.last(1), feature_layers=feature_layers)
+            logits, hidden = out if feature_layers is not None else (out, None)
+            if features is not None:
+                features.write(rows.rows, rows.lengths - 1, hidden[:, -1])
+            token = next_tokens(logits[:, -1], params, generator)
+            finished = rows.commit(token.unsqueeze(1), torch.ones_like(rows.lengths))
+            counters.record_target_call(torch.ones_like(finished))
+            if recorder is not None:
+                recorder.add(rows.rows, rows.lengths, token)
+
+        result = self._result(finisher, counters.finish(0, 0, 0), start)
+        if features is not None:
+            result.features = features.rows(rows.prompt_lengths, result.sequences)
+        return result

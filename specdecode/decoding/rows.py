@@ -1,0 +1,175 @@
+"""The rows a decode writes: each row's committed tokens and the one commit rule of both cores.
+
+Between steps, per row: `tokens[:length]` are committed (prompt + generated); the target cache
+holds all but the last committed token (the "pending" one, fed in the next pass). The eager core's
+rows leave the batch when they finish (`RaggedRows`), so later passes are narrower; the static
+core's stay, masked (`StaticRows`), so every pass keeps its shape.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import torch
+from transformers import PreTrainedModel
+
+from specdecode.decoding.cache import KVCache, cached_forward, padded_prompts
+from specdecode.decoding.static_buffers import Zeros, fresh_zeros
+
+
+def kept_counts(
+    new_tokens: torch.Tensor, counts: torch.Tensor, eos: torch.Tensor, room: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The commit rule: of the first `counts[b]` of `new_tokens` `[B, W]`, a row keeps those up to
+    and including its first EOS id (`eos`, sorted), at most `room[b]` (its budget left).
+
+    Returns:
+        The kept counts `[B]` and whether each row hit an EOS id `[B]` bool.
+    """
+    offsets = torch.arange(new_tokens.shape[1], device=new_tokens.device)
+    is_eos = (offsets < counts.unsqueeze(1)) & torch.isin(new_tokens, eos)
+    hit_eos = is_eos.any(dim=1)
+    counts = torch.where(hit_eos, is_eos.long().argmax(dim=1) + 1, counts)
+    return torch.minimum(counts, room), hit_eos
+
+
+def last_tokens(tokens: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Tensor:
+    """The last `n` committed tokens of each row, `[B, n]`."""
+    return tokens.gather(1, lengths.unsqueeze(1) - n + torch.arange(n, device=tokens.device))
+
+
+class RowState(ABC):
+    """Committed tokens `[B, S_cap]`, lengths / limits `[B]` (limit = prompt length + budget), the
+    prompts' lengths and the EOS ids: what both decoders' rows are, and the commit rule they share."""
+
+    def __init__(
+        self,
+        prompts: Sequence[Sequence[int]],
+        budgets: Sequence[int],
+        capacity: int,
+        eos: Sequence[int],
+        device: torch.device,
+        zeros: Zeros = fresh_zeros,
+    ) -> None:
+        """The rows of `prompts`, their token buffer from `zeros` (default: a new one)."""
+        tokens, lengths, limits = padded_prompts(prompts, budgets, capacity)
+        self.tokens = zeros("rows.tokens", tuple(tokens.shape), torch.long, device).copy_(tokens)
+        self.lengths = lengths.to(device)
+        self.limits = limits.to(device)
+        self.prompt_lengths = [len(p) for p in prompts]
+        self.eos = torch.tensor(sorted(set(eos)), dtype=torch.long, device=device)
+
+    @property
+    def capacity(self) -> int:
+        return self.tokens.shape[1]
+
+    def last(self, n: int) -> torch.Tensor:
+        """The last `n` committed tokens of each row, `[B, n]`."""
+        return last_tokens(self.tokens, self.lengths, n)
+
+    @abstractmethod
+    def commit(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Append the first `counts[b]` of `new_tokens` `[B, W]` to each row that still decodes, cut
+        at EOS and budget (`kept_counts`). Returns `finished` `[B]` bool."""
+
+    def _append(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """`commit` for every row; whether each hit an EOS id or its budget `[B]` bool."""
+        counts, hit_eos = kept_counts(new_tokens, counts, self.eos, self.limits - self.lengths)
+        # All W entries are written (one scatter); those past the new length are never read as committed.
+        offsets = torch.arange(new_tokens.shape[1], device=new_tokens.device)
+        self.tokens.scatter_(1, self.lengths.unsqueeze(1) + offsets, new_tokens)
+        self.lengths = self.lengths + counts
+        return hit_eos | (self.lengths >= self.limits)
+
+
+class RaggedRows(RowState):
+    """The eager core's rows; `rows` `[B]` is each one's index in the caller's prompt list, and
+    finished rows leave (`keep`)."""
+
+    def __init__(
+        self, prompts: Sequence[Sequence[int]], budgets: list[int], slack: int, eos: Sequence[int], device: torch.device
+    ) -> None:
+        capacity = max(len(p) + b for p, b in zip(prompts, budgets)) + slack
+        super().__init__(prompts, budgets, capacity, eos, device)
+        self.rows = torch.arange(len(prompts), device=device)
+
+    def commit(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        return self._append(new_tokens, counts)
+
+    def keep(self, keep: torch.Tensor) -> None:
+        self.tokens = self.tokens.index_select(0, keep)
+        self.lengths = self.lengths.index_select(0, keep)
+        self.limits = self.limits.index_select(0, keep)
+        self.rows = self.rows.index_select(0, keep)
+
+
+class StaticRows(RowState):
+    """The static core's rows, and which are still decoding, `active` `[B]` bool. Rows never leave:
+    a finished one is masked."""
+
+    def __init__(
+        self,
+        prompts: Sequence[Sequence[int]],
+        budgets: list[int],
+        capacity: int,
+        eos: Sequence[int],
+        device: torch.device,
+        zeros: Zeros = fresh_zeros,
+    ) -> None:
+        super().__init__(prompts, budgets, capacity, eos, device, zeros)
+        self.active = self.lengths < self.limits
+
+    def commit(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """A row that finishes stops being active; a masked row commits nothing."""
+        self.active = self.active & ~self._append(new_tokens, torch.where(self.active, counts, 0))
+        return ~self.active
+
+    def sequences(self) -> list[list[int]]:
+        """Each row's generated tokens (one host sync)."""
+        tokens, lengths = self.tokens.tolist(), self.lengths.tolist()
+        return [row[start:length] for row, start, length in zip(tokens, self.prompt_lengths, lengths)]
+
+
+def prefill(
+    model: PreTrainedModel, cache: KVCache, rows: RowState, feature_layers: tuple[int, ...] | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Cache the right-padded prompts; return the logits at each row's last prompt token `[B, V]`
+    and, with `feature_layers`, the drafter's features of all prompt positions `[B, T, n·H]`."""
+    longest = max(rows.prompt_lengths)
+    last = rows.lengths - 1
+    # Ask only for the positions some row ends at (a handful), not the whole prompt's logits.
+    positions = torch.unique(last)
+    out = cached_forward(
+        model, cache, rows.tokens[:, :longest], logits_to_keep=positions, feature_layers=feature_layers
+    )
+    logits, hidden = out if feature_layers is not None else (out, None)
+    cache.set_lengths(rows.lengths.clone(), longest)
+    column = torch.searchsorted(positions, last)
+    return logits[torch.arange(len(last), device=last.device), column], hidden
+
+
+class FeatureRows:
+    """The target's features of every token a target-only decode read, per row of the caller's
+    prompt list: `values` `[B, S_cap, n·H]` (from `zeros`), written in place (no host sync), cut
+    per row at the end."""
+
+    def __init__(self, prompt_features: torch.Tensor, capacity: int, zeros: Zeros = fresh_zeros) -> None:
+        batch, longest, width = prompt_features.shape
+        self.values = zeros("features.written", (batch, capacity, width), prompt_features.dtype, prompt_features.device)
+        self.values[:, :longest] = prompt_features
+
+    def write(self, rows: torch.Tensor, positions: torch.Tensor, features: torch.Tensor) -> None:
+        """Row `rows[b]`'s token at `positions[b]` has features `features[b]` `[B', n·H]`."""
+        self.values[rows, positions] = features
+
+    def rows(self, prompt_lengths: Sequence[int], sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """`[P_i + R_i, n·H]` per row; the last generated token's row (never fed) is zero. Past a
+        row's prompt the prefill wrote other rows' padding, which every fed token overwrote."""
+        out = []
+        for i, (length, generated) in enumerate(zip(prompt_lengths, sequences)):
+            row = self.values[i, : length + len(generated)].clone()
+            if generated:
+                row[-1] = 0
+            out.append(row)
+        return out
