@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, fields
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
@@ -65,14 +65,14 @@ def require(condition: bool, name: str, value: object, expectation: str) -> None
         raise ValueError(f"{name}={value!r}: {expectation}")
 
 
-def is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     """An int that is not a bool (YAML's `true` must not pass as 1)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def is_gamma(value: object) -> bool:
     """A draft length every entry point accepts: an int in [1, MAX_GAMMA] (`GAMMA_RANGE`)."""
-    return is_int(value) and 1 <= value <= MAX_GAMMA  # type: ignore[operator]  # is_int narrowed it to an int
+    return is_int(value) and 1 <= value <= MAX_GAMMA
 
 
 def is_number(value: object) -> bool:

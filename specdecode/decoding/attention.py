@@ -55,7 +55,15 @@ def folded_gqa_attention(
         or kwargs.get("s_aux") is not None
     ):
         return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            is_causal=is_causal,
+            **kwargs,  # type: ignore[arg-type]  # transformers' own attention kwargs, passed back as it gave them
         )
     batch, heads, length, dim = query.shape
     kv_heads, slots = key.shape[1], key.shape[2]

@@ -38,7 +38,7 @@ class KVCache(Cache, ABC):
     buffers all come from one pool.
     """
 
-    # the keyword `cached_forward` passes the cache by (`for_model` sets its model's)
+    # the keyword `cached_forward_features` passes the cache by (`for_model` sets its model's)
     keyword = CACHE_KWARG
 
     def __init__(
@@ -86,32 +86,39 @@ class KVCache(Cache, ABC):
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only the batch rows `rows` `[B']` (finished rows leave so they stop costing compute)."""
-        for i in range(self.num_layers):
-            if self.keys[i] is not None:
-                self.keys[i] = self.keys[i].index_select(0, rows)
-                self.values[i] = self.values[i].index_select(0, rows)
+        for i, (keys, values) in enumerate(zip(self.keys, self.values)):
+            if keys is not None and values is not None:
+                self.keys[i] = keys.index_select(0, rows)
+                self.values[i] = values.index_select(0, rows)
         self.lengths = self.lengths.index_select(0, rows)
 
     @abstractmethod
     def _write(
-        self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor
+        self,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        slots: torch.Tensor,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write `[B, H_kv, T, D]` new entries at the prepared slots; return what attention reads."""
+        """Write `[B, H_kv, T, D]` new entries into a layer's `keys` / `values` `[B, H_kv, S_cap, D]`
+        at the prepared `slots` `[B, T]`; return what attention reads."""
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: object, **kwargs: object
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write `[B, H_kv, T, D]` new keys/values at each row's slots; return `[B, H_kv, S, D]`."""
-        if self._write_slots is None:
+        slots = self._write_slots
+        if slots is None:
             raise RuntimeError(f"{type(self).__name__}.prepare() must be called before each forward pass")
-        if self.keys[layer_idx] is None:
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        if keys is None or values is None:
             batch, heads, _, head_dim = key_states.shape
             shape = (batch, heads, self.capacity, head_dim)
-            self.keys[layer_idx] = self.zeros(f"kv.{layer_idx}.keys", shape, key_states.dtype, key_states.device)
-            self.values[layer_idx] = self.zeros(
-                f"kv.{layer_idx}.values", shape, value_states.dtype, value_states.device
-            )
-        return self._write(layer_idx, key_states, value_states)
+            keys = self.zeros(f"kv.{layer_idx}.keys", shape, key_states.dtype, key_states.device)
+            values = self.zeros(f"kv.{layer_idx}.values", shape, value_states.dtype, value_states.device)
+            self.keys[layer_idx], self.values[layer_idx] = keys, values
+        return self._write(keys, values, slots, key_states, value_states)
 
     def get_max_cache_shape(self, layer_idx: int = 0) -> int:
         return self.capacity
@@ -152,12 +159,17 @@ class RaggedKVCache(KVCache):
         self.max_length = max_length
 
     def _write(
-        self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor
+        self,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        slots: torch.Tensor,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         batch, heads, num_new, head_dim = key_states.shape
-        index = self._write_slots.view(batch, 1, num_new, 1).expand(batch, heads, num_new, head_dim)
-        keys = self.keys[layer_idx].scatter_(2, index, key_states)
-        values = self.values[layer_idx].scatter_(2, index, value_states)
+        index = slots.view(batch, 1, num_new, 1).expand(batch, heads, num_new, head_dim)
+        keys.scatter_(2, index, key_states)
+        values.scatter_(2, index, value_states)
         return keys[:, :, : self._read_length], values[:, :, : self._read_length]
 
     def get_seq_length(self, layer_idx: int | None = 0) -> int:
@@ -169,20 +181,27 @@ class RaggedKVCache(KVCache):
 
 
 def cached_forward(
+    model: PreTrainedModel, cache: KVCache, input_ids: torch.Tensor, logits_to_keep: int | torch.Tensor = 0
+) -> torch.Tensor:
+    """Run `input_ids` `[B, T]` after each row's cached tokens → logits `[B, T', V]`.
+
+    `logits_to_keep` as in transformers: 0 = all T positions, n = the last n, a 1-D tensor = those
+    positions (the LM head is a large part of a small model's cost, so ask only for what is used).
+    """
+    return cached_forward_features(model, cache, input_ids, logits_to_keep)[0]
+
+
+def cached_forward_features(
     model: PreTrainedModel,
     cache: KVCache,
     input_ids: torch.Tensor,
     logits_to_keep: int | torch.Tensor = 0,
     *,
     feature_layers: Sequence[int] | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Run `input_ids` `[B, T]` after each row's cached tokens → logits `[B, T', V]`.
-
-    `logits_to_keep` as in transformers: 0 = all T positions, n = the last n, a 1-D tensor = those
-    positions (the LM head is a large part of a small model's cost, so ask only for what is used).
-    With `feature_layers`, also the features of all T positions that a feature drafter reading
-    those layers consumes (`target_features`: `[B, T, n·H]`; the post-norm last hidden state,
-    what the LM head reads, for the default `(-1,)`).
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`cached_forward`'s logits `[B, T', V]` and, with `feature_layers`, the features of all T
+    positions that a feature drafter reading those layers consumes (`target_features`: `[B, T, n·H]`;
+    the post-norm last hidden state, what the LM head reads, for the default `(-1,)`); None without.
     """
     position_ids, mask = cache.prepare(input_ids.shape[1], model.dtype)
     output = model(
@@ -197,7 +216,7 @@ def cached_forward(
     cache.advance(input_ids.shape[1])
     if feature_layers is not None:
         return output.logits, target_features(model, output.hidden_states, feature_layers)
-    return output.logits
+    return output.logits, None
 
 
 def cached_call(cache: KVCache, num_new: int, dtype: torch.dtype, run: Callable[..., torch.Tensor]) -> torch.Tensor:

@@ -18,6 +18,7 @@ import functools
 import inspect
 import types
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -88,7 +89,10 @@ def _compile(target: Callable, device: torch.device) -> Callable:
     # "reduce-overhead" is these options' CUDA graphs (a mode and options cannot both be given).
     # Rounding as eager does between fused ops keeps a bf16 verify pass and a bf16 one-token pass,
     # fused differently, from parting at near-ties more often than the eager passes do.
-    options = {"triton.cudagraphs": _mode(device) == "reduce-overhead", "emulate_precision_casts": True}
+    options: dict[str, str | int | bool | Callable[..., Any]] = {
+        "triton.cudagraphs": _mode(device) == "reduce-overhead",
+        "emulate_precision_casts": True,
+    }
     return torch.compile(target, options=options, dynamic=False)
 
 
@@ -164,7 +168,8 @@ def _region(forward: Callable) -> Callable | None:
 
 def _layer_index(layer: torch.nn.Module) -> int | None:
     """The index a decoder layer's attention passes to its cache (`layer_idx`), or None."""
-    return next((m.layer_idx for m in layer.modules() if isinstance(getattr(m, "layer_idx", None), int)), None)
+    indices = (getattr(m, "layer_idx", None) for m in layer.modules())
+    return next((i for i in indices if isinstance(i, int)), None)
 
 
 @contextlib.contextmanager

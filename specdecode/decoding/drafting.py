@@ -104,6 +104,10 @@ class SliceDrafting(Drafting):
     """A plain causal-LM drafter (see the module docstring); drafts are drawn over the full
     vocabulary (a draft-vocabulary head still returns full logits)."""
 
+    def __init__(self, drafter: PreTrainedModel, cache: KVCache, lookup: DraftLookup | None = None) -> None:
+        super().__init__(drafter, cache, lookup)
+        self.drafter: PreTrainedModel = drafter
+
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
         """Cache the right-padded prompts `tokens[:, :longest]` (the first token is not yet committed)."""
         cached_forward(self.drafter, self.cache, tokens[:, :longest], logits_to_keep=1)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from specdecode.decoding.cache import KVCache, RaggedKVCache, cached_forward
+from specdecode.decoding.cache import KVCache, RaggedKVCache, cached_forward_features
 from specdecode.decoding.decoder import Decoder, Request
 from specdecode.decoding.drafting import Drafting, drafting_for
 from specdecode.decoding.record import Recorder, StepEvent
@@ -138,9 +138,8 @@ class EagerDecoder(Decoder):
             recorder.add(rows.rows, rows.lengths, token)
         while (max_length := finisher.step(rows, finished, (cache,))) is not None:
             cache.set_lengths(rows.lengths - 1, max_length - 1)
-            out = cached_forward(target, cache, rows.last(1), feature_layers=feature_layers)
-            logits, hidden = out if feature_layers is not None else (out, None)
-            if features is not None:
+            logits, hidden = cached_forward_features(target, cache, rows.last(1), feature_layers=feature_layers)
+            if features is not None and hidden is not None:
                 features.write(rows.rows, rows.lengths - 1, hidden[:, -1])
             token = next_tokens(logits[:, -1], params, generator)
             finished = rows.commit(token.unsqueeze(1), torch.ones_like(rows.lengths))

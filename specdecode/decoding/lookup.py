@@ -107,6 +107,8 @@ class ActiveRowsLookup:
     def choose(
         self, logits: torch.Tensor, drafts: torch.Tensor, context: torch.Tensor, lengths: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.active is None:
+            raise RuntimeError("ActiveRowsLookup.choose() needs .active, the rows' mask [B], set before each round")
         chosen, used = self.lookup.choose(logits, drafts, context, lengths)
         used = used & self.active
         return torch.where(used, chosen, drafts), used

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 
@@ -177,19 +178,23 @@ class Recorder:
 def _host_rows(steps: list[_Step]) -> list[tuple[list[int], list[StepRecord]]]:
     """`steps` on the host in one transfer: per step, its rows and a `StepRecord` each whose
     `committed` holds the row's length after the step (the caller turns it into a count)."""
-    parts = []
+    parts: list[torch.Tensor] = []
     for s in steps:
         parts += [s.rows, s.lengths, s.target]
         if s.draft is not None:
+            # a step with drafts has their accepted counts (`_Step`)
+            num_accepted = cast(torch.Tensor, s.accepted)
             looked_up = s.looked_up if s.looked_up is not None else torch.zeros_like(s.draft, dtype=torch.bool)
-            parts += [s.accepted, s.draft.flatten(), looked_up.flatten().long()]
+            parts += [num_accepted, s.draft.flatten(), looked_up.flatten().long()]
     flat = torch.cat([p.long() for p in parts]).tolist() if parts else []
     out, at = [], 0
     for s in steps:
         batch, gamma = s.rows.shape[0], 0 if s.draft is None else s.draft.shape[1]
         rows, lengths, target = (flat[at + k * batch : at + (k + 1) * batch] for k in range(3))
         at += 3 * batch
-        accepted, drafts, looked = [0] * batch, [[] for _ in range(batch)], [[] for _ in range(batch)]
+        accepted = [0] * batch
+        drafts: list[list[int]] = [[] for _ in range(batch)]
+        looked: list[list[bool]] = [[] for _ in range(batch)]
         if gamma:
             accepted = flat[at : at + batch]
             drafts = [flat[at + batch + b * gamma : at + batch + (b + 1) * gamma] for b in range(batch)]

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel
 
-from specdecode.decoding.cache import KVCache, cached_forward, padded_prompts
+from specdecode.decoding.cache import KVCache, cached_forward_features, padded_prompts
 from specdecode.decoding.static_buffers import Zeros, fresh_zeros
 
 
@@ -140,10 +140,9 @@ def prefill(
     last = rows.lengths - 1
     # Ask only for the positions some row ends at (a handful), not the whole prompt's logits.
     positions = torch.unique(last)
-    out = cached_forward(
+    logits, hidden = cached_forward_features(
         model, cache, rows.tokens[:, :longest], logits_to_keep=positions, feature_layers=feature_layers
     )
-    logits, hidden = out if feature_layers is not None else (out, None)
     cache.set_lengths(rows.lengths.clone(), longest)
     column = torch.searchsorted(positions, last)
     return logits[torch.arange(len(last), device=last.device), column], hidden

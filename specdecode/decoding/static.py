@@ -30,7 +30,7 @@ from typing import ClassVar
 import torch
 from transformers import PreTrainedModel
 
-from specdecode.decoding.cache import cached_forward
+from specdecode.decoding.cache import cached_forward_features
 from specdecode.decoding.compiled import (
     compiled_for,
     eager_passes,
@@ -123,9 +123,8 @@ def _step(
     `compile` it traces as one graph."""
     cache.set_lengths(rows.lengths - 1)
     active = rows.active
-    out = cached_forward(target, cache, rows.last(1), feature_layers=feature_layers)
-    logits, hidden = out if feature_layers is not None else (out, None)
-    if written is not None:
+    logits, hidden = cached_forward_features(target, cache, rows.last(1), feature_layers=feature_layers)
+    if written is not None and hidden is not None:
         # a masked row writes to the last slot, past every row's output
         batch_index = torch.arange(written.shape[0], device=written.device)
         written[batch_index, torch.where(active, rows.lengths - 1, rows.capacity - 1)] = hidden[:, -1]
@@ -197,7 +196,8 @@ class StaticDecoder(Decoder):
             drafting = drafting_for(drafter, drafter_cache, row_lookup)
             counters = DeviceCounters(gamma, device, zeros)
             run_round, round_params = self._compiled(_round, params, device)
-            seeded = generator is not None and not params.greedy
+            # the generator whose draws each round makes ahead: None when greedy or unseeded
+            seeded = generator if not params.greedy else None
 
             # 0. prefill: the target's first token is an ordinary sample; the drafter only reads the prompt.
             first, hidden = prefill(target, target_cache, rows, drafting.feature_layers)
@@ -211,8 +211,8 @@ class StaticDecoder(Decoder):
             def run(step: int) -> None:
                 # a seeded generator's draws are made ahead, in the order the round uses them
                 draws = (
-                    _draws_ahead(generator, batch_size, gamma, drafting.draw_width, vocab_size, device)
-                    if seeded
+                    _draws_ahead(seeded, batch_size, gamma, drafting.draw_width, vocab_size, device)
+                    if seeded is not None
                     else generator
                 )
                 with self._step(step, device, *state):

@@ -102,17 +102,23 @@ class StaticKVCache(KVCache):
         self.lengths = lengths
 
     def _write(
-        self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor
+        self,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        slots: torch.Tensor,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return write_layer(self.keys[layer_idx], self.values[layer_idx], self._write_slots, key_states, value_states)
+        return write_layer(keys, values, slots, key_states, value_states)
 
     def layer_buffers(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """Layer `layer_idx`'s keys, values and the pass's write slots `[B, T]`, once the layer's
         buffers exist and a pass is prepared (a nested layer region takes them as its inputs:
         `compiled.nested_layers`); else None."""
-        if self.keys[layer_idx] is None or self._write_slots is None:
+        keys, values, slots = self.keys[layer_idx], self.values[layer_idx], self._write_slots
+        if keys is None or values is None or slots is None:
             return None
-        return self.keys[layer_idx], self.values[layer_idx], self._write_slots
+        return keys, values, slots
 
     def get_seq_length(self, layer_idx: int | None = 0) -> int:
         return self.capacity

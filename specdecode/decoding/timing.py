@@ -35,7 +35,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdecode.decoding.attention import folded_gqa
-from specdecode.decoding.cache import RaggedKVCache, cached_call, cached_forward
+from specdecode.decoding.cache import RaggedKVCache, cached_call, cached_forward, cached_forward_features
 from specdecode.decoding.compiled import check_core, compiled_function, mark_step, nested_layers, skipped_guards
 from specdecode.decoding.decode import autoregressive_generate, speculative_generate
 from specdecode.decoding.drafting import Drafting, drafting_for
@@ -356,8 +356,9 @@ def _pieces(
     cache, step_cache = (cache_type.for_model(target, 1, size, zeros) for size in (capacity, step_capacity))
     drafting = drafting_for(drafter, cache_type.for_model(drafter, 1, capacity, zeros))
     cached_forward(target, step_cache, tokens[:, : length - 1], 1)
-    out = cached_forward(target, cache, tokens[:, : length - 1], 1, feature_layers=drafting.feature_layers)
-    hidden = out[1] if drafting.feature_layers is not None else None
+    _, hidden = cached_forward_features(
+        target, cache, tokens[:, : length - 1], 1, feature_layers=drafting.feature_layers
+    )
     drafting.prefill(tokens, torch.tensor([length - 1], device=device), length - 1, hidden)
     if compile:
         mark_static(tokens)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from typing import TypeGuard
 
 import numpy as np
 import torch
@@ -47,6 +48,11 @@ def _token_id(value: object) -> int | None:
         return None
 
 
+def _is_list(value: object) -> TypeGuard[Sequence[object]]:
+    """A sequence of items, not a string or bytes (sequences of characters, not of ids)."""
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
 def _token_ids(prompt: object, i: int) -> list[int]:
     """Prompt `i` as a list of ints: a sequence of ids (`_token_id`) or a 1-D tensor / array of them.
 
@@ -56,13 +62,13 @@ def _token_ids(prompt: object, i: int) -> list[int]:
     """
     if isinstance(prompt, (torch.Tensor, np.ndarray)) and prompt.ndim == 1:
         prompt = prompt.tolist()
-    if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence):
+    if not _is_list(prompt):
         raise TypeError(f"prompt {i} must be a list of token ids, got {type(prompt).__name__}")
     ids = [_token_id(t) for t in prompt]
     if None in ids:
         bad = prompt[ids.index(None)]
         raise ValueError(f"prompt {i} holds {bad!r} ({type(bad).__name__}): token ids are ints")
-    return ids  # type: ignore[return-value]
+    return [t for t in ids if t is not None]
 
 
 def _eos_ids(eos_token_ids: object) -> list[int]:
@@ -76,11 +82,11 @@ def _eos_ids(eos_token_ids: object) -> list[int]:
         return [one]
     if isinstance(eos_token_ids, (torch.Tensor, np.ndarray)) and eos_token_ids.ndim == 1:
         eos_token_ids = eos_token_ids.tolist()
-    listed = isinstance(eos_token_ids, Sequence) and not isinstance(eos_token_ids, (str, bytes))
-    ids = [_token_id(t) for t in eos_token_ids] if listed else [None]  # type: ignore[union-attr]
-    if None in ids:
+    ids = [_token_id(t) for t in eos_token_ids] if _is_list(eos_token_ids) else [None]
+    eos = [i for i in ids if i is not None]
+    if len(eos) != len(ids):
         raise ValueError(f"eos_token_ids must be an int token id, a list of them or None, got {eos_token_ids!r}")
-    return ids  # type: ignore[return-value]
+    return eos
 
 
 def check_seed(seed: object) -> int | None:
@@ -106,14 +112,14 @@ def check_feature_layers(feature_layers: object, num_layers: int) -> tuple[int, 
     """
     if feature_layers is None:
         return None
-    listed = isinstance(feature_layers, Sequence) and not isinstance(feature_layers, (str, bytes))
-    layers = [_token_id(i) for i in feature_layers] if listed else [None]  # type: ignore[union-attr]
-    if not layers or None in layers:
+    ids = [_token_id(i) for i in feature_layers] if _is_list(feature_layers) else [None]
+    layers = [i for i in ids if i is not None]
+    if not layers or len(layers) != len(ids):
         raise TypeError(f"feature_layers must be a non-empty list of layer indices or None, got {feature_layers!r}")
-    bad = next((i for i in layers if not -1 <= i <= num_layers), None)  # type: ignore[operator]
+    bad = next((i for i in layers if not -1 <= i <= num_layers), None)
     if bad is not None:
         raise ValueError(f"feature_layers holds {bad}, outside the target's hidden states [-1, {num_layers}]")
-    return tuple(layers)  # type: ignore[arg-type]
+    return tuple(layers)
 
 
 def validate_request(
@@ -143,8 +149,8 @@ def validate_request(
         raise ValueError(f"max_new_tokens must be an int or one int per prompt, got {max_new_tokens!r}")
     vocab_size = model.config.vocab_size
     context = getattr(model.config, "max_position_embeddings", None)
-    prompts = [_token_ids(prompt, i) for i, prompt in enumerate(prompts)]
-    for i, (prompt, budget) in enumerate(zip(prompts, budgets)):
+    token_ids = [_token_ids(prompt, i) for i, prompt in enumerate(prompts)]
+    for i, (prompt, budget) in enumerate(zip(token_ids, budgets)):
         if not is_int(budget) or budget < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {budget!r} (prompt {i})")
         if len(prompt) == 0:
@@ -161,4 +167,4 @@ def validate_request(
     bad_eos = next((t for t in eos if not is_int(t) or not 0 <= t < vocab_size), None)
     if bad_eos is not None:
         raise ValueError(f"eos_token_ids holds {bad_eos!r}, outside the vocabulary [0, {vocab_size})")
-    return budgets, eos, prompts
+    return budgets, eos, token_ids

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from specdecode.decoding.cache import cached_forward
+from specdecode.decoding.cache import cached_forward_features
 from specdecode.decoding.sampling import Generator, Params, logits_to_probs, sample, uniform
 
 if TYPE_CHECKING:
@@ -111,8 +111,7 @@ def verify_drafts(
         with the next token at `num_accepted`), of which each row commits `num_accepted + 1`.
     """
     features = drafting.feature_layers
-    out = cached_forward(target, cache, torch.cat([pending, draft], dim=1), feature_layers=features)
-    logits, hidden = out if features is not None else (out, None)
+    logits, hidden = cached_forward_features(target, cache, torch.cat([pending, draft], dim=1), feature_layers=features)
     drafting.observe(hidden, start)
     num_accepted, next_token = (
         greedy_accept(draft, logits.argmax(dim=-1))
