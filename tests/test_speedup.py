@@ -201,6 +201,13 @@ def test_choose_gamma_keeps_the_fastest_timed_decode(monkeypatch: pytest.MonkeyP
         # the same counted tokens, a 9-token verify three times a step: the time, not tau, decides
         dear = choose(flat | {8: 3.0})
         assert dear["tau"] == figures["tau"] and dear["chosen"] == 4
+        # without prompts, Leviathan's model on step costs (fixed here: timed ones on a loaded
+        # machine can measure a wider verify cheaper than a narrower one)
+        from specdecode.decoding import gamma as gamma_choice
+
+        costs = timing.StepCosts(1.0, 1.2, 0.05, 1, 20)
+        monkeypatch.setattr(gamma_choice, "measure_step_costs", lambda *args, **kwargs: costs)
+        monkeypatch.setattr(gamma_choice, "measure_verify_ratios", lambda *a, **kw: {g: 1 + 0.1 * g for g in a[2]})
         model = choose_gamma(target, drafter, list(range(20)), 0.0, [1, 2, 4, 8])
         assert model["method"] == "Leviathan's model at alpha" and model["chosen"] == 1
 
