@@ -32,6 +32,7 @@ NOT_DEFAULTS: dict[tuple[str, str], str] = {
     ("finetune.yaml", "train.seq_source"): "TrainJobConfig serves two apps; its defaults are distill.yaml's",
     ("finetune.yaml", "train.seq_temperatures"): "TrainJobConfig serves two apps; its defaults are distill.yaml's",
     ("collect.yaml", "drafters"): "the trained drafter folders to label: the app's input, which no default can name",
+    ("demo.yaml", "skinny_matmul"): "the demo measures the CPU kernel (opt-in for the apps and the library)",
     **{
         ("demo.yaml", key): "the demo's overrides of a stage's own YAML, none by default"
         for key in ("losses", "benchmark", "distill", "distill_per_domain", "collect", "eval", "short_eval")
