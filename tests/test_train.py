@@ -68,6 +68,22 @@ def run_app(
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
+def spy_writer_shapes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int | None]]:
+    """The (batch size, capacity) of each call the data writer makes, `torch.compile` a no-op."""
+    import specdecode.training.sequences as sequences
+
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
+    shapes: list[tuple[int, int | None]] = []
+    generate = sequences.autoregressive_generate
+
+    def spy(model, batch, **kwargs):  # type: ignore[no-untyped-def]
+        shapes.append((len(batch), kwargs["capacity"]))
+        return generate(model, batch, **kwargs)
+
+    monkeypatch.setattr(sequences, "autoregressive_generate", spy)
+    return shapes
+
+
 def checkpoint_weights(output_dir: Path, step: int) -> dict[str, torch.Tensor]:
     return torch.load(output_dir / "checkpoints" / f"checkpoint_{step}" / "pytorch_model.bin", weights_only=True)
 
@@ -977,15 +993,7 @@ def test_compiled_writer_batches_share_one_shape(monkeypatch) -> None:
     from specdecode.decoding.static_buffers import pooled_bytes
     from tests.models_for_tests import tiny_llama
 
-    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
-    shapes = []
-    generate = sequences.autoregressive_generate
-
-    def spy(model, batch, **kwargs):
-        shapes.append((len(batch), kwargs["capacity"]))
-        return generate(model, batch, **kwargs)
-
-    monkeypatch.setattr(sequences, "autoregressive_generate", spy)
+    shapes = spy_writer_shapes(monkeypatch)
     target = tiny_llama(2, seed=0)
     prompts = [[1 + i] * (2 + 3 * i) for i in range(7)]  # 2 to 20 tokens
     train = TrainConfig(max_new_tokens=6, max_len=24, max_prompt_tokens=20)

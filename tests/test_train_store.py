@@ -31,7 +31,7 @@ from specdecode.training.store import (
     write_shards,
 )
 from specdecode.training.teacher import TeacherCache, save_cache, score_topk
-from tests.test_train import ROOT, run_app, smoke_cfg
+from tests.test_train import ROOT, run_app, smoke_cfg, spy_writer_shapes
 
 
 def scored_sequences(count: int, features: bool, seed: int = 0) -> TeacherCache:
@@ -221,15 +221,7 @@ def test_a_sharded_compiled_writer_decodes_every_batch_in_one_shape(monkeypatch:
     assert writer_plan(prompts[:2], train, cpu, True) == (True, None)
     assert writer_plan(prompts, train, cpu, None) == writer_plan(prompts, train, cpu, False) == (False, None)
 
-    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
-    shapes = []
-    generate = sequences.autoregressive_generate
-
-    def spy(model, batch, **kwargs):
-        shapes.append((len(batch), kwargs["capacity"]))
-        return generate(model, batch, **kwargs)
-
-    monkeypatch.setattr(sequences, "autoregressive_generate", spy)
+    shapes = spy_writer_shapes(monkeypatch)
     target = tiny_llama(2, seed=0)
     shard = prompts[:3]  # a shard of short prompts: on its own, a capacity of 16
     written = {
