@@ -16,8 +16,10 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from specdecode.decoding.adaptive import DEFAULT_PRIOR_ALPHA, AdaptiveGamma
 from specdecode.decoding.attention import folded_gqa
 from specdecode.decoding.compiled import check_core
+from specdecode.decoding.costs import COST_MAX_GAMMA, step_table
 from specdecode.decoding.decoder import Decoder, Request
 from specdecode.decoding.eager import EagerDecoder
 from specdecode.decoding.lookup import DEFAULT_LOOKUP, PromptLookup
@@ -29,12 +31,35 @@ from specdecode.decoding.validation import check_feature_layers, check_seed, val
 from specdecode.models.feature_drafter import FeatureDrafter
 
 DEFAULT_GAMMA = 4
+# `speculative_generate(gamma=AUTO)`: each step's gamma chosen while decoding (`adaptive.py`)
+AUTO = "auto"
 
 
 def drafter_gamma(drafter: PreTrainedModel | FeatureDrafter) -> int:
     """The gamma stored with a trained drafter (`config.specdecode_gamma`), else `DEFAULT_GAMMA`."""
     gamma = getattr(drafter.config, "specdecode_gamma", None)
     return gamma if isinstance(gamma, int) and not isinstance(gamma, bool) and gamma >= 1 else DEFAULT_GAMMA
+
+
+def drafter_alpha(drafter: PreTrainedModel | FeatureDrafter) -> float:
+    """The held-out acceptance stored with a trained drafter (`config.specdecode_alpha`), else
+    `adaptive.DEFAULT_PRIOR_ALPHA`: where the adaptive gamma starts each row."""
+    alpha = getattr(drafter.config, "specdecode_alpha", None)
+    if isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and 0.0 <= alpha <= 1.0:
+        return float(alpha)
+    return DEFAULT_PRIOR_ALPHA
+
+
+def adaptive_gamma(
+    target: PreTrainedModel,
+    drafter: PreTrainedModel | FeatureDrafter,
+    params: SamplingParams = SamplingParams(),
+    remeasure: bool = False,
+) -> AdaptiveGamma:
+    """The adaptive gamma `gamma="auto"` decodes with: this machine's step costs for these models
+    and this sampling mode (`costs.step_table`: measured once, then read from the cache; about ten
+    seconds for a 135M target on a 2-core CPU), each row starting at the drafter's acceptance."""
+    return AdaptiveGamma(step_table(target, drafter, params, remeasure=remeasure), drafter_alpha(drafter))
 
 
 @dataclass(frozen=True)
@@ -112,7 +137,7 @@ def speculative_generate(
     prompts: Sequence[Sequence[int]],
     *,
     max_new_tokens: int | Sequence[int],
-    gamma: int | None = None,
+    gamma: int | str | AdaptiveGamma | None = None,
     prompt_lookup: PromptLookup | None = DEFAULT_LOOKUP,
     options: DecodeOptions | None = None,
     **fields: Any,
@@ -124,7 +149,10 @@ def speculative_generate(
     the target's hidden states, which the verify pass computes anyway). `prompts` is a ragged batch
     of token-id lists (no padding); `max_new_tokens` is one budget or one per prompt. `gamma=None`
     uses the drafter's own (`config.specdecode_gamma`, the candidate its training timed fastest on
-    held-out prompts: `choose_gamma`), else `DEFAULT_GAMMA`. `prompt_lookup`: where the drafter is
+    held-out prompts: `choose_gamma`), else `DEFAULT_GAMMA`; `gamma="auto"` (or an `AdaptiveGamma`)
+    chooses each step's gamma while decoding, 0 included, from this machine's measured step costs
+    and each row's running acceptance (`adaptive.py`; a static decoder takes one gamma per call
+    from them). `prompt_lookup`: where the drafter is
     unsure, copy what followed an earlier occurrence of the row's last tokens (exact;
     `specdecode.decoding.lookup`); None: the drafter alone. How to decode: `options`, and any of
     its fields by keyword (`temperature=0.7, static=True`: `DecodeOptions`).
@@ -132,14 +160,38 @@ def speculative_generate(
     options = _options(options, fields)
     validate_models(target, drafter, prompt_lookup)
     decoder = options.decoder(target.device)
-    gamma = drafter_gamma(drafter) if gamma is None else gamma
+    adaptive = _adaptive(gamma)
+    fixed = drafter_gamma(drafter) if gamma is None else gamma if isinstance(gamma, int) else None
     lookup = prompt_lookup if prompt_lookup is not None and prompt_lookup.applies(options.temperature) else None
-    request = _request(target, prompts, max_new_tokens, options, gamma=gamma, lookup=lookup)
+    # an adaptive gamma's widest step sizes the rows' slack; its costs are measured after the checks
+    widest = fixed if fixed is not None else adaptive.widest if adaptive is not None else COST_MAX_GAMMA
+    request = _request(target, prompts, max_new_tokens, options, gamma=widest, lookup=lookup)
     decoder.check_room(request)
     if max(request.budgets) == 0:
-        return GenerationResult.empty(request.prompts, StepCounters(gamma, target.device), options.record)
+        return GenerationResult.empty(request.prompts, StepCounters(widest, target.device), options.record)
+    if fixed is None:
+        adaptive = adaptive or adaptive_gamma(target, drafter, options.params)
+        if isinstance(decoder, EagerDecoder):
+            request = dataclasses.replace(request, gamma=adaptive.widest, adaptive=adaptive)
+        else:  # steps of one shape: one gamma for the call
+            request = dataclasses.replace(request, gamma=adaptive.fixed_gamma(len(request.prompts)))
+    if request.gamma == 0:
+        with folded_gqa(target):
+            return decoder.autoregressive(target, dataclasses.replace(request, gamma=None, lookup=None))
     with folded_gqa(target, drafter):
         return decoder.speculative(target, drafter, request)
+
+
+def _adaptive(gamma: object) -> AdaptiveGamma | None:
+    """The `AdaptiveGamma` that `gamma` gives (None for an int or None: checked with the request;
+    `"auto"` gets its costs after the checks)."""
+    if isinstance(gamma, AdaptiveGamma):
+        return gamma
+    if isinstance(gamma, str) and gamma != AUTO:
+        raise ValueError(f"gamma must be an int >= 1, {AUTO!r}, an AdaptiveGamma or None, got {gamma!r}")
+    if gamma is not None and not isinstance(gamma, (int, str)):
+        raise TypeError(f"gamma must be an int >= 1, {AUTO!r}, an AdaptiveGamma or None, got {gamma!r}")
+    return None
 
 
 @torch.inference_mode()

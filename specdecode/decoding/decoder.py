@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
+from specdecode.decoding.adaptive import AdaptiveGamma
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.sampling import SamplingParams
 from specdecode.decoding.stats import GenerationResult
@@ -32,8 +33,10 @@ class Request:
     eos: list[int]
     params: SamplingParams
     generator: torch.Generator | None
-    # drafts per target pass; None: the target alone
+    # drafts per target pass (with `adaptive`, the widest step's); None: the target alone
     gamma: int | None = None
+    # each step's gamma chosen while decoding (eager decoder); None: every step drafts `gamma`
+    adaptive: AdaptiveGamma | None = None
     # prompt lookup applied to the drafts; None: the drafter alone
     lookup: PromptLookup | None = None
     # the target's layers whose features a target-only decode returns (`result.features`); None: none

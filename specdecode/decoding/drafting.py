@@ -26,6 +26,7 @@ Both return the drafts `[B, gamma]` and the distributions they were drawn from `
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import torch
 from transformers import PreTrainedModel
@@ -52,8 +53,13 @@ class Drafting(ABC):
     draft_head: DraftVocabHead | None = None
 
     def __init__(
-        self, drafter: PreTrainedModel | FeatureDrafter, cache: KVCache, lookup: DraftLookup | None = None
+        self,
+        drafter: PreTrainedModel | FeatureDrafter,
+        cache: KVCache,
+        lookup: DraftLookup | None = None,
+        gamma: int = 0,
     ) -> None:
+        """`gamma`: the drafts per step where it is fixed (a static decoder's steps then all keep one shape)."""
         self.drafter = drafter
         # the drafter's KV cache, of its decoder's kind (ragged or static)
         self.cache = cache
@@ -62,6 +68,10 @@ class Drafting(ABC):
         self.looked_up = cache.buffer("drafting.looked_up", (), torch.long)
         # which of the last `propose`'s drafts prompt lookup filled, `[B, gamma]` bool; None without lookup
         self.last_looked_up: torch.Tensor | None = None
+        # target-only steps since the last `propose` (`skip`), and that propose's gamma: how far the
+        # drafter's own state is behind the rows (the same for every row: gamma is the batch's)
+        self.behind = 0
+        self.last_gamma = gamma
 
     @abstractmethod
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
@@ -84,7 +94,22 @@ class Drafting(ABC):
         self._draft(drafts, max_length, gamma)
         result = drafts.result()
         self.last_looked_up = drafts.used_mask
+        self.behind, self.last_gamma = 0, gamma
         return result
+
+    def skip(self) -> None:
+        """The loop took a target-only step (gamma 0): every row committed one token the drafter has
+        not read. The next `propose` catches up on it (the target's features of it were observed)."""
+        self.behind += 1
+
+    def snapshot(self) -> Callable[[], None]:
+        """A function that puts the strategy's progress back as it is now (timing repeats a step)."""
+        behind, last_gamma = self.behind, self.last_gamma
+
+        def restore() -> None:
+            self.behind, self.last_gamma = behind, last_gamma
+
+        return restore
 
     @abstractmethod
     def _draft(self, drafts: _Drafts, max_length: int, gamma: int) -> None:
@@ -104,8 +129,10 @@ class SliceDrafting(Drafting):
     """A plain causal-LM drafter (see the module docstring); drafts are drawn over the full
     vocabulary (a draft-vocabulary head still returns full logits)."""
 
-    def __init__(self, drafter: PreTrainedModel, cache: KVCache, lookup: DraftLookup | None = None) -> None:
-        super().__init__(drafter, cache, lookup)
+    def __init__(
+        self, drafter: PreTrainedModel, cache: KVCache, lookup: DraftLookup | None = None, gamma: int = 0
+    ) -> None:
+        super().__init__(drafter, cache, lookup, gamma)
         self.drafter: PreTrainedModel = drafter
 
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
@@ -114,8 +141,9 @@ class SliceDrafting(Drafting):
         self.cache.set_lengths(lengths.clone(), longest)
 
     def _draft(self, drafts: _Drafts, max_length: int, gamma: int) -> None:
-        self.cache.set_lengths(drafts.lengths - 2, max_length - 2)
-        drafter_input = last_tokens(drafts.context, drafts.lengths, 2)
+        fed = 2 + self.behind  # and each target-only step's token since the last propose
+        self.cache.set_lengths(drafts.lengths - fed, max_length - fed)
+        drafter_input = last_tokens(drafts.context, drafts.lengths, fed)
         for _ in range(gamma):
             logits = cached_forward(self.drafter, self.cache, drafter_input, logits_to_keep=1)[:, -1]
             drafter_input = drafts.draw(logits).unsqueeze(1)
@@ -124,8 +152,10 @@ class SliceDrafting(Drafting):
 class FeatureDrafting(Drafting):
     """A `FeatureDrafter` fed the target's hidden states (see the module docstring)."""
 
-    def __init__(self, drafter: FeatureDrafter, cache: KVCache, lookup: DraftLookup | None = None) -> None:
-        super().__init__(drafter, cache, lookup)
+    def __init__(
+        self, drafter: FeatureDrafter, cache: KVCache, lookup: DraftLookup | None = None, gamma: int = 0
+    ) -> None:
+        super().__init__(drafter, cache, lookup, gamma)
         self.drafter: FeatureDrafter = drafter
         self.feature_layers = drafter.feature_layers
         self.capacity = cache.capacity
@@ -153,8 +183,10 @@ class FeatureDrafting(Drafting):
 
     def _draft(self, drafts: _Drafts, max_length: int, gamma: int) -> None:
         # 1. one window over the positions whose true features are new: [start, lengths - 1), at
-        # most gamma + 1 (the verify's accepted drafts and its bonus token)
-        feature = self._read(drafts.context, drafts.lengths - 1, max_length - 1, gamma + 1)
+        # most the last propose's gamma + 1 (its accepted drafts and the bonus token) and one per
+        # target-only step since; as wide as gamma + 1 at least, so a fixed gamma keeps one width
+        width = max(gamma, self.last_gamma + self.behind) + 1
+        feature = self._read(drafts.context, drafts.lengths - 1, max_length - 1, width)
         # 2. gamma drafts, each fed back with the feature it was predicted from
         head = self.draft_head
         for i in range(gamma):
@@ -197,6 +229,15 @@ class FeatureDrafting(Drafting):
         super().select_rows(rows)
         self.features = self.features.index_select(0, rows)
         self.start = self.start.index_select(0, rows)
+
+    def snapshot(self) -> Callable[[], None]:
+        restore_base, start, bound = super().snapshot(), self.start.clone(), self.start_bound
+
+        def restore() -> None:
+            restore_base()
+            self.start, self.start_bound = start.clone(), bound
+
+        return restore
 
 
 class _Drafts:
@@ -260,9 +301,9 @@ class _Drafts:
 
 
 def drafting_for(
-    drafter: PreTrainedModel | FeatureDrafter, cache: KVCache, lookup: DraftLookup | None = None
+    drafter: PreTrainedModel | FeatureDrafter, cache: KVCache, lookup: DraftLookup | None = None, gamma: int = 0
 ) -> SliceDrafting | FeatureDrafting:
     """The drafting strategy of `drafter`'s kind, driving it on `cache` (the drafter's, of the core's kind)."""
     if isinstance(drafter, FeatureDrafter):
-        return FeatureDrafting(drafter, cache, lookup)
-    return SliceDrafting(drafter, cache, lookup)
+        return FeatureDrafting(drafter, cache, lookup, gamma)
+    return SliceDrafting(drafter, cache, lookup, gamma)

@@ -12,10 +12,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from transformers import PreTrainedModel
 
+from specdecode.decoding.adaptive import GammaState
 from specdecode.decoding.cache import KVCache, RaggedKVCache, cached_forward_features
 from specdecode.decoding.decoder import Decoder, Request
 from specdecode.decoding.drafting import Drafting, drafting_for
@@ -27,20 +29,37 @@ from specdecode.decoding.verify import verify_drafts
 from specdecode.models.feature_drafter import FeatureDrafter
 
 
+class RowsKept(Protocol):
+    """What keeps per-row state beside the batch (caches, drafting, the adaptive gamma's counts)."""
+
+    def select_rows(self, rows: torch.Tensor) -> None: ...
+
+
 class Finisher:
     """Collects finished rows' outputs and drops them from the batch and the caches."""
 
     def __init__(self, num_rows: int, recorder: Recorder | None = None) -> None:
         self.sequences: list[list[int] | None] = [None] * num_rows
         self.recorder = recorder
+        # what the last `step` brought to the host beside its own figures (`also`)
+        self.also: list[float] = []
 
-    def step(self, batch: RaggedRows, finished: torch.Tensor, caches: Sequence[KVCache | Drafting]) -> int | None:
+    def step(
+        self,
+        batch: RaggedRows,
+        finished: torch.Tensor,
+        caches: Sequence[RowsKept],
+        also: torch.Tensor | None = None,
+    ) -> int | None:
         """Between steps: retire finished rows; return the longest row's length, None once all are done.
 
-        The one host sync of a step: which rows finished, and how long the longest row is (the
-        recorder time-stamps the step there).
+        The one host sync of a step: which rows finished, how long the longest row is, and `also`
+        (a 1-D float tensor, kept in `self.also`: what the adaptive gamma chooses from); the
+        recorder time-stamps the step there.
         """
-        any_finished, max_length = torch.stack([finished.any().long(), batch.lengths.max()]).tolist()
+        figures = torch.stack([finished.any().float(), batch.lengths.max().float()])
+        synced = (figures if also is None else torch.cat([figures, also.float()])).tolist()
+        any_finished, max_length, self.also = bool(synced[0]), int(synced[1]), synced[2:]
         if self.recorder is not None:
             self.recorder.synced()
         if any_finished:
@@ -49,7 +68,7 @@ class Finisher:
                 return None
         return max_length
 
-    def _collect(self, batch: RaggedRows, finished: torch.Tensor, caches: Sequence[KVCache | Drafting]) -> None:
+    def _collect(self, batch: RaggedRows, finished: torch.Tensor, caches: Sequence[RowsKept]) -> None:
         done = finished.nonzero().squeeze(1)
         for b, row, length in zip(done.tolist(), batch.rows[done].tolist(), batch.lengths[done].tolist()):
             start = batch.prompt_lengths[row]
@@ -82,13 +101,16 @@ class EagerDecoder(Decoder):
     ) -> GenerationResult:
         start = time.perf_counter()
         params, generator, batch_size = request.params, request.generator, len(request.prompts)
-        gamma = request.gamma or 0
+        gamma = request.gamma or 0  # the widest step's, where `request.adaptive` chooses each step's
         rows = RaggedRows(request.prompts, request.budgets, slack=gamma + 2, eos=request.eos, device=target.device)
         target_cache = RaggedKVCache.for_model(target, batch_size, rows.capacity)
-        drafting = drafting_for(drafter, RaggedKVCache.for_model(drafter, batch_size, rows.capacity), request.lookup)
+        drafter_cache = RaggedKVCache.for_model(drafter, batch_size, rows.capacity)
+        drafting = drafting_for(drafter, drafter_cache, request.lookup, gamma)
+        adaptive = None if request.adaptive is None else request.adaptive.start(batch_size, target.device)
         counters = DeviceCounters(gamma, target.device)
         recorder = self._recorder(rows, start)
         finisher = Finisher(batch_size, recorder)
+        kept: list[RowsKept] = [target_cache, drafting] + ([adaptive] if adaptive is not None else [])
 
         # 0. prefill: the target's first token is an ordinary sample; the drafter only reads the prompt.
         first, hidden = prefill(target, target_cache, rows, feature_layers=drafting.feature_layers)
@@ -99,18 +121,32 @@ class EagerDecoder(Decoder):
         if recorder is not None:
             recorder.add(rows.rows, rows.lengths, first_token)
 
-        while (max_length := finisher.step(rows, finished, (target_cache, drafting))) is not None:
+        while (max_length := finisher.step(rows, finished, kept, _expected(adaptive, rows, finished))) is not None:
             target_cache.set_lengths(rows.lengths - 1, max_length - 1)
+            if adaptive is not None:
+                assert request.adaptive is not None
+                step_gamma = request.adaptive.choose(finisher.also, rows.rows.numel())
+                counters.gamma_steps[step_gamma] = counters.gamma_steps.get(step_gamma, 0) + 1
+            else:
+                step_gamma = gamma
+            if step_gamma == 0:
+                # a plain target step: no drafts pay at this batch and acceptance
+                finished = self._target_step(target, target_cache, drafting, rows, counters, recorder, request)
+                if adaptive is not None:
+                    adaptive.update(None, 0)
+                continue
 
             # 1. draft gamma tokens, keeping q exactly as sampled from (None when greedy: not needed)
-            draft, q = drafting.propose(rows.tokens, rows.lengths, max_length, gamma, params, generator)
+            draft, q = drafting.propose(rows.tokens, rows.lengths, max_length, step_gamma, params, generator)
 
             # 2. verify in one target pass: the pending token and the gamma drafts; 3. accept / resample
             num_accepted, next_token, new_tokens = verify_drafts(
                 target, target_cache, drafting, rows.last(1), draft, q, rows.lengths - 1, params, generator
             )
             finished = rows.commit(new_tokens, num_accepted + 1)
-            counters.record_step(num_accepted, torch.ones_like(num_accepted, dtype=torch.bool))
+            counters.record_step(num_accepted, torch.ones_like(num_accepted, dtype=torch.bool), step_gamma)
+            if adaptive is not None:
+                adaptive.update(num_accepted, step_gamma)
             if recorder is not None:
                 recorder.add(rows.rows, rows.lengths, next_token, draft, num_accepted, drafting.last_looked_up)
 
@@ -118,6 +154,28 @@ class EagerDecoder(Decoder):
             # entries stay in their slots, masked, until overwritten).
 
         return self._result(finisher, counters.finish(gamma, 1, drafting.looked_up), start)
+
+    @staticmethod
+    def _target_step(
+        target: PreTrainedModel,
+        cache: KVCache,
+        drafting: Drafting,
+        rows: RaggedRows,
+        counters: DeviceCounters,
+        recorder: Recorder | None,
+        request: Request,
+    ) -> torch.Tensor:
+        """A speculative decode's step without drafts: the target's token for each row; the
+        drafting observes the pass's features and falls one step behind (`Drafting.skip`)."""
+        logits, hidden = cached_forward_features(target, cache, rows.last(1), feature_layers=drafting.feature_layers)
+        drafting.observe(hidden, rows.lengths - 1)
+        drafting.skip()
+        token = next_tokens(logits[:, -1], request.params, request.generator)
+        finished = rows.commit(token.unsqueeze(1), torch.ones_like(rows.lengths))
+        counters.record_target_call(torch.ones_like(finished))
+        if recorder is not None:
+            recorder.add(rows.rows, rows.lengths, token)
+        return finished
 
     def autoregressive(self, target: PreTrainedModel, request: Request) -> GenerationResult:
         start = time.perf_counter()
@@ -151,3 +209,8 @@ class EagerDecoder(Decoder):
         if features is not None:
             result.features = features.rows(rows.prompt_lengths, result.sequences)
         return result
+
+
+def _expected(adaptive: GammaState | None, rows: RaggedRows, finished: torch.Tensor) -> torch.Tensor | None:
+    """The tokens the rows still decoding expect at each gamma (`GammaState.expected`); None without adaptive gamma."""
+    return None if adaptive is None else adaptive.expected(rows.limits - rows.lengths, ~finished)

@@ -193,7 +193,7 @@ class StaticDecoder(Decoder):
             target_cache = StaticKVCache.for_model(target, batch_size, capacity, zeros)
             row_lookup = ActiveRowsLookup(lookup) if lookup is not None else None
             drafter_cache = StaticKVCache.for_model(drafter, batch_size, capacity, drafter_zeros)
-            drafting = drafting_for(drafter, drafter_cache, row_lookup)
+            drafting = drafting_for(drafter, drafter_cache, row_lookup, gamma)
             counters = DeviceCounters(gamma, device, zeros)
             run_round, round_params = self._compiled(_round, params, device)
             # the generator whose draws each round makes ahead: None when greedy or unseeded

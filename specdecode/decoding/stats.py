@@ -15,14 +15,21 @@ class StepCounters:
     """The counts of a decode, as `GenerationResult.build` reads them (`DeviceCounters.finish`)."""
 
     def __init__(self, gamma: int, device: torch.device) -> None:
+        # the widest gamma of the decode's steps
         self.gamma = gamma
         self.target_calls = 0
         self.drafter_calls = 0
         # Target calls counted per row (a batched call of B rows counts B): tau's denominator.
         self.row_calls = 0
         self.drafted = 0
-        # histogram[n]: row-steps that accepted exactly n of the gamma drafts.
+        # row-steps that ended in a rejection (fewer accepted than drafted)
+        self.rejections = 0
+        # histogram[n]: row-steps that accepted exactly n drafts.
         self.histogram = torch.zeros(gamma + 1, dtype=torch.long, device=device)
+        # judged[i]: row-steps whose draft i was judged (drafts 0..i-1 accepted, i < the step's gamma)
+        self.judged: list[int] = []
+        # steps taken at each gamma (0: a target-only step of an adaptive decode)
+        self.gamma_steps: dict[int, int] = {}
         # drafts that prompt lookup proposed instead of the drafter (a device tensor: never synced
         # before the end)
         self.looked_up: torch.Tensor | int = 0
@@ -35,32 +42,49 @@ class StepCounters:
 class DeviceCounters:
     """A decode's running counts, kept on the device so that counting a step never syncs; only
     active rows count (a step counts where any is). A compiled step adds to them in place, so
-    they come from the call's `zeros`."""
+    they come from the call's `zeros`. `gamma` is the widest step's."""
 
     def __init__(self, gamma: int, device: torch.device, zeros: Zeros = fresh_zeros) -> None:
         self.gamma = gamma
-        # target calls, target calls counted per row, and draft-verify steps counted per row
-        self.calls = zeros("counters.calls", (3,), torch.long, device)
+        # target calls, target calls counted per row, draft-verify steps counted per row, drafts, rejections
+        self.calls = zeros("counters.calls", (5,), torch.long, device)
         self.histogram = zeros("counters.histogram", (gamma + 1,), torch.long, device)
+        self.judged = zeros("counters.judged", (gamma,), torch.long, device)
+        # host-side: steps taken at each gamma (known to the host as it chooses them)
+        self.gamma_steps: dict[int, int] = {}
 
     def record_target_call(self, active: torch.Tensor) -> None:
         self.calls[:2] += torch.stack([active.any().long(), active.sum()])
 
-    def record_step(self, num_accepted: torch.Tensor, active: torch.Tensor) -> None:
-        self.calls += torch.stack([active.any().long(), active.sum(), active.sum()])
+    def record_step(self, num_accepted: torch.Tensor, active: torch.Tensor, gamma: int | None = None) -> None:
+        """A draft-verify step of `gamma` drafts (default: `self.gamma`) in which each row accepted
+        `num_accepted` `[B]`."""
+        gamma = self.gamma if gamma is None else gamma
+        rows = active.sum()
+        rejected = (active & (num_accepted < gamma)).sum()
+        self.calls += torch.stack([active.any().long(), rows, rows, gamma * rows, rejected])
         # scatter_add_ rather than bincount: bincount sizes its output from the data (a host sync)
         self.histogram.scatter_add_(0, num_accepted, active.long())
+        position = torch.arange(gamma, device=num_accepted.device)
+        self.judged[:gamma] += ((num_accepted.unsqueeze(1) >= position) & active.unsqueeze(1)).sum(dim=0)
 
     def finish(
         self, drafter_calls_per_step: int, drafter_prefill_calls: int, looked_up: torch.Tensor | int
     ) -> StepCounters:
-        """The counts as `StepCounters` (one host sync)."""
+        """The counts as `StepCounters` (one host sync). `drafter_calls_per_step`: per step where
+        every step drafted alike (`gamma_steps` empty)."""
         counters = StepCounters(self.gamma, self.histogram.device)
-        calls, row_calls, row_steps = self.calls.tolist()
+        calls, row_calls, _, drafted, rejections = self.calls.tolist()
         counters.target_calls, counters.row_calls = calls, row_calls
-        counters.drafter_calls = drafter_prefill_calls + drafter_calls_per_step * (calls - 1)
-        counters.drafted = self.gamma * row_steps
+        # a drafter call per draft: gamma per step where the gamma was chosen per step
+        per_steps = sum(g * n for g, n in self.gamma_steps.items()) if self.gamma_steps else None
+        counters.drafter_calls = drafter_prefill_calls + (
+            drafter_calls_per_step * (calls - 1) if per_steps is None else per_steps
+        )
+        counters.drafted, counters.rejections = drafted, rejections
         counters.histogram = self.histogram
+        counters.judged = self.judged.tolist()
+        counters.gamma_steps = dict(sorted(self.gamma_steps.items()))
         counters.looked_up = looked_up
         return counters
 
@@ -92,6 +116,8 @@ class DecodeStats:
     wall_time_s: float
     tokens_per_s: float
     looked_up: int = 0
+    # steps taken at each gamma where it was chosen per step (`gamma="auto"`; 0: target-only steps); {} else
+    gamma_steps: dict[int, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -115,13 +141,12 @@ class GenerationResult:
         histogram = counters.histogram.tolist()
         gamma = counters.gamma
         accepted = sum(n * count for n, count in enumerate(histogram))
-        rejections = sum(histogram[:gamma])
-        # reached[i]: steps whose drafts 0..i-1 were all accepted, so draft i was judged.
-        reached = [sum(histogram[i:]) for i in range(gamma)]
-        position_acceptance = [
-            (reached[i + 1] if i + 1 < gamma else histogram[gamma]) / reached[i] if reached[i] else None
-            for i in range(gamma)
-        ]
+        rejections = counters.rejections
+        # judged[i]: steps whose drafts 0..i-1 were all accepted and that drafted an i-th; of them,
+        # those that accepted more than i passed it.
+        judged = counters.judged or [0] * gamma
+        passed = [sum(histogram[i + 1 :]) for i in range(gamma)]
+        position_acceptance = [passed[i] / judged[i] if judged[i] else None for i in range(gamma)]
         generated = sum(len(s) for s in sequences)
         stats = DecodeStats(
             gamma=gamma,
@@ -138,6 +163,7 @@ class GenerationResult:
             wall_time_s=wall_time_s,
             tokens_per_s=generated / wall_time_s if wall_time_s > 0 else 0.0,
             looked_up=int(counters.looked_up),
+            gamma_steps=counters.gamma_steps,
         )
         return cls(sequences=sequences, stats=stats)
 

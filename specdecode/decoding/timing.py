@@ -25,11 +25,10 @@ across them is not in these figures; the decode benchmark times whole rounds. A 
 from __future__ import annotations
 
 import contextlib
-import statistics
 import time
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -37,6 +36,7 @@ from transformers import PreTrainedModel
 from specdecode.decoding.attention import folded_gqa
 from specdecode.decoding.cache import RaggedKVCache, cached_call, cached_forward, cached_forward_features
 from specdecode.decoding.compiled import check_core, compiled_function, mark_step, nested_layers, skipped_guards
+from specdecode.decoding.costs import Piece, time_rounds
 from specdecode.decoding.decode import autoregressive_generate, speculative_generate
 from specdecode.decoding.drafting import Drafting, drafting_for
 from specdecode.decoding.sampling import SamplingParams
@@ -58,41 +58,6 @@ CORES: dict[str, dict[str, bool]] = {
     "compiled": dict(static=True, compile=True),
 }
 GREEDY = SamplingParams()
-
-# A timed piece: (put its state back, run it once).
-Piece = tuple[Callable[[], None], Callable[[], object]]
-Key = TypeVar("Key", bound=Hashable)
-
-
-def wait_for(device: torch.device) -> None:
-    """Wait for the device's queued work (a CPU's ran as it was called)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
-def time_rounds(
-    pieces: Mapping[Key, Piece],
-    repeats: int,
-    device: torch.device,
-    warm_up: int = 1,
-    around: Callable[[Key, int], contextlib.AbstractContextManager[object]] | None = None,
-) -> dict[Key, float]:
-    """Median seconds of each piece over `repeats` rounds after `warm_up` uncounted ones, the pieces
-    taking turns within each round; each call runs from its state put back, inside
-    `around(key, round)` where given."""
-    times: dict[Key, list[float]] = {key: [] for key in pieces}
-    for round_ in range(warm_up + repeats):
-        for key, (back, run) in pieces.items():
-            back()
-            with around(key, round_) if around is not None else contextlib.nullcontext():
-                wait_for(device)
-                start = time.perf_counter()
-                run()
-                wait_for(device)
-                times[key].append(time.perf_counter() - start)
-    return {key: statistics.median(seconds[warm_up:]) for key, seconds in times.items()}
 
 
 @dataclass
@@ -354,7 +319,7 @@ def _pieces(
     device, capacity = target.device, tokens.shape[1]
     cache_type, zeros = StaticKVCache if static else RaggedKVCache, static_zeros if compile else fresh_zeros
     cache, step_cache = (cache_type.for_model(target, 1, size, zeros) for size in (capacity, step_capacity))
-    drafting = drafting_for(drafter, cache_type.for_model(drafter, 1, capacity, zeros))
+    drafting = drafting_for(drafter, cache_type.for_model(drafter, 1, capacity, zeros), gamma=gamma)
     cached_forward(target, step_cache, tokens[:, : length - 1], 1)
     _, hidden = cached_forward_features(
         target, cache, tokens[:, : length - 1], 1, feature_layers=drafting.feature_layers
@@ -362,9 +327,7 @@ def _pieces(
     drafting.prefill(tokens, torch.tensor([length - 1], device=device), length - 1, hidden)
     if compile:
         mark_static(tokens)
-    # a feature drafter's progress (`propose` sets the drafter's cache lengths from it; a slice
-    # drafter's from its arguments)
-    saved = {name: getattr(drafting, name) for name in ("start", "start_bound") if hasattr(drafting, name)}
+    drafter_back = drafting.snapshot()  # its progress: `propose` moves it
     pending, draft = tokens[:, length - 1 : length], tokens[:, length : length + gamma]
     start, lengths = torch.tensor([length - 1], device=device), torch.tensor([length], device=device)
 
@@ -374,10 +337,6 @@ def _pieces(
 
     def back(target_cache: RaggedKVCache | StaticKVCache) -> Callable[[], None]:
         return lambda: target_cache.set_lengths(start.clone(), length - 1)
-
-    def drafter_back() -> None:
-        for name, value in saved.items():
-            setattr(drafting, name, value.clone() if isinstance(value, torch.Tensor) else value)
 
     return {
         "step": (back(step_cache), run(_target_step, target, step_cache, pending)),

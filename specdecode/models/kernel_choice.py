@@ -84,23 +84,31 @@ def kernel_key(model: nn.Module, kind: str, **timed: Any) -> dict[str, Any]:
     } | timed
 
 
-def cached_rows(key: dict[str, Any], measure: Callable[[], Rows]) -> Rows:
-    """The rows kept for `key` in `kernel_cache_dir()`, else `measure()`'s, then kept there (a
-    folder that cannot be written leaves the pick unkept: measured again next time)."""
+def cached_figures(key: dict[str, Any], measure: Callable[[], Any], remeasure: bool = False) -> Any:
+    """The JSON figures kept for `key` in `kernel_cache_dir()`, else (or with `remeasure`)
+    `measure()`'s, then kept there (a folder that cannot be written leaves them unkept: measured
+    again next time)."""
     text = json.dumps(key, sort_keys=True)
     path = kernel_cache_dir() / f"{hashlib.sha256(text.encode()).hexdigest()[:20]}.json"
+    if not remeasure:
+        try:
+            kept = json.loads(path.read_text())
+            if kept["key"] == json.loads(text):
+                return kept["figures"]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # not measured yet here, or an unreadable file: measured again
+    figures = measure()
     try:
-        kept = json.loads(path.read_text())
-        if kept["key"] == json.loads(text):
-            return None if kept["rows"] is None else (int(kept["rows"][0]), int(kept["rows"][1]))
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
-        pass  # not measured yet here, or an unreadable file: measured again
-    rows = measure()
-    try:
-        write_atomic(path, json.dumps({"key": json.loads(text), "rows": None if rows is None else list(rows)}) + "\n")
+        write_atomic(path, json.dumps({"key": json.loads(text), "figures": figures}) + "\n")
     except OSError:
         pass
-    return rows
+    return figures
+
+
+def cached_rows(key: dict[str, Any], measure: Callable[[], Rows]) -> Rows:
+    """The skinny rows kept for `key` (`cached_figures`), else `measure()`'s."""
+    rows = cached_figures(key, lambda: None if (r := measure()) is None else list(r))
+    return None if rows is None else (int(rows[0]), int(rows[1]))
 
 
 def cached_skinny_rows(model: PreTrainedModel) -> Rows:

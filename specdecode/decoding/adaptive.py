@@ -1,0 +1,137 @@
+"""Gamma chosen while decoding (`gamma="auto"`): each step, the eager loop drafts the number of
+tokens that the measured step costs (`costs.StepTable`) and each row's running acceptance say
+yields the most tokens per second for the batch as it is now, 0 (a plain target step) included.
+
+Per row, acceptance is tracked as decayed counts of accepted drafts A and rejections R, started
+from a prior (the drafter's held-out acceptance, or the router's guess for the prompt):
+
+    alpha_b = (A_b + w * alpha_0) / (A_b + R_b + w),
+
+and the counts decay by `decay` each drafting step, so a row's estimate follows its text (code,
+then prose), and slowly (`idle_decay`) on target-only steps, so it drifts back to the prior while
+the loop is not drafting: that is how it tries drafting again after a long stretch of gamma 0.
+
+For gamma g a row expects min((1 - alpha^(g+1)) / (1 - alpha), its budget left) tokens; the loop
+picks the g of the most tokens over the batch per second of a step at the current batch size
+(g = 0: one token per row in a target step).
+
+Exactness does not depend on the choice: a step of any gamma commits tokens that follow the
+target's distribution given the committed prefix (Leviathan et al. 2023, Thm 3.5), and the gamma is
+a function of that prefix alone, so greedy stays token-identical and sampling exact.
+
+The counts live on the device and the per-gamma sums reach the host in the loop's one sync per step
+(`eager.Finisher.step`), so choosing costs no extra sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdecode.decoding.costs import StepTable
+
+# The prior's weight in drafts: how many steps of evidence it takes to move a row's estimate.
+PRIOR_WEIGHT = 2.0
+# Each drafting step keeps this share of a row's evidence: the last ~10 steps count.
+DECAY = 0.9
+# Each target-only step keeps this share: the estimate drifts back to the prior over ~100 steps, so
+# a drafter turned off is tried again now and then, not every few steps.
+IDLE_DECAY = 0.99
+# A drafter's acceptance where it states none (`config.specdecode_alpha`).
+DEFAULT_PRIOR_ALPHA = 0.5
+# Estimates stop short of 1, where the expected tokens (1 - alpha^(g+1)) / (1 - alpha) are g + 1.
+_MAX_ALPHA = 0.999
+
+
+@dataclass(frozen=True)
+class AdaptiveGamma:
+    """Gamma chosen per step from `costs` (module docstring); `prior_alpha` is each row's
+    acceptance before it has drafted, `max_gamma` the widest step (at most the table's)."""
+
+    costs: StepTable
+    prior_alpha: float = DEFAULT_PRIOR_ALPHA
+    max_gamma: int | None = None
+    prior_weight: float = PRIOR_WEIGHT
+    decay: float = DECAY
+    idle_decay: float = IDLE_DECAY
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.costs, StepTable):
+            raise TypeError(f"costs must be a StepTable (costs.step_table), got {self.costs!r}")
+        if not 0.0 <= self.prior_alpha <= 1.0:
+            raise ValueError(f"prior_alpha must be in [0, 1], got {self.prior_alpha!r}")
+        widest = self.costs.max_gamma
+        if self.max_gamma is not None and not (isinstance(self.max_gamma, int) and 1 <= self.max_gamma <= widest):
+            raise ValueError(f"max_gamma must be an int in [1, {widest}] (the costs' widest), got {self.max_gamma!r}")
+        if not self.prior_weight > 0:
+            raise ValueError(f"prior_weight must be > 0, got {self.prior_weight!r}")
+        for name in ("decay", "idle_decay"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)!r}")
+
+    @property
+    def widest(self) -> int:
+        return self.costs.max_gamma if self.max_gamma is None else self.max_gamma
+
+    def fixed_gamma(self, batch_size: int) -> int:
+        """One gamma for a whole decode of `batch_size` rows at the prior acceptance (a static
+        decoder, whose steps keep one shape): the best step at the prior."""
+        alpha = min(self.prior_alpha, _MAX_ALPHA)
+        expected = [batch_size * (1 - alpha ** (g + 1)) / (1 - alpha) for g in range(self.widest + 1)]
+        return self.choose(expected, batch_size)
+
+    def choose(self, expected: list[float], batch_size: int) -> int:
+        """The gamma of the most `expected` tokens (per gamma 0..widest, over the batch) per second
+        of a step of `batch_size` rows; ties: the shorter drafts."""
+        seconds = self.costs.at(batch_size)
+        rates = [expected[g] / seconds[g] for g in range(self.widest + 1)]
+        return max(range(len(rates)), key=lambda g: (rates[g], -g))
+
+    def start(self, rows: int, device: torch.device, prior: torch.Tensor | None = None) -> GammaState:
+        """The running state of a decode of `rows` rows; `prior` `[rows]`: each row's own prior
+        acceptance (default: `prior_alpha` for all)."""
+        if prior is None:
+            prior = torch.full((rows,), self.prior_alpha, device=device)
+        return GammaState(self, prior.to(device=device, dtype=torch.float32))
+
+
+class GammaState:
+    """One decode's per-row evidence `[B]` (accepted, rejections: decayed counts) and prior `[B]`."""
+
+    def __init__(self, policy: AdaptiveGamma, prior: torch.Tensor) -> None:
+        self.policy = policy
+        self.prior = prior
+        self.accepted = torch.zeros_like(prior)
+        self.rejections = torch.zeros_like(prior)
+        self.gammas = torch.arange(policy.widest + 1, device=prior.device, dtype=torch.float32)
+
+    def alpha(self) -> torch.Tensor:
+        """Each row's acceptance estimate `[B]`."""
+        w = self.policy.prior_weight
+        estimate = (self.accepted + w * self.prior) / (self.accepted + self.rejections + w)
+        return estimate.clamp(0.0, _MAX_ALPHA)
+
+    def update(self, num_accepted: torch.Tensor | None, gamma: int) -> None:
+        """A step of `gamma` drafts in which each row accepted `num_accepted` `[B]` (gamma 0: a
+        target-only step, `num_accepted` None)."""
+        decay = self.policy.decay if gamma else self.policy.idle_decay
+        self.accepted.mul_(decay)
+        self.rejections.mul_(decay)
+        if gamma and num_accepted is not None:
+            self.accepted.add_(num_accepted)
+            self.rejections.add_((num_accepted < gamma).float())
+
+    def expected(self, room: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        """Expected tokens over the `active` rows `[B]` bool at each gamma 0..widest, `[G + 1]`
+        fp32, each row's capped at its budget left `room` `[B]`."""
+        alpha = self.alpha().unsqueeze(1)
+        tokens = (1 - alpha ** (self.gammas + 1)) / (1 - alpha)
+        tokens = torch.minimum(tokens, room.unsqueeze(1).float())
+        return (tokens * active.unsqueeze(1)).sum(dim=0)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only `rows` `[B']` (finished rows leave the batch)."""
+        self.prior = self.prior.index_select(0, rows)
+        self.accepted = self.accepted.index_select(0, rows)
+        self.rejections = self.rejections.index_select(0, rows)

@@ -1,0 +1,240 @@
+"""The measured cost model: how long one decode step takes on this machine, for each batch size and
+gamma (0: a plain target step), which the adaptive gamma (`adaptive.py`) weighs against each row's
+running acceptance.
+
+A step of gamma drafts is timed whole, as the eager loop runs it: the drafting strategy's `propose`
+and the target's `verify_drafts` (the pass over gamma + 1 tokens, its acceptance or rejection
+sampling, the features a drafter keeps), at each measured batch size, after a context of
+`context_tokens`. The steps take turns within each round (`time_rounds`), so a drifting
+machine biases every ratio alike. On a GPU a verify of a few tokens costs about one step; on a
+2-core CPU it grows with the tokens of the batch (8 rows x 7 tokens costs several steps), which is
+why the best gamma falls with the batch size there and why it is measured, not assumed.
+
+The table is kept in the specdecode cache (`$SPECDECODE_CACHE`, one JSON file per key: the CPU
+model, cores and threads, torch, both models' linear shapes and dtype, the sampling mode and what
+was timed) and measured again on request (`remeasure=True`) or when the key changes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import statistics
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+from transformers import PreTrainedModel
+
+from specdecode.decoding.attention import folded_gqa
+from specdecode.decoding.cache import RaggedKVCache, cached_forward, cached_forward_features
+from specdecode.decoding.drafting import drafting_for
+from specdecode.decoding.sampling import SamplingParams, next_tokens
+from specdecode.decoding.verify import verify_drafts
+from specdecode.models.feature_drafter import FeatureDrafter
+from specdecode.models.kernel_choice import cached_figures, kernel_key
+
+# A timed piece: (put its state back, run it once).
+Piece = tuple[Callable[[], None], Callable[[], object]]
+Key = TypeVar("Key", bound=Hashable)
+
+
+def wait_for(device: torch.device) -> None:
+    """Wait for the device's queued work (a CPU's ran as it was called)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def time_rounds(
+    pieces: Mapping[Key, Piece],
+    repeats: int,
+    device: torch.device,
+    warm_up: int = 1,
+    around: Callable[[Key, int], contextlib.AbstractContextManager[object]] | None = None,
+) -> dict[Key, float]:
+    """Median seconds of each piece over `repeats` rounds after `warm_up` uncounted ones, the pieces
+    taking turns within each round; each call runs from its state put back, inside
+    `around(key, round)` where given."""
+    times: dict[Key, list[float]] = {key: [] for key in pieces}
+    for round_ in range(warm_up + repeats):
+        for key, (back, run) in pieces.items():
+            back()
+            with around(key, round_) if around is not None else contextlib.nullcontext():
+                wait_for(device)
+                start = time.perf_counter()
+                run()
+                wait_for(device)
+                times[key].append(time.perf_counter() - start)
+    return {key: statistics.median(seconds[warm_up:]) for key, seconds in times.items()}
+
+
+# The batch sizes and the widest gamma timed by default: a serving batch past 8 is extrapolated.
+COST_BATCH_SIZES = (1, 2, 4, 8)
+COST_MAX_GAMMA = 6
+# An answer's middle: a prompt of ~100 tokens and half of a 128-token answer.
+COST_CONTEXT_TOKENS = 160
+COST_REPEATS = 5
+
+
+@dataclass(frozen=True)
+class StepTable:
+    """Seconds of one decode step: `seconds[b][g]` at batch `batch_sizes[b]` with g drafts (g = 0:
+    the target alone), measured at `context_tokens` committed tokens per row."""
+
+    batch_sizes: tuple[int, ...]
+    seconds: tuple[tuple[float, ...], ...]
+    context_tokens: int
+
+    def __post_init__(self) -> None:
+        if not self.batch_sizes or list(self.batch_sizes) != sorted(set(self.batch_sizes)) or self.batch_sizes[0] < 1:
+            raise ValueError(f"batch_sizes must be ascending distinct ints >= 1, got {self.batch_sizes!r}")
+        widths = {len(row) for row in self.seconds}
+        if len(self.seconds) != len(self.batch_sizes) or len(widths) != 1 or min(widths) < 1:
+            raise ValueError("seconds must hold one row per batch size, each with one figure per gamma 0..G")
+        if any(not s > 0 for row in self.seconds for s in row):
+            raise ValueError(f"every step cost must be > 0 seconds, got {self.seconds!r}")
+
+    @property
+    def max_gamma(self) -> int:
+        return len(self.seconds[0]) - 1
+
+    def at(self, batch_size: int) -> list[float]:
+        """Seconds per step at each gamma 0..G for `batch_size` rows: linear between the measured
+        batch sizes, extended along the last two past the largest (the first alone below two)."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+        sizes = self.batch_sizes
+        if len(sizes) == 1 or batch_size <= sizes[0]:
+            return list(self.seconds[0])
+        i = min(bisect.bisect_left(sizes, batch_size), len(sizes) - 1)
+        (b0, b1), (s0, s1) = (sizes[i - 1], sizes[i]), (self.seconds[i - 1], self.seconds[i])
+        w = (batch_size - b0) / (b1 - b0)
+        return [max(x + w * (y - x), 1e-9) for x, y in zip(s0, s1)]
+
+    def relative(self, batch_size: int) -> list[float]:
+        """`at(batch_size)` in target steps (gamma 0 is 1)."""
+        seconds = self.at(batch_size)
+        return [s / seconds[0] for s in seconds]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "batch_sizes": list(self.batch_sizes),
+            "seconds": [list(row) for row in self.seconds],
+            "context_tokens": self.context_tokens,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StepTable:
+        return cls(
+            tuple(int(b) for b in data["batch_sizes"]),
+            tuple(tuple(float(s) for s in row) for row in data["seconds"]),
+            int(data["context_tokens"]),
+        )
+
+
+@torch.inference_mode()
+def measure_step_table(
+    target: PreTrainedModel,
+    drafter: PreTrainedModel | FeatureDrafter,
+    params: SamplingParams = SamplingParams(),
+    batch_sizes: Sequence[int] = COST_BATCH_SIZES,
+    max_gamma: int = COST_MAX_GAMMA,
+    context_tokens: int = COST_CONTEXT_TOKENS,
+    repeats: int = COST_REPEATS,
+) -> StepTable:
+    """Time a target step and a speculative step of 1..`max_gamma` drafts at each of `batch_sizes`
+    (module docstring), drawing tokens as `params` does."""
+    for name, value, low in (
+        ("max_gamma", max_gamma, 1),
+        ("context_tokens", context_tokens, 2),
+        ("repeats", repeats, 1),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    sizes = tuple(sorted(set(batch_sizes)))
+    if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
+        raise ValueError(f"batch_sizes must be one or more ints >= 1, got {list(batch_sizes)!r}")
+    with folded_gqa(target, drafter):
+        pieces: dict[tuple[int, int], Piece] = {}
+        for b in sizes:
+            pieces |= _step_pieces(target, drafter, params, b, max_gamma, context_tokens)
+        times = time_rounds(pieces, repeats, target.device)
+    return StepTable(sizes, tuple(tuple(times[b, g] for g in range(max_gamma + 1)) for b in sizes), context_tokens)
+
+
+def _step_pieces(
+    target: PreTrainedModel,
+    drafter: PreTrainedModel | FeatureDrafter,
+    params: SamplingParams,
+    batch_size: int,
+    max_gamma: int,
+    context_tokens: int,
+) -> dict[tuple[int, int], Piece]:
+    """(batch_size, g) → one eager step of g drafts (g = 0: a target step) on `batch_size` rows of
+    `context_tokens` committed tokens, each put back to that state before it runs."""
+    device, capacity = target.device, context_tokens + max_gamma + 2
+    generator = torch.Generator(device=device).manual_seed(0)
+    ids = torch.randint(0, target.config.vocab_size, (1, capacity), generator=generator, device=device)
+    tokens = ids.expand(batch_size, -1).contiguous()
+    length = context_tokens
+    lengths = torch.full((batch_size,), length, device=device)
+    start = lengths - 1
+    target_cache = RaggedKVCache.for_model(target, batch_size, capacity)
+    drafting = drafting_for(drafter, RaggedKVCache.for_model(drafter, batch_size, capacity))
+    _, hidden = cached_forward_features(
+        target, target_cache, tokens[:, : length - 1], 1, feature_layers=drafting.feature_layers
+    )
+    drafting.prefill(tokens, start, length - 1, hidden)
+    restore = drafting.snapshot()
+    pending = tokens[:, length - 1 : length]
+
+    def back() -> None:
+        target_cache.set_lengths(start.clone(), length - 1)
+        restore()
+
+    def step(gamma: int) -> Callable[[], object]:
+        if gamma == 0:
+            return lambda: next_tokens(cached_forward(target, target_cache, pending, 1)[:, -1], params, generator)
+
+        def run() -> object:
+            draft, q = drafting.propose(tokens, lengths, length, gamma, params, generator)
+            return verify_drafts(target, target_cache, drafting, pending, draft, q, start, params, generator)
+
+        return run
+
+    return {(batch_size, g): (back, step(g)) for g in range(max_gamma + 1)}
+
+
+def cost_key(
+    target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, params: SamplingParams, **timed: Any
+) -> dict[str, Any]:
+    """What a step table depends on: the machine, torch, both models' shapes and dtypes, the
+    sampling mode (greedy, or sampled with top-k / top-p filtering) and what was timed."""
+    sampling = "greedy" if params.greedy else f"sampled top_k={params.top_k > 0} top_p={params.top_p < 1.0}"
+    return kernel_key(target, "step_costs", device=str(target.device), sampling=sampling, **timed) | {
+        "drafter": kernel_key(drafter, "drafter")
+    }
+
+
+def step_table(
+    target: PreTrainedModel,
+    drafter: PreTrainedModel | FeatureDrafter,
+    params: SamplingParams = SamplingParams(),
+    max_gamma: int = COST_MAX_GAMMA,
+    remeasure: bool = False,
+    **measure: Any,
+) -> StepTable:
+    """`measure_step_table` for this machine and these models, kept in the specdecode cache and
+    read back from it (module docstring); `remeasure` times it again and keeps the new table."""
+    sizes = tuple(measure.get("batch_sizes", COST_BATCH_SIZES))
+    context = measure.get("context_tokens", COST_CONTEXT_TOKENS)
+    key = cost_key(target, drafter, params, batch_sizes=list(sizes), max_gamma=max_gamma, context_tokens=context)
+
+    def run() -> dict[str, Any]:
+        return measure_step_table(target, drafter, params, max_gamma=max_gamma, **measure).to_dict()
+
+    return StepTable.from_dict(cached_figures(key, run, remeasure))

@@ -1,0 +1,271 @@
+"""Gamma chosen while decoding: the step-cost table, the choice, and the loop's exactness whatever
+gammas it takes (0 included, in any order), greedy and sampled."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+
+import specdecode.decoding.costs as costs_module
+from specdecode import autoregressive_generate, speculative_generate
+from specdecode.decoding.adaptive import AdaptiveGamma
+from specdecode.decoding.costs import StepTable, measure_step_table, step_table
+from specdecode.decoding.decode import drafter_alpha
+from specdecode.decoding.sampling import SamplingParams
+from specdecode.models.feature_drafter import derive_feature_drafter
+from tests.models_for_tests import tiny_llama
+from tests.test_verify import (
+    N_SAMPLES,
+    N_TOKENS,
+    PROMPT,
+    SIGNIFICANCE,
+    exact_joint,
+    g_test_pvalue,
+    joint_counts,
+    mc_feature_drafter,
+    mc_models,  # noqa: F401  (a fixture)
+)
+
+V = 64
+FLAT = StepTable((1,), ((1.0, 1.0, 1.0, 1.0, 1.0),), 16)
+
+
+@dataclass(frozen=True)
+class Scripted(AdaptiveGamma):
+    """An adaptive gamma whose steps take `schedule`'s gammas in turn, whatever the acceptance."""
+
+    schedule: tuple[int, ...] = (0,)
+    chosen: list[int] = field(default_factory=list)
+
+    def choose(self, expected: list[float], batch_size: int) -> int:
+        gamma = self.schedule[len(self.chosen) % len(self.schedule)]
+        self.chosen.append(gamma)
+        return gamma
+
+
+@pytest.fixture(scope="module")
+def target() -> torch.nn.Module:
+    return tiny_llama(2, seed=0)
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    generator = torch.Generator().manual_seed(5)
+    return [torch.randint(0, V, (n,), generator=generator).tolist() for n in (3, 7, 1, 12, 5, 9, 2, 4)]
+
+
+def drafter_of(kind: str, target: torch.nn.Module) -> torch.nn.Module:
+    return target if kind == "self" else tiny_llama(1, seed=1) if kind == "slice" else derive_feature_drafter(target, 1)
+
+
+@pytest.mark.parametrize("kind", ["self", "slice", "feature"])
+@pytest.mark.parametrize("schedule", [(0, 3, 0, 0, 1, 4, 2), (2, 0), (4, 1, 1, 0, 0, 0)])
+@pytest.mark.parametrize("lookup", [True, False])
+def test_any_gamma_schedule_is_token_identical_to_the_target_alone(target, prompts, kind, schedule, lookup) -> None:
+    """Gamma 0 steps between drafting ones (the drafter catches up on the tokens it skipped), wider
+    and narrower steps in turn, ragged prompts and budgets, an EOS id."""
+    budgets = [24, 9, 30, 1, 17, 24, 5, 12]
+    reference = autoregressive_generate(target, prompts, max_new_tokens=budgets, eos_token_ids=[7])
+    policy = Scripted(FLAT, schedule=schedule)
+    extra: dict[str, Any] = {} if lookup else {"prompt_lookup": None}
+    result = speculative_generate(
+        target, drafter_of(kind, target), prompts, gamma=policy, max_new_tokens=budgets, eos_token_ids=[7], **extra
+    )
+    assert result.sequences == reference.sequences
+    assert set(result.stats.gamma_steps) == set(schedule)
+    assert result.stats.gamma == 4
+    assert sum(result.stats.gamma_steps.values()) == len(policy.chosen) == result.stats.target_calls - 1
+    # each row's record: a step per chosen gamma while it decoded, as many drafts as that gamma
+    recorded = speculative_generate(
+        target,
+        drafter_of(kind, target),
+        prompts,
+        gamma=Scripted(FLAT, schedule=schedule),
+        max_new_tokens=budgets,
+        eos_token_ids=[7],
+        record=True,
+        **extra,
+    )
+    assert recorded.sequences == reference.sequences
+    for record in recorded.record:
+        drafted = [len(step.drafted) for step in record.steps[1:]]
+        assert drafted == [schedule[i % len(schedule)] for i in range(len(drafted))]
+    assert recorded.stats.drafted == sum(record.drafted for record in recorded.record)
+    if kind == "self" and not lookup:
+        assert result.stats.alpha == 1.0
+
+
+@pytest.mark.parametrize("schedule", [(0, 2), (2, 0), (1, 0, 3)])
+@pytest.mark.parametrize("drafter_kind", ["slice", "feature"])
+def test_any_gamma_schedule_samples_the_target(mc_models, schedule, drafter_kind) -> None:  # noqa: F811
+    """The G-test of tests/test_verify.py, each step's gamma taken from `schedule` (a target-only
+    step then a drafting one, and the other way round)."""
+    target, slice_drafter = mc_models
+    drafter = slice_drafter if drafter_kind == "slice" else mc_feature_drafter(target)
+    params = SamplingParams(0.7, top_k=3)
+    result = speculative_generate(
+        target,
+        drafter,
+        [PROMPT] * N_SAMPLES,
+        gamma=Scripted(FLAT, schedule=schedule),
+        max_new_tokens=N_TOKENS,
+        temperature=params.temperature,
+        top_k=params.top_k,
+        eos_token_ids=[],
+        seed=2,
+    )
+    assert result.stats.accepted > 0 and 0 in result.stats.gamma_steps
+    assert g_test_pvalue(joint_counts(result.sequences), exact_joint(target, params)) > SIGNIFICANCE
+
+
+def test_where_no_draft_pays_every_step_is_the_targets_alone(target, prompts) -> None:
+    """Drafting 100x a target step: after the prefill the drafter never runs, and every step is one
+    target call."""
+    costly = StepTable((1, 8), ((1.0, 100.0, 100.0), (1.0, 100.0, 100.0)), 16)
+    drafter = tiny_llama(1, seed=1)
+    calls: list[int] = []
+    handle = drafter.register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        result = speculative_generate(
+            target, drafter, prompts, gamma=AdaptiveGamma(costly), max_new_tokens=16, eos_token_ids=[]
+        )
+    finally:
+        handle.remove()
+    assert result.sequences == autoregressive_generate(target, prompts, max_new_tokens=16, eos_token_ids=[]).sequences
+    assert result.stats.gamma_steps == {0: 15} and result.stats.drafted == 0
+    assert len(calls) == 1  # the prefill
+
+
+def test_free_drafts_of_a_perfect_drafter_take_the_widest_step(target, prompts) -> None:
+    """1 + 3 x 5 tokens, then a fourth step for the 4 left (fewer drafts would expect fewer)."""
+    result = speculative_generate(
+        target,
+        target,
+        prompts,
+        gamma=AdaptiveGamma(FLAT, prior_alpha=0.9),
+        max_new_tokens=20,
+        eos_token_ids=[],
+        prompt_lookup=None,
+    )
+    assert result.stats.gamma_steps == {4: 4}
+
+
+def test_acceptance_moves_the_choice(target, prompts) -> None:
+    """At costs where gamma 2 pays only above alpha ~0.4, an optimistic prior starts at gamma 2 and
+    a drafter that is never accepted soon turns it to target-only steps."""
+    table = StepTable((1,), ((1.0, 1.3, 1.6),), 16)
+    policy = AdaptiveGamma(table, prior_alpha=0.9)
+    assert policy.fixed_gamma(8) == 2
+    never = tiny_llama(1, seed=1)
+    result = speculative_generate(
+        target, never, prompts, gamma=policy, max_new_tokens=40, eos_token_ids=[], prompt_lookup=None
+    )
+    assert result.stats.alpha is not None and result.stats.alpha < 0.2
+    assert result.stats.gamma_steps[0] > sum(n for g, n in result.stats.gamma_steps.items() if g)
+
+
+def test_the_table_reads_between_and_past_the_measured_batch_sizes() -> None:
+    table = StepTable((1, 4), ((1.0, 2.0), (4.0, 8.0)), 16)
+    assert table.at(1) == [1.0, 2.0] and table.at(4) == [4.0, 8.0]
+    assert table.at(2) == pytest.approx([2.0, 4.0])
+    assert table.at(7) == pytest.approx([7.0, 14.0])  # along the last two
+    assert table.relative(4) == [1.0, 2.0]
+    assert StepTable.from_dict(table.to_dict()) == table
+
+
+@pytest.mark.parametrize(
+    "make, needle",
+    [
+        (lambda: StepTable((2, 1), ((1.0,), (1.0,)), 8), "batch_sizes must be ascending"),
+        (lambda: StepTable((1,), ((1.0, 0.0),), 8), "must be > 0 seconds"),
+        (lambda: StepTable((1, 2), ((1.0, 2.0),), 8), "one row per batch size"),
+        (lambda: AdaptiveGamma(FLAT, prior_alpha=1.5), "prior_alpha must be in \\[0, 1\\], got 1.5"),
+        (lambda: AdaptiveGamma(FLAT, max_gamma=9), "max_gamma must be an int in \\[1, 4\\].*got 9"),
+        (lambda: AdaptiveGamma(FLAT, decay=0.0), "decay must be in \\(0, 1\\], got 0.0"),
+    ],
+)
+def test_bad_tables_and_policies_are_named(make, needle) -> None:
+    with pytest.raises(ValueError, match=needle):
+        make()
+
+
+@pytest.mark.parametrize(
+    "gamma, error, needle",
+    [("fast", ValueError, "gamma must be an int >= 1, 'auto'.*got 'fast'"), (2.5, TypeError, "got 2.5")],
+)
+def test_a_bad_gamma_is_named_before_any_work(target, gamma, error, needle) -> None:
+    with pytest.raises(error, match=needle):
+        speculative_generate(target, target, [[1, 2]], gamma=gamma, max_new_tokens=4)
+
+
+def test_the_measured_table_is_kept_and_remeasured_on_request(target, monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    monkeypatch.delenv("SPECDECODE_KERNEL_CACHE", raising=False)
+    measured: list[StepTable] = []
+
+    def measure(*args: Any, **kwargs: Any) -> StepTable:
+        measured.append(measure_step_table(*args, **kwargs))
+        return measured[-1]
+
+    monkeypatch.setattr(costs_module, "measure_step_table", measure)
+    drafter = derive_feature_drafter(target, 1)
+    kwargs = dict(max_gamma=2, batch_sizes=(1, 2), context_tokens=12, repeats=1)
+    first = step_table(target, drafter, **kwargs)
+    assert step_table(target, drafter, **kwargs) == first and len(measured) == 1
+    assert first.batch_sizes == (1, 2) and first.max_gamma == 2 and all(s > 0 for row in first.seconds for s in row)
+    step_table(target, drafter, SamplingParams(0.7), **kwargs)  # another sampling mode: its own table
+    step_table(target, drafter, remeasure=True, **kwargs)
+    assert len(measured) == 3
+
+
+def test_auto_on_a_static_decoder_takes_one_gamma_per_call(target, prompts, monkeypatch, tmp_path) -> None:
+    """gamma="auto" measures (here: a stand-in table) and, on the static decoder, decodes at the
+    table's best gamma for the batch at the drafter's stated acceptance; 0 decodes target-only."""
+    reference = autoregressive_generate(target, prompts, max_new_tokens=12, eos_token_ids=[]).sequences
+    for table, gammas in ((FLAT, {4}), (StepTable((1,), ((1.0, 50.0, 50.0),), 16), {0})):
+        monkeypatch.setattr(specdecode_decode(), "step_table", lambda *a, table=table, **k: table)
+        drafter = derive_feature_drafter(target, 1)
+        drafter.config.specdecode_alpha = 0.7
+        assert drafter_alpha(drafter) == 0.7
+        result = speculative_generate(target, drafter, prompts, gamma="auto", max_new_tokens=12, eos_token_ids=[])
+        fixed = speculative_generate(
+            target, drafter, prompts, gamma="auto", max_new_tokens=12, eos_token_ids=[], static=True, compile=False
+        )
+        assert result.sequences == fixed.sequences == reference
+        assert fixed.stats.gamma in gammas and set(result.stats.gamma_steps) <= gammas | {0}
+
+
+def specdecode_decode() -> Any:
+    import specdecode.decoding.decode
+
+    return specdecode.decoding.decode
+
+
+def test_the_drafters_stated_acceptance_is_the_prior(target) -> None:
+    drafter = tiny_llama(1, seed=1)
+    assert drafter_alpha(drafter) == 0.5
+    for bad in (True, "x", 1.5):
+        drafter.config.specdecode_alpha = bad
+        assert drafter_alpha(drafter) == 0.5
+
+
+def test_the_policy_spends_no_extra_host_sync(target, prompts, monkeypatch) -> None:
+    """The per-gamma sums ride on the loop's one sync a step: as many `.tolist()` calls as with a fixed gamma."""
+    counts = {}
+    for name, gamma in (("fixed", 2), ("adaptive", Scripted(FLAT, schedule=(2,)))):
+        calls = itertools.count()
+        original = torch.Tensor.tolist
+
+        def counting(self: torch.Tensor, calls: Any = calls) -> Any:
+            next(calls)
+            return original(self)
+
+        monkeypatch.setattr(torch.Tensor, "tolist", counting)
+        speculative_generate(target, target, prompts, gamma=gamma, max_new_tokens=12, eos_token_ids=[])
+        monkeypatch.setattr(torch.Tensor, "tolist", original)
+        counts[name] = next(calls)
+    assert counts["adaptive"] == counts["fixed"]
