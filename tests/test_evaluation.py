@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from specdecode import speculative_generate
+from specdecode.decoding.adaptive import AdaptiveGamma
+from specdecode.decoding.costs import StepTable
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.stats import GenerationResult, StepCounters
 from specdecode.evaluation import records, suite
@@ -82,15 +84,14 @@ def tiny_setup(tmp_path, make_tiny_llama, make_tiny_tokenizer):
 
 def routed_config(tmp_path, folders, **settings) -> EvalConfig:
     """An evaluation of the `tiny_setup` target and drafters, gamma 2, with a router folder the
-    tests' fake loader ignores; `settings` give the rest."""
+    tests' fake loader ignores; `settings` give the rest (and may set another gamma)."""
     return EvalConfig(
         target=TargetConfig(name=str(tmp_path / "target")),
         drafters=folders,
         router_dir="unused-by-the-fake-loader",
         max_prompt_tokens=150,
-        gamma=2,
         output_dir=str(tmp_path / "eval"),
-        **settings,
+        **({"gamma": 2} | settings),
     )
 
 
@@ -368,6 +369,42 @@ def test_gamma_sweep_rows_for_the_swept_methods_only(tiny_setup) -> None:
             assert len(r["position_acceptance"]) == r["gamma"], r
 
 
+def test_gamma_auto_rows_sit_beside_the_fixed_gammas_of_the_sweep(tiny_setup, monkeypatch) -> None:
+    """gamma=auto: every drafter decodes with its adaptive gamma (here from a stand-in step table),
+    exact, its rows keyed `auto`; the sweep's fixed gammas run beside it."""
+    tmp_path, folders = tiny_setup
+    table = StepTable((1, 2), ((1.0, 1.1, 1.2, 1.3), (1.0, 1.2, 1.4, 1.6)), 16)
+    asked: list[float] = []
+
+    def stand_in(target, drafter, params):
+        asked.append(params.temperature)
+        return AdaptiveGamma(table)
+
+    monkeypatch.setattr(suite, "adaptive_gamma", stand_in)
+    cfg = routed_config(
+        tmp_path,
+        folders,
+        methods=["autoregressive", "generic", "routed"],
+        domains=["code"],
+        prompts_per_domain=2,
+        max_new_tokens=8,
+        temperatures=[0.0, 1.0],
+        batch_sizes=[1, 2],
+        sweep_gammas=[1, 2],
+        gamma="auto",
+    )
+    results = run_eval(cfg, router_loader=lambda path: FixedRouter("generic", "code"))
+    rows = results["rows"]
+    auto = [r for r in rows if r["gamma"] == "auto"]
+    assert {(r["method"], r["temperature"], r["batch_size"]) for r in auto} == {
+        (m, t, b) for m in ("generic", "routed") for t in (0.0, 1.0) for b in (1, 2)
+    }
+    assert all(r["exact_match"] == 1.0 for r in auto if r["temperature"] == 0.0)
+    assert {r["gamma"] for r in rows if r["method"] == "generic" and r["batch_size"] == 1} == {"auto", 1, 2}
+    assert set(asked) == {0.0, 1.0}  # one adaptive gamma per drafter and temperature
+    assert "| code | generic | auto |" in (tmp_path / "eval" / "report.md").read_text()
+
+
 def test_batch1_prompts_decodes_the_first_prompts_at_batch_1_and_all_at_larger_batches(tiny_setup) -> None:
     tmp_path, folders = tiny_setup
     cfg = routed_config(
@@ -566,6 +603,7 @@ def test_merged_counts_sum_work_and_take_the_slowest_process_time() -> None:
         (dict(methods=["autoregressive"], drafters={"code": "/no/such/folder"}), "/no/such/folder"),
         (dict(methods=["autoregressive"], batch_sizes=[0]), "batch_sizes"),
         (dict(methods=["autoregressive"], gamma=65), "gamma=65"),
+        (dict(methods=["autoregressive"], gamma="fast"), "gamma='fast'"),
         (dict(methods=["autoregressive"], temperatures=[float("nan")]), "temperatures=nan"),
     ],
 )

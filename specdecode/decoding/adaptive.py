@@ -16,8 +16,9 @@ picks the g of the most tokens over the batch per second of a step at the curren
 (g = 0: one token per row in a target step).
 
 Exactness does not depend on the choice: a step of any gamma commits tokens that follow the
-target's distribution given the committed prefix (Leviathan et al. 2023, Thm 3.5), and the gamma is
-a function of that prefix alone, so greedy stays token-identical and sampling exact.
+target's distribution given the committed prefix, whatever happened before the step (Leviathan et
+al. 2023, Thm 3.5), and the gamma is chosen from what happened before it; so greedy stays
+token-identical and sampling exact.
 
 The counts live on the device and the per-gamma sums reach the host in the loop's one sync per step
 (`eager.Finisher.step`), so choosing costs no extra sync.

@@ -118,6 +118,8 @@ class DecodeStats:
     looked_up: int = 0
     # steps taken at each gamma where it was chosen per step (`gamma="auto"`; 0: target-only steps); {} else
     gamma_steps: dict[int, int] = field(default_factory=dict)
+    # judged[i]: row-steps whose draft i was judged (position_acceptance's denominators)
+    judged: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -164,6 +166,7 @@ class GenerationResult:
             tokens_per_s=generated / wall_time_s if wall_time_s > 0 else 0.0,
             looked_up=int(counters.looked_up),
             gamma_steps=counters.gamma_steps,
+            judged=judged,
         )
         return cls(sequences=sequences, stats=stats)
 

@@ -10,6 +10,7 @@ from typing import Any
 from specdecode.core.config import GAMMA_RANGE, TEMPERATURE_RANGE, Placement, is_gamma, is_temperature, require
 from specdecode.data.domains import DOMAINS
 from specdecode.data.registry import check_domains, resolve_domains
+from specdecode.decoding.decode import AUTO
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.models.config import DrafterConfig, TargetConfig
 
@@ -90,8 +91,9 @@ class EvalConfig(Placement):
     max_prompt_tokens: int = 256
     max_new_tokens: int = 64
     # null: each drafter at the gamma stored with it by training (specdecode.decoding.decode.drafter_gamma;
-    # 4 for one without, e.g. `undistilled`); an int runs every drafter at that gamma.
-    gamma: int | None = None
+    # 4 for one without, e.g. `undistilled`); an int runs every drafter at that gamma; auto: each
+    # step's gamma chosen while decoding, 0 included (specdecode.decoding.adaptive).
+    gamma: int | str | None = None
     # Prompt lookup beside every drafter (routed and oracle included).
     prompt_lookup: PromptLookup = field(default_factory=PromptLookup)
     temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7, 1.0])
@@ -135,10 +137,10 @@ class EvalConfig(Placement):
             f"null or an int in [1, prompts_per_domain={self.prompts_per_domain}]",
         )
         require(
-            self.gamma is None or is_gamma(self.gamma),
+            self.gamma is None or self.gamma == AUTO or is_gamma(self.gamma),
             "gamma",
             self.gamma,
-            f"null (each drafter's own) or {GAMMA_RANGE}",
+            f"null (each drafter's own), {AUTO} (chosen per step) or {GAMMA_RANGE}",
         )
         require(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, ">= 1")
         require(
@@ -164,7 +166,7 @@ class EvalConfig(Placement):
             not self.sweep_gammas or self.gamma is not None,
             "gamma",
             self.gamma,
-            f"an int when sweep_gammas={self.sweep_gammas} (e.g. gamma=2): "
+            f"an int or {AUTO} when sweep_gammas={self.sweep_gammas} (e.g. gamma=2): "
             "the sweep's rows sit beside the main gamma's",
         )
         for method in self.sweep_methods:

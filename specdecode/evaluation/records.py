@@ -49,7 +49,7 @@ class RunRecord:
         for r in self.results:
             histogram = r.stats.accepted_length_histogram
             for i in range(r.stats.gamma):
-                reached[i] += sum(histogram[i:])
+                reached[i] += r.stats.judged[i] if r.stats.judged else sum(histogram[i:])
                 passed[i] += sum(histogram[i + 1 :])
         sequences = self.sequences
         return {

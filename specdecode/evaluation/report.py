@@ -209,7 +209,8 @@ def sweep_series(rows: list[dict]) -> dict[tuple, list[dict]]:
     sorted by gamma: the gamma sweep (an eval's `sweep_gammas`, or a merged multirun)."""
     series: dict[tuple, list[dict]] = {}
     for r in rows:
-        if r["method"] != "autoregressive" and r["alpha"] is not None:
+        # rows of one gamma for the whole decode (not `auto`, whose gamma changes step by step)
+        if r["method"] != "autoregressive" and r["alpha"] is not None and isinstance(r["gamma"], int):
             series.setdefault((r["domain"], r["method"], r["temperature"], r["batch_size"]), []).append(r)
     return {
         key: sorted(group, key=lambda r: r["gamma"])

@@ -33,8 +33,16 @@ from specdecode.data.corpus import vocab_corpus
 from specdecode.data.domains import format_prompt
 from specdecode.data.registry import domain_examples, require_heldout
 from specdecode.decoding.compiled import resolve_compile
-from specdecode.decoding.decode import autoregressive_generate, drafter_gamma, speculative_generate
+from specdecode.decoding.costs import COST_MAX_GAMMA
+from specdecode.decoding.decode import (
+    AUTO,
+    adaptive_gamma,
+    autoregressive_generate,
+    drafter_gamma,
+    speculative_generate,
+)
 from specdecode.decoding.lookup import PromptLookup
+from specdecode.decoding.sampling import SamplingParams
 from specdecode.decoding.static_cache import static_capacity
 from specdecode.decoding.timing import measure_pass_costs, warm_up_tokens
 from specdecode.evaluation.config import EvalConfig
@@ -155,21 +163,34 @@ def _core(cfg: EvalConfig, models: _Models) -> dict[str, Any]:
     compiled = resolve_compile(cfg.compile, models.target.device)
     if not compiled:
         return {"static": False, "compile": False}
-    gammas = [cfg.gamma or drafter_gamma(d) for d in models.drafters.values()] + list(cfg.sweep_gammas)
+    gammas = [_widest_gamma(cfg, d) for d in models.drafters.values()] + list(cfg.sweep_gammas)
     slots = cfg.max_prompt_tokens + cfg.max_new_tokens + max(gammas, default=0) + 2
     return {"static": True, "compile": True, "capacity": static_capacity(slots)}
 
 
+def _fixed_gamma(cfg: EvalConfig, drafter: Any) -> int:
+    """The gamma `drafter` decodes at where one gamma is asked for (auto: the drafter's own)."""
+    return cfg.gamma if isinstance(cfg.gamma, int) else drafter_gamma(drafter)
+
+
+def _widest_gamma(cfg: EvalConfig, drafter: Any) -> int:
+    """The most drafts a step of `drafter` takes (auto: the step-cost table's widest)."""
+    return COST_MAX_GAMMA if cfg.gamma == AUTO else _fixed_gamma(cfg, drafter)
+
+
 def _generators(
-    models: _Models, gamma: int | None, decode: dict, lookup: PromptLookup, batch_sizes: Sequence[int]
+    models: _Models, gamma: int | str | None, decode: dict, lookup: PromptLookup, batch_sizes: Sequence[int]
 ) -> dict[str, Generate]:
     """One decode function per method name at `gamma`, each drafter with `lookup` (`autoregressive`
-    ignores both); where `decode` compiles, each decoding in batches of `batch_sizes` only
-    (`records.filled`) and settled (`records.settled`)."""
+    ignores both; auto: each drafter's `adaptive_gamma`, its step costs measured or read once here);
+    where `decode` compiles, each decoding in batches of `batch_sizes` only (`records.filled`) and
+    settled (`records.settled`)."""
     generators: dict[str, Generate] = {"autoregressive": partial(autoregressive_generate, models.target, **decode)}
+    params = SamplingParams(decode["temperature"])
     for name, drafter in models.drafters.items():
+        own = adaptive_gamma(models.target, drafter, params) if gamma == AUTO else gamma
         generators[name] = partial(
-            speculative_generate, models.target, drafter, gamma=gamma, prompt_lookup=lookup, **decode
+            speculative_generate, models.target, drafter, gamma=own, prompt_lookup=lookup, **decode
         )
     if decode.get("compile"):
         generators = {
@@ -251,7 +272,7 @@ def _eval_domain(
                     models.pass_costs = measure_pass_costs(
                         models.target,
                         {n: models.drafters[n] for n in models.candidates},
-                        {n: cfg.gamma or drafter_gamma(models.drafters[n]) for n in models.candidates},
+                        {n: _fixed_gamma(cfg, models.drafters[n]) for n in models.candidates},
                         max(rows, key=len),
                     )
                 oracle_choices = pick_per_prompt(pool, models.pass_costs)
@@ -356,7 +377,7 @@ def _warm_up(cfg: EvalConfig, models: _Models, prompt: list[int]) -> None:
     passes at each width) that would otherwise land on the first domain's first turns. Room for two
     verifies of the longest gamma (the sweep's too), with no EOS to cut it short, as `timed_decodes`
     warms up."""
-    gammas = [cfg.gamma or drafter_gamma(d) for d in models.drafters.values()] + list(cfg.sweep_gammas)
+    gammas = [_widest_gamma(cfg, d) for d in models.drafters.values()] + list(cfg.sweep_gammas)
     temperature = cfg.temperatures[0] if cfg.temperatures else 0.0
     decode = dict(
         max_new_tokens=warm_up_tokens(cfg.max_new_tokens, gammas),

@@ -200,6 +200,7 @@ def _choose_gamma(
         train.select_temperature,
     )
     drafter.config.specdecode_gamma = figures["chosen"]  # saved with the drafter, read by decode.drafter_gamma
+    drafter.config.specdecode_alpha = acceptance  # where gamma="auto" starts each row (decode.drafter_alpha)
     return figures
 
 
