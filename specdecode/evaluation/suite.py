@@ -186,7 +186,7 @@ def _generators(
     where `decode` compiles, each decoding in batches of `batch_sizes` only (`records.filled`) and
     settled (`records.settled`)."""
     generators: dict[str, Generate] = {"autoregressive": partial(autoregressive_generate, models.target, **decode)}
-    params = SamplingParams(decode["temperature"])
+    params = SamplingParams(decode.get("temperature", 0.0))
     for name, drafter in models.drafters.items():
         own = adaptive_gamma(models.target, drafter, params) if gamma == AUTO else gamma
         generators[name] = partial(
