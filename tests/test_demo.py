@@ -263,7 +263,7 @@ def test_launched_stage_config_composes_back_to_the_same_config(tmp_path) -> Non
     [
         (
             "eval=['gamma=null','sweep_gammas=[1,2]']",
-            r"^demo stage 'eval': gamma=None: an int when sweep_gammas=\[1, 2\]",
+            r"^demo stage 'eval': gamma=None: an int or auto when sweep_gammas=\[1, 2\]",
         ),
         ("distill=['experiment=smoke','train.keep_checkpoints=1']", r"keep_checkpoints=1: at least 2"),
         (

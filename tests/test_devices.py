@@ -115,9 +115,9 @@ def test_cuda_index_is_honoured() -> None:
 
 
 def test_the_demo_declares_gamma_once() -> None:
-    """conf/demo.yaml: the benchmark and the router's labels run at the evaluation's gamma (an int,
-    the gamma its sweep sits beside); null there leaves each drafter at the gamma its training
-    stored. Sampled rows beside greedy."""
+    """conf/demo.yaml: the evaluation chooses each step's gamma (auto), beside a sweep of fixed
+    ones; the benchmark and the router's labels then keep their own, as for null; an int there
+    reaches both. Sampled rows beside greedy."""
 
     def stages(overrides: list[str]) -> dict[str, dict]:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -126,8 +126,11 @@ def test_the_demo_declares_gamma_once() -> None:
         return {stage.name: stage.config for stage in demo_stages(from_dict(DemoConfig, resolved))}
 
     demo = stages([])
-    assert {demo[name]["gamma"] for name in ("benchmark", "collect", "eval", "eval-short")} == {3}
+    assert {demo[name]["gamma"] for name in ("eval", "eval-short")} == {"auto"}
+    assert demo["collect"]["gamma"] is None and demo["benchmark"]["gamma"] == 4
     assert max(demo["eval"]["temperatures"]) > 0 and demo["eval"]["sweep_gammas"]
+    fixed = stages(["eval=['gamma=3']"])
+    assert {fixed[name]["gamma"] for name in ("benchmark", "collect", "eval", "eval-short")} == {3}
     stored = stages(["eval=['gamma=null']"])
     assert stored["eval"]["gamma"] is None and stored["collect"]["gamma"] is None
     assert stored["benchmark"]["gamma"] == 4  # the benchmark's own default

@@ -118,8 +118,8 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     data = resolve_domains(cfg.domains)
     evaluation = composed("eval", list(cfg.eval))
     # gamma is declared once, by the evaluation: the benchmark and the router's speedup labels
-    # describe the setting the evaluation runs (null there = each drafter's own; they keep theirs).
-    gamma = {"gamma": evaluation["gamma"]} if evaluation["gamma"] is not None else {}
+    # describe the setting the evaluation runs (null or auto there: they keep their own).
+    gamma = {"gamma": evaluation["gamma"]} if isinstance(evaluation["gamma"], int) else {}
     stages: list[Stage] = []
     if cfg.run_benchmark:
         stages.append(Stage("benchmark", composed("benchmark", list(cfg.benchmark)) | gamma, _benchmark))
