@@ -36,6 +36,23 @@ pytestmark = [
 ]
 
 
+def test_gamma_auto_measures_the_device_and_stays_exact(ragged_prompts, tmp_path, monkeypatch) -> None:
+    """gamma="auto" on the device: its step table timed there (every figure > 0), then any gamma
+    schedule (a scripted one too) decodes token for token as transformers' greedy does."""
+    from specdecode.decoding.costs import step_table
+    from tests.test_adaptive import FLAT, Scripted
+
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    target = tiny_llama(3, seed=0).to(DEVICE)
+    drafter = random_feature_drafter(target, feature_layers=(1, -1)).to(DEVICE)
+    table = step_table(target, drafter, batch_sizes=(1, 8), context_tokens=32, repeats=2)
+    assert table.batch_sizes == (1, 8) and all(s > 0 for row in table.seconds for s in row)
+    expected = [hf_greedy(target, p, 20) for p in ragged_prompts]
+    for gamma in ("auto", Scripted(FLAT, schedule=(0, 3, 1, 0, 4))):
+        out = speculative_generate(target, drafter, ragged_prompts, gamma=gamma, max_new_tokens=20, eos_token_ids=[])
+        assert out.sequences == expected
+
+
 @pytest.mark.parametrize("lookup", [None, DEFAULT_LOOKUP], ids=["drafter", "with-lookup"])
 @pytest.mark.parametrize("gamma", [1, 4])
 def test_feature_drafter_greedy_is_exact_on_the_device(ragged_prompts, lookup, gamma: int) -> None:
