@@ -42,10 +42,16 @@ def test_benchmark_runs_and_writes_results(tmp_path, tiny_target_dir) -> None:
     assert methods == [
         ("target alone", 1),
         ("specdecode", 1),
+        ("specdecode, gamma auto", 1),
         ("transformers assisted", 1),
         ("target alone", 4),
         ("specdecode", 4),
+        ("specdecode, gamma auto", 4),
     ]
+    # gamma auto: its steps' gammas, chosen from the step table it reports (batch 1..8, gamma 0..6)
+    auto = [r for r in written["rows"] if r["method"] == "specdecode, gamma auto"]
+    assert all(sum(r["gamma_steps"].values()) > 0 for r in auto)
+    assert written["step_table"]["batch_sizes"] == [1, 2, 4, 8] and len(written["step_table"]["seconds"][0]) == 7
     # Greedy decoding must reproduce target-only greedy, in our loop and in transformers'.
     assert all(r["exact_match"] == 1.0 for r in written["rows"])
     assert written["step_costs"]["cost_ratio"] > 0
@@ -54,6 +60,7 @@ def test_benchmark_runs_and_writes_results(tmp_path, tiny_target_dir) -> None:
     assert [p["domain"] for p in written["prompts"]] == ["code", "math", "chat", "code"]
     report = (tmp_path / "out" / "report.md").read_text()
     assert report == report_markdown(written) and "loop efficiency" in report and "gamma 8: " in report
+    assert "Step cost in target steps" in report and "| 8 | 1.00 |" in report
 
 
 def test_write_atomic_leaves_old_file_on_failure(tmp_path, monkeypatch) -> None:

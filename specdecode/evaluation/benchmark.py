@@ -27,7 +27,8 @@ from specdecode.core.devices import resolve_device
 from specdecode.core.locking import check_writable
 from specdecode.data.corpus import vocab_corpus
 from specdecode.data.domains import DOMAINS, format_prompt, load_domain
-from specdecode.decoding.decode import autoregressive_generate, speculative_generate
+from specdecode.decoding.decode import adaptive_gamma, autoregressive_generate, speculative_generate
+from specdecode.decoding.sampling import SamplingParams
 from specdecode.decoding.speedup import predicted_speedup
 from specdecode.decoding.stats import GenerationResult
 from specdecode.decoding.timing import StepCosts, measure_step_costs, measure_verify_ratios
@@ -116,20 +117,26 @@ def _pooled(results: Sequence[GenerationResult]) -> dict[str, Any]:
 @dataclass
 class _Runs:
     """Every timed decode of one benchmark: per prompt at batch 1 (the target alone, ours, and
-    transformers assisted generation as `(tokens, seconds)`), and one batch of B (target alone, ours)."""
+    transformers assisted generation as `(tokens, seconds)`), and one batch of B (target alone, ours),
+    ours at the configured gamma and at gamma="auto"."""
 
     ar1: list[GenerationResult]
     sd1: list[GenerationResult]
     hf1: list[tuple[list[int], float]]
     arb: GenerationResult
     sdb: GenerationResult
+    # ours with gamma="auto" (each step's gamma chosen while decoding), batch 1 and B
+    auto1: list[GenerationResult]
+    autob: GenerationResult
+    # the step costs it chose from (`costs.StepTable.to_dict`)
+    table: dict[str, Any]
 
 
 def run_benchmark(cfg: BenchmarkConfig) -> dict:
     """Run the benchmark; write `results.json` and `report.md` under `cfg.output_dir`; return the results."""
     check_writable(Path(cfg.output_dir))
     torch.manual_seed(cfg.seed)
-    steps = tqdm(total=7, desc="benchmark", unit="stage")
+    steps = tqdm(total=8, desc="benchmark", unit="stage")
 
     def stage(name: str) -> None:
         steps.set_postfix_str(name)
@@ -161,9 +168,11 @@ def run_benchmark(cfg: BenchmarkConfig) -> dict:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "prompts": [{"domain": d, "tokens": len(p)} for d, p in prompts],
         "step_costs": costs.to_dict(),
+        # seconds of a whole step per batch size and gamma (0: the target alone), as gamma auto chose from
+        "step_table": runs.table,
         "rows": rows,
-        # rows[1]: ours at batch 1; rows[2]: transformers assisted generation, when it ran.
-        "ours_vs_transformers_assisted": (rows[1]["tokens_per_s"] / rows[2]["tokens_per_s"]) if runs.hf1 else None,
+        # rows[1]: ours at batch 1; rows[3]: transformers assisted generation, when it ran.
+        "ours_vs_transformers_assisted": (rows[1]["tokens_per_s"] / rows[3]["tokens_per_s"]) if runs.hf1 else None,
     }
     out = Path(cfg.output_dir)
     write_atomic(out / "results.json", json.dumps(results, indent=2))
@@ -215,11 +224,18 @@ def _measure(
             for p in tqdm(batch1, desc="batch 1: transformers assisted", leave=False)
         ]
     stage("batch 1 transformers assisted")
+    adaptive = adaptive_gamma(target, drafter, SamplingParams(cfg.temperature))  # timed once per machine
+    auto1 = [
+        speculative_generate(target, drafter, [p], gamma=adaptive, prompt_lookup=lookup, **decode)
+        for p in tqdm(batch1, desc="batch 1: ours, gamma auto", leave=False)
+    ]
+    stage("batch 1 speculative, gamma auto")
     batch = ids[: cfg.batch_size]
     arb = autoregressive_generate(target, batch, **decode)
     sdb = speculative_generate(target, drafter, batch, gamma=cfg.gamma, prompt_lookup=lookup, **decode)
+    autob = speculative_generate(target, drafter, batch, gamma=adaptive, prompt_lookup=lookup, **decode)
     stage(f"batch {cfg.batch_size}")
-    return costs, _Runs(ar1, sd1, hf1, arb, sdb)
+    return costs, _Runs(ar1, sd1, hf1, arb, sdb, auto1, autob, adaptive.costs.to_dict())
 
 
 def _rows(cfg: BenchmarkConfig, runs: _Runs, costs: StepCosts) -> list[dict]:
@@ -241,6 +257,7 @@ def _rows(cfg: BenchmarkConfig, runs: _Runs, costs: StepCosts) -> list[dict]:
             "exact_match": _match([r.sequences[0] for r in runs.sd1], reference),
         }
     )
+    rows.append(_auto_row(runs.auto1, ar1_pooled, reference))
     if runs.hf1:
         hf_tokens = sum(len(s) for s, _ in runs.hf1)
         hf_seconds = sum(t for _, t in runs.hf1)
@@ -274,7 +291,25 @@ def _rows(cfg: BenchmarkConfig, runs: _Runs, costs: StepCosts) -> list[dict]:
             "exact_match": _match(runs.sdb.sequences, runs.arb.sequences),
         }
     )
+    rows.append(_auto_row([runs.autob], arb_pooled, runs.arb.sequences))
     return rows
+
+
+def _auto_row(results: list[GenerationResult], alone: dict[str, Any], reference: Sequence[list[int]]) -> dict:
+    """The row of ours with gamma="auto" against the target alone's pooled figures `alone`."""
+    pooled = _pooled(results)
+    steps: dict[int, int] = {}
+    for r in results:
+        for gamma, n in r.stats.gamma_steps.items():
+            steps[gamma] = steps.get(gamma, 0) + n
+    return {
+        "method": "specdecode, gamma auto",
+        "batch_size": len(results[0].sequences) if len(results) == 1 else 1,
+        **pooled,
+        "speedup": pooled["tokens_per_s"] / alone["tokens_per_s"],
+        "exact_match": _match([s for r in results for s in r.sequences], reference),
+        "gamma_steps": {str(g): n for g, n in sorted(steps.items())},  # JSON keys
+    }
 
 
 def _match(sequences: Sequence[list[int]], reference: Sequence[list[int]]) -> float:
@@ -314,6 +349,14 @@ def report_markdown(results: dict) -> str:
         + ", ".join(f"gamma {g}: {r:.2f}×" for g, r in costs.get("verify_ratios", {}).items())
         + f" ({_kernel_note(results['machine'])}; skinny_matmul={cfg.get('skinny_matmul')}).",
     ]
+    table = results.get("step_table")
+    if table:
+        lines += ["", "Step cost in target steps, per batch size (rows) and gamma (columns), timed whole:", ""]
+        widths = range(len(table["seconds"][0]))
+        lines += ["| batch | " + " | ".join(f"γ={g}" for g in widths) + " |", "|---" * (len(widths) + 1) + "|"]
+        for batch, seconds in zip(table["batch_sizes"], table["seconds"]):
+            lines.append(f"| {batch} | " + " | ".join(f"{s / seconds[0]:.2f}" for s in seconds) + " |")
+        lines.append(f"(a target step at batch 1: {table['seconds'][0][0] * 1e3:.1f} ms)")
     if results.get("ours_vs_transformers_assisted"):
         lines.append(
             "Ours vs transformers assisted generation (same drafter, gamma): "
