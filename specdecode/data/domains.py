@@ -1,4 +1,5 @@
-"""Prompt datasets of drafter domains: the three built in (code, math, chat) and any a user defines.
+"""Prompt datasets of drafter domains: the three built in (code, math, chat), the mixed traffic
+(`mixed`), and any a user defines.
 
 A domain is a name and its data (a `DataConfig`, `conf/data/<name>.yaml`). A drafter is trained on
 one domain's prompts (the target writes the responses, or the dataset's own responses are used)
@@ -6,7 +7,8 @@ and evaluated on that domain's held-out prompts. Four sources give the same
 `Example` records, each first read into a `datasets.Dataset` and mapped to examples one way:
 
 - "embedded": offline defaults read from pip packages, so nothing needs a hub
-  (`specdecode.data.embedded`: HumanEval + stdlib functions, GSM8K test, ShareGPT openings);
+  (`specdecode.data.embedded`: HumanEval + stdlib functions, GSM8K test, ShareGPT openings; and the
+  mixed domain's seven kinds of prompts, `specdecode.data.mixed`);
 - "hf": `datasets.load_dataset(hf_id, hf_name, split=hf_split, revision=revision)` with a column mapping;
 - "file": a local .jsonl, .jsonl.gz, .json, .csv or .parquet file with a column mapping, read by
   `datasets.load_dataset` (`specdecode.data.files`);
@@ -33,9 +35,12 @@ from specdecode.data.embedded import embedded_dataset, sharegpt_later_turns, syn
 from specdecode.data.example import Example
 from specdecode.data.files import read_data_file
 from specdecode.data.messages import is_messages, messages_text, parse_messages
+from specdecode.data.mixed import MIXED, mixed_examples
 
 # The built-in domains, whose data is embedded; any other name is a domain a data config defines.
 DOMAINS = ("code", "math", "chat")
+# The domains with embedded data: the built-in ones, and the mixed traffic they are evaluated on too.
+EMBEDDED = (*DOMAINS, MIXED)
 # A domain name names folders, drafters (`specialized:<name>`) and config files.
 DOMAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 SOURCES = ("embedded", "hf", "file", "synthetic")
@@ -66,9 +71,10 @@ def split_examples(examples: Iterable[Example], split: Split = "all", heldout_fr
 
     Order is the input order, so a deterministic source gives a deterministic result; membership
     depends on the prompt alone, so reordering the input only reorders the output. A later turn of a
-    conversation (`Example.conversation` set) is never held out: it is kept in "train" (and "all")
-    where its conversation's opening prompt is a training prompt, and dropped otherwise, so the
-    held-out split stays opening prompts and none of their conversations is trained on.
+    conversation (`Example.conversation` set) goes where its conversation's opening prompt goes, so
+    none of a held-out conversation is trained on; a later turn alone (no earlier turns in
+    `messages`) is never held out, so that the held-out split of a chat domain stays opening prompts:
+    it is dropped where its opening is held out.
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
@@ -80,7 +86,8 @@ def split_examples(examples: Iterable[Example], split: Split = "all", heldout_fr
             continue
         seen.add(example.prompt)
         in_heldout = heldout_score(example.conversation or example.prompt) < heldout_fraction
-        if example.conversation is not None and (in_heldout or split == "heldout"):
+        alone = example.conversation is not None and example.messages is None
+        if alone and (in_heldout or split == "heldout"):
             continue
         if split == "all" or in_heldout == (split == "heldout"):
             kept.append(example)
@@ -106,7 +113,7 @@ def load_domain(
     """Load one domain's prompts from a source, deduplicated, split, in a deterministic order.
 
     Args:
-        domain: the domain's name, labelling every example; with source "embedded", one of `DOMAINS`.
+        domain: the domain's name, labelling every example; with source "embedded", one of `EMBEDDED`.
         source: "embedded" (offline defaults), "hf" (a hub dataset), "file" (a local file) or
             "synthetic" (tiny templated examples for smoke runs).
         split: "train", "heldout" or "all" (both, deduplicated).
@@ -126,7 +133,9 @@ def load_domain(
             The held-out split is the same either way; other domains and sources have no later turns.
 
     Returns:
-        The examples; rows with an empty or missing prompt are skipped.
+        The examples; rows with an empty or missing prompt are skipped. Examples of several kinds
+        (the mixed domain's) take turns by kind (`by_kind_in_turns`), so that any first few hold
+        every kind.
 
     Raises:
         ValueError: an unknown domain, source or split, a bad limit or fraction, a missing column,
@@ -143,8 +152,20 @@ def load_domain(
     )
     if chat_turns == "all" and source == "embedded" and domain == "chat":
         examples = (*examples, *_embedded_later_turns())
-    kept = split_examples(examples, split, heldout_fraction)
+    kept = by_kind_in_turns(split_examples(examples, split, heldout_fraction))
     return kept if limit is None else kept[:limit]
+
+
+def by_kind_in_turns(examples: list[Example]) -> list[Example]:
+    """`examples` round by round, each round one of each kind still left (kinds in the order they
+    first appear, each kind's examples in their own order); examples of one kind stay as they are."""
+    kinds: dict[str | None, list[Example]] = {}
+    for example in examples:
+        kinds.setdefault(example.kind, []).append(example)
+    if len(kinds) < 2:
+        return examples
+    rounds = max(len(members) for members in kinds.values())
+    return [members[i] for i in range(rounds) for members in kinds.values() if i < len(members)]
 
 
 def _check_arguments(
@@ -163,9 +184,9 @@ def _check_arguments(
         )
     if source not in SOURCES:
         raise ValueError(f"unknown source {source!r} of domain {domain!r}; valid sources: {', '.join(SOURCES)}")
-    if source == "embedded" and domain not in DOMAINS:
+    if source == "embedded" and domain not in EMBEDDED:
         raise ValueError(
-            f"domain {domain!r} has no embedded data (embedded: {', '.join(DOMAINS)}); "
+            f"domain {domain!r} has no embedded data (embedded: {', '.join(EMBEDDED)}); "
             "give it source file (path) or hf (hf_id) in its data config"
         )
     if split not in SPLITS:
@@ -325,6 +346,8 @@ def _from_hf(
 @functools.cache
 def _embedded(domain: str) -> tuple[Example, ...]:
     """The offline default dataset of a domain, deduplicated, parsed once per process."""
+    if domain == MIXED:
+        return tuple(split_examples(mixed_examples(), "all"))
     examples = _to_examples(embedded_dataset(domain), domain, "prompt", "response", f"embedded {domain} data")
     return tuple(split_examples(examples, "all"))
 

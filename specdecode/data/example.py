@@ -1,4 +1,5 @@
-"""The record every data source gives: a prompt, its reference response if any, its domain."""
+"""The record every data source gives: a prompt, its reference response if any, its domain (and
+its kind, in a domain of several kinds)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ class Example:
     """One prompt, the reference response if the source has one, and its domain.
 
     Frozen because the embedded datasets are cached and shared between callers. `conversation`, set
-    on a later turn of a conversation (ShareGPT's, `chat_turns="all"`), is the conversation's opening
-    prompt: the turn is a training prompt only, and only where its conversation's opening is one
-    (`specdecode.data.domains.split_examples`), so no held-out conversation leaks into training.
+    on a later turn of a conversation, is the conversation's opening prompt, which decides the
+    turn's split (`specdecode.data.domains.split_examples`), so no held-out conversation leaks into
+    training. A later turn alone (ShareGPT's, `chat_turns="all"`) is a training prompt only, where
+    its opening is one; a later turn with its conversation's earlier turns (`messages`, the mixed
+    domain's) is held out where its opening is and trained on where it is.
     """
 
     prompt: str
@@ -22,6 +25,8 @@ class Example:
     # A chat prompt as (role, content) turns ending at its last user turn: rendered with the target's
     # chat template by `format_prompt`; `prompt` is then its text (hashed for the split, routed on).
     messages: tuple[tuple[str, str], ...] | None = None
+    # What the prompt asks within its domain (the mixed domain's `gsm8k`, `gpqa`, ...); None in a domain of one kind.
+    kind: str | None = None
 
     def chat(self) -> list[dict[str, str]]:
         """The prompt as chat messages: its own turns, or one user turn of `prompt`."""

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from specdecode.core.config import GAMMA_RANGE, TEMPERATURE_RANGE, Placement, is_gamma, is_temperature, require
+from specdecode.core.tracking import Tracking
 from specdecode.data.domains import DOMAINS
 from specdecode.data.registry import check_domains, resolve_domains
 from specdecode.decoding.decode import AUTO
@@ -66,11 +67,11 @@ class BenchmarkConfig(Placement):
 
 
 @dataclass
-class EvalConfig(Placement):
+class EvalConfig(Placement, Tracking):
     """eval/acceptance.py. `drafters` maps a name (`generic`, or a domain for its specialised
     drafter) to a drafter folder; `router_dir` is a fitted router folder (enables `routed`).
     Each domain's held-out prompts come from its data config (`data`, or conf/data/<domain>.yaml
-    on the config search path)."""
+    on the config search path). `logger=wandb` also logs the tables and plots to a wandb run."""
 
     target: TargetConfig = field(default_factory=TargetConfig)
     undistilled: DrafterConfig = field(default_factory=DrafterConfig)
@@ -111,6 +112,7 @@ class EvalConfig(Placement):
 
     def __post_init__(self) -> None:
         self.check_placement()
+        self.check_tracking()
         known = {"autoregressive", "undistilled", "generic", "specialized", "routed", "oracle"}
         for method in self.methods:
             require(method in known, "methods", method, f"one of {sorted(known)}")

@@ -9,7 +9,8 @@ from its batch-1 run: tokens per pass over the pass's measured cost). Beside the
 router's seconds): in the router's share of the oracle's gain (`router_share`), the two then
 differ only on the prompts where their choices do. Rows report alpha, tau, tokens/s, speedup over
 autoregressive at the same batch size, and exact match with target-only greedy (measured, never
-assumed).
+assumed). A domain of several kinds (the mixed one) also gets rows per kind (`mixed/<kind>`), each
+kind's prompts decoded on their own. With `logger=wandb` the tables and plots also go to a wandb run.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from transformers import PreTrainedTokenizerBase
 from specdecode.core.atomic import write_atomic
 from specdecode.core.devices import placed_accelerator
 from specdecode.core.locking import locks_output_dir
+from specdecode.core.tracking import check_tracker_installed, start_tracking
 from specdecode.data.corpus import vocab_corpus
 from specdecode.data.domains import format_prompt
 from specdecode.data.registry import domain_examples, require_heldout
@@ -62,6 +64,7 @@ from specdecode.evaluation.records import (
 )
 from specdecode.evaluation.report import write_report
 from specdecode.evaluation.token_pages import write_token_pages
+from specdecode.evaluation.tracker import log_results
 from specdecode.models.compat import default_eos
 from specdecode.models.cpu_matmul import kernel_picks
 from specdecode.models.loading import build_drafter, load_drafters, load_target, load_tokenizer
@@ -85,6 +88,22 @@ def heldout_prompts(
         f"domain {domain!r} has only {len(chosen)} held-out prompts within max_prompt_tokens={max_tokens}, and "
         f"prompts_per_domain={count} are needed: raise max_prompt_tokens or lower prompts_per_domain"
     )
+
+
+def kind_shares(
+    data: Mapping[str, Any], prompts: list[tuple[str, list[int]]], batch1: int
+) -> list[tuple[str, list[tuple[str, list[int]]], int]]:
+    """A domain's evaluated `prompts` whole, and where they are of several kinds (the mixed domain's,
+    `Example.kind`) each kind's too, as (domain, prompts, how many of them run at batch 1): the
+    whole as `<domain>`, a kind as `<domain>/<kind>`, its prompts those of the kind in the whole's
+    order and its batch-1 prompts those among the whole's first `batch1`."""
+    domain = data["name"]
+    kinds = {example.prompt: example.kind for example in domain_examples(data, "heldout")}
+    shares = [(domain, prompts, batch1)]
+    for kind in dict.fromkeys(kinds[text] for text, _ in prompts if kinds[text] is not None):
+        mine = [i for i, (text, _) in enumerate(prompts) if kinds[text] == kind]
+        shares.append((f"{domain}/{kind}", [prompts[i] for i in mine], sum(1 for i in mine if i < batch1)))
+    return shares
 
 
 def check_heldout_prompts(cfg: EvalConfig, tokenizer: PreTrainedTokenizerBase) -> None:
@@ -339,20 +358,25 @@ def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = No
     main process gathers the counts and writes the files (alpha, tau and exact match do not depend
     on the number of processes; tokens/s is then the whole system's throughput).
     """
+    check_tracker_installed(cfg)
     require_heldout(cfg.data, cfg.prompts_per_domain, "prompts_per_domain")  # before any model loads
     check_heldout_prompts(cfg, load_tokenizer(cfg.target))
-    accelerator, device = placed_accelerator(cfg.device)
+    accelerator, device = placed_accelerator(cfg.device, log_with=cfg.log_with)
+    start_tracking(accelerator, cfg, asdict(cfg), Path(cfg.output_dir))
     models = _load_models(cfg, device, router_loader)
-    steps = len(cfg.domains) * (
+    # a domain of several kinds (the mixed one) is evaluated whole and kind by kind (`kind_shares`)
+    shares = []
+    for domain in cfg.domains:
+        prompts = heldout_prompts(models.tokenizer, cfg.data[domain], cfg.prompts_per_domain, cfg.max_prompt_tokens)
+        shares += kind_shares(cfg.data[domain], prompts, cfg.batch1_prompts or len(prompts))
+    steps = len(shares) * (
         len(cfg.temperatures) * len(cfg.batch_sizes) + len([t for t in cfg.temperatures if t in cfg.sweep_temperatures])
     )
     progress = tqdm(total=steps, desc="eval", disable=not accelerator.is_main_process)
     local: dict[tuple, dict] = {}
     routing_seconds: dict[str, float] = {}
     warmed = False
-    for domain in cfg.domains:
-        prompts = heldout_prompts(models.tokenizer, cfg.data[domain], cfg.prompts_per_domain, cfg.max_prompt_tokens)
-        batch1_limit = cfg.batch1_prompts or len(prompts)
+    for domain, prompts, batch1_limit in shares:
         with accelerator.split_between_processes(list(enumerate(prompts))) as mine:
             if mine and not warmed:
                 _warm_up(cfg, models, mine[0][1][1])
@@ -361,14 +385,17 @@ def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = No
             batch1 = sum(1 for i, _ in mine if i < batch1_limit)
             texts, ids = [t for _, (t, _) in mine], [p for _, (_, p) in mine]
             counts, routing_s = _eval_domain(cfg, models, domain, texts, ids, batch1, progress)
-            if cfg.token_pages and accelerator.is_main_process:
+            if cfg.token_pages and accelerator.is_main_process and domain in cfg.domains:
                 pages = slice(0, cfg.token_pages)
                 write_token_pages(cfg, models, domain, texts[pages], ids[pages], _router_key)
         local |= counts
         if routing_s is not None:
             routing_seconds[domain] = routing_s
     progress.close()
-    return _publish(cfg, accelerator, models, local, routing_seconds)
+    results = _publish(cfg, accelerator, models, local, routing_seconds)
+    if accelerator.trackers:
+        accelerator.end_training()  # finishes the wandb run
+    return results
 
 
 def _warm_up(cfg: EvalConfig, models: _Models, prompt: list[int]) -> None:
@@ -397,7 +424,8 @@ def _publish(
     results: dict = {}
     if accelerator.is_main_process:
         merged = {key: merge_counts([part[key] for part in gathered]) for key in gathered[0]}
-        main = {key: counts for key, counts in merged.items() if key[4] in (0, cfg.gamma)}  # no sweep rows
+        # no sweep rows, no kind's rows
+        main = {key: counts for key, counts in merged.items() if key[4] in (0, cfg.gamma) and key[0] in cfg.domains}
         results = {
             "config": asdict(cfg),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -415,6 +443,8 @@ def _publish(
         out = Path(cfg.output_dir)
         write_atomic(out / "results.json", json.dumps(results, indent=2))
         write_report(results, out)
+        if cfg.logger == "wandb":
+            log_results(accelerator, results, out)
     accelerator.wait_for_everyone()
     return results
 

@@ -18,13 +18,13 @@ from specdecode.core.config import (
     require,
 )
 from specdecode.core.devices import MIXED_PRECISIONS
+from specdecode.core.tracking import Tracking
 from specdecode.data.config import DataConfig
 from specdecode.data.domains import DOMAIN_NAME, DOMAINS
 from specdecode.models.config import DrafterConfig, TargetConfig
 from specdecode.training.losses import LOSSES
 
 TRAIN_SEQ_SOURCES = ("data", "target")
-TRAIN_LOGGERS = ("jsonl", "wandb")
 TEACHER_MODES = ("online", "offline", "auto")
 LR_DECAYS = ("constant", "linear", "cosine")
 
@@ -309,8 +309,9 @@ class TrainConfig:
 
 
 @dataclass
-class TrainJobConfig(Placement):
-    """train/distill.py and train/finetune.py. `target.name: smoke` is the tiny in-process target."""
+class TrainJobConfig(Placement, Tracking):
+    """train/distill.py and train/finetune.py. `target.name: smoke` is the tiny in-process target;
+    `logger=wandb` also logs the metrics to a wandb run (`specdecode.core.tracking`)."""
 
     # The job's name ("distill", "finetune"): names output folders in conf/, nothing else.
     name: str = "distill"
@@ -323,16 +324,13 @@ class TrainJobConfig(Placement):
     # Where teacher caches live, shared by the jobs that train on the same sequences;
     # null = <output_dir>/../teacher_cache.
     cache_dir: str | None = "outputs/teacher_cache"
-    logger: str = "jsonl"
-    wandb_project: str = "specdecode"
-    wandb_mode: str = "offline"
     # A hub repo id (owner/name) to upload drafter/ (model card included) to when training ends; null: no upload.
     push_to_hub: str | None = None
 
     def __post_init__(self) -> None:
         self.check_placement()
         require(bool(self.output_dir), "output_dir", self.output_dir, "must name a folder")
-        require(self.logger in TRAIN_LOGGERS, "logger", self.logger, "|".join(TRAIN_LOGGERS))
+        self.check_tracking()
         # A feature drafter cannot write continuations alone: each of its steps reads the target's
         # features of the tokens before it, so there is no drafter-only (on-policy) generation.
         require(
@@ -346,12 +344,6 @@ class TrainJobConfig(Placement):
             "train.feature_loss_weight",
             self.train.feature_loss_weight,
             "must be null or 0 with drafter.kind='eagle3' (its outputs are its own states, not the target's features)",
-        )
-        require(
-            self.wandb_mode in ("offline", "online", "disabled"),
-            "wandb_mode",
-            self.wandb_mode,
-            "offline|online|disabled",
         )
         require(
             self.push_to_hub is None

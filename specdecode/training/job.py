@@ -21,7 +21,6 @@ spot. Nothing can be cached there, so such a step costs a drafter generation plu
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 from dataclasses import asdict
@@ -37,6 +36,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from specdecode.core.atomic import atomic_folder, write_atomic
 from specdecode.core.devices import autocast_dtype, placed_accelerator, resolve_mixed_precision
 from specdecode.core.locking import locks_output_dir
+from specdecode.core.tracking import check_tracker_installed, start_tracking
 from specdecode.decoding.gamma import choose_gamma
 from specdecode.models.card import push_to_hub, write_training_card
 from specdecode.models.cpu_matmul import kernel_picks
@@ -77,21 +77,16 @@ def run_finetune(cfg: TrainJobConfig) -> dict[str, Any]:
     return _run(cfg, "finetune")
 
 
-def _check_environment(cfg: TrainJobConfig) -> None:
-    if cfg.logger == "wandb" and importlib.util.find_spec("wandb") is None:
-        raise ImportError("logger=wandb needs the wandb package, which is not installed: pip install wandb")
-
-
 @locks_output_dir
 def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     # 0. everything that can fail cheaply fails first
-    _check_environment(cfg)
+    check_tracker_installed(cfg)
     train = cfg.train
     output = Path(cfg.output_dir)
     accelerator, device = placed_accelerator(
         cfg.device,
         gradient_accumulation_steps=train.grad_accum,
-        log_with="wandb" if cfg.logger == "wandb" else None,
+        log_with=cfg.log_with,
         project_config=project_configuration(output, train.keep_checkpoints),
     )
     if train.batch_size % (accelerator.num_processes * train.grad_accum):
@@ -110,11 +105,7 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
             f"train.teacher_topk={train.teacher_topk} is more than the target's vocabulary of {vocab_size} ids"
         )
     # no trackers (logger=jsonl): a no-op; wandb writes its run under output_dir/wandb/
-    accelerator.init_trackers(
-        project_name=cfg.wandb_project,
-        config=asdict(cfg),
-        init_kwargs={"wandb": {"mode": cfg.wandb_mode, "dir": str(output)}},
-    )
+    start_tracking(accelerator, cfg, asdict(cfg), output)
     logger = MetricsLogger(accelerator, output / "metrics.jsonl")
 
     # 1. sequences and the target's outputs on them, cached; 2. the drafter and what is trained

