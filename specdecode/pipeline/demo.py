@@ -116,6 +116,47 @@ def _alldata_config(mix: dict[str, Any], jobs: dict[str, dict[str, Any]]) -> dic
     return _mix_config(mix)
 
 
+def _drafter_stages(
+    cfg: DemoConfig,
+    composed: Callable[[str, list[str]], dict[str, Any]],
+    distill: Callable[[dict, Path], None],
+    control: bool,
+) -> list[Stage]:
+    """The distillation stages in training order: the generic drafter's (`distill-mix`) and each
+    domain's (first, or fine-tuned from the generic one after it), then, with `control`, the
+    all-data control's (`distill-alldata`), after the domain jobs whose cached sequences it reads.
+    `composed(app, overrides)` is an app's config as the demo composes it."""
+    stages: list[Stage] = []
+    mix: dict[str, Any] = {}
+    from_generic = cfg.specialists_from == "generic"
+    generic_dir = str(Path(cfg.output_dir) / "distill-mix" / "drafter")
+    for name in ("mix", *cfg.domains) if from_generic else (*cfg.domains, "mix"):
+        mix_domains = [f"data.domains=[{','.join(cfg.domains)}]"] if name == "mix" else []
+        config = composed(
+            "distill",
+            [
+                f"data={name}",
+                *mix_domains,
+                f"loss={cfg.loss(name)}",
+                *cfg.distill,
+                *cfg.distill_per_domain.get(name, []),
+            ],
+        )
+        after: list[str] = []
+        if name != "mix" and from_generic:
+            # Fine-tuned from the generic drafter (any kind: a pretrained folder keeps its own).
+            config["drafter"] = asdict(DrafterConfig(kind="pretrained", path=generic_dir, draft_vocab=None))
+            after = ["distill-mix"]
+        if name == "mix":
+            mix = copy.deepcopy(config)
+            config = _mix_config(config)
+        stages.append(Stage(f"distill-{name}", config, distill, after=after))
+    if control:
+        jobs = {s.name.removeprefix("distill-"): s.config for s in stages}
+        stages.append(Stage("distill-alldata", _alldata_config(mix, jobs), distill))
+    return stages
+
+
 def demo_stages(cfg: DemoConfig) -> list[Stage]:
     """The stages in dependency order. Paths between stages point at final stage folders.
 
@@ -144,44 +185,17 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     stages: list[Stage] = []
     if cfg.run_benchmark:
         stages.append(Stage("benchmark", composed("benchmark", list(cfg.benchmark)) | gamma, _benchmark))
-    drafter_dirs: dict[str, str] = {}
-    jobs: dict[str, dict[str, Any]] = {}
-    from_generic = cfg.specialists_from == "generic"
-    generic_dir = str(root / "distill-mix" / "drafter")
-    for name in ("mix", *cfg.domains) if from_generic else (*cfg.domains, "mix"):
-        stage = f"distill-{name}"
-        mix_domains = [f"data.domains=[{','.join(cfg.domains)}]"] if name == "mix" else []
-        config = composed(
-            "distill",
-            [
-                f"data={name}",
-                *mix_domains,
-                f"loss={cfg.loss(name)}",
-                *cfg.distill,
-                *cfg.distill_per_domain.get(name, []),
-            ],
-        )
-        after: list[str] = []
-        if name != "mix" and from_generic:
-            # Fine-tuned from the generic drafter (any kind: a pretrained folder keeps its own).
-            config["drafter"] = asdict(DrafterConfig(kind="pretrained", path=generic_dir, draft_vocab=None))
-            after = ["distill-mix"]
-        if name == "mix":
-            mix = copy.deepcopy(config)
-            config = _mix_config(config)
-        stages.append(Stage(stage, config, distill, after=after))
-        jobs[name] = config
-        drafter_dirs["generic" if name == "mix" else name] = str(root / stage / "drafter")
-    # the router and the evaluation list the drafters in one order, whichever trained first
-    drafter_dirs = {name: drafter_dirs[name] for name in (*cfg.domains, "generic")}
-    distills = [s.name for s in stages if s.name.startswith("distill-")]
     short = composed("eval", [*cfg.eval, *cfg.short_eval]) if cfg.short_eval else None
-    evaluated = drafter_dirs
-    if any("alldata" in e["methods"] for e in (evaluation, short) if e is not None):
-        # The control trains after the domain jobs, whose cached sequences it reads; the evaluation
-        # alone uses it (the router chooses between the drafters it is set against).
-        stages.append(Stage("distill-alldata", _alldata_config(mix, jobs), distill))
-        evaluated = drafter_dirs | {"alldata": str(root / "distill-alldata" / "drafter")}
+    control = any("alldata" in e["methods"] for e in (evaluation, short) if e is not None)
+    trained = _drafter_stages(cfg, composed, distill, control)
+    stages += trained
+    # the router and the evaluation list the drafters in one order, whichever trained first; the
+    # evaluation also has the control, which the router does not choose
+    drafter_dirs = {
+        d: str(root / f"distill-{'mix' if d == 'generic' else d}" / "drafter") for d in (*cfg.domains, "generic")
+    }
+    evaluated = drafter_dirs | ({"alldata": str(root / "distill-alldata" / "drafter")} if control else {})
+    distills = [s.name for s in trained if s.name != "distill-alldata"]
 
     def wired(config: dict[str, Any]) -> dict[str, Any]:
         return config | {
@@ -198,10 +212,10 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     stages.append(Stage("collect", collect, _collect, after=distills))
     fit = composed("fit", list(cfg.fit)) | {"labels": str(root / "collect" / "labels.jsonl")}
     stages.append(Stage("fit", fit, _fit, after=["collect"]))
-    trained = [s.name for s in stages if s.name.startswith("distill-")]
-    stages.append(Stage("eval", evaluation, evaluate, after=[*trained, "fit"]))
+    after = [*(s.name for s in trained), "fit"]
+    stages.append(Stage("eval", evaluation, evaluate, after=after))
     if short is not None:
-        stages.append(Stage("eval-short", wired(short), evaluate, after=[*trained, "fit"]))
+        stages.append(Stage("eval-short", wired(short), evaluate, after=after))
     return stages
 
 
