@@ -33,10 +33,10 @@ def control_comparison(results: dict[str, Any]) -> dict[str, Any] | None:
         if r["temperature"] == 0.0 and r["batch_size"] == batch and (gamma is None or r["gamma"] == gamma)
     }
     pairs = {d: (here.get((d, "routed")), here.get((d, CONTROL))) for d in config["domains"]}
-    if any(routed is None or control is None or control["alpha"] is None for routed, control in pairs.values()):
-        return None
     domains = {}
     for domain, (routed, control) in pairs.items():
+        if routed is None or control is None or control["alpha"] is None:
+            return None
         judged_by = "alpha" if routed["alpha"] is not None else "speedup"
         domains[domain] = {
             "routed_alpha": routed["alpha"],
