@@ -126,7 +126,7 @@ class EvalConfig(Placement):
                 name in ("generic", "alldata") or name in self.domains,
                 "drafters",
                 name,
-                f"generic, alldata or one of domains={self.domains}",
+                f"generic or one of domains={self.domains} (or alldata, the all-data control)",
             )
             require(Path(path).exists(), f"drafters.{name}", path, "does not exist")
         require(self.prompts_per_domain >= 1, "prompts_per_domain", self.prompts_per_domain, ">= 1")
