@@ -56,6 +56,7 @@ def test_smoke_pipeline_end_to_end_and_cached(tmp_path, capsys) -> None:
         "autoregressive",
         "undistilled",
         "generic",
+        "alldata",
         "specialized:code",
         "specialized:math",
         "specialized:chat",
@@ -88,7 +89,17 @@ def test_smoke_pipeline_end_to_end_and_cached(tmp_path, capsys) -> None:
     assert "## The router's share of the oracle's gain" in report
     # one distillation row per drafter, naming its kind (the smoke demo trains slices)
     assert "| code | slice | forward_kl |" in report and "| mix | slice | forward_kl |" in report
-    for stage in ("distill-code", "distill-mix", "collect", "fit", "eval", "eval-short"):
+    # routing against the all-data control: its figures, and the default drafter they give
+    control = results["control"]
+    assert set(control["domains"]) == {"code", "math", "chat"} and (control["batch_size"], control["gamma"]) == (1, 2)
+    for d in control["domains"].values():
+        by = d["judged_by"]  # alpha, or speedup where the router decoded plainly (no alpha)
+        assert by == ("alpha" if d["routed_alpha"] is not None else "speedup")
+        assert d["routed_beats"] == (d[f"routed_{by}"] > d[f"alldata_{by}"])
+    beats = all(d["routed_beats"] for d in control["domains"].values())
+    assert results["default_drafter"] == control["default_drafter"] == ("routed" if beats else "alldata")
+    assert "## Routing against the all-data drafter (`alldata`)" in report and "| alldata |" in report
+    for stage in ("distill-code", "distill-mix", "distill-alldata", "collect", "fit", "eval", "eval-short"):
         assert (root / stage / "STAGE.json").is_file()
     # every row says how long its answers were; the short evaluation's rows sit beside the main ones
     assert {r["max_new_tokens"] for r in results["rows"]} == {8}
@@ -103,7 +114,7 @@ def test_smoke_pipeline_end_to_end_and_cached(tmp_path, capsys) -> None:
     # A second run with the same config does no work; changing the fit reruns fit and eval only.
     capsys.readouterr()
     run_demo(smoke_config(str(tmp_path / "demo"), [SHORT_EVAL]))
-    assert capsys.readouterr().out.count("up to date") == 8
+    assert capsys.readouterr().out.count("up to date") == 9
     run_demo(smoke_config(str(tmp_path / "demo"), [SHORT_EVAL, "fit=['epochs=5']"]))
     log = capsys.readouterr().out
     assert "[fit] done" in log and "[eval] done" in log and "[eval-short] done" in log
@@ -230,8 +241,9 @@ def test_stage_wiring_survives_any_output_dir(tmp_path) -> None:
         "domains"
     ] == cfg.domains
     assert stages["fit"]["labels"] == str(root / "collect" / "labels.jsonl")
+    # the evaluation also has the all-data control, which the router does not choose
     assert {n: Path(p) for n, p in stages["eval"]["drafters"].items()} == {
-        n: p / "drafter" for n, p in drafters.items()
+        n: p / "drafter" for n, p in (drafters | {"alldata": root / "distill-alldata"}).items()
     }
     assert stages["eval"]["router_dir"] == str(root / "fit") and stages["eval"]["domains"] == cfg.domains
     assert stages["eval"]["max_new_tokens"] == 8  # the stage's own overrides still apply
@@ -364,6 +376,64 @@ def test_the_generic_drafter_trains_on_the_union_of_the_domain_drafters_data(tmp
         assert stages["distill-mix"]["train"][key] == len(domains) * stages["distill-code"]["train"][key]
 
 
+def test_the_alldata_control_trains_on_the_domain_jobs_data_for_their_summed_budget(tmp_path) -> None:
+    """The control reads every domain job's training sequences (a domain with more keeps them)
+    for the generic and domain jobs' steps and minutes together, from the generic drafter's
+    start; the evaluation alone uses it, and without the alldata method there is no such stage."""
+    per_domain = "'train.train_sequences_per_domain.chat=20','train.max_minutes=0.5'"
+    cache = f"distill=['experiment=smoke','cache_dir={tmp_path}/teacher_cache',{per_domain}]"
+    stages = {s.name: s for s in demo_stages(smoke_config(str(tmp_path / "demo"), [cache]))}
+    control, generic = stages["distill-alldata"].config, stages["distill-mix"].config
+    jobs = [stages[f"distill-{name}"].config["train"] for name in ("mix", "code", "math", "chat")]
+    base = stages["distill-code"].config["train"]["train_sequences"]
+    assert control["train"]["train_sequences_per_domain"] == {"code": base, "math": base, "chat": 20}
+    assert control["train"]["max_steps"] == sum(job["max_steps"] for job in jobs)
+    assert control["train"]["max_minutes"] == sum(job["max_minutes"] for job in jobs) == 2.0
+    assert control["train"]["heldout_sequences"] == generic["train"]["heldout_sequences"]
+    assert control["drafter"] == generic["drafter"] and control["data"] == generic["data"]
+    assert stages["eval"].config["drafters"]["alldata"] == str(tmp_path / "demo" / "distill-alldata" / "drafter")
+    assert "distill-alldata" in stages["eval"].after and "distill-alldata" not in stages["collect"].after
+    assert "alldata" not in {d["name"] for d in stages["collect"].config["drafters"]}
+    without = "eval=['target.name=smoke','synthetic=true','methods=[autoregressive,generic,routed]']"
+    names = [s.name for s in demo_stages(smoke_config(str(tmp_path / "demo"), [without, "short_eval=[]"]))]
+    assert "distill-alldata" not in names
+    with pytest.raises(ValueError, match="alldata"):
+        DemoConfig(domains=["code", "alldata"])
+
+
+@pytest.mark.parametrize("routed_alpha, default", [((0.6, 0.5), "routed"), ((0.6, 0.4), "alldata")])
+def test_the_default_drafter_is_alldata_where_routing_does_not_beat_it(routed_alpha, default) -> None:
+    """Greedy batch-1 rows at the evaluation's gamma decide (the sweep's and batch 8's do not);
+    routing is the default only if its alpha is above the control's in every domain (its speedup,
+    where the router decoded plainly: math), and the report names the domains where it is not,
+    with both figures."""
+    from specdecode.evaluation.control import control_comparison, control_section
+
+    def row(domain: str, method: str, alpha: float | None, gamma: int = 3, batch: int = 1, speedup=1.2) -> dict:
+        return dict(
+            domain=domain, method=method, alpha=alpha, speedup=speedup, temperature=0.0, batch_size=batch, gamma=gamma
+        )
+
+    domains = ["code", "chat", "math"]
+    rows = [row(d, "routed", a) for d, a in zip(("code", "chat"), routed_alpha)] + [
+        row("math", "routed", None, speedup=1.3)
+    ]
+    rows += [row(d, "alldata", 0.45) for d in domains]
+    rows += [row("chat", "routed", 0.9, gamma=4), row("chat", "routed", 0.9, batch=8)]  # neither counts
+    comparison = control_comparison({"rows": rows, "config": {"gamma": 3, "domains": domains}})
+    assert comparison["default_drafter"] == default and comparison["domains"]["code"]["routed_beats"]
+    assert comparison["domains"]["math"]["judged_by"] == "speedup" and comparison["domains"]["math"]["routed_beats"]
+    text = "\n".join(control_section(comparison, "out/distill-alldata/drafter"))
+    if default == "alldata":
+        assert (
+            "on chat (alpha 0.400 vs 0.450)" in text
+            and "default drafter is `alldata` (`out/distill-alldata/drafter`)" in text
+        )
+    else:
+        assert "routing is the default" in text
+    assert control_comparison({"rows": rows[:3], "config": {"gamma": 3, "domains": domains}}) is None
+
+
 def test_a_domain_with_more_training_sequences_keeps_them_in_the_mix(tmp_path) -> None:
     """train.train_sequences_per_domain in the demo's distill overrides: that domain's job takes its
     own number, the others train_sequences; the mix names every domain's share and asks for their
@@ -403,7 +473,7 @@ def test_specialists_from_the_generic_drafter_train_after_it_and_start_from_it(t
     scratch = {s.name: s for s in demo_stages(smoke_config(str(out), ["specialists_from=scratch"]))}
     stages = demo_stages(smoke_config(str(out), ["specialists_from=generic"]))
     names = [s.name for s in stages if s.name.startswith("distill-")]
-    assert names == ["distill-mix", "distill-code", "distill-math", "distill-chat"]
+    assert names == ["distill-mix", "distill-code", "distill-math", "distill-chat", "distill-alldata"]
     by_name = {s.name: s for s in stages}
     assert by_name["distill-mix"].config == scratch["distill-mix"].config and by_name["distill-mix"].after == []
     for domain in ("code", "math", "chat"):

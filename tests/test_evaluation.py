@@ -429,6 +429,31 @@ def test_batch1_prompts_decodes_the_first_prompts_at_batch_1_and_all_at_larger_b
     assert all(r["max_new_tokens"] == 5 and r["exact_match"] == 1.0 for r in rows)
 
 
+def test_the_alldata_control_is_a_row_of_its_own_outside_what_the_router_and_oracle_choose(tiny_setup) -> None:
+    """`alldata` (here the generic drafter's own folder) decodes as a method of its own: greedy,
+    its rows are the generic drafter's to the token; it is no candidate of the oracle's, nor a
+    best single drafter in the router's share."""
+    tmp_path, folders = tiny_setup
+    cfg = routed_config(
+        tmp_path,
+        folders | {"alldata": folders["generic"]},
+        methods=["autoregressive", "generic", "alldata", "specialized", "routed", "oracle"],
+        domains=["code"],
+        prompts_per_domain=2,
+        max_new_tokens=5,
+        temperatures=[0.0],
+        batch_sizes=[1],
+    )
+    results = run_eval(cfg, router_loader=lambda path: FixedRouter("generic", "code"))
+    rows = {r["method"]: r for r in results["rows"]}
+    assert rows["alldata"]["exact_match"] == 1.0
+    assert (rows["alldata"]["alpha"], rows["alldata"]["tokens"]) == (
+        rows["generic"]["alpha"],
+        rows["generic"]["tokens"],
+    )
+    assert results["router_share"] and all(s["best_single"] != "alldata" for s in results["router_share"])
+
+
 @pytest.mark.parametrize("batch1_prompts", [0, 4, 1.5])
 def test_bad_batch1_prompts_names_the_value(batch1_prompts) -> None:
     with pytest.raises(ValueError, match=f"batch1_prompts={batch1_prompts}"):
@@ -596,6 +621,7 @@ def test_merged_counts_sum_work_and_take_the_slowest_process_time() -> None:
         (dict(methods=["autoregressive", "telepathy"]), "telepathy"),
         (dict(methods=["generic"]), "autoregressive"),
         (dict(methods=["autoregressive", "generic"]), "drafters.generic"),
+        (dict(methods=["autoregressive", "alldata"]), "drafters.alldata"),
         (dict(methods=["autoregressive", "routed"]), "router_dir"),
         (dict(methods=["autoregressive", "oracle"], batch_sizes=[2]), "batch_sizes"),
         (dict(methods=["autoregressive"], sweep_gammas=[1, 2]), "gamma=None"),

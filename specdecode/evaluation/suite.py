@@ -2,9 +2,11 @@
 
 For each domain's held-out prompts, each temperature and batch size, each method is run for real:
 `autoregressive` (the baseline), `undistilled` (a derived drafter before training), `generic`
-(distilled on the mix), `specialized:<domain>` (each domain drafter, on every domain), `routed`
-(the router picks a drafter per prompt), and `oracle` (per prompt, the drafter predicted fastest
-from its batch-1 run: tokens per pass over the pass's measured cost). Beside the oracle at batch 1,
+(distilled on the mix), `alldata` (the control routing must beat: one drafter trained on the
+domain drafters' data, as long as they and the generic one together), `specialized:<domain>`
+(each domain drafter, on every domain), `routed` (the router picks a drafter per prompt), and
+`oracle` (per prompt, the drafter predicted fastest from its batch-1 run: tokens per pass over the
+pass's measured cost). Beside the oracle at batch 1,
 `routed_choices` scores the router's choices on the same runs the oracle picks from (plus the
 router's seconds): in the router's share of the oracle's gain (`router_share`), the two then
 differ only on the prompts where their choices do. Rows report alpha, tau, tokens/s, speedup over
@@ -133,7 +135,8 @@ class _Models:
 
     @property
     def candidates(self) -> list[str]:
-        """The trained drafters the router and the oracle choose between."""
+        """The trained drafters the router and the oracle choose between (`alldata`, the control
+        routing must beat, is not one)."""
         return [n for n in self.drafters if n == "generic" or n.startswith("specialized:")]
 
 
@@ -165,14 +168,14 @@ def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], ob
 
 
 def _method_name(drafter: str) -> str:
-    """The method a trained drafter of `cfg.drafters` decodes as: `generic`, or `specialized:<name>`."""
-    return "generic" if drafter == "generic" else f"specialized:{drafter}"
+    """The method a trained drafter of `cfg.drafters` decodes as: `generic`, `alldata` or `specialized:<name>`."""
+    return drafter if drafter in ("generic", "alldata") else f"specialized:{drafter}"
 
 
 def _family(name: str) -> str:
-    """The method a generator's rows belong to: `autoregressive`, `undistilled`, `generic`, or
-    `specialized` for `code` / `specialized:code`."""
-    return name if name in ("autoregressive", "undistilled", "generic") else "specialized"
+    """The method a generator's rows belong to: `autoregressive`, `undistilled`, `generic`,
+    `alldata`, or `specialized` for `code` / `specialized:code`."""
+    return name if name in ("autoregressive", "undistilled", "generic", "alldata") else "specialized"
 
 
 def _core(cfg: EvalConfig, models: _Models) -> dict[str, Any]:
@@ -438,7 +441,9 @@ def _publish(
             # method → the main process's seconds compiling, kept out of its rows' times (`records.settled`)
             "compile_seconds": models.compile_seconds,
             # the drafters the router and the oracle choose between (`_Models.candidates`), as rows name them
-            "router_share": router_share(finalize_rows(main), [_method_name(n) for n in cfg.drafters]),
+            "router_share": router_share(
+                finalize_rows(main), [_method_name(n) for n in cfg.drafters if n != "alldata"]
+            ),
         }
         out = Path(cfg.output_dir)
         write_atomic(out / "results.json", json.dumps(results, indent=2))

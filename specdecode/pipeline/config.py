@@ -94,10 +94,10 @@ class DemoConfig(Placement):
         self.check_placement()
         self.domains = check_domains(self.domains)
         require(
-            "mix" not in self.domains,
+            not {"mix", "alldata"} & set(self.domains),
             "domains",
             self.domains,
-            "domain names other than mix (the generic drafter's data)",
+            "domain names other than mix (the generic drafter's data) and alldata (the all-data control)",
         )
         for domain in self.distill_per_domain:
             require(

@@ -1,6 +1,7 @@
 """The main job on the embedded default: benchmark → distill the generic drafter on the mix and each
-domain's drafter (from scratch, or fine-tuned from the generic one) → router labels → router fit →
-evaluation, each stage cached by its resolved config and the code (`make demo`).
+domain's drafter (from scratch, or fine-tuned from the generic one), and the all-data control → router
+labels → router fit → evaluation, each stage cached by its resolved config and the code (`make demo`).
+The report then says whether routing beat the control (`specdecode.evaluation.control`).
 
 Every stage's config is composed from the checked-in YAML under conf/ with the demo's overrides,
 so the demo runs exactly what the individual commands run, and its cache key is that config.
@@ -8,6 +9,7 @@ so the demo runs exactly what the individual commands run, and its cache key is 
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from collections.abc import Callable
@@ -22,6 +24,7 @@ from specdecode.core.locking import locks_output_dir
 from specdecode.data.config import DataConfig, to_dict
 from specdecode.data.registry import resolve_domains
 from specdecode.evaluation.config import BenchmarkConfig, EvalConfig
+from specdecode.evaluation.control import control_comparison, control_section
 from specdecode.evaluation.report import markdown_table, rebase_links
 from specdecode.models.config import DrafterConfig
 from specdecode.pipeline.config import DemoConfig, accelerate_config_file
@@ -30,7 +33,7 @@ from specdecode.pipeline.schemas import compose_config
 from specdecode.pipeline.stages import Stage, code_fingerprint, run_stages
 from specdecode.routing.config import CollectConfig, FitRouterConfig
 from specdecode.training.config import TrainConfig, TrainJobConfig
-from specdecode.training.sequences import domain_parts, mix_limit, pool_size
+from specdecode.training.sequences import domain_limit, domain_parts, mix_limit, pool_size
 
 
 def _benchmark(config: dict, out: Path) -> None:
@@ -95,6 +98,65 @@ def _mix_config(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
+def _alldata_config(mix: dict[str, Any], jobs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The all-data control's job config: the generic drafter's (`mix`, as composed, before its
+    limits are set) reading each domain job's training sequences (their caches), for the summed
+    budget (`max_steps`, `max_minutes`) of `jobs` (the generic one under `mix`, and the domain
+    jobs by domain): the data and minutes of the drafters routing chooses between, in one drafter."""
+    train = mix["train"]
+    train["train_sequences_per_domain"] = {
+        name: domain_limit(from_dict(TrainConfig, job["train"]), name, "train", job["train"]["train_sequences"])
+        for name, job in jobs.items()
+        if name != "mix"
+    }
+    train["train_sequences"] = None  # each domain's share is named: no cap on their sum
+    for key in ("max_steps", "max_minutes"):
+        budgets = [job["train"][key] for job in jobs.values()]
+        train[key] = None if None in budgets else sum(budgets)
+    return _mix_config(mix)
+
+
+def _drafter_stages(
+    cfg: DemoConfig,
+    composed: Callable[[str, list[str]], dict[str, Any]],
+    distill: Callable[[dict, Path], None],
+    control: bool,
+) -> list[Stage]:
+    """The distillation stages in training order: the generic drafter's (`distill-mix`) and each
+    domain's (first, or fine-tuned from the generic one after it), then, with `control`, the
+    all-data control's (`distill-alldata`), after the domain jobs whose cached sequences it reads.
+    `composed(app, overrides)` is an app's config as the demo composes it."""
+    stages: list[Stage] = []
+    mix: dict[str, Any] = {}
+    from_generic = cfg.specialists_from == "generic"
+    generic_dir = str(Path(cfg.output_dir) / "distill-mix" / "drafter")
+    for name in ("mix", *cfg.domains) if from_generic else (*cfg.domains, "mix"):
+        mix_domains = [f"data.domains=[{','.join(cfg.domains)}]"] if name == "mix" else []
+        config = composed(
+            "distill",
+            [
+                f"data={name}",
+                *mix_domains,
+                f"loss={cfg.loss(name)}",
+                *cfg.distill,
+                *cfg.distill_per_domain.get(name, []),
+            ],
+        )
+        after: list[str] = []
+        if name != "mix" and from_generic:
+            # Fine-tuned from the generic drafter (any kind: a pretrained folder keeps its own).
+            config["drafter"] = asdict(DrafterConfig(kind="pretrained", path=generic_dir, draft_vocab=None))
+            after = ["distill-mix"]
+        if name == "mix":
+            mix = copy.deepcopy(config)
+            config = _mix_config(config)
+        stages.append(Stage(f"distill-{name}", config, distill, after=after))
+    if control:
+        jobs = {s.name.removeprefix("distill-"): s.config for s in stages}
+        stages.append(Stage("distill-alldata", _alldata_config(mix, jobs), distill))
+    return stages
+
+
 def demo_stages(cfg: DemoConfig) -> list[Stage]:
     """The stages in dependency order. Paths between stages point at final stage folders.
 
@@ -123,38 +185,21 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     stages: list[Stage] = []
     if cfg.run_benchmark:
         stages.append(Stage("benchmark", composed("benchmark", list(cfg.benchmark)) | gamma, _benchmark))
-    drafter_dirs: dict[str, str] = {}
-    from_generic = cfg.specialists_from == "generic"
-    generic_dir = str(root / "distill-mix" / "drafter")
-    for name in ("mix", *cfg.domains) if from_generic else (*cfg.domains, "mix"):
-        stage = f"distill-{name}"
-        mix_domains = [f"data.domains=[{','.join(cfg.domains)}]"] if name == "mix" else []
-        config = composed(
-            "distill",
-            [
-                f"data={name}",
-                *mix_domains,
-                f"loss={cfg.loss(name)}",
-                *cfg.distill,
-                *cfg.distill_per_domain.get(name, []),
-            ],
-        )
-        after: list[str] = []
-        if name != "mix" and from_generic:
-            # Fine-tuned from the generic drafter (any kind: a pretrained folder keeps its own).
-            config["drafter"] = asdict(DrafterConfig(kind="pretrained", path=generic_dir, draft_vocab=None))
-            after = ["distill-mix"]
-        if name == "mix":
-            config = _mix_config(config)
-        stages.append(Stage(stage, config, distill, after=after))
-        drafter_dirs["generic" if name == "mix" else name] = str(root / stage / "drafter")
-    # the router and the evaluation list the drafters in one order, whichever trained first
-    drafter_dirs = {name: drafter_dirs[name] for name in (*cfg.domains, "generic")}
-    distills = [s.name for s in stages if s.name.startswith("distill-")]
+    short = composed("eval", [*cfg.eval, *cfg.short_eval]) if cfg.short_eval else None
+    control = any("alldata" in e["methods"] for e in (evaluation, short) if e is not None)
+    trained = _drafter_stages(cfg, composed, distill, control)
+    stages += trained
+    # the router and the evaluation list the drafters in one order, whichever trained first; the
+    # evaluation also has the control, which the router does not choose
+    drafter_dirs = {
+        d: str(root / f"distill-{'mix' if d == 'generic' else d}" / "drafter") for d in (*cfg.domains, "generic")
+    }
+    evaluated = drafter_dirs | ({"alldata": str(root / "distill-alldata" / "drafter")} if control else {})
+    distills = [s.name for s in trained if s.name != "distill-alldata"]
 
     def wired(config: dict[str, Any]) -> dict[str, Any]:
         return config | {
-            "drafters": config["drafters"] | drafter_dirs,
+            "drafters": config["drafters"] | evaluated,
             "router_dir": str(root / "fit"),
             "domains": list(cfg.domains),
             "data": data,
@@ -167,10 +212,10 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     stages.append(Stage("collect", collect, _collect, after=distills))
     fit = composed("fit", list(cfg.fit)) | {"labels": str(root / "collect" / "labels.jsonl")}
     stages.append(Stage("fit", fit, _fit, after=["collect"]))
-    stages.append(Stage("eval", evaluation, evaluate, after=[*distills, "fit"]))
-    if cfg.short_eval:
-        short = wired(composed("eval", [*cfg.eval, *cfg.short_eval]))
-        stages.append(Stage("eval-short", short, evaluate, after=[*distills, "fit"]))
+    after = [*(s.name for s in trained), "fit"]
+    stages.append(Stage("eval", evaluation, evaluate, after=after))
+    if short is not None:
+        stages.append(Stage("eval-short", wired(short), evaluate, after=after))
     return stages
 
 
@@ -270,11 +315,18 @@ def run_demo(cfg: DemoConfig) -> Path:
         shutil.copy2(png, root / png.name)
     results = json.loads((evaluation / "results.json").read_text())
     results["stages"] = {name: str(path) for name, path in outputs.items()}
+    # Routing against the all-data control: the default drafter is whichever is accepted more often.
+    comparison = control_comparison(results)
+    if comparison is not None:
+        results["control"] = comparison
+        results["default_drafter"] = comparison["default_drafter"]
     if "eval-short" in outputs:
         short = json.loads((outputs["eval-short"] / "results.json").read_text())
         results["short_eval"] = {"config": short["config"], "rows": short["rows"]}
     write_atomic(root / "results.json", json.dumps(results, indent=2))
     report = [rebase_links((evaluation / "report.md").read_text(), evaluation, root)]
+    if comparison is not None:
+        report += control_section(comparison, str(outputs["distill-alldata"] / "drafter"))
     if "eval-short" in outputs:
         tokens = results["short_eval"]["config"]["max_new_tokens"]
         report += ["", f"## The same drafters at {tokens} new tokens (stage `eval-short`)", ""]
@@ -296,7 +348,7 @@ def run_demo(cfg: DemoConfig) -> Path:
         if name.startswith("distill-") and metrics_path.is_file():
             m = json.loads(metrics_path.read_text())
             report.append(
-                f"| {m['data']} | {m['drafter_kind']} | {m['loss']} | {m['selection_metric']} | "
+                f"| {name.removeprefix('distill-')} | {m['drafter_kind']} | {m['loss']} | {m['selection_metric']} | "
                 f"{m['acceptance_before']:.3f} | "
                 f"{m['acceptance_best']:.3f} | {m['acceptance_gain']:+.3f} | {m['steps']} | {m['epochs']:.1f} | "
                 f"{m['train_seconds'] / 60:.1f} | {(m.get('gamma') or {}).get('chosen', '–')} | "

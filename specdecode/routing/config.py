@@ -238,9 +238,28 @@ class FitRouterConfig(Placement):
     weight_decay: float = 1e-2
     seed: int = 0
     latency_repeats: int = 5
+    # The far-prompt threshold (specdecode.routing.novelty): fitted per domain on `novelty_prompts`
+    # training prompts the router never learnt from (0: no threshold), at `novelty_quantile` of their
+    # distances; a prompt past every domain's goes to `fallback` (a drafter of the labels, or autoregressive).
+    novelty_prompts: int = 100
+    novelty_quantile: float = 0.99
+    fallback: str = "generic"
 
     def __post_init__(self) -> None:
         self.check_placement()
+        require(
+            is_int(self.novelty_prompts) and self.novelty_prompts >= 0,
+            "novelty_prompts",
+            self.novelty_prompts,
+            "an int >= 0",
+        )
+        require(
+            is_number(self.novelty_quantile) and 0 < self.novelty_quantile <= 1,
+            "novelty_quantile",
+            self.novelty_quantile,
+            "a number in (0, 1]",
+        )
+        require(isinstance(self.fallback, str) and bool(self.fallback), "fallback", self.fallback, "a route name")
         require(
             bool(self.labels) and str(self.labels).endswith(".jsonl"),
             "labels",

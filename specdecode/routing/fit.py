@@ -1,13 +1,14 @@
 """Fitting the router (router/fit.py): its MLP learns to name a prompt's domain from domain-tagged
 prompts (the labels' train prompts, and more of each domain's training split, which need no target
-pass); its table is each domain's mean predicted speedup per drafter on the labels' train rows. The
-router is then reported on the labels' held-out rows."""
+pass); its table is each domain's mean predicted speedup per drafter on the labels' train rows; its
+far-prompt threshold is fitted on more training prompts it never learnt from
+(`specdecode.routing.novelty`). The router is then reported on the labels' held-out rows."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from specdecode.data.registry import domain_examples
 from specdecode.routing.config import FitRouterConfig
 from specdecode.routing.embedders import Embedder, embed, make_embedder
 from specdecode.routing.labels import read_labels
+from specdecode.routing.novelty import fallback_route, fit_novelty
 from specdecode.routing.report import report_markdown, routing_report
 from specdecode.routing.router import NO_DRAFTER, OBJECTIVE, Router, RouterMLP, feature_scale, label_matrix
 
@@ -115,22 +117,66 @@ def _train_classifier(
     return mlp.eval()
 
 
-def _domain_prompts(train_rows: list[dict[str, Any]], meta: dict[str, Any], per_domain: int) -> dict[str, str]:
+def _domain_prompts(
+    train_rows: list[dict[str, Any]], meta: dict[str, Any], per_domain: int, novelty: int = 0
+) -> tuple[dict[str, str], dict[str, str]]:
     """Prompt → domain for the MLP: the labels' train prompts, then the first `per_domain` training
     prompts of each labelled domain from the source the labels were collected on (labels.meta.json's
-    config holds each domain's data config; the same split, so held-out prompts stay unseen)."""
+    config holds each domain's data config; the same split, so held-out prompts stay unseen). And
+    prompt → domain for the far-prompt threshold: up to `novelty` training prompts of each domain
+    after those, which the MLP never sees."""
     tagged = {r["prompt"]: r["domain"] for r in train_rows}
+    unseen: dict[str, str] = {}
     collected = meta.get("config", {})
     for domain in sorted({r["domain"] for r in train_rows}):
         data = collected.get("data", {}).get(domain)
-        if per_domain and data is None:
+        if (per_domain or novelty) and data is None:
             raise ValueError(
                 f"the labels' config (labels.meta.json) holds no data config for domain {domain!r}: "
                 "collect the labels again with router/collect.py"
             )
-        examples = domain_examples(data, "train", per_domain) if per_domain else []
-        tagged |= {ex.prompt: domain for ex in examples if ex.prompt not in tagged}
-    return tagged
+        examples = domain_examples(data, "train", per_domain + novelty) if per_domain or novelty else []
+        labelled = set(tagged)
+        tagged |= {ex.prompt: domain for ex in examples[:per_domain] if ex.prompt not in labelled}
+        unseen |= {ex.prompt: domain for ex in examples[per_domain:] if ex.prompt not in labelled}
+    return tagged, unseen
+
+
+def _with_novelty(
+    router: Router,
+    cfg: FitRouterConfig,
+    features: torch.Tensor,
+    tagged: dict[str, str],
+    unseen: dict[str, str],
+    heldout_rows: list[dict[str, Any]],
+) -> tuple[Router, dict[str, Any] | None]:
+    """`router` with its far-prompt threshold fitted on the `unseen` prompts (`features` `[M, F]`
+    are the `tagged` prompts'), and what the report says of it; unchanged without
+    `cfg.novelty_prompts`. A domain with no unseen training prompt (all of them taught the MLP)
+    is fitted on its labels' held-out prompts instead."""
+    if not cfg.novelty_prompts:
+        return router, None
+    unseen = dict(unseen)
+    for domain in router.domains:
+        if domain not in unseen.values():
+            heldout = [r["prompt"] for r in heldout_rows if r["domain"] == domain]
+            unseen |= dict.fromkeys(heldout[: cfg.novelty_prompts], domain)
+    novelty = fit_novelty(
+        features,
+        list(tagged.values()),
+        embed(router.embedder, list(unseen)),
+        list(unseen.values()),
+        router.domains,
+        quantile=cfg.novelty_quantile,
+        fallback=cfg.fallback,
+    )
+    report = {
+        "fallback": cfg.fallback,
+        "quantile": cfg.novelty_quantile,
+        "heldout_prompts": {d: list(unseen.values()).count(d) for d in router.domains},
+        "thresholds": dict(zip(router.domains, novelty.thresholds.tolist())),
+    }
+    return replace(router, novelty=novelty), report
 
 
 def run_fit(cfg: FitRouterConfig, *, progress: bool = True) -> dict[str, Any]:
@@ -148,9 +194,11 @@ def run_fit(cfg: FitRouterConfig, *, progress: bool = True) -> dict[str, Any]:
             "need >= 2 and >= 1 (collect with splits [train, heldout])"
         )
     drafters = list(meta["drafters"]) + ([NO_DRAFTER] if cfg.no_drafter else [])
+    if cfg.novelty_prompts:
+        fallback_route(cfg.fallback, drafters, NO_DRAFTER)  # before any embedding
     bar = tqdm(total=3, desc="fit router", unit="stage", disable=not progress)
     embedder = make_embedder(cfg.router.embedder, str(resolve_device(cfg.device)))
-    tagged = _domain_prompts(train_rows, meta, cfg.router.domain_prompts)
+    tagged, unseen = _domain_prompts(train_rows, meta, cfg.router.domain_prompts, cfg.novelty_prompts)
     features = embed(embedder, list(tagged))
     bar.update(1)
     router = fit_router(
@@ -168,6 +216,7 @@ def run_fit(cfg: FitRouterConfig, *, progress: bool = True) -> dict[str, Any]:
         seed=cfg.seed,
         embedder_spec=asdict(cfg.router.embedder),
     )
+    router, novelty = _with_novelty(router, cfg, features, tagged, unseen, heldout_rows)
     output = Path(cfg.output_dir)
     router.save(output)
     bar.update(1)
@@ -178,6 +227,7 @@ def run_fit(cfg: FitRouterConfig, *, progress: bool = True) -> dict[str, Any]:
         "classifier_prompts": len(tagged),
         "domains": router.domains,
         "train_domain_accuracy": sum(n == d for n, d in zip(named, tagged.values())) / len(tagged),
+        "novelty": novelty,
     }
     report["labels"] = {
         "path": str(cfg.labels),

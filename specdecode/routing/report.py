@@ -77,6 +77,8 @@ def routing_report(router: Router, rows: Sequence[Mapping[str, Any]], *, latency
         "agreement_with_oracle": sum(k == o for k, o in zip(choices, oracle_choice)) / len(rows),
         "confusion": confusion,
         "oracle_confusion": oracle_confusion,
+        # rows beyond every domain's far-prompt threshold, which took the fallback route
+        "far_prompts": sum(router.far(texts)),
         "routing_latency_ms_per_prompt": statistics.median(timings) / len(rows) * 1e3,
         "routing_batch": len(rows),
         "routing_latency_ms_batch1": statistics.median(single) * 1e3,
@@ -117,6 +119,15 @@ def report_markdown(report: dict[str, Any]) -> str:
         f"{report['torch_threads']} torch threads).",
         "",
     ]
+    novelty = report.get("fit", {}).get("novelty")
+    if novelty:
+        thresholds = ", ".join(f"{d} {t:.3f}" for d, t in novelty["thresholds"].items())
+        lines += [
+            f"Far prompts: beyond every domain's {novelty['quantile']} quantile of held-out cosine distance to its "
+            f"centroid ({thresholds}), a prompt goes to `{novelty['fallback']}`; "
+            f"{report.get('far_prompts', 0)} of these {report['prompts']} held-out prompts did.",
+            "",
+        ]
     for title, table in (("Chosen drafter", report["confusion"]), ("Oracle's drafter", report["oracle_confusion"])):
         drafters = list(next(iter(table.values())))
         lines += [

@@ -7,10 +7,12 @@ What a drafter earns on one prompt depends mostly on which continuation the targ
 write, which the prompt's text does not predict; which drafter pays on a kind of prompt carries
 over. So the MLP is trained to name the
 prompt's domain (`specdecode.routing.fit`), and `table` holds each domain's mean label per drafter
-from `specdecode.routing.labels`. Routed decoding is `specdecode.routing.generate`.
+from `specdecode.routing.labels`. A prompt far from every trained domain takes a fallback route
+instead (`specdecode.routing.novelty`). Routed decoding is `specdecode.routing.generate`.
 
-On disk a router is `router.safetensors` (the MLP's weights, the feature statistics and the table)
-and `router.json` (the drafters in order, the domains in order, the embedder and the MLP's sizes).
+On disk a router is `router.safetensors` (the MLP's weights, the feature statistics, the table and
+the domains' centroids and thresholds) and `router.json` (the drafters in order, the domains in
+order, the embedder, the MLP's sizes and the fallback).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from specdecode.core.atomic import write_atomic
 from specdecode.core.config import is_int, is_number
 from specdecode.models.folders import read_safetensors
 from specdecode.routing.embedders import Embedder, embed, make_embedder
+from specdecode.routing.novelty import Novelty, fallback_route
 
 # The route to plain decoding: chosen where every drafter is predicted to slow the prompt down.
 # Its labels are known without measuring: speedup 1, acceptance 0.
@@ -45,6 +48,12 @@ _KEYS: dict[str, tuple[Any, str]] = {
     "num_features": (lambda v: is_int(v) and v >= 1, "an int >= 1"),
     "hidden": (lambda v: is_int(v) and v >= 1, "an int >= 1"),
     "dropout": (lambda v: is_number(v) and 0 <= v < 1, "a number in [0, 1)"),
+    "novelty": (
+        lambda v: (
+            v is None or isinstance(v, dict) and isinstance(v.get("fallback"), str) and is_number(v.get("quantile"))
+        ),
+        "null or {fallback, quantile}",
+    ),
 }
 
 
@@ -68,7 +77,12 @@ class Router:
 
     feature_mean / feature_std: `[F]`, the standardisation of the embedder's features; table:
     `[D, K]` each domain's mean `OBJECTIVE` per drafter; domains: the D names, in the MLP's output
-    order; drafters: the K names, in the table's column order.
+    order; drafters: the K names, in the table's column order; novelty: where prompts far from
+    every domain go (None: every prompt takes its named domain's best drafter).
+
+    Raises:
+        ValueError: a novelty fallback that is not one of `drafters` (or autoregressive, where
+            they hold `NO_DRAFTER`), naming it.
     """
 
     mlp: RouterMLP
@@ -79,6 +93,11 @@ class Router:
     feature_std: torch.Tensor
     table: torch.Tensor
     embedder_spec: dict[str, Any] | None = None
+    novelty: Novelty | None = None
+
+    def __post_init__(self) -> None:
+        if self.novelty is not None:
+            fallback_route(self.novelty.fallback, self.drafters, NO_DRAFTER)
 
     @torch.inference_mode()
     def domain_logits(self, features: torch.Tensor) -> torch.Tensor:
@@ -94,11 +113,23 @@ class Router:
         """`[N, K]` each drafter's mean objective on the text's most probable domain."""
         return self.table[self.domain_logits(embed(self.embedder, texts)).argmax(1)]
 
+    def far(self, texts: Sequence[str]) -> list[bool]:
+        """Whether each text lies beyond every domain's far-prompt threshold (all False without one)."""
+        if self.novelty is None:
+            return [False] * len(texts)
+        return self.novelty.is_far(embed(self.embedder, texts)).tolist()
+
     def route(self, texts: Sequence[str]) -> list[int]:
-        """Index into `drafters` of the chosen drafter per text."""
+        """Index into `drafters` of the chosen drafter per text: its named domain's best, or the
+        fallback's where the text is far from every domain."""
         if not texts:
             raise ValueError("texts is empty: nothing to route")
-        return self.scores(texts).argmax(dim=1).tolist()
+        features = embed(self.embedder, texts)
+        choices = self.table[self.domain_logits(features).argmax(1)].argmax(dim=1)
+        if self.novelty is not None:
+            fallback = self.drafters.index(fallback_route(self.novelty.fallback, self.drafters, NO_DRAFTER))
+            choices[self.novelty.is_far(features)] = fallback
+        return choices.tolist()
 
     def choose(self, texts: Sequence[str]) -> list[str]:
         """Name of the chosen drafter per text."""
@@ -112,6 +143,11 @@ class Router:
             "feature_std": self.feature_std.contiguous(),
             "table": self.table.contiguous(),
         }
+        if self.novelty is not None:
+            tensors |= {
+                "novelty.centroids": self.novelty.centroids.contiguous(),
+                "novelty.thresholds": self.novelty.thresholds.contiguous(),
+            }
         write_atomic(directory / "router.safetensors", save(tensors))
         config = {
             "drafters": self.drafters,
@@ -120,6 +156,9 @@ class Router:
             "num_features": int(self.feature_mean.shape[0]),
             "hidden": self.mlp.hidden,
             "dropout": self.mlp.dropout,
+            "novelty": None
+            if self.novelty is None
+            else {"fallback": self.novelty.fallback, "quantile": self.novelty.quantile},
         }
         write_atomic(directory / "router.json", json.dumps(config, indent=2))
         return directory
@@ -162,11 +201,21 @@ class Router:
         """The router of a checked router.json's `config` and router.safetensors' `tensors`."""
         features, domains, drafters = config["num_features"], len(config["domains"]), len(config["drafters"])
         shapes = {"feature_mean": (features,), "feature_std": (features,), "table": (domains, drafters)}
+        if config["novelty"] is not None:
+            shapes |= {"novelty.centroids": (domains, features), "novelty.thresholds": (domains,)}
         for name, shape in shapes.items():
             if tuple(tensors[name].shape) != shape:
                 raise ValueError(f"{name} has shape {tuple(tensors[name].shape)}, expected {shape}")
         mlp = RouterMLP(features, domains, config["hidden"], config["dropout"])
         mlp.load_state_dict({k.removeprefix("mlp."): v for k, v in tensors.items() if k.startswith("mlp.")})
+        saved = config["novelty"]
+        novelty = (
+            None
+            if saved is None
+            else Novelty(
+                tensors["novelty.centroids"], tensors["novelty.thresholds"], saved["fallback"], saved["quantile"]
+            )
+        )
         return cls(
             mlp.eval(),
             embedder,
@@ -176,6 +225,7 @@ class Router:
             tensors["feature_std"],
             tensors["table"],
             config["embedder"],
+            novelty,
         )
 
 
