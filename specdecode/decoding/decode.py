@@ -9,7 +9,7 @@ every decoder.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,7 @@ from specdecode.decoding.compiled import check_core
 from specdecode.decoding.decoder import Decoder, Request
 from specdecode.decoding.eager import EagerDecoder
 from specdecode.decoding.lookup import DEFAULT_LOOKUP, PromptLookup
+from specdecode.decoding.mixed import RowDrafters, check_rows, row_drafters
 from specdecode.decoding.record import StepEvent
 from specdecode.decoding.sampling import SamplingParams
 from specdecode.decoding.static import CompiledDecoder, StaticDecoder
@@ -31,8 +32,12 @@ from specdecode.models.feature_drafter import FeatureDrafter
 DEFAULT_GAMMA = 4
 
 
-def drafter_gamma(drafter: PreTrainedModel | FeatureDrafter) -> int:
-    """The gamma stored with a trained drafter (`config.specdecode_gamma`), else `DEFAULT_GAMMA`."""
+def drafter_gamma(drafter: PreTrainedModel | FeatureDrafter | RowDrafters) -> int:
+    """The gamma stored with a trained drafter (`config.specdecode_gamma`), else `DEFAULT_GAMMA`;
+    for a mixed batch's drafters, the smallest of theirs (every row drafts the batch's gamma, and a
+    short draft wastes least where a drafter is unsure)."""
+    if isinstance(drafter, RowDrafters):
+        return min((drafter_gamma(model) for model in drafter.models), default=DEFAULT_GAMMA)
     gamma = getattr(drafter.config, "specdecode_gamma", None)
     return gamma if isinstance(gamma, int) and not isinstance(gamma, bool) and gamma >= 1 else DEFAULT_GAMMA
 
@@ -108,12 +113,13 @@ def _options(options: DecodeOptions | None, fields: dict[str, Any]) -> DecodeOpt
 @torch.inference_mode()
 def speculative_generate(
     target: PreTrainedModel,
-    drafter: PreTrainedModel | FeatureDrafter,
+    drafter: PreTrainedModel | FeatureDrafter | Mapping[str, PreTrainedModel | FeatureDrafter],
     prompts: Sequence[Sequence[int]],
     *,
     max_new_tokens: int | Sequence[int],
     gamma: int | None = None,
     prompt_lookup: PromptLookup | None = DEFAULT_LOOKUP,
+    assign: Sequence[str | None] | None = None,
     options: DecodeOptions | None = None,
     **fields: Any,
 ) -> GenerationResult:
@@ -128,18 +134,33 @@ def speculative_generate(
     unsure, copy what followed an earlier occurrence of the row's last tokens (exact;
     `specdecode.decoding.lookup`); None: the drafter alone. How to decode: `options`, and any of
     its fields by keyword (`temperature=0.7, static=True`: `DecodeOptions`).
+
+    Several drafters in one batch: `drafter={"code": d1, "math": d2}` and `assign` naming each
+    prompt's drafter (None: the target alone), e.g. `["code", "math", None]`. Each row drafts with
+    its own drafter, and one target pass per step verifies every row (`mixed.py`; the eager decoder
+    only). `gamma=None` is then the smallest of the assigned drafters' own; with `record=True`
+    each row's record names its drafter.
     """
     options = _options(options, fields)
-    validate_models(target, drafter, prompt_lookup)
+    if isinstance(drafter, Mapping) or assign is not None:
+        drafter = row_drafters(target, drafter, assign, prompt_lookup)
+    else:
+        validate_models(target, drafter, prompt_lookup)
     decoder = options.decoder(target.device)
     gamma = drafter_gamma(drafter) if gamma is None else gamma
     lookup = prompt_lookup if prompt_lookup is not None and prompt_lookup.applies(options.temperature) else None
     request = _request(target, prompts, max_new_tokens, options, gamma=gamma, lookup=lookup)
     decoder.check_room(request)
+    models = (drafter,) if not isinstance(drafter, RowDrafters) else drafter.models
+    if isinstance(drafter, RowDrafters):
+        check_rows(drafter, len(request.prompts))
+        if not isinstance(decoder, EagerDecoder):
+            raise ValueError("several drafters in one batch (assign=) need the eager decoder: static=False")
     if max(request.budgets) == 0:
         return GenerationResult.empty(request.prompts, StepCounters(gamma, target.device), options.record)
-    with folded_gqa(target, drafter):
-        return decoder.speculative(target, drafter, request)
+    with folded_gqa(target, *models):
+        result = decoder.speculative(target, drafter, request)
+    return drafter.named(result) if isinstance(drafter, RowDrafters) else result
 
 
 @torch.inference_mode()

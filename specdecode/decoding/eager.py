@@ -18,7 +18,8 @@ from transformers import PreTrainedModel
 
 from specdecode.decoding.cache import KVCache, RaggedKVCache, cached_forward_features
 from specdecode.decoding.decoder import Decoder, Request
-from specdecode.decoding.drafting import Drafting, drafting_for
+from specdecode.decoding.drafting import Drafting
+from specdecode.decoding.mixed import RowDrafters, ragged_drafting
 from specdecode.decoding.record import Recorder, StepEvent
 from specdecode.decoding.rows import FeatureRows, RaggedRows, prefill
 from specdecode.decoding.sampling import next_tokens
@@ -78,14 +79,14 @@ class EagerDecoder(Decoder):
         return result
 
     def speculative(
-        self, target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, request: Request
+        self, target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter | RowDrafters, request: Request
     ) -> GenerationResult:
         start = time.perf_counter()
         params, generator, batch_size = request.params, request.generator, len(request.prompts)
         gamma = request.gamma or 0
         rows = RaggedRows(request.prompts, request.budgets, slack=gamma + 2, eos=request.eos, device=target.device)
         target_cache = RaggedKVCache.for_model(target, batch_size, rows.capacity)
-        drafting = drafting_for(drafter, RaggedKVCache.for_model(drafter, batch_size, rows.capacity), request.lookup)
+        drafting = ragged_drafting(target, drafter, batch_size, rows.capacity, request.lookup)
         counters = DeviceCounters(gamma, target.device)
         recorder = self._recorder(rows, start)
         finisher = Finisher(batch_size, recorder)
@@ -110,7 +111,7 @@ class EagerDecoder(Decoder):
                 target, target_cache, drafting, rows.last(1), draft, q, rows.lengths - 1, params, generator
             )
             finished = rows.commit(new_tokens, num_accepted + 1)
-            counters.record_step(num_accepted, torch.ones_like(num_accepted, dtype=torch.bool))
+            counters.record_step(num_accepted, torch.ones_like(num_accepted, dtype=torch.bool), drafting.drafting_rows)
             if recorder is not None:
                 recorder.add(rows.rows, rows.lengths, next_token, draft, num_accepted, drafting.last_looked_up)
 

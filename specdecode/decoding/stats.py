@@ -46,10 +46,13 @@ class DeviceCounters:
     def record_target_call(self, active: torch.Tensor) -> None:
         self.calls[:2] += torch.stack([active.any().long(), active.sum()])
 
-    def record_step(self, num_accepted: torch.Tensor, active: torch.Tensor) -> None:
-        self.calls += torch.stack([active.any().long(), active.sum(), active.sum()])
+    def record_step(self, num_accepted: torch.Tensor, active: torch.Tensor, judged: torch.Tensor | None = None) -> None:
+        """A verify step over the `active` rows `[B]` bool, of which `judged` (None: all) drafted:
+        only their drafts count as drafted, accepted or rejected."""
+        judged = active if judged is None else active & judged
+        self.calls += torch.stack([active.any().long(), active.sum(), judged.sum()])
         # scatter_add_ rather than bincount: bincount sizes its output from the data (a host sync)
-        self.histogram.scatter_add_(0, num_accepted, active.long())
+        self.histogram.scatter_add_(0, num_accepted, judged.long())
 
     def finish(
         self, drafter_calls_per_step: int, drafter_prefill_calls: int, looked_up: torch.Tensor | int

@@ -109,7 +109,7 @@ class EvalConfig(Placement):
 
     def __post_init__(self) -> None:
         self.check_placement()
-        known = {"autoregressive", "undistilled", "generic", "specialized", "routed", "oracle"}
+        known = {"autoregressive", "undistilled", "generic", "specialized", "routed", "routed_grouped", "oracle"}
         for method in self.methods:
             require(method in known, "methods", method, f"one of {sorted(known)}")
         check_domains(self.domains)
@@ -117,8 +117,10 @@ class EvalConfig(Placement):
         require("autoregressive" in self.methods, "methods", self.methods, "must include autoregressive (the baseline)")
         if "generic" in self.methods:
             require("generic" in self.drafters, "drafters.generic", None, "method generic needs a drafter folder")
-        if "routed" in self.methods:
-            require(bool(self.router_dir), "router_dir", self.router_dir, "method routed needs a fitted router folder")
+        for method in {"routed", "routed_grouped"} & set(self.methods):
+            require(
+                bool(self.router_dir), "router_dir", self.router_dir, f"method {method} needs a fitted router folder"
+            )
         for name, path in self.drafters.items():
             require(
                 name == "generic" or name in self.domains, "drafters", name, f"generic or one of domains={self.domains}"
