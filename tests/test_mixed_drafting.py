@@ -24,6 +24,7 @@ from tests.models_for_tests import tiny_llama
 from tests.test_evaluation import FixedRouter, routed_config, tiny_setup  # noqa: F401 (a fixture)
 from tests.test_feature_drafter import random_feature_drafter
 from tests.test_verify import (
+    EAGER_LOOKUP,
     N_SAMPLES,
     N_TOKENS,
     PROMPT,
@@ -102,6 +103,19 @@ def test_greedy_mixed_batch_is_the_targets_token_for_token(target, drafters, pro
     assert result.stats.accepted == sum(r.accepted for r in result.record) > 0
     assert result.stats.drafted == sum(r.drafted for r in result.record)
     assert result.stats.gamma == gamma
+
+
+def test_looked_up_drafts_are_flagged_in_their_own_rows(target, drafters, prompts) -> None:
+    """With a lookup that fills most drafts, each sub's lookup mask lands on its rows: the records'
+    flags add up to the count, and no row without a drafter has one."""
+    assign = ASSIGNS["union"]
+    result = mixed(target, drafters, prompts, assign, gamma=3, eos_token_ids=[], prompt_lookup=EAGER_LOOKUP)
+    alone = autoregressive_generate(target, prompts, max_new_tokens=BUDGETS, eos_token_ids=[])
+    assert result.sequences == alone.sequences
+    assert result.record is not None
+    flags = [sum(sum(step.looked_up) for step in record.steps) for record in result.record]
+    assert result.stats.looked_up == sum(flags) > 0
+    assert all(flags[i] == 0 for i, name in enumerate(assign) if name is None)
 
 
 def test_each_row_drafts_with_its_own_drafter(target, drafters, prompts) -> None:
