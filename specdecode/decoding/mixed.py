@@ -122,9 +122,10 @@ class MixedDrafting(Drafting):
         self.device = target.device
         readers = [sub.feature_layers for sub in self.subs if sub.feature_layers is not None]
         self.shared_layers = len(set(readers)) <= 1
-        num_layers = target.config.get_text_config().num_hidden_layers
+        text = target.config.get_text_config()
+        self.num_layers, self.hidden_size = text.num_hidden_layers, text.hidden_size
         if readers:
-            self.feature_layers = readers[0] if self.shared_layers else union_layers(readers, num_layers)
+            self.feature_layers = readers[0] if self.shared_layers else union_layers(readers, self.num_layers)
         # what `target_features` needs of the model for a sub's inner layers: the final norm
         self.target = target
         self._layout()
@@ -202,8 +203,8 @@ class MixedDrafting(Drafting):
         assert self.feature_layers is not None
         # transformers' `hidden_states` as `target_features` reads them: the union's raw states in
         # their places (the others are never read)
-        width = self.target.config.get_text_config().hidden_size
-        states = [mine.new_empty(0)] * (self.target.config.get_text_config().num_hidden_layers + 1)
+        width = self.hidden_size
+        states = [mine.new_empty(0)] * (self.num_layers + 1)
         for j, layer in enumerate(self.feature_layers):
             states[layer] = mine[..., j * width : (j + 1) * width]
         return target_features(self.target, states, sub.feature_layers)
