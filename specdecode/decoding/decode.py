@@ -151,7 +151,7 @@ def speculative_generate(
     lookup = prompt_lookup if prompt_lookup is not None and prompt_lookup.applies(options.temperature) else None
     request = _request(target, prompts, max_new_tokens, options, gamma=gamma, lookup=lookup)
     decoder.check_room(request)
-    models = (drafter,) if not isinstance(drafter, RowDrafters) else drafter.models
+    models = drafter.models if isinstance(drafter, RowDrafters) else (drafter,)
     if isinstance(drafter, RowDrafters):
         check_rows(drafter, len(request.prompts))
         if not isinstance(decoder, EagerDecoder):
@@ -159,8 +159,11 @@ def speculative_generate(
     if max(request.budgets) == 0:
         return GenerationResult.empty(request.prompts, StepCounters(gamma, target.device), options.record)
     with folded_gqa(target, *models):
-        result = decoder.speculative(target, drafter, request)
-    return drafter.named(result) if isinstance(drafter, RowDrafters) else result
+        if not isinstance(drafter, RowDrafters):
+            return decoder.speculative(target, drafter, request)
+        # where no row drafts, the target alone: no placeholder drafts to verify
+        result = decoder.speculative(target, drafter, request) if models else decoder.autoregressive(target, request)
+    return drafter.named(result)
 
 
 @torch.inference_mode()
