@@ -178,9 +178,9 @@ def test_routed_or_oracle_alone_load_the_drafters_they_choose_between(tiny_setup
     )
     turns = []  # (batch size, methods) of each run where the methods take turns
 
-    def interleaved(fns, ids, batch_size, chosen=None, pool=None):
+    def interleaved(fns, ids, batch_size, chosen=None, pool=None, **batching):
         turns.append((batch_size, sorted(fns) + sorted(chosen or {})))
-        return run_interleaved(fns, ids, batch_size, chosen, pool)
+        return run_interleaved(fns, ids, batch_size, chosen, pool, **batching)
 
     monkeypatch.setattr(suite, "run_interleaved", interleaved)
     cfg = routed_config(

@@ -9,7 +9,7 @@ every decoder.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,7 @@ from specdecode.decoding.costs import COST_MAX_GAMMA, step_table
 from specdecode.decoding.decoder import Decoder, Request
 from specdecode.decoding.eager import EagerDecoder
 from specdecode.decoding.lookup import DEFAULT_LOOKUP, PromptLookup
+from specdecode.decoding.mixed import RowDrafters, check_rows, row_drafters
 from specdecode.decoding.record import StepEvent
 from specdecode.decoding.sampling import SamplingParams
 from specdecode.decoding.static import CompiledDecoder, StaticDecoder
@@ -35,8 +36,12 @@ DEFAULT_GAMMA = 4
 AUTO = "auto"
 
 
-def drafter_gamma(drafter: PreTrainedModel | FeatureDrafter) -> int:
-    """The gamma stored with a trained drafter (`config.specdecode_gamma`), else `DEFAULT_GAMMA`."""
+def drafter_gamma(drafter: PreTrainedModel | FeatureDrafter | RowDrafters) -> int:
+    """The gamma stored with a trained drafter (`config.specdecode_gamma`), else `DEFAULT_GAMMA`;
+    for a mixed batch's drafters, the smallest of theirs (every row drafts the batch's gamma, and a
+    short draft wastes least where a drafter is unsure)."""
+    if isinstance(drafter, RowDrafters):
+        return min((drafter_gamma(model) for model in drafter.models), default=DEFAULT_GAMMA)
     gamma = getattr(drafter.config, "specdecode_gamma", None)
     return gamma if isinstance(gamma, int) and not isinstance(gamma, bool) and gamma >= 1 else DEFAULT_GAMMA
 
@@ -133,12 +138,13 @@ def _options(options: DecodeOptions | None, fields: dict[str, Any]) -> DecodeOpt
 @torch.inference_mode()
 def speculative_generate(
     target: PreTrainedModel,
-    drafter: PreTrainedModel | FeatureDrafter,
+    drafter: PreTrainedModel | FeatureDrafter | Mapping[str, PreTrainedModel | FeatureDrafter],
     prompts: Sequence[Sequence[int]],
     *,
     max_new_tokens: int | Sequence[int],
     gamma: int | str | AdaptiveGamma | None = None,
     prompt_lookup: PromptLookup | None = DEFAULT_LOOKUP,
+    assign: Sequence[str | None] | None = None,
     options: DecodeOptions | None = None,
     **fields: Any,
 ) -> GenerationResult:
@@ -156,30 +162,56 @@ def speculative_generate(
     unsure, copy what followed an earlier occurrence of the row's last tokens (exact;
     `specdecode.decoding.lookup`); None: the drafter alone. How to decode: `options`, and any of
     its fields by keyword (`temperature=0.7, static=True`: `DecodeOptions`).
+
+    Several drafters in one batch: `drafter={"code": d1, "math": d2}` and `assign` naming each
+    prompt's drafter (None: the target alone), e.g. `["code", "math", None]`. Each row drafts with
+    its own drafter, and one target pass per step verifies every row (`mixed.py`; the eager decoder
+    only). `gamma=None` is then the smallest of the assigned drafters' own; with `record=True`
+    each row's record names its drafter.
     """
     options = _options(options, fields)
-    validate_models(target, drafter, prompt_lookup)
+    drafting: PreTrainedModel | FeatureDrafter | RowDrafters
+    if isinstance(drafter, Mapping) or assign is not None:
+        drafting = row_drafters(target, drafter, assign, prompt_lookup)
+    else:
+        validate_models(target, drafter, prompt_lookup)
+        drafting = drafter
     decoder = options.decoder(target.device)
     adaptive = _adaptive(gamma)
-    fixed = drafter_gamma(drafter) if gamma is None else gamma if isinstance(gamma, int) else None
+    fixed = drafter_gamma(drafting) if gamma is None else gamma if isinstance(gamma, int) else None
     lookup = prompt_lookup if prompt_lookup is not None and prompt_lookup.applies(options.temperature) else None
     # an adaptive gamma's widest step sizes the rows' slack; its costs are measured after the checks
     widest = fixed if fixed is not None else adaptive.widest if adaptive is not None else COST_MAX_GAMMA
     request = _request(target, prompts, max_new_tokens, options, gamma=widest, lookup=lookup)
     decoder.check_room(request)
+    models = drafting.models if isinstance(drafting, RowDrafters) else (drafting,)
+    if isinstance(drafting, RowDrafters):
+        check_rows(drafting, len(request.prompts))
+        if not isinstance(decoder, EagerDecoder):
+            raise ValueError("several drafters in one batch (assign=) need the eager decoder: static=False")
     if max(request.budgets) == 0:
         return GenerationResult.empty(request.prompts, StepCounters(widest, target.device), options.record)
-    if fixed is None:
-        adaptive = adaptive or adaptive_gamma(target, drafter, options.params)
+    if fixed is None and models:
+        adaptive = adaptive or adaptive_gamma(target, models[0], options.params)
         if isinstance(decoder, EagerDecoder):
-            request = dataclasses.replace(request, gamma=adaptive.widest, adaptive=adaptive)
+            priors = _row_priors(drafting)
+            request = dataclasses.replace(request, gamma=adaptive.widest, adaptive=adaptive, priors=priors)
         else:  # steps of one shape: one gamma for the call
             request = dataclasses.replace(request, gamma=adaptive.fixed_gamma(len(request.prompts)))
-    if request.gamma == 0:
-        with folded_gqa(target):
-            return decoder.autoregressive(target, dataclasses.replace(request, gamma=None, lookup=None))
-    with folded_gqa(target, drafter):
-        return decoder.speculative(target, drafter, request)
+    with folded_gqa(target, *models):
+        if request.gamma == 0 or not models:  # the target alone: no drafts pay, or no row drafts
+            result = decoder.autoregressive(target, dataclasses.replace(request, gamma=None, lookup=None))
+        else:
+            result = decoder.speculative(target, drafting, request)
+    return drafting.named(result) if isinstance(drafting, RowDrafters) else result
+
+
+def _row_priors(drafter: PreTrainedModel | FeatureDrafter | RowDrafters) -> tuple[float, ...] | None:
+    """Each row's prior acceptance in a mixed batch: its drafter's stored one, 0 for a row that
+    drafts nothing (it never gains from drafts); None for one drafter (its own, for every row)."""
+    if not isinstance(drafter, RowDrafters):
+        return None
+    return tuple(0.0 if k is None else drafter_alpha(drafter.models[k]) for k in drafter.owners)
 
 
 def _adaptive(gamma: object) -> AdaptiveGamma | None:

@@ -18,6 +18,7 @@ from transformers import PreTrainedModel
 
 from specdecode.decoding.adaptive import AdaptiveGamma
 from specdecode.decoding.lookup import PromptLookup
+from specdecode.decoding.mixed import RowDrafters
 from specdecode.decoding.sampling import SamplingParams
 from specdecode.decoding.stats import GenerationResult
 from specdecode.models.feature_drafter import FeatureDrafter
@@ -37,6 +38,8 @@ class Request:
     gamma: int | None = None
     # each step's gamma chosen while decoding (eager decoder); None: every step drafts `gamma`
     adaptive: AdaptiveGamma | None = None
+    # with `adaptive`, each row's prior acceptance (a mixed batch's rows, by their drafters); None: its own
+    priors: tuple[float, ...] | None = None
     # prompt lookup applied to the drafts; None: the drafter alone
     lookup: PromptLookup | None = None
     # the target's layers whose features a target-only decode returns (`result.features`); None: none
@@ -48,7 +51,7 @@ class Decoder(ABC):
 
     @abstractmethod
     def speculative(
-        self, target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, request: Request
+        self, target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter | RowDrafters, request: Request
     ) -> GenerationResult:
         """Decode with `drafter` proposing `request.gamma` tokens per target pass: `speculative_generate`."""
 

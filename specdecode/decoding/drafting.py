@@ -51,6 +51,9 @@ class Drafting(ABC):
     draw_width: int | None = None
     # the truncated head whose K ids the drafts are drawn over (`draw_width` = K); None: none
     draft_head: DraftVocabHead | None = None
+    # which rows drafted this step `[B]` bool; the others' drafts are placeholders the verify never
+    # judges (their step is the target's alone: `mixed.MixedDrafting`); None: every row
+    drafting_rows: torch.Tensor | None = None
 
     def __init__(
         self,

@@ -20,7 +20,8 @@ from transformers import PreTrainedModel
 from specdecode.decoding.adaptive import GammaState
 from specdecode.decoding.cache import KVCache, RaggedKVCache, cached_forward_features
 from specdecode.decoding.decoder import Decoder, Request
-from specdecode.decoding.drafting import Drafting, drafting_for
+from specdecode.decoding.drafting import Drafting
+from specdecode.decoding.mixed import RowDrafters, ragged_drafting
 from specdecode.decoding.record import Recorder, StepEvent
 from specdecode.decoding.rows import FeatureRows, RaggedRows, prefill
 from specdecode.decoding.sampling import next_tokens
@@ -97,20 +98,24 @@ class EagerDecoder(Decoder):
         return result
 
     def speculative(
-        self, target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, request: Request
+        self, target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter | RowDrafters, request: Request
     ) -> GenerationResult:
         start = time.perf_counter()
         params, generator, batch_size = request.params, request.generator, len(request.prompts)
         gamma = request.gamma or 0  # the widest step's, where `request.adaptive` chooses each step's
         rows = RaggedRows(request.prompts, request.budgets, slack=gamma + 2, eos=request.eos, device=target.device)
         target_cache = RaggedKVCache.for_model(target, batch_size, rows.capacity)
-        drafter_cache = RaggedKVCache.for_model(drafter, batch_size, rows.capacity)
-        drafting = drafting_for(drafter, drafter_cache, request.lookup, gamma)
-        adaptive = None if request.adaptive is None else request.adaptive.start(batch_size, target.device)
+        drafting = ragged_drafting(target, drafter, batch_size, rows.capacity, request.lookup, gamma)
+        adaptive = None
+        if request.adaptive is not None:
+            priors = None if request.priors is None else torch.tensor(request.priors)
+            adaptive = request.adaptive.start(batch_size, target.device, priors)
         counters = DeviceCounters(gamma, target.device)
         recorder = self._recorder(rows, start)
         finisher = Finisher(batch_size, recorder)
-        kept: list[RowsKept] = [target_cache, drafting] + ([adaptive] if adaptive is not None else [])
+        kept: list[RowsKept] = [target_cache, drafting]
+        if adaptive is not None:
+            kept.append(adaptive)
 
         # 0. prefill: the target's first token is an ordinary sample; the drafter only reads the prompt.
         first, hidden = prefill(target, target_cache, rows, feature_layers=drafting.feature_layers)
@@ -144,7 +149,8 @@ class EagerDecoder(Decoder):
                 target, target_cache, drafting, rows.last(1), draft, q, rows.lengths - 1, params, generator
             )
             finished = rows.commit(new_tokens, num_accepted + 1)
-            counters.record_step(num_accepted, torch.ones_like(num_accepted, dtype=torch.bool), step_gamma)
+            every = torch.ones_like(num_accepted, dtype=torch.bool)
+            counters.record_step(num_accepted, every, step_gamma, drafting.drafting_rows)
             if adaptive is not None:
                 adaptive.update(num_accepted, step_gamma)
             if recorder is not None:

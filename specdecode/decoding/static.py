@@ -42,6 +42,7 @@ from specdecode.decoding.compiled import (
 from specdecode.decoding.decoder import Decoder, Request
 from specdecode.decoding.drafting import Drafting, drafting_for
 from specdecode.decoding.lookup import ActiveRowsLookup
+from specdecode.decoding.mixed import RowDrafters
 from specdecode.decoding.rows import FeatureRows, StaticRows, prefill
 from specdecode.decoding.sampling import DrawnAhead, Params, SamplingParams, exponential_noise, next_tokens, uniform
 from specdecode.decoding.static_buffers import static_buffers
@@ -172,7 +173,7 @@ class StaticDecoder(Decoder):
                 run(step)
 
     def speculative(
-        self, target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, request: Request
+        self, target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter | RowDrafters, request: Request
     ) -> GenerationResult:
         """Exact, in greedy decoding, means each token is the argmax of the target's logits at that
         position as the target computes them in a pass of this batch's shape. In fp32 that is
@@ -182,6 +183,8 @@ class StaticDecoder(Decoder):
         is exact against target-alone greedy in bf16 on the same batch shape and core, up to such
         near-ties, and the rate is measured (`specdecode.evaluation.core_benchmark`), not assumed.
         """
+        if isinstance(drafter, RowDrafters):
+            raise ValueError("several drafters in one batch (assign=) need the eager decoder: static=False")
         start = time.perf_counter()
         device, params, generator, batch_size = target.device, request.params, request.generator, len(request.prompts)
         gamma, lookup = request.gamma or 0, request.lookup

@@ -56,17 +56,25 @@ class DeviceCounters:
     def record_target_call(self, active: torch.Tensor) -> None:
         self.calls[:2] += torch.stack([active.any().long(), active.sum()])
 
-    def record_step(self, num_accepted: torch.Tensor, active: torch.Tensor, gamma: int | None = None) -> None:
-        """A draft-verify step of `gamma` drafts (default: `self.gamma`) in which each row accepted
-        `num_accepted` `[B]`."""
+    def record_step(
+        self,
+        num_accepted: torch.Tensor,
+        active: torch.Tensor,
+        gamma: int | None = None,
+        judged: torch.Tensor | None = None,
+    ) -> None:
+        """A verify step of `gamma` drafts (default: `self.gamma`) over the `active` rows `[B]` bool,
+        of which `judged` (None: all) drafted, each accepting `num_accepted` `[B]`: only the judged
+        rows' drafts count as drafted, accepted or rejected."""
         gamma = self.gamma if gamma is None else gamma
-        rows = active.sum()
-        rejected = (active & (num_accepted < gamma)).sum()
-        self.calls += torch.stack([active.any().long(), rows, rows, gamma * rows, rejected])
+        judged = active if judged is None else active & judged
+        rows = judged.sum()
+        rejected = (judged & (num_accepted < gamma)).sum()
+        self.calls += torch.stack([active.any().long(), active.sum(), rows, gamma * rows, rejected])
         # scatter_add_ rather than bincount: bincount sizes its output from the data (a host sync)
-        self.histogram.scatter_add_(0, num_accepted, active.long())
+        self.histogram.scatter_add_(0, num_accepted, judged.long())
         position = torch.arange(gamma, device=num_accepted.device)
-        self.judged[:gamma] += ((num_accepted.unsqueeze(1) >= position) & active.unsqueeze(1)).sum(dim=0)
+        self.judged[:gamma] += ((num_accepted.unsqueeze(1) >= position) & judged.unsqueeze(1)).sum(dim=0)
 
     def finish(
         self, drafter_calls_per_step: int, drafter_prefill_calls: int, looked_up: torch.Tensor | int

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from specdecode.decoding.cache import cached_forward_features
-from specdecode.decoding.sampling import Generator, Params, logits_to_probs, sample, uniform
+from specdecode.decoding.sampling import Generator, Params, logits_to_probs, next_tokens, sample, uniform
 
 if TYPE_CHECKING:
     from specdecode.decoding.cache import KVCache
@@ -104,7 +104,8 @@ def verify_drafts(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One target pass over each row's pending token `[B, 1]` and its gamma drafts `[B, gamma]` (at
     positions `start[b]` on; the drafting strategy observes the pass's features), then accept or
-    resample (`greedy_accept` when `q` is None). The loops' shared step.
+    resample (`greedy_accept` when `q` is None); rows outside `drafting.drafting_rows` take the
+    target's token after their pending one. The loops' shared step.
 
     Returns:
         `num_accepted` `[B]`, the next token `[B]`, and the new tokens `[B, gamma + 1]` (the drafts
@@ -118,5 +119,11 @@ def verify_drafts(
         if q is None
         else rejection_sample(draft, q, logits_to_probs(logits, params), generator)
     )
+    drafted = drafting.drafting_rows
+    if drafted is not None:
+        # a row that drafted nothing takes the target's own token after its pending one, as a
+        # target-only step would (placeholder drafts are never judged: greedy or sampled, it is exact)
+        num_accepted = torch.where(drafted, num_accepted, 0)
+        next_token = torch.where(drafted, next_token, next_tokens(logits[:, 0], params, generator))
     new_tokens = torch.cat([draft, draft[:, :1]], dim=1).scatter(1, num_accepted.unsqueeze(1), next_token.unsqueeze(1))
     return num_accepted, next_token, new_tokens

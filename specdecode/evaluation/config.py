@@ -114,7 +114,16 @@ class EvalConfig(Placement, Tracking):
     def __post_init__(self) -> None:
         self.check_placement()
         self.check_tracking()
-        known = {"autoregressive", "undistilled", "generic", "alldata", "specialized", "routed", "oracle"}
+        known = {
+            "autoregressive",
+            "undistilled",
+            "generic",
+            "alldata",
+            "specialized",
+            "routed",
+            "routed_grouped",
+            "oracle",
+        }
         for method in self.methods:
             require(method in known, "methods", method, f"one of {sorted(known)}")
         check_domains(self.domains)
@@ -123,8 +132,10 @@ class EvalConfig(Placement, Tracking):
         for single in ("generic", "alldata"):
             if single in self.methods:
                 require(single in self.drafters, f"drafters.{single}", None, f"method {single} needs a drafter folder")
-        if "routed" in self.methods:
-            require(bool(self.router_dir), "router_dir", self.router_dir, "method routed needs a fitted router folder")
+        for method in {"routed", "routed_grouped"} & set(self.methods):
+            require(
+                bool(self.router_dir), "router_dir", self.router_dir, f"method {method} needs a fitted router folder"
+            )
         for name, path in self.drafters.items():
             require(
                 name in ("generic", "alldata") or name in self.domains,

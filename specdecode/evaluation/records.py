@@ -1,19 +1,24 @@
 """What an evaluation counts: one method's decode of a prompt set (`RunRecord`), its raw summable
 counts, how processes' counts merge, and the results.json rows computed from them. Also the
-batching policies the methods decode with (consecutive batches, grouped by chosen drafter), and
+batching policies the methods decode with (consecutive batches, grouped by chosen drafter, or
+mixed: every prompt with its chosen drafter in one batch), and
 compiled decodes timed apart from their compiling (`settled`) in batches of the configured sizes
 (`filled`)."""
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 from specdecode.decoding.compiled import graphs_compiled
 from specdecode.decoding.stats import GenerationResult
 
 Generate = Callable[[list[list[int]]], GenerationResult]
+# A decode of one batch whose prompt i drafts with the drafter `choices[i]` names, all in one batch:
+# `route(prompts, choices=...)`.
+Route = Callable[..., GenerationResult]
 
 # The router's choices scored on the drafters' own batch-1 runs, as the oracle's row is (`composed`).
 ROUTED_CHOICES = "routed_choices"
@@ -104,19 +109,32 @@ def grouped_batches(generators: dict[str, Generate], choices: list[str], batch_s
     return sorted(batches, key=lambda batch: batch[1][0])
 
 
+def mixed_batches(route: Route, choices: list[str], batch_size: int) -> list[Batch]:
+    """Consecutive batches of `batch_size`, each decoded in one batch by `route`, every prompt with
+    its own choice (one target pass per step for all of them)."""
+    return [
+        (partial(route, choices=[choices[i] for i in members]), members)
+        for _, members in consecutive_batches(route, len(choices), batch_size)
+    ]
+
+
 def run_interleaved(
     generators: dict[str, Generate],
     prompts: list[list[int]],
     batch_size: int,
     chosen: dict[str, list[str]] | None = None,
     pool: dict[str, Generate] | None = None,
+    route: Route | None = None,
+    grouped: Collection[str] = (),
 ) -> dict[str, RunRecord]:
     """Decode `prompts` with every method, the methods taking turns batch by batch.
 
     `generators` decode every prompt in consecutive batches of `batch_size` (each method's record
     is what `run_batched` gives it). `chosen` names methods (`routed`, the oracle at batch > 1) that
-    decode prompt i with `pool[chosen[method][i]]`, batched as `grouped_batches` groups them; they
-    take turns with the others. Sequences come back in prompt order.
+    decode prompt i with `pool[chosen[method][i]]`'s drafter: past batch 1 in mixed batches through
+    `route` where given (`mixed_batches`), else (and for the methods in `grouped`) batched as
+    `grouped_batches` groups them; they take turns with the others. Sequences come back in prompt
+    order.
 
     Why turns: a machine whose speed drifts during the evaluation (a shared VM) slows every method
     alike, where running one method's prompts and then the next's lets the drift decide a speedup.
@@ -132,7 +150,10 @@ def run_interleaved(
         missing = sorted(set(choices) - set(pool or {}))
         if missing:
             raise ValueError(f"{name} chooses {missing}, which the pool of generators lacks")
-        plans[name] = grouped_batches(pool or {}, choices, batch_size)
+        if route is not None and batch_size > 1 and name not in grouped:
+            plans[name] = mixed_batches(route, choices, batch_size)
+        else:
+            plans[name] = grouped_batches(pool or {}, choices, batch_size)
     results: dict[str, list[GenerationResult]] = {name: [] for name in plans}
     names = list(plans)
     for turn in range(max((len(plan) for plan in plans.values()), default=0)):

@@ -6,7 +6,9 @@ For each domain's held-out prompts, each temperature and batch size, each method
 domain drafters' data, as long as they and the generic one together), `specialized:<domain>`
 (each domain drafter, on every domain), `routed` (the router picks a drafter per prompt), and
 `oracle` (per prompt, the drafter predicted fastest from its batch-1 run: tokens per pass over the
-pass's measured cost). Beside the oracle at batch 1,
+pass's measured cost). Past batch 1 the eager decoder runs routed and oracle batches mixed (each
+prompt with its drafter, one target pass per step for the batch); `routed_grouped` runs the
+router's choices one batch per chosen drafter, to compare the two. Beside the oracle at batch 1,
 `routed_choices` scores the router's choices on the same runs the oracle picks from (plus the
 router's seconds): in the router's share of the oracle's gain (`router_share`), the two then
 differ only on the prompts where their choices do. Rows report alpha, tau, tokens/s, speedup over
@@ -48,11 +50,13 @@ from specdecode.decoding.decode import (
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.sampling import SamplingParams
 from specdecode.decoding.static_cache import static_capacity
+from specdecode.decoding.stats import GenerationResult
 from specdecode.decoding.timing import measure_pass_costs, warm_up_tokens
 from specdecode.evaluation.config import EvalConfig
 from specdecode.evaluation.records import (
     ROUTED_CHOICES,
     Generate,
+    Route,
     RunRecord,
     composed,
     filled,
@@ -142,7 +146,7 @@ class _Models:
 
 def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], object] | None) -> _Models:
     router = None
-    if "routed" in cfg.methods:
+    if _ROUTED & set(cfg.methods):
         if router_loader is None:
             router_loader = partial(Router.load, device=str(device))
         router = router_loader(cfg.router_dir)  # type: ignore[arg-type]  # router_dir is checked set when routed is asked for
@@ -161,10 +165,14 @@ def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], ob
         drafters["undistilled"] = build_drafter(cfg.undistilled, target, tokenizer, corpus)
     # The router and the oracle choose between the trained drafters: they load for either, even
     # where their own rows were not asked for.
-    choosers = {"routed", "oracle"} & set(cfg.methods)
+    choosers = (_ROUTED | {"oracle"}) & set(cfg.methods)
     wanted = {name: path for name, path in cfg.drafters.items() if _family(name) in cfg.methods or choosers}
     drafters |= {_method_name(name): model for name, model in load_drafters(wanted, target, tokenizer).items()}
     return _Models(target, tokenizer, default_eos(target), drafters, router)
+
+
+# The methods that decode the router's choices: in mixed batches, and grouped by chosen drafter.
+_ROUTED = {"routed", "routed_grouped"}
 
 
 def _method_name(drafter: str) -> str:
@@ -224,6 +232,25 @@ def _generators(
     return generators
 
 
+def _route(models: _Models, gamma: int | str | None, decode: dict, lookup: PromptLookup) -> Route | None:
+    """Decode a batch in one, prompt i with the drafter its choice names (`autoregressive`: the
+    target alone), at `gamma` (None: the smallest of the chosen drafters' own); None where `decode`
+    runs a static decoder, which takes one drafter per batch."""
+    if decode.get("static"):
+        return None
+
+    def route(prompts: list[list[int]], choices: list[str]) -> GenerationResult:
+        assign = [None if choice == "autoregressive" else choice for choice in choices]
+        drafters = {name: models.drafters[name] for name in assign if name is not None}
+        if not drafters:
+            return autoregressive_generate(models.target, prompts, **decode)
+        return speculative_generate(
+            models.target, drafters, prompts, assign=assign, gamma=gamma, prompt_lookup=lookup, **decode
+        )
+
+    return route
+
+
 def _batch_shapes(cfg: EvalConfig, ids: list[list[int]]) -> list[int]:
     """The batch sizes a compiled evaluation of `ids` decodes at (`records.filled`): each configured
     one, or all of the prompts where they are fewer (no batch is filled past them)."""
@@ -237,15 +264,23 @@ def _run_turns(
     batch_size: int,
     chosen: dict[str, list[str]],
     routing_s: float | None,
+    route: Route | None,
 ) -> dict[str, RunRecord]:
     """`methods` on every prompt and the `chosen` methods (routed, oracle) on theirs, all taking
-    turns batch by batch (`run_interleaved`); the routed record pays the router's seconds."""
+    turns batch by batch (`run_interleaved`: mixed batches through `route`, `routed_grouped` by
+    chosen drafter); the routed records pay the router's seconds."""
     records = run_interleaved(
-        {name: generators[name] for name in methods}, ids, batch_size, chosen=chosen, pool=generators
+        {name: generators[name] for name in methods},
+        ids,
+        batch_size,
+        chosen=chosen,
+        pool=generators,
+        route=route,
+        grouped={"routed_grouped"},
     )
-    if "routed" in records:
-        # Routing is part of the routed method's cost.
-        records["routed"].extra_seconds = (routing_s or 0.0) * len(ids)
+    for name in _ROUTED & set(records):
+        # Routing is part of the routed methods' cost.
+        records[name].extra_seconds = (routing_s or 0.0) * len(ids)
     return records
 
 
@@ -268,6 +303,7 @@ def _eval_domain(
             max_new_tokens=cfg.max_new_tokens, temperature=temperature, eos_token_ids=models.eos, seed=cfg.seed
         ) | _core(cfg, models)
         generators = _generators(models, cfg.gamma, decode, cfg.prompt_lookup, _batch_shapes(cfg, ids))
+        route = _route(models, cfg.gamma, decode, cfg.prompt_lookup)
         oracle_choices: list[str] | None = None
         sweep_reference: list[list[int]] | None = None
         for batch_size in sorted(cfg.batch_sizes):
@@ -278,11 +314,12 @@ def _eval_domain(
             # take turns batch by batch, so a drifting machine biases none of the speedups.
             # The router's and (past batch 1) the oracle's rows take their turns too; the oracle's
             # only where its batch-1 choices cover these prompts.
-            chosen = {"routed": routes} if routes is not None else {}
+            routed = [m for m in ("routed", "routed_grouped") if m in cfg.methods and (m == "routed" or batch_size > 1)]
+            chosen = {m: routes for m in routed} if routes is not None else {}
             if oracle_choices is not None and len(oracle_choices) == len(rows):
                 chosen["oracle"] = oracle_choices
             methods = [name for name in generators if _family(name) in cfg.methods]
-            records = _run_turns(generators, methods, rows, batch_size, chosen, routing_s)
+            records = _run_turns(generators, methods, rows, batch_size, chosen, routing_s, route)
             if "oracle" in cfg.methods and models.candidates and oracle_choices is None:
                 # Batch 1, the smallest (EvalConfig requires it): the oracle picks from every
                 # candidate's batch-1 run, whether their rows were asked for or not.
@@ -344,10 +381,12 @@ def _sweep(
         progress.set_postfix_str(f"{domain} T={temperature} B={batch_size} gamma={gamma}")
         generators = _generators(models, gamma, decode, cfg.prompt_lookup, _batch_shapes(cfg, ids))
         methods = [m for m in cfg.sweep_methods if m in generators and _family(m) in cfg.methods]
-        chosen = {"routed": route_choices} if "routed" in cfg.sweep_methods and route_choices is not None else {}
+        routed = "routed" in cfg.sweep_methods and "routed" in cfg.methods and route_choices is not None
+        chosen = {"routed": route_choices} if routed and route_choices is not None else {}
         if not methods and not chosen:
             continue
-        for method, record in _run_turns(generators, methods, ids, batch_size, chosen, routing_s).items():
+        route = _route(models, gamma, decode, cfg.prompt_lookup)
+        for method, record in _run_turns(generators, methods, ids, batch_size, chosen, routing_s, route).items():
             local[(domain, method, temperature, batch_size, gamma)] = record.counts(reference)
     progress.update(1)
     return local
