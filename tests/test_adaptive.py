@@ -269,3 +269,37 @@ def test_the_policy_spends_no_extra_host_sync(target, prompts, monkeypatch) -> N
         monkeypatch.setattr(torch.Tensor, "tolist", original)
         counts[name] = next(calls)
     assert counts["adaptive"] == counts["fixed"]
+
+
+@pytest.mark.parametrize("schedule", [(0, 3, 1), (2, 0, 0)])
+def test_a_mixed_batch_takes_any_gamma_schedule_exactly(target, prompts, schedule) -> None:
+    """Rows of two drafters and rows of none in one batch, each step's gamma from `schedule`: every
+    drafter catches up after the target-only steps; each row's prior is its drafter's acceptance."""
+    drafters = {"slice": tiny_llama(1, seed=1), "feature": derive_feature_drafter(target, 1)}
+    drafters["feature"].config.specdecode_alpha = 0.8
+    assign = ["slice", "feature", None, "feature", "slice", None, "feature", "slice"]
+    reference = autoregressive_generate(target, prompts, max_new_tokens=20, eos_token_ids=[])
+    policy = Scripted(FLAT, schedule=schedule)
+    result = speculative_generate(
+        target, drafters, prompts, assign=assign, gamma=policy, max_new_tokens=20, eos_token_ids=[], record=True
+    )
+    assert result.sequences == reference.sequences
+    assert set(result.stats.gamma_steps) == set(schedule)
+    assert [r.drafter for r in result.record] == assign
+
+
+def test_a_mixed_batch_starts_each_row_at_its_drafters_acceptance(target, prompts, monkeypatch) -> None:
+    started = []
+    original = AdaptiveGamma.start
+
+    def start(self, rows, device, prior=None):
+        started.append(prior.tolist())
+        return original(self, rows, device, prior)
+
+    monkeypatch.setattr(AdaptiveGamma, "start", start)
+    drafters = {"a": tiny_llama(1, seed=1), "b": tiny_llama(1, seed=2)}
+    drafters["a"].config.specdecode_alpha = 0.25
+    speculative_generate(
+        target, drafters, prompts[:3], assign=["a", None, "b"], gamma=AdaptiveGamma(FLAT), max_new_tokens=4
+    )
+    assert started == [[0.25, 0.0, 0.5]]  # b states none: the default prior
