@@ -1,11 +1,16 @@
 """Speculative and autoregressive decoding: sampling, rejection sampling, the KV caches, how each
 drafter kind drafts, the loop and its three decoders (eager, static, compiled), Leviathan's
-speedup model, the timing of passes and decodes, and the gamma choice. Reads models
+speedup model, the timing of passes and decodes, the gamma choice and the gamma chosen while
+decoding (`gamma="auto"`: the measured step table and `AdaptiveGamma`). Reads models
 (`specdecode.models`), never trains or routes them."""
 
+from specdecode.decoding.adaptive import AdaptiveGamma
+from specdecode.decoding.costs import StepTable, step_table
 from specdecode.decoding.decode import (
+    AUTO,
     DEFAULT_GAMMA,
     DecodeOptions,
+    adaptive_gamma,
     autoregressive_generate,
     drafter_gamma,
     speculative_generate,
@@ -18,12 +23,16 @@ from specdecode.decoding.timing import StepCosts, measure_step_costs
 from specdecode.decoding.verify import rejection_sample
 
 __all__ = [
+    "AUTO",
+    "AdaptiveGamma",
     "DEFAULT_GAMMA",
     "DecodeOptions",
     "DecodeStats",
     "GenerationResult",
     "SamplingParams",
     "StepCosts",
+    "StepTable",
+    "adaptive_gamma",
     "autoregressive_generate",
     "choose_gamma",
     "drafter_gamma",
@@ -34,4 +43,5 @@ __all__ = [
     "rejection_sample",
     "sample",
     "speculative_generate",
+    "step_table",
 ]
