@@ -66,6 +66,12 @@ class BenchmarkConfig(Placement):
         require(self.cost_repeats >= 1, "cost_repeats", self.cost_repeats, ">= 1")
 
 
+# The evaluation's methods (conf/eval.yaml says what each decodes with).
+EVAL_METHODS = frozenset(
+    {"autoregressive", "undistilled", "generic", "alldata", "specialized", "routed", "routed_grouped", "oracle"}
+)
+
+
 @dataclass
 class EvalConfig(Placement, Tracking):
     """eval/acceptance.py. `drafters` maps a name (`generic`, `alldata` for the all-data control, or
@@ -114,36 +120,9 @@ class EvalConfig(Placement, Tracking):
     def __post_init__(self) -> None:
         self.check_placement()
         self.check_tracking()
-        known = {
-            "autoregressive",
-            "undistilled",
-            "generic",
-            "alldata",
-            "specialized",
-            "routed",
-            "routed_grouped",
-            "oracle",
-        }
-        for method in self.methods:
-            require(method in known, "methods", method, f"one of {sorted(known)}")
         check_domains(self.domains)
         self.data = resolve_domains(self.domains, self.data, synthetic=self.synthetic)
-        require("autoregressive" in self.methods, "methods", self.methods, "must include autoregressive (the baseline)")
-        for single in ("generic", "alldata"):
-            if single in self.methods:
-                require(single in self.drafters, f"drafters.{single}", None, f"method {single} needs a drafter folder")
-        for method in {"routed", "routed_grouped"} & set(self.methods):
-            require(
-                bool(self.router_dir), "router_dir", self.router_dir, f"method {method} needs a fitted router folder"
-            )
-        for name, path in self.drafters.items():
-            require(
-                name in ("generic", "alldata") or name in self.domains,
-                "drafters",
-                name,
-                f"generic or one of domains={self.domains} (or alldata, the all-data control)",
-            )
-            require(Path(path).exists(), f"drafters.{name}", path, "does not exist")
+        self._check_methods()
         require(self.prompts_per_domain >= 1, "prompts_per_domain", self.prompts_per_domain, ">= 1")
         require(isinstance(self.token_pages, int) and self.token_pages >= 0, "token_pages", self.token_pages, ">= 0")
         require(
@@ -196,3 +175,24 @@ class EvalConfig(Placement, Tracking):
                 method,
                 "undistilled, generic, alldata, routed or specialized:<domain>",
             )
+
+    def _check_methods(self) -> None:
+        """The methods are known, and each has the drafter folders or router it decodes with."""
+        for method in self.methods:
+            require(method in EVAL_METHODS, "methods", method, f"one of {sorted(EVAL_METHODS)}")
+        require("autoregressive" in self.methods, "methods", self.methods, "must include autoregressive (the baseline)")
+        for single in ("generic", "alldata"):
+            if single in self.methods:
+                require(single in self.drafters, f"drafters.{single}", None, f"method {single} needs a drafter folder")
+        for method in {"routed", "routed_grouped"} & set(self.methods):
+            require(
+                bool(self.router_dir), "router_dir", self.router_dir, f"method {method} needs a fitted router folder"
+            )
+        for name, path in self.drafters.items():
+            require(
+                name in ("generic", "alldata") or name in self.domains,
+                "drafters",
+                name,
+                f"generic or one of domains={self.domains} (or alldata, the all-data control)",
+            )
+            require(Path(path).exists(), f"drafters.{name}", path, "does not exist")
