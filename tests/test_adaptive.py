@@ -303,3 +303,24 @@ def test_a_mixed_batch_starts_each_row_at_its_drafters_acceptance(target, prompt
         target, drafters, prompts[:3], assign=["a", None, "b"], gamma=AdaptiveGamma(FLAT), max_new_tokens=4
     )
     assert started == [[0.25, 0.0, 0.5]]  # b states none: the default prior
+
+
+@pytest.mark.parametrize("kind", ["feature", "slice"])
+def test_long_stretches_of_target_only_steps_beside_a_long_row_that_finished(target, kind) -> None:
+    """A long prompt with a short budget leaves early; the others then take 30 target-only steps
+    between drafting ones: the drafter catches up within its cache, token for token the target's."""
+    generator = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, V, (n,), generator=generator).tolist() for n in (60, 3, 5)]
+    budgets = [8, 60, 55]
+    reference = autoregressive_generate(target, prompts, max_new_tokens=budgets, eos_token_ids=[])
+    schedule = (1,) + (0,) * 30 + (4,)
+    result = speculative_generate(
+        target,
+        drafter_of(kind, target),
+        prompts,
+        gamma=Scripted(FLAT, schedule=schedule),
+        max_new_tokens=budgets,
+        eos_token_ids=[],
+    )
+    assert result.sequences == reference.sequences
+    assert result.stats.gamma_steps[0] >= 40

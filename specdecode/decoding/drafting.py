@@ -38,6 +38,9 @@ from specdecode.decoding.sampling import Generator, Params, logits_to_probs, sam
 from specdecode.models.draft_vocab import DraftVocabHead
 from specdecode.models.feature_drafter import FeatureDrafter, feed_back
 
+# Target-only steps a feature drafter lets pass before reading the positions it skipped.
+CATCH_UP = 8
+
 
 class Drafting(ABC):
     """What the speculative loop asks of a drafting strategy, and the state every one keeps; shapes
@@ -100,9 +103,10 @@ class Drafting(ABC):
         self.behind, self.last_gamma = 0, gamma
         return result
 
-    def skip(self) -> None:
-        """The loop took a target-only step (gamma 0): every row committed one token the drafter has
-        not read. The next `propose` catches up on it (the target's features of it were observed)."""
+    def skip(self, tokens: torch.Tensor, lengths: torch.Tensor, max_length: int) -> None:
+        """The loop took a target-only step (gamma 0): every row committed one token (now `lengths[b]`
+        committed `tokens` `[B, S_cap]`, `max_length` = max(lengths)) the drafter has not read. The
+        next `propose` catches up on it (the target's features of it were observed)."""
         self.behind += 1
 
     def snapshot(self) -> Callable[[], None]:
@@ -218,6 +222,15 @@ class FeatureDrafting(Drafting):
         self.cache.set_lengths(upto, bound)
         self.start, self.start_bound = upto, bound
         return feature
+
+    def skip(self, tokens: torch.Tensor, lengths: torch.Tensor, max_length: int) -> None:
+        """As `Drafting.skip`; every `CATCH_UP` target-only steps the drafter reads the positions it
+        skipped but the last (so the next `propose` still has one to start from), which keeps its
+        window, and the cache slots past the longest row it needs, within gamma + `CATCH_UP` + 1."""
+        super().skip(tokens, lengths, max_length)
+        if self.behind >= CATCH_UP:
+            self._read(tokens, lengths - 2, max_length - 2, self.last_gamma + self.behind + 1)
+            self.last_gamma, self.behind = 0, 1
 
     def observe(self, features: torch.Tensor | None, start: torch.Tensor) -> None:
         """Store the verify pass's features `[B, W, n·H]` at positions `start[b] + w`."""

@@ -20,7 +20,7 @@ from transformers import PreTrainedModel
 from specdecode.decoding.adaptive import GammaState
 from specdecode.decoding.cache import KVCache, RaggedKVCache, cached_forward_features
 from specdecode.decoding.decoder import Decoder, Request
-from specdecode.decoding.drafting import Drafting
+from specdecode.decoding.drafting import CATCH_UP, Drafting
 from specdecode.decoding.mixed import RowDrafters, ragged_drafting
 from specdecode.decoding.record import Recorder, StepEvent
 from specdecode.decoding.rows import FeatureRows, RaggedRows, prefill
@@ -103,7 +103,10 @@ class EagerDecoder(Decoder):
         start = time.perf_counter()
         params, generator, batch_size = request.params, request.generator, len(request.prompts)
         gamma = request.gamma or 0  # the widest step's, where `request.adaptive` chooses each step's
-        rows = RaggedRows(request.prompts, request.budgets, slack=gamma + 2, eos=request.eos, device=target.device)
+        # room past the longest row for a verify of gamma + 1, and for a feature drafter's catch-up
+        # window after target-only steps (`drafting.CATCH_UP`)
+        slack = gamma + 2 + (CATCH_UP + 1 if request.adaptive is not None else 0)
+        rows = RaggedRows(request.prompts, request.budgets, slack=slack, eos=request.eos, device=target.device)
         target_cache = RaggedKVCache.for_model(target, batch_size, rows.capacity)
         drafting = ragged_drafting(target, drafter, batch_size, rows.capacity, request.lookup, gamma)
         adaptive = None
@@ -136,7 +139,9 @@ class EagerDecoder(Decoder):
                 step_gamma = gamma
             if step_gamma == 0:
                 # a plain target step: no drafts pay at this batch and acceptance
-                finished = self._target_step(target, target_cache, drafting, rows, counters, recorder, request)
+                finished = self._target_step(
+                    target, target_cache, drafting, rows, max_length, counters, recorder, request
+                )
                 if adaptive is not None:
                     adaptive.update(None, 0)
                 continue
@@ -167,6 +172,7 @@ class EagerDecoder(Decoder):
         cache: KVCache,
         drafting: Drafting,
         rows: RaggedRows,
+        max_length: int,
         counters: DeviceCounters,
         recorder: Recorder | None,
         request: Request,
@@ -175,9 +181,9 @@ class EagerDecoder(Decoder):
         drafting observes the pass's features and falls one step behind (`Drafting.skip`)."""
         logits, hidden = cached_forward_features(target, cache, rows.last(1), feature_layers=drafting.feature_layers)
         drafting.observe(hidden, rows.lengths - 1)
-        drafting.skip()
         token = next_tokens(logits[:, -1], request.params, request.generator)
         finished = rows.commit(token.unsqueeze(1), torch.ones_like(rows.lengths))
+        drafting.skip(rows.tokens, rows.lengths, max_length + 1)
         counters.record_target_call(torch.ones_like(finished))
         if recorder is not None:
             recorder.add(rows.rows, rows.lengths, token)

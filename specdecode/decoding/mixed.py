@@ -181,10 +181,10 @@ class MixedDrafting(Drafting):
         self.last_looked_up = looked_up
         return drafts, q
 
-    def skip(self) -> None:
-        """A target-only step: every sub falls one step behind."""
-        for sub in self.subs:
-            sub.skip()
+    def skip(self, tokens: torch.Tensor, lengths: torch.Tensor, max_length: int) -> None:
+        """A target-only step: every sub falls one step behind, on its own rows."""
+        for sub, rows in self.parts:
+            sub.skip(tokens.index_select(0, rows), lengths.index_select(0, rows), max_length)
 
     def _draft(self, drafts: _Drafts, max_length: int, gamma: int) -> None:
         """Never called: `propose` hands each sub its own rows."""
