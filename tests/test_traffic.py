@@ -231,3 +231,33 @@ def test_logger_wandb_without_wandb_and_an_unknown_logger_fail_before_any_work(
     )
     with pytest.raises(ImportError, match="pip install wandb"):
         run_eval(cfg)
+
+
+def test_a_kind_without_batch_1_prompts_gets_its_larger_batches_only(
+    tmp_path: Path, tiny_models, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kinds take turns: with 2 batch-1 prompts the third kind has none, and its batch-1 rows and
+    sweep are left out instead of failing the run."""
+    kinds = ("gsm8k", "gpqa", "sharegpt")
+    small_mixed(monkeypatch, kinds, 2)
+    target, drafters = tiny_models
+    cfg = EvalConfig(
+        target=TargetConfig(name=target),
+        drafters=drafters,
+        domains=["mixed"],
+        methods=["autoregressive", "generic"],
+        prompts_per_domain=6,
+        batch1_prompts=2,
+        max_new_tokens=4,
+        gamma=2,
+        sweep_gammas=[1],
+        sweep_methods=["generic"],
+        temperatures=[0.0],
+        batch_sizes=[1, 2],
+        token_pages=0,
+        output_dir=str(tmp_path / "eval"),
+    )
+    rows = run_eval(cfg)["rows"]
+    sizes = {(r["domain"], r["batch_size"]) for r in rows if r["method"] == "generic"}
+    assert ("mixed/sharegpt", 2) in sizes and ("mixed/sharegpt", 1) not in sizes
+    assert ("mixed/gsm8k", 1) in sizes and ("mixed/gpqa", 1) in sizes

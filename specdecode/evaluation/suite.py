@@ -309,6 +309,9 @@ def _eval_domain(
         for batch_size in sorted(cfg.batch_sizes):
             progress.set_postfix_str(f"{domain} T={temperature} B={batch_size}")
             rows = ids if batch_size > 1 else ids[:batch1]
+            if not rows:  # a kind of a mixed domain with none of the domain's batch-1 prompts
+                progress.update(1)
+                continue
             routes = None if route_choices is None else route_choices[: len(rows)]
             # A drafter loaded only for the router or the oracle runs no rows of its own. The methods
             # take turns batch by batch, so a drifting machine biases none of the speedups.
@@ -352,6 +355,9 @@ def _eval_domain(
             progress.update(1)
         if temperature in cfg.sweep_temperatures:
             sweep_ids = ids if sweep_batch > 1 else ids[:batch1]
+            if not sweep_ids:
+                progress.update(1)
+                continue
             sweep_routes = None if route_choices is None else route_choices[: len(sweep_ids)]
             local |= _sweep(
                 cfg, models, domain, decode, sweep_ids, sweep_batch, sweep_reference, sweep_routes, routing_s, progress
