@@ -355,9 +355,6 @@ def _eval_domain(
             progress.update(1)
         if temperature in cfg.sweep_temperatures:
             sweep_ids = ids if sweep_batch > 1 else ids[:batch1]
-            if not sweep_ids:
-                progress.update(1)
-                continue
             sweep_routes = None if route_choices is None else route_choices[: len(sweep_ids)]
             local |= _sweep(
                 cfg, models, domain, decode, sweep_ids, sweep_batch, sweep_reference, sweep_routes, routing_s, progress
@@ -379,6 +376,9 @@ def _sweep(
 ) -> dict[tuple, dict]:
     """The gamma sweep: `sweep_methods` at each of `sweep_gammas` (the main gamma's rows exist
     already); greedy rows are checked against target-only greedy (`reference`) like the others."""
+    if not ids:  # a kind of a mixed domain with none of the domain's batch-1 prompts
+        progress.update(1)
+        return {}
     local: dict[tuple, dict] = {}
     temperature = decode["temperature"]
     for gamma in cfg.sweep_gammas:
