@@ -123,8 +123,8 @@ def test_any_gamma_schedule_samples_the_target(mc_models, schedule, drafter_kind
 
 
 def test_where_no_draft_pays_every_step_is_the_targets_alone(target, prompts) -> None:
-    """Drafting 100x a target step: after the prefill the drafter never runs, and every step is one
-    target call."""
+    """Drafting 100x a target step: no draft pays even at the prior, so the target decodes alone
+    and the drafter never runs, not even its prefill."""
     costly = StepTable((1, 8), ((1.0, 100.0, 100.0), (1.0, 100.0, 100.0)), 16)
     drafter = tiny_llama(1, seed=1)
     calls: list[int] = []
@@ -136,8 +136,33 @@ def test_where_no_draft_pays_every_step_is_the_targets_alone(target, prompts) ->
     finally:
         handle.remove()
     assert result.sequences == autoregressive_generate(target, prompts, max_new_tokens=16, eos_token_ids=[]).sequences
-    assert result.stats.gamma_steps == {0: 15} and result.stats.drafted == 0
-    assert len(calls) == 1  # the prefill
+    assert result.stats.drafted == 0 and result.stats.gamma_steps == {0: 15}
+    assert calls == []
+
+
+def test_the_opening_gamma_follows_the_priors_and_the_budgets() -> None:
+    """Gamma 2 pays from alpha ~0.4 at these costs; a row with one token left gains nothing from drafts."""
+    policy = AdaptiveGamma(StepTable((1,), ((1.0, 1.3, 1.6),), 16))
+    assert policy.opening_gamma([0.9, 0.9]) == 2
+    assert policy.opening_gamma([0.1, 0.1]) == 0
+    assert policy.opening_gamma([0.9, 0.9], budgets=[1, 1]) == 0
+    assert policy.opening_gamma([0.9, 0.0, 0.0, 0.0]) == 0  # one sure row does not carry three that draft nothing
+    assert policy.fixed_gamma(8) == policy.opening_gamma([policy.prior_alpha] * 8)
+
+
+def test_one_row_whose_drafter_pays_makes_the_batch_draft(target, prompts) -> None:
+    """A mixed batch where one drafter's prior pays and the other's does not: the loop drafts; with
+    both low, the target decodes alone and no drafter runs."""
+    table = StepTable((1,), ((1.0, 1.3, 1.6),), 16)
+    drafters = {"a": tiny_llama(1, seed=1), "b": tiny_llama(1, seed=2)}
+    drafters["a"].config.specdecode_alpha = 0.95
+    drafters["b"].config.specdecode_alpha = 0.05
+    reference = autoregressive_generate(target, prompts[:2], max_new_tokens=12, eos_token_ids=[])
+    kwargs = dict(gamma=AdaptiveGamma(table), max_new_tokens=12, eos_token_ids=[], prompt_lookup=None)
+    drafting = speculative_generate(target, drafters, prompts[:2], assign=["a", "b"], **kwargs)
+    alone = speculative_generate(target, drafters, prompts[:2], assign=["b", "b"], **kwargs)
+    assert drafting.sequences == alone.sequences == reference.sequences
+    assert drafting.stats.drafted > 0 and alone.stats.drafted == 0
 
 
 def test_free_drafts_of_a_perfect_drafter_take_the_widest_step(target, prompts) -> None:

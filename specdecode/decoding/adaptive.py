@@ -26,6 +26,7 @@ The counts live on the device and the per-gamma sums reach the host in the loop'
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -78,13 +79,28 @@ class AdaptiveGamma:
     def fixed_gamma(self, batch_size: int) -> int:
         """One gamma for a whole decode of `batch_size` rows at the prior acceptance (a static
         decoder, whose steps keep one shape): the best step at the prior."""
-        alpha = min(self.prior_alpha, _MAX_ALPHA)
-        expected = [batch_size * (1 - alpha ** (g + 1)) / (1 - alpha) for g in range(self.widest + 1)]
-        return self.choose(expected, batch_size)
+        return self.opening_gamma([self.prior_alpha] * batch_size)
+
+    def opening_gamma(self, priors: Sequence[float], budgets: Sequence[int] | None = None) -> int:
+        """The first step's gamma for rows starting at `priors` with `budgets` tokens left (None:
+        no cap). 0 means no draft pays even at the rows' stated acceptance; the decode then runs as
+        the target alone (`decode.speculative_generate`): a row that never drafts would only drift
+        back to its prior, which says the same."""
+        rows = budgets if budgets is not None else [None] * len(priors)
+        expected = [0.0] * (self.widest + 1)
+        for prior, room in zip(priors, rows):
+            alpha = min(prior, _MAX_ALPHA)
+            for g in range(self.widest + 1):
+                tokens = (1 - alpha ** (g + 1)) / (1 - alpha)
+                expected[g] += tokens if room is None else min(tokens, room)
+        return self._best(expected, len(priors))
 
     def choose(self, expected: list[float], batch_size: int) -> int:
         """The gamma of the most `expected` tokens (per gamma 0..widest, over the batch) per second
         of a step of `batch_size` rows; ties: the shorter drafts."""
+        return self._best(expected, batch_size)
+
+    def _best(self, expected: list[float], batch_size: int) -> int:
         seconds = self.costs.at(batch_size)
         rates = [expected[g] / seconds[g] for g in range(self.widest + 1)]
         return max(range(len(rates)), key=lambda g: (rates[g], -g))

@@ -157,11 +157,12 @@ def speculative_generate(
     uses the drafter's own (`config.specdecode_gamma`, the candidate its training timed fastest on
     held-out prompts: `choose_gamma`), else `DEFAULT_GAMMA`; `gamma="auto"` (or an `AdaptiveGamma`)
     chooses each step's gamma while decoding, 0 included, from this machine's measured step costs
-    and each row's running acceptance (`adaptive.py`; a static decoder takes one gamma per call
-    from them). `prompt_lookup`: where the drafter is
-    unsure, copy what followed an earlier occurrence of the row's last tokens (exact;
-    `specdecode.decoding.lookup`); None: the drafter alone. How to decode: `options`, and any of
-    its fields by keyword (`temperature=0.7, static=True`: `DecodeOptions`).
+    and each row's running acceptance (`adaptive.py`; where no draft pays even at the rows'
+    starting acceptance, the target decodes alone; a static decoder takes one gamma per call from
+    them). `prompt_lookup`: where the drafter is unsure, copy what followed an earlier occurrence
+    of the row's last tokens (exact; `specdecode.decoding.lookup`); None: the drafter alone. How to
+    decode: `options`, and any of its fields by keyword (`temperature=0.7, static=True`:
+    `DecodeOptions`).
 
     Several drafters in one batch: `drafter={"code": d1, "math": d2}` and `assign` naming each
     prompt's drafter (None: the target alone), e.g. `["code", "math", None]`. Each row drafts with
@@ -195,12 +196,20 @@ def speculative_generate(
         adaptive = adaptive or adaptive_gamma(target, models[0], options.params)
         if isinstance(decoder, EagerDecoder):
             priors = _row_priors(drafting)
-            request = dataclasses.replace(request, gamma=adaptive.widest, adaptive=adaptive, priors=priors)
+            # no draft pays at the rows' stated acceptance: the target alone, without the drafter's
+            # prefill and the loop's per-step bookkeeping
+            starts = priors or (adaptive.prior_alpha,) * len(request.prompts)
+            opening = adaptive.opening_gamma(starts, [max(b - 1, 0) for b in request.budgets])
+            request = dataclasses.replace(
+                request, gamma=adaptive.widest if opening else 0, adaptive=adaptive, priors=priors
+            )
         else:  # steps of one shape: one gamma for the call
             request = dataclasses.replace(request, gamma=adaptive.fixed_gamma(len(request.prompts)))
     with folded_gqa(target, *models):
         if request.gamma == 0 or not models:  # the target alone: no drafts pay, or no row drafts
             result = decoder.autoregressive(target, dataclasses.replace(request, gamma=None, lookup=None))
+            if fixed is None and models:  # gamma chosen, 0: every step after the prefill a target step
+                result.stats.gamma_steps = {0: result.stats.target_calls - 1}
         else:
             result = decoder.speculative(target, drafting, request)
     return drafting.named(result) if isinstance(drafting, RowDrafters) else result
