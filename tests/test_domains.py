@@ -201,6 +201,11 @@ def test_stage_configs_take_any_domain_and_carry_its_data(tmp_path: Path) -> Non
         EvalConfig(methods=["autoregressive"], domains=[])
     with pytest.raises(ValueError, match=r"drafters=.*'legal'.*generic or one of domains"):
         EvalConfig(methods=["autoregressive"], domains=["code"], drafters={"legal": str(tmp_path)})
+    # routed traffic of another domain: the drafters are the router's, checked when it loads
+    routed = EvalConfig(
+        methods=["autoregressive", "routed"], domains=["mixed"], drafters={"code": str(tmp_path)}, router_dir="r"
+    )
+    assert list(routed.drafters) == ["code"]
     demo = DemoConfig(domains=["code", "support"], launcher="in_process")
     assert demo.loss("support") == "forward_kl"  # a domain the demo has never seen gets the defaults
 

@@ -188,11 +188,15 @@ class EvalConfig(Placement, Tracking):
             require(
                 bool(self.router_dir), "router_dir", self.router_dir, f"method {method} needs a fitted router folder"
             )
+        # a routed run may evaluate traffic of other domains (the mixed one) with drafters named for
+        # the router's: those are checked against the router when it loads
+        routed = bool({"routed", "routed_grouped"} & set(self.methods))
         for name, path in self.drafters.items():
             require(
-                name in ("generic", "alldata") or name in self.domains,
+                name in ("generic", "alldata") or name in self.domains or routed,
                 "drafters",
                 name,
-                f"generic or one of domains={self.domains} (or alldata, the all-data control)",
+                f"generic or one of domains={self.domains} (or alldata, the all-data control; any name the "
+                "router chooses, with a routed method)",
             )
             require(Path(path).exists(), f"drafters.{name}", path, "does not exist")
