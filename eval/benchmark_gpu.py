@@ -1,5 +1,6 @@
-"""The decode cores side by side (`make benchmark-gpu`): eager, static and compiled; target alone,
-ours and transformers assisted; fp32 and bf16; the data writer at batch 256.
+"""The decode benchmark's cores side by side (`make benchmark-gpu`, `run_core_benchmark`): eager,
+static and compiled; target alone, ours and transformers assisted; fp32 and bf16; the data writer
+at batch 256.
 
 Defaults: SmolLM2-135M, batch 1, 128-token answers, the methods of `DEFAULT_METHODS`, fp32 and bf16.
 Each compiled method's first call took 64–86 s in bf16 on an H200. `--nested-layers` compiles
@@ -22,8 +23,9 @@ from pathlib import Path
 import torch
 
 import specdecode.decoding.compiled
-from specdecode.evaluation.core_benchmark import DEFAULT_METHODS, report_markdown, run_core_benchmark
-from specdecode.evaluation.core_targets import TARGETS
+from specdecode.evaluation.benchmark import core_report, run_core_benchmark
+from specdecode.evaluation.benchmark_methods import DEFAULT_METHODS
+from specdecode.evaluation.benchmark_targets import TARGETS
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--device", default="cuda")
@@ -90,7 +92,7 @@ for target in targets:
         time_limit_s=args.time_limit_s,
         step_costs=args.step_costs,
     )
-print(report_markdown(rows, args.device))
+print(core_report(rows, args.device))
 if args.out:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps([asdict(r) for r in rows], indent=2))

@@ -8,6 +8,7 @@ import pytest
 
 from specdecode.core.atomic import write_atomic
 from specdecode.evaluation.benchmark import report_markdown, run_benchmark
+from specdecode.evaluation.benchmark_report import rows_table
 from specdecode.evaluation.config import BenchmarkConfig
 from specdecode.models.config import DrafterConfig, TargetConfig
 
@@ -75,3 +76,21 @@ def test_write_atomic_leaves_old_file_on_failure(tmp_path, monkeypatch) -> None:
         write_atomic(path, "new")
     assert path.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+def test_the_report_table_shows_the_columns_some_row_fills() -> None:
+    rows = [
+        {"method": "a", "batch_size": 1, "tokens_per_s": 10.0, "tau": None, "alpha": None},
+        {"method": "b", "batch_size": 1, "tokens_per_s": 20.0, "tau": 2.5, "alpha": None},
+    ]
+    assert rows_table(rows) == [
+        "| batch size | method | tokens per s | tau |",
+        "|---|---|---|---|",
+        "| 1 | a | 10.0 | – |",
+        "| 1 | b | 20.0 | 2.50 |",
+    ]
+
+
+def test_bad_rounds_are_named() -> None:
+    with pytest.raises(ValueError, match=r"rounds=-1: an int >= 0"):
+        BenchmarkConfig(rounds=-1)

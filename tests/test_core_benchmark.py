@@ -9,8 +9,9 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-import specdecode.evaluation.core_benchmark
-from specdecode.evaluation.core_benchmark import (
+import specdecode.evaluation.benchmark_methods
+from specdecode.evaluation.benchmark import core_report, run_core_benchmark
+from specdecode.evaluation.benchmark_methods import (
     CORES,
     DEFAULT_METHODS,
     agreement,
@@ -19,11 +20,9 @@ from specdecode.evaluation.core_benchmark import (
     method_names,
     methods,
     reference_of,
-    report_markdown,
-    run_core_benchmark,
     time_group,
 )
-from specdecode.evaluation.core_targets import llama_1b_shape
+from specdecode.evaluation.benchmark_targets import llama_1b_shape
 from specdecode.evaluation.profiling import host_profile
 from tests.models_for_tests import tiny_llama
 
@@ -53,7 +52,7 @@ def test_the_benchmark_runs_every_method_and_reports_exact_rows() -> None:
         } <= methods
     assert (1, "transformers assisted (slice)") in methods and (3, "transformers assisted (slice)") not in methods
     assert all(r.tokens_per_s > 0 and r.exact_match == 1.0 and r.agreement == 1.0 for r in rows)
-    assert "| tiny | float32 | 3 | ours (slice), static |" in report_markdown(rows, "cpu")
+    assert "| tiny | float32 | 3 | ours (slice), static |" in core_report(rows, "cpu")
 
 
 def test_profile_prints_where_each_method_spends_its_time() -> None:
@@ -123,7 +122,7 @@ def test_past_the_time_limit_no_method_or_round_starts_and_what_was_timed_is_rep
     """A lease ends at a fixed time: the methods timed by then are reported, from one round at least.
     Each call takes 0.05 s of a fake clock; the limit is at 0.07 s."""
     clock, calls = [0.0], []
-    monkeypatch.setattr(specdecode.evaluation.core_benchmark.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(specdecode.evaluation.benchmark_methods.time, "perf_counter", lambda: clock[0])
 
     def slow(name: str):
         def method(batch):
@@ -161,7 +160,7 @@ def test_past_the_time_limit_no_target_is_built() -> None:
 
 
 def test_a_method_whose_reference_was_not_timed_reports_no_match() -> None:
-    found = {"ours (slice), compiled": lambda batch: ([[1, 2]], 1.0, 0.5)}
+    found = {"ours (slice), compiled": lambda batch: ([[1, 2]], 1.0, None)}
     measured = time_group(found, [[[1]]], rounds=1)["ours (slice), compiled"]
     assert measured["exact_match"] is None and measured["agreement"] is None
 
@@ -190,13 +189,22 @@ def test_the_static_cores_decode_every_prompt_of_a_group_at_one_capacity(monkeyp
 
         return run
 
+    module = specdecode.evaluation.benchmark_methods
     for name in ("autoregressive_generate", "speculative_generate"):
-        monkeypatch.setattr(
-            specdecode.evaluation.core_benchmark, name, spying(getattr(specdecode.evaluation.core_benchmark, name))
-        )
+        monkeypatch.setattr(module, name, spying(getattr(module, name)))
     run_core_benchmark(
         "tiny", "cpu", dtypes=("float32",), batch_sizes=(1,), gamma=2, new_tokens=4, prompts_at_batch_1=3,
         rounds=1, writer_batch=0, only=("eager", "static"), progress=lambda line: None,
     )  # fmt: skip
     assert {capacity for static, capacity in seen if static} == {128}  # up to 96 + 4 + 2 + 2 slots
     assert {capacity for static, capacity in seen if not static} == {None}
+
+
+def test_with_no_rounds_the_first_call_is_timed_and_speedup_is_over_the_reference() -> None:
+    found = {
+        "target alone, eager": lambda batch: ([[1, 2]], 1.0, None),
+        "ours (slice), eager": lambda batch: ([[1, 2]], 0.5, None),
+    }
+    measured = time_group(found, [[[1]], [[2]]], rounds=0)
+    assert measured["target alone, eager"]["tokens_per_s"] == 2.0 and measured["target alone, eager"]["speedup"] == 1.0
+    assert measured["ours (slice), eager"]["speedup"] == 2.0 and measured["ours (slice), eager"]["first_call_s"] == 1.0

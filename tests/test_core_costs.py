@@ -7,12 +7,13 @@ import pytest
 import torch
 
 import specdecode.decoding.timing
-import specdecode.evaluation.core_benchmark
+import specdecode.evaluation.benchmark
 from specdecode import autoregressive_generate
 from specdecode.decoding.attention import folded_gqa
 from specdecode.decoding.static_cache import StaticKVCache
 from specdecode.decoding.timing import _pieces, core_step_costs
-from specdecode.evaluation.core_benchmark import costs_markdown, run_core_benchmark
+from specdecode.evaluation.benchmark import run_core_benchmark
+from specdecode.evaluation.benchmark_report import costs_markdown
 from specdecode.models import derive_drafter
 from tests.models_for_tests import tiny_llama
 from tests.test_feature_drafter import random_feature_drafter
@@ -114,7 +115,7 @@ def test_the_benchmark_prints_each_drafters_step_costs(monkeypatch) -> None:
     def eager_and_static(*args, **kwargs):
         return core_step_costs(*args, **kwargs, cores=("eager", "static"), repeats=1)
 
-    monkeypatch.setattr(specdecode.evaluation.core_benchmark, "core_step_costs", eager_and_static)
+    monkeypatch.setattr(specdecode.evaluation.benchmark, "core_step_costs", eager_and_static)
     lines: list[str] = []
     run_core_benchmark(
         "tiny", "cpu", dtypes=("float32",), batch_sizes=(1,), gamma=2, new_tokens=4, prompts_at_batch_1=1,

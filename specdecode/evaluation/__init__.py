@@ -1,5 +1,6 @@
-"""Evaluation (eval/benchmark.py, eval/acceptance.py, eval/report.py): the decode benchmark, the
-evaluation suite over domains, drafters and settings, and the reports and plots of its results."""
+"""Evaluation (eval/benchmark.py, eval/benchmark_gpu.py, eval/acceptance.py, eval/report.py): the
+decode benchmark, the evaluation suite over domains, drafters and settings, and the reports and
+plots of its results."""
 
 from specdecode.evaluation.benchmark import run_benchmark
 from specdecode.evaluation.config import BenchmarkConfig, EvalConfig

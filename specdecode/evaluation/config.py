@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specdecode.core.config import GAMMA_RANGE, TEMPERATURE_RANGE, Placement, is_gamma, is_temperature, require
+from specdecode.core.config import GAMMA_RANGE, TEMPERATURE_RANGE, Placement, is_gamma, is_int, is_temperature, require
 from specdecode.core.tracking import Tracking
 from specdecode.data.domains import DOMAINS
 from specdecode.data.registry import check_domains, resolve_domains
@@ -18,7 +18,8 @@ from specdecode.models.config import DrafterConfig, TargetConfig
 
 @dataclass
 class BenchmarkConfig(Placement):
-    """eval/benchmark.py: target alone vs ours vs transformers assisted generation, batch 1 and B."""
+    """eval/benchmark.py: target alone vs ours vs transformers assisted generation, batch 1 and B
+    (`run_benchmark`)."""
 
     target: TargetConfig = field(default_factory=TargetConfig)
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
@@ -29,6 +30,8 @@ class BenchmarkConfig(Placement):
     max_prompt_tokens: int = 256
     batch1_prompts: int = 3
     batch_size: int = 8
+    # Timed rounds after each method's first call, the methods interleaved; 0: the first call is the timed one.
+    rounds: int = 0
     temperature: float = 0.0
     seed: int = 0
     hf_assisted: bool = True
@@ -63,6 +66,7 @@ class BenchmarkConfig(Placement):
             f"in [1, num_prompts={self.num_prompts}]",
         )
         require(is_temperature(self.temperature), "temperature", self.temperature, TEMPERATURE_RANGE)
+        require(is_int(self.rounds) and self.rounds >= 0, "rounds", self.rounds, "an int >= 0")
         require(self.cost_repeats >= 1, "cost_repeats", self.cost_repeats, ">= 1")
 
 

@@ -1,12 +1,16 @@
 """Where a decode call's time goes: one call under `torch.profiler` (how busy the device's kernels
 kept it, kernels and CUDA graph replays per token, the longest kernels) and one under `cProfile`
-(what the host spent its time on). The core benchmark prints both per method with `--profile`."""
+(what the host spent its time on). `run_core_benchmark` prints both per method with `--profile`
+(`profile_group`)."""
 
 from __future__ import annotations
 
 import cProfile
+import functools
+import math
 import pstats
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -55,3 +59,23 @@ def host_profile(run: Run, top: int = 5) -> str:
         for (file, line, function), (_, _, own, _, _) in ranked
     )
     return f"{seconds / tokens * 1e3:.3f} ms per token under cProfile; own time per token: {named}"
+
+
+def profile_group(
+    methods: Mapping[str, Callable[[list[list[int]]], tuple[list[list[int]], float, object]]],
+    batch: list[list[int]],
+    progress: Callable[[str], None],
+    deadline: float = math.inf,
+) -> None:
+    """`profile_call` and `host_profile` of each of `methods` on `batch`, printed, until `deadline`
+    (a `time.perf_counter()` time); run after the group's rows are printed, so that a profile that
+    fails or runs out of time loses no timing."""
+    for name, method in methods.items():
+        if time.perf_counter() > deadline:
+            progress(f"  profile of {name}: not run, past the time limit")
+            continue
+        try:
+            progress(f"  profile of {name}: {profile_call(functools.partial(method, batch))}")
+            progress(f"  host of {name}: {host_profile(functools.partial(method, batch))}")
+        except Exception as error:  # a diagnostic: its failure must not end the benchmark
+            progress(f"  profile of {name} failed: {error!r}")

@@ -1,17 +1,41 @@
-"""The targets the decode-core benchmark (`core_benchmark`) times: the embedded SmolLM2-135M
-(`load_model`'s default) on held-out prompts, a random-weight model of Llama-3.2-1B's shape built
+"""What the decode benchmark decodes: its prompts (`benchmark_prompts`: held-out prompts of each
+domain), and the targets `run_core_benchmark` times by name: the embedded SmolLM2-135M
+(`load_model`'s default) on those prompts, a random-weight model of Llama-3.2-1B's shape built
 from its config (for timing: no hub, no checkpoint), or a tiny random Llama (to check the
 benchmark itself runs on a CPU), the last two on random prompts."""
 
 from __future__ import annotations
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from specdecode.evaluation.benchmark import benchmark_prompts
+from specdecode.data.domains import DOMAINS, format_prompt, load_domain
 from specdecode.models.loading import as_target, load_model, resolve_dtype
 
 TARGETS = ("smollm2-135m-instruct", "llama-3.2-1b-shape", "tiny")
+
+
+def benchmark_prompts(
+    tokenizer: PreTrainedTokenizerBase, num_prompts: int, max_tokens: int
+) -> list[tuple[str, list[int]]]:
+    """The first held-out prompts of each domain, interleaved, chat-formatted: [(domain, ids)].
+
+    Prompts longer than `max_tokens` are skipped, never truncated.
+    """
+    pools = {domain: iter(load_domain(domain, split="heldout")) for domain in DOMAINS}
+    chosen: list[tuple[str, list[int]]] = []
+    while len(chosen) < num_prompts and pools:
+        for domain in list(pools):
+            ids = next(
+                (ids for ex in pools[domain] if len(ids := format_prompt(tokenizer, ex.prompt)) <= max_tokens), None
+            )
+            if ids is None:
+                del pools[domain]
+            elif len(chosen) < num_prompts:
+                chosen.append((domain, ids))
+    if len(chosen) < num_prompts:
+        raise ValueError(f"only {len(chosen)} held-out prompts fit max_prompt_tokens={max_tokens}; need {num_prompts}")
+    return chosen
 
 
 def llama_1b_shape() -> LlamaConfig:

@@ -1,0 +1,294 @@
+"""The decode benchmark's methods, its one timing loop, and how a method's tokens compare.
+
+A method decodes a batch of prompts: the target alone and ours (at a gamma, or "auto") on each
+decode core (`timing.CORES`), transformers' assisted generation, the training-data writer.
+`time_group` times a group of them on the same prompts: a first call each (where a compiled method
+compiles its shapes), then rounds with the methods interleaved (A, B, C, A, B, C, ...) so that a
+shared or throttled machine slows them alike. A method's tokens are compared with its reference's
+(`reference_of`): the exact-match rate, and the agreement, the mean share of a row before its first
+difference (in bf16 a near-tie flips a long row somewhere; this says how far in).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from specdecode.decoding.adaptive import AdaptiveGamma
+from specdecode.decoding.decode import autoregressive_generate, speculative_generate
+from specdecode.decoding.lookup import PromptLookup
+from specdecode.decoding.stats import DecodeStats, GenerationResult
+from specdecode.decoding.timing import CORES
+from specdecode.models.drafters import derive_drafter
+from specdecode.models.feature_drafter import FeatureDrafter, derive_feature_drafter
+from specdecode.models.loading import load_drafter
+
+# The methods `eval/benchmark_gpu.py` times unless asked for more (its `--only`): each compiled
+# method first compiles for 64-86 s in bf16 on an H200, so every core of every method takes long.
+DEFAULT_METHODS = (
+    "target alone, eager",
+    "target alone, compiled",
+    "ours (slice), compiled",
+    "ours (feature), compiled",
+    "transformers assisted (slice)",
+    "data writer, eager",
+    "data writer, compiled",
+)
+
+Drafter = PreTrainedModel | FeatureDrafter
+# One call of a method: the generated rows, its seconds, and its decode's counts (None: none kept).
+Run = tuple[list[list[int]], float, DecodeStats | None]
+# A method decodes a batch of prompts.
+Method = Callable[[list[list[int]]], Run]
+
+
+@dataclass
+class Row:
+    """One method of one group: median tokens/s over the rounds (no rounds: the first call's), the
+    first call's seconds; speedup, exact match and agreement against `reference_of(method)` (None
+    where that was not timed); alpha, tau and `gamma_steps` (gamma "auto"'s steps per gamma) pooled
+    over the first call; for ours at batch 1 in `run_benchmark`, the speedup Leviathan's model
+    predicts and loop efficiency = measured / predicted; graphs compiled without CUDA graphs."""
+
+    target: str
+    dtype: str
+    batch_size: int
+    method: str
+    tokens_per_s: float
+    first_call_s: float
+    speedup: float | None
+    alpha: float | None
+    tau: float | None
+    exact_match: float | None
+    agreement: float | None
+    gamma_steps: dict[str, int]
+    cudagraph_skips: int
+    predicted_speedup: float | None = None
+    loop_efficiency: float | None = None
+
+
+def drafters_of(target: PreTrainedModel, drafter: str | None = None) -> dict[str, Drafter]:
+    """The drafters `run_core_benchmark` times with `target`: "slice", a one-layer slice of it (ours
+    and transformers assisted share it), and "feature", the saved feature drafter at `drafter`, else
+    an untrained one-layer one. Their acceptance is not the point; the cost of the loop around them is."""
+    feature_drafter = derive_feature_drafter(target, 1) if drafter is None else load_drafter(drafter, target)
+    return {"slice": derive_drafter(target, 1), "feature": feature_drafter}
+
+
+def methods(
+    target: PreTrainedModel,
+    gamma: int,
+    new_tokens: int,
+    batch_size: int,
+    drafters: Mapping[str, Drafter],
+    capacity: int | None = None,
+    *,
+    cores: Sequence[str] = tuple(CORES),
+    auto: Mapping[str, AdaptiveGamma] | None = None,
+    eos: Sequence[int] = (),
+    prompt_lookup: PromptLookup | None = None,
+    **sampling: Any,
+) -> dict[str, Method]:
+    """A group's methods by name, in the order they run: on each of `cores`, the target alone, ours
+    with each of `drafters` (name → drafter: `drafters_of`) at `gamma` and with each of `auto`'s
+    (name → `adaptive_gamma`) adaptive gamma; then, at batch 1 and greedy, transformers assisted
+    generation with each causal-LM drafter. Each makes `new_tokens` per row, less only where a row
+    ends on one of `eos`; the static cores' caches have `capacity` slots (one compiled shape for
+    prompts of any length). `sampling`: `temperature`, `seed` (greedy and unseeded by default)."""
+    decode = sampling | dict(max_new_tokens=new_tokens, eos_token_ids=list(eos))
+    found: dict[str, Method] = {}
+    for core in cores:
+        options = decode | CORES[core] | ({"capacity": capacity} if CORES[core]["static"] and capacity else {})
+        found[f"target alone, {core}"] = functools.partial(_run, autoregressive_generate, target, **options)
+        ours = functools.partial(_run, speculative_generate, target, prompt_lookup=prompt_lookup, **options)
+        for name, drafter in drafters.items():
+            found[f"ours ({name}), {core}"] = functools.partial(ours, drafter, gamma=gamma)
+        for name, adaptive in (auto or {}).items():
+            found[f"ours ({name}), gamma auto, {core}"] = functools.partial(ours, drafters[name], gamma=adaptive)
+    if batch_size == 1 and not sampling.get("temperature"):
+        for name, drafter in drafters.items():
+            if isinstance(drafter, PreTrainedModel):  # not a feature drafter: transformers cannot run those
+                found[f"transformers assisted ({name})"] = functools.partial(
+                    assisted_generate, target, drafter, gamma=gamma, new_tokens=new_tokens, eos=eos
+                )
+    return found
+
+
+def data_writers(target: PreTrainedModel, new_tokens: int) -> dict[str, Method]:
+    """The training-data writer on each core, by name: the target alone making `new_tokens` per row
+    with its last layer's features kept."""
+    budget = dict(max_new_tokens=new_tokens, eos_token_ids=[], feature_layers=(-1,))
+    return {
+        f"data writer, {core}": functools.partial(_run, autoregressive_generate, target, **options, **budget)
+        for core, options in CORES.items()
+    }
+
+
+def _run(generate: Callable[..., GenerationResult], target: PreTrainedModel, *args: Any, **options: Any) -> Run:
+    """`generate(target, *args, **options)`, timed to the end of its device work."""
+    start = time.perf_counter()
+    result = generate(target, *args, **options)
+    if target.device.type == "cuda":
+        torch.cuda.synchronize()
+    return result.sequences, time.perf_counter() - start, result.stats
+
+
+def assisted_generate(
+    target: PreTrainedModel,
+    drafter: PreTrainedModel,
+    prompts: list[list[int]],
+    gamma: int,
+    new_tokens: int,
+    eos: Sequence[int] = (),
+) -> Run:
+    """transformers assisted generation of one prompt, greedy, with a fixed gamma (constant schedule,
+    no early stop on confidence), timed: `new_tokens`, less only where it ends on one of `eos`."""
+    (prompt,) = prompts
+    drafter.generation_config = copy.deepcopy(drafter.generation_config)
+    drafter.generation_config.num_assistant_tokens = gamma
+    drafter.generation_config.num_assistant_tokens_schedule = "constant"
+    drafter.generation_config.assistant_confidence_threshold = 0.0
+    input_ids = torch.tensor([prompt], device=target.device)
+    start = time.perf_counter()
+    out = target.generate(  # type: ignore[operator]  # transformers types `generate` through nn.Module's __getattr__
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        assistant_model=drafter,
+        max_new_tokens=new_tokens,
+        # no `eos`: the whole budget, as the other methods decode (the target's own EOS stops none of them)
+        min_new_tokens=None if eos else new_tokens,
+        do_sample=False,
+        eos_token_id=list(eos) or None,
+        pad_token_id=eos[0] if eos else 0,
+    )
+    if target.device.type == "cuda":
+        torch.cuda.synchronize()
+    return [out[0, len(prompt) :].tolist()], time.perf_counter() - start, None
+
+
+def method_names() -> list[str]:
+    """Every method `run_core_benchmark` times, by name (`methods` and `data_writers`)."""
+    names = [f"{who}, {core}" for core in CORES for who in ("target alone", "ours (slice)", "ours (feature)")]
+    return [*names, "transformers assisted (slice)", *(f"data writer, {core}" for core in CORES)]
+
+
+def check_only(words: Sequence[str]) -> None:
+    """Raises ValueError naming a word of `only` that is in no method's name."""
+    for word in words:
+        if not any(word in name for name in method_names()):
+            raise ValueError(f"only: {word!r} is in no method's name; the methods: {'; '.join(method_names())}")
+
+
+def exact_match(rows: Sequence[list[int]], reference: Sequence[list[int]]) -> float:
+    """The share of rows equal to their reference row."""
+    return sum(a == b for a, b in zip(rows, reference, strict=True)) / len(reference)
+
+
+def agreement(rows: Sequence[list[int]], reference: Sequence[list[int]]) -> float:
+    """The mean share of each reference row that a row matches before its first difference."""
+    shares = []
+    for row, ref in zip(rows, reference, strict=True):
+        same = next((i for i, (a, b) in enumerate(zip(row, ref)) if a != b), min(len(row), len(ref)))
+        shares.append(same / len(ref) if ref else float(row == ref))
+    return statistics.mean(shares)
+
+
+def reference_of(method: str) -> str:
+    """Whose greedy tokens a method's must equal: ours on a core, the target alone on that core (the
+    same kernels; in bf16 a compiled pass rounds otherwise than an eager one); the target alone on
+    a core, and transformers, the target alone eager; the data writer, the eager writer."""
+    core = method.rpartition(", ")[2]
+    if method.startswith("ours"):
+        return f"target alone, {core}"
+    return "data writer, eager" if method.startswith("data writer") else "target alone, eager"
+
+
+def time_group(
+    found: Mapping[str, Method],
+    batches: Sequence[list[list[int]]],
+    rounds: int,
+    progress: Callable[[str], None] = lambda line: None,
+    deadline: float = math.inf,
+    reference: Callable[[str], str] = reference_of,
+) -> dict[str, dict[str, Any]]:
+    """Every method over every batch of prompts, a first call each, then `rounds` rounds, methods
+    interleaved within a round: name → `Row`'s measured fields, `reference(name)` the method its
+    tokens and speed are compared with. Past `deadline` (a `time.perf_counter()` time) no method
+    starts its first call and no round starts after the first: the methods timed so far are
+    reported, each from at least one round."""
+    first: dict[str, list[Run]] = {}
+    skips: dict[str, int] = {}
+    for name, method in found.items():
+        if time.perf_counter() > deadline:
+            progress(f"  {name}: not timed, past the time limit")
+            continue
+        before = cudagraph_skips()
+        first[name] = [method(batch) for batch in batches]
+        skips[name] = cudagraph_skips() - before
+        skipped = f", {skips[name]} compiled graphs not captured as CUDA graphs" if skips[name] else ""
+        progress(f"  first call of {name}: {sum(seconds for _, seconds, _ in first[name]):.1f} s{skipped}")
+    speeds: dict[str, list[float]] = {name: [] for name in first}
+    for done in range(rounds):
+        if done and time.perf_counter() > deadline:
+            progress(f"  {done} of {rounds} rounds: past the time limit")
+            break
+        for name in speeds:
+            speeds[name].append(_tokens_per_s([found[name](batch) for batch in batches]))
+    measured = {
+        name: _pooled(runs)
+        | {"tokens_per_s": statistics.median(speeds[name] or [_tokens_per_s(runs)]), "cudagraph_skips": skips[name]}
+        for name, runs in first.items()
+    }
+    for name, row in measured.items():
+        other = reference(name)
+        if other not in first:  # not timed in this group: nothing to compare with
+            row |= {"speedup": None, "exact_match": None, "agreement": None}
+            continue
+        rows, expected = _rows(first[name]), _rows(first[other])
+        row |= {
+            "speedup": row["tokens_per_s"] / measured[other]["tokens_per_s"],
+            "exact_match": exact_match(rows, expected),
+            "agreement": agreement(rows, expected),
+        }
+    return measured
+
+
+def _rows(runs: Sequence[Run]) -> list[list[int]]:
+    return [row for rows, _, _ in runs for row in rows]
+
+
+def _tokens_per_s(runs: Sequence[Run]) -> float:
+    return sum(len(row) for row in _rows(runs)) / sum(seconds for _, seconds, _ in runs)
+
+
+def _pooled(runs: Sequence[Run]) -> dict[str, Any]:
+    """A method's first call over a group's batches: its seconds, and alpha (accepts /
+    judged), tau (tokens per target call per row) and steps per gamma pooled over its decodes."""
+    stats = [s for _, _, s in runs if s is not None]
+    accepted, rejections = sum(s.accepted for s in stats), sum(s.rejections for s in stats)
+    row_calls = sum(s.generated_tokens / s.tau for s in stats if s.tau)
+    steps: Counter[int] = Counter()
+    for s in stats:
+        steps.update(s.gamma_steps)
+    return {
+        "first_call_s": sum(seconds for _, seconds, _ in runs),
+        "alpha": accepted / (accepted + rejections) if accepted + rejections else None,
+        "tau": sum(s.generated_tokens for s in stats) / row_calls if row_calls else None,
+        "gamma_steps": {str(g): n for g, n in sorted(steps.items())},  # JSON keys
+    }
+
+
+def cudagraph_skips() -> int:
+    """How many compiled graphs inductor has run without CUDA graphs so far (each is launched kernel
+    by kernel from the host instead: mutated inputs, CPU tensors, ...; zero off CUDA)."""
+    return torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
