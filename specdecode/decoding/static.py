@@ -181,7 +181,7 @@ class StaticDecoder(Decoder):
         compiled: inductor fuses and rounds otherwise) round differently, so where the target's top
         two logits lie within bf16 rounding of each other they can pick different tokens: bf16 greedy
         is exact against target-alone greedy in bf16 on the same batch shape and core, up to such
-        near-ties, and the rate is measured (`specdecode.evaluation.core_benchmark`), not assumed.
+        near-ties, and the rate is measured (`specdecode.evaluation.benchmark`), not assumed.
         """
         if isinstance(drafter, RowDrafters):
             raise ValueError("several drafters in one batch (assign=) need the eager decoder: static=False")
