@@ -4,6 +4,7 @@ gammas it takes (0 included, in any order), greedy and sampled."""
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -245,6 +246,43 @@ def test_the_measured_table_is_kept_and_remeasured_on_request(target, monkeypatc
     step_table(target, drafter, SamplingParams(0.7), **kwargs)  # another sampling mode: its own table
     step_table(target, drafter, remeasure=True, **kwargs)
     assert len(measured) == 3
+
+
+def test_a_table_agrees_within_the_stale_factor() -> None:
+    table = StepTable((1, 8), ((0.04, 0.05, 0.08), (0.1, 0.2, 0.4)), 16)
+    assert table.agrees(0.04, 0.08) and table.agrees(0.05, 0.10)
+    assert not table.agrees(0.06, 0.12)  # a target step 1.5x the kept one
+    assert not table.agrees(0.04, 0.12)  # the widest step 3 target steps, where 2 were kept
+
+
+def test_a_kept_table_off_this_machine_is_measured_again(target, monkeypatch, tmp_path) -> None:
+    """Read back from the cache, a table is spot-checked once per process: one whose steps are
+    100x this machine's is measured again (with a warning naming both); one that agrees is kept."""
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    monkeypatch.delenv("SPECDECODE_KERNEL_CACHE", raising=False)
+    monkeypatch.setattr(costs_module, "_CHECKED", {})
+    measured: list[StepTable] = []
+
+    def measure(*args: Any, **kwargs: Any) -> StepTable:
+        measured.append(measure_step_table(*args, **kwargs))
+        return measured[-1]
+
+    monkeypatch.setattr(costs_module, "measure_step_table", measure)
+    drafter = derive_feature_drafter(target, 1)
+    kwargs = dict(max_gamma=2, batch_sizes=(1, 2), context_tokens=12, repeats=1)
+    first = step_table(target, drafter, **kwargs)
+    [kept] = (tmp_path / "cpu_kernels").glob("*.json")
+    data = json.loads(kept.read_text())
+    data["figures"]["seconds"] = [[100 * s for s in row] for row in data["figures"]["seconds"]]
+    kept.write_text(json.dumps(data))
+    monkeypatch.setattr(costs_module, "_CHECKED", {})  # another process
+    with pytest.warns(UserWarning, match=r"off this machine's steps \(target step .* ms kept, .* ms now"):
+        again = step_table(target, drafter, **kwargs)
+    assert len(measured) == 2 and again != first and again.seconds[0][0] < 50 * first.seconds[0][0]
+    assert step_table(target, drafter, **kwargs) is again and len(measured) == 2  # checked once per process
+    monkeypatch.setattr(costs_module, "_CHECKED", {})
+    monkeypatch.setattr(costs_module, "spot_check", lambda *a, **k: (again.seconds[0][0], again.seconds[0][-1]))
+    assert step_table(target, drafter, **kwargs) == again and len(measured) == 2
 
 
 def test_auto_on_a_static_decoder_takes_one_gamma_per_call(target, prompts, monkeypatch, tmp_path) -> None:

@@ -12,15 +12,20 @@ why the best gamma falls with the batch size there and why it is measured, not a
 
 The table is kept in the specdecode cache (`$SPECDECODE_CACHE`, one JSON file per key: the CPU
 model, cores and threads, torch, both models' linear shapes and dtype, the sampling mode and what
-was timed) and measured again on request (`remeasure=True`) or when the key changes.
+was timed) and measured again on request (`remeasure=True`) or when the key changes. A kept table
+is checked once per process (`spot_check`): machines that share a CPU name differ in speed and
+load, so where a target step or the widest step, timed now, is off the table's by more than
+`STALE_FACTOR`, the table is measured again.
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
+import json
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -34,7 +39,7 @@ from specdecode.decoding.drafting import drafting_for
 from specdecode.decoding.sampling import SamplingParams, next_tokens
 from specdecode.decoding.verify import verify_drafts
 from specdecode.models.feature_drafter import FeatureDrafter
-from specdecode.models.kernel_choice import cached_figures, kernel_key
+from specdecode.models.kernel_choice import cached_figures, kernel_cache_dir, kernel_key
 
 # A timed piece: (put its state back, run it once).
 Piece = tuple[Callable[[], None], Callable[[], object]]
@@ -78,6 +83,9 @@ COST_MAX_GAMMA = 6
 # An answer's middle: a prompt of ~100 tokens and half of a 128-token answer.
 COST_CONTEXT_TOKENS = 160
 COST_REPEATS = 5
+# A kept table whose spot-checked steps are off by more than this factor is measured again.
+STALE_FACTOR = 1.3
+SPOT_REPEATS = 3
 
 
 @dataclass(frozen=True)
@@ -119,6 +127,14 @@ class StepTable:
         """`at(batch_size)` in target steps (gamma 0 is 1)."""
         seconds = self.at(batch_size)
         return [s / seconds[0] for s in seconds]
+
+    def agrees(self, target_s: float, widest_s: float, factor: float = STALE_FACTOR) -> bool:
+        """Whether a target step of `target_s` and a widest step of `widest_s` seconds, timed at the
+        smallest batch size, are within `factor` of this table's: the target step itself, and the
+        widest step in target steps."""
+        row = self.seconds[0]
+        now, kept = (target_s, widest_s / target_s), (row[0], row[-1] / row[0])
+        return all(max(a / b, b / a) <= factor for a, b in zip(now, kept))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -229,12 +245,51 @@ def step_table(
     **measure: Any,
 ) -> StepTable:
     """`measure_step_table` for this machine and these models, kept in the specdecode cache and
-    read back from it (module docstring); `remeasure` times it again and keeps the new table."""
+    read back from it, a kept table spot-checked once per process (module docstring); `remeasure`
+    times it again and keeps the new table."""
     sizes = tuple(measure.get("batch_sizes", COST_BATCH_SIZES))
     context = measure.get("context_tokens", COST_CONTEXT_TOKENS)
     key = cost_key(target, drafter, params, batch_sizes=list(sizes), max_gamma=max_gamma, context_tokens=context)
+    checked = f"{kernel_cache_dir()} {json.dumps(key, sort_keys=True)}"
+    if not remeasure and checked in _CHECKED:
+        return _CHECKED[checked]
+    measured: list[StepTable] = []
 
     def run() -> dict[str, Any]:
-        return measure_step_table(target, drafter, params, max_gamma=max_gamma, **measure).to_dict()
+        measured.append(measure_step_table(target, drafter, params, max_gamma=max_gamma, **measure))
+        return measured[-1].to_dict()
 
-    return StepTable.from_dict(cached_figures(key, run, remeasure))
+    table = StepTable.from_dict(cached_figures(key, run, remeasure))
+    if not measured:
+        target_s, widest_s = spot_check(target, drafter, params, table)
+        if not table.agrees(target_s, widest_s):
+            warnings.warn(
+                f"the kept step table is off this machine's steps (target step {1e3 * table.seconds[0][0]:.1f} ms "
+                f"kept, {1e3 * target_s:.1f} ms now; widest step {table.relative(table.batch_sizes[0])[-1]:.2f} "
+                f"target steps kept, {widest_s / target_s:.2f} now): measuring it again",
+                stacklevel=2,
+            )
+            table = StepTable.from_dict(cached_figures(key, run, remeasure=True))
+    _CHECKED[checked] = table
+    return table
+
+
+# Tables read or measured in this process, by cache folder and key: each kept table is checked once.
+_CHECKED: dict[str, StepTable] = {}
+
+
+@torch.inference_mode()
+def spot_check(
+    target: PreTrainedModel,
+    drafter: PreTrainedModel | FeatureDrafter,
+    params: SamplingParams,
+    table: StepTable,
+    repeats: int = SPOT_REPEATS,
+) -> tuple[float, float]:
+    """Seconds of a target step and of a step of the table's widest gamma, at its smallest batch
+    size and context, timed now."""
+    batch, widest = table.batch_sizes[0], table.max_gamma
+    with folded_gqa(target, drafter):
+        pieces = _step_pieces(target, drafter, params, batch, widest, table.context_tokens)
+        times = time_rounds({g: pieces[batch, g] for g in (0, widest)}, repeats, target.device)
+    return times[0], times[widest]
