@@ -886,3 +886,53 @@ def test_a_decode_that_compiles_again_when_repeated_is_named(monkeypatch) -> Non
 
     with pytest.warns(UserWarning, match="generic: a decode compiled again when repeated"):
         records.settled(generate, "generic", {})([[1]])
+
+
+def test_repeated_rounds_start_one_method_further_on_and_keep_the_median_round() -> None:
+    calls: list[str] = []
+
+    def method(name: str, seconds: list[float]) -> Any:
+        times = iter(seconds)
+
+        def generate(batch: list[list[int]]) -> GenerationResult:
+            calls.append(name)
+            counters = StepCounters(0, torch.device("cpu"))
+            counters.record_target_call(len(batch))
+            return GenerationResult.build([[len(calls)] for _ in batch], counters, next(times))
+
+        return generate
+
+    prompts = [[1], [2]]
+    generators = {"a": method("a", [1.0, 3.0, 5.0]), "b": method("b", [2.0, 2.0, 2.0])}
+    rounds = [run_interleaved(generators, prompts, batch_size=2, first=k) for k in range(3)]
+    assert calls == ["a", "b", "b", "a", "a", "b"]  # a single turn per round: the rounds take the places in turn
+    kept = records.median_rounds(rounds)
+    assert [r["a"].seconds for r in rounds] == [1.0, 3.0, 5.0] and kept["a"] is rounds[1]["a"]
+    assert kept["b"].seconds == 2.0 and kept["b"] in [r["b"] for r in rounds]
+
+
+def test_batched_rounds_repeat_the_turns_past_batch_1_only(tiny_setup, monkeypatch) -> None:
+    tmp_path, folders = tiny_setup
+    turns: list[tuple[int, int]] = []  # (batch size, first method) of each run where the methods take turns
+
+    def interleaved(*args: Any, first: int = 0, **kwargs: Any) -> dict[str, RunRecord]:
+        turns.append((args[2], first))
+        return run_interleaved(*args, first=first, **kwargs)
+
+    monkeypatch.setattr(suite, "run_interleaved", interleaved)
+    cfg = routed_config(
+        tmp_path,
+        folders,
+        methods=["autoregressive", "generic", "routed"],
+        domains=["code"],
+        prompts_per_domain=2,
+        max_new_tokens=5,
+        temperatures=[0.0],
+        batch_sizes=[1, 2],
+        batched_rounds=3,
+    )
+    rows = run_eval(cfg, router_loader=lambda path: FixedRouter("generic", "code"))["rows"]
+    assert turns == [(1, 0), (2, 0), (2, 1), (2, 2)]
+    assert all(r["exact_match"] == 1.0 and r["prompts"] == 2 for r in rows)
+    with pytest.raises(ValueError, match="batched_rounds=0: an int >= 1"):
+        routed_config(tmp_path, folders, batched_rounds=0)

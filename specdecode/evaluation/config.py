@@ -110,6 +110,8 @@ class EvalConfig(Placement, Tracking):
     prompt_lookup: PromptLookup = field(default_factory=PromptLookup)
     temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7, 1.0])
     batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
+    # Past batch 1 a row is a few batches: its methods take turns this many times, each row its median round.
+    batched_rounds: int = 1
     # Gamma sweep: `sweep_methods` also run at each of `sweep_gammas`, at the smallest batch size and
     # at each temperature in `sweep_temperatures` (that is also in `temperatures`). Empty: no sweep.
     sweep_gammas: list[int] = field(default_factory=list)
@@ -152,6 +154,12 @@ class EvalConfig(Placement, Tracking):
         require(bool(self.batch_sizes), "batch_sizes", self.batch_sizes, "a non-empty list of ints >= 1")
         for b in self.batch_sizes:
             require(isinstance(b, int) and b >= 1, "batch_sizes", b, "ints >= 1")
+        require(
+            is_int(self.batched_rounds) and self.batched_rounds >= 1,
+            "batched_rounds",
+            self.batched_rounds,
+            "an int >= 1",
+        )
         if "oracle" in self.methods:
             require(
                 1 in self.batch_sizes,

@@ -126,6 +126,7 @@ def run_interleaved(
     pool: dict[str, Generate] | None = None,
     route: Route | None = None,
     grouped: Collection[str] = (),
+    first: int = 0,
 ) -> dict[str, RunRecord]:
     """Decode `prompts` with every method, the methods taking turns batch by batch.
 
@@ -138,10 +139,10 @@ def run_interleaved(
 
     Why turns: a machine whose speed drifts during the evaluation (a shared VM) slows every method
     alike, where running one method's prompts and then the next's lets the drift decide a speedup.
-    Turn k starts at the k-th method (mod their number), so over as many turns as methods each
-    method runs at every place in a turn once: with a fixed order, the last method in every turn
-    ran slower than the very same decodes earlier in it. Fewer turns than methods leave the
-    places uneven, and a single turn (a batch as large as the prompts) runs in the listed order.
+    Turn k starts at the (`first` + k)-th method (mod their number), so over as many turns as
+    methods each method runs at every place in a turn once: with a fixed order, the last method in
+    every turn ran slower than the very same decodes earlier in it. Fewer turns than methods leave
+    the places uneven; repeated runs with `first` = 0, 1, 2, ... even them out (`median_rounds`).
     """
     plans = {name: consecutive_batches(fn, len(prompts), batch_size) for name, fn in generators.items()}
     for name, choices in (chosen or {}).items():
@@ -157,7 +158,8 @@ def run_interleaved(
     results: dict[str, list[GenerationResult]] = {name: [] for name in plans}
     names = list(plans)
     for turn in range(max((len(plan) for plan in plans.values()), default=0)):
-        for name in names[turn % len(names) :] + names[: turn % len(names)]:
+        start = (first + turn) % len(names)
+        for name in names[start:] + names[:start]:
             if turn < len(plans[name]):
                 generate, members = plans[name][turn]
                 results[name].append(generate([prompts[i] for i in members]))
@@ -168,6 +170,13 @@ def run_interleaved(
         order = None if flat == list(range(len(prompts))) else [position[i] for i in range(len(prompts))]
         records[name] = RunRecord(results[name], order=order)
     return records
+
+
+def median_rounds(rounds: Sequence[dict[str, RunRecord]]) -> dict[str, RunRecord]:
+    """Each method's record from the round in which it took the median seconds (the lower of the
+    middle two): its speed from a typical round, not a lucky or a disturbed one."""
+    middle = (len(rounds) - 1) // 2
+    return {name: sorted((r[name] for r in rounds), key=lambda record: record.seconds)[middle] for name in rounds[0]}
 
 
 def run_batched(generate: Generate, prompts: list[list[int]], batch_size: int) -> RunRecord:

@@ -61,6 +61,7 @@ from specdecode.evaluation.records import (
     composed,
     filled,
     finalize_rows,
+    median_rounds,
     merge_counts,
     pick_per_prompt,
     router_share,
@@ -265,18 +266,26 @@ def _run_turns(
     chosen: dict[str, list[str]],
     routing_s: float | None,
     route: Route | None,
+    rounds: int = 1,
 ) -> dict[str, RunRecord]:
     """`methods` on every prompt and the `chosen` methods (routed, oracle) on theirs, all taking
     turns batch by batch (`run_interleaved`: mixed batches through `route`, `routed_grouped` by
-    chosen drafter); the routed records pay the router's seconds."""
-    records = run_interleaved(
-        {name: generators[name] for name in methods},
-        ids,
-        batch_size,
-        chosen=chosen,
-        pool=generators,
-        route=route,
-        grouped={"routed_grouped"},
+    chosen drafter), `rounds` times, each round starting one method further on; each method's record
+    is its median round's (`median_rounds`). The routed records pay the router's seconds."""
+    records = median_rounds(
+        [
+            run_interleaved(
+                {name: generators[name] for name in methods},
+                ids,
+                batch_size,
+                chosen=chosen,
+                pool=generators,
+                route=route,
+                grouped={"routed_grouped"},
+                first=round_,
+            )
+            for round_ in range(rounds)
+        ]
     )
     for name in _ROUTED & set(records):
         # Routing is part of the routed methods' cost.
@@ -322,7 +331,8 @@ def _eval_domain(
             if oracle_choices is not None and len(oracle_choices) == len(rows):
                 chosen["oracle"] = oracle_choices
             methods = [name for name in generators if _family(name) in cfg.methods]
-            records = _run_turns(generators, methods, rows, batch_size, chosen, routing_s, route)
+            rounds = cfg.batched_rounds if batch_size > 1 else 1
+            records = _run_turns(generators, methods, rows, batch_size, chosen, routing_s, route, rounds)
             if "oracle" in cfg.methods and models.candidates and oracle_choices is None:
                 # Batch 1, the smallest (EvalConfig requires it): the oracle picks from every
                 # candidate's batch-1 run, whether their rows were asked for or not.
