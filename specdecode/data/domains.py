@@ -234,16 +234,9 @@ def _source_examples(
 
 
 def format_prompt(tokenizer: Any, prompt: str | Example) -> list[int]:
-    """Token ids of a prompt in the target's chat template, followed by the assistant's generation prompt.
-
-    Args:
-        tokenizer: a transformers tokenizer. Without a chat template (a base model) the plain
-            tokenisation of the prompt's text, special tokens included, is used.
-        prompt: the user's message, or an `Example` (a chat example's own turns are rendered).
-
-    Returns:
-        `[T]` token ids as a list of ints.
-    """
+    """`[T]` token ids of a prompt (the user's message, or an `Example`, whose own chat turns are
+    rendered) in the target's chat template, followed by the assistant's generation prompt. A
+    tokenizer without a chat template (a base model) gives the text's plain tokenisation."""
     example = prompt if isinstance(prompt, Example) else Example(prompt=prompt, response=None, domain="")
     if not getattr(tokenizer, "chat_template", None):
         return list(tokenizer(example.prompt)["input_ids"])

@@ -122,11 +122,6 @@ def export_drafter(
     return folder
 
 
-def export_eagle(drafter: FeatureDrafter, target: PreTrainedModel, folder: str | os.PathLike[str]) -> Path:
-    """`export_drafter(drafter, target, folder, "vllm-eagle")`: vLLM's EAGLE-1 format."""
-    return export_drafter(drafter, target, folder, "vllm-eagle")
-
-
 def target_family(model: PreTrainedModel | FeatureDrafter) -> str:
     """The model's family as the formats name it (`config.model_type` of its text config)."""
     return model.config.get_text_config().model_type

@@ -259,10 +259,8 @@ def derive_feature_drafter(
     its (first) layer on them.
     `layout` is "eagle" (the default: exportable to vLLM) or "specdecode" (module docstring; an
     `eagle` drafter copied from the target starts with its layers' residual branches' output
-    projections at zero).
-
-    Raises:
-        ValueError: bad `num_layers` / `init_from_layer` / `feature_layers` / `layout` / vocabulary.
+    projections at zero). A ValueError names a bad `num_layers` / `init_from_layer` /
+    `feature_layers` / `layout` / vocabulary.
     """
     from specdecode.models.drafters import derive_drafter
 

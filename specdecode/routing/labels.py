@@ -92,21 +92,15 @@ def teacher_forced_acceptance(
     the same column and one `logits_to_keep` slice holds all scored positions: only `[B, C, V]`
     logits are ever materialised, never `[B, T, V]` (V is 49k for the default target).
 
-    Args:
-        target: the target (p).
-        drafters: K drafters (q), sharing the target's vocabulary.
-        prompts: B token-id lists, each non-empty.
-        continuations: B token-id lists, each non-empty: what follows each prompt.
-        temperature: of p and q; 0 scores the temperature-1 distributions.
-        lookup: score each drafter with prompt lookup beside it, as decoding at `temperature`
-            runs it (`lookup_logits`); None: the drafter alone.
-        gammas: K drafts per pass: also simulate greedy decoding at them
-            (`specdecode.routing.simulate`); only at temperature 0 (None otherwise).
+    `drafters` (K, q) share the target's vocabulary; `prompts` and `continuations` are B non-empty
+    token-id lists. `temperature` is of p and q (0 scores the temperature-1 distributions); `lookup`
+    scores each drafter with prompt lookup beside it, as decoding runs it (`lookup_logits`);
+    `gammas` (one per drafter) also simulate greedy decoding at them (`specdecode.routing.simulate`,
+    temperature 0 only).
 
-    Returns:
-        `(acceptance, greedy_match, decode_tau)`, each `[B, K]` fp32: per prompt, the mean over its
-        continuation positions of Σ_v min(p, q) and of 1[argmax q = argmax p], and greedy
-        decoding's tokens per target call (None without `gammas` or at temperature > 0).
+    Returns `(acceptance, greedy_match, decode_tau)`, each `[B, K]` fp32: per prompt, the mean over
+    its continuation positions of Σ_v min(p, q) and of 1[argmax q = argmax p], and greedy decoding's
+    tokens per target call (None without `gammas` or at temperature > 0).
     """
     if len(prompts) != len(continuations):
         raise ValueError(f"got {len(prompts)} prompts but {len(continuations)} continuations")
@@ -230,21 +224,9 @@ def collect_labels(
     Prompts are processed in batches of `batch_size`, sorted by length so rows in a batch pad
     little; the result is in the caller's order.
 
-    Args:
-        target: the target model.
-        drafters: K `(name, drafter)` pairs.
-        prompts: N token-id lists.
-        max_new_tokens: length of each greedy continuation (shorter where it hits EOS).
-        temperature: of p and q in Σ min(p, q); 0 scores temperature 1 (see the module doc).
-        eos_token_ids: stop ids for the continuation; None = the target's own.
-        batch_size: prompts per batch.
-        progress: show a tqdm bar.
-        lookup: score the drafters with prompt lookup beside them (`teacher_forced_acceptance`).
-        gammas: K drafts per pass, to simulate greedy decoding with (`Labels.decode_tau`, at
-            temperature 0); None: no decode labels.
-
-    Returns:
-        `Labels` with `[N, K]` acceptance and greedy_match (and decode_tau).
+    Each continuation is at most `max_new_tokens` long (`eos_token_ids`: None = the target's own);
+    `temperature`, `lookup` and `gammas` as `teacher_forced_acceptance`'s. Returns `Labels` with
+    `[N, K]` acceptance and greedy_match (and decode_tau with `gammas`).
     """
     if not prompts:
         raise ValueError("prompts is empty: nothing to label")

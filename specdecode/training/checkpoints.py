@@ -119,12 +119,6 @@ def complete_checkpoints(directory: Path) -> list[Path]:
     return sorted(done, key=checkpoint_step)
 
 
-def latest_checkpoint(directory: Path) -> Path | None:
-    """The newest complete checkpoint."""
-    done = complete_checkpoints(directory)
-    return done[-1] if done else None
-
-
 def project_configuration(output_dir: Path, keep: int) -> ProjectConfiguration:
     """The Accelerator's project: checkpoints named and rotated by accelerate under
     `<output_dir>/checkpoints`, keeping the `keep` newest (>= 2, see `TrainConfig`)."""
