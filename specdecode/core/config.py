@@ -36,8 +36,7 @@ def from_dict(cls: type[T], data: dict[str, Any] | DictConfig, where: str = "") 
     its dotted key (not silently kept), values are converted to the field's type (`"3"` → 3), and
     `OmegaConf.to_object` builds the dataclass, which runs its `__post_init__` checks.
 
-    Raises:
-        ValueError: `<where><dotted key>: <what is wrong>`, plus the known fields for an unknown key.
+    Raises ValueError: `<where><dotted key>: <what is wrong>`, plus the known fields for an unknown key.
     """
     try:
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), data))  # type: ignore[return-value]  # to_object of a structured cls builds a cls

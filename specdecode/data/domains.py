@@ -132,17 +132,13 @@ def load_domain(
             (`specdecode.data.embedded.sharegpt_later_turns`), about three times as many prompts.
             The held-out split is the same either way; other domains and sources have no later turns.
 
-    Returns:
-        The examples; rows with an empty or missing prompt are skipped. Examples of several kinds
-        (the mixed domain's) take turns by kind (`by_kind_in_turns`), so that any first few hold
-        every kind.
+    Returns the examples; rows with an empty or missing prompt are skipped. Examples of several kinds
+    (the mixed domain's) take turns by kind (`by_kind_in_turns`), so that any first few hold every kind.
 
-    Raises:
-        ValueError: an unknown domain, source or split, a bad limit or fraction, a missing column,
-            or a source argument that is missing or given to the wrong source; a data file that
-            cannot be parsed (naming the file, and for JSON lines the line).
-        FileNotFoundError: `path` does not exist.
-        OSError: `datasets.load_dataset` failed for an "hf" source (no hub, unknown id, ...).
+    Raises ValueError: an unknown domain, source or split, a bad limit or fraction, a missing column, or
+    a source argument that is missing or given to the wrong source; a data file that cannot be parsed
+    (naming the file, and for JSON lines the line); FileNotFoundError: `path` does not exist; OSError:
+    `datasets.load_dataset` failed for an "hf" source (no hub, unknown id, ...).
     """
     _check_arguments(domain, source, split, limit, heldout_fraction, path, hf_id)
     if chat_turns not in CHAT_TURNS:

@@ -30,10 +30,8 @@ def read_data_file(path: Path) -> datasets.Dataset:
     A .json file is a JSON array of objects (or what `datasets`' json builder reads, such as an
     object whose one list field holds the rows); .jsonl.gz is JSON lines, gzipped.
 
-    Raises:
-        ValueError: an unsupported suffix, or a file the format's reader cannot parse (for JSON
-            lines, the first line that is not a JSON object is named).
-        FileNotFoundError: `path` is not a file.
+    Raises ValueError: an unsupported suffix, or a file the format's reader cannot parse (for JSON
+    lines, the first line that is not a JSON object is named); FileNotFoundError: `path` is not a file.
     """
     suffix = file_suffix(path)
     if suffix not in FILE_SUFFIXES:
@@ -63,8 +61,7 @@ def check_utf8(path: Path) -> None:
     """Name the first line of a text data file that is not UTF-8: pyarrow reads such a file and
     fails later, where a row is used, with a bare UnicodeDecodeError.
 
-    Raises:
-        ValueError: naming the file and the line.
+    Raises ValueError: naming the file and the line.
     """
     opener = gzip.open if path.suffix.lower() == ".gz" else open
     with opener(path, "rb") as handle:

@@ -26,13 +26,11 @@ def parse_messages(cell: Any, where: str) -> tuple[tuple[tuple[str, str], ...], 
         cell: a list of {"role": ..., "content": ...} mappings.
         where: the domain, file and row, for the error.
 
-    Returns:
-        `(turns, reply)`: the (role, content) turns up to and including the last user turn, and the
-        content of an assistant turn right after it (None if there is none).
+    Returns `(turns, reply)`: the (role, content) turns up to and including the last user turn, and the
+    content of an assistant turn right after it (None if there is none).
 
-    Raises:
-        ValueError: naming `where`, if the cell is not a list of role/content turns with string
-            values and a known role, or holds no user turn.
+    Raises ValueError: naming `where`, if the cell is not a list of role/content turns with string
+    values and a known role, or holds no user turn.
     """
     if not is_messages(cell) or not cell:
         raise ValueError(

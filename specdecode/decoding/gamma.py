@@ -118,8 +118,7 @@ def within_noise_of_fastest(per_prompt_s: Mapping[int, Sequence[float]]) -> list
 
     Args:
         per_prompt_s: gamma → seconds per prompt, the prompts in the same order for every gamma.
-    Returns:
-        those gammas, ascending (one prompt: the fastest alone).
+    Returns those gammas, ascending (one prompt: the fastest alone).
     """
     fastest = min(per_prompt_s, key=lambda g: (sum(per_prompt_s[g]), g))
     near = []

@@ -50,8 +50,7 @@ def check_same_sweep(configs: dict[str, dict]) -> None:
     """Require the runs' configs (by results file) to differ only in `SWEPT_KEYS`: runs of two
     sweeps written into one folder (other prompts, temperatures, drafters) are not one table.
 
-    Raises:
-        ValueError: listing each differing key with its value in the first run and in the other.
+    Raises ValueError: listing each differing key with its value in the first run and in the other.
     """
     (first, base), *others = configs.items()
     flat = _flatten(base or {})
@@ -77,8 +76,7 @@ def merge_results(paths: Iterable[Path]) -> dict:
     """Rows of several results.json files (a Hydra multirun over gamma) as one result; their
     router shares too, each tagged with its run's gamma.
 
-    Raises:
-        ValueError: no file, or runs whose configs differ beyond gamma (`check_same_sweep`).
+    Raises ValueError: no file, or runs whose configs differ beyond gamma (`check_same_sweep`).
     """
     merged: dict = {"rows": [], "sources": [], "router_share": []}
     runs = {str(path): json.loads(Path(path).read_text()) for path in sorted(paths)}

@@ -259,8 +259,7 @@ def write_training_card(folder: str | Path, cfg: Any, metrics: Mapping[str, Any]
 def read_facts(folder: str | Path) -> dict[str, Any]:
     """The facts kept in a card's front matter (`specdecode:`).
 
-    Raises:
-        ValueError: `folder` has no README.md written by `write_training_card`.
+    Raises ValueError: `folder` has no README.md written by `write_training_card`.
     """
     path = Path(folder) / CARD_FILE
     text = path.read_text() if path.is_file() else ""
@@ -366,8 +365,7 @@ def push_to_hub(
     """Upload `folder` (a drafter or an export, card included) to the hub repo `repo_id`, created
     if missing (private unless asked); returns the commit's URL. Needs the hub and a token.
 
-    Raises:
-        ValueError: `folder` is not a folder or has no README.md card; `repo_id` is not `owner/name`.
+    Raises ValueError: `folder` is not a folder or has no README.md card; `repo_id` is not `owner/name`.
     """
     folder = Path(folder)
     if not (folder / CARD_FILE).is_file():

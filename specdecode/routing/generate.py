@@ -42,8 +42,7 @@ def match_drafters(
 ) -> list[PreTrainedModel | FeatureDrafter | None]:
     """The drafters in the router's order, by name (None for the router's `NO_DRAFTER` route).
 
-    Raises:
-        ValueError: naming both lists when the names or their count differ.
+    Raises ValueError: naming both lists when the names or their count differ.
     """
     pairs: list[tuple[str, PreTrainedModel | FeatureDrafter]] = (
         list(drafters.items()) if isinstance(drafters, Mapping) else [(name, model) for name, model in drafters]

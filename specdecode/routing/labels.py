@@ -182,9 +182,8 @@ def _pack(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Prompts left-padded and continuations right-padded into one `[B, P + C]` batch.
 
-    Returns:
-        `(tokens, attention_mask, position_ids)`, each `[B, P + C]`; `scored` `[B, C]`, the real
-        continuation positions; `keep` `[C]`, the columns whose logits predict them.
+    Returns `(tokens, attention_mask, position_ids)`, each `[B, P + C]`; `scored` `[B, C]`, the real
+    continuation positions; `keep` `[C]`, the columns whose logits predict them.
     """
     batch = len(prompts)
     prompt_width = max(len(p) for p in prompts)
@@ -326,9 +325,8 @@ def label_rows(
 def read_labels(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The rows of a labels file and its meta sidecar.
 
-    Raises:
-        ValueError: naming the file when it, or its sidecar, is missing or empty, or when a row
-            lacks a drafter of the sidecar's list.
+    Raises ValueError: naming the file when it, or its sidecar, is missing or empty, or when a row lacks
+    a drafter of the sidecar's list.
     """
     path = Path(path)
     if not path.is_file():

@@ -129,8 +129,7 @@ def checkpoint_folder(accelerator: Accelerator) -> Path:
     """Where `save_state()` writes, `<project_dir>/checkpoints`: the one folder this module reads,
     so what it checks, resumes from and cleans is what accelerate rotates.
 
-    Raises:
-        ValueError: the Accelerator was made without `project_configuration` (automatic naming off).
+    Raises ValueError: the Accelerator was made without `project_configuration` (automatic naming off).
     """
     project = accelerator.project_configuration
     if not project.automatic_checkpoint_naming or project.project_dir is None:
@@ -202,8 +201,7 @@ def _check_same_config(checkpoint: Path, saved: dict[str, Any] | None, config: d
 def refuse_pickles(checkpoint: Path) -> None:
     """Refuse a checkpoint holding files that accelerate would load with full pickle.
 
-    Raises:
-        ValueError: naming the files and the checkpoint.
+    Raises ValueError: naming the files and the checkpoint.
     """
     unsafe = sorted(p.name for p in checkpoint.glob(UNSAFE_PICKLES))
     if unsafe:
@@ -219,9 +217,8 @@ def check_checkpoints(directory: Path, config: dict[str, Any], resume: bool) -> 
     rotation and a later resume would mix the runs), and a resume must match their config and
     hold no file that would be unpickled (`refuse_pickles`).
 
-    Raises:
-        ValueError: naming the folder and newest checkpoint, listing the differing keys, or naming
-            a file that would be unpickled.
+    Raises ValueError: naming the folder and newest checkpoint, listing the differing keys, or naming a
+    file that would be unpickled.
     """
     done = complete_checkpoints(directory)
     if not done:
@@ -274,9 +271,8 @@ def save_checkpoint(
     Every process calls this: accelerate writes per-process RNG states, and the barriers keep every
     process's view of the folder the same (which names exist, which are complete).
 
-    Raises:
-        ValueError: `directory` is not where accelerate writes, or this step was saved already
-            (before anything is deleted; accelerate would rotate first, then refuse).
+    Raises ValueError: `directory` is not where accelerate writes, or this step was saved already
+    (before anything is deleted; accelerate would rotate first, then refuse).
     """
     if checkpoint_folder(accelerator).resolve() != directory.resolve():
         raise ValueError(
@@ -323,9 +319,8 @@ def resume(
     before it. With `config`, a checkpoint recording another config (outside `RESUMABLE_KEYS`)
     raises ValueError listing the differing keys.
 
-    Raises:
-        RuntimeError: checkpoints exist but none is readable, naming each bad file.
-        ValueError: a checkpoint holds a file accelerate would unpickle in full (`refuse_pickles`).
+    Raises RuntimeError: checkpoints exist but none is readable, naming each bad file; ValueError: a
+    checkpoint holds a file accelerate would unpickle in full (`refuse_pickles`).
     """
     unreadable: list[str] = []
 

@@ -137,8 +137,7 @@ def forward_kl(
         temperature: both logits are divided by it; 0 (greedy decoding) uses 1.
         reduction: "mean" per counted token, or "sum" to divide by a global count yourself.
 
-    Returns:
-        0-d fp32 tensor.
+    Returns 0-d fp32 tensor.
     """
     log_q, log_p, keep = _log_probs(student_logits, teacher_logits, mask, temperature)
     return _reduce(_kl(log_p, log_q), keep, reduction)

@@ -53,8 +53,7 @@ def drop_positions_without_teacher(
             in row-major order (P = positions.sum()).
         vocab_to_draft: `[V]` draft index of each vocabulary id, -1 outside the draft vocabulary.
 
-    Returns:
-        The positions without those, and their `[P', k]` ids and logits, in the same order.
+    Returns the positions without those, and their `[P', k]` ids and logits, in the same order.
     """
     usable = (vocab_to_draft[topk_ids.long()] >= 0).any(-1)
     return positions.masked_scatter(positions, usable), topk_ids[usable], topk_logits[usable]

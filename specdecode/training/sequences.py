@@ -87,9 +87,8 @@ def training_pool(examples: Sequence[Example], train: TrainConfig) -> list[Examp
 def pool_size(data: DataConfig, train: TrainConfig, split: str) -> int:
     """How many sequences `data`'s split can give at most (`training_pool` of its examples).
 
-    Raises:
-        ValueError: `seq_source: data` and no example of the split has a response (a mix would
-            otherwise train without that domain, and its own job fail later).
+    Raises ValueError: `seq_source: data` and no example of the split has a response (a mix would
+    otherwise train without that domain, and its own job fail later).
     """
     examples = load_examples(data, split)
     pool = training_pool(examples, train)
