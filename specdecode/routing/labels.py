@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from specdecode.data.example import Example
+from specdecode.data.files import json_objects
 from specdecode.decoding.decode import autoregressive_generate
 from specdecode.decoding.lookup import PromptLookup, lookup_logits
 from specdecode.decoding.speedup import predicted_speedup
@@ -338,19 +339,7 @@ def read_labels(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]
         meta = json.loads(sidecar.read_text())
     except json.JSONDecodeError as error:
         raise ValueError(f"labels sidecar {str(sidecar)!r} is not JSON: {error}") from None
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"labels={str(path)!r} line {number} is not JSON: {error}") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"labels={str(path)!r} line {number} is not a JSON object")
-        rows.append(row)
-    if not rows:
-        raise ValueError(f"labels={str(path)!r} holds no rows")
+    rows = list(json_objects(path, "labels="))
     for i, row in enumerate(rows):
         for key in LABEL_KEYS:
             if list(row.get(key, {})) != meta["drafters"]:

@@ -42,6 +42,8 @@ from accelerate.utils import ProjectConfiguration
 from accelerate.utils.other import load as weights_only_load
 from torch.optim.lr_scheduler import LRScheduler
 
+from specdecode.core.config import config_differences
+
 COMPLETE = "COMPLETE"
 STATE_FILE = "trainer_state.json"
 BEST_FILE = "best_drafter.pt"
@@ -154,27 +156,6 @@ def remove_debris(directory: Path) -> None:
             entry.unlink(missing_ok=True)
 
 
-def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            flat |= _flatten(value, f"{prefix}{key}.")
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """`key: saved vs current` for every dotted key outside `RESUMABLE_KEYS` whose value differs."""
-    old, new = _flatten(saved), _flatten(json.loads(json.dumps(current)))
-    absent = "<absent>"
-    return [
-        f"{key}: {old.get(key, absent)!r} in the checkpoint, {new.get(key, absent)!r} now"
-        for key in sorted(old.keys() | new.keys())
-        if key not in RESUMABLE_KEYS and old.get(key, absent) != new.get(key, absent)
-    ]
-
-
 def _saved_config(checkpoint: Path) -> dict[str, Any] | None:
     """The checkpoint's recorded config; None for one written before configs were recorded.
     Raises what reading a truncated file raises (OSError, ValueError)."""
@@ -188,7 +169,9 @@ def _check_same_config(checkpoint: Path, saved: dict[str, Any] | None, config: d
             f"checkpoint {checkpoint} records no config (an older version wrote it): resuming unchecked", stacklevel=3
         )
         return
-    differences = config_differences(saved, config)
+    # the current config as the checkpoint holds it (JSON: tuples are lists)
+    current = json.loads(json.dumps(config))
+    differences = config_differences(saved, current, RESUMABLE_KEYS, "in the checkpoint", "now")
     if differences:
         raise ValueError(
             f"train.resume=true, but the checkpoint {checkpoint} was written with another config; differing keys:\n  "
