@@ -273,9 +273,7 @@ def _to_examples(
     where: str,
 ) -> list[Example]:
     """Map a dataset's rows to Examples, in order; rows with an empty or missing prompt are skipped.
-
-    Args:
-        where: the source, for the error naming a missing column and the available ones.
+    `where` names the source in the error naming a missing column and the available ones.
 
     A prompt cell that is a list is a chat `messages` conversation (`parse_messages`); its trailing
     assistant reply is the response when no response column is named. Any other cell that is not

@@ -106,7 +106,8 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
 
 
 def _cached_conversion(key: str, convert: Callable[[Path], None], root: Path | None = None) -> Path:
-    """Return `root/gguf/key`, running `convert(tmp_dir)` to fill it if no complete entry exists.
+    """Return `root/gguf/key` (`root`: default `cache_dir()`; `key` must identify the source, see
+    `_gguf_cache_key`), running `convert(tmp_dir)` to fill it if no complete entry exists.
 
     Atomic for readers and safe for concurrent writers:
       * `convert` writes into a private temp dir in the same folder; a marker file is written
@@ -114,11 +115,6 @@ def _cached_conversion(key: str, convert: Callable[[Path], None], root: Path | N
       * only entries holding the marker are trusted: a crash leaves a temp dir (ignored, and
         removed once its writer is known dead) or, at worst, an unmarked entry (replaced);
       * if another process renamed its entry into place first, ours is discarded.
-
-    Args:
-        key: names the entry; must identify the source (see `_gguf_cache_key`).
-        convert: fills the empty folder it is given.
-        root: cache root; default `cache_dir()`.
     """
     parent = (root if root is not None else cache_dir()) / "gguf"
     final = parent / key

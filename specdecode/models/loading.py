@@ -110,7 +110,6 @@ def load_model(
         str(name_or_path) == DEFAULT_TARGET or Path(os.fspath(name_or_path)).expanduser().exists()
     ):
         raise ValueError(f"revision={revision!r} applies to hub ids; {str(name_or_path)!r} is local")
-    source = _resolve_source(name_or_path)
     if device_map is not None and (device_map != "auto" or device.type != "cuda"):
         raise ValueError(
             f"device_map={device_map!r} spreads a model over GPUs: it needs device=cuda (got {device}) "
@@ -126,12 +125,7 @@ def load_model(
             f"device_map={device_map!r} spreads one copy of the model over this machine's GPUs, so it runs "
             f"in one process, not {torch.distributed.get_world_size()}: use accelerate_config=single_gpu"
         )
-
-    if isinstance(source, Path) and source.is_file():
-        if source.suffix.lower() != ".gguf":
-            raise ValueError(f"expected a .gguf file or a model folder, got the file {str(source)!r}")
-        source = gguf_to_hf_folder(source)
-
+    source = _resolve_source(name_or_path)
     hub = {"revision": revision, "trust_remote_code": trust_remote_code}
     options = {"attn_implementation": attn_implementation, "device_map": device_map}
     model: PreTrainedModel | FeatureDrafter
@@ -198,10 +192,6 @@ def load_tokenizer(cfg: TargetConfig) -> PreTrainedTokenizerBase:
 
         return smoke_tokenizer()
     source = _resolve_source(cfg.name)
-    if isinstance(source, Path) and source.is_file():
-        if source.suffix.lower() != ".gguf":
-            raise ValueError(f"expected a .gguf file or a model folder, got the file {str(source)!r}")
-        source = gguf_to_hf_folder(source)
     hub = {"revision": cfg.revision, "trust_remote_code": cfg.trust_remote_code}
     try:
         return AutoTokenizer.from_pretrained(source, **hub)
@@ -257,16 +247,18 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def _resolve_source(name_or_path: str | os.PathLike[str]) -> str | Path:
-    """Map the alias, local paths and hub ids to what `from_pretrained` should read.
-
-    Returns a `Path` for anything local (a `.gguf` file or a folder) and the `str` for a hub id.
+    """Map the alias, local paths and hub ids to what `from_pretrained` should read: a local folder
+    as a `Path` (a `.gguf` file is dequantised into one, `gguf_to_hf_folder`), a hub id as the `str`.
     A local folder's files are checked first: ValueError names a damaged one (`check_model_folder`).
     """
     if isinstance(name_or_path, str) and name_or_path == DEFAULT_TARGET:
-        return default_target_gguf()
-
+        return gguf_to_hf_folder(default_target_gguf())
     text = os.fspath(name_or_path)
     path = Path(text).expanduser()
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ValueError(f"expected a .gguf file or a model folder, got the file {str(path)!r}")
+        return gguf_to_hf_folder(path)
     if path.exists():
         if path.is_dir():
             check_model_folder(path)  # a damaged file or a missing tokenizer, named before transformers reads it

@@ -291,14 +291,9 @@ def label_rows(
     cost_ratios: Sequence[float],
     verify_ratios: Sequence[float],
 ) -> list[dict[str, Any]]:
-    """One JSON-ready dict per prompt: text, domain, split, token counts and per-drafter labels.
-
-    Args:
-        labels: from `collect_labels`, N prompts × K drafters.
-        examples: N `(split, example)` pairs, in the labels' order.
-        prompt_tokens: N prompt lengths in tokens.
-        gammas, cost_ratios, verify_ratios (K each, in the labels' drafter order): for the speedups.
-    """
+    """One JSON-ready dict per prompt: text, domain, split, token counts and per-drafter labels, from
+    `collect_labels`' N prompts × K drafters, the N `(split, example)` pairs and prompt lengths in
+    their order, and K `gammas`, `cost_ratios` and `verify_ratios` (for the speedups)."""
     columns = {
         "acceptance": labels.acceptance,
         "greedy_match": labels.greedy_match,
