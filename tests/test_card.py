@@ -102,28 +102,6 @@ def test_the_training_job_writes_a_card_and_pushes_only_when_asked(tmp_path, fak
     assert "README.md" in fake_hub.calls[2][3] and "model.safetensors" in fake_hub.calls[2][3]
 
 
-def test_an_evaluation_adds_and_replaces_figures(tmp_path) -> None:
-    cfg = TrainJobConfig()
-    card.write_training_card(tmp_path, cfg, METRICS, command="python train/distill.py data=code")
-    alpha = card.Measurement("alpha", 0.7, "code, 64 prompts, gamma 3, greedy, batch 1, H100")
-    card.update_card(tmp_path, [alpha, {"metric": "speedup", "value": 2.2, "on": alpha.on}])
-    card.update_card(tmp_path, [card.Measurement("alpha", 0.72, alpha.on)])
-    facts = card.read_facts(tmp_path)
-    assert [(m["metric"], m["value"]) for m in facts["measured"]] == [
-        ("acceptance", 0.6123),
-        ("speedup", 1.81),
-        ("tau", 2.9),
-        ("speedup", 2.2),
-        ("alpha", 0.72),
-    ]
-    assert facts["command"] == "python train/distill.py data=code"
-    assert "| alpha | 0.72 | code, 64 prompts" in (tmp_path / "README.md").read_text()
-    with pytest.raises(ValueError, match="exactly the keys metric, value, on"):
-        card.update_card(tmp_path, [{"metric": "alpha", "value": 0.7}])
-    with pytest.raises(ValueError, match="not a specdecode model card"):
-        card.read_facts(tmp_path / "elsewhere")
-
-
 def test_push_to_hub_checks_before_it_uploads(tmp_path, fake_hub) -> None:
     with pytest.raises(ValueError, match="no README.md|not a folder with a README.md"):
         card.push_to_hub(tmp_path, "me/drafter")

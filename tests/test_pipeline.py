@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode.pipeline.stages import Stage, code_fingerprint, finished_key, run_stages
+from specdecode.pipeline.stages import Stage, code_fingerprint, finished_record, run_stages
 
 
 def make_stages(calls: list[str], train_steps: int = 5, fail: str | None = None) -> list[Stage]:
@@ -46,7 +46,7 @@ def test_a_failed_stage_is_not_taken_as_finished(tmp_path) -> None:
     calls: list[str] = []
     with pytest.raises(RuntimeError):
         run_stages(make_stages(calls, fail="collect"), tmp_path)
-    assert finished_key(tmp_path / "collect") is None
+    assert finished_record(tmp_path / "collect") is None
     calls.clear()
     run_stages(make_stages(calls), tmp_path)
     assert calls == ["collect", "bench", "eval"]

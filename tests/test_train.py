@@ -25,7 +25,7 @@ from specdecode.models import load_model
 from specdecode.models.config import DrafterConfig, TargetConfig
 from specdecode.models.cpu_matmul import FEW_ROWS
 from specdecode.models.smoke import smoke_tokenizer
-from specdecode.training.checkpoints import complete_checkpoints, latest_checkpoint
+from specdecode.training.checkpoints import complete_checkpoints
 from specdecode.training.config import LossConfig, TrainConfig, TrainJobConfig
 from specdecode.training.job import run_distill, run_finetune
 from specdecode.training.loop import BudgetSchedule, DrafterLogits, budget_progress, global_batch_indices
@@ -751,7 +751,7 @@ def test_checkpoints_sort_by_step_number_and_need_the_marker(tmp_path: Path) -> 
         "checkpoint_999999",
         "checkpoint_1000000",
     ]
-    assert latest_checkpoint(tmp_path).name == "checkpoint_1000000"
+    assert complete_checkpoints(tmp_path)[-1].name == "checkpoint_1000000"
 
 
 def test_accelerate_rotation_keeps_the_newest_checkpoints(tmp_path: Path) -> None:
@@ -1000,7 +1000,7 @@ def test_compiled_writer_batches_share_one_shape(monkeypatch) -> None:
     train = TrainConfig(max_new_tokens=6, max_len=24, max_prompt_tokens=20)
     written = {}
     for compile in (False, True):
-        written[compile] = sequences._continuations(
+        written[compile] = sequences.generate_continuations(
             target, prompts, train, [], seed=0, batch_size=3, temperature=0.0, feature_layers=(-1,), compile=compile
         )
     assert shapes[:3] == [(3, None), (3, None), (1, None)]

@@ -225,7 +225,7 @@ def test_a_sharded_compiled_writer_decodes_every_batch_in_one_shape(monkeypatch:
     target = tiny_llama(2, seed=0)
     shard = prompts[:3]  # a shard of short prompts: on its own, a capacity of 16
     written = {
-        capacity: sequences._continuations(
+        capacity: sequences.generate_continuations(
             target, shard, train, [], seed=0, batch_size=2, temperature=0.0, compile=True, capacity=capacity
         )[0]
         for capacity in (32, None)

@@ -68,9 +68,8 @@ def atomic_folder(
     instead and the new folder is discarded (another writer published a good copy first). The
     published files get the mode a plain `open` would give them (see `publish_files`).
 
-    Raises:
-        ValueError: `staging` is not beside `final` (a rename across folders may cross filesystems).
-        OSError: `final` could not be published (e.g. other writers kept replacing it).
+    Raises ValueError: `staging` is not beside `final` (a rename across folders may cross filesystems);
+    OSError: `final` could not be published (e.g. other writers kept replacing it).
     """
     staging = staging if staging is not None else final.with_name(f".tmp.{final.name}")
     if staging.parent != final.parent:

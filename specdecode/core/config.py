@@ -7,6 +7,7 @@ bad field."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, TypeGuard, TypeVar
 
@@ -36,8 +37,7 @@ def from_dict(cls: type[T], data: dict[str, Any] | DictConfig, where: str = "") 
     its dotted key (not silently kept), values are converted to the field's type (`"3"` → 3), and
     `OmegaConf.to_object` builds the dataclass, which runs its `__post_init__` checks.
 
-    Raises:
-        ValueError: `<where><dotted key>: <what is wrong>`, plus the known fields for an unknown key.
+    Raises ValueError: `<where><dotted key>: <what is wrong>`, plus the known fields for an unknown key.
     """
     try:
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), data))  # type: ignore[return-value]  # to_object of a structured cls builds a cls
@@ -57,6 +57,29 @@ def config_error(error: OmegaConfBaseException, where: str = "") -> ValueError:
         else ""
     )
     return ValueError(f"{key}: {message}{known}")
+
+
+def config_differences(
+    a: Mapping[str, Any], b: Mapping[str, Any], ignore: Collection[str], in_a: str, in_b: str
+) -> list[str]:
+    """`key: <a's value> <in_a>, <b's value> <in_b>` for every dotted key outside `ignore` whose
+    value differs between the nested configs `a` and `b` (`<absent>` where one lacks the key)."""
+    flat_a, flat_b, absent = _dotted(a), _dotted(b), "<absent>"
+    return [
+        f"{key}: {flat_a.get(key, absent)!r} {in_a}, {flat_b.get(key, absent)!r} {in_b}"
+        for key in sorted(flat_a.keys() | flat_b.keys())
+        if key not in ignore and flat_a.get(key, absent) != flat_b.get(key, absent)
+    ]
+
+
+def _dotted(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            flat |= _dotted(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def require(condition: bool, name: str, value: object, expectation: str) -> None:

@@ -37,8 +37,7 @@ def check_dtype_name(dtype: object, name: str = "dtype") -> str:
 def resolve_device(device: str) -> torch.device:
     """The torch device for a checked `device` string, after checking this machine has it.
 
-    Raises:
-        ValueError: naming the device when it is malformed or this machine lacks it.
+    Raises ValueError: naming the device when it is malformed or this machine lacks it.
     """
     resolved = torch.device(check_device_name(device))
     if resolved.type == "cuda":
@@ -78,8 +77,7 @@ def resolve_mixed_precision(setting: str, device: torch.device) -> str:
     `mixed_precision`: that is process-wide state, fixed by the first `Accelerator`, so an
     in-process pipeline could not train in bf16 and then evaluate in fp32.
 
-    Raises:
-        ValueError: `setting` is none of MIXED_PRECISIONS.
+    Raises ValueError: `setting` is none of MIXED_PRECISIONS.
     """
     if setting not in MIXED_PRECISIONS:
         raise ValueError(f"mixed_precision={setting!r}: expected {'|'.join(MIXED_PRECISIONS)}")

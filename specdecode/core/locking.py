@@ -36,8 +36,7 @@ class OutputInUseError(RuntimeError):
 def check_writable(folder: Path, name: str = "output_dir") -> None:
     """Create `folder` if needed and prove a file can be written in it, before any work is done.
 
-    Raises:
-        PermissionError: naming `name` and the folder, when it cannot be created or written.
+    Raises PermissionError: naming `name` and the folder, when it cannot be created or written.
     """
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -97,8 +96,7 @@ def check_not_in_use(folder: Path, what: str) -> None:
     """Before deleting or replacing `folder` (`what` names it for the user): refuse while a live
     process holds its lock, e.g. a stage an earlier, killed run left running in it.
 
-    Raises:
-        OutputInUseError: naming `what`, the folder and the holder's host and PID.
+    Raises OutputInUseError: naming `what`, the folder and the holder's host and PID.
     """
     lock = folder / LOCK_FILE
     try:
@@ -119,9 +117,8 @@ def check_not_in_use(folder: Path, what: str) -> None:
 def acquire(folder: Path) -> Path:
     """Take `folder`'s lock (creating the folder); return the lock file.
 
-    Raises:
-        PermissionError: the folder cannot be created or written (see `check_writable`).
-        OutputInUseError: naming the folder and the PID of the live process holding it.
+    Raises PermissionError: the folder cannot be created or written (see `check_writable`);
+    OutputInUseError: naming the folder and the PID of the live process holding it.
     """
     check_writable(folder)
     lock = folder / LOCK_FILE

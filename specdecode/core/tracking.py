@@ -38,8 +38,7 @@ class Tracking:
 def check_tracker_installed(cfg: Tracking) -> None:
     """Fail before any work where `logger=wandb` and wandb is not installed.
 
-    Raises:
-        ImportError: saying how to install it.
+    Raises ImportError: saying how to install it.
     """
     if cfg.logger == "wandb" and importlib.util.find_spec("wandb") is None:
         raise ImportError("logger=wandb needs the wandb package, which is not installed: pip install wandb")

@@ -163,10 +163,9 @@ def search_path(extra: Iterable[str | Path] = ()) -> list[Path]:
 def domain_data(name: str, extra: Iterable[str | Path] = ()) -> DataConfig:
     """The data config of domain `name`: `data/<name>.yaml` on the search path.
 
-    Raises:
-        ValueError: no folder on the search path defines the domain (naming the folders searched);
-            two folders define it differently (naming both files), e.g. a user file that reuses a
-            built-in domain's name for other data; or the file's values are invalid.
+    Raises ValueError: no folder on the search path defines the domain (naming the folders searched);
+    two folders define it differently (naming both files), e.g. a user file that reuses a built-in
+    domain's name for other data; or the file's values are invalid.
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"domain name {name!r} must be a non-empty string")

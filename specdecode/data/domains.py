@@ -132,17 +132,13 @@ def load_domain(
             (`specdecode.data.embedded.sharegpt_later_turns`), about three times as many prompts.
             The held-out split is the same either way; other domains and sources have no later turns.
 
-    Returns:
-        The examples; rows with an empty or missing prompt are skipped. Examples of several kinds
-        (the mixed domain's) take turns by kind (`by_kind_in_turns`), so that any first few hold
-        every kind.
+    Returns the examples; rows with an empty or missing prompt are skipped. Examples of several kinds
+    (the mixed domain's) take turns by kind (`by_kind_in_turns`), so that any first few hold every kind.
 
-    Raises:
-        ValueError: an unknown domain, source or split, a bad limit or fraction, a missing column,
-            or a source argument that is missing or given to the wrong source; a data file that
-            cannot be parsed (naming the file, and for JSON lines the line).
-        FileNotFoundError: `path` does not exist.
-        OSError: `datasets.load_dataset` failed for an "hf" source (no hub, unknown id, ...).
+    Raises ValueError: an unknown domain, source or split, a bad limit or fraction, a missing column, or
+    a source argument that is missing or given to the wrong source; a data file that cannot be parsed
+    (naming the file, and for JSON lines the line); FileNotFoundError: `path` does not exist; OSError:
+    `datasets.load_dataset` failed for an "hf" source (no hub, unknown id, ...).
     """
     _check_arguments(domain, source, split, limit, heldout_fraction, path, hf_id)
     if chat_turns not in CHAT_TURNS:
@@ -234,16 +230,9 @@ def _source_examples(
 
 
 def format_prompt(tokenizer: Any, prompt: str | Example) -> list[int]:
-    """Token ids of a prompt in the target's chat template, followed by the assistant's generation prompt.
-
-    Args:
-        tokenizer: a transformers tokenizer. Without a chat template (a base model) the plain
-            tokenisation of the prompt's text, special tokens included, is used.
-        prompt: the user's message, or an `Example` (a chat example's own turns are rendered).
-
-    Returns:
-        `[T]` token ids as a list of ints.
-    """
+    """`[T]` token ids of a prompt (the user's message, or an `Example`, whose own chat turns are
+    rendered) in the target's chat template, followed by the assistant's generation prompt. A
+    tokenizer without a chat template (a base model) gives the text's plain tokenisation."""
     example = prompt if isinstance(prompt, Example) else Example(prompt=prompt, response=None, domain="")
     if not getattr(tokenizer, "chat_template", None):
         return list(tokenizer(example.prompt)["input_ids"])
@@ -284,9 +273,7 @@ def _to_examples(
     where: str,
 ) -> list[Example]:
     """Map a dataset's rows to Examples, in order; rows with an empty or missing prompt are skipped.
-
-    Args:
-        where: the source, for the error naming a missing column and the available ones.
+    `where` names the source in the error naming a missing column and the available ones.
 
     A prompt cell that is a list is a chat `messages` conversation (`parse_messages`); its trailing
     assistant reply is the response when no response column is named. Any other cell that is not

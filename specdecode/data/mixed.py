@@ -54,8 +54,7 @@ MAX_FOLLOWUP_CHARS = 800
 def mixed_examples() -> list[Example]:
     """Every example of the mixed domain, kind by kind in `KINDS` order, before the split.
 
-    Raises:
-        ImportError: naming the kind and the package to install, before any data is read.
+    Raises ImportError: naming the kind and the package to install, before any data is read.
     """
     for kind, pip_name in KIND_PACKAGES.items():
         if pip_name is not None and importlib.util.find_spec(pip_name.replace("-", "_")) is None:

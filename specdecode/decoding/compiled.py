@@ -41,8 +41,7 @@ RECOMPILE_LIMIT = 64
 def resolve_compile(setting: bool | None, device: torch.device | str) -> bool:
     """`compile` as asked, or for `None` (auto): on for CUDA, `COMPILE_ON_CPU` on the CPU, off elsewhere.
 
-    Raises:
-        TypeError: `setting` is not true, false or None.
+    Raises TypeError: `setting` is not true, false or None.
     """
     if setting is not None:
         if not isinstance(setting, bool):
@@ -56,12 +55,10 @@ def check_core(static: object, compile: object, device: torch.device, capacity: 
     """Check the `static` / `compile` / `capacity` options of the decode entry points; return
     whether to compile. (Whether `capacity` holds the prompts: `static_cache.static_capacity`.)
 
-    Raises:
-        TypeError: naming a non-bool `static`, a `compile` that is not true / false / None, or a
-            `capacity` that is not a positive int or None.
-        ValueError: `compile=True` or a `capacity` without `static=True` (only the static core has
-            fixed shapes to compile and caches to size).
-        RuntimeError: compiling with a torch older than 2.7 (no `torch.compiler.config`).
+    Raises TypeError: naming a non-bool `static`, a `compile` that is not true / false / None, or a
+    `capacity` that is not a positive int or None; ValueError: `compile=True` or a `capacity` without
+    `static=True` (only the static core has fixed shapes to compile and caches to size); RuntimeError:
+    compiling with a torch older than 2.7 (no `torch.compiler.config`).
     """
     if not isinstance(static, bool):
         raise TypeError(f"static must be true or false, got {static!r}")

@@ -116,10 +116,8 @@ def within_noise_of_fastest(per_prompt_s: Mapping[int, Sequence[float]]) -> list
     Why: the choice's few prompts are not the user's. A lead within noise is no reason to take
     longer drafts, which lose more wherever acceptance is lower.
 
-    Args:
-        per_prompt_s: gamma → seconds per prompt, the prompts in the same order for every gamma.
-    Returns:
-        those gammas, ascending (one prompt: the fastest alone).
+    `per_prompt_s`: gamma → seconds per prompt, the prompts in the same order for every gamma.
+    Returns those gammas, ascending (one prompt: the fastest alone).
     """
     fastest = min(per_prompt_s, key=lambda g: (sum(per_prompt_s[g]), g))
     near = []

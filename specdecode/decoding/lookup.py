@@ -128,8 +128,7 @@ def lookup(
         context: `[B, S]` token ids.
         lengths: `[B]` valid tokens per row.
 
-    Returns:
-        `found` `[B]` bool and `token` `[B]` (meaningful where found).
+    Returns `found` `[B]` bool and `token` `[B]` (meaningful where found).
     """
     batch, capacity = context.shape
     found = torch.zeros(batch, dtype=torch.bool, device=context.device)

@@ -67,9 +67,8 @@ def row_drafters(
     against `target` (`validate_models`, each drafter named); the number of names is checked
     against the prompts by `check_rows`.
 
-    Raises:
-        TypeError: `drafters` is not a non-empty mapping, or `assign` not a list of names.
-        ValueError: naming a name that `drafters` lacks, or a drafter that cannot draft for `target`.
+    Raises TypeError: `drafters` is not a non-empty mapping, or `assign` not a list of names;
+    ValueError: naming a name that `drafters` lacks, or a drafter that cannot draft for `target`.
     """
     if not isinstance(drafters, Mapping) or not drafters:
         raise TypeError(f"drafter must be one drafter or a non-empty mapping of names to drafters, got {drafters!r}")
@@ -94,8 +93,7 @@ def row_drafters(
 def check_rows(drafters: RowDrafters, num_prompts: int) -> None:
     """Require one name in `assign` per prompt.
 
-    Raises:
-        ValueError: naming both counts.
+    Raises ValueError: naming both counts.
     """
     if len(drafters.owners) != num_prompts:
         raise ValueError(f"assign has {len(drafters.owners)} drafter names for {num_prompts} prompts: give one each")

@@ -24,8 +24,7 @@ def kept_counts(
     """The commit rule: of the first `counts[b]` of `new_tokens` `[B, W]`, a row keeps those up to
     and including its first EOS id (`eos`, sorted), at most `room[b]` (its budget left).
 
-    Returns:
-        The kept counts `[B]` and whether each row hit an EOS id `[B]` bool.
+    Returns the kept counts `[B]` and whether each row hit an EOS id `[B]` bool.
     """
     offsets = torch.arange(new_tokens.shape[1], device=new_tokens.device)
     is_eos = (offsets < counts.unsqueeze(1)) & torch.isin(new_tokens, eos)

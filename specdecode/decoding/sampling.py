@@ -57,8 +57,7 @@ class TensorTemperature:
         otherwise than the eager loop's division by a float (a CUDA kernel multiplies by the
         reciprocal): sampling still follows the target's distribution.
 
-        Raises:
-            ValueError: `params` is greedy (a greedy step takes the argmax and no temperature).
+        Raises ValueError: `params` is greedy (a greedy step takes the argmax and no temperature).
         """
         if params.greedy:
             raise ValueError("TensorTemperature is for sampling; greedy params need no temperature")
@@ -78,8 +77,7 @@ def logits_to_probs(logits: torch.Tensor, params: Params) -> torch.Tensor:
         params: temperature, top-k, top-p, applied in that order (as transformers does); the
             temperature a float or (`TensorTemperature`) a 0-d tensor.
 
-    Returns:
-        `[..., V]` fp32 probabilities summing to 1; one-hot at the argmax when greedy.
+    Returns `[..., V]` fp32 probabilities summing to 1; one-hot at the argmax when greedy.
     """
     # fp32 so that p(x)/q(x) and the residual max(0, p - q) are not computed from bf16 roundings.
     logits = logits.float()

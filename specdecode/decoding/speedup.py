@@ -44,8 +44,7 @@ def optimal_gamma(alpha: float, cost_ratio: float, verify_ratios: dict[int, floa
         cost_ratio: c, a drafter step relative to a target step.
         verify_ratios: gamma → T_target(gamma + 1 tokens) / T_target(1 token).
 
-    Returns:
-        `(gamma, predicted speedup)`; a speedup below 1 says speculation does not pay at all.
+    Returns `(gamma, predicted speedup)`; a speedup below 1 says speculation does not pay at all.
     """
     if not verify_ratios:
         raise ValueError("verify_ratios is empty: measure at least one gamma")

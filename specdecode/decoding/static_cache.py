@@ -41,8 +41,7 @@ def static_capacity(slots: int, capacity: int | None = None) -> int:
     where the caller fixes it (so that calls of other lengths share compiled graphs), else `slots`
     rounded up to a power of two.
 
-    Raises:
-        ValueError: `capacity` is not an int of at least `slots`.
+    Raises ValueError: `capacity` is not an int of at least `slots`.
     """
     if capacity is None:
         return max(MIN_CAPACITY, 1 << (slots - 1).bit_length())

@@ -22,9 +22,8 @@ def validate_models(
     """Check that `drafter` can draft for `target`: one vocabulary, one device, and for a feature
     drafter the target's hidden size and layers (`check_fits_target`).
 
-    Raises:
-        ValueError: naming the sizes or devices that differ.
-        TypeError: `prompt_lookup` is neither a `PromptLookup` nor None.
+    Raises ValueError: naming the sizes or devices that differ; TypeError: `prompt_lookup` is neither a
+    `PromptLookup` nor None.
     """
     check_vocab_sizes(target, drafter)
     if isinstance(drafter, FeatureDrafter):
@@ -56,9 +55,8 @@ def _is_list(value: object) -> TypeGuard[Sequence[object]]:
 def _token_ids(prompt: object, i: int) -> list[int]:
     """Prompt `i` as a list of ints: a sequence of ids (`_token_id`) or a 1-D tensor / array of them.
 
-    Raises:
-        TypeError: the prompt is not a sequence of ids.
-        ValueError: naming the first id that is not an integer.
+    Raises TypeError: the prompt is not a sequence of ids; ValueError: naming the first id that is not
+    an integer.
     """
     if isinstance(prompt, (torch.Tensor, np.ndarray)) and prompt.ndim == 1:
         prompt = prompt.tolist()
@@ -74,8 +72,7 @@ def _token_ids(prompt: object, i: int) -> list[int]:
 def _eos_ids(eos_token_ids: object) -> list[int]:
     """`eos_token_ids` (one id or a sequence of them) as a list of ints.
 
-    Raises:
-        ValueError: naming the value when it is neither.
+    Raises ValueError: naming the value when it is neither.
     """
     one = _token_id(eos_token_ids)
     if one is not None:
@@ -92,8 +89,7 @@ def _eos_ids(eos_token_ids: object) -> list[int]:
 def check_seed(seed: object) -> int | None:
     """`seed` as an int or None: what `torch.Generator.manual_seed` takes (bools refused).
 
-    Raises:
-        TypeError: naming a seed that is not an integer.
+    Raises TypeError: naming a seed that is not an integer.
     """
     if seed is None:
         return None
@@ -106,9 +102,8 @@ def check_seed(seed: object) -> int | None:
 def check_feature_layers(feature_layers: object, num_layers: int) -> tuple[int, ...] | None:
     """`feature_layers` as a tuple of the target's hidden-state indices, or None.
 
-    Raises:
-        TypeError: naming a value that is not a sequence of ints.
-        ValueError: naming an index outside the target's hidden states `[-1, num_layers]`.
+    Raises TypeError: naming a value that is not a sequence of ints; ValueError: naming an index outside
+    the target's hidden states `[-1, num_layers]`.
     """
     if feature_layers is None:
         return None

@@ -41,9 +41,8 @@ def rejection_sample(
             `None` uses torch's global RNG.
         greedy: p and q are one-hot (temperature 0): the resample is the residual's argmax, no noise.
 
-    Returns:
-        `num_accepted` `[B]` int64 in [0, gamma] and `next_token` `[B]` int64 (the resampled or
-        bonus token, which always follows the accepted drafts).
+    Returns `num_accepted` `[B]` int64 in [0, gamma] and `next_token` `[B]` int64 (the resampled or
+    bonus token, which always follows the accepted drafts).
     """
     batch_size, gamma = draft_tokens.shape
     vocab_size = p.shape[-1]
@@ -83,8 +82,8 @@ def greedy_accept(draft_tokens: torch.Tensor, target_argmax: torch.Tensor) -> tu
         draft_tokens: `[B, gamma]` int64.
         target_argmax: `[B, gamma + 1]` int64, the target's argmax at each draft position and one past.
 
-    Returns:
-        `num_accepted` `[B]` in [0, gamma] and `next_token` `[B]`, as `rejection_sample(greedy=True)`.
+    Returns `num_accepted` `[B]` in [0, gamma] and `next_token` `[B]`, as
+    `rejection_sample(greedy=True)`.
     """
     gamma = draft_tokens.shape[1]
     num_accepted = (draft_tokens == target_argmax[:, :gamma]).long().cumprod(dim=1).sum(dim=1)
@@ -107,9 +106,8 @@ def verify_drafts(
     resample (`greedy_accept` when `q` is None); rows outside `drafting.drafting_rows` take the
     target's token after their pending one. The loops' shared step.
 
-    Returns:
-        `num_accepted` `[B]`, the next token `[B]`, and the new tokens `[B, gamma + 1]` (the drafts
-        with the next token at `num_accepted`), of which each row commits `num_accepted + 1`.
+    Returns `num_accepted` `[B]`, the next token `[B]`, and the new tokens `[B, gamma + 1]` (the drafts
+    with the next token at `num_accepted`), of which each row commits `num_accepted + 1`.
     """
     features = drafting.feature_layers
     logits, hidden = cached_forward_features(target, cache, torch.cat([pending, draft], dim=1), feature_layers=features)

@@ -6,6 +6,8 @@ benchmark itself runs on a CPU), the last two on random prompts."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
@@ -38,10 +40,15 @@ def benchmark_prompts(
     return chosen
 
 
+def _random_llama(**shape: Any) -> LlamaConfig:
+    """A Llama config of `shape` without special tokens (its weights are random: for timing only)."""
+    return LlamaConfig(bos_token_id=None, eos_token_id=None, pad_token_id=None, **shape)
+
+
 def llama_1b_shape() -> LlamaConfig:
     """Llama-3.2-1B's architecture (16 layers, hidden 2048, GQA 32/8 heads, 128k vocabulary, tied
-    embeddings), context cut to 4,096; weights are random: for timing only."""
-    return LlamaConfig(  # type: ignore[call-arg]  # rope_theta goes through **kwargs in transformers 5
+    embeddings), context cut to 4,096."""
+    return _random_llama(
         vocab_size=128256,
         hidden_size=2048,
         intermediate_size=8192,
@@ -53,14 +60,11 @@ def llama_1b_shape() -> LlamaConfig:
         rope_theta=500000.0,
         tie_word_embeddings=True,
         rms_norm_eps=1e-5,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
     )
 
 
 def tiny_shape() -> LlamaConfig:
-    return LlamaConfig(
+    return _random_llama(
         vocab_size=256,
         hidden_size=64,
         intermediate_size=128,
@@ -69,9 +73,6 @@ def tiny_shape() -> LlamaConfig:
         num_key_value_heads=2,
         max_position_embeddings=512,
         initializer_range=0.5,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
     )
 
 

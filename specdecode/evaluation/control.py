@@ -19,9 +19,8 @@ def control_comparison(results: dict[str, Any]) -> dict[str, Any] | None:
     speedup. `default_drafter` is `routed` where it beats the control in every domain, else
     `CONTROL`. None where the evaluation has no greedy row of either in some domain.
 
-    Returns:
-        {temperature, batch_size, gamma, domains: {domain: {routed_alpha, alldata_alpha,
-        routed_speedup, alldata_speedup, judged_by, routed_beats}}, default_drafter}.
+    Returns {temperature, batch_size, gamma, domains: {domain: {routed_alpha, alldata_alpha,
+    routed_speedup, alldata_speedup, judged_by, routed_beats}}, default_drafter}.
     """
     rows, config = results["rows"], results["config"]
     if not rows:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from specdecode.core.atomic import write_atomic
+from specdecode.core.config import config_differences
 from specdecode.evaluation.token_pages import token_page_links
 
 
@@ -36,34 +37,18 @@ def fmt(value: object, digits: int = 2) -> str:
 SWEPT_KEYS = frozenset({"gamma", "output_dir"})
 
 
-def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
-    flat: dict[str, object] = {}
-    for key, value in config.items():
-        if isinstance(value, dict) and value:
-            flat |= _flatten(value, f"{prefix}{key}.")
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def check_same_sweep(configs: dict[str, dict]) -> None:
     """Require the runs' configs (by results file) to differ only in `SWEPT_KEYS`: runs of two
     sweeps written into one folder (other prompts, temperatures, drafters) are not one table.
 
-    Raises:
-        ValueError: listing each differing key with its value in the first run and in the other.
+    Raises ValueError: listing each differing key with its value in the first run and in the other.
     """
     (first, base), *others = configs.items()
-    flat = _flatten(base or {})
-    absent = "<absent>"
-    differences = []
-    for source, config in others:
-        other = _flatten(config or {})
-        differences += [
-            f"{key}: {flat.get(key, absent)!r} in {first}, {other.get(key, absent)!r} in {source}"
-            for key in sorted(flat.keys() | other.keys())
-            if key not in SWEPT_KEYS and flat.get(key, absent) != other.get(key, absent)
-        ]
+    differences = [
+        line
+        for source, config in others
+        for line in config_differences(base or {}, config or {}, SWEPT_KEYS, f"in {first}", f"in {source}")
+    ]
     if differences:
         raise ValueError(
             "these results come from runs with different configs (one sweep may differ only in "
@@ -77,8 +62,7 @@ def merge_results(paths: Iterable[Path]) -> dict:
     """Rows of several results.json files (a Hydra multirun over gamma) as one result; their
     router shares too, each tagged with its run's gamma.
 
-    Raises:
-        ValueError: no file, or runs whose configs differ beyond gamma (`check_same_sweep`).
+    Raises ValueError: no file, or runs whose configs differ beyond gamma (`check_same_sweep`).
     """
     merged: dict = {"rows": [], "sources": [], "router_share": []}
     runs = {str(path): json.loads(Path(path).read_text()) for path in sorted(paths)}

@@ -14,7 +14,7 @@ from specdecode.models.draft_vocab import (
 )
 from specdecode.models.drafters import derive_drafter
 from specdecode.models.eagle3_drafter import Eagle3Drafter, derive_eagle3_drafter
-from specdecode.models.eagle_export import export_drafter, export_eagle
+from specdecode.models.eagle_export import export_drafter
 from specdecode.models.feature_drafter import FeatureDrafter, derive_feature_drafter
 from specdecode.models.gguf_cache import DEFAULT_TARGET, cache_dir, default_target_gguf, gguf_to_hf_folder
 from specdecode.models.loading import build_drafter, load_model, resolve_dtype
@@ -39,7 +39,6 @@ __all__ = [
     "derive_feature_drafter",
     "draft_vocab_ids",
     "export_drafter",
-    "export_eagle",
     "gguf_to_hf_folder",
     "load_model",
     "most_frequent_token_ids",

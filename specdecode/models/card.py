@@ -3,8 +3,8 @@
 A card is YAML front matter as the Hugging Face hub reads it (`base_model`, `library_name`, `tags`,
 `datasets`, `pipeline_tag`), then the facts a user needs to trust the drafter: the target and its
 revision, the drafter's kind, its domain and data, the training budget, what was measured (alpha,
-tau, speedup) and on what, and the command that reproduces it. The facts are also kept in the
-front matter under `specdecode:`, so `update_card` can add an evaluation's figures and re-render.
+tau, speedup) and on what, and the command that reproduces it. The facts are also kept, machine
+readable, in the front matter under `specdecode:`.
 
 `push_to_hub` uploads a folder with huggingface_hub (`HfApi.upload_folder`); nothing calls it
 unless asked (`push_to_hub=<repo id>`).
@@ -256,36 +256,6 @@ def write_training_card(folder: str | Path, cfg: Any, metrics: Mapping[str, Any]
     return path
 
 
-def read_facts(folder: str | Path) -> dict[str, Any]:
-    """The facts kept in a card's front matter (`specdecode:`).
-
-    Raises:
-        ValueError: `folder` has no README.md written by `write_training_card`.
-    """
-    path = Path(folder) / CARD_FILE
-    text = path.read_text() if path.is_file() else ""
-    parts = text.split("---\n", 2) if text.startswith("---\n") else []
-    meta = yaml.safe_load(parts[1]) if len(parts) == 3 else None
-    if not isinstance(meta, dict) or "specdecode" not in meta:
-        raise ValueError(f"{str(path)!r} is not a specdecode model card (no front matter with a specdecode: entry)")
-    return meta["specdecode"]
-
-
-def update_card(folder: str | Path, measurements: Iterable[Measurement | Mapping[str, Any]]) -> Path:
-    """Add measured figures to a drafter's card (an evaluation's alpha, tau, speedup); a figure with
-    the same metric and `on` as one already there replaces it. Returns the card's path."""
-    facts = read_facts(folder)
-    rows = [asdict(m) if isinstance(m, Measurement) else dict(m) for m in measurements]
-    for row in rows:
-        if set(row) != {"metric", "value", "on"}:
-            raise ValueError(f"measurement {row!r} must have exactly the keys metric, value, on")
-    new = {(r["metric"], r["on"]) for r in rows}
-    facts["measured"] = [m for m in facts.get("measured", []) if (m["metric"], m["on"]) not in new] + rows
-    path = Path(folder) / CARD_FILE
-    write_atomic(path, render_card(facts))
-    return path
-
-
 def export_card(
     format: str,
     engine: str,
@@ -366,8 +336,7 @@ def push_to_hub(
     """Upload `folder` (a drafter or an export, card included) to the hub repo `repo_id`, created
     if missing (private unless asked); returns the commit's URL. Needs the hub and a token.
 
-    Raises:
-        ValueError: `folder` is not a folder or has no README.md card; `repo_id` is not `owner/name`.
+    Raises ValueError: `folder` is not a folder or has no README.md card; `repo_id` is not `owner/name`.
     """
     folder = Path(folder)
     if not (folder / CARD_FILE).is_file():

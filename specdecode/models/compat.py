@@ -38,9 +38,8 @@ def check_tokenizers(target_tokenizer: PreTrainedTokenizerBase, drafter_tokenize
     Speculative decoding hands drafter token ids to the target as they are, so a single
     differing id silently corrupts the output.
 
-    Raises:
-        ValueError: naming both vocabulary sizes and the first differing id with both tokens,
-            or both EOS ids.
+    Raises ValueError: naming both vocabulary sizes and the first differing id with both tokens, or both
+    EOS ids.
     """
     target_vocab = {i: token for token, i in target_tokenizer.get_vocab().items()}
     drafter_vocab = {i: token for token, i in drafter_tokenizer.get_vocab().items()}
@@ -63,8 +62,7 @@ def check_tokenizers(target_tokenizer: PreTrainedTokenizerBase, drafter_tokenize
 def check_vocab_sizes(target: PreTrainedModel, drafter: PreTrainedModel | Configured) -> None:
     """Require the drafter's logits to live in the target's vocabulary.
 
-    Raises:
-        ValueError: naming both `config.vocab_size` values if they differ.
+    Raises ValueError: naming both `config.vocab_size` values if they differ.
     """
     target_size = target.config.get_text_config().vocab_size
     drafter_size = drafter.config.get_text_config().vocab_size

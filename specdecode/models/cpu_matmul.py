@@ -39,15 +39,8 @@ def skinny_linear(
 ) -> torch.Tensor:
     """`F.linear(x, weight, bias)`, computed as `(weight @ x.T).T` when `x` has `rows[0]..rows[1]`
     rows (at most SKINNY_MAX_ROWS) on CPU; a single row goes through as two identical ones.
-
-    Args:
-        x: `[..., H_in]`.
-        weight: `[H_out, H_in]`.
-        bias: `[H_out]` or None.
-        rows: the inclusive range of row counts that take this kernel; the others take `F.linear`.
-
-    Returns:
-        `[..., H_out]`.
+    `x` `[..., H_in]`, `weight` `[H_out, H_in]`, `bias` `[H_out]` or None → `[..., H_out]`; `rows`:
+    the inclusive range of row counts that take this kernel, the others take `F.linear`.
     """
     count = x.numel() // max(x.shape[-1], 1)
     if (

@@ -62,13 +62,8 @@ class DraftVocabHead(nn.Module):
     def __init__(
         self, full_weight: torch.Tensor, draft_ids: torch.Tensor, full_bias: torch.Tensor | None = None
     ) -> None:
-        """Build from a full head.
-
-        Args:
-            full_weight: [V, H] full LM-head weight; copied, never aliased.
-            draft_ids: [K] token ids to score, validated by `validate_draft_ids`.
-            full_bias: [V] LM-head bias, or None.
-        """
+        """From a full head: `full_weight` [V, H] (copied, never aliased), `draft_ids` [K] (checked by
+        `validate_draft_ids`), `full_bias` [V] or None."""
         super().__init__()
         vocab_size = full_weight.shape[0]
         draft_ids = validate_draft_ids(draft_ids, vocab_size).to(full_weight.device)
@@ -106,14 +101,8 @@ class DraftVocabHead(nn.Module):
         return full
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Score the draft ids.
-
-        Args:
-            hidden: [B, T, H] final hidden states.
-
-        Returns:
-            [B, T, V] logits: `hidden @ weight.T (+ bias)` at `draft_ids`, `finfo.min` elsewhere.
-        """
+        """[B, T, H] final hidden states → [B, T, V] logits: `hidden @ weight.T (+ bias)` at
+        `draft_ids`, `finfo.min` elsewhere."""
         draft_logits = self.draft_logits(hidden)
         return self.spread(draft_logits, torch.finfo(draft_logits.dtype).min)
 
@@ -175,12 +164,8 @@ def draft_vocab_ids(drafter: PreTrainedModel | Configured) -> torch.Tensor:
 
 
 def validate_draft_ids(draft_ids: Sequence[int] | torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Check explicit draft token ids and return them as a sorted [K] long tensor.
-
-    Raises:
-        ValueError: naming the offending value if the ids are empty, not integers, not 1-D,
-            outside [0, vocab_size), or repeated.
-    """
+    """Explicit draft token ids as a sorted [K] long tensor; a ValueError names the offending value
+    if they are empty, not integers, not 1-D, outside [0, vocab_size), or repeated."""
     ids = draft_ids.detach() if isinstance(draft_ids, torch.Tensor) else torch.as_tensor(draft_ids)
     if ids.numel() == 0:
         raise ValueError(f"draft_vocab ids are empty ({draft_ids!r}); a drafter needs at least one")
@@ -207,19 +192,11 @@ def most_frequent_token_ids(
 ) -> torch.Tensor:
     """The k most frequent token ids in a corpus, for a drafter's truncated vocabulary.
 
-    Args:
-        token_id_lists: tokenised documents (lists or 1-D tensors of ids).
-        k: how many ids to keep, 1..vocab_size.
-        vocab_size: V.
-        always_include: ids kept whatever their count (EOS: a drafter that cannot propose the end
-            of an answer loses every draft that crosses it).
-
-    Returns:
-        [k] long tensor of ids, sorted ascending. Ties, including unseen ids when the corpus has
-        fewer than k distinct tokens, go to the lower id.
-
-    Raises:
-        ValueError: k out of range, or more forced ids than k.
+    `token_id_lists` are tokenised documents (lists or 1-D tensors of ids); `always_include` ids
+    are kept whatever their count (EOS: a drafter that cannot propose the end of an answer loses
+    every draft that crosses it). Returns `[k]` ids sorted ascending; ties, including unseen ids when
+    the corpus has fewer than k distinct tokens, go to the lower id. A ValueError for k outside
+    1..vocab_size or more forced ids than k.
     """
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= vocab_size:
         raise ValueError(f"k={k!r} must be an int in [1, {vocab_size}]")
@@ -266,10 +243,9 @@ def pad_vocab(drafter: PreTrainedModel, vocab_size: int) -> PreTrainedModel:
     ids: the padding ids get the dtype's minimum logit, so q is exactly 0 there and the drafter
     never proposes one. Its logits at its own ids are unchanged. A no-op when the sizes match.
 
-    Raises:
-        ValueError: the drafter's vocabulary is larger than `vocab_size` (its extra ids could be
-            proposed but have no target probability), naming both sizes.
-        TypeError: the LM head is not a plain `nn.Linear` (e.g. already truncated).
+    Raises ValueError: the drafter's vocabulary is larger than `vocab_size` (its extra ids could be
+    proposed but have no target probability), naming both sizes; TypeError: the LM head is not a plain
+    `nn.Linear` (e.g. already truncated).
     """
     own = drafter.config.get_text_config().vocab_size
     if own == vocab_size:
@@ -292,11 +268,8 @@ def apply_draft_vocab_from_config(model: PreTrainedModel) -> PreTrainedModel:
 
     If `config.draft_vocab_ids` is set and the LM head is a plain `nn.Linear`, it is replaced by a
     `DraftVocabHead` built from the loaded head, whose draft rows are the trained ones: logits
-    at the draft ids are unchanged, the others become `finfo.min`. A no-op otherwise.
-
-    Returns:
-        `model`, modified in place.
-    """
+    at the draft ids are unchanged, the others become `finfo.min`. A no-op otherwise. Returns
+    `model`, modified in place."""
     ids = getattr(model.config.get_text_config(), "draft_vocab_ids", None)
     if ids is None:
         return model

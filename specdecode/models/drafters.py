@@ -45,19 +45,11 @@ def derive_drafter(
     layers, the final norm and the LM head are copied (never shared), so training the drafter
     leaves the target untouched. Same dtype and device as the target; returned in eval mode.
 
-    Args:
-        target: the target causal LM.
-        num_layers: decoder layers to keep, 1..target's num_hidden_layers.
-        draft_vocab: None for the full vocabulary; explicit token ids (sequence or [K] tensor);
-            or an int K, meaning the K most frequent ids of `corpus` (EOS always included).
-        corpus: tokenised documents, needed only when `draft_vocab` is an int.
-
-    Returns:
-        The drafter. With a truncated vocabulary its LM head is a `DraftVocabHead`,
-        `config.tie_word_embeddings` is False and `config.draft_vocab_ids` lists the ids.
-
-    Raises:
-        ValueError: bad `num_layers`, bad ids, or an int `draft_vocab` without a corpus.
+    `draft_vocab`: None for the full vocabulary; explicit token ids (sequence or [K] tensor); or an
+    int K, the K most frequent ids of `corpus` (tokenised documents; EOS always included). With a
+    truncated vocabulary the LM head is a `DraftVocabHead`, `config.tie_word_embeddings` is False
+    and `config.draft_vocab_ids` lists the ids. A ValueError for a bad `num_layers` (1..the target's
+    layer count), bad ids, or an int `draft_vocab` without a corpus.
     """
     text_config = target.config.get_text_config()
     total = text_config.num_hidden_layers

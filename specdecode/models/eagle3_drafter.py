@@ -262,8 +262,7 @@ def derive_eagle3_drafter(
     head rows (over `draft_vocab`, as `derive_drafter` reads it), a layer initialised at random
     from `seed` as transformers initialises a new model, and a fusion that starts as the high state.
 
-    Raises:
-        ValueError: bad `feature_layers` (default: `default_feature_layers`) or vocabulary.
+    Raises ValueError: bad `feature_layers` (default: `default_feature_layers`) or vocabulary.
     """
     text = target.config.get_text_config()
     layers = check_eagle3_layers(
@@ -292,8 +291,7 @@ def derive_eagle3_drafter(
 def load_eagle3(model: PreTrainedModel, folder: str | os.PathLike[str]) -> Eagle3Drafter:
     """The EAGLE-3 drafter saved in `folder`, from the plain model `load_model` read there.
 
-    Raises:
-        ValueError: naming the file, when `eagle3.safetensors` is missing or does not fit the model.
+    Raises ValueError: naming the file, when `eagle3.safetensors` is missing or does not fit the model.
     """
     path = Path(folder) / EAGLE3_FILE
     if not path.is_file():

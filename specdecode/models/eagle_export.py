@@ -89,10 +89,9 @@ def export_drafter(
     drafter's chosen gamma, else 3) only fill the serve command of the folder's README. Written to a
     staging folder beside `folder` and renamed: a failed export leaves nothing behind.
 
-    Raises:
-        ValueError: an unknown format; a target family the format does not cover; a drafter the
-            format cannot express (kind, layout, features read, trained embeddings or head); or
-            `folder` exists. Each names the value at fault, checked before anything is written.
+    Raises ValueError: an unknown format; a target family the format does not cover; a drafter the
+    format cannot express (kind, layout, features read, trained embeddings or head); or `folder` exists.
+    Each names the value at fault, checked before anything is written.
     """
     if format not in FORMATS:
         raise ValueError(f"format={format!r}: expected one of {'|'.join(FORMATS)}")
@@ -120,11 +119,6 @@ def export_drafter(
             (staging / name).write_bytes(data)
         (staging / "README.md").write_text(card)
     return folder
-
-
-def export_eagle(drafter: FeatureDrafter, target: PreTrainedModel, folder: str | os.PathLike[str]) -> Path:
-    """`export_drafter(drafter, target, folder, "vllm-eagle")`: vLLM's EAGLE-1 format."""
-    return export_drafter(drafter, target, folder, "vllm-eagle")
 
 
 def target_family(model: PreTrainedModel | FeatureDrafter) -> str:

@@ -220,9 +220,8 @@ def check_fits_target(drafter: FeatureDrafter, target: PreTrainedModel, name: st
     """A feature drafter reads n of the target's hidden states: the target's width and layers must
     be the ones it was built for (another target's drafter fails with a shape error mid-draft).
 
-    Raises:
-        ValueError: naming the drafter (`name`), its feature width and layers, and the target's
-            hidden size and layer count.
+    Raises ValueError: naming the drafter (`name`), its feature width and layers, and the target's
+    hidden size and layer count.
     """
     text = target.config.get_text_config()
     hidden, num_layers = text.hidden_size, text.num_hidden_layers
@@ -259,10 +258,8 @@ def derive_feature_drafter(
     its (first) layer on them.
     `layout` is "eagle" (the default: exportable to vLLM) or "specdecode" (module docstring; an
     `eagle` drafter copied from the target starts with its layers' residual branches' output
-    projections at zero).
-
-    Raises:
-        ValueError: bad `num_layers` / `init_from_layer` / `feature_layers` / `layout` / vocabulary.
+    projections at zero). A ValueError names a bad `num_layers` / `init_from_layer` /
+    `feature_layers` / `layout` / vocabulary.
     """
     from specdecode.models.drafters import derive_drafter
 
@@ -331,10 +328,9 @@ def saved_settings(settings: dict[str, Any], folder: str | os.PathLike[str]) -> 
 def wrap_if_feature_drafter(model: PreTrainedModel, folder: str | os.PathLike[str]) -> PreTrainedModel | FeatureDrafter:
     """`model` loaded from `folder`, as a `FeatureDrafter` if its config says it is one.
 
-    Raises:
-        FileNotFoundError: the config says feature drafter but `feature_fc.safetensors` is missing.
-        ValueError: naming the file or folder, when `feature_fc.safetensors` is damaged or does
-            not fit the body and the config's feature layers.
+    Raises FileNotFoundError: the config says feature drafter but `feature_fc.safetensors` is missing;
+    ValueError: naming the file or folder, when `feature_fc.safetensors` is damaged or does not fit the
+    body and the config's feature layers.
     """
     settings = getattr(model.config, CONFIG_KEY, None)
     if settings is None:

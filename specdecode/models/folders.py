@@ -34,8 +34,7 @@ def check_safetensors(path: Path) -> None:
     """Parse `path`'s header and check that its tensors' bytes are all there (a memory map: no
     tensor is read).
 
-    Raises:
-        ValueError: naming the file (`unreadable_safetensors`).
+    Raises ValueError: naming the file (`unreadable_safetensors`).
     """
     try:
         with safe_open(str(path), framework="pt") as handle:
@@ -47,8 +46,7 @@ def check_safetensors(path: Path) -> None:
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     """`safetensors.torch.load_file(path)`.
 
-    Raises:
-        ValueError: naming the file when it does not parse (`unreadable_safetensors`).
+    Raises ValueError: naming the file when it does not parse (`unreadable_safetensors`).
     """
     try:
         return load_file(str(path))
@@ -60,8 +58,7 @@ def check_model_folder(folder: Path, tokenizer: bool = True) -> None:
     """Check a local model folder before transformers reads it: `config.json` parses, every
     `.safetensors` file parses and is complete, and (with `tokenizer`) it holds tokenizer files.
 
-    Raises:
-        ValueError: naming the folder and the file that is damaged or missing.
+    Raises ValueError: naming the folder and the file that is damaged or missing.
     """
     config = folder / "config.json"
     if config.is_file():

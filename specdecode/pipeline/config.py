@@ -25,10 +25,9 @@ def accelerate_config_file(name: str, device: str = "cpu") -> Path:
     for `device=cpu` and single_gpu.yaml otherwise; `cpu` → conf/accelerate/cpu.yaml; a path ending
     in .yaml is taken as it is.
 
-    Raises:
-        ValueError: naming the value and the configs conf/accelerate/ holds, if there is no such
-            file; or if the file runs on the CPU (`use_cpu: true`) while `device` is not the CPU
-            (accelerate would move the models back to the CPU).
+    Raises ValueError: naming the value and the configs conf/accelerate/ holds, if there is no such
+    file; or if the file runs on the CPU (`use_cpu: true`) while `device` is not the CPU (accelerate
+    would move the models back to the CPU).
     """
     if name == "auto":
         name = "cpu" if device == "cpu" else "single_gpu"

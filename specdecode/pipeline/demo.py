@@ -10,6 +10,7 @@ so the demo runs exactly what the individual commands run, and its cache key is 
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 import shutil
 from collections.abc import Callable
@@ -36,18 +37,6 @@ from specdecode.training.config import TrainConfig, TrainJobConfig
 from specdecode.training.sequences import domain_limit, domain_parts, mix_limit, pool_size
 
 
-def _benchmark(config: dict, out: Path) -> None:
-    from specdecode.evaluation.benchmark import run_benchmark
-
-    run_benchmark(from_dict(BenchmarkConfig, config | {"output_dir": str(out)}))
-
-
-def _distill(config: dict, out: Path) -> None:
-    from specdecode.training.job import run_distill
-
-    run_distill(from_dict(TrainJobConfig, config | {"output_dir": str(out)}))
-
-
 def _launched(app: str, accelerate: str, device: str) -> Callable[[dict, Path], None]:
     """A stage that runs `accelerate launch <app's script>` on its config, writing into `out`."""
 
@@ -57,22 +46,16 @@ def _launched(app: str, accelerate: str, device: str) -> Callable[[dict, Path], 
     return run
 
 
-def _collect(config: dict, out: Path) -> None:
-    from specdecode.routing.collect import run_collect
+def _in_process(stage: str) -> Callable[[dict, Path], None]:
+    """A stage that runs its app's function (`_SCHEMAS`, imported when it runs) in this process on its
+    typed config, writing into `out`."""
+    schema, output_key, file_name, function = _SCHEMAS[stage]
 
-    run_collect(from_dict(CollectConfig, config | {"output": str(out / _SCHEMAS["collect"][2])}))
+    def run(config: dict, out: Path) -> None:
+        module, _, name = function.partition(":")
+        getattr(importlib.import_module(module), name)(from_dict(schema, config | {output_key: str(out / file_name)}))
 
-
-def _fit(config: dict, out: Path) -> None:
-    from specdecode.routing.fit import run_fit
-
-    run_fit(from_dict(FitRouterConfig, config | {"output_dir": str(out)}))
-
-
-def _eval(config: dict, out: Path) -> None:
-    from specdecode.evaluation.suite import run_eval
-
-    run_eval(from_dict(EvalConfig, config | {"output_dir": str(out)}))
+    return run
 
 
 def _mix_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -168,8 +151,8 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     # Training and evaluation go through `accelerate launch` (the launcher users type; several
     # processes where the accelerate config asks for them); the other stages are single-process.
     launched = cfg.launcher == "accelerate"
-    distill = _launched("distill", cfg.accelerate_config, cfg.device) if launched else _distill
-    evaluate = _launched("eval", cfg.accelerate_config, cfg.device) if launched else _eval
+    distill = _launched("distill", cfg.accelerate_config, cfg.device) if launched else _in_process("distill")
+    evaluate = _launched("eval", cfg.accelerate_config, cfg.device) if launched else _in_process("eval")
     placement = {"device": cfg.device, "dtype": cfg.dtype, "skinny_matmul": cfg.skinny_matmul}
 
     def composed(stage: str, overrides: list[str]) -> dict[str, Any]:
@@ -184,7 +167,7 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     gamma = {"gamma": evaluation["gamma"]} if isinstance(evaluation["gamma"], int) else {}
     stages: list[Stage] = []
     if cfg.run_benchmark:
-        stages.append(Stage("benchmark", composed("benchmark", list(cfg.benchmark)) | gamma, _benchmark))
+        stages.append(Stage("benchmark", composed("benchmark", list(cfg.benchmark)) | gamma, _in_process("benchmark")))
     short = composed("eval", [*cfg.eval, *cfg.short_eval]) if cfg.short_eval else None
     control = any("alldata" in e["methods"] for e in (evaluation, short) if e is not None)
     trained = _drafter_stages(cfg, composed, distill, control)
@@ -209,9 +192,9 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     drafters = [{"name": n, "kind": "pretrained", "path": p} for n, p in drafter_dirs.items()]
     collect = composed("collect", list(cfg.collect)) | {"drafters": drafters, "domains": list(cfg.domains)} | gamma
     collect["data"] = data
-    stages.append(Stage("collect", collect, _collect, after=distills))
+    stages.append(Stage("collect", collect, _in_process("collect"), after=distills))
     fit = composed("fit", list(cfg.fit)) | {"labels": str(root / "collect" / "labels.jsonl")}
-    stages.append(Stage("fit", fit, _fit, after=["collect"]))
+    stages.append(Stage("fit", fit, _in_process("fit"), after=["collect"]))
     after = [*(s.name for s in trained), "fit"]
     stages.append(Stage("eval", evaluation, evaluate, after=after))
     if short is not None:
@@ -219,14 +202,14 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     return stages
 
 
-# Each stage's typed config, and the key and file name (under the stage's folder, "" for the
-# folder itself) its output goes in: what the stage's run function builds first.
-_SCHEMAS: dict[str, tuple[type, str, str]] = {
-    "benchmark": (BenchmarkConfig, "output_dir", ""),
-    "distill": (TrainJobConfig, "output_dir", ""),
-    "collect": (CollectConfig, "output", "labels.jsonl"),
-    "fit": (FitRouterConfig, "output_dir", ""),
-    "eval": (EvalConfig, "output_dir", ""),
+# Each stage's typed config, the key and file name (under the stage's folder, "" for the folder
+# itself) its output goes in, and the `module:function` that runs it in this process.
+_SCHEMAS: dict[str, tuple[type, str, str, str]] = {
+    "benchmark": (BenchmarkConfig, "output_dir", "", "specdecode.evaluation.benchmark:run_benchmark"),
+    "distill": (TrainJobConfig, "output_dir", "", "specdecode.training.job:run_distill"),
+    "collect": (CollectConfig, "output", "labels.jsonl", "specdecode.routing.collect:run_collect"),
+    "fit": (FitRouterConfig, "output_dir", "", "specdecode.routing.fit:run_fit"),
+    "eval": (EvalConfig, "output_dir", "", "specdecode.evaluation.suite:run_eval"),
 }
 
 
@@ -249,7 +232,7 @@ def check_stage_configs(stages: list[Stage], root: Path) -> None:
 
     typed: dict[str, Any] = {}
     for stage in stages:
-        schema, output_key, file_name = _SCHEMAS[stage.name.split("-")[0]]
+        schema, output_key, file_name, _ = _SCHEMAS[stage.name.split("-")[0]]
         try:
             typed[stage.name] = from_dict(
                 schema, stand_in(stage.config) | {output_key: str(root / stage.name / file_name)}
@@ -265,9 +248,8 @@ def check_stage_inputs(configs: dict[str, Any]) -> None:
     responses its job's settings train on; every domain has a prompt within the router labels'
     `max_prompt_tokens`, and `prompts_per_domain` held-out prompts within the evaluation's.
 
-    Raises:
-        ValueError: naming the stage, the domain and the setting to change, and the demo key
-            (`distill_per_domain`, `collect`, `eval`, `short_eval`) that sets it.
+    Raises ValueError: naming the stage, the domain and the setting to change, and the demo key
+    (`distill_per_domain`, `collect`, `eval`, `short_eval`) that sets it.
     """
     from specdecode.evaluation.suite import check_heldout_prompts
     from specdecode.models.loading import load_tokenizer
@@ -302,8 +284,7 @@ def check_stage_inputs(configs: dict[str, Any]) -> None:
 def run_demo(cfg: DemoConfig) -> Path:
     """Run (or resume) the demo; publish results.json and report.md at the top of `output_dir`.
 
-    Raises:
-        ValueError: a stage's composed config is invalid (checked before any stage runs).
+    Raises ValueError: a stage's composed config is invalid (checked before any stage runs).
     """
     resolve_device(cfg.device)  # a device this machine lacks fails here, before any stage runs
     root = Path(cfg.output_dir)

@@ -115,8 +115,7 @@ def launch_app(app: str, config: dict[str, Any], accelerate_config: Path, hydra_
     """Run `app` under `accelerate launch` with `config` (tied to this process: `run_tied`); its
     output streams to this terminal.
 
-    Raises:
-        RuntimeError: naming the app, the exit status and the command, if the launched run fails.
+    Raises RuntimeError: naming the app, the exit status and the command, if the launched run fails.
     """
     with tempfile.TemporaryDirectory(prefix=f"specdecode-{app}-") as config_dir:
         write_stage_config(app, config, Path(config_dir), hydra_dir)

@@ -82,11 +82,6 @@ def finished_record(out_dir: Path) -> dict | None:
     return json.loads(marker.read_text()) if marker.is_file() else None
 
 
-def finished_key(out_dir: Path) -> str | None:
-    record = finished_record(out_dir)
-    return record["key"] if record else None
-
-
 def run_stages(stages: list[Stage], root: Path, code: str = "") -> dict[str, Path]:
     """Run `stages` (listed in dependency order) under `root`; return each stage's output folder.
     `code` (e.g. `code_fingerprint()`) is part of every key: when it changes, every stage reruns."""

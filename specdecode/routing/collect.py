@@ -112,8 +112,7 @@ def check_domain_prompts(cfg: CollectConfig, tokenizer: PreTrainedTokenizerBase)
     """Every domain has a prompt within `max_prompt_tokens` in `cfg.splits`: a domain without one
     would get no labels, and the router could never pick its drafter.
 
-    Raises:
-        ValueError: naming the domain, its shortest prompt and the setting to change.
+    Raises ValueError: naming the domain, its shortest prompt and the setting to change.
     """
     for domain in cfg.domains:
         lengths = [len(format_prompt(tokenizer, ex)) for split in cfg.splits for ex in _examples(cfg, domain, split)]

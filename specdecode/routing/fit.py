@@ -45,18 +45,12 @@ def fit_router(
 ) -> Router:
     """The router whose MLP names the domains of M prompts and whose table averages N prompts' labels.
 
-    Args:
-        features: `[M, F]` the embedder's features of the prompts the MLP learns from.
-        domains: their M domains.
-        labels: `[N, K]` each labelled prompt's objective (predicted speedup) per drafter.
-        label_domains: the N labelled prompts' domains; every domain in `domains` must be among them.
-        drafters: the K names, in the labels' column order.
-        embedder: what made the features (kept in the router for routing new texts).
-        embedder_spec: the embedder's config, saved so `Router.load` can rebuild it.
-        The rest are the MLP's size and its full-batch AdamW fit (`_train_classifier`).
-
-    Raises:
-        ValueError: mismatched shapes, a domain without labels, or fewer than 2 labelled domains.
+    `features` `[M, F]` are the embedder's features of the M prompts of `domains` the MLP learns
+    from; `labels` `[N, K]` each labelled prompt's objective (predicted speedup) per drafter (the K
+    `drafters`, in column order), and every domain in `domains` must be among the `label_domains`.
+    `embedder` (and its config `embedder_spec`, so `Router.load` can rebuild it) routes new texts.
+    The rest are the MLP's size and its full-batch AdamW fit (`_train_classifier`). A ValueError for
+    mismatched shapes, a domain without labels, or fewer than 2 labelled domains.
     """
     if features.dim() != 2 or features.shape[0] != len(domains) or features.shape[0] < 1:
         raise ValueError(f"need [M, F] features and M domains, got {tuple(features.shape)} and {len(domains)}")

@@ -42,8 +42,7 @@ def match_drafters(
 ) -> list[PreTrainedModel | FeatureDrafter | None]:
     """The drafters in the router's order, by name (None for the router's `NO_DRAFTER` route).
 
-    Raises:
-        ValueError: naming both lists when the names or their count differ.
+    Raises ValueError: naming both lists when the names or their count differ.
     """
     pairs: list[tuple[str, PreTrainedModel | FeatureDrafter]] = (
         list(drafters.items()) if isinstance(drafters, Mapping) else [(name, model) for name, model in drafters]
@@ -73,22 +72,10 @@ def route_and_generate(
     the router was fitted on it (the user message, as in the labels) and `prompts[i]` the ids
     decoded from (usually `format_prompt(tokenizer, texts[i])`).
 
-    Args:
-        router: a fitted `Router`.
-        target: the target model.
-        drafters: `{name: drafter}` or `[(name, drafter)]`, the same names as `router.drafters`.
-        prompts: N token-id lists, a ragged batch.
-        texts: N prompt texts for the router.
-        max_new_tokens: one budget or one per prompt.
-        **decode_kwargs: passed to every `speculative_generate` (gamma, temperature, seed, ...);
-            with `record=True` each row's record names its drafter; an `on_step` callback sees
-            `StepEvent.rows` as indices into `prompts`.
-
-    Returns:
-        `RoutedGeneration`, in the caller's order.
-
-    Raises:
-        ValueError: empty prompts, texts of another length, or drafters that are not the router's.
+    `drafters` carry the names of `router.drafters`; `max_new_tokens` is one budget or one per
+    prompt; `decode_kwargs` go to every `speculative_generate` (gamma, temperature, seed, ...): with
+    `record=True` each row's record names its drafter, and an `on_step` callback sees
+    `StepEvent.rows` as indices into `prompts`. The result is in the caller's order.
     """
     if len(prompts) == 0:
         raise ValueError("prompts is empty: nothing to generate")

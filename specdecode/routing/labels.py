@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from specdecode.data.example import Example
+from specdecode.data.files import json_objects
 from specdecode.decoding.decode import autoregressive_generate
 from specdecode.decoding.lookup import PromptLookup, lookup_logits
 from specdecode.decoding.speedup import predicted_speedup
@@ -92,21 +93,15 @@ def teacher_forced_acceptance(
     the same column and one `logits_to_keep` slice holds all scored positions: only `[B, C, V]`
     logits are ever materialised, never `[B, T, V]` (V is 49k for the default target).
 
-    Args:
-        target: the target (p).
-        drafters: K drafters (q), sharing the target's vocabulary.
-        prompts: B token-id lists, each non-empty.
-        continuations: B token-id lists, each non-empty: what follows each prompt.
-        temperature: of p and q; 0 scores the temperature-1 distributions.
-        lookup: score each drafter with prompt lookup beside it, as decoding at `temperature`
-            runs it (`lookup_logits`); None: the drafter alone.
-        gammas: K drafts per pass: also simulate greedy decoding at them
-            (`specdecode.routing.simulate`); only at temperature 0 (None otherwise).
+    `drafters` (K, q) share the target's vocabulary; `prompts` and `continuations` are B non-empty
+    token-id lists. `temperature` is of p and q (0 scores the temperature-1 distributions); `lookup`
+    scores each drafter with prompt lookup beside it, as decoding runs it (`lookup_logits`);
+    `gammas` (one per drafter) also simulate greedy decoding at them (`specdecode.routing.simulate`,
+    temperature 0 only).
 
-    Returns:
-        `(acceptance, greedy_match, decode_tau)`, each `[B, K]` fp32: per prompt, the mean over its
-        continuation positions of Σ_v min(p, q) and of 1[argmax q = argmax p], and greedy
-        decoding's tokens per target call (None without `gammas` or at temperature > 0).
+    Returns `(acceptance, greedy_match, decode_tau)`, each `[B, K]` fp32: per prompt, the mean over
+    its continuation positions of Σ_v min(p, q) and of 1[argmax q = argmax p], and greedy decoding's
+    tokens per target call (None without `gammas` or at temperature > 0).
     """
     if len(prompts) != len(continuations):
         raise ValueError(f"got {len(prompts)} prompts but {len(continuations)} continuations")
@@ -188,9 +183,8 @@ def _pack(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Prompts left-padded and continuations right-padded into one `[B, P + C]` batch.
 
-    Returns:
-        `(tokens, attention_mask, position_ids)`, each `[B, P + C]`; `scored` `[B, C]`, the real
-        continuation positions; `keep` `[C]`, the columns whose logits predict them.
+    Returns `(tokens, attention_mask, position_ids)`, each `[B, P + C]`; `scored` `[B, C]`, the real
+    continuation positions; `keep` `[C]`, the columns whose logits predict them.
     """
     batch = len(prompts)
     prompt_width = max(len(p) for p in prompts)
@@ -230,21 +224,9 @@ def collect_labels(
     Prompts are processed in batches of `batch_size`, sorted by length so rows in a batch pad
     little; the result is in the caller's order.
 
-    Args:
-        target: the target model.
-        drafters: K `(name, drafter)` pairs.
-        prompts: N token-id lists.
-        max_new_tokens: length of each greedy continuation (shorter where it hits EOS).
-        temperature: of p and q in Σ min(p, q); 0 scores temperature 1 (see the module doc).
-        eos_token_ids: stop ids for the continuation; None = the target's own.
-        batch_size: prompts per batch.
-        progress: show a tqdm bar.
-        lookup: score the drafters with prompt lookup beside them (`teacher_forced_acceptance`).
-        gammas: K drafts per pass, to simulate greedy decoding with (`Labels.decode_tau`, at
-            temperature 0); None: no decode labels.
-
-    Returns:
-        `Labels` with `[N, K]` acceptance and greedy_match (and decode_tau).
+    Each continuation is at most `max_new_tokens` long (`eos_token_ids`: None = the target's own);
+    `temperature`, `lookup` and `gammas` as `teacher_forced_acceptance`'s. Returns `Labels` with
+    `[N, K]` acceptance and greedy_match (and decode_tau with `gammas`).
     """
     if not prompts:
         raise ValueError("prompts is empty: nothing to label")
@@ -309,14 +291,9 @@ def label_rows(
     cost_ratios: Sequence[float],
     verify_ratios: Sequence[float],
 ) -> list[dict[str, Any]]:
-    """One JSON-ready dict per prompt: text, domain, split, token counts and per-drafter labels.
-
-    Args:
-        labels: from `collect_labels`, N prompts × K drafters.
-        examples: N `(split, example)` pairs, in the labels' order.
-        prompt_tokens: N prompt lengths in tokens.
-        gammas, cost_ratios, verify_ratios (K each, in the labels' drafter order): for the speedups.
-    """
+    """One JSON-ready dict per prompt: text, domain, split, token counts and per-drafter labels, from
+    `collect_labels`' N prompts × K drafters, the N `(split, example)` pairs and prompt lengths in
+    their order, and K `gammas`, `cost_ratios` and `verify_ratios` (for the speedups)."""
     columns = {
         "acceptance": labels.acceptance,
         "greedy_match": labels.greedy_match,
@@ -344,9 +321,8 @@ def label_rows(
 def read_labels(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The rows of a labels file and its meta sidecar.
 
-    Raises:
-        ValueError: naming the file when it, or its sidecar, is missing or empty, or when a row
-            lacks a drafter of the sidecar's list.
+    Raises ValueError: naming the file when it, or its sidecar, is missing or empty, or when a row lacks
+    a drafter of the sidecar's list.
     """
     path = Path(path)
     if not path.is_file():
@@ -358,19 +334,7 @@ def read_labels(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]
         meta = json.loads(sidecar.read_text())
     except json.JSONDecodeError as error:
         raise ValueError(f"labels sidecar {str(sidecar)!r} is not JSON: {error}") from None
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"labels={str(path)!r} line {number} is not JSON: {error}") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"labels={str(path)!r} line {number} is not a JSON object")
-        rows.append(row)
-    if not rows:
-        raise ValueError(f"labels={str(path)!r} holds no rows")
+    rows = list(json_objects(path, "labels="))
     for i, row in enumerate(rows):
         for key in LABEL_KEYS:
             if list(row.get(key, {})) != meta["drafters"]:

@@ -49,9 +49,8 @@ class Novelty:
 def fallback_route(fallback: str, drafters: Sequence[str], no_drafter: str) -> str:
     """The router's drafter name `fallback` stands for: `no_drafter` for `AUTOREGRESSIVE`, else itself.
 
-    Raises:
-        ValueError: naming `fallback` and what it may be: autoregressive (where `drafters` hold
-            `no_drafter`, the plain-decoding route) or one of `drafters`.
+    Raises ValueError: naming `fallback` and what it may be: autoregressive (where `drafters` hold
+    `no_drafter`, the plain-decoding route) or one of `drafters`.
     """
     route = no_drafter if fallback == AUTOREGRESSIVE else fallback
     if route not in drafters:
@@ -76,9 +75,8 @@ def fit_novelty(
     `domains`) and its threshold from `heldout` `[H, F]` (prompts it never saw, by
     `heldout_domains`); `names` are the D domains in the router's order.
 
-    Raises:
-        ValueError: `quantile` outside (0, 1]; a domain of `names` with no prompt in `domains` or
-            none in `heldout_domains`; features of different widths.
+    Raises ValueError: `quantile` outside (0, 1]; a domain of `names` with no prompt in `domains` or
+    none in `heldout_domains`; features of different widths.
     """
     if not (is_number(quantile) and 0 < quantile <= 1):
         raise ValueError(f"novelty_quantile={quantile!r}: expected a number in (0, 1]")

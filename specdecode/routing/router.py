@@ -80,9 +80,8 @@ class Router:
     order; drafters: the K names, in the table's column order; novelty: where prompts far from
     every domain go (None: every prompt takes its named domain's best drafter).
 
-    Raises:
-        ValueError: a novelty fallback that is not one of `drafters` (or autoregressive, where
-            they hold `NO_DRAFTER`), naming it.
+    Raises ValueError: a novelty fallback that is not one of `drafters` (or autoregressive, where they
+    hold `NO_DRAFTER`), naming it.
     """
 
     mlp: RouterMLP
@@ -168,10 +167,9 @@ class Router:
         """Read a saved router; `embedder` overrides (or, for a custom one, supplies) the saved
         spec, which is otherwise built on `device`.
 
-        Raises:
-            ValueError: naming the folder and the file that is missing, damaged or not a router's
-                (router.json: not JSON, a missing or mistyped entry; router.safetensors: truncated,
-                or tensors that do not fit router.json).
+        Raises ValueError: naming the folder and the file that is missing, damaged or not a router's
+        (router.json: not JSON, a missing or mistyped entry; router.safetensors: truncated, or tensors
+        that do not fit router.json).
         """
         directory = Path(directory)
         for name in ("router.json", "router.safetensors"):
@@ -232,8 +230,8 @@ class Router:
 def read_router_json(path: Path) -> dict[str, Any]:
     """A router folder's router.json, its entries checked (`_KEYS`).
 
-    Raises:
-        ValueError: naming the file and the entry: not JSON, not an object, a missing or mistyped entry.
+    Raises ValueError: naming the file and the entry: not JSON, not an object, a missing or mistyped
+    entry.
     """
     try:
         config = json.loads(path.read_text())

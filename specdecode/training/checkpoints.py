@@ -42,6 +42,8 @@ from accelerate.utils import ProjectConfiguration
 from accelerate.utils.other import load as weights_only_load
 from torch.optim.lr_scheduler import LRScheduler
 
+from specdecode.core.config import config_differences
+
 COMPLETE = "COMPLETE"
 STATE_FILE = "trainer_state.json"
 BEST_FILE = "best_drafter.pt"
@@ -119,12 +121,6 @@ def complete_checkpoints(directory: Path) -> list[Path]:
     return sorted(done, key=checkpoint_step)
 
 
-def latest_checkpoint(directory: Path) -> Path | None:
-    """The newest complete checkpoint."""
-    done = complete_checkpoints(directory)
-    return done[-1] if done else None
-
-
 def project_configuration(output_dir: Path, keep: int) -> ProjectConfiguration:
     """The Accelerator's project: checkpoints named and rotated by accelerate under
     `<output_dir>/checkpoints`, keeping the `keep` newest (>= 2, see `TrainConfig`)."""
@@ -135,8 +131,7 @@ def checkpoint_folder(accelerator: Accelerator) -> Path:
     """Where `save_state()` writes, `<project_dir>/checkpoints`: the one folder this module reads,
     so what it checks, resumes from and cleans is what accelerate rotates.
 
-    Raises:
-        ValueError: the Accelerator was made without `project_configuration` (automatic naming off).
+    Raises ValueError: the Accelerator was made without `project_configuration` (automatic naming off).
     """
     project = accelerator.project_configuration
     if not project.automatic_checkpoint_naming or project.project_dir is None:
@@ -161,27 +156,6 @@ def remove_debris(directory: Path) -> None:
             entry.unlink(missing_ok=True)
 
 
-def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            flat |= _flatten(value, f"{prefix}{key}.")
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """`key: saved vs current` for every dotted key outside `RESUMABLE_KEYS` whose value differs."""
-    old, new = _flatten(saved), _flatten(json.loads(json.dumps(current)))
-    absent = "<absent>"
-    return [
-        f"{key}: {old.get(key, absent)!r} in the checkpoint, {new.get(key, absent)!r} now"
-        for key in sorted(old.keys() | new.keys())
-        if key not in RESUMABLE_KEYS and old.get(key, absent) != new.get(key, absent)
-    ]
-
-
 def _saved_config(checkpoint: Path) -> dict[str, Any] | None:
     """The checkpoint's recorded config; None for one written before configs were recorded.
     Raises what reading a truncated file raises (OSError, ValueError)."""
@@ -195,7 +169,9 @@ def _check_same_config(checkpoint: Path, saved: dict[str, Any] | None, config: d
             f"checkpoint {checkpoint} records no config (an older version wrote it): resuming unchecked", stacklevel=3
         )
         return
-    differences = config_differences(saved, config)
+    # the current config as the checkpoint holds it (JSON: tuples are lists)
+    current = json.loads(json.dumps(config))
+    differences = config_differences(saved, current, RESUMABLE_KEYS, "in the checkpoint", "now")
     if differences:
         raise ValueError(
             f"train.resume=true, but the checkpoint {checkpoint} was written with another config; differing keys:\n  "
@@ -208,8 +184,7 @@ def _check_same_config(checkpoint: Path, saved: dict[str, Any] | None, config: d
 def refuse_pickles(checkpoint: Path) -> None:
     """Refuse a checkpoint holding files that accelerate would load with full pickle.
 
-    Raises:
-        ValueError: naming the files and the checkpoint.
+    Raises ValueError: naming the files and the checkpoint.
     """
     unsafe = sorted(p.name for p in checkpoint.glob(UNSAFE_PICKLES))
     if unsafe:
@@ -225,9 +200,8 @@ def check_checkpoints(directory: Path, config: dict[str, Any], resume: bool) -> 
     rotation and a later resume would mix the runs), and a resume must match their config and
     hold no file that would be unpickled (`refuse_pickles`).
 
-    Raises:
-        ValueError: naming the folder and newest checkpoint, listing the differing keys, or naming
-            a file that would be unpickled.
+    Raises ValueError: naming the folder and newest checkpoint, listing the differing keys, or naming a
+    file that would be unpickled.
     """
     done = complete_checkpoints(directory)
     if not done:
@@ -280,9 +254,8 @@ def save_checkpoint(
     Every process calls this: accelerate writes per-process RNG states, and the barriers keep every
     process's view of the folder the same (which names exist, which are complete).
 
-    Raises:
-        ValueError: `directory` is not where accelerate writes, or this step was saved already
-            (before anything is deleted; accelerate would rotate first, then refuse).
+    Raises ValueError: `directory` is not where accelerate writes, or this step was saved already
+    (before anything is deleted; accelerate would rotate first, then refuse).
     """
     if checkpoint_folder(accelerator).resolve() != directory.resolve():
         raise ValueError(
@@ -329,9 +302,8 @@ def resume(
     before it. With `config`, a checkpoint recording another config (outside `RESUMABLE_KEYS`)
     raises ValueError listing the differing keys.
 
-    Raises:
-        RuntimeError: checkpoints exist but none is readable, naming each bad file.
-        ValueError: a checkpoint holds a file accelerate would unpickle in full (`refuse_pickles`).
+    Raises RuntimeError: checkpoints exist but none is readable, naming each bad file; ValueError: a
+    checkpoint holds a file accelerate would unpickle in full (`refuse_pickles`).
     """
     unreadable: list[str] = []
 

@@ -81,8 +81,7 @@ def regression_weight(configured: float | None, drafter: FeatureDrafter) -> floa
     """The weight of the feature regression for `drafter`: `train.feature_loss_weight` (null: 1),
     and 0 for an EAGLE-3 drafter, whose outputs are its own states.
 
-    Raises:
-        ValueError: a positive weight for an EAGLE-3 drafter (e.g. a pretrained folder of one).
+    Raises ValueError: a positive weight for an EAGLE-3 drafter (e.g. a pretrained folder of one).
     """
     if not isinstance(drafter, Eagle3Drafter):
         return 1.0 if configured is None else float(configured)

@@ -261,8 +261,7 @@ def _check_finite(loss: float, step: int, lr: float, cfg: TrainConfig) -> None:
     """Stop on a non-finite loss: its gradients would make the weights non-finite, and every later
     checkpoint and the saved drafter would carry them (the loss is all-reduced: every process stops).
 
-    Raises:
-        FloatingPointError: naming the step, its lr and the settings to look at.
+    Raises FloatingPointError: naming the step, its lr and the settings to look at.
     """
     if not math.isfinite(loss):
         raise FloatingPointError(

@@ -60,17 +60,8 @@ def _log_probs(
     mask: torch.Tensor | None,
     temperature: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Check shapes and return fp32 log-probabilities and the boolean position mask.
-
-    Args:
-        student_logits: `[B, T, V]` drafter logits, `-inf` allowed.
-        teacher_logits: `[B, T, V]` target logits, `-inf` allowed.
-        mask: `[B, T]` bool or 0/1, or None for every position.
-        temperature: as passed by the caller; see `_temperature`.
-
-    Returns:
-        `(log_q, log_p, keep)`: `[B, T, V]`, `[B, T, V]` fp32 and `[B, T]` bool.
-    """
+    """Check the shapes (arguments as `forward_kl`'s) and return `(log_q, log_p, keep)`: fp32
+    log-probabilities `[B, T, V]` and the boolean position mask `[B, T]`."""
     if student_logits.shape != teacher_logits.shape:
         raise ValueError(
             f"student_logits {tuple(student_logits.shape)} and teacher_logits "
@@ -118,15 +109,9 @@ def _reduce(per_position: torch.Tensor, keep: torch.Tensor, reduction: Reduction
 
 
 def token_count(mask: torch.Tensor | None, logits: torch.Tensor) -> torch.Tensor:
-    """Number of positions a `reduction="sum"` loss added up: the divisor for per-token means.
-
-    Args:
-        mask: `[B, T]` bool or 0/1, or None for every position.
-        logits: `[B, T, V]`, only for its shape and device when `mask` is None.
-
-    Returns:
-        0-d int64 tensor, on the logits' device so it can be all-reduced without a host sync.
-    """
+    """Number of positions a `reduction="sum"` loss added up (`mask` `[B, T]`, or None for every
+    position of `logits` `[B, T, V]`): the divisor for per-token means. A 0-d int64 tensor on the
+    logits' device, so it can be all-reduced without a host sync."""
     if mask is None:
         return torch.tensor(math.prod(logits.shape[:-1]), device=logits.device)
     return mask.to(torch.bool).sum()
@@ -152,8 +137,7 @@ def forward_kl(
         temperature: both logits are divided by it; 0 (greedy decoding) uses 1.
         reduction: "mean" per counted token, or "sum" to divide by a global count yourself.
 
-    Returns:
-        0-d fp32 tensor.
+    Returns 0-d fp32 tensor.
     """
     log_q, log_p, keep = _log_probs(student_logits, teacher_logits, mask, temperature)
     return _reduce(_kl(log_p, log_q), keep, reduction)

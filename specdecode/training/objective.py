@@ -53,8 +53,7 @@ def drop_positions_without_teacher(
             in row-major order (P = positions.sum()).
         vocab_to_draft: `[V]` draft index of each vocabulary id, -1 outside the draft vocabulary.
 
-    Returns:
-        The positions without those, and their `[P', k]` ids and logits, in the same order.
+    Returns the positions without those, and their `[P', k]` ids and logits, in the same order.
     """
     usable = (vocab_to_draft[topk_ids.long()] >= 0).any(-1)
     return positions.masked_scatter(positions, usable), topk_ids[usable], topk_logits[usable]
@@ -182,7 +181,7 @@ class Objective:
         prompts = [cache.sequences[i].tokens[: cache.sequences[i].response_start] for i in indices]
         seed = train.seed + 7919 * step + 104_729 * self.accelerator.process_index
         drafter = self.accelerator.unwrap_model(self.model).drafter
-        responses = generate_continuations(drafter, prompts, train, self.teacher.eos, seed)
+        responses = generate_continuations(drafter, prompts, train, self.teacher.eos, seed)[0]
         # an empty continuation stays: 0 counted tokens, but every process keeps `grad_accum` micro-batches
         sequences = [TrainSequence(p + r, len(p)) for p, r in zip(prompts, responses)]
         scored = score_topk(self.teacher.target, sequences, self.teacher.topk, self.teacher.pad_id)

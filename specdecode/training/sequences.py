@@ -87,9 +87,8 @@ def training_pool(examples: Sequence[Example], train: TrainConfig) -> list[Examp
 def pool_size(data: DataConfig, train: TrainConfig, split: str) -> int:
     """How many sequences `data`'s split can give at most (`training_pool` of its examples).
 
-    Raises:
-        ValueError: `seq_source: data` and no example of the split has a response (a mix would
-            otherwise train without that domain, and its own job fail later).
+    Raises ValueError: `seq_source: data` and no example of the split has a response (a mix would
+    otherwise train without that domain, and its own job fail later).
     """
     examples = load_examples(data, split)
     pool = training_pool(examples, train)
@@ -197,7 +196,7 @@ def build_sequences(
             budgets = sum(_budget(train, p) for p in prompts) * len(temperatures)
             compile = writer_compiles(target.device, budgets)
         for i, temperature in enumerate(temperatures):
-            written, read = _continuations(
+            written, read = generate_continuations(
                 target,
                 prompts,
                 train,
@@ -262,30 +261,17 @@ def generate_continuations(
     seed: int,
     batch_size: int = 64,
     temperature: float | None = None,
-) -> list[list[int]]:
-    """`model`'s continuations of `prompts` (batched, ragged), at most `max_new_tokens` each, at
-    `temperature` (default `train.temperature`; 0 = greedy).
-
-    Batch 64 (`train.generation_batch`): the weights are read once per step for the whole batch,
-    so a CPU writes faster at 64 than at 32."""
-    return _continuations(model, prompts, train, eos, seed, batch_size, temperature)[0]
-
-
-def _continuations(
-    model: PreTrainedModel,
-    prompts: Sequence[list[int]],
-    train: TrainConfig,
-    eos: Sequence[int],
-    seed: int,
-    batch_size: int = 64,
-    temperature: float | None = None,
     feature_layers: Sequence[int] | None = None,
     compile: bool = False,
     capacity: int | None = None,
 ) -> tuple[list[list[int]], list[torch.Tensor] | None]:
-    """`generate_continuations`, and with `feature_layers` each prompt + continuation's features
-    `[len(prompt) + len(continuation), n·H]` fp16 on the CPU (`autoregressive_generate`).
-    Compiled with a `capacity`, every batch is filled up to `batch_size` (other calls share its shape)."""
+    """`model`'s continuations of `prompts` (batched, ragged), at most `max_new_tokens` each, at
+    `temperature` (default `train.temperature`; 0 = greedy), and with `feature_layers` each prompt +
+    continuation's features `[len(prompt) + len(continuation), n·H]` fp16 on the CPU (else None).
+
+    Batch 64 (`train.generation_batch`): the weights are read once per step for the whole batch, so
+    a CPU writes faster at 64 than at 32. Compiled with a `capacity`, every batch is filled up to
+    `batch_size` (other calls share its shape)."""
     was_training = model.training
     model.eval()
     # Similar lengths batch together (less padding); the output keeps the prompts' order.

@@ -113,8 +113,7 @@ class TeacherStore:
     def open(cls, folder: Path) -> TeacherStore:
         """The complete store in `folder`.
 
-        Raises:
-            FileNotFoundError: `folder` has no manifest (its writing has not finished).
+        Raises FileNotFoundError: `folder` has no manifest (its writing has not finished).
         """
         path = folder / MANIFEST
         if not path.is_file():

@@ -28,8 +28,7 @@ def screenshot_mid_generation(
     streaming) or the target alone is done; return the tokens each pane held when the shot was
     taken and whether the target alone was done (`done`: 1).
 
-    Raises:
-        RuntimeError: no Chromium or chromedriver on the PATH, or the page did not get there in time.
+    Raises RuntimeError: no Chromium or chromedriver on the PATH, or the page did not get there in time.
     """
     from selenium import webdriver  # the optional `browser` extra
     from selenium.webdriver.chrome.service import Service
