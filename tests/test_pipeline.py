@@ -96,3 +96,17 @@ def test_each_launched_app_names_the_command_that_runs_its_script() -> None:
 
     for script, _, command in APPS.values():
         assert HYDRA_APPS[command][2] == script
+
+
+def test_every_app_and_stage_function_named_by_a_string_resolves_to_a_callable() -> None:
+    """The console script and the demo's in-process stages import their functions by name when
+    they run, so a renamed function would surface only then: each name is checked here."""
+    import importlib
+
+    from specdecode.pipeline.cli import HYDRA_APPS
+    from specdecode.pipeline.demo import _SCHEMAS
+
+    names = [function for _, function, _ in HYDRA_APPS.values()] + [s[3] for s in _SCHEMAS.values()]
+    for name in names:
+        module, _, function = name.partition(":")
+        assert callable(getattr(importlib.import_module(module), function, None)), name
