@@ -1190,10 +1190,21 @@ def test_the_gamma_choice_decodes_whole_heldout_prompts() -> None:
     assert not train_prompts & {tuple(p) for p in prompts}
 
 
-def test_the_job_times_decodes_of_whole_prompts_that_fit(tmp_path: Path) -> None:
+def test_the_job_times_decodes_of_whole_prompts_that_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With training prompts cut to 4 tokens, the gamma choice still decodes the whole ones; prompts
-    with no room for gamma_new_tokens in the target's context (512) are left out, and with none left
-    Leviathan's model decides instead of the run failing after training."""
+    with no room for gamma_new_tokens in the target's context are left out, and with none left
+    Leviathan's model decides instead of the run failing after training. The smoke target's context
+    is cut from 512 to 128 tokens here, so that the decodes which fill it stay short."""
+    import specdecode.models.smoke as smoke
+
+    context, smoke_target = 128, smoke.smoke_target
+
+    def short_context_target(*args: Any, **kwargs: Any) -> torch.nn.Module:
+        target = smoke_target(*args, **kwargs)
+        target.config.max_position_embeddings = context
+        return target
+
+    monkeypatch.setattr(smoke, "smoke_target", short_context_target)
     cfg = smoke_cfg(
         tmp_path,
         "train.max_steps=1",
@@ -1213,7 +1224,7 @@ def test_the_job_times_decodes_of_whole_prompts_that_fit(tmp_path: Path) -> None
         "train.max_steps=1",
         "train.gamma_candidates=[1,2]",
         "train.gamma_prompts=3",
-        f"train.gamma_new_tokens={512 - shortest}",
+        f"train.gamma_new_tokens={context - shortest}",
     )
     fits = run_distill(room)["gamma"]
     assert (
@@ -1225,6 +1236,6 @@ def test_the_job_times_decodes_of_whole_prompts_that_fit(tmp_path: Path) -> None
         "train.max_steps=1",
         "train.gamma_candidates=[1,2]",
         "train.gamma_prompts=3",
-        f"train.gamma_new_tokens={512 - shortest + 1}",
+        f"train.gamma_new_tokens={context - shortest + 1}",
     )
     assert run_distill(none)["gamma"]["method"] == "Leviathan's model at alpha"
