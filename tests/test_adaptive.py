@@ -11,24 +11,14 @@ import pytest
 import torch
 
 import specdecode.decoding.costs as costs_module
-from specdecode import autoregressive_generate, speculative_generate
+from specdecode import GenerationResult, autoregressive_generate, speculative_generate
 from specdecode.decoding.adaptive import AdaptiveGamma
 from specdecode.decoding.costs import StepTable, measure_step_table, step_table
 from specdecode.decoding.decode import drafter_alpha
 from specdecode.decoding.sampling import SamplingParams
 from specdecode.models.feature_drafter import derive_feature_drafter
 from tests.models_for_tests import tiny_llama
-from tests.test_verify import (
-    N_SAMPLES,
-    N_TOKENS,
-    PROMPT,
-    SIGNIFICANCE,
-    exact_joint,
-    g_test_pvalue,
-    joint_counts,
-    mc_feature_drafter,
-    mc_models,  # noqa: F401  (a fixture)
-)
+from tests.test_verify import follows_target, mc_feature_drafter, mc_generate, mc_models  # noqa: F401 (a fixture)
 
 V = 64
 FLAT = StepTable((1,), ((1.0, 1.0, 1.0, 1.0, 1.0),), 16)
@@ -66,32 +56,22 @@ def test_any_gamma_schedule_is_token_identical_to_the_target_alone(
     and narrower steps in turn, ragged prompts and budgets, an EOS id."""
     budgets = [24, 9, 30, 1, 17, 24, 5, 12]
     reference = autoregressive_generate(target, ragged_prompts, max_new_tokens=budgets, eos_token_ids=[7])
-    policy = Scripted(FLAT, schedule=schedule)
     extra: dict[str, Any] = {} if lookup else {"prompt_lookup": None}
-    result = speculative_generate(
-        target,
-        drafter_of(kind, target),
-        ragged_prompts,
-        gamma=policy,
-        max_new_tokens=budgets,
-        eos_token_ids=[7],
-        **extra,
-    )
+
+    def scripted(policy: Scripted, **kwargs: Any) -> GenerationResult:
+        drafter = drafter_of(kind, target)
+        return speculative_generate(
+            target, drafter, ragged_prompts, gamma=policy, max_new_tokens=budgets, eos_token_ids=[7], **extra, **kwargs
+        )
+
+    policy = Scripted(FLAT, schedule=schedule)
+    result = scripted(policy)
     assert result.sequences == reference.sequences
     assert set(result.stats.gamma_steps) == set(schedule)
     assert result.stats.gamma == 4
     assert sum(result.stats.gamma_steps.values()) == len(policy.chosen) == result.stats.target_calls - 1
     # each row's record: a step per chosen gamma while it decoded, as many drafts as that gamma
-    recorded = speculative_generate(
-        target,
-        drafter_of(kind, target),
-        ragged_prompts,
-        gamma=Scripted(FLAT, schedule=schedule),
-        max_new_tokens=budgets,
-        eos_token_ids=[7],
-        record=True,
-        **extra,
-    )
+    recorded = scripted(Scripted(FLAT, schedule=schedule), record=True)
     assert recorded.sequences == reference.sequences
     for record in recorded.record:
         drafted = [len(step.drafted) for step in record.steps[1:]]
@@ -109,19 +89,9 @@ def test_any_gamma_schedule_samples_the_target(mc_models, schedule, drafter_kind
     target, slice_drafter = mc_models
     drafter = slice_drafter if drafter_kind == "slice" else mc_feature_drafter(target)
     params = SamplingParams(0.7, top_k=3)
-    result = speculative_generate(
-        target,
-        drafter,
-        [PROMPT] * N_SAMPLES,
-        gamma=Scripted(FLAT, schedule=schedule),
-        max_new_tokens=N_TOKENS,
-        temperature=params.temperature,
-        top_k=params.top_k,
-        eos_token_ids=[],
-        seed=2,
-    )
+    result = mc_generate(target, drafter, params, seed=2, gamma=Scripted(FLAT, schedule=schedule))
     assert result.stats.accepted > 0 and 0 in result.stats.gamma_steps
-    assert g_test_pvalue(joint_counts(result.sequences), exact_joint(target, params)) > SIGNIFICANCE
+    assert follows_target(result.sequences, target, params)
 
 
 def test_where_no_draft_pays_every_step_is_the_targets_alone(target, ragged_prompts) -> None:

@@ -333,6 +333,8 @@ def test_resume_after_sigkill_ends_at_the_same_weights(tmp_path: Path, drafter: 
         "train.warmup_steps=4",
         "train.lr=1e-2",
         "train.lr_decay=linear",
+        "train.max_new_tokens=8",  # short continuations to write (feature case): resume is exact at any length
+        "train.gamma_candidates=[]",  # no gamma choice after training: the weights are compared
         *drafter,
     )
     straight = run_app("distill", tmp_path / "straight", *args)
@@ -364,7 +366,7 @@ def test_resume_after_sigkill_ends_at_the_same_weights(tmp_path: Path, drafter: 
 
 
 def test_ddp_on_cpu_matches_one_process(tmp_path: Path) -> None:
-    args = ("train.max_steps=3", "train.checkpoint_every=3")
+    args = ("train.max_steps=3", "train.checkpoint_every=3", "train.gamma_candidates=[]")  # the weights are compared
     single = run_app("distill", tmp_path / "one", *args)
     assert single.returncode == 0, single.stderr[-3000:]
     # `--multi_gpu` picks accelerate's torchrun launcher; with no GPU the processes fall back to

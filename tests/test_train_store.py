@@ -91,6 +91,7 @@ def test_a_store_killed_mid_write_resumes_and_yields_the_same_tensors(tmp_path: 
         "drafter.kind=feature",
         "train.seq_source=target",
         "train.generation_batch=8",  # shards of 32 prompts: 2 for the 64 training prompts
+        "train.max_new_tokens=8",  # short continuations: the store is the same whatever their length
         "train.max_steps=1",
         "train.gamma_candidates=[]",
     )
