@@ -43,6 +43,14 @@ def _config_schemas() -> None:
     register_schemas()
 
 
+@pytest.fixture(scope="session")
+def ragged_prompts() -> list[list[int]]:
+    """Eight seeded random prompts of 1-12 ids below 64, of mixed lengths: a batch whose rows are
+    padded differently (tests share it; none may change it)."""
+    generator = torch.Generator().manual_seed(5)
+    return [torch.randint(0, 64, (n,), generator=generator).tolist() for n in (3, 7, 1, 12, 5, 9, 2, 4)]
+
+
 @pytest.fixture
 def tiny_llama_config() -> LlamaConfig:
     """A fresh tiny LlamaConfig (see `tests.models_for_tests.tiny_llama_config`); tests may mutate it."""

@@ -12,24 +12,14 @@ import pytest
 import torch
 
 import specdecode.decoding.costs as costs_module
-from specdecode import autoregressive_generate, speculative_generate
+from specdecode import GenerationResult, autoregressive_generate, speculative_generate
 from specdecode.decoding.adaptive import AdaptiveGamma
 from specdecode.decoding.costs import StepTable, measure_step_table, step_table
 from specdecode.decoding.decode import drafter_alpha
 from specdecode.decoding.sampling import SamplingParams
 from specdecode.models.feature_drafter import derive_feature_drafter
 from tests.models_for_tests import tiny_llama
-from tests.test_verify import (
-    N_SAMPLES,
-    N_TOKENS,
-    PROMPT,
-    SIGNIFICANCE,
-    exact_joint,
-    g_test_pvalue,
-    joint_counts,
-    mc_feature_drafter,
-    mc_models,  # noqa: F401  (a fixture)
-)
+from tests.test_verify import follows_target, mc_feature_drafter, mc_generate, mc_models  # noqa: F401 (a fixture)
 
 V = 64
 FLAT = StepTable((1,), ((1.0, 1.0, 1.0, 1.0, 1.0),), 16)
@@ -53,12 +43,6 @@ def target() -> torch.nn.Module:
     return tiny_llama(2, seed=0)
 
 
-@pytest.fixture(scope="module")
-def prompts() -> list[list[int]]:
-    generator = torch.Generator().manual_seed(5)
-    return [torch.randint(0, V, (n,), generator=generator).tolist() for n in (3, 7, 1, 12, 5, 9, 2, 4)]
-
-
 def drafter_of(kind: str, target: torch.nn.Module) -> torch.nn.Module:
     return target if kind == "self" else tiny_llama(1, seed=1) if kind == "slice" else derive_feature_drafter(target, 1)
 
@@ -66,31 +50,29 @@ def drafter_of(kind: str, target: torch.nn.Module) -> torch.nn.Module:
 @pytest.mark.parametrize("kind", ["self", "slice", "feature"])
 @pytest.mark.parametrize("schedule", [(0, 3, 0, 0, 1, 4, 2), (2, 0), (4, 1, 1, 0, 0, 0)])
 @pytest.mark.parametrize("lookup", [True, False])
-def test_any_gamma_schedule_is_token_identical_to_the_target_alone(target, prompts, kind, schedule, lookup) -> None:
+def test_any_gamma_schedule_is_token_identical_to_the_target_alone(
+    target, ragged_prompts, kind, schedule, lookup
+) -> None:
     """Gamma 0 steps between drafting ones (the drafter catches up on the tokens it skipped), wider
     and narrower steps in turn, ragged prompts and budgets, an EOS id."""
     budgets = [24, 9, 30, 1, 17, 24, 5, 12]
-    reference = autoregressive_generate(target, prompts, max_new_tokens=budgets, eos_token_ids=[7])
-    policy = Scripted(FLAT, schedule=schedule)
+    reference = autoregressive_generate(target, ragged_prompts, max_new_tokens=budgets, eos_token_ids=[7])
     extra: dict[str, Any] = {} if lookup else {"prompt_lookup": None}
-    result = speculative_generate(
-        target, drafter_of(kind, target), prompts, gamma=policy, max_new_tokens=budgets, eos_token_ids=[7], **extra
-    )
+
+    def scripted(policy: Scripted, **kwargs: Any) -> GenerationResult:
+        drafter = drafter_of(kind, target)
+        return speculative_generate(
+            target, drafter, ragged_prompts, gamma=policy, max_new_tokens=budgets, eos_token_ids=[7], **extra, **kwargs
+        )
+
+    policy = Scripted(FLAT, schedule=schedule)
+    result = scripted(policy)
     assert result.sequences == reference.sequences
     assert set(result.stats.gamma_steps) == set(schedule)
     assert result.stats.gamma == 4
     assert sum(result.stats.gamma_steps.values()) == len(policy.chosen) == result.stats.target_calls - 1
     # each row's record: a step per chosen gamma while it decoded, as many drafts as that gamma
-    recorded = speculative_generate(
-        target,
-        drafter_of(kind, target),
-        prompts,
-        gamma=Scripted(FLAT, schedule=schedule),
-        max_new_tokens=budgets,
-        eos_token_ids=[7],
-        record=True,
-        **extra,
-    )
+    recorded = scripted(Scripted(FLAT, schedule=schedule), record=True)
     assert recorded.sequences == reference.sequences
     for record in recorded.record:
         drafted = [len(step.drafted) for step in record.steps[1:]]
@@ -108,22 +90,12 @@ def test_any_gamma_schedule_samples_the_target(mc_models, schedule, drafter_kind
     target, slice_drafter = mc_models
     drafter = slice_drafter if drafter_kind == "slice" else mc_feature_drafter(target)
     params = SamplingParams(0.7, top_k=3)
-    result = speculative_generate(
-        target,
-        drafter,
-        [PROMPT] * N_SAMPLES,
-        gamma=Scripted(FLAT, schedule=schedule),
-        max_new_tokens=N_TOKENS,
-        temperature=params.temperature,
-        top_k=params.top_k,
-        eos_token_ids=[],
-        seed=2,
-    )
+    result = mc_generate(target, drafter, params, seed=2, gamma=Scripted(FLAT, schedule=schedule))
     assert result.stats.accepted > 0 and 0 in result.stats.gamma_steps
-    assert g_test_pvalue(joint_counts(result.sequences), exact_joint(target, params)) > SIGNIFICANCE
+    assert follows_target(result.sequences, target, params)
 
 
-def test_where_no_draft_pays_every_step_is_the_targets_alone(target, prompts) -> None:
+def test_where_no_draft_pays_every_step_is_the_targets_alone(target, ragged_prompts) -> None:
     """Drafting 100x a target step: no draft pays even at the prior, so the target decodes alone
     and the drafter never runs, not even its prefill."""
     costly = StepTable((1, 8), ((1.0, 100.0, 100.0), (1.0, 100.0, 100.0)), 16)
@@ -132,11 +104,14 @@ def test_where_no_draft_pays_every_step_is_the_targets_alone(target, prompts) ->
     handle = drafter.register_forward_pre_hook(lambda *a: calls.append(1))
     try:
         result = speculative_generate(
-            target, drafter, prompts, gamma=AdaptiveGamma(costly), max_new_tokens=16, eos_token_ids=[]
+            target, drafter, ragged_prompts, gamma=AdaptiveGamma(costly), max_new_tokens=16, eos_token_ids=[]
         )
     finally:
         handle.remove()
-    assert result.sequences == autoregressive_generate(target, prompts, max_new_tokens=16, eos_token_ids=[]).sequences
+    assert (
+        result.sequences
+        == autoregressive_generate(target, ragged_prompts, max_new_tokens=16, eos_token_ids=[]).sequences
+    )
     assert result.stats.drafted == 0 and result.stats.gamma_steps == {0: 15}
     assert calls == []
 
@@ -151,27 +126,27 @@ def test_the_opening_gamma_follows_the_priors_and_the_budgets() -> None:
     assert policy.fixed_gamma(8) == policy.opening_gamma([policy.prior_alpha] * 8)
 
 
-def test_one_row_whose_drafter_pays_makes_the_batch_draft(target, prompts) -> None:
+def test_one_row_whose_drafter_pays_makes_the_batch_draft(target, ragged_prompts) -> None:
     """A mixed batch where one drafter's prior pays and the other's does not: the loop drafts; with
     both low, the target decodes alone and no drafter runs."""
     table = StepTable((1,), ((1.0, 1.3, 1.6),), 16)
     drafters = {"a": tiny_llama(1, seed=1), "b": tiny_llama(1, seed=2)}
     drafters["a"].config.specdecode_alpha = 0.95
     drafters["b"].config.specdecode_alpha = 0.05
-    reference = autoregressive_generate(target, prompts[:2], max_new_tokens=12, eos_token_ids=[])
+    reference = autoregressive_generate(target, ragged_prompts[:2], max_new_tokens=12, eos_token_ids=[])
     kwargs = dict(gamma=AdaptiveGamma(table), max_new_tokens=12, eos_token_ids=[], prompt_lookup=None)
-    drafting = speculative_generate(target, drafters, prompts[:2], assign=["a", "b"], **kwargs)
-    alone = speculative_generate(target, drafters, prompts[:2], assign=["b", "b"], **kwargs)
+    drafting = speculative_generate(target, drafters, ragged_prompts[:2], assign=["a", "b"], **kwargs)
+    alone = speculative_generate(target, drafters, ragged_prompts[:2], assign=["b", "b"], **kwargs)
     assert drafting.sequences == alone.sequences == reference.sequences
     assert drafting.stats.drafted > 0 and alone.stats.drafted == 0
 
 
-def test_free_drafts_of_a_perfect_drafter_take_the_widest_step(target, prompts) -> None:
+def test_free_drafts_of_a_perfect_drafter_take_the_widest_step(target, ragged_prompts) -> None:
     """1 + 3 x 5 tokens, then a fourth step for the 4 left (fewer drafts would expect fewer)."""
     result = speculative_generate(
         target,
         target,
-        prompts,
+        ragged_prompts,
         gamma=AdaptiveGamma(FLAT, prior_alpha=0.9),
         max_new_tokens=20,
         eos_token_ids=[],
@@ -180,7 +155,7 @@ def test_free_drafts_of_a_perfect_drafter_take_the_widest_step(target, prompts) 
     assert result.stats.gamma_steps == {4: 4}
 
 
-def test_acceptance_moves_the_choice(target, prompts) -> None:
+def test_acceptance_moves_the_choice(target, ragged_prompts) -> None:
     """At costs where gamma 2 pays only above alpha ~0.4, an optimistic prior starts at gamma 2 and
     a drafter that is never accepted soon turns it to target-only steps."""
     table = StepTable((1,), ((1.0, 1.3, 1.6),), 16)
@@ -188,7 +163,7 @@ def test_acceptance_moves_the_choice(target, prompts) -> None:
     assert policy.fixed_gamma(8) == 2
     never = tiny_llama(1, seed=1)
     result = speculative_generate(
-        target, never, prompts, gamma=policy, max_new_tokens=40, eos_token_ids=[], prompt_lookup=None
+        target, never, ragged_prompts, gamma=policy, max_new_tokens=40, eos_token_ids=[], prompt_lookup=None
     )
     assert result.stats.alpha is not None and result.stats.alpha < 0.2
     assert result.stats.gamma_steps[0] > sum(n for g, n in result.stats.gamma_steps.items() if g)
@@ -285,18 +260,27 @@ def test_a_kept_table_off_this_machine_is_measured_again(target, monkeypatch, tm
     assert step_table(target, drafter, **kwargs) == again and len(measured) == 2
 
 
-def test_auto_on_a_static_decoder_takes_one_gamma_per_call(target, prompts, monkeypatch, tmp_path) -> None:
+def test_auto_on_a_static_decoder_takes_one_gamma_per_call(target, ragged_prompts, monkeypatch, tmp_path) -> None:
     """gamma="auto" measures (here: a stand-in table) and, on the static decoder, decodes at the
     table's best gamma for the batch at the drafter's stated acceptance; 0 decodes target-only."""
-    reference = autoregressive_generate(target, prompts, max_new_tokens=12, eos_token_ids=[]).sequences
+    reference = autoregressive_generate(target, ragged_prompts, max_new_tokens=12, eos_token_ids=[]).sequences
     for table, gammas in ((FLAT, {4}), (StepTable((1,), ((1.0, 50.0, 50.0),), 16), {0})):
         monkeypatch.setattr(specdecode_decode(), "step_table", lambda *a, table=table, **k: table)
         drafter = derive_feature_drafter(target, 1)
         drafter.config.specdecode_alpha = 0.7
         assert drafter_alpha(drafter) == 0.7
-        result = speculative_generate(target, drafter, prompts, gamma="auto", max_new_tokens=12, eos_token_ids=[])
+        result = speculative_generate(
+            target, drafter, ragged_prompts, gamma="auto", max_new_tokens=12, eos_token_ids=[]
+        )
         fixed = speculative_generate(
-            target, drafter, prompts, gamma="auto", max_new_tokens=12, eos_token_ids=[], static=True, compile=False
+            target,
+            drafter,
+            ragged_prompts,
+            gamma="auto",
+            max_new_tokens=12,
+            eos_token_ids=[],
+            static=True,
+            compile=False,
         )
         assert result.sequences == fixed.sequences == reference
         assert fixed.stats.gamma in gammas and set(result.stats.gamma_steps) <= gammas | {0}
@@ -316,7 +300,7 @@ def test_the_drafters_stated_acceptance_is_the_prior(target) -> None:
         assert drafter_alpha(drafter) == 0.5
 
 
-def test_the_policy_spends_no_extra_host_sync(target, prompts, monkeypatch) -> None:
+def test_the_policy_spends_no_extra_host_sync(target, ragged_prompts, monkeypatch) -> None:
     """The per-gamma sums ride on the loop's one sync a step: as many `.tolist()` calls as with a fixed gamma."""
     counts = {}
     for name, gamma in (("fixed", 2), ("adaptive", Scripted(FLAT, schedule=(2,)))):
@@ -328,30 +312,30 @@ def test_the_policy_spends_no_extra_host_sync(target, prompts, monkeypatch) -> N
             return original(self)
 
         monkeypatch.setattr(torch.Tensor, "tolist", counting)
-        speculative_generate(target, target, prompts, gamma=gamma, max_new_tokens=12, eos_token_ids=[])
+        speculative_generate(target, target, ragged_prompts, gamma=gamma, max_new_tokens=12, eos_token_ids=[])
         monkeypatch.setattr(torch.Tensor, "tolist", original)
         counts[name] = next(calls)
     assert counts["adaptive"] == counts["fixed"]
 
 
 @pytest.mark.parametrize("schedule", [(0, 3, 1), (2, 0, 0)])
-def test_a_mixed_batch_takes_any_gamma_schedule_exactly(target, prompts, schedule) -> None:
+def test_a_mixed_batch_takes_any_gamma_schedule_exactly(target, ragged_prompts, schedule) -> None:
     """Rows of two drafters and rows of none in one batch, each step's gamma from `schedule`: every
     drafter catches up after the target-only steps; each row's prior is its drafter's acceptance."""
     drafters = {"slice": tiny_llama(1, seed=1), "feature": derive_feature_drafter(target, 1)}
     drafters["feature"].config.specdecode_alpha = 0.8
     assign = ["slice", "feature", None, "feature", "slice", None, "feature", "slice"]
-    reference = autoregressive_generate(target, prompts, max_new_tokens=20, eos_token_ids=[])
+    reference = autoregressive_generate(target, ragged_prompts, max_new_tokens=20, eos_token_ids=[])
     policy = Scripted(FLAT, schedule=schedule)
     result = speculative_generate(
-        target, drafters, prompts, assign=assign, gamma=policy, max_new_tokens=20, eos_token_ids=[], record=True
+        target, drafters, ragged_prompts, assign=assign, gamma=policy, max_new_tokens=20, eos_token_ids=[], record=True
     )
     assert result.sequences == reference.sequences
     assert set(result.stats.gamma_steps) == set(schedule)
     assert [r.drafter for r in result.record] == assign
 
 
-def test_a_mixed_batch_starts_each_row_at_its_drafters_acceptance(target, prompts, monkeypatch) -> None:
+def test_a_mixed_batch_starts_each_row_at_its_drafters_acceptance(target, ragged_prompts, monkeypatch) -> None:
     started = []
     original = AdaptiveGamma.start
 
@@ -363,7 +347,7 @@ def test_a_mixed_batch_starts_each_row_at_its_drafters_acceptance(target, prompt
     drafters = {"a": tiny_llama(1, seed=1), "b": tiny_llama(1, seed=2)}
     drafters["a"].config.specdecode_alpha = 0.25
     speculative_generate(
-        target, drafters, prompts[:3], assign=["a", None, "b"], gamma=AdaptiveGamma(FLAT), max_new_tokens=4
+        target, drafters, ragged_prompts[:3], assign=["a", None, "b"], gamma=AdaptiveGamma(FLAT), max_new_tokens=4
     )
     assert started == [[0.25, 0.0, 0.5]]  # b states none: the default prior
 

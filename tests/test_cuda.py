@@ -25,7 +25,7 @@ from specdecode.pipeline.demo import run_demo
 from specdecode.training.job import run_distill
 from tests.models_for_tests import tiny_llama
 from tests.test_demo import smoke_config
-from tests.test_feature_drafter import hf_greedy, ragged_prompts, random_feature_drafter  # noqa: F401 (a fixture)
+from tests.test_feature_drafter import hf_greedy, random_feature_drafter
 from tests.test_train import smoke_cfg
 
 DEVICE = os.environ.get("SPECDECODE_GPU_TEST_DEVICE", "cuda")

@@ -18,7 +18,7 @@ import torch
 from specdecode import autoregressive_generate, speculative_generate
 from specdecode.models import derive_drafter
 from tests.models_for_tests import tiny_llama
-from tests.test_feature_drafter import hf_greedy, ragged_prompts, random_feature_drafter  # noqa: F401 (a fixture)
+from tests.test_feature_drafter import hf_greedy, random_feature_drafter
 
 DEVICE = os.environ.get("SPECDECODE_GPU_TEST_DEVICE", "cuda")
 

@@ -24,12 +24,6 @@ def target() -> torch.nn.Module:
     return tiny_llama(2, seed=0)
 
 
-@pytest.fixture(scope="module")
-def ragged_prompts() -> list[list[int]]:
-    generator = torch.Generator().manual_seed(5)
-    return [torch.randint(0, V, (n,), generator=generator).tolist() for n in (3, 7, 1, 12, 5, 9, 2, 4)]
-
-
 def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
     out = model.generate(
         torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0

@@ -292,12 +292,21 @@ def test_launched_stage_config_composes_back_to_the_same_config(tmp_path) -> Non
 )
 def test_a_bad_stage_override_fails_before_any_stage_runs(tmp_path, monkeypatch, override: str, needle: str) -> None:
     """The evaluation's config is checked before the hour of stages ahead of it (the drafters and
-    router it names do not exist yet, and that is not an error); a bad one stops the demo with
-    nothing run and nothing written."""
-    import specdecode.pipeline.demo as demo
+    router it names do not exist yet, and that is not an error: `test_a_good_config_passes_the_stage_check`);
+    a bad one stops the demo with nothing run and nothing written."""
+    ran = spy_run_stages(monkeypatch)
+    with pytest.raises(ValueError, match=needle):
+        run_demo(smoke_config(str(tmp_path / "demo"), [override]))
+    assert ran == [] and not (tmp_path / "demo" / "distill-code").exists()
 
-    class Ran(Exception):
-        pass
+
+class Ran(Exception):
+    """Raised by `spy_run_stages` in place of running the demo's stages."""
+
+
+def spy_run_stages(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the stages the demo would run, recorded; running them raises `Ran` instead."""
+    import specdecode.pipeline.demo as demo
 
     ran: list[str] = []
 
@@ -306,13 +315,14 @@ def test_a_bad_stage_override_fails_before_any_stage_runs(tmp_path, monkeypatch,
         raise Ran
 
     monkeypatch.setattr(demo, "run_stages", run_stages)
-    with pytest.raises(Ran):  # a good config passes the check
+    return ran
+
+
+def test_a_good_config_passes_the_stage_check(tmp_path, monkeypatch) -> None:
+    ran = spy_run_stages(monkeypatch)
+    with pytest.raises(Ran):
         run_demo(smoke_config(str(tmp_path / "ok")))
     assert "eval" in ran and "distill-code" in ran
-    ran.clear()
-    with pytest.raises(ValueError, match=needle):
-        run_demo(smoke_config(str(tmp_path / "demo"), [override]))
-    assert ran == [] and not (tmp_path / "demo" / "distill-code").exists()
 
 
 def test_launch_failure_names_the_app_and_status(tmp_path) -> None:

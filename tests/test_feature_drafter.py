@@ -89,12 +89,6 @@ def passes_end_to_end(
     return outputs
 
 
-@pytest.fixture(scope="module")
-def ragged_prompts() -> list[list[int]]:
-    generator = torch.Generator().manual_seed(5)
-    return [torch.randint(0, V, (n,), generator=generator).tolist() for n in (3, 7, 1, 12, 5, 9, 2, 4)]
-
-
 def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
     out = model.generate(
         torch.tensor([prompt], device=model.device),

@@ -65,32 +65,30 @@ def drafters(target) -> dict[str, torch.nn.Module]:
 
 
 @pytest.fixture(scope="module")
-def prompts() -> list[list[int]]:
-    generator = torch.Generator().manual_seed(5)
-    return [torch.randint(0, V, (n,), generator=generator).tolist() for n in (3, 7, 1, 12, 5, 9, 2, 4)]
-
-
-@pytest.fixture(scope="module")
-def early_eos(target, prompts) -> int:
+def early_eos(target, ragged_prompts) -> int:
     """A token that row 2's greedy continuation writes early: it stops that row (and any other that
     writes it) mid-way, while other rows run on."""
-    return autoregressive_generate(target, prompts, max_new_tokens=BUDGETS, eos_token_ids=[]).sequences[2][4]
+    return autoregressive_generate(target, ragged_prompts, max_new_tokens=BUDGETS, eos_token_ids=[]).sequences[2][4]
 
 
-def mixed(target, drafters, prompts, assign, **kwargs: Any) -> GenerationResult:
+def mixed(target, drafters, ragged_prompts, assign, **kwargs: Any) -> GenerationResult:
     used = {name: drafters[name] for name in assign if name is not None}
-    return speculative_generate(target, used, prompts, assign=assign, max_new_tokens=BUDGETS, record=True, **kwargs)
+    return speculative_generate(
+        target, used, ragged_prompts, assign=assign, max_new_tokens=BUDGETS, record=True, **kwargs
+    )
 
 
 @pytest.mark.parametrize("gamma", [1, 3])
 @pytest.mark.parametrize("layout", list(ASSIGNS))
-def test_greedy_mixed_batch_is_the_targets_token_for_token(target, drafters, prompts, early_eos, layout, gamma) -> None:
+def test_greedy_mixed_batch_is_the_targets_token_for_token(
+    target, drafters, ragged_prompts, early_eos, layout, gamma
+) -> None:
     """A ragged batch of 8 with per-row budgets (0 and 1 among them) and an EOS that stops rows
     mid-way: the target's tokens; each row's record names its drafter, the copy's rows accept every
     draft, the rows without a drafter have none, and the counters are the records' sums."""
     assign = ASSIGNS[layout]
-    alone = autoregressive_generate(target, prompts, max_new_tokens=BUDGETS, eos_token_ids=[early_eos])
-    result = mixed(target, drafters, prompts, assign, gamma=gamma, eos_token_ids=[early_eos])
+    alone = autoregressive_generate(target, ragged_prompts, max_new_tokens=BUDGETS, eos_token_ids=[early_eos])
+    result = mixed(target, drafters, ragged_prompts, assign, gamma=gamma, eos_token_ids=[early_eos])
     assert result.sequences == alone.sequences
     assert any(len(s) < b for s, b in zip(result.sequences, BUDGETS))  # the EOS stopped a row early
     assert result.record is not None
@@ -105,12 +103,12 @@ def test_greedy_mixed_batch_is_the_targets_token_for_token(target, drafters, pro
     assert result.stats.gamma == gamma
 
 
-def test_looked_up_drafts_are_flagged_in_their_own_rows(target, drafters, prompts) -> None:
+def test_looked_up_drafts_are_flagged_in_their_own_rows(target, drafters, ragged_prompts) -> None:
     """With a lookup that fills most drafts, each sub's lookup mask lands on its rows: the records'
     flags add up to the count, and no row without a drafter has one."""
     assign = ASSIGNS["union"]
-    result = mixed(target, drafters, prompts, assign, gamma=3, eos_token_ids=[], prompt_lookup=EAGER_LOOKUP)
-    alone = autoregressive_generate(target, prompts, max_new_tokens=BUDGETS, eos_token_ids=[])
+    result = mixed(target, drafters, ragged_prompts, assign, gamma=3, eos_token_ids=[], prompt_lookup=EAGER_LOOKUP)
+    alone = autoregressive_generate(target, ragged_prompts, max_new_tokens=BUDGETS, eos_token_ids=[])
     assert result.sequences == alone.sequences
     assert result.record is not None
     flags = [sum(sum(step.looked_up) for step in record.steps) for record in result.record]
@@ -118,21 +116,25 @@ def test_looked_up_drafts_are_flagged_in_their_own_rows(target, drafters, prompt
     assert all(flags[i] == 0 for i, name in enumerate(assign) if name is None)
 
 
-def test_each_row_drafts_with_its_own_drafter(target, drafters, prompts) -> None:
+def test_each_row_drafts_with_its_own_drafter(target, drafters, ragged_prompts) -> None:
     """Per drafter, its rows in the mixed batch accept exactly as many drafts as they do decoded in
     a batch of their own with it (a row given another's drafts would not)."""
     assign = ASSIGNS["union"]
-    result = mixed(target, drafters, prompts, assign, gamma=3, eos_token_ids=[])
+    result = mixed(target, drafters, ragged_prompts, assign, gamma=3, eos_token_ids=[])
     assert result.record is not None
     for name in {n for n in assign if n is not None}:
         rows = [i for i, n in enumerate(assign) if n == name]
         own = speculative_generate(
-            target, drafters[name], [prompts[i] for i in rows], max_new_tokens=[BUDGETS[i] for i in rows], gamma=3
+            target,
+            drafters[name],
+            [ragged_prompts[i] for i in rows],
+            max_new_tokens=[BUDGETS[i] for i in rows],
+            gamma=3,
         )
         assert sum(result.record[i].accepted for i in rows) == own.stats.accepted, name
 
 
-def test_a_drafter_whose_rows_finish_leaves_the_batch(target, drafters, prompts, monkeypatch) -> None:
+def test_a_drafter_whose_rows_finish_leaves_the_batch(target, drafters, ragged_prompts, monkeypatch) -> None:
     """Once `short`'s rows (budgets 3, 0, 1) are done, the steps draft with the others alone; the
     copy's row (every draft accepted) ends before the feature drafter's of the same budget."""
     parts: list[int] = []
@@ -143,7 +145,7 @@ def test_a_drafter_whose_rows_finish_leaves_the_batch(target, drafters, prompts,
         return propose(self, *args)
 
     monkeypatch.setattr(MixedDrafting, "propose", counted)
-    mixed(target, drafters, prompts, ASSIGNS["shared"], gamma=2, eos_token_ids=[])
+    mixed(target, drafters, ragged_prompts, ASSIGNS["shared"], gamma=2, eos_token_ids=[])
     assert parts == sorted(parts, reverse=True) and (parts[0], parts[-1]) == (3, 1) and 2 in parts
 
 
@@ -153,9 +155,11 @@ def test_the_verify_reads_the_union_of_the_layers_read() -> None:
     assert union_layers([(2, 3, 1)], 4) == (1, 2, 3)
 
 
-def test_a_batch_of_rows_without_a_drafter_is_the_target_alone(target, drafters, prompts) -> None:
-    result = speculative_generate(target, {"copy": drafters["copy"]}, prompts, assign=[None] * 8, max_new_tokens=5)
-    assert result.sequences == autoregressive_generate(target, prompts, max_new_tokens=5).sequences
+def test_a_batch_of_rows_without_a_drafter_is_the_target_alone(target, drafters, ragged_prompts) -> None:
+    result = speculative_generate(
+        target, {"copy": drafters["copy"]}, ragged_prompts, assign=[None] * 8, max_new_tokens=5
+    )
+    assert result.sequences == autoregressive_generate(target, ragged_prompts, max_new_tokens=5).sequences
     assert result.stats.drafted == 0 and result.stats.tau == 1.0
 
 
@@ -229,7 +233,7 @@ def test_distribution_test_catches_placeholder_drafts_judged(mc_models, monkeypa
     ],
 )
 def test_bad_drafters_and_assignments_are_named_before_any_work(
-    target, drafters, prompts, monkeypatch, drafter, assign, kwargs, error, needle
+    target, drafters, ragged_prompts, monkeypatch, drafter, assign, kwargs, error, needle
 ) -> None:
     given = {
         "map": {"copy": drafters["copy"]},
@@ -243,7 +247,7 @@ def test_bad_drafters_and_assignments_are_named_before_any_work(
 
     monkeypatch.setattr(target, "forward", no_work)
     with pytest.raises(error, match=needle):
-        speculative_generate(target, given, prompts, assign=assign, max_new_tokens=4, **kwargs)
+        speculative_generate(target, given, ragged_prompts, assign=assign, max_new_tokens=4, **kwargs)
 
 
 # --- the evaluation: routed in one batch, routed_grouped by drafter ---------------------------------

@@ -27,12 +27,6 @@ def target() -> torch.nn.Module:
     return tiny_llama(2, seed=0)
 
 
-@pytest.fixture(scope="module")
-def prompts() -> list[list[int]]:
-    generator = torch.Generator().manual_seed(5)
-    return [torch.randint(0, V, (n,), generator=generator).tolist() for n in (3, 7, 1, 12, 5, 9, 2, 4)]
-
-
 def check_against_stats(result, gamma: int) -> Counter:
     """The record's counts are the stats' and its tokens the sequences; returns the kinds' counts."""
     record, stats = result.record, result.stats
@@ -60,12 +54,12 @@ def check_against_stats(result, gamma: int) -> Counter:
 
 @pytest.mark.parametrize("kind", ["derived", "feature"])
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
-def test_record_counts_equal_the_loops_stats(target, prompts, kind, temperature) -> None:
+def test_record_counts_equal_the_loops_stats(target, ragged_prompts, kind, temperature) -> None:
     drafter = derive_drafter(target, 1) if kind == "derived" else derive_feature_drafter(target, 1)
     result = speculative_generate(
         target,
         drafter,
-        prompts,
+        ragged_prompts,
         max_new_tokens=BUDGETS,
         gamma=3,
         temperature=temperature,
@@ -84,12 +78,12 @@ def test_record_counts_equal_the_loops_stats(target, prompts, kind, temperature)
         assert result.stats.looked_up > 0
 
 
-def test_greedy_lookup_and_bonus_tokens_are_marked(target, prompts) -> None:
+def test_greedy_lookup_and_bonus_tokens_are_marked(target, ragged_prompts) -> None:
     """The target drafting for itself: its own drafts are always accepted, so a step ends in a
     correction only where prompt lookup proposed the rejected draft; accepted looked-up drafts are
     marked as such."""
     result = speculative_generate(
-        target, target, prompts, max_new_tokens=20, gamma=2, eos_token_ids=[], prompt_lookup=LOOKUP, record=True
+        target, target, ragged_prompts, max_new_tokens=20, gamma=2, eos_token_ids=[], prompt_lookup=LOOKUP, record=True
     )
     kinds = check_against_stats(result, gamma=2)
     assert kinds["bonus"] > 0 and kinds["looked_up"] > 0 and kinds["accepted"] > 0
@@ -103,8 +97,8 @@ def test_greedy_lookup_and_bonus_tokens_are_marked(target, prompts) -> None:
             ]
 
 
-def test_autoregressive_record_is_all_target_tokens(target, prompts) -> None:
-    result = autoregressive_generate(target, prompts, max_new_tokens=BUDGETS, eos_token_ids=EOS, record=True)
+def test_autoregressive_record_is_all_target_tokens(target, ragged_prompts) -> None:
+    result = autoregressive_generate(target, ragged_prompts, max_new_tokens=BUDGETS, eos_token_ids=EOS, record=True)
     assert [[token for token, _ in row.tokens()] for row in result.record] == result.sequences
     assert {kind for row in result.record for _, kind in row.tokens()} == {"target"}
     assert [row.tau for row in result.record if row.steps[0].committed] == pytest.approx(
@@ -113,15 +107,15 @@ def test_autoregressive_record_is_all_target_tokens(target, prompts) -> None:
 
 
 @pytest.mark.parametrize("drafter", ["derived", None])
-def test_on_step_streams_each_steps_committed_tokens(target, prompts, drafter) -> None:
+def test_on_step_streams_each_steps_committed_tokens(target, ragged_prompts, drafter) -> None:
     events = []
     kwargs = dict(max_new_tokens=BUDGETS, eos_token_ids=EOS, on_step=events.append)
     if drafter is None:
-        result = autoregressive_generate(target, prompts, **kwargs)
+        result = autoregressive_generate(target, ragged_prompts, **kwargs)
     else:
-        result = speculative_generate(target, derive_drafter(target, 1), prompts, gamma=3, **kwargs)
+        result = speculative_generate(target, derive_drafter(target, 1), ragged_prompts, gamma=3, **kwargs)
     assert result.record is None  # streaming alone keeps no record
-    streamed = [[] for _ in prompts]
+    streamed = [[] for _ in ragged_prompts]
     for event in events:
         for row, tokens in zip(event.rows, event.tokens):
             streamed[row] += [token for token, _ in tokens]
@@ -129,7 +123,7 @@ def test_on_step_streams_each_steps_committed_tokens(target, prompts, drafter) -
     assert [e.time_s for e in events] == sorted(e.time_s for e in events)
 
 
-def test_record_is_off_by_default_and_adds_no_host_sync(target, prompts, monkeypatch) -> None:
+def test_record_is_off_by_default_and_adds_no_host_sync(target, ragged_prompts, monkeypatch) -> None:
     """Recording keeps device tensors: the loop's syncs are the same with it on, plus one transfer
     at the end."""
     drafter = derive_drafter(target, 1)
@@ -145,7 +139,7 @@ def test_record_is_off_by_default_and_adds_no_host_sync(target, prompts, monkeyp
 
     def run(**kwargs):
         syncs.clear()
-        result = speculative_generate(target, drafter, prompts, max_new_tokens=BUDGETS, gamma=3, **kwargs)
+        result = speculative_generate(target, drafter, ragged_prompts, max_new_tokens=BUDGETS, gamma=3, **kwargs)
         return result, sum(syncs.values())
 
     off, off_syncs = run()
@@ -175,14 +169,14 @@ class _ByFirstToken:
         return [0 if text.startswith("a") else 1 for text in texts]
 
 
-def test_routed_records_name_their_drafter_and_stream_in_caller_rows(target, prompts) -> None:
+def test_routed_records_name_their_drafter_and_stream_in_caller_rows(target, ragged_prompts) -> None:
     texts = ["a", "b", "a", "b", "b", "a", "a", "b"]
     events = []
     out = route_and_generate(
         _ByFirstToken(),
         target,
         {"a": derive_drafter(target, 1)},
-        prompts,
+        ragged_prompts,
         texts=texts,
         max_new_tokens=BUDGETS,
         gamma=3,
@@ -195,7 +189,7 @@ def test_routed_records_name_their_drafter_and_stream_in_caller_rows(target, pro
     for text, row in zip(texts, out.records):
         kinds = {kind for _, kind in row.tokens()}
         assert kinds == {"target"} if text == "b" and row.generated else kinds <= set(KINDS)
-    streamed = [[] for _ in prompts]
+    streamed = [[] for _ in ragged_prompts]
     for event in events:
         for row, tokens in zip(event.rows, event.tokens):
             streamed[row] += [token for token, _ in tokens]

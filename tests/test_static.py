@@ -48,12 +48,6 @@ def target() -> torch.nn.Module:
     return tiny_llama(3, seed=0)
 
 
-@pytest.fixture(scope="module")
-def ragged_prompts() -> list[list[int]]:
-    generator = torch.Generator().manual_seed(5)
-    return [torch.randint(0, V, (n,), generator=generator).tolist() for n in (3, 7, 1, 12, 5, 9, 2, 4)]
-
-
 def drafter_of(kind: str, target: torch.nn.Module) -> torch.nn.Module:
     return derive_drafter(target, 1) if kind == "slice" else random_feature_drafter(target, feature_layers=(1, -1))
 

@@ -143,26 +143,27 @@ def small_mixed(monkeypatch: pytest.MonkeyPatch, kinds: tuple[str, ...], per_kin
     monkeypatch.setattr(domains, "_embedded", lambda domain: tuple(examples) if domain == "mixed" else real(domain))
 
 
+def mixed_eval_config(tmp_path: Path, tiny_models: tuple[str, dict[str, str]], **settings: Any) -> EvalConfig:
+    """The tiny models evaluated on the mixed domain into `tmp_path/eval`: the target alone and the
+    generic drafter, greedy, gamma 2, 4 new tokens, one page of tokens, unless `settings` say otherwise."""
+    target, drafters = tiny_models
+    defaults: dict[str, Any] = dict(max_new_tokens=4, gamma=2, temperatures=[0.0], token_pages=1)
+    return EvalConfig(
+        target=TargetConfig(name=target),
+        drafters=drafters,
+        domains=["mixed"],
+        methods=["autoregressive", "generic"],
+        output_dir=str(tmp_path / "eval"),
+        **(defaults | settings),
+    )
+
+
 def test_the_evaluation_reports_the_mixed_domain_whole_and_per_kind(
     tmp_path: Path, tiny_models, fake_wandb: FakeWandb, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     kinds = ("gsm8k", "gpqa", "sharegpt")
     small_mixed(monkeypatch, kinds, 2)
-    target, drafters = tiny_models
-    cfg = EvalConfig(
-        target=TargetConfig(name=target),
-        drafters=drafters,
-        domains=["mixed"],
-        methods=["autoregressive", "generic"],
-        prompts_per_domain=6,
-        batch1_prompts=3,
-        max_new_tokens=4,
-        gamma=2,
-        temperatures=[0.0],
-        batch_sizes=[1, 2],
-        token_pages=1,
-        output_dir=str(tmp_path / "eval"),
-    )
+    cfg = mixed_eval_config(tmp_path, tiny_models, prompts_per_domain=6, batch1_prompts=3, batch_sizes=[1, 2])
     rows = run_eval(cfg)["rows"]
     by_key = {(r["domain"], r["method"], r["batch_size"]): r for r in rows}
     names = ["mixed", *(f"mixed/{kind}" for kind in kinds)]
@@ -185,20 +186,13 @@ def test_logger_wandb_logs_the_evaluations_tables_and_plots(
     tmp_path: Path, tiny_models, fake_wandb: FakeWandb, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     small_mixed(monkeypatch, ("gsm8k", "gpqa"), 1)
-    target, drafters = tiny_models
     out = tmp_path / "eval"
-    cfg = EvalConfig(
-        target=TargetConfig(name=target),
-        drafters=drafters,
-        domains=["mixed"],
-        methods=["autoregressive", "generic"],
+    cfg = mixed_eval_config(
+        tmp_path,
+        tiny_models,
         prompts_per_domain=2,
         max_new_tokens=3,
-        gamma=2,
-        temperatures=[0.0],
         batch_sizes=[1],
-        token_pages=1,
-        output_dir=str(out),
         logger="wandb",
         wandb_project="traffic",
     )
@@ -240,22 +234,15 @@ def test_a_kind_without_batch_1_prompts_gets_its_larger_batches_only(
     sweep are left out instead of failing the run."""
     kinds = ("gsm8k", "gpqa", "sharegpt")
     small_mixed(monkeypatch, kinds, 2)
-    target, drafters = tiny_models
-    cfg = EvalConfig(
-        target=TargetConfig(name=target),
-        drafters=drafters,
-        domains=["mixed"],
-        methods=["autoregressive", "generic"],
+    cfg = mixed_eval_config(
+        tmp_path,
+        tiny_models,
         prompts_per_domain=6,
         batch1_prompts=2,
-        max_new_tokens=4,
-        gamma=2,
+        batch_sizes=[1, 2],
         sweep_gammas=[1],
         sweep_methods=["generic"],
-        temperatures=[0.0],
-        batch_sizes=[1, 2],
         token_pages=0,
-        output_dir=str(tmp_path / "eval"),
     )
     rows = run_eval(cfg)["rows"]
     sizes = {(r["domain"], r["batch_size"]) for r in rows if r["method"] == "generic"}

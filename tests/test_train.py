@@ -333,10 +333,11 @@ def test_resume_after_sigkill_ends_at_the_same_weights(tmp_path: Path, drafter: 
         "train.warmup_steps=4",
         "train.lr=1e-2",
         "train.lr_decay=linear",
+        "train.max_new_tokens=8",  # short continuations to write (feature case): resume is exact at any length
+        "train.gamma_candidates=[]",  # no gamma choice after training: the weights are compared
         *drafter,
     )
-    straight = run_app("distill", tmp_path / "straight", *args)
-    assert straight.returncode == 0, straight.stderr[-3000:]
+    run_distill(smoke_cfg(tmp_path / "straight", *args))  # in this process; the killed run is the app's
     # step s (0-based) uses lr * min(1, s / 4) * (1 - s / 6)
     logged = [json.loads(line) for line in (tmp_path / "straight" / "out" / "metrics.jsonl").read_text().splitlines()]
     lrs = [r["lr"] for r in logged if "lr" in r]
@@ -351,8 +352,8 @@ def test_resume_after_sigkill_ends_at_the_same_weights(tmp_path: Path, drafter: 
     assert killed.returncode == -signal.SIGKILL
     assert checkpoint_names(tmp_path / "killed" / "out") == ["checkpoint_2"]
     assert not (tmp_path / "killed" / "out" / "drafter").exists()
-    resumed = run_app("distill", tmp_path / "killed", *args, "train.resume=true")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    with pytest.warns(UserWarning, match="taking over the stale lock"):  # the killed run's
+        run_distill(smoke_cfg(tmp_path / "killed", *args, "train.resume=true"))
     assert "resumed_from_step" in (tmp_path / "killed" / "out" / "metrics.jsonl").read_text()
     assert_same_weights(
         checkpoint_weights(tmp_path / "straight" / "out", 6), checkpoint_weights(tmp_path / "killed" / "out", 6), 1e-6
@@ -364,9 +365,8 @@ def test_resume_after_sigkill_ends_at_the_same_weights(tmp_path: Path, drafter: 
 
 
 def test_ddp_on_cpu_matches_one_process(tmp_path: Path) -> None:
-    args = ("train.max_steps=3", "train.checkpoint_every=3")
-    single = run_app("distill", tmp_path / "one", *args)
-    assert single.returncode == 0, single.stderr[-3000:]
+    args = ("train.max_steps=3", "train.checkpoint_every=3", "train.gamma_candidates=[]")  # the weights are compared
+    run_distill(smoke_cfg(tmp_path / "one", *args))  # one process: this one
     # `--multi_gpu` picks accelerate's torchrun launcher; with no GPU the processes fall back to
     # gloo on the CPU (MULTI_CPU). `--cpu --num_processes 2` would need mpirun in accelerate 1.x.
     launcher = [
@@ -1190,10 +1190,21 @@ def test_the_gamma_choice_decodes_whole_heldout_prompts() -> None:
     assert not train_prompts & {tuple(p) for p in prompts}
 
 
-def test_the_job_times_decodes_of_whole_prompts_that_fit(tmp_path: Path) -> None:
+def test_the_job_times_decodes_of_whole_prompts_that_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With training prompts cut to 4 tokens, the gamma choice still decodes the whole ones; prompts
-    with no room for gamma_new_tokens in the target's context (512) are left out, and with none left
-    Leviathan's model decides instead of the run failing after training."""
+    with no room for gamma_new_tokens in the target's context are left out, and with none left
+    Leviathan's model decides instead of the run failing after training. The smoke target's context
+    is cut from 512 to 128 tokens here, so that the decodes which fill it stay short."""
+    import specdecode.models.smoke as smoke
+
+    context, smoke_target = 128, smoke.smoke_target
+
+    def short_context_target(*args: Any, **kwargs: Any) -> torch.nn.Module:
+        target = smoke_target(*args, **kwargs)
+        target.config.max_position_embeddings = context
+        return target
+
+    monkeypatch.setattr(smoke, "smoke_target", short_context_target)
     cfg = smoke_cfg(
         tmp_path,
         "train.max_steps=1",
@@ -1213,7 +1224,7 @@ def test_the_job_times_decodes_of_whole_prompts_that_fit(tmp_path: Path) -> None
         "train.max_steps=1",
         "train.gamma_candidates=[1,2]",
         "train.gamma_prompts=3",
-        f"train.gamma_new_tokens={512 - shortest}",
+        f"train.gamma_new_tokens={context - shortest}",
     )
     fits = run_distill(room)["gamma"]
     assert (
@@ -1225,6 +1236,6 @@ def test_the_job_times_decodes_of_whole_prompts_that_fit(tmp_path: Path) -> None
         "train.max_steps=1",
         "train.gamma_candidates=[1,2]",
         "train.gamma_prompts=3",
-        f"train.gamma_new_tokens={512 - shortest + 1}",
+        f"train.gamma_new_tokens={context - shortest + 1}",
     )
     assert run_distill(none)["gamma"]["method"] == "Leviathan's model at alpha"

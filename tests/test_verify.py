@@ -8,6 +8,7 @@ shows the same test has the power to catch a realistic mistake.
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from scipy.stats import chi2
 import specdecode.decoding.decode
 import specdecode.decoding.drafting
 import specdecode.decoding.verify
-from specdecode import speculative_generate
+from specdecode import GenerationResult, speculative_generate
 from specdecode.decoding.lookup import DEFAULT_LOOKUP, PromptLookup
 from specdecode.decoding.sampling import SamplingParams, logits_to_probs, sample
 from specdecode.decoding.verify import greedy_accept, rejection_sample
@@ -145,23 +146,35 @@ def sampled_joint(
     seed: int,
     lookup: PromptLookup | None = DEFAULT_LOOKUP,
 ) -> torch.Tensor:
-    result = speculative_generate(
+    result = mc_generate(target, drafter, params, seed, gamma=3, prompt_lookup=lookup)
+    if lookup is EAGER_LOOKUP:
+        # the eager lookup must really replace drafts, or the tests using it test nothing
+        assert result.stats.looked_up > N_SAMPLES // 2
+    return joint_counts(result.sequences)
+
+
+def mc_generate(
+    target: torch.nn.Module, drafter: Any, params: SamplingParams, seed: int, **kwargs: Any
+) -> GenerationResult:
+    """N_SAMPLES decodes of N_TOKENS tokens after PROMPT at `params`, no EOS; `kwargs` (gamma, ...)
+    go to `speculative_generate`."""
+    return speculative_generate(
         target,
         drafter,
         [PROMPT] * N_SAMPLES,
-        gamma=3,
         max_new_tokens=N_TOKENS,
         temperature=params.temperature,
         top_k=params.top_k,
         top_p=params.top_p,
         eos_token_ids=[],
         seed=seed,
-        prompt_lookup=lookup,
+        **kwargs,
     )
-    if lookup is EAGER_LOOKUP:
-        # the eager lookup must really replace drafts, or the tests using it test nothing
-        assert result.stats.looked_up > N_SAMPLES // 2
-    return joint_counts(result.sequences)
+
+
+def follows_target(sequences: list[list[int]], target: torch.nn.Module, params: SamplingParams) -> bool:
+    """Whether the G-test passes `sequences` (N_TOKENS each, after PROMPT) as draws from the target."""
+    return g_test_pvalue(joint_counts(sequences), exact_joint(target, params)) > SIGNIFICANCE
 
 
 def joint_counts(sequences: list[list[int]]) -> torch.Tensor:
