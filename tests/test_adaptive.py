@@ -126,20 +126,6 @@ def test_the_opening_gamma_follows_the_priors_and_the_budgets() -> None:
     assert policy.fixed_gamma(8) == policy.opening_gamma([policy.prior_alpha] * 8)
 
 
-def test_a_draft_is_taken_only_where_it_beats_the_target_alone_by_the_margin() -> None:
-    """At alpha 0.5 a 1-draft step of 1.4 target steps yields 1.5 tokens: 7% more per second than
-    the target alone, under the default 10% margin; at 1.2 target steps, 25% more."""
-    costly, cheap = StepTable((1,), ((1.0, 1.4),), 16), StepTable((1,), ((1.0, 1.2),), 16)
-    assert AdaptiveGamma(costly).opening_gamma([0.5]) == 0 and AdaptiveGamma(cheap).opening_gamma([0.5]) == 1
-    assert AdaptiveGamma(costly, margin=0.0).opening_gamma([0.5]) == 1
-    assert (
-        AdaptiveGamma(costly).choose([1.0, 1.5], 1) == 0
-        and AdaptiveGamma(costly, margin=0.05).choose([1.0, 1.5], 1) == 1
-    )
-    with pytest.raises(ValueError, match="margin must be >= 0, got -0.1"):
-        AdaptiveGamma(costly, margin=-0.1)
-
-
 def test_one_row_whose_drafter_pays_makes_the_batch_draft(target, ragged_prompts) -> None:
     """A mixed batch where one drafter's prior pays and the other's does not: the loop drafts; with
     both low, the target decodes alone and no drafter runs."""

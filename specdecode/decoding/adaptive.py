@@ -13,10 +13,7 @@ the loop is not drafting: that is how it tries drafting again after a long stret
 
 For gamma g a row expects min((1 - alpha^(g+1)) / (1 - alpha), its budget left) tokens; the loop
 picks the g of the most tokens over the batch per second of a step at the current batch size
-(g = 0: one token per row in a target step). A draft is taken only where it promises `margin`
-more than the target alone: the step costs and the acceptance are estimates (a step's cost moves
-by tens of percent on a busy or throttled machine), and where a draft only breaks even it is
-slower in fact, as the loop's bookkeeping costs a few percent a step.
+(g = 0: one token per row in a target step).
 
 Exactness does not depend on the choice: a step of any gamma commits tokens that follow the
 target's distribution given the committed prefix, whatever happened before the step (Leviathan et
@@ -45,8 +42,6 @@ DECAY = 0.9
 IDLE_DECAY = 0.99
 # A drafter's acceptance where it states none (`config.specdecode_alpha`).
 DEFAULT_PRIOR_ALPHA = 0.5
-# How much more than the target alone a draft must promise to be taken (module docstring).
-MARGIN = 0.1
 # Estimates stop short of 1, where the expected tokens (1 - alpha^(g+1)) / (1 - alpha) are g + 1.
 _MAX_ALPHA = 0.999
 
@@ -62,7 +57,6 @@ class AdaptiveGamma:
     prior_weight: float = PRIOR_WEIGHT
     decay: float = DECAY
     idle_decay: float = IDLE_DECAY
-    margin: float = MARGIN
 
     def __post_init__(self) -> None:
         if not isinstance(self.costs, StepTable):
@@ -74,8 +68,6 @@ class AdaptiveGamma:
             raise ValueError(f"max_gamma must be an int in [1, {widest}] (the costs' widest), got {self.max_gamma!r}")
         if not self.prior_weight > 0:
             raise ValueError(f"prior_weight must be > 0, got {self.prior_weight!r}")
-        if not self.margin >= 0:
-            raise ValueError(f"margin must be >= 0, got {self.margin!r}")
         for name in ("decay", "idle_decay"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)!r}")
@@ -105,14 +97,12 @@ class AdaptiveGamma:
 
     def choose(self, expected: list[float], batch_size: int) -> int:
         """The gamma of the most `expected` tokens (per gamma 0..widest, over the batch) per second
-        of a step of `batch_size` rows, a draft taken only where it beats the target alone by
-        `margin`; ties: the shorter drafts."""
+        of a step of `batch_size` rows; ties: the shorter drafts."""
         return self._best(expected, batch_size)
 
     def _best(self, expected: list[float], batch_size: int) -> int:
         seconds = self.costs.at(batch_size)
         rates = [expected[g] / seconds[g] for g in range(self.widest + 1)]
-        rates[0] *= 1 + self.margin
         return max(range(len(rates)), key=lambda g: (rates[g], -g))
 
     def start(self, rows: int, device: torch.device, prior: torch.Tensor | None = None) -> GammaState:
