@@ -203,9 +203,13 @@ def test_a_bad_gamma_is_named_before_any_work(target, gamma, error, needle) -> N
         speculative_generate(target, target, [[1, 2]], gamma=gamma, max_new_tokens=4)
 
 
-def test_the_measured_table_is_kept_and_remeasured_on_request(target, monkeypatch, tmp_path) -> None:
+@pytest.fixture
+def counted_tables(target, monkeypatch, tmp_path) -> tuple[list[StepTable], Any, dict[str, Any]]:
+    """A fresh table cache in `tmp_path`, every table measured into the returned list, a drafter
+    and small measuring settings."""
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
     monkeypatch.delenv("SPECDECODE_KERNEL_CACHE", raising=False)
+    monkeypatch.setattr(costs_module, "_CHECKED", {})
     measured: list[StepTable] = []
 
     def measure(*args: Any, **kwargs: Any) -> StepTable:
@@ -213,8 +217,15 @@ def test_the_measured_table_is_kept_and_remeasured_on_request(target, monkeypatc
         return measured[-1]
 
     monkeypatch.setattr(costs_module, "measure_step_table", measure)
-    drafter = derive_feature_drafter(target, 1)
-    kwargs = dict(max_gamma=2, batch_sizes=(1, 2), context_tokens=12, repeats=1)
+    return (
+        measured,
+        derive_feature_drafter(target, 1),
+        dict(max_gamma=2, batch_sizes=(1, 2), context_tokens=12, repeats=1),
+    )
+
+
+def test_the_measured_table_is_kept_and_remeasured_on_request(target, counted_tables) -> None:
+    measured, drafter, kwargs = counted_tables
     first = step_table(target, drafter, **kwargs)
     assert step_table(target, drafter, **kwargs) == first and len(measured) == 1
     assert first.batch_sizes == (1, 2) and first.max_gamma == 2 and all(s > 0 for row in first.seconds for s in row)
@@ -230,21 +241,10 @@ def test_a_table_agrees_within_the_stale_factor() -> None:
     assert not table.agrees(0.04, 0.12)  # the widest step 3 target steps, where 2 were kept
 
 
-def test_a_kept_table_off_this_machine_is_measured_again(target, monkeypatch, tmp_path) -> None:
+def test_a_kept_table_off_this_machine_is_measured_again(target, counted_tables, monkeypatch, tmp_path) -> None:
     """Read back from the cache, a table is spot-checked once per process: one whose steps are
     100x this machine's is measured again (with a warning naming both); one that agrees is kept."""
-    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
-    monkeypatch.delenv("SPECDECODE_KERNEL_CACHE", raising=False)
-    monkeypatch.setattr(costs_module, "_CHECKED", {})
-    measured: list[StepTable] = []
-
-    def measure(*args: Any, **kwargs: Any) -> StepTable:
-        measured.append(measure_step_table(*args, **kwargs))
-        return measured[-1]
-
-    monkeypatch.setattr(costs_module, "measure_step_table", measure)
-    drafter = derive_feature_drafter(target, 1)
-    kwargs = dict(max_gamma=2, batch_sizes=(1, 2), context_tokens=12, repeats=1)
+    measured, drafter, kwargs = counted_tables
     first = step_table(target, drafter, **kwargs)
     [kept] = (tmp_path / "cpu_kernels").glob("*.json")
     data = json.loads(kept.read_text())
