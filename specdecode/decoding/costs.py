@@ -157,18 +157,9 @@ def _target_step(
     return next_tokens(cached_forward_features(target, cache, pending, 1)[0], params, generator)
 
 
-def _verify(
-    target: PreTrainedModel,
-    cache: KVCache,
-    drafting: Drafting,
-    pending: torch.Tensor,
-    draft: torch.Tensor,
-    q: torch.Tensor | None,
-    start: torch.Tensor,
-    params: Params,
-    generator: Generator,
-) -> torch.Tensor:
-    return verify_drafts(target, cache, drafting, pending, draft, q, start, params, generator)[2]
+def _verify(*args: Any) -> torch.Tensor:
+    """`verify_drafts(*args)`'s new tokens `[B, gamma + 1]`."""
+    return verify_drafts(*args)[2]
 
 
 def _draft(

@@ -100,15 +100,8 @@ class StaticKVCache(KVCache):
     def set_lengths(self, lengths: torch.Tensor, max_length: int | None = None) -> None:
         self.lengths = lengths
 
-    def _write(
-        self,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        slots: torch.Tensor,
-        key_states: torch.Tensor,
-        value_states: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return write_layer(keys, values, slots, key_states, value_states)
+    # in place, as a nested layer region writes (`LayerKV`)
+    _write = staticmethod(write_layer)
 
     def layer_buffers(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """Layer `layer_idx`'s keys, values and the pass's write slots `[B, T]`, once the layer's
