@@ -1,26 +1,17 @@
 """How long the pieces of a decode step take on this machine (the one timer), and the step table the
 adaptive gamma (`adaptive.py`) weighs against each row's running acceptance.
 
-`step_pieces` builds a step's pieces as the loops run them, on the caches a core's decode gets
-(ragged for the eager core, static for the others, compiled for the compiled one), each put back to
-its state before it runs: the target alone's step, a verify of g drafts (`verify_drafts`: the pass
-over the pending token and g drafts, the acceptance or rejection sampling, the target's features
-kept where the drafter reads them) and the drafter's g drafts (`Drafting.propose`). `time_rounds`
-times any set of pieces, taking turns within each round, so a machine whose speed drifts (other
-tenants, clock changes) biases all of them alike instead of skewing their ratios. Every figure of
-step costs is timed this way: the step table here, the speedup model's and the benchmarks' costs
-(`timing.py`).
+`step_pieces` builds a step's pieces as the loops run them, on any core's caches, each put back to
+its state before it runs: the target's step, a verify of g drafts (`verify_drafts`) and the
+drafter's g drafts (`Drafting.propose`). `time_rounds` times pieces taking turns within each round,
+so a machine whose speed drifts biases all alike. Every step cost is timed this way: the step
+table here, the speedup model's and the benchmarks' (`timing.py`).
 
-The step table (`measure_step_table`): a step of g drafts (its drafts and its verify; g = 0 a
-target step) at each measured batch size, after a context of `context_tokens`. On a GPU a verify
-of a few tokens costs about one step; on a 2-core CPU it grows with the tokens of the batch (8 rows
-x 7 tokens costs several steps), which is why the best gamma falls with the batch size there and why
-it is measured, not assumed. The table is kept in the specdecode cache (`$SPECDECODE_CACHE`, one
-JSON file per key: the CPU model, cores and threads, torch, both models' linear shapes and dtype,
-the sampling mode and what was timed) and measured again on request (`remeasure=True`) or when the
-key changes. A kept table is checked once per process (`spot_check`): machines that share a CPU name
-differ in speed and load, so where a target step or the widest step, timed now, is off the table's
-by more than `STALE_FACTOR`, the table is measured again.
+The step table: a step of g drafts (g = 0: a target step) at each batch size. On a CPU a verify
+grows with the batch's tokens, so the best gamma falls with the batch size: measured, not assumed.
+It is kept in `$SPECDECODE_CACHE` by machine, torch, models, sampling mode and what was timed, and
+spot-checked once per process: where a target step or the widest step is now off by more than
+`STALE_FACTOR` (same CPU name, other speed or load), it is measured again.
 """
 
 from __future__ import annotations
@@ -101,15 +92,11 @@ def step_pieces(
     core: str = "eager",
     step_capacity: int | None = None,
 ) -> dict[tuple[str, int], Piece]:
-    """The pieces of a step after `length` committed `tokens` `[B, S_cap]` (the caches hold all but
-    the last, as at the start of a step), drawing as `params` does: `("step", 0)` the target alone's
-    step, and for each g of `gammas` `("verify", g)`, the target's verify of the g tokens after the
-    pending one as drafts (sampled: against a uniform q, whose values cost nothing), and
-    `("draft", g)`, the drafter's g drafts (none without a drafter).
-
-    The caches are `core`'s (`CORES`), of S_cap slots; the target step's has `step_capacity` where
-    given (a static decode of the target alone gets fewer), else it is the verify's.
-    """
+    """The pieces of a step after `length` committed `tokens` `[B, S_cap]`, drawing as `params` does:
+    `("step", 0)` the target's step, and for each g of `gammas` `("verify", g)`, a verify of the g
+    tokens after the pending one (sampled: against a uniform q), and `("draft", g)`, the drafter's g
+    drafts (none without a drafter). The caches are `core`'s, of S_cap slots (the target step's of
+    `step_capacity` where given)."""
     static, compile = CORES[core]["static"], CORES[core].get("compile", False)
     if compile and not params.greedy:
         raise ValueError(f"compiled pieces draw greedily (a graph draws from no generator), got {params!r}")
@@ -226,9 +213,8 @@ class StepTable:
         return [s / seconds[0] for s in seconds]
 
     def agrees(self, target_s: float, widest_s: float, factor: float = STALE_FACTOR) -> bool:
-        """Whether a target step of `target_s` and a widest step of `widest_s` seconds, timed at the
-        smallest batch size, are within `factor` of this table's: the target step itself, and the
-        widest step in target steps."""
+        """Whether a target step of `target_s` and a widest step of `widest_s` seconds (smallest batch
+        size) are within `factor` of this table's, the widest in target steps."""
         row = self.seconds[0]
         now, kept = (target_s, widest_s / target_s), (row[0], row[-1] / row[0])
         return all(max(a / b, b / a) <= factor for a, b in zip(now, kept))
@@ -259,8 +245,8 @@ def measure_step_table(
     context_tokens: int = COST_CONTEXT_TOKENS,
     repeats: int = COST_REPEATS,
 ) -> StepTable:
-    """Time a target step and a speculative step of 1..`max_gamma` drafts (its drafts and its verify,
-    timed apart) at each of `batch_sizes` (module docstring), drawing tokens as `params` does."""
+    """Time a target step and a step of 1..`max_gamma` drafts (drafts and verify timed apart) at each
+    of `batch_sizes`, drawing tokens as `params` does."""
     for name, value, low in (
         ("max_gamma", max_gamma, 1),
         ("context_tokens", context_tokens, 2),
@@ -306,8 +292,7 @@ def _step_s(times: Mapping[tuple[int, str, int], float], b: int, g: int) -> floa
 def cost_key(
     target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, params: SamplingParams, **timed: Any
 ) -> dict[str, Any]:
-    """What a step table depends on: the machine, torch, both models' shapes and dtypes, the
-    sampling mode (greedy, or sampled with top-k / top-p filtering) and what was timed."""
+    """What a step table depends on: the machine, torch, both models, the sampling mode, what was timed."""
     sampling = "greedy" if params.greedy else f"sampled top_k={params.top_k > 0} top_p={params.top_p < 1.0}"
     return kernel_key(target, "step_costs", device=str(target.device), sampling=sampling, **timed) | {
         "drafter": kernel_key(drafter, "drafter")
@@ -322,9 +307,8 @@ def step_table(
     remeasure: bool = False,
     **measure: Any,
 ) -> StepTable:
-    """`measure_step_table` for this machine and these models, kept in the specdecode cache and
-    read back from it, a kept table spot-checked once per process (module docstring); `remeasure`
-    times it again and keeps the new table."""
+    """`measure_step_table` for this machine and these models, cached and spot-checked (module
+    docstring); `remeasure` times it again."""
     sizes = tuple(measure.get("batch_sizes", COST_BATCH_SIZES))
     context = measure.get("context_tokens", COST_CONTEXT_TOKENS)
     key = cost_key(target, drafter, params, batch_sizes=list(sizes), max_gamma=max_gamma, context_tokens=context)

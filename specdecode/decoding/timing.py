@@ -1,21 +1,11 @@
 """Step costs as the speedup model (`speedup.py`), the gamma choice (`gamma.py`) and the
 benchmarks read them, and timed batch-1 decodes (`timed_decodes`).
 
-The pieces are `costs.step_pieces`, timed in turns by `costs.time_rounds` (the one timer), at batch
-1 on the caches a decode gets:
-
-* a target step: one token through the target alone;
-* a verify: the pending token and gamma drafts through the target, accepted greedily, the target's
-  features kept where the drafter reads them (`verify_drafts`, as a round runs it);
-* a draft: the drafting strategy's gamma drafts (`Drafting.propose`, as a round runs it); the
-  drafter's step is a gamma-th of it (for a feature drafter that includes its first window, the
-  gamma + 1 positions whose true features are new).
-
-`core_step_costs` times them on each decode core, in the middle of an answer (the prompt plus half
-of `new_tokens` committed), on caches the size that core's decode gets. On the compiled core each
-of the three is its own compiled graph, so what a whole round fuses across them is not in these
-figures; the decode benchmark times whole rounds. A core's first `GUARDED_STEPS` rounds
-(compiling, guards) are not counted.
+The pieces are `costs.step_pieces` at batch 1 (a target step, a verify of gamma drafts, the
+drafter's gamma drafts: a drafter step is a gamma-th of it), timed by `costs.time_rounds`.
+`core_step_costs` times them on each decode core in the middle of an answer; on the compiled core
+each piece is its own graph (the decode benchmark times whole rounds), and its first
+`GUARDED_STEPS` rounds are not counted.
 """
 
 from __future__ import annotations
@@ -153,16 +143,10 @@ def timed_decodes(
     max_new_tokens: int,
     temperature: float = 0.0,
 ) -> dict[str, Any]:
-    """Decode each of `prompts` alone (batch 1, as users and the evaluation time it) with the target
-    alone and with `drafter` at each of `gammas` (`speculative_generate`, prompt lookup as by
-    default, a fixed budget, seeded when sampling), timing every decode.
-
-    Each prompt runs all of them back to back, in an order rotated by one per prompt, so a machine
-    whose speed drifts biases none of them (evenly when the prompts are a multiple of the runs).
-    Each run decodes once, untimed, before (a verify width's first pass pays one-off kernel set-up).
-    Counted and timed: what a one-pass timing of the verify leaves out is in it (prompt lookup's
-    copies, the later drafts' lower acceptance, the prefill, the loop's own work, and a CPU's
-    uneven cost per verify width).
+    """Decode each of `prompts` alone (batch 1) with the target alone and with `drafter` at each of
+    `gammas` (a fixed budget, seeded when sampling), timing every decode, after one untimed warm-up
+    each. Each prompt runs them back to back in an order rotated by one per prompt, so drift
+    biases none of them.
 
     Returns:
         `{"autoregressive_s": float, "seconds": {gamma: float}, "per_prompt_s": {gamma: [float]},
@@ -224,10 +208,8 @@ def _time_pieces(
     device: torch.device,
     models: tuple[torch.nn.Module, ...],
 ) -> dict[tuple[str, str], float]:
-    """Median seconds of each (core, piece), the pieces taking turns within each round; the first
-    `GUARDED_STEPS` rounds (compiling, then guarded, as a decode's first steps) are not counted.
-    A compiled core's pieces run with the decoder layers of `models` marked as a decode's are
-    (`nested_layers`)."""
+    """Median seconds of each (core, piece) after `GUARDED_STEPS` uncounted rounds; a compiled core's
+    pieces run as its decode's steps do (`nested_layers`, `mark_step`, `skipped_guards`)."""
 
     @contextlib.contextmanager
     def around(key: tuple[str, str], round_: int) -> Iterator[None]:
@@ -250,14 +232,8 @@ def core_step_costs(
     cores: Sequence[str] = tuple(CORES),
     repeats: int = 10,
 ) -> dict[str, StepCosts]:
-    """core → its `StepCosts` (c, the verify ratio) for `drafter` at `gamma`, at batch 1 with `prompt`
-    and half of `new_tokens` committed, on caches as large as a decode of `new_tokens` after `prompt`
-    gets (see the module docstring).
-
-    Raises:
-        ValueError: an unknown core, an empty prompt, gamma or new_tokens below 1 or repeats below 1.
-        RuntimeError: a compiled core on a torch that cannot compile it (`compiled.check_core`).
-    """
+    """core → its `StepCosts` for `drafter` at `gamma`, at batch 1 with `prompt` and half of
+    `new_tokens` committed, on caches as large as that decode gets (each bad value named)."""
     unknown = [core for core in cores if core not in CORES]
     if unknown or not cores:
         raise ValueError(f"cores must be one or more of {list(CORES)}, got {list(cores)}")
