@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import torch
 from transformers import PreTrainedModel
 
+from specdecode.core.config import is_int
 from specdecode.decoding.attention import folded_gqa
 from specdecode.decoding.cache import KVCache, RaggedKVCache, cached_forward_features
 from specdecode.decoding.compiled import compiled_function
@@ -49,6 +50,13 @@ CORES: dict[str, dict[str, bool]] = {
 # A timed piece: (put its state back, run it once).
 Piece = tuple[Callable[[], None], Callable[[], object]]
 Key = TypeVar("Key", bound=Hashable)
+
+
+def check_counts(*checks: tuple[str, object, int]) -> None:
+    """Raise ValueError naming the first `(name, value, low)` whose value is not an int >= low."""
+    for name, value, low in checks:
+        if not is_int(value) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
 
 
 def wait_for(device: torch.device) -> None:
@@ -247,13 +255,7 @@ def measure_step_table(
 ) -> StepTable:
     """Time a target step and a step of 1..`max_gamma` drafts (drafts and verify timed apart) at each
     of `batch_sizes`, drawing tokens as `params` does."""
-    for name, value, low in (
-        ("max_gamma", max_gamma, 1),
-        ("context_tokens", context_tokens, 2),
-        ("repeats", repeats, 1),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    check_counts(("max_gamma", max_gamma, 1), ("context_tokens", context_tokens, 2), ("repeats", repeats, 1))
     sizes = tuple(sorted(set(batch_sizes)))
     if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
         raise ValueError(f"batch_sizes must be one or more ints >= 1, got {list(batch_sizes)!r}")

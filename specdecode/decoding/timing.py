@@ -21,7 +21,7 @@ from transformers import PreTrainedModel
 
 from specdecode.decoding.attention import folded_gqa
 from specdecode.decoding.compiled import check_core, mark_step, nested_layers, skipped_guards
-from specdecode.decoding.costs import CORES, Piece, step_pieces, time_rounds
+from specdecode.decoding.costs import CORES, Piece, check_counts, step_pieces, time_rounds
 from specdecode.decoding.decode import autoregressive_generate, speculative_generate
 from specdecode.decoding.static import GUARDED_STEPS
 from specdecode.decoding.static_cache import static_capacity
@@ -237,9 +237,7 @@ def core_step_costs(
     unknown = [core for core in cores if core not in CORES]
     if unknown or not cores:
         raise ValueError(f"cores must be one or more of {list(CORES)}, got {list(cores)}")
-    for name, value in (("gamma", gamma), ("new_tokens", new_tokens), ("repeats", repeats)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    check_counts(("gamma", gamma, 1), ("new_tokens", new_tokens, 1), ("repeats", repeats, 1))
     if not prompt:
         raise ValueError("prompt must hold one or more tokens")
     length = len(prompt) + max(new_tokens // 2, 1)
