@@ -25,8 +25,7 @@ from specdecode.decoding.costs import StepTable
 PRIOR_WEIGHT = 2.0
 # Each drafting step keeps this share of a row's evidence: the last ~10 steps count.
 DECAY = 0.9
-# Each target-only step keeps this share: the estimate drifts back to the prior over ~100 steps, so
-# a drafter turned off is tried again now and then, not every few steps.
+# Each target-only step keeps this share: back at the prior over ~100 steps, so drafting is retried.
 IDLE_DECAY = 0.99
 # A drafter's acceptance where it states none (`config.specdecode_alpha`).
 DEFAULT_PRIOR_ALPHA = 0.5

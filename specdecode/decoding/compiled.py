@@ -21,16 +21,13 @@ import torch
 from specdecode.decoding.sampling import Params, SamplingParams, TensorTemperature
 from specdecode.decoding.static_cache import LayerKV
 
-# Whether `compile=None` (auto) compiles on the CPU. Off: a compiled step is about a fifth faster
-# there, but each model and shape first compiles for tens of seconds, which takes thousands of
-# tokens per shape to pay back (a CPU evaluation decodes a few hundred); `compile=true` for long runs.
+# Whether `compile=None` compiles on the CPU: off, as a step a fifth faster pays back tens of seconds
+# of compiling per model and shape only after thousands of tokens (`compile=true` for long runs).
 COMPILE_ON_CPU = False
-# Whether compiled decodes run each model's decoder layers as one nested compile region
-# (`nested_layers`): inductor compiles a layer once for all of them, a shorter first compile for a
-# slightly slower step (no fusion across a layer's edge). Off until measured on a GPU.
+# Whether compiled decodes run each model's layers as one nested region (`nested_layers`): a shorter
+# first compile for a slightly slower step. Off until measured on a GPU.
 NESTED_LAYERS = False
-# Graphs dynamo keeps per compiled function before it falls back to eager: one per shape, and a
-# benchmark runs a model at a few batch sizes and widths (dynamo's own default, 8, is too few).
+# Graphs dynamo keeps per compiled function (one per shape) before it falls back to eager; its default 8 is too few.
 RECOMPILE_LIMIT = 64
 
 
@@ -73,9 +70,8 @@ _COMPILED_FUNCTIONS: dict[tuple[Callable, str | None], Callable] = {}
 def _compile(target: Callable, device: torch.device) -> Callable:
     config = torch.compiler.config
     config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
-    # "reduce-overhead" is these options' CUDA graphs (a mode and options cannot both be given).
-    # Rounding as eager does between fused ops keeps a bf16 verify pass and a bf16 one-token pass,
-    # fused differently, from parting at near-ties more often than the eager passes do.
+    # "reduce-overhead" is these options' CUDA graphs; rounding as eager does between fused ops keeps
+    # bf16 passes of other widths from parting at near-ties more often than eager ones do
     options: dict[str, str | int | bool | Callable[..., Any]] = {
         "triton.cudagraphs": _mode(device) == "reduce-overhead",
         "emulate_precision_casts": True,

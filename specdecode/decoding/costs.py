@@ -157,16 +157,9 @@ def _verify(*args: Any) -> torch.Tensor:
     return verify_drafts(*args)[2]
 
 
-def _draft(
-    drafting: Drafting,
-    tokens: torch.Tensor,
-    lengths: torch.Tensor,
-    length: int,
-    gamma: int,
-    params: Params,
-    generator: Generator,
-) -> torch.Tensor:
-    return drafting.propose(tokens, lengths, length, gamma, params, generator)[0]
+def _draft(drafting: Drafting, *args: Any) -> torch.Tensor:
+    """`drafting.propose(*args)`'s drafts `[B, gamma]`."""
+    return drafting.propose(*args)[0]
 
 
 # The batch sizes and the widest gamma timed by default: a serving batch past 8 is extrapolated.

@@ -182,8 +182,7 @@ def speculative_generate(
         adaptive = adaptive or adaptive_gamma(target, models[0], options.params)
         if isinstance(decoder, EagerDecoder):
             priors = _row_priors(drafting)
-            # no draft pays at the rows' stated acceptance: the target alone, without the drafter's
-            # prefill and the loop's per-step bookkeeping
+            # where no draft pays at the rows' stated acceptance, the target decodes alone
             starts = priors or (adaptive.prior_alpha,) * len(request.prompts)
             opening = adaptive.opening_gamma(starts, [max(b - 1, 0) for b in request.budgets])
             request = dataclasses.replace(

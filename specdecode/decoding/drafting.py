@@ -38,16 +38,13 @@ class Drafting(ABC):
     """What the speculative loop asks of a drafting strategy, and the state every one keeps; shapes
     for a batch of B rows in token buffers of S_cap slots."""
 
-    # which target hidden states the strategy reads: the verify pass then returns them `[B, W, n·H]`
-    # (`target_features`); None: none
+    # which target hidden states the strategy reads (the verify returns them `[B, W, n·H]`); None: none
     feature_layers: tuple[int, ...] | None = None
-    # how many ids each sampled draft is drawn over where that is a draft vocabulary of K ids;
-    # None: the full vocabulary, as wide as the target's logits (rejection sampling needs q as wide as p)
+    # how many ids a sampled draft is drawn over where a draft vocabulary has K; None: the full vocabulary
     draw_width: int | None = None
     # the truncated head whose K ids the drafts are drawn over (`draw_width` = K); None: none
     draft_head: DraftVocabHead | None = None
-    # which rows drafted this step `[B]` bool; the others' drafts are placeholders the verify never
-    # judges (their step is the target's alone: `mixed.MixedDrafting`); None: every row
+    # which rows drafted this step `[B]` bool (the others' placeholders are never judged); None: every row
     drafting_rows: torch.Tensor | None = None
 
     def __init__(
@@ -66,8 +63,7 @@ class Drafting(ABC):
         self.looked_up = cache.buffer("drafting.looked_up", (), torch.long)
         # which of the last `propose`'s drafts prompt lookup filled, `[B, gamma]` bool; None without lookup
         self.last_looked_up: torch.Tensor | None = None
-        # target-only steps since the last `propose` (`skip`), and that propose's gamma: how far the
-        # drafter's own state is behind the rows (the same for every row: gamma is the batch's)
+        # target-only steps since the last `propose`, and its gamma: how far the drafter is behind the rows
         self.behind = 0
         self.last_gamma = gamma
 
@@ -168,14 +164,12 @@ class FeatureDrafting(Drafting):
         (whose token p + 1 is not yet drawn), so the first window is as wide as every later one."""
         assert features is not None
         self.features[:, :longest] = features.to(self.features.dtype)
-        # at least one position wide, so that the drafter's cache is allocated here, eagerly, even
-        # where every prompt is one token (no position to read: each row's count is 0)
+        # at least one position wide, so the drafter's cache is allocated here even for one-token prompts
         self._read(tokens, lengths - 1, longest - 1, max(longest - 1, 1))
 
     def _draft(self, drafts: _Drafts, max_length: int, gamma: int) -> None:
-        # 1. one window over the positions whose true features are new: [start, lengths - 1), at
-        # most the last propose's gamma + 1 (its accepted drafts and the bonus token) and one per
-        # target-only step since; as wide as gamma + 1 at least, so a fixed gamma keeps one width
+        # 1. one window over the positions whose true features are new, [start, lengths - 1): at most
+        # the last gamma + 1 and one per target step since; at least gamma + 1, so a fixed gamma keeps one width
         width = max(gamma, self.last_gamma + self.behind) + 1
         feature = self._read(drafts.context, drafts.lengths - 1, max_length - 1, width)
         # 2. gamma drafts, each fed back with the feature it was predicted from

@@ -186,8 +186,7 @@ class MixedDrafting(Drafting):
         if self.shared_layers:
             return mine
         assert self.feature_layers is not None
-        # transformers' `hidden_states` as `target_features` reads them: the union's raw states in
-        # their places (the others are never read)
+        # `hidden_states` as `target_features` reads them: the union's raw states in their places
         width = self.hidden_size
         states = [mine.new_empty(0)] * (self.num_layers + 1)
         for j, layer in enumerate(self.feature_layers):

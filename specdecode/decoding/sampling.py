@@ -10,8 +10,7 @@ import torch
 
 from specdecode.core.config import TEMPERATURE_RANGE, is_temperature
 
-# Exponential noise is clamped away from zero so that a zero-probability token can never win the
-# race through 0 / 0 = NaN.
+# Exponential noise is clamped away from zero, so a zero-probability token never wins through 0 / 0 = NaN.
 _TINY = 1e-30
 
 
@@ -76,8 +75,7 @@ def logits_to_probs(logits: torch.Tensor, params: Params) -> torch.Tensor:
     if params.top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         sorted_probs = sorted_logits.softmax(dim=-1)
-        # Keep the smallest prefix whose mass reaches top_p: drop a token once the mass strictly
-        # before it already does. The most likely token is always kept.
+        # Keep the smallest prefix whose mass reaches top_p (the most likely token always).
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
         sorted_logits = sorted_logits.masked_fill(mass_before >= params.top_p, float("-inf"))
         logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)

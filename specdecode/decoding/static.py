@@ -45,9 +45,8 @@ from specdecode.decoding.stats import DeviceCounters, GenerationResult
 from specdecode.decoding.verify import verify_drafts
 from specdecode.models.feature_drafter import FeatureDrafter
 
-# Steps between host syncs (is every row done?) on an accelerator: the host queues up to this many
-# steps ahead and the batch may run up to this many - 1 steps past its last row's end. On the CPU
-# the device is the host, a sync costs nothing, and every step is checked.
+# Steps between host syncs (is every row done?) on an accelerator, which may run this many - 1 steps
+# past the last row's end; on the CPU a sync costs nothing and every step is checked.
 SYNC_EVERY_ACCELERATOR = 8
 # Compiled steps (rounds) of a call that evaluate their guards; later ones skip them (`skipped_guards`).
 GUARDED_STEPS = 2
@@ -88,8 +87,7 @@ def _round(
     if lookup is not None:
         lookup.active = rows.active
     cache.set_lengths(rows.lengths - 1)
-    # 1. draft gamma tokens. A row of a one-token prompt and no budget holds one token where a
-    # drafter may re-read two: its (masked) drafts then read a padding token.
+    # 1. draft gamma tokens (a masked one-token row's drafts read a padding token)
     draft, q = drafting.propose(rows.tokens, rows.lengths.clamp_min(2), rows.capacity, gamma, params, generator)
     # 2. verify the pending token and the gamma drafts in one target pass; accept / resample
     num_accepted, _, new_tokens = verify_drafts(

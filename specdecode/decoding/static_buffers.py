@@ -23,8 +23,7 @@ Zeros = Callable[[str, tuple[int, ...], torch.dtype, torch.device], torch.Tensor
 # A call's shape: (batch size, cache capacity).
 CallShape = tuple[int, int]
 
-# Call shapes whose buffers a model keeps: a call of another shape evicts the least recently used
-# (an evaluation runs a few batch sizes at one capacity; the data writer one shape).
+# Call shapes whose buffers a model keeps; a call of another shape evicts the least recently used.
 POOLED_SHAPES = 4
 
 _Key = tuple[str, tuple[int, ...], torch.dtype, torch.device]

@@ -17,17 +17,13 @@ from specdecode.decoding.static_buffers import Zeros, fresh_zeros
 MIN_CAPACITY = 16
 
 
-def decode_slack(gamma: int | None) -> int:
-    """Slots a static decode writes past a row's budget: a speculative round's gamma drafts, its bonus
-    token and the pending one (gamma + 2); a step of the target alone (`gamma` None) 1."""
-    return 1 if gamma is None else gamma + 2
-
-
 def rows_capacity(
     prompts: Sequence[Sequence[int]], budgets: Sequence[int], gamma: int | None, capacity: int | None = None
 ) -> int:
-    """The cache capacity of a static decode of `prompts` with `budgets` (`static_capacity`)."""
-    return static_capacity(max(len(p) + b for p, b in zip(prompts, budgets)) + decode_slack(gamma), capacity)
+    """The cache capacity of a static decode of `prompts` with `budgets` (`static_capacity`): past a
+    row's budget a round writes gamma drafts, its bonus token and the pending one; a target step 1."""
+    slack = 1 if gamma is None else gamma + 2
+    return static_capacity(max(len(p) + b for p, b in zip(prompts, budgets)) + slack, capacity)
 
 
 def static_capacity(slots: int, capacity: int | None = None) -> int:

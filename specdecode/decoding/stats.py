@@ -30,8 +30,7 @@ class StepCounters:
         self.judged: list[int] = []
         # steps taken at each gamma (0: a target-only step of an adaptive decode)
         self.gamma_steps: dict[int, int] = {}
-        # drafts that prompt lookup proposed instead of the drafter (a device tensor: never synced
-        # before the end)
+        # drafts that prompt lookup proposed (a device tensor, synced at the end)
         self.looked_up: torch.Tensor | int = 0
 
     def record_target_call(self, batch_size: int) -> None:
@@ -147,8 +146,7 @@ class GenerationResult:
         gamma = counters.gamma
         accepted = sum(n * count for n, count in enumerate(histogram))
         rejections = counters.rejections
-        # judged[i]: steps whose drafts 0..i-1 were all accepted and that drafted an i-th; of them,
-        # those that accepted more than i passed it.
+        # of the steps that judged draft i, those that accepted more than i passed it
         judged = counters.judged or [0] * gamma
         passed = [sum(histogram[i + 1 :]) for i in range(gamma)]
         position_acceptance = [passed[i] / judged[i] if judged[i] else None for i in range(gamma)]

@@ -24,13 +24,12 @@ from specdecode.decoding.compiled import check_core, mark_step, nested_layers, s
 from specdecode.decoding.costs import CORES, Piece, check_counts, step_pieces, time_rounds
 from specdecode.decoding.decode import autoregressive_generate, speculative_generate
 from specdecode.decoding.static import GUARDED_STEPS
-from specdecode.decoding.static_cache import static_capacity
+from specdecode.decoding.static_cache import rows_capacity
 from specdecode.decoding.stats import GenerationResult
 from specdecode.models.feature_drafter import FeatureDrafter
 
-# Timed rounds behind a verify ratio (the gamma choice without prompts, the evaluation's pass
-# costs). Each round times every width once, ~0.1 s for the embedded target on a 2-core CPU; with
-# a few rounds a 4-token verify's ratio to a step moved by a third between processes.
+# Timed rounds behind a verify ratio: with a few, a 4-token verify's ratio to a step moved by a third
+# between processes (each round is ~0.1 s for the embedded target on a 2-core CPU).
 VERIFY_REPEATS = 30
 
 
@@ -241,9 +240,8 @@ def core_step_costs(
     if not prompt:
         raise ValueError("prompt must hold one or more tokens")
     length = len(prompt) + max(new_tokens // 2, 1)
-    # the slots a decode's static caches get: `slack` past the budget as in `static_cache.rows_capacity`
-    capacity = static_capacity(len(prompt) + new_tokens + gamma + 2)
-    step_capacity = static_capacity(len(prompt) + new_tokens + 1)
+    capacity = rows_capacity([prompt], [new_tokens], gamma)  # the slots a decode's static caches get
+    step_capacity = rows_capacity([prompt], [new_tokens], None)
     ids = (list(prompt) * (capacity // len(prompt) + 1))[:capacity]
     return _step_costs(target, drafter, ids, length, gamma, cores, step_capacity, repeats)
 
