@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from specdecode.core.config import is_int
 from specdecode.decoding.sampling import Params, SamplingParams, TensorTemperature
 from specdecode.decoding.static_cache import LayerKV
 
@@ -52,7 +53,7 @@ def check_core(static: object, compile: object, device: torch.device, capacity: 
     on = resolve_compile(compile, device)  # type: ignore[arg-type]
     if compile is True and not static:
         raise ValueError("compile=True needs static=True: only the static-shape core can be compiled")
-    if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
+    if capacity is not None and (not is_int(capacity) or capacity < 1):
         raise TypeError(f"capacity must be a positive int (cache slots per row) or None, got {capacity!r}")
     if capacity is not None and not static:
         raise ValueError(f"capacity={capacity!r} needs static=True: the eager loop sizes its caches per call")

@@ -250,7 +250,7 @@ def measure_step_table(
     of `batch_sizes`, drawing tokens as `params` does."""
     check_counts(("max_gamma", max_gamma, 1), ("context_tokens", context_tokens, 2), ("repeats", repeats, 1))
     sizes = tuple(sorted(set(batch_sizes)))
-    if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
+    if not sizes or any(not is_int(b) or b < 1 for b in sizes):
         raise ValueError(f"batch_sizes must be one or more ints >= 1, got {list(batch_sizes)!r}")
     with folded_gqa(target, drafter):
         pieces = _table_pieces(target, drafter, params, sizes, range(1, max_gamma + 1), context_tokens)

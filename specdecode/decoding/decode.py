@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from specdecode.core.config import is_int, is_number
 from specdecode.decoding.adaptive import DEFAULT_PRIOR_ALPHA, AdaptiveGamma
 from specdecode.decoding.attention import folded_gqa
 from specdecode.decoding.compiled import check_core
@@ -40,14 +41,14 @@ def drafter_gamma(drafter: PreTrainedModel | FeatureDrafter | RowDrafters) -> in
     if isinstance(drafter, RowDrafters):
         return min((drafter_gamma(model) for model in drafter.models), default=DEFAULT_GAMMA)
     gamma = getattr(drafter.config, "specdecode_gamma", None)
-    return gamma if isinstance(gamma, int) and not isinstance(gamma, bool) and gamma >= 1 else DEFAULT_GAMMA
+    return gamma if is_int(gamma) and gamma >= 1 else DEFAULT_GAMMA
 
 
 def drafter_alpha(drafter: PreTrainedModel | FeatureDrafter) -> float:
     """The held-out acceptance stored with a trained drafter (`config.specdecode_alpha`), else
     `DEFAULT_PRIOR_ALPHA`: where the adaptive gamma starts each row."""
     alpha = getattr(drafter.config, "specdecode_alpha", None)
-    if isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and 0.0 <= alpha <= 1.0:
+    if is_number(alpha) and 0.0 <= alpha <= 1.0:
         return float(alpha)
     return DEFAULT_PRIOR_ALPHA
 

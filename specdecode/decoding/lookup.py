@@ -17,7 +17,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from specdecode.core.config import require
+from specdecode.core.config import is_int, is_number, require
 
 
 class DraftLookup(Protocol):
@@ -50,15 +50,15 @@ class PromptLookup:
 
     def __post_init__(self) -> None:
         require(isinstance(self.enabled, bool), "prompt_lookup.enabled", self.enabled, "true or false")
-        if isinstance(self.min_ngram, bool) or not isinstance(self.min_ngram, int) or self.min_ngram < 1:
+        if not is_int(self.min_ngram) or self.min_ngram < 1:
             raise ValueError(f"prompt lookup min_ngram must be an int >= 1, got {self.min_ngram!r}")
-        if isinstance(self.max_ngram, bool) or not isinstance(self.max_ngram, int) or self.max_ngram < self.min_ngram:
+        if not is_int(self.max_ngram) or self.max_ngram < self.min_ngram:
             raise ValueError(
                 f"prompt lookup max_ngram must be an int >= min_ngram={self.min_ngram}, got {self.max_ngram!r}"
             )
-        if not isinstance(self.max_confidence, (int, float)) or not 0.0 <= self.max_confidence <= 1.0:
+        if not is_number(self.max_confidence) or not 0.0 <= self.max_confidence <= 1.0:
             raise ValueError(f"prompt lookup max_confidence must be in [0, 1], got {self.max_confidence!r}")
-        if not isinstance(self.max_temperature, (int, float)) or not 0.0 <= self.max_temperature < math.inf:
+        if not is_number(self.max_temperature) or not 0.0 <= self.max_temperature < math.inf:
             raise ValueError(
                 f"prompt lookup max_temperature must be a finite number >= 0, got {self.max_temperature!r}"
             )

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdecode.core.config import TEMPERATURE_RANGE, is_temperature
+from specdecode.core.config import TEMPERATURE_RANGE, is_int, is_temperature
 
 # Exponential noise is clamped away from zero, so a zero-probability token never wins through 0 / 0 = NaN.
 _TINY = 1e-30
@@ -26,7 +26,7 @@ class SamplingParams:
         # NaN fails every comparison, so `< 0` alone let it through (and argmax then picked id 0).
         if not is_temperature(self.temperature):
             raise ValueError(f"temperature must be {TEMPERATURE_RANGE}, got {self.temperature!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+        if not is_int(self.top_k) or self.top_k < 0:
             raise ValueError(f"top_k must be an int >= 0, got {self.top_k!r}")
         if not isinstance(self.top_p, (int, float)) or not math.isfinite(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")

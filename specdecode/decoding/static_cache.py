@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
+from specdecode.core.config import is_int
 from specdecode.decoding.cache import KVCache
 from specdecode.decoding.static_buffers import Zeros, fresh_zeros
 
@@ -31,7 +32,7 @@ def static_capacity(slots: int, capacity: int | None = None) -> int:
     fixes it (ValueError unless an int >= `slots`), else `slots` rounded up to a power of two."""
     if capacity is None:
         return max(MIN_CAPACITY, 1 << (slots - 1).bit_length())
-    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < slots:
+    if not is_int(capacity) or capacity < slots:
         raise ValueError(
             f"capacity must be an int of at least {slots} cache slots (the longest prompt + its max_new_tokens "
             f"+ the core's slack), got {capacity!r}"

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from specdecode.core.config import is_int
 from specdecode.decoding.attention import folded_gqa
 from specdecode.decoding.compiled import check_core, mark_step, nested_layers, skipped_guards
 from specdecode.decoding.costs import CORES, Piece, check_counts, step_pieces, time_rounds
@@ -154,13 +155,7 @@ def timed_decodes(
         `DecodeStats.tau`).
     """
     rows = [list(p) for p in prompts]
-    if (
-        not rows
-        or not gammas
-        or isinstance(max_new_tokens, bool)
-        or not isinstance(max_new_tokens, int)
-        or max_new_tokens < 2
-    ):
+    if not rows or not gammas or not is_int(max_new_tokens) or max_new_tokens < 2:
         raise ValueError(
             f"timed_decodes needs one or more prompts and gammas and max_new_tokens >= 2 (a verify after the "
             f"prefill), got {len(rows)} prompts, gammas={list(gammas)}, max_new_tokens={max_new_tokens!r}"
