@@ -10,8 +10,9 @@ import specdecode.decoding.timing
 import specdecode.evaluation.benchmark
 from specdecode import autoregressive_generate
 from specdecode.decoding.attention import folded_gqa
+from specdecode.decoding.costs import step_pieces
 from specdecode.decoding.static_cache import StaticKVCache
-from specdecode.decoding.timing import _pieces, core_step_costs
+from specdecode.decoding.timing import core_step_costs
 from specdecode.evaluation.benchmark import run_core_benchmark
 from specdecode.evaluation.benchmark_report import costs_markdown
 from specdecode.models import derive_drafter
@@ -25,9 +26,9 @@ def _outputs(target, drafter, core: str, length: int, gamma: int) -> dict[str, l
     """Each piece of `core`, run twice from its state put back: its outputs."""
     tokens = torch.tensor([(PROMPT * 8)[:64]])
     with torch.inference_mode(), folded_gqa(target, drafter):
-        pieces = _pieces(target, drafter, tokens, length, gamma, core, step_capacity=32)
+        pieces = step_pieces(target, drafter, tokens, length, [gamma], core=core, step_capacity=32)
         found = {}
-        for name, (back, run) in pieces.items():
+        for (name, _), (back, run) in pieces.items():
             found[name] = []
             for _ in range(2):
                 back()

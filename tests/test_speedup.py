@@ -112,16 +112,17 @@ def test_speculative_generate_uses_the_drafters_stored_gamma() -> None:
 
 def test_verify_widths_take_turns(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each repeat times every width once, in turn, so drift on a shared machine biases all alike."""
-    from specdecode.decoding import timing
+    from specdecode.decoding import costs, timing, verify
 
     widths: list[int] = []
-    real = timing.cached_forward
+    real = costs.cached_forward_features
 
     def recording(model, cache, input_ids, *args, **kwargs):  # type: ignore[no-untyped-def]
         widths.append(input_ids.shape[1])
         return real(model, cache, input_ids, *args, **kwargs)
 
-    monkeypatch.setattr(timing, "cached_forward", recording)
+    for module in (costs, verify):  # the pieces' passes: the prefill and the step, the verifies
+        monkeypatch.setattr(module, "cached_forward_features", recording)
     ratios = timing.measure_verify_ratios(tiny_llama(1, seed=0), list(range(20)), [1, 3], repeats=2)
     assert set(ratios) == {1, 3} and all(r > 0 for r in ratios.values())
     # the cached context (20 - 4 tokens), then (1 warm-up + 2) rounds of widths 1, 2, 4

@@ -1,27 +1,15 @@
-"""Gamma chosen while decoding (`gamma="auto"`): each step, the eager loop drafts the number of
-tokens that the measured step costs (`costs.StepTable`) and each row's running acceptance say
-yields the most tokens per second for the batch as it is now, 0 (a plain target step) included.
+"""Gamma chosen while decoding (`gamma="auto"`): each step, the eager loop drafts the gamma (0: a
+target step) of the most tokens per second for the batch as it is now, from the measured step
+costs (`costs.StepTable`) and each row's running acceptance, tracked as decayed counts of accepted
+drafts A and rejections R around a prior alpha_0:
 
-Per row, acceptance is tracked as decayed counts of accepted drafts A and rejections R, started
-from a prior (the drafter's held-out acceptance, or the router's guess for the prompt):
+    alpha_b = (A_b + w * alpha_0) / (A_b + R_b + w).
 
-    alpha_b = (A_b + w * alpha_0) / (A_b + R_b + w),
-
-and the counts decay by `decay` each drafting step, so a row's estimate follows its text (code,
-then prose), and slowly (`idle_decay`) on target-only steps, so it drifts back to the prior while
-the loop is not drafting: that is how it tries drafting again after a long stretch of gamma 0.
-
-For gamma g a row expects min((1 - alpha^(g+1)) / (1 - alpha), its budget left) tokens; the loop
-picks the g of the most tokens over the batch per second of a step at the current batch size
-(g = 0: one token per row in a target step).
-
-Exactness does not depend on the choice: a step of any gamma commits tokens that follow the
-target's distribution given the committed prefix, whatever happened before the step (Leviathan et
-al. 2023, Thm 3.5), and the gamma is chosen from what happened before it; so greedy stays
-token-identical and sampling exact.
-
-The counts live on the device and the per-gamma sums reach the host in the loop's one sync per step
-(`eager.Finisher.step`), so choosing costs no extra sync.
+The counts decay by `decay` each drafting step (the estimate follows the text) and by `idle_decay`
+on target steps (it drifts back to the prior, so drafting is tried again). A row expects
+min((1 - alpha^(g+1)) / (1 - alpha), its budget left) tokens at gamma g. Exactness does not depend
+on the choice, made from what happened before the step (Leviathan et al. 2023, Thm 3.5). The
+per-gamma sums ride on the loop's one host sync per step.
 """
 
 from __future__ import annotations
@@ -37,8 +25,7 @@ from specdecode.decoding.costs import StepTable
 PRIOR_WEIGHT = 2.0
 # Each drafting step keeps this share of a row's evidence: the last ~10 steps count.
 DECAY = 0.9
-# Each target-only step keeps this share: the estimate drifts back to the prior over ~100 steps, so
-# a drafter turned off is tried again now and then, not every few steps.
+# Each target-only step keeps this share: back at the prior over ~100 steps, so drafting is retried.
 IDLE_DECAY = 0.99
 # A drafter's acceptance where it states none (`config.specdecode_alpha`).
 DEFAULT_PRIOR_ALPHA = 0.5
@@ -77,15 +64,12 @@ class AdaptiveGamma:
         return self.costs.max_gamma if self.max_gamma is None else self.max_gamma
 
     def fixed_gamma(self, batch_size: int) -> int:
-        """One gamma for a whole decode of `batch_size` rows at the prior acceptance (a static
-        decoder, whose steps keep one shape): the best step at the prior."""
+        """One gamma for a whole decode of `batch_size` rows at the prior (a static decoder)."""
         return self.opening_gamma([self.prior_alpha] * batch_size)
 
     def opening_gamma(self, priors: Sequence[float], budgets: Sequence[int] | None = None) -> int:
-        """The first step's gamma for rows starting at `priors` with `budgets` tokens left (None:
-        no cap). 0 means no draft pays even at the rows' stated acceptance; the decode then runs as
-        the target alone (`decode.speculative_generate`): a row that never drafts would only drift
-        back to its prior, which says the same."""
+        """The first step's gamma for rows starting at `priors` with `budgets` tokens left (None: no
+        cap); 0: no draft pays at the rows' stated acceptance, so the target decodes alone."""
         rows = budgets if budgets is not None else [None] * len(priors)
         expected = [0.0] * (self.widest + 1)
         for prior, room in zip(priors, rows):

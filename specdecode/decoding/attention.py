@@ -1,17 +1,10 @@
 """Grouped-query attention without copying the keys and values: the decode passes' attention.
 
-With grouped-query attention (SmolLM2, Llama 3: several query heads per key/value head) and a
-mask, transformers' SDPA path copies every cached key and value once per query head of its group
-(`repeat_kv`), except for one-token passes run eagerly. A decode pass has a few query tokens
-against a whole cache, so that copy is most of its attention's memory traffic: under
-`torch.compile`, where transformers never skips it, it costs a 135M model's one-token step more
-than the compile saves. Here the `g` query heads of a group are folded into `g * T` query rows of
-their key/value head instead, and SDPA runs on the cache as it is. Each query row sees the same
-keys, mask row and scale as before, so the result is the same attention.
-
-`folded_gqa(models)` switches models whose attention is transformers' `sdpa` to this one for the
-duration of a decode call (`speculative_generate`, `autoregressive_generate`, eager or static) and
-restores them after, so training and other callers keep theirs.
+With a mask, transformers' SDPA path copies every cached key and value once per query head of its
+group (`repeat_kv`): most of a decode pass's attention traffic, and under `torch.compile` more than
+the compile saves on a 135M model's step. Here a group's `g` query heads are folded into `g * T`
+query rows of their key/value head, and SDPA runs on the cache as it is: the same attention.
+`folded_gqa(models)` switches `sdpa` models to it for a decode call and restores them after.
 """
 
 from __future__ import annotations
@@ -39,10 +32,8 @@ def folded_gqa_attention(
     is_causal: bool | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function interface: query `[B, H, T, D]`, key / value
-    `[B, H_kv, S, D]`, a mask `[B, 1, T, S]` shared by the heads (boolean or additive) →
-    `[B, T, H, D]`. Anything else (no mask, per-head masks, no groups, training, dropout, soft
-    caps or sinks) goes to transformers' own SDPA function."""
+    """transformers' attention-function interface: query `[B, H, T, D]`, key / value `[B, H_kv, S, D]`,
+    a mask `[B, 1, T, S]` shared by the heads → `[B, T, H, D]`; anything else goes to transformers' SDPA."""
     groups = getattr(module, "num_key_value_groups", 1)
     if (
         groups == 1

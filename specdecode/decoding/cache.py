@@ -1,14 +1,8 @@
 """A KV cache in which every row of the batch keeps its own length.
 
-Speculative decoding accepts a different number of tokens in each row, so rows drift apart. Rather
-than rolling every row back to the batch minimum (recomputing what the others had accepted), each
-row owns slots [0, lengths[b]) of a preallocated buffer. Trimming a row after a rejection is just
-lowering its length: the rejected entries stay in their slots, hidden by the attention mask, until
-the next write overwrites them. Nothing is ever recomputed or copied, except when finished rows
-leave the batch.
-
-The model is driven with explicit `position_ids` and a prepared 4-D attention mask, so transformers
-skips its own mask construction and never needs to know the rows are ragged.
+Rows accept different numbers of drafts, so each owns slots [0, lengths[b]) of a preallocated
+buffer; trimming a row is lowering its length (rejected entries stay, masked, until overwritten).
+The model gets explicit `position_ids` and a 4-D mask, so transformers never sees the raggedness.
 """
 
 from __future__ import annotations
@@ -27,15 +21,10 @@ from specdecode.models.feature_drafter import FeatureDrafter, target_features
 
 
 class KVCache(Cache, ABC):
-    """The KV cache both decode cores drive, whatever the model: every row of the batch at its own length.
-
-    Per layer, keys and values are `[B, H_kv, S_cap, D]`, taken from `zeros` at the layer's first
-    write. `lengths` `[B]` counts the valid slots of each row. A forward pass is set up with
-    `prepare(num_new)`, which places row b's new tokens at slots `lengths[b] + t` and returns their
-    position ids and attention mask; `advance` then counts them as cached; `set_lengths` trims a
-    row (stale entries stay, masked, until overwritten). `buffer` allocates state kept beside the
-    cache (a drafter's features, its counters) from the same `zeros`, so that a static core's
-    buffers all come from one pool.
+    """The KV cache every decoder drives: per layer, keys and values `[B, H_kv, S_cap, D]` (from
+    `zeros` at the first write) and `lengths` `[B]` valid slots per row. `prepare(num_new)` places
+    row b's new tokens at slots `lengths[b] + t`; `advance` counts them; `set_lengths` trims.
+    `buffer` allocates state kept beside the cache from the same `zeros` (one pool per static call).
     """
 
     # the keyword `cached_forward_features` passes the cache by (`for_model` sets its model's)
@@ -92,17 +81,9 @@ class KVCache(Cache, ABC):
                 self.values[i] = values.index_select(0, rows)
         self.lengths = self.lengths.index_select(0, rows)
 
-    @abstractmethod
-    def _write(
-        self,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        slots: torch.Tensor,
-        key_states: torch.Tensor,
-        value_states: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write `[B, H_kv, T, D]` new entries into a layer's `keys` / `values` `[B, H_kv, S_cap, D]`
-        at the prepared `slots` `[B, T]`; return what attention reads."""
+    # (keys, values, slots, key_states, value_states): write `[B, H_kv, T, D]` new entries into a layer's
+    # `[B, H_kv, S_cap, D]` buffers at the prepared `slots` `[B, T]`; return what attention reads
+    _write: Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: object, **kwargs: object
@@ -128,12 +109,8 @@ class RaggedKVCache(KVCache):
     """The eager core's cache: it reads a window as long as its longest row (a host-side bound,
     `max_length`, so slicing never waits on the device) under an additive float mask."""
 
-    def __init__(
-        self, num_layers: int, batch_size: int, capacity: int, device: torch.device, zeros: Zeros = fresh_zeros
-    ) -> None:
-        super().__init__(num_layers, batch_size, capacity, device, zeros)
-        self.max_length = 0
-        self._read_length = 0
+    max_length = 0
+    _read_length = 0
 
     def prepare(self, num_new: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """The position ids and an additive mask (0 where a query may attend, the dtype's minimum
@@ -183,11 +160,8 @@ class RaggedKVCache(KVCache):
 def cached_forward(
     model: PreTrainedModel, cache: KVCache, input_ids: torch.Tensor, logits_to_keep: int | torch.Tensor = 0
 ) -> torch.Tensor:
-    """Run `input_ids` `[B, T]` after each row's cached tokens → logits `[B, T', V]`.
-
-    `logits_to_keep` as in transformers: 0 = all T positions, n = the last n, a 1-D tensor = those
-    positions (the LM head is a large part of a small model's cost, so ask only for what is used).
-    """
+    """Run `input_ids` `[B, T]` after each row's cached tokens → logits `[B, T', V]`
+    (`logits_to_keep` as in transformers: 0 all, n the last n, a 1-D tensor those positions)."""
     return cached_forward_features(model, cache, input_ids, logits_to_keep)[0]
 
 
@@ -200,9 +174,7 @@ def cached_forward_features(
     feature_layers: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`cached_forward`'s logits `[B, T', V]` and, with `feature_layers`, the features of all T
-    positions that a feature drafter reading those layers consumes (`target_features`: `[B, T, n·H]`;
-    the post-norm last hidden state, what the LM head reads, for the default `(-1,)`); None without.
-    """
+    positions a feature drafter reads (`target_features`: `[B, T, n·H]`); None without."""
     position_ids, mask = cache.prepare(input_ids.shape[1], model.dtype)
     output = model(
         input_ids=input_ids,

@@ -1,14 +1,10 @@
 """What `CompiledDecoder` compiles, and how (`torch.compile` and `torch.compiler`'s public APIs).
 
-A speculative round (draft, verify, accept, commit, count) or a step of the target alone runs under
-`torch.compile` whole, with static shapes: one graph per (models, batch size, gamma, cache
-capacity, greedy or sampled, seeded or not, top-k, top-p, prompt lookup on or off; a sampled
-temperature is a tensor input: `compiled_for`), reused by every later call of that shape. Dynamo
-cannot trace a draw from a seeded generator, so such a step takes its draws as inputs, drawn
-before it. On CUDA each graph is captured as a CUDA graph ("reduce-overhead"), which writes its
-static inputs in place (`static_buffers`) and whose outputs the next replay overwrites, so the
-state a step reassigns is copied out after it (`outputs_copied`). With `NESTED_LAYERS`, each
-model's decoder layers are one nested compile region (`nested_layers`), compiled once for all.
+A speculative round or a target step runs under `torch.compile` whole, with static shapes: one
+graph per shape and sampling mode (a sampled temperature is a tensor input), reused by later calls.
+A seeded step takes its draws as inputs (dynamo cannot trace a generator). On CUDA each graph is a
+CUDA graph, whose outputs the next replay overwrites, so what a step reassigns is copied out after
+it (`outputs_copied`). With `NESTED_LAYERS`, each model's decoder layers are one nested region.
 """
 
 from __future__ import annotations
@@ -22,19 +18,17 @@ from typing import Any
 
 import torch
 
+from specdecode.core.config import is_int
 from specdecode.decoding.sampling import Params, SamplingParams, TensorTemperature
 from specdecode.decoding.static_cache import LayerKV
 
-# Whether `compile=None` (auto) compiles on the CPU. Off: a compiled step is about a fifth faster
-# there, but each model and shape first compiles for tens of seconds, which takes thousands of
-# tokens per shape to pay back (a CPU evaluation decodes a few hundred); `compile=true` for long runs.
+# Whether `compile=None` compiles on the CPU: off, as a step a fifth faster pays back tens of seconds
+# of compiling per model and shape only after thousands of tokens (`compile=true` for long runs).
 COMPILE_ON_CPU = False
-# Whether compiled decodes run each model's decoder layers as one nested compile region
-# (`nested_layers`): inductor compiles a layer once for all of them, a shorter first compile for a
-# slightly slower step (no fusion across a layer's edge). Off until measured on a GPU.
+# Whether compiled decodes run each model's layers as one nested region (`nested_layers`): a shorter
+# first compile for a slightly slower step. Off until measured on a GPU.
 NESTED_LAYERS = False
-# Graphs dynamo keeps per compiled function before it falls back to eager: one per shape, and a
-# benchmark runs a model at a few batch sizes and widths (dynamo's own default, 8, is too few).
+# Graphs dynamo keeps per compiled function (one per shape) before it falls back to eager; its default 8 is too few.
 RECOMPILE_LIMIT = 64
 
 
@@ -52,20 +46,14 @@ def resolve_compile(setting: bool | None, device: torch.device | str) -> bool:
 
 
 def check_core(static: object, compile: object, device: torch.device, capacity: object = None) -> bool:
-    """Check the `static` / `compile` / `capacity` options of the decode entry points; return
-    whether to compile. (Whether `capacity` holds the prompts: `static_cache.static_capacity`.)
-
-    Raises TypeError: naming a non-bool `static`, a `compile` that is not true / false / None, or a
-    `capacity` that is not a positive int or None; ValueError: `compile=True` or a `capacity` without
-    `static=True` (only the static core has fixed shapes to compile and caches to size); RuntimeError:
-    compiling with a torch older than 2.7 (no `torch.compiler.config`).
-    """
+    """Check the `static` / `compile` / `capacity` options of the decode entry points (each bad
+    value named); return whether to compile."""
     if not isinstance(static, bool):
         raise TypeError(f"static must be true or false, got {static!r}")
     on = resolve_compile(compile, device)  # type: ignore[arg-type]
     if compile is True and not static:
         raise ValueError("compile=True needs static=True: only the static-shape core can be compiled")
-    if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
+    if capacity is not None and (not is_int(capacity) or capacity < 1):
         raise TypeError(f"capacity must be a positive int (cache slots per row) or None, got {capacity!r}")
     if capacity is not None and not static:
         raise ValueError(f"capacity={capacity!r} needs static=True: the eager loop sizes its caches per call")
@@ -83,9 +71,8 @@ _COMPILED_FUNCTIONS: dict[tuple[Callable, str | None], Callable] = {}
 def _compile(target: Callable, device: torch.device) -> Callable:
     config = torch.compiler.config
     config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
-    # "reduce-overhead" is these options' CUDA graphs (a mode and options cannot both be given).
-    # Rounding as eager does between fused ops keeps a bf16 verify pass and a bf16 one-token pass,
-    # fused differently, from parting at near-ties more often than the eager passes do.
+    # "reduce-overhead" is these options' CUDA graphs; rounding as eager does between fused ops keeps
+    # bf16 passes of other widths from parting at near-ties more often than eager ones do
     options: dict[str, str | int | bool | Callable[..., Any]] = {
         "triton.cudagraphs": _mode(device) == "reduce-overhead",
         "emulate_precision_casts": True,
@@ -105,8 +92,7 @@ def _mode(device: torch.device) -> str | None:
 
 
 def compiled_function(function: Callable, device: torch.device) -> Callable:
-    """`function` under `torch.compile` (see the module docstring), built once per function and mode:
-    for a whole decode round, whose models, bookkeeping and all run as one graph."""
+    """`function` under `torch.compile` (module docstring), built once per function and mode."""
     key = (function, _mode(device))
     if key not in _COMPILED_FUNCTIONS:
         _COMPILED_FUNCTIONS[key] = _compile(function, device)
@@ -114,8 +100,8 @@ def compiled_function(function: Callable, device: torch.device) -> Callable:
 
 
 def compiled_for(function: Callable, params: SamplingParams, device: torch.device) -> tuple[Callable, Params]:
-    """A decode loop's step `function` compiled (`compiled_function`), and the sampling params to call
-    it with: a sampled temperature as a tensor (`TensorTemperature`: one graph for every temperature)."""
+    """A step `function` compiled, and the sampling params to call it with (a sampled temperature
+    as a tensor: one graph for every temperature)."""
     return compiled_function(function, device), params if params.greedy else TensorTemperature.of(params, device)
 
 
@@ -126,12 +112,10 @@ _LAYER_INDEX = "_specdecode_layer_index"
 
 
 def _region(forward: Callable) -> Callable | None:
-    """A decoder layer class's `forward` (one for every layer of the class) that, given a static
-    cache with this layer's buffers, runs the layer as a nested compile region taking the buffers as
-    tensors (`static_cache.LayerKV`). A region that took the cache object would read the layer's index
-    to pick them: a constant of its trace, which torch 2.14's reuse of one layer's trace for the
-    next does not tell apart. Anything else (no such cache, positional arguments past the hidden
-    states) runs `forward` as it is. None for a `forward` that takes no cache by a known keyword."""
+    """A decoder layer class's `forward` that, given a static cache, runs the layer as a nested
+    compile region taking its buffers as tensors (`LayerKV`; a region taking the cache would bake
+    the layer's index into a trace that torch reuses for every layer). Anything else runs `forward`
+    as it is. None for a `forward` that takes no cache by a known keyword."""
     if forward not in _REGIONS:
         parameters = inspect.signature(forward).parameters
         keyword = next((name for name in ("cache", "past_key_values") if name in parameters), None)
@@ -171,16 +155,11 @@ def _layer_index(layer: torch.nn.Module) -> int | None:
 
 @contextlib.contextmanager
 def nested_layers(*models: torch.nn.Module) -> Iterator[int]:
-    """Within the block, the decoder layers of `models` (the module classes each one's
-    `_no_split_modules` names, as Hugging Face models declare their repeated block) run their
-    class's `forward` as one nested compile region (`torch.compiler.nested_compile_region`), so
-    that inductor compiles a layer once and reuses it for every layer; outside compiled code the
-    region is a no-op. Each layer's `forward` is the region bound to it, an instance attribute
-    removed on exit, so the models come out as they went in. A layer whose `forward` is already
-    replaced (an accelerate hook, say) is left as it is, and so is a model whose layers differ by
-    type (`config.layer_types`: sliding-window and full attention). Yields how many layers it
-    marked: none where `NESTED_LAYERS` is off or torch lacks the API.
-    """
+    """Within the block, the decoder layers of `models` (the classes `_no_split_modules` names) run
+    as one nested compile region, compiled once for every layer; the models come out as they went
+    in. Layers whose `forward` is already replaced, and models whose layers differ by type
+    (`config.layer_types`), are left alone. Yields how many layers it marked (none where
+    `NESTED_LAYERS` is off or torch lacks the API)."""
     marked = []
     try:  # marking inside: a layer marked before an error while marking the next is unmarked too
         if NESTED_LAYERS and hasattr(torch.compiler, "nested_compile_region"):
@@ -204,9 +183,8 @@ def nested_layers(*models: torch.nn.Module) -> Iterator[int]:
 
 @contextlib.contextmanager
 def outputs_copied(*objects: object) -> Iterator[None]:
-    """Within the block (a compiled step), every tensor attribute of `objects` that the step
-    reassigns, rather than writes in place, is replaced by a copy on leaving: a compiled step's
-    outputs live in its CUDA graph's memory, which the next replay overwrites."""
+    """Within the block (a compiled step), every tensor attribute of `objects` the step reassigns is
+    replaced by a copy on leaving: its outputs live in memory the next CUDA graph replay overwrites."""
     before = [dict(vars(obj)) for obj in objects]
     yield
     for obj, attributes in zip(objects, before):
@@ -216,24 +194,18 @@ def outputs_copied(*objects: object) -> Iterator[None]:
 
 
 def eager_passes(compile: bool) -> contextlib.AbstractContextManager[None]:
-    """Run compiled models eagerly (when compiling): for passes whose width the prompts set
-    (the prefills), which would otherwise compile once per prompt length."""
+    """Run compiled models eagerly (when compiling): for the prefills, whose widths the prompts set."""
     return torch.compiler.set_stance("force_eager") if compile else contextlib.nullcontext()
 
 
 def skipped_guards(skip: bool) -> contextlib.AbstractContextManager[None]:
-    """Within `skip`, compiled functions run their graphs without evaluating the guards that say
-    they still fit (only those that tell their compiled graphs apart), in the default stance.
-
-    Guards cost the host about 0.3–0.5 ms per call of a 30-layer model's step or round (CPU,
-    measured), which on a GPU is a share of a replayed step. The decode loops skip them from the
-    third step of a call on: by then, the call's own steps have run guarded and compiled every
-    graph they need, and the later steps differ from them only in tensor values."""
+    """Within `skip`, compiled functions run without evaluating their guards (0.3–0.5 ms of host time
+    per step of a 30-layer model). The loops skip them once a call's first steps have run guarded:
+    later steps differ from those only in tensor values."""
     return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True) if skip else contextlib.nullcontext()
 
 
 def mark_step(compile: bool, device: torch.device) -> None:
-    """Tell CUDA graph trees a decode step starts: the graphs' outputs of the step before (consumed
-    by then) may be overwritten."""
+    """Tell CUDA graph trees a decode step starts: the step before's outputs may be overwritten."""
     if compile and device.type == "cuda":
         torch.compiler.cudagraph_mark_step_begin()

@@ -1,21 +1,17 @@
-"""The measured cost model: how long one decode step takes on this machine, for each batch size and
-gamma (0: a plain target step), which the adaptive gamma (`adaptive.py`) weighs against each row's
-running acceptance.
+"""How long the pieces of a decode step take on this machine (the one timer), and the step table the
+adaptive gamma (`adaptive.py`) weighs against each row's running acceptance.
 
-A step of gamma drafts is timed whole, as the eager loop runs it: the drafting strategy's `propose`
-and the target's `verify_drafts` (the pass over gamma + 1 tokens, its acceptance or rejection
-sampling, the features a drafter keeps), at each measured batch size, after a context of
-`context_tokens`. The steps take turns within each round (`time_rounds`), so a drifting
-machine biases every ratio alike. On a GPU a verify of a few tokens costs about one step; on a
-2-core CPU it grows with the tokens of the batch (8 rows x 7 tokens costs several steps), which is
-why the best gamma falls with the batch size there and why it is measured, not assumed.
+`step_pieces` builds a step's pieces as the loops run them, on any core's caches, each put back to
+its state before it runs: the target's step, a verify of g drafts (`verify_drafts`) and the
+drafter's g drafts (`Drafting.propose`). `time_rounds` times pieces taking turns within each round,
+so a machine whose speed drifts biases all alike. Every step cost is timed this way: the step
+table here, the speedup model's and the benchmarks' (`timing.py`).
 
-The table is kept in the specdecode cache (`$SPECDECODE_CACHE`, one JSON file per key: the CPU
-model, cores and threads, torch, both models' linear shapes and dtype, the sampling mode and what
-was timed) and measured again on request (`remeasure=True`) or when the key changes. A kept table
-is checked once per process (`spot_check`): machines that share a CPU name differ in speed and
-load, so where a target step or the widest step, timed now, is off the table's by more than
-`STALE_FACTOR`, the table is measured again.
+The step table: a step of g drafts (g = 0: a target step) at each batch size. On a CPU a verify
+grows with the batch's tokens, so the best gamma falls with the batch size: measured, not assumed.
+It is kept in `$SPECDECODE_CACHE` by machine, torch, models, sampling mode and what was timed, and
+spot-checked once per process: where a target step or the widest step is now off by more than
+`STALE_FACTOR` (same CPU name, other speed or load), it is measured again.
 """
 
 from __future__ import annotations
@@ -33,17 +29,34 @@ from typing import Any, TypeVar
 import torch
 from transformers import PreTrainedModel
 
+from specdecode.core.config import is_int
 from specdecode.decoding.attention import folded_gqa
-from specdecode.decoding.cache import RaggedKVCache, cached_forward, cached_forward_features
-from specdecode.decoding.drafting import drafting_for
-from specdecode.decoding.sampling import SamplingParams, next_tokens
+from specdecode.decoding.cache import KVCache, RaggedKVCache, cached_forward_features
+from specdecode.decoding.compiled import compiled_function
+from specdecode.decoding.drafting import Drafting, drafting_for
+from specdecode.decoding.sampling import Generator, Params, SamplingParams, next_tokens
+from specdecode.decoding.static_buffers import fresh_zeros, mark_static, static_zeros
+from specdecode.decoding.static_cache import StaticKVCache
 from specdecode.decoding.verify import verify_drafts
 from specdecode.models.feature_drafter import FeatureDrafter
 from specdecode.models.kernel_choice import cached_figures, kernel_cache_dir, kernel_key
 
+# The decode cores, as the options of `speculative_generate` / `autoregressive_generate`.
+CORES: dict[str, dict[str, bool]] = {
+    "eager": dict(static=False),
+    "static": dict(static=True, compile=False),
+    "compiled": dict(static=True, compile=True),
+}
 # A timed piece: (put its state back, run it once).
 Piece = tuple[Callable[[], None], Callable[[], object]]
 Key = TypeVar("Key", bound=Hashable)
+
+
+def check_counts(*checks: tuple[str, object, int]) -> None:
+    """Raise ValueError naming the first `(name, value, low)` whose value is not an int >= low."""
+    for name, value, low in checks:
+        if not is_int(value) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
 
 
 def wait_for(device: torch.device) -> None:
@@ -75,6 +88,78 @@ def time_rounds(
                 wait_for(device)
                 times[key].append(time.perf_counter() - start)
     return {key: statistics.median(seconds[warm_up:]) for key, seconds in times.items()}
+
+
+def step_pieces(
+    target: PreTrainedModel,
+    drafter: PreTrainedModel | FeatureDrafter | None,
+    tokens: torch.Tensor,
+    length: int,
+    gammas: Sequence[int],
+    params: SamplingParams = SamplingParams(),
+    core: str = "eager",
+    step_capacity: int | None = None,
+) -> dict[tuple[str, int], Piece]:
+    """The pieces of a step after `length` committed `tokens` `[B, S_cap]`, drawing as `params` does:
+    `("step", 0)` the target's step, and for each g of `gammas` `("verify", g)`, a verify of the g
+    tokens after the pending one (sampled: against a uniform q), and `("draft", g)`, the drafter's g
+    drafts (none without a drafter). The caches are `core`'s, of S_cap slots (the target step's of
+    `step_capacity` where given)."""
+    static, compile = CORES[core]["static"], CORES[core].get("compile", False)
+    if compile and not params.greedy:
+        raise ValueError(f"compiled pieces draw greedily (a graph draws from no generator), got {params!r}")
+    device, (batch_size, capacity) = target.device, tokens.shape
+    kind, zeros = StaticKVCache if static else RaggedKVCache, static_zeros if compile else fresh_zeros
+    cache = kind.for_model(target, batch_size, capacity, zeros)
+    step_cache = cache if step_capacity is None else kind.for_model(target, batch_size, step_capacity, zeros)
+    # without a drafter: the target's own strategy, never run, which keeps no features
+    model = target if drafter is None else drafter
+    drafting = drafting_for(model, kind.for_model(model, batch_size, capacity, zeros))
+    start = torch.full((batch_size,), length - 1, device=device)
+    if step_cache is not cache:
+        cached_forward_features(target, step_cache, tokens[:, : length - 1], 1)
+    _, hidden = cached_forward_features(
+        target, cache, tokens[:, : length - 1], 1, feature_layers=drafting.feature_layers
+    )
+    if drafter is not None:
+        drafting.prefill(tokens, start, length - 1, hidden)
+    if compile:
+        mark_static(tokens)
+    restore = drafting.snapshot()  # the drafter's progress: `propose` moves it
+    pending, vocab_size = tokens[:, length - 1 : length], target.config.vocab_size
+    generator = None if params.greedy else torch.Generator(device=device).manual_seed(0)
+
+    def run(function: Callable[..., torch.Tensor], *args: object) -> Callable[[], object]:
+        call = compiled_function(function, device) if compile else function
+        return lambda: call(*args, params, generator)
+
+    def back(target_cache: KVCache) -> Callable[[], None]:
+        return lambda: target_cache.set_lengths(start.clone(), length - 1)
+
+    pieces = {("step", 0): (back(step_cache), run(_target_step, target, step_cache, pending))}
+    for g in gammas:
+        q = None if params.greedy else torch.full((batch_size, g, vocab_size), 1 / vocab_size, device=device)
+        draft = tokens[:, length : length + g]
+        pieces["verify", g] = (back(cache), run(_verify, target, cache, drafting, pending, draft, q, start))
+        if drafter is not None:
+            pieces["draft", g] = (restore, run(_draft, drafting, tokens, start + 1, length, g))
+    return pieces
+
+
+def _target_step(
+    target: PreTrainedModel, cache: KVCache, pending: torch.Tensor, params: Params, generator: Generator
+) -> torch.Tensor:
+    return next_tokens(cached_forward_features(target, cache, pending, 1)[0], params, generator)
+
+
+def _verify(*args: Any) -> torch.Tensor:
+    """`verify_drafts(*args)`'s new tokens `[B, gamma + 1]`."""
+    return verify_drafts(*args)[2]
+
+
+def _draft(drafting: Drafting, *args: Any) -> torch.Tensor:
+    """`drafting.propose(*args)`'s drafts `[B, gamma]`."""
+    return drafting.propose(*args)[0]
 
 
 # The batch sizes and the widest gamma timed by default: a serving batch past 8 is extrapolated.
@@ -129,9 +214,8 @@ class StepTable:
         return [s / seconds[0] for s in seconds]
 
     def agrees(self, target_s: float, widest_s: float, factor: float = STALE_FACTOR) -> bool:
-        """Whether a target step of `target_s` and a widest step of `widest_s` seconds, timed at the
-        smallest batch size, are within `factor` of this table's: the target step itself, and the
-        widest step in target steps."""
+        """Whether a target step of `target_s` and a widest step of `widest_s` seconds (smallest batch
+        size) are within `factor` of this table's, the widest in target steps."""
         row = self.seconds[0]
         now, kept = (target_s, widest_s / target_s), (row[0], row[-1] / row[0])
         return all(max(a / b, b / a) <= factor for a, b in zip(now, kept))
@@ -162,74 +246,48 @@ def measure_step_table(
     context_tokens: int = COST_CONTEXT_TOKENS,
     repeats: int = COST_REPEATS,
 ) -> StepTable:
-    """Time a target step and a speculative step of 1..`max_gamma` drafts at each of `batch_sizes`
-    (module docstring), drawing tokens as `params` does."""
-    for name, value, low in (
-        ("max_gamma", max_gamma, 1),
-        ("context_tokens", context_tokens, 2),
-        ("repeats", repeats, 1),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    """Time a target step and a step of 1..`max_gamma` drafts (drafts and verify timed apart) at each
+    of `batch_sizes`, drawing tokens as `params` does."""
+    check_counts(("max_gamma", max_gamma, 1), ("context_tokens", context_tokens, 2), ("repeats", repeats, 1))
     sizes = tuple(sorted(set(batch_sizes)))
-    if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
+    if not sizes or any(not is_int(b) or b < 1 for b in sizes):
         raise ValueError(f"batch_sizes must be one or more ints >= 1, got {list(batch_sizes)!r}")
     with folded_gqa(target, drafter):
-        pieces: dict[tuple[int, int], Piece] = {}
-        for b in sizes:
-            pieces |= _step_pieces(target, drafter, params, b, max_gamma, context_tokens)
+        pieces = _table_pieces(target, drafter, params, sizes, range(1, max_gamma + 1), context_tokens)
         times = time_rounds(pieces, repeats, target.device)
-    return StepTable(sizes, tuple(tuple(times[b, g] for g in range(max_gamma + 1)) for b in sizes), context_tokens)
+    seconds = tuple(tuple(_step_s(times, b, g) for g in range(max_gamma + 1)) for b in sizes)
+    return StepTable(sizes, seconds, context_tokens)
 
 
-def _step_pieces(
+def _table_pieces(
     target: PreTrainedModel,
     drafter: PreTrainedModel | FeatureDrafter,
     params: SamplingParams,
-    batch_size: int,
-    max_gamma: int,
+    batch_sizes: Sequence[int],
+    gammas: Sequence[int],
     context_tokens: int,
-) -> dict[tuple[int, int], Piece]:
-    """(batch_size, g) → one eager step of g drafts (g = 0: a target step) on `batch_size` rows of
-    `context_tokens` committed tokens, each put back to that state before it runs."""
-    device, capacity = target.device, context_tokens + max_gamma + 2
+) -> dict[tuple[int, str, int], Piece]:
+    """(b, name, g) → `step_pieces`' (name, g) at each batch size b, on seeded random rows of
+    `context_tokens` committed tokens."""
+    device, capacity = target.device, context_tokens + max(gammas) + 2
     generator = torch.Generator(device=device).manual_seed(0)
     ids = torch.randint(0, target.config.vocab_size, (1, capacity), generator=generator, device=device)
-    tokens = ids.expand(batch_size, -1).contiguous()
-    length = context_tokens
-    lengths = torch.full((batch_size,), length, device=device)
-    start = lengths - 1
-    target_cache = RaggedKVCache.for_model(target, batch_size, capacity)
-    drafting = drafting_for(drafter, RaggedKVCache.for_model(drafter, batch_size, capacity))
-    _, hidden = cached_forward_features(
-        target, target_cache, tokens[:, : length - 1], 1, feature_layers=drafting.feature_layers
-    )
-    drafting.prefill(tokens, start, length - 1, hidden)
-    restore = drafting.snapshot()
-    pending = tokens[:, length - 1 : length]
+    pieces: dict[tuple[int, str, int], Piece] = {}
+    for b in batch_sizes:
+        built = step_pieces(target, drafter, ids.expand(b, -1).contiguous(), context_tokens, gammas, params)
+        pieces |= {(b, name, g): piece for (name, g), piece in built.items()}
+    return pieces
 
-    def back() -> None:
-        target_cache.set_lengths(start.clone(), length - 1)
-        restore()
 
-    def step(gamma: int) -> Callable[[], object]:
-        if gamma == 0:
-            return lambda: next_tokens(cached_forward(target, target_cache, pending, 1)[:, -1], params, generator)
-
-        def run() -> object:
-            draft, q = drafting.propose(tokens, lengths, length, gamma, params, generator)
-            return verify_drafts(target, target_cache, drafting, pending, draft, q, start, params, generator)
-
-        return run
-
-    return {(batch_size, g): (back, step(g)) for g in range(max_gamma + 1)}
+def _step_s(times: Mapping[tuple[int, str, int], float], b: int, g: int) -> float:
+    """Seconds of a step of g drafts at batch b: the target's step for g = 0, else drafts + verify."""
+    return times[b, "step", 0] if g == 0 else times[b, "draft", g] + times[b, "verify", g]
 
 
 def cost_key(
     target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, params: SamplingParams, **timed: Any
 ) -> dict[str, Any]:
-    """What a step table depends on: the machine, torch, both models' shapes and dtypes, the
-    sampling mode (greedy, or sampled with top-k / top-p filtering) and what was timed."""
+    """What a step table depends on: the machine, torch, both models, the sampling mode, what was timed."""
     sampling = "greedy" if params.greedy else f"sampled top_k={params.top_k > 0} top_p={params.top_p < 1.0}"
     return kernel_key(target, "step_costs", device=str(target.device), sampling=sampling, **timed) | {
         "drafter": kernel_key(drafter, "drafter")
@@ -244,9 +302,8 @@ def step_table(
     remeasure: bool = False,
     **measure: Any,
 ) -> StepTable:
-    """`measure_step_table` for this machine and these models, kept in the specdecode cache and
-    read back from it, a kept table spot-checked once per process (module docstring); `remeasure`
-    times it again and keeps the new table."""
+    """`measure_step_table` for this machine and these models, cached and spot-checked (module
+    docstring); `remeasure` times it again."""
     sizes = tuple(measure.get("batch_sizes", COST_BATCH_SIZES))
     context = measure.get("context_tokens", COST_CONTEXT_TOKENS)
     key = cost_key(target, drafter, params, batch_sizes=list(sizes), max_gamma=max_gamma, context_tokens=context)
@@ -287,9 +344,9 @@ def spot_check(
     repeats: int = SPOT_REPEATS,
 ) -> tuple[float, float]:
     """Seconds of a target step and of a step of the table's widest gamma, at its smallest batch
-    size and context, timed now."""
+    size and context, timed now as the table was."""
     batch, widest = table.batch_sizes[0], table.max_gamma
     with folded_gqa(target, drafter):
-        pieces = _step_pieces(target, drafter, params, batch, widest, table.context_tokens)
-        times = time_rounds({g: pieces[batch, g] for g in (0, widest)}, repeats, target.device)
-    return times[0], times[widest]
+        pieces = _table_pieces(target, drafter, params, [batch], [widest], table.context_tokens)
+        times = time_rounds(pieces, repeats, target.device)
+    return _step_s(times, batch, 0), _step_s(times, batch, widest)

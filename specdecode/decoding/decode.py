@@ -1,9 +1,7 @@
 """The decode entry points: speculative (drafter + target) and autoregressive (target alone).
 
-Each checks its arguments once, before any work (`DecodeOptions`, `validation.py`), picks one
-`Decoder` from the options (eager, static or compiled: `decoder.py`) and runs it. Greedy decoding
-is token-identical to the target alone and sampling follows the target's distribution exactly, on
-every decoder.
+Each checks its arguments before any work, picks one `Decoder` (eager, static or compiled) from its
+options and runs it. Greedy is token-identical to the target alone, sampling exact, on every decoder.
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from specdecode.core.config import is_int, is_number
 from specdecode.decoding.adaptive import DEFAULT_PRIOR_ALPHA, AdaptiveGamma
 from specdecode.decoding.attention import folded_gqa
 from specdecode.decoding.compiled import check_core
@@ -38,19 +37,18 @@ AUTO = "auto"
 
 def drafter_gamma(drafter: PreTrainedModel | FeatureDrafter | RowDrafters) -> int:
     """The gamma stored with a trained drafter (`config.specdecode_gamma`), else `DEFAULT_GAMMA`;
-    for a mixed batch's drafters, the smallest of theirs (every row drafts the batch's gamma, and a
-    short draft wastes least where a drafter is unsure)."""
+    for a mixed batch, the smallest of its drafters' (a short draft wastes least where one is unsure)."""
     if isinstance(drafter, RowDrafters):
         return min((drafter_gamma(model) for model in drafter.models), default=DEFAULT_GAMMA)
     gamma = getattr(drafter.config, "specdecode_gamma", None)
-    return gamma if isinstance(gamma, int) and not isinstance(gamma, bool) and gamma >= 1 else DEFAULT_GAMMA
+    return gamma if is_int(gamma) and gamma >= 1 else DEFAULT_GAMMA
 
 
 def drafter_alpha(drafter: PreTrainedModel | FeatureDrafter) -> float:
     """The held-out acceptance stored with a trained drafter (`config.specdecode_alpha`), else
-    `adaptive.DEFAULT_PRIOR_ALPHA`: where the adaptive gamma starts each row."""
+    `DEFAULT_PRIOR_ALPHA`: where the adaptive gamma starts each row."""
     alpha = getattr(drafter.config, "specdecode_alpha", None)
-    if isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and 0.0 <= alpha <= 1.0:
+    if is_number(alpha) and 0.0 <= alpha <= 1.0:
         return float(alpha)
     return DEFAULT_PRIOR_ALPHA
 
@@ -61,32 +59,26 @@ def adaptive_gamma(
     params: SamplingParams = SamplingParams(),
     remeasure: bool = False,
 ) -> AdaptiveGamma:
-    """The adaptive gamma `gamma="auto"` decodes with: this machine's step costs for these models
-    and this sampling mode (`costs.step_table`: measured once, then read from the cache; about ten
-    seconds for a 135M target on a 2-core CPU), each row starting at the drafter's acceptance."""
+    """The adaptive gamma `gamma="auto"` decodes with: this machine's step table for these models and
+    sampling mode (`costs.step_table`, measured once then cached), rows starting at the drafter's alpha."""
     return AdaptiveGamma(step_table(target, drafter, params, remeasure=remeasure), drafter_alpha(drafter))
 
 
 @dataclass(frozen=True)
 class DecodeOptions:
     """How `speculative_generate` / `autoregressive_generate` decode, past the models, prompts and
-    budgets (their keywords): checked here, once.
+    budgets: checked here, once.
 
     Attributes:
         temperature / top_k / top_p: how tokens are drawn (`SamplingParams`; temperature 0 is greedy).
         eos_token_ids: ids that end a row (included in its output); None: the target's own.
         seed: seeds the draws (None: torch's global generator).
-        static: the static-shape decoder (`static.py`: fixed caches and pass widths, finished rows masked).
-        compile: with `static`, compile its steps (`CompiledDecoder`); None: on for CUDA,
-            `compiled.COMPILE_ON_CPU` on the CPU.
-        capacity: with `static`, the caches' slots per row (at least the longest prompt + its budget
-            + the decoder's slack): calls of one batch size and capacity share compiled graphs, where
-            by default (None) each call's need is rounded up to a power of two.
-        record: `result.record`, one `RowRecord` per prompt (`specdecode.decoding.record`): each step's
-            drafts, accepted count, the target's token, which drafts prompt lookup filled, and when the
-            host saw it, at no extra host sync. Eager decoder only.
-        on_step: called after every step with the tokens each row committed (a `StepEvent`), for
-            views that stream: one more host sync per step. Eager decoder only.
+        static: the static-shape decoder (fixed caches and pass widths, finished rows masked).
+        compile: with `static`, compile its steps; None: on for CUDA, `COMPILE_ON_CPU` on the CPU.
+        capacity: with `static`, the caches' slots per row; calls of one batch size and capacity
+            share compiled graphs (None: each call's need rounded up to a power of two).
+        record: `result.record`, one `RowRecord` per prompt, at no extra host sync. Eager only.
+        on_step: called after every step with a `StepEvent` (one more host sync per step). Eager only.
     """
 
     temperature: float = 0.0
@@ -151,24 +143,19 @@ def speculative_generate(
     """Generate from `target` with `drafter` proposing `gamma` tokens per target pass.
 
     The output distribution is exactly the target's (greedy: token-identical to target-only greedy).
-    `drafter` is a causal LM sharing the target's vocabulary or a `FeatureDrafter` (it then reads
-    the target's hidden states, which the verify pass computes anyway). `prompts` is a ragged batch
-    of token-id lists (no padding); `max_new_tokens` is one budget or one per prompt. `gamma=None`
-    uses the drafter's own (`config.specdecode_gamma`, the candidate its training timed fastest on
-    held-out prompts: `choose_gamma`), else `DEFAULT_GAMMA`; `gamma="auto"` (or an `AdaptiveGamma`)
-    chooses each step's gamma while decoding, 0 included, from this machine's measured step costs
-    and each row's running acceptance (`adaptive.py`; where no draft pays even at the rows'
-    starting acceptance, the target decodes alone; a static decoder takes one gamma per call from
-    them). `prompt_lookup`: where the drafter is unsure, copy what followed an earlier occurrence
-    of the row's last tokens (exact; `specdecode.decoding.lookup`); None: the drafter alone. How to
-    decode: `options`, and any of its fields by keyword (`temperature=0.7, static=True`:
-    `DecodeOptions`).
+    `drafter`: a causal LM sharing the target's vocabulary, or a `FeatureDrafter`. `prompts`: a
+    ragged batch of token-id lists; `max_new_tokens`: one budget or one per prompt. `gamma=None`:
+    the drafter's stored one (`config.specdecode_gamma`), else `DEFAULT_GAMMA`; `gamma="auto"` (or
+    an `AdaptiveGamma`): each step's gamma, 0 included, chosen from this machine's step costs and
+    each row's running acceptance (`adaptive.py`; a static decoder takes one gamma per call).
+    `prompt_lookup`: where the drafter is unsure, copy what followed an earlier occurrence of the
+    row's last tokens (exact; `lookup.py`); None: the drafter alone. `options`, or any of its
+    fields by keyword (`temperature=0.7, static=True`): `DecodeOptions`.
 
-    Several drafters in one batch: `drafter={"code": d1, "math": d2}` and `assign` naming each
-    prompt's drafter (None: the target alone), e.g. `["code", "math", None]`. Each row drafts with
-    its own drafter, and one target pass per step verifies every row (`mixed.py`; the eager decoder
-    only). `gamma=None` is then the smallest of the assigned drafters' own; with `record=True`
-    each row's record names its drafter.
+    Several drafters in one batch (eager decoder only): `drafter={"code": d1, "math": d2}` and
+    `assign` naming each prompt's drafter (None: the target alone), e.g. `["code", "math", None]`;
+    one target pass per step verifies every row, `gamma=None` is the smallest of theirs, and
+    with `record=True` each row's record names its drafter.
     """
     options = _options(options, fields)
     drafting: PreTrainedModel | FeatureDrafter | RowDrafters
@@ -196,8 +183,7 @@ def speculative_generate(
         adaptive = adaptive or adaptive_gamma(target, models[0], options.params)
         if isinstance(decoder, EagerDecoder):
             priors = _row_priors(drafting)
-            # no draft pays at the rows' stated acceptance: the target alone, without the drafter's
-            # prefill and the loop's per-step bookkeeping
+            # where no draft pays at the rows' stated acceptance, the target decodes alone
             starts = priors or (adaptive.prior_alpha,) * len(request.prompts)
             opening = adaptive.opening_gamma(starts, [max(b - 1, 0) for b in request.budgets])
             request = dataclasses.replace(
@@ -216,16 +202,14 @@ def speculative_generate(
 
 
 def _row_priors(drafter: PreTrainedModel | FeatureDrafter | RowDrafters) -> tuple[float, ...] | None:
-    """Each row's prior acceptance in a mixed batch: its drafter's stored one, 0 for a row that
-    drafts nothing (it never gains from drafts); None for one drafter (its own, for every row)."""
+    """Each row's prior acceptance in a mixed batch (0 for a row that drafts nothing); None for one drafter."""
     if not isinstance(drafter, RowDrafters):
         return None
     return tuple(0.0 if k is None else drafter_alpha(drafter.models[k]) for k in drafter.owners)
 
 
 def _adaptive(gamma: object) -> AdaptiveGamma | None:
-    """The `AdaptiveGamma` that `gamma` gives (None for an int or None: checked with the request;
-    `"auto"` gets its costs after the checks)."""
+    """The `AdaptiveGamma` that `gamma` is, else None (`"auto"` gets its costs after the checks)."""
     if isinstance(gamma, AdaptiveGamma):
         return gamma
     if isinstance(gamma, str) and gamma != AUTO:
@@ -245,16 +229,12 @@ def autoregressive_generate(
     options: DecodeOptions | None = None,
     **fields: Any,
 ) -> GenerationResult:
-    """Target-only decoding on the same caches, batching and stopping rules as `speculative_generate`
-    (`options` and its fields by keyword too; every token's kind in a record is `target`).
+    """Target-only decoding on the same caches, batching and stopping rules as `speculative_generate`.
 
-    With `feature_layers`, `result.features[i]` `[len(prompts[i]) + len(sequences[i]), n·H]` (the
-    target's dtype and device) holds the target's features (`target_features`) of prompt i's tokens
-    and its continuation's, taken from the passes that wrote it: sequence-level distillation of a
-    feature drafter then costs one target pass, not a second forward over the text. The last
-    generated token is never fed (decoding stops once it is chosen), so its row is zero, as padding
-    is: a feature drafter's training never reads a sequence's last feature (its last loss position
-    predicts that token from the one before)."""
+    With `feature_layers`, `result.features[i]` `[len(prompts[i]) + len(sequences[i]), n·H]` holds
+    the target's features (`target_features`) of prompt i and its continuation, taken from the
+    passes that wrote it (distillation data at no second forward). The last generated token is
+    never fed, so its row is zero; a feature drafter's training never reads it."""
     options = _options(options, fields)
     decoder = options.decoder(target.device)
     layers = check_feature_layers(feature_layers, target.config.num_hidden_layers)

@@ -1,11 +1,6 @@
-"""The one decoder interface: eager, static and compiled decoding implement it (`eager.py`,
-`static.py`), and `decode.py` picks one per call from its options.
-
-Each implementation runs both loops, speculative (drafter + target) and autoregressive (target
-alone), on the same machinery: its rows (`rows.RowState`), its KV caches (`cache.KVCache`), one
-commit rule for EOS and budgets, one verify step (`verify.verify_drafts`) and the drafting
-strategies (`drafting.Drafting`), so a speedup measured between them compares like with like and
-every core returns what the eager one does.
+"""The one decoder interface: eager, static and compiled decoding implement it, on the same rows
+(`rows.RowState`), KV caches (`cache.KVCache`), commit rule, verify step and drafting strategies,
+so every decoder returns what the eager one does; `decode.py` picks one per call.
 """
 
 from __future__ import annotations
@@ -60,5 +55,4 @@ class Decoder(ABC):
         """Decode with the target alone: `autoregressive_generate`."""
 
     def check_room(self, request: Request) -> None:
-        """Raise, before any work, where this decoder's caches cannot hold the request's rows. The
-        eager caches are sized per call: they always can."""
+        """Raise, before any work, where this decoder's caches cannot hold the request's rows."""

@@ -1,26 +1,18 @@
 """How each kind of drafter proposes gamma tokens inside the speculative loop of every decoder.
 
-Every strategy implements `Drafting` (as every transformers candidate generator implements
-`CandidateGenerator`): the loop calls `prefill` once, then per step `propose` and `observe`, and
-`select_rows` when finished rows leave the batch. Prompt lookup is no strategy of its own: each
-strategy applies it to its drafts as they are drawn (`lookup.py`). A strategy knows nothing of how
-its decoder runs: it drives its drafter on the KV cache the decoder gives it (`cache.KVCache`,
-ragged or static) and keeps its own state beside it (`KVCache.buffer`).
+Every strategy implements `Drafting` (as transformers' candidate generators implement
+`CandidateGenerator`): `prefill` once, then per step `propose` and `observe`, and `select_rows` when
+rows leave. It drives its drafter on the KV cache its decoder gives it (ragged or static), applies
+prompt lookup to its drafts as they are drawn (`lookup.py`), and knows nothing else of the decoder.
 
-* `SliceDrafting`: a plain causal LM (a slice of the target, or any pretrained drafter) with its
-  own KV cache. Its cache holds all committed tokens but the last two; each step re-feeds
-  those two (one extra token costs the drafter almost nothing and spares a second code path for
-  steps where every draft was accepted and the drafter never saw the last draft).
-* `FeatureDrafting`: a `FeatureDrafter` that reads the target's last hidden states. The verify
-  pass already computes them; they are kept per row in a `[B, S_cap, n·H]` buffer (n target layers). Drafter position
-  t needs f_t and x_{t+1}, so after a step that committed n + 1 tokens the drafter has n + 1
-  positions whose true features are new. Each step starts with one fixed-width window of
-  gamma + 1 positions (`count[b]` <= gamma + 1 of them real, the rest padding beyond the row's
-  length, never visible to the real queries), which writes the true-feature entries over the
-  drafted ones and yields the first draft; steps 2..gamma feed back the predicted feature.
-
-Both return the drafts `[B, gamma]` and the distributions they were drawn from `[B, gamma, V]`
-(None when greedy: greedy verification compares tokens, and a one-hot q would only cost time).
+* `SliceDrafting`: a plain causal LM whose cache holds all committed tokens but the last two; each
+  step re-feeds those two (one extra token costs almost nothing and spares a code path for steps
+  where every draft was accepted).
+* `FeatureDrafting`: a `FeatureDrafter` reading the target's hidden states, which the verify pass
+  computes anyway, kept per row in a `[B, S_cap, n·H]` buffer. Each step starts with one window of
+  fixed width over the positions whose true features are new (padding past a row's length is never
+  visible to its real queries), which yields the first draft; drafts 2..gamma feed back the
+  predicted feature.
 """
 
 from __future__ import annotations
@@ -46,16 +38,13 @@ class Drafting(ABC):
     """What the speculative loop asks of a drafting strategy, and the state every one keeps; shapes
     for a batch of B rows in token buffers of S_cap slots."""
 
-    # which target hidden states the strategy reads: the verify pass then returns them `[B, W, n·H]`
-    # (`target_features`); None: none
+    # which target hidden states the strategy reads (the verify returns them `[B, W, n·H]`); None: none
     feature_layers: tuple[int, ...] | None = None
-    # how many ids each sampled draft is drawn over where that is a draft vocabulary of K ids;
-    # None: the full vocabulary, as wide as the target's logits (rejection sampling needs q as wide as p)
+    # how many ids a sampled draft is drawn over where a draft vocabulary has K; None: the full vocabulary
     draw_width: int | None = None
     # the truncated head whose K ids the drafts are drawn over (`draw_width` = K); None: none
     draft_head: DraftVocabHead | None = None
-    # which rows drafted this step `[B]` bool; the others' drafts are placeholders the verify never
-    # judges (their step is the target's alone: `mixed.MixedDrafting`); None: every row
+    # which rows drafted this step `[B]` bool (the others' placeholders are never judged); None: every row
     drafting_rows: torch.Tensor | None = None
 
     def __init__(
@@ -74,8 +63,7 @@ class Drafting(ABC):
         self.looked_up = cache.buffer("drafting.looked_up", (), torch.long)
         # which of the last `propose`'s drafts prompt lookup filled, `[B, gamma]` bool; None without lookup
         self.last_looked_up: torch.Tensor | None = None
-        # target-only steps since the last `propose` (`skip`), and that propose's gamma: how far the
-        # drafter's own state is behind the rows (the same for every row: gamma is the batch's)
+        # target-only steps since the last `propose`, and its gamma: how far the drafter is behind the rows
         self.behind = 0
         self.last_gamma = gamma
 
@@ -93,9 +81,8 @@ class Drafting(ABC):
         params: Params,
         generator: Generator,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draft `gamma` tokens after each row's `lengths[b]` committed `tokens` `[B, S_cap]`
-        (`max_length` = max(lengths)): the drafts `[B, gamma]` and the distributions they were drawn
-        from `[B, gamma, V]`, None when greedy."""
+        """Draft `gamma` tokens after each row's `lengths[b]` committed `tokens` `[B, S_cap]`: the
+        drafts `[B, gamma]` and their distributions `[B, gamma, V]` (None when greedy)."""
         drafts = _Drafts(tokens, lengths, self.lookup, self.looked_up, params, generator, self.draft_head)
         self._draft(drafts, max_length, gamma)
         result = drafts.result()
@@ -104,9 +91,8 @@ class Drafting(ABC):
         return result
 
     def skip(self, tokens: torch.Tensor, lengths: torch.Tensor, max_length: int) -> None:
-        """The loop took a target-only step (gamma 0): every row committed one token (now `lengths[b]`
-        committed `tokens` `[B, S_cap]`, `max_length` = max(lengths)) the drafter has not read. The
-        next `propose` catches up on it (the target's features of it were observed)."""
+        """The loop took a target-only step: every row committed one token the drafter has not read;
+        the next `propose` catches up on it."""
         self.behind += 1
 
     def snapshot(self) -> Callable[[], None]:
@@ -120,12 +106,11 @@ class Drafting(ABC):
 
     @abstractmethod
     def _draft(self, drafts: _Drafts, max_length: int, gamma: int) -> None:
-        """Draw `gamma` drafts into `drafts` (`_Drafts.draw`), after each row's `drafts.lengths[b]`
-        committed tokens `drafts.context` `[B, S_cap]` (`max_length` = max(lengths))."""
+        """Draw `gamma` drafts into `drafts` (`_Drafts.draw`) after each row's committed tokens."""
 
     def observe(self, features: torch.Tensor | None, start: torch.Tensor) -> None:
         """The verify pass's target features `[B, W, n·H]` of positions `start[b] + w` (None when
-        `feature_layers` is None): nothing to keep unless the strategy reads them."""
+        `feature_layers` is None)."""
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only `rows` `[B']` of the batch (finished rows leave), in that order."""
@@ -136,11 +121,7 @@ class SliceDrafting(Drafting):
     """A plain causal-LM drafter (see the module docstring); drafts are drawn over the full
     vocabulary (a draft-vocabulary head still returns full logits)."""
 
-    def __init__(
-        self, drafter: PreTrainedModel, cache: KVCache, lookup: DraftLookup | None = None, gamma: int = 0
-    ) -> None:
-        super().__init__(drafter, cache, lookup, gamma)
-        self.drafter: PreTrainedModel = drafter
+    drafter: PreTrainedModel
 
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
         """Cache the right-padded prompts `tokens[:, :longest]` (the first token is not yet committed)."""
@@ -159,11 +140,12 @@ class SliceDrafting(Drafting):
 class FeatureDrafting(Drafting):
     """A `FeatureDrafter` fed the target's hidden states (see the module docstring)."""
 
+    drafter: FeatureDrafter
+
     def __init__(
         self, drafter: FeatureDrafter, cache: KVCache, lookup: DraftLookup | None = None, gamma: int = 0
     ) -> None:
         super().__init__(drafter, cache, lookup, gamma)
-        self.drafter: FeatureDrafter = drafter
         self.feature_layers = drafter.feature_layers
         self.capacity = cache.capacity
         shape = (cache.batch_size, cache.capacity, drafter.feature_width)
@@ -172,26 +154,22 @@ class FeatureDrafting(Drafting):
         self.start = torch.zeros(cache.batch_size, dtype=torch.long, device=drafter.device)
         self.start_bound = 0
         head = drafter.get_output_embeddings()
-        # A truncated head's K ids are all a draft can be: q is computed and sampled over them and
-        # spread to the full vocabulary once per step (softmax, top-k/p and the sampling noise over
-        # 49k ids cost more than the drafter's whole step on SmolLM2; the other ids' q is 0 exactly).
+        # q is computed and sampled over a truncated head's K ids, spread to the full vocabulary once
+        # per step (over 49k ids that costs more than the drafter's step; the other ids' q is 0 exactly)
         self.draft_head = head if isinstance(head, DraftVocabHead) else None
         self.draw_width = None if self.draft_head is None else self.draft_head.weight.shape[0]
 
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, longest: int, features: torch.Tensor | None) -> None:
         """Keep the target's prompt features `[B, longest, n·H]` and read all but each row's last
-        (position p pairs its feature with token p + 1, and the last prompt position's is the target's
-        first token, not yet drawn): the first round's window is then as wide as every later one."""
+        (whose token p + 1 is not yet drawn), so the first window is as wide as every later one."""
         assert features is not None
         self.features[:, :longest] = features.to(self.features.dtype)
-        # at least one position wide, so that the drafter's cache is allocated here, eagerly, even
-        # where every prompt is one token (no position to read: each row's count is 0)
+        # at least one position wide, so the drafter's cache is allocated here even for one-token prompts
         self._read(tokens, lengths - 1, longest - 1, max(longest - 1, 1))
 
     def _draft(self, drafts: _Drafts, max_length: int, gamma: int) -> None:
-        # 1. one window over the positions whose true features are new: [start, lengths - 1), at
-        # most the last propose's gamma + 1 (its accepted drafts and the bonus token) and one per
-        # target-only step since; as wide as gamma + 1 at least, so a fixed gamma keeps one width
+        # 1. one window over the positions whose true features are new, [start, lengths - 1): at most
+        # the last gamma + 1 and one per target step since; at least gamma + 1, so a fixed gamma keeps one width
         width = max(gamma, self.last_gamma + self.behind) + 1
         feature = self._read(drafts.context, drafts.lengths - 1, max_length - 1, width)
         # 2. gamma drafts, each fed back with the feature it was predicted from
@@ -225,8 +203,7 @@ class FeatureDrafting(Drafting):
 
     def skip(self, tokens: torch.Tensor, lengths: torch.Tensor, max_length: int) -> None:
         """As `Drafting.skip`; every `CATCH_UP` target-only steps the drafter reads the positions it
-        skipped but the last (so the next `propose` still has one to start from), which keeps its
-        window, and the cache slots past the longest row it needs, within gamma + `CATCH_UP` + 1."""
+        skipped but the last, which keeps its window within gamma + `CATCH_UP` + 1."""
         super().skip(tokens, lengths, max_length)
         if self.behind >= CATCH_UP:
             self._read(tokens, lengths - 2, max_length - 2, self.last_gamma + self.behind + 1)
@@ -284,8 +261,8 @@ class _Drafts:
         self.used_mask: torch.Tensor | None = None
 
     def draw(self, logits: torch.Tensor) -> torch.Tensor:
-        """Draw the next draft `[B]` from the drafter's `logits` `[B, K]` (greedy: the argmax, and no
-        q: greedy verification compares tokens), apply lookup; return the draft proposed."""
+        """Draw the next draft `[B]` from the drafter's `logits` `[B, K]` (greedy: the argmax, no q),
+        apply lookup; return the draft proposed."""
         if self.params.greedy:
             index = logits.argmax(dim=-1)
         else:

@@ -2,9 +2,8 @@
 leaving the batch (`RaggedRows`, `Finisher`), so later passes are narrower; the host checks every step.
 
 Invariant between steps, per row: `tokens[:length]` are committed (prompt + generated); the target
-cache holds all but the last committed token (the "pending" one, fed in the next pass). How a
-drafter keeps its own state is the drafting strategy's (`drafting.Drafting`); the loop is the same
-for every kind.
+cache holds all but the last committed token (the "pending" one, fed in the next pass). The loop is
+the same for every drafter kind (`drafting.Drafting`).
 """
 
 from __future__ import annotations
@@ -53,11 +52,7 @@ class Finisher:
         also: torch.Tensor | None = None,
     ) -> int | None:
         """Between steps: retire finished rows; return the longest row's length, None once all are done.
-
-        The one host sync of a step: which rows finished, how long the longest row is, and `also`
-        (a 1-D float tensor, kept in `self.also`: what the adaptive gamma chooses from); the
-        recorder time-stamps the step there.
-        """
+        The one host sync of a step, which also brings `also` (1-D float, kept in `self.also`)."""
         figures = torch.stack([finished.any().float(), batch.lengths.max().float()])
         synced = (figures if also is None else torch.cat([figures, also.float()])).tolist()
         any_finished, max_length, self.also = bool(synced[0]), int(synced[1]), synced[2:]
@@ -123,11 +118,7 @@ class EagerDecoder(Decoder):
         # 0. prefill: the target's first token is an ordinary sample; the drafter only reads the prompt.
         first, hidden = prefill(target, target_cache, rows, feature_layers=drafting.feature_layers)
         drafting.prefill(rows.tokens, rows.lengths, max(rows.prompt_lengths), hidden)
-        counters.record_target_call(torch.ones_like(rows.rows, dtype=torch.bool))
-        first_token = next_tokens(first, params, generator)
-        finished = rows.commit(first_token.unsqueeze(1), torch.ones_like(rows.lengths))
-        if recorder is not None:
-            recorder.add(rows.rows, rows.lengths, first_token)
+        finished = _commit_token(rows, next_tokens(first, params, generator), counters, recorder)
 
         while (max_length := finisher.step(rows, finished, kept, _expected(adaptive, rows, finished))) is not None:
             target_cache.set_lengths(rows.lengths - 1, max_length - 1)
@@ -182,11 +173,8 @@ class EagerDecoder(Decoder):
         logits, hidden = cached_forward_features(target, cache, rows.last(1), feature_layers=drafting.feature_layers)
         drafting.observe(hidden, rows.lengths - 1)
         token = next_tokens(logits[:, -1], request.params, request.generator)
-        finished = rows.commit(token.unsqueeze(1), torch.ones_like(rows.lengths))
+        finished = _commit_token(rows, token, counters, recorder)
         drafting.skip(rows.tokens, rows.lengths, max_length + 1)
-        counters.record_target_call(torch.ones_like(finished))
-        if recorder is not None:
-            recorder.add(rows.rows, rows.lengths, token)
         return finished
 
     def autoregressive(self, target: PreTrainedModel, request: Request) -> GenerationResult:
@@ -201,26 +189,29 @@ class EagerDecoder(Decoder):
 
         logits, hidden = prefill(target, cache, rows, feature_layers=feature_layers)
         features = FeatureRows(hidden, rows.capacity) if hidden is not None else None
-        counters.record_target_call(torch.ones_like(rows.rows, dtype=torch.bool))
-        token = next_tokens(logits, params, generator)
-        finished = rows.commit(token.unsqueeze(1), torch.ones_like(rows.lengths))
-        if recorder is not None:
-            recorder.add(rows.rows, rows.lengths, token)
+        finished = _commit_token(rows, next_tokens(logits, params, generator), counters, recorder)
         while (max_length := finisher.step(rows, finished, (cache,))) is not None:
             cache.set_lengths(rows.lengths - 1, max_length - 1)
             logits, hidden = cached_forward_features(target, cache, rows.last(1), feature_layers=feature_layers)
             if features is not None and hidden is not None:
                 features.write(rows.rows, rows.lengths - 1, hidden[:, -1])
-            token = next_tokens(logits[:, -1], params, generator)
-            finished = rows.commit(token.unsqueeze(1), torch.ones_like(rows.lengths))
-            counters.record_target_call(torch.ones_like(finished))
-            if recorder is not None:
-                recorder.add(rows.rows, rows.lengths, token)
+            finished = _commit_token(rows, next_tokens(logits[:, -1], params, generator), counters, recorder)
 
         result = self._result(finisher, counters.finish(0, 0, 0), start)
         if features is not None:
             result.features = features.rows(rows.prompt_lengths, result.sequences)
         return result
+
+
+def _commit_token(
+    rows: RaggedRows, token: torch.Tensor, counters: DeviceCounters, recorder: Recorder | None
+) -> torch.Tensor:
+    """Commit the target's token `[B]` to each row, counting its pass and recording it: `finished` `[B]` bool."""
+    finished = rows.commit(token.unsqueeze(1), torch.ones_like(rows.lengths))
+    counters.record_target_call(torch.ones_like(finished))
+    if recorder is not None:
+        recorder.add(rows.rows, rows.lengths, token)
+    return finished
 
 
 def _expected(adaptive: GammaState | None, rows: RaggedRows, finished: torch.Tensor) -> torch.Tensor | None:

@@ -34,16 +34,12 @@ def choose_gamma(
     temperature: float = 0.0,
 ) -> dict[str, Any]:
     """The gamma of `candidates` that decodes fastest with `drafter`, and the figures that chose it
-    (`{"chosen": gamma, "speedup": float, "method": ..., ...}`); `drafter` is left as it was.
+    (`{"chosen": gamma, "speedup": float, "method": ..., ...}`).
 
-    With `prompts`, each candidate decodes them, timed beside the target alone (`timed_decodes`),
-    and the shortest drafts that the timing cannot tell from the fastest are kept
-    (`within_noise_of_fastest`). Without, Leviathan's model decides at acceptance `alpha`, on
-    step costs timed after `context` (a drafter step, and a verify of gamma + 1 tokens for each
-    candidate).
-
-    Why timed decodes: the verify timings the model needs move by a third between processes on a
-    shared 2-core CPU, and a choice following them picked gammas that decoded slower.
+    With `prompts`: timed decodes, keeping the shortest drafts the timing cannot tell from the
+    fastest (`within_noise_of_fastest`); the verify timings Leviathan's model needs move by a third
+    between processes on a shared CPU. Without: the model at `alpha`, on step costs timed after
+    `context`.
     """
     was_training = drafter.training
     drafter.eval()
@@ -109,16 +105,10 @@ def _from_the_model(
 
 
 def within_noise_of_fastest(per_prompt_s: Mapping[int, Sequence[float]]) -> list[int]:
-    """The gammas whose decodes the timing cannot tell from the fastest's: the one with the least
-    total time, and each whose mean per-prompt log time ratio to it is within one standard error
-    (the one-standard-error rule; per-prompt, so a prompt's own length and copies cancel out).
-
-    Why: the choice's few prompts are not the user's. A lead within noise is no reason to take
-    longer drafts, which lose more wherever acceptance is lower.
-
-    `per_prompt_s`: gamma → seconds per prompt, the prompts in the same order for every gamma.
-    Returns those gammas, ascending (one prompt: the fastest alone).
-    """
+    """The gammas, ascending, whose decodes the timing cannot tell from the fastest's: each whose mean
+    per-prompt log time ratio to it is within one standard error (`per_prompt_s`: gamma → seconds
+    per prompt). A lead within noise is no reason to take longer drafts, which lose more where
+    acceptance is lower."""
     fastest = min(per_prompt_s, key=lambda g: (sum(per_prompt_s[g]), g))
     near = []
     for g, times in per_prompt_s.items():

@@ -1,16 +1,11 @@
 """Prompt lookup beside a trained drafter: copy the continuation of an earlier occurrence.
 
-Small targets repeat themselves and their prompts (a name from the question, a line of a list, a
-variable in code). Where the last n committed-or-drafted tokens already occurred earlier in the row
-(prompt lookup decoding, Saxena 2023; vLLM's n-gram speculator), the token that followed the most
-recent occurrence is a proposal that costs no forward pass. A drafter trained for minutes copies
-less well than its target does: at such positions the lookup is right more often than the drafter.
-
-So at every drafting step, a row whose context holds a match, and whose drafter is not confident
-(its top probability below `max_confidence`), drafts the looked-up token instead of its own. The
-choice depends only on the state before the draft is drawn, so the draft distribution is still
-known exactly: one-hot at the looked-up token (`override_q`). Rejection sampling stays exact at
-every temperature.
+Where the last n committed-or-drafted tokens occurred earlier in the row (prompt lookup decoding,
+Saxena 2023; vLLM's n-gram speculator), the token that followed the most recent occurrence costs
+no forward pass, and small targets repeat themselves more faithfully than a small drafter copies.
+A row with a match whose drafter is unsure (top probability below `max_confidence`) drafts the
+looked-up token. The choice depends only on the state before the draw, so q is known exactly:
+one-hot there (`override_q`), and rejection sampling stays exact at every temperature.
 """
 
 from __future__ import annotations
@@ -22,7 +17,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from specdecode.core.config import require
+from specdecode.core.config import is_int, is_number, require
 
 
 class DraftLookup(Protocol):
@@ -35,19 +30,16 @@ class DraftLookup(Protocol):
 
 @dataclass
 class PromptLookup:
-    """Where and how a row drafts a looked-up token (see the module docstring): the
-    `speculative_generate(prompt_lookup=...)` argument, and the `prompt_lookup` block of the apps'
-    configs (conf/eval.yaml, collect.yaml, benchmark.yaml).
+    """Where and how a row drafts a looked-up token: `speculative_generate(prompt_lookup=...)` and
+    the apps' `prompt_lookup` config block.
 
     Attributes:
         enabled: false decodes with the drafter alone (as `prompt_lookup=None` does).
-        max_ngram / min_ngram: suffix lengths tried, longest first (a longer match predicts better).
-        max_confidence: the drafter's own top probability (softmax of its logits at temperature 1,
-            whatever the decoding temperature) below which a match overrides it; 1.0 overrides
-            wherever a match exists, 0.0 never.
-        max_temperature: decoding above this temperature drafts with the drafter alone. A
-            looked-up token is accepted with probability p(x), which falls as the temperature
-            rises.
+        max_ngram / min_ngram: suffix lengths tried, longest first.
+        max_confidence: the drafter's top probability (at temperature 1) below which a match
+            overrides it; 1.0 wherever a match exists, 0.0 never.
+        max_temperature: above it the drafter drafts alone (a looked-up token is accepted with
+            probability p(x), which falls as the temperature rises).
     """
 
     enabled: bool = True
@@ -58,15 +50,15 @@ class PromptLookup:
 
     def __post_init__(self) -> None:
         require(isinstance(self.enabled, bool), "prompt_lookup.enabled", self.enabled, "true or false")
-        if isinstance(self.min_ngram, bool) or not isinstance(self.min_ngram, int) or self.min_ngram < 1:
+        if not is_int(self.min_ngram) or self.min_ngram < 1:
             raise ValueError(f"prompt lookup min_ngram must be an int >= 1, got {self.min_ngram!r}")
-        if isinstance(self.max_ngram, bool) or not isinstance(self.max_ngram, int) or self.max_ngram < self.min_ngram:
+        if not is_int(self.max_ngram) or self.max_ngram < self.min_ngram:
             raise ValueError(
                 f"prompt lookup max_ngram must be an int >= min_ngram={self.min_ngram}, got {self.max_ngram!r}"
             )
-        if not isinstance(self.max_confidence, (int, float)) or not 0.0 <= self.max_confidence <= 1.0:
+        if not is_number(self.max_confidence) or not 0.0 <= self.max_confidence <= 1.0:
             raise ValueError(f"prompt lookup max_confidence must be in [0, 1], got {self.max_confidence!r}")
-        if not isinstance(self.max_temperature, (int, float)) or not 0.0 <= self.max_temperature < math.inf:
+        if not is_number(self.max_temperature) or not 0.0 <= self.max_temperature < math.inf:
             raise ValueError(
                 f"prompt lookup max_temperature must be a finite number >= 0, got {self.max_temperature!r}"
             )
@@ -78,14 +70,8 @@ class PromptLookup:
     def choose(
         self, logits: torch.Tensor, drafts: torch.Tensor, context: torch.Tensor, lengths: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The drafts after lookup, `[B]`, and which rows took the looked-up token, `[B]` bool.
-
-        Args:
-            logits: `[B, K]` the drafter's logits at this step (over its draft ids, if truncated).
-            drafts: `[B]` the drafter's own drafts (full-vocabulary ids).
-            context: `[B, S]` each row's tokens; `[:lengths[b]]` are committed or already drafted.
-            lengths: `[B]`.
-        """
+        """The drafts `[B]` after lookup, and which rows took the looked-up token `[B]` bool, from
+        the drafter's `logits` `[B, K]` and `drafts` `[B]` after `context[b, :lengths[b]]` `[B, S]`."""
         found, looked_up = lookup(context, lengths, self.max_ngram, self.min_ngram)
         unsure = logits.float().softmax(dim=-1).amax(dim=-1) < self.max_confidence
         use = found & unsure
@@ -97,8 +83,7 @@ DEFAULT_LOOKUP = PromptLookup()
 
 
 class ActiveRowsLookup:
-    """A `PromptLookup` that only the active rows use, so a masked row's drafts are never counted as
-    looked up (the drafting strategies call `choose` alone)."""
+    """A `PromptLookup` only the active rows use (a masked row's drafts are never counted as looked up)."""
 
     def __init__(self, lookup: PromptLookup) -> None:
         self.lookup = lookup
@@ -117,19 +102,10 @@ class ActiveRowsLookup:
 def lookup(
     context: torch.Tensor, lengths: torch.Tensor, max_ngram: int, min_ngram: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each row, the token that followed the most recent earlier occurrence of its last n tokens,
-    for the longest n in [min_ngram, max_ngram] that occurs.
-
-    Vectorised over rows and positions (one pass per n): `[B, S - n + 1, n]` windows compared with
-    each row's suffix, matches restricted to windows whose next token lies within the row
-    (`start + n < lengths[b]`), so neither the suffix itself nor anything past the row is read.
-
-    Args:
-        context: `[B, S]` token ids.
-        lengths: `[B]` valid tokens per row.
-
-    Returns `found` `[B]` bool and `token` `[B]` (meaningful where found).
-    """
+    """For each row of `context` `[B, S]` (`lengths` `[B]` valid), the token that followed the most
+    recent earlier occurrence of its last n tokens, for the longest n in [min_ngram, max_ngram] that
+    occurs: `found` `[B]` bool and `token` `[B]`. One vectorised pass per n; only windows whose next
+    token lies within the row match."""
     batch, capacity = context.shape
     found = torch.zeros(batch, dtype=torch.bool, device=context.device)
     token = torch.zeros(batch, dtype=context.dtype, device=context.device)
@@ -158,11 +134,8 @@ def lookup_logits(
     logits: torch.Tensor, tokens: torch.Tensor, attention: torch.Tensor, columns: torch.Tensor, settings: PromptLookup
 ) -> torch.Tensor:
     """Teacher forcing with lookup: a drafter's logits `[B, C, V]` at `columns` `[C]` of the
-    left-padded `tokens` / `attention` `[B, S]` (column t predicts token t + 1), with each position
-    where decoding would draft a looked-up token replaced by logits one-hot there (0 at it, -inf
-    elsewhere). Scored against the target, these give the acceptance decoding would see: p(x) in
-    Σ min(p, q), and the looked-up token in the argmax.
-    """
+    left-padded `tokens` / `attention` `[B, S]`, one-hot (0 / -inf) wherever decoding would draft
+    a looked-up token, so scoring them against the target gives the acceptance decoding would see."""
     batch, width = tokens.shape
     # Padding becomes distinct negative ids, so no window holding padding matches another window.
     context = torch.where(attention.bool(), tokens, -1 - torch.arange(width, device=tokens.device))

@@ -1,20 +1,12 @@
 """One batch, many drafters: each row drafts with the drafter routed to it, and one target pass per
 step verifies every row (`speculative_generate(drafter={name: drafter}, assign=[name, ...])`).
 
-`MixedDrafting` is a `Drafting` over one sub-strategy per drafter (`SliceDrafting` /
-`FeatureDrafting`), each owning a subset of the batch's rows with a KV cache sized for them. Per
-step each sub drafts for its rows (their tokens and lengths taken by `index_select`), the drafts
-`[B, gamma]` and q `[B, gamma, V]` are put back in batch order, and the loop's one verify pass
-judges every row. A row routed to no drafter (None) gets placeholder drafts that the verify never
-judges (`Drafting.drafting_rows`): its step is a plain target step inside the same pass.
-
-Where feature drafters read different target layers, the verify returns the union of the raw
-hidden states they read (`union_layers`) and each sub gets its own features made from them
-(`target_features`); where they read the same layers, the pass's features go to each as they are.
-
-Every row drafts the batch's gamma. Finished rows leave (`select_rows`): the host keeps which sub
-owns each row, so mapping the kept rows onto each sub's own costs no host sync beyond the one that
-finishing already made.
+`MixedDrafting` holds one sub-strategy per drafter, each owning some rows with a cache sized for
+them; per step each drafts for its rows, the drafts `[B, gamma]` and q `[B, gamma, V]` go back in
+batch order, and one verify pass judges every row. A row routed to no drafter (None) gets
+placeholder drafts the verify never judges (`Drafting.drafting_rows`). Feature drafters reading
+different target layers get their features from the union of the raw hidden states
+(`union_layers`). The host keeps which sub owns each row, so rows leave without another sync.
 """
 
 from __future__ import annotations
@@ -63,12 +55,8 @@ class RowDrafters:
 def row_drafters(
     target: PreTrainedModel, drafters: object, assign: object, prompt_lookup: object = None
 ) -> RowDrafters:
-    """`drafters` by name and each prompt's name in `assign` (None: the target alone), checked
-    against `target` (`validate_models`, each drafter named); the number of names is checked
-    against the prompts by `check_rows`.
-
-    Raises TypeError: `drafters` is not a non-empty mapping, or `assign` not a list of names;
-    ValueError: naming a name that `drafters` lacks, or a drafter that cannot draft for `target`.
+    """`drafters` by name and each prompt's name in `assign` (None: the target alone), each drafter
+    checked against `target` (`validate_models`); `check_rows` checks the count against the prompts.
     """
     if not isinstance(drafters, Mapping) or not drafters:
         raise TypeError(f"drafter must be one drafter or a non-empty mapping of names to drafters, got {drafters!r}")
@@ -91,10 +79,7 @@ def row_drafters(
 
 
 def check_rows(drafters: RowDrafters, num_prompts: int) -> None:
-    """Require one name in `assign` per prompt.
-
-    Raises ValueError: naming both counts.
-    """
+    """Require one name in `assign` per prompt (ValueError naming both counts)."""
     if len(drafters.owners) != num_prompts:
         raise ValueError(f"assign has {len(drafters.owners)} drafter names for {num_prompts} prompts: give one each")
 
@@ -107,10 +92,8 @@ def union_layers(layer_sets: Sequence[tuple[int, ...]], num_layers: int) -> tupl
 
 
 class MixedDrafting(Drafting):
-    """Drafting over one sub-strategy per drafter, each for its own rows (module docstring).
-
-    `owners[b]` is the index in `subs` of the strategy that drafts for batch row b, None where the
-    target decodes the row alone."""
+    """Drafting over one sub-strategy per drafter, each for its own rows (module docstring):
+    `owners[b]` is row b's index in `subs`, None where the target decodes it alone."""
 
     def __init__(self, target: PreTrainedModel, subs: Sequence[Drafting], owners: Sequence[int | None]) -> None:
         # No `Drafting.__init__`: the subs own the drafters, their caches and lookup counters.
@@ -158,9 +141,8 @@ class MixedDrafting(Drafting):
         params: Params,
         generator: Generator,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Each sub's drafts and q for its rows, in batch order: `[B, gamma]` and `[B, gamma, V]`
-        (None when greedy, or sampled where no row drafts: the verify then judges no row). A row
-        without a drafter holds placeholder drafts (token 0, q 0)."""
+        """Each sub's drafts `[B, gamma]` and q `[B, gamma, V]` for its rows, in batch order (q None
+        when greedy or no row drafts); a row without a drafter holds placeholders (token 0, q 0)."""
         batch = lengths.shape[0]
         drafts = torch.zeros(batch, gamma, dtype=torch.long, device=lengths.device)
         q: torch.Tensor | None = None
@@ -204,8 +186,7 @@ class MixedDrafting(Drafting):
         if self.shared_layers:
             return mine
         assert self.feature_layers is not None
-        # transformers' `hidden_states` as `target_features` reads them: the union's raw states in
-        # their places (the others are never read)
+        # `hidden_states` as `target_features` reads them: the union's raw states in their places
         width = self.hidden_size
         states = [mine.new_empty(0)] * (self.num_layers + 1)
         for j, layer in enumerate(self.feature_layers):
@@ -214,7 +195,7 @@ class MixedDrafting(Drafting):
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only `rows` `[B']` of the batch: each sub keeps its own of them (read on the host
-        on a step whose finished rows the loop has just synced)."""
+        after the sync that found the finished rows)."""
         keep = rows.tolist()
         kept = set(keep)
         for k, sub in enumerate(self.subs):
@@ -234,9 +215,8 @@ def ragged_drafting(
     lookup: DraftLookup | None,
     gamma: int = 0,
 ) -> Drafting:
-    """The eager decoder's drafting for `drafter` over a batch of `batch_size` rows of `capacity`
-    slots (`gamma`: the steps' widest): one strategy with its own ragged cache, or for
-    `RowDrafters` one per drafter, each sized for its rows, under a `MixedDrafting`."""
+    """The eager decoder's drafting for `drafter` on ragged caches of `capacity` slots: one strategy,
+    or for `RowDrafters` a `MixedDrafting` of one per drafter, each sized for its rows."""
     if not isinstance(drafter, RowDrafters):
         return drafting_for(drafter, RaggedKVCache.for_model(drafter, batch_size, capacity), lookup, gamma)
     subs = [

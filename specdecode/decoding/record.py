@@ -1,17 +1,12 @@
 """The per-token record of a decode: for each row and step, what was drafted, what the target kept.
 
-Terms (as the loop in decode.py uses them): a step drafts gamma tokens and the target verifies
-them in one pass; the first `accepted` drafts are kept, then the target's own token: a
-*correction* where it rejected a draft, a *bonus* where it accepted all gamma. A draft that prompt
-lookup proposed (`specdecode.decoding.lookup`) and the target accepted is *looked up*. The prefill
-(and every step of target-only decoding) yields one *target* token. A step commits at most
-`accepted + 1` tokens: fewer where a row hits an EOS id or its budget.
+Terms: a step keeps its first `accepted` drafts, then the target's own token: a *correction* after
+a rejection, a *bonus* after all gamma. An accepted draft that prompt lookup proposed is *looked
+up*; the prefill and target-only steps yield *target* tokens. A step commits at most accepted + 1.
 
-`Recorder` is what the loop feeds when asked to record: it keeps each step's device tensors as they
-are (references, no copy, no host sync) and a host timestamp taken right after the sync the loop
-already makes once per step; the tensors reach the host once, at the end, as one `RowRecord` per
-row. With `on_step`, each step is also sent to the host as it ends (one extra sync per step) as a
-`StepEvent`, for views that stream tokens.
+`Recorder` keeps each step's device tensors (no copy, no sync) and a timestamp taken after the
+loop's own sync; they reach the host once, at the end. With `on_step`, each step is also sent to
+the host as a `StepEvent` (one extra sync per step).
 """
 
 from __future__ import annotations
@@ -29,10 +24,9 @@ KINDS = ("accepted", "looked_up", "corrected", "bonus", "target")
 
 @dataclass
 class StepRecord:
-    """One row's step: `drafted` ids (empty for the prefill and target-only steps), how many the
-    target `accepted`, its own `target_token` after them, which drafts prompt lookup proposed
-    (`looked_up`, one flag per draft), how many tokens the step `committed` (accepted + 1, fewer at
-    an EOS or the budget) and `time_s`, seconds from the decode's start to when the host saw it."""
+    """One row's step: `drafted` ids (empty without drafts), how many the target `accepted`, its
+    `target_token`, which drafts prompt lookup proposed, how many tokens it `committed`, and
+    `time_s` from the decode's start to when the host saw it."""
 
     drafted: list[int]
     accepted: int
@@ -59,9 +53,8 @@ class StepRecord:
 
 @dataclass
 class RowRecord:
-    """One prompt's decode: `steps[0]` is the prefill (its target token is the first generated one),
-    then one entry per draft-verify step (per target step in target-only decoding). `drafter` names
-    the drafter (set by routed generation and the views; `none` for the target alone)."""
+    """One prompt's decode: `steps[0]` is the prefill, then one entry per step; `drafter` names
+    the drafter (set by routed generation and the views)."""
 
     prompt_length: int
     steps: list[StepRecord] = field(default_factory=list)
@@ -102,8 +95,8 @@ class RowRecord:
 
 @dataclass
 class StepEvent:
-    """What `on_step` receives after each step: `rows` (indices into the caller's prompts), the
-    (token id, kind) pairs each committed this step, and seconds since the decode started."""
+    """What `on_step` receives after each step: `rows` (indices into the prompts), the (token id,
+    kind) pairs each committed, and seconds since the decode started."""
 
     rows: list[int]
     tokens: list[list[tuple[int, str]]]
@@ -112,9 +105,8 @@ class StepEvent:
 
 @dataclass
 class _Step:
-    """One step's device tensors, held as the loop made them: `rows`, `lengths` (after the
-    commit) and `target` `[B]`; `draft` and `looked_up` `[B, gamma]` and `accepted` `[B]`, None
-    without drafts."""
+    """One step's device tensors: `rows`, `lengths` (after the commit), `target` `[B]`; `draft`,
+    `looked_up` `[B, gamma]` and `accepted` `[B]` (None without drafts)."""
 
     rows: torch.Tensor
     lengths: torch.Tensor
@@ -151,8 +143,7 @@ class Recorder:
         self.steps.append(_Step(rows, lengths, target, draft, accepted, looked_up))
 
     def synced(self) -> None:
-        """Called right after the loop's one host sync of a step: time-stamps the last step and,
-        with `on_step`, sends it to the host and calls back."""
+        """After the loop's host sync of a step: time-stamp it and, with `on_step`, stream it."""
         self.steps[-1].time_s = time.perf_counter() - self.start
         if self.on_step is not None:
             ((rows, steps),) = _host_rows([self.steps[-1]])
@@ -176,8 +167,8 @@ class Recorder:
 
 
 def _host_rows(steps: list[_Step]) -> list[tuple[list[int], list[StepRecord]]]:
-    """`steps` on the host in one transfer: per step, its rows and a `StepRecord` each whose
-    `committed` holds the row's length after the step (the caller turns it into a count)."""
+    """`steps` on the host in one transfer: per step, its rows and a `StepRecord` each (`committed`
+    holds the row's length after the step, for the caller to turn into a count)."""
     parts: list[torch.Tensor] = []
     for s in steps:
         parts += [s.rows, s.lengths, s.target]

@@ -1,9 +1,6 @@
 """The rows a decode writes: each row's committed tokens and the one commit rule of both cores.
-
-Between steps, per row: `tokens[:length]` are committed (prompt + generated); the target cache
-holds all but the last committed token (the "pending" one, fed in the next pass). The eager core's
-rows leave the batch when they finish (`RaggedRows`), so later passes are narrower; the static
-core's stay, masked (`StaticRows`), so every pass keeps its shape.
+The eager core's rows leave the batch when they finish (`RaggedRows`); the static core's stay,
+masked (`StaticRows`), so every pass keeps its shape.
 """
 
 from __future__ import annotations
@@ -22,10 +19,8 @@ def kept_counts(
     new_tokens: torch.Tensor, counts: torch.Tensor, eos: torch.Tensor, room: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The commit rule: of the first `counts[b]` of `new_tokens` `[B, W]`, a row keeps those up to
-    and including its first EOS id (`eos`, sorted), at most `room[b]` (its budget left).
-
-    Returns the kept counts `[B]` and whether each row hit an EOS id `[B]` bool.
-    """
+    its first EOS id (`eos`, sorted) included, at most `room[b]`: the kept counts `[B]` and whether
+    each row hit an EOS id `[B]` bool."""
     offsets = torch.arange(new_tokens.shape[1], device=new_tokens.device)
     is_eos = (offsets < counts.unsqueeze(1)) & torch.isin(new_tokens, eos)
     hit_eos = is_eos.any(dim=1)
@@ -51,7 +46,6 @@ class RowState(ABC):
         device: torch.device,
         zeros: Zeros = fresh_zeros,
     ) -> None:
-        """The rows of `prompts`, their token buffer from `zeros` (default: a new one)."""
         tokens, lengths, limits = padded_prompts(prompts, budgets, capacity)
         self.tokens = zeros("rows.tokens", tuple(tokens.shape), torch.long, device).copy_(tokens)
         self.lengths = lengths.to(device)
@@ -133,8 +127,8 @@ class StaticRows(RowState):
 def prefill(
     model: PreTrainedModel, cache: KVCache, rows: RowState, feature_layers: tuple[int, ...] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Cache the right-padded prompts; return the logits at each row's last prompt token `[B, V]`
-    and, with `feature_layers`, the drafter's features of all prompt positions `[B, T, n·H]`."""
+    """Cache the right-padded prompts: the logits at each row's last prompt token `[B, V]` and, with
+    `feature_layers`, the features of all prompt positions `[B, T, n·H]`."""
     longest = max(rows.prompt_lengths)
     last = rows.lengths - 1
     # Ask only for the positions some row ends at (a handful), not the whole prompt's logits.
@@ -162,8 +156,7 @@ class FeatureRows:
         self.values[rows, positions] = features
 
     def rows(self, prompt_lengths: Sequence[int], sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        """`[P_i + R_i, n·H]` per row; the last generated token's row (never fed) is zero. Past a
-        row's prompt the prefill wrote other rows' padding, which every fed token overwrote."""
+        """`[P_i + R_i, n·H]` per row; the last generated token's row (never fed) is zero."""
         out = []
         for i, (length, generated) in enumerate(zip(prompt_lengths, sequences)):
             row = self.values[i, : length + len(generated)].clone()

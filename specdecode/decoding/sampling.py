@@ -1,9 +1,5 @@
-"""Logits → probabilities, and sampling from them.
-
-One function turns logits into the distribution a token is drawn from, for the drafter and the
-target alike. Rejection sampling is exact only if q is *exactly* the distribution the drafter
-sampled from and p the one the target would have sampled from, so both go through here.
-"""
+"""Logits → probabilities, and sampling from them: one function for drafter and target alike, since
+rejection sampling is exact only if q and p are exactly what each would sample from."""
 
 from __future__ import annotations
 
@@ -12,10 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from specdecode.core.config import TEMPERATURE_RANGE, is_temperature
+from specdecode.core.config import TEMPERATURE_RANGE, is_int, is_temperature
 
-# Exponential noise is clamped away from zero so that a zero-probability token can never win the
-# race through 0 / 0 = NaN.
+# Exponential noise is clamped away from zero, so a zero-probability token never wins through 0 / 0 = NaN.
 _TINY = 1e-30
 
 
@@ -31,7 +26,7 @@ class SamplingParams:
         # NaN fails every comparison, so `< 0` alone let it through (and argmax then picked id 0).
         if not is_temperature(self.temperature):
             raise ValueError(f"temperature must be {TEMPERATURE_RANGE}, got {self.temperature!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+        if not is_int(self.top_k) or self.top_k < 0:
             raise ValueError(f"top_k must be an int >= 0, got {self.top_k!r}")
         if not isinstance(self.top_p, (int, float)) or not math.isfinite(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
@@ -53,12 +48,8 @@ class TensorTemperature:
 
     @classmethod
     def of(cls, params: SamplingParams, device: torch.device) -> TensorTemperature:
-        """`params`' temperature as a tensor on `device`. The division by it may round the last bit
-        otherwise than the eager loop's division by a float (a CUDA kernel multiplies by the
-        reciprocal): sampling still follows the target's distribution.
-
-        Raises ValueError: `params` is greedy (a greedy step takes the argmax and no temperature).
-        """
+        """`params`' temperature as a tensor on `device` (sampled params only). Dividing by it may
+        round the last bit otherwise than the eager loop: sampling still follows the target."""
         if params.greedy:
             raise ValueError("TensorTemperature is for sampling; greedy params need no temperature")
         temperature = torch.tensor(params.temperature, dtype=torch.float32, device=device)
@@ -70,15 +61,8 @@ Params = SamplingParams | TensorTemperature
 
 
 def logits_to_probs(logits: torch.Tensor, params: Params) -> torch.Tensor:
-    """Turn logits into the fp32 distribution a token is sampled from.
-
-    Args:
-        logits: `[..., V]` in any float dtype; `-inf` entries (a truncated-vocab drafter) are allowed.
-        params: temperature, top-k, top-p, applied in that order (as transformers does); the
-            temperature a float or (`TensorTemperature`) a 0-d tensor.
-
-    Returns `[..., V]` fp32 probabilities summing to 1; one-hot at the argmax when greedy.
-    """
+    """Logits `[..., V]` (any float dtype, `-inf` allowed) → the fp32 distribution `[..., V]` a token
+    is sampled from: temperature, top-k, top-p in that order (as transformers); one-hot when greedy."""
     # fp32 so that p(x)/q(x) and the residual max(0, p - q) are not computed from bf16 roundings.
     logits = logits.float()
     vocab_size = logits.shape[-1]
@@ -91,8 +75,7 @@ def logits_to_probs(logits: torch.Tensor, params: Params) -> torch.Tensor:
     if params.top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         sorted_probs = sorted_logits.softmax(dim=-1)
-        # Keep the smallest prefix whose mass reaches top_p: drop a token once the mass strictly
-        # before it already does. The most likely token is always kept.
+        # Keep the smallest prefix whose mass reaches top_p (the most likely token always).
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
         sorted_logits = sorted_logits.masked_fill(mass_before >= params.top_p, float("-inf"))
         logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
@@ -100,16 +83,14 @@ def logits_to_probs(logits: torch.Tensor, params: Params) -> torch.Tensor:
 
 
 def exponential_noise(shape: tuple[int, ...], device: torch.device, generator: torch.Generator | None) -> torch.Tensor:
-    """The Exp(1) draws `sample` races fp32 probabilities of `shape` against, drawn ahead: the same
-    numbers `sample` would draw from `generator` itself, for a compiled graph, which cannot draw
-    from a `torch.Generator`."""
+    """The Exp(1) draws `sample` would race probabilities of `shape` against, drawn ahead from
+    `generator` for a compiled graph."""
     return torch.empty(shape, dtype=torch.float32, device=device).exponential_(1.0, generator=generator)
 
 
 class DrawnAhead:
-    """Random numbers drawn from a seeded generator before a compiled round, which cannot draw from
-    a `torch.Generator`: the round's `sample` and `rejection_sample` take them, in the order drawn,
-    where they would have drawn them from the generator (pass it as their `generator`)."""
+    """Random numbers drawn from a seeded generator before a compiled round, passed as the
+    `generator` of its `sample` and `rejection_sample` calls, which take them in the order drawn."""
 
     def __init__(self, draws: list[torch.Tensor]) -> None:
         self.draws = draws
@@ -132,12 +113,8 @@ def uniform(shape: tuple[int, ...], device: torch.device, generator: Generator) 
 
 
 def sample(probs: torch.Tensor, generator: Generator = None) -> torch.Tensor:
-    """Draw one token per row of `probs` `[..., V]` → `[...]` (int64), racing them against draws
-    from `generator`, or drawn ahead by it (`DrawnAhead` of `exponential_noise`).
-
-    Uses the exponential race argmax(p / E), E ~ Exp(1), which samples exactly from p and, unlike
-    `torch.multinomial`, never synchronises with the host on CUDA.
-    """
+    """Draw one token per row of `probs` `[..., V]` → `[...]` int64 by the exponential race
+    argmax(p / E), E ~ Exp(1) (exact, and unlike `torch.multinomial` no host sync on CUDA)."""
     if isinstance(generator, DrawnAhead):
         noise = generator.next()
     else:
@@ -150,7 +127,6 @@ def next_tokens(
     params: Params,
     generator: Generator,
 ) -> torch.Tensor:
-    """One token per row of `logits` `[..., V]` → `[...]`: the argmax when greedy (no distribution is
-    built: a one-hot over a 49k vocabulary costs more than the argmax itself), else a sample from
-    `logits_to_probs` (`sample`)."""
+    """One token per row of `logits` `[..., V]` → `[...]`: the argmax when greedy (no one-hot
+    built), else a sample from `logits_to_probs`."""
     return logits.argmax(dim=-1) if params.greedy else sample(logits_to_probs(logits, params), generator)

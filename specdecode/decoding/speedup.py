@@ -1,10 +1,5 @@
-"""What speculative decoding should buy: Leviathan et al.'s speedup model with a measured verify
-cost (the costs themselves are timed by `timing.py`; the gamma a drafter decodes with is chosen by
-`gamma.py`).
-
-Theorem 3.8 of Leviathan et al. (2023) assumes a verify pass of gamma + 1 tokens costs the same as
-a one-token step. That holds on a GPU, not on a CPU (a 5-token verify there costs ~1.45x a step), so
-the model here takes the measured verify cost instead:
+"""Leviathan et al.'s speedup model (2023, Thm 3.8) with a measured verify cost instead of one step
+(on a CPU a 5-token verify costs ~1.45x a step):
 
     speedup = E[tokens per step] * T_target(1) / (gamma * T_drafter + T_target(gamma + 1)),
     E[tokens per step] = (1 - alpha^(gamma + 1)) / (1 - alpha).
@@ -25,27 +20,14 @@ def expected_tokens_per_step(alpha: float, gamma: int) -> float:
 
 
 def predicted_speedup(alpha: float, gamma: int, cost_ratio: float, verify_ratio: float) -> float:
-    """Speedup over target-only decoding (Leviathan Thm 3.8 with a measured verify cost).
-
-    Args:
-        alpha: per-token acceptance rate.
-        gamma: drafts per step.
-        cost_ratio: c = T_drafter(1 token) / T_target(1 token).
-        verify_ratio: T_target(gamma + 1 tokens) / T_target(1 token); 1 recovers the paper's formula.
-    """
+    """Speedup over target-only decoding; `cost_ratio` c = T_drafter(1) / T_target(1),
+    `verify_ratio` T_target(gamma + 1) / T_target(1) (1 recovers the paper's formula)."""
     return expected_tokens_per_step(alpha, gamma) / (gamma * cost_ratio + verify_ratio)
 
 
 def optimal_gamma(alpha: float, cost_ratio: float, verify_ratios: dict[int, float]) -> tuple[int, float]:
-    """The gamma Leviathan's model predicts fastest, each gamma with its own measured verify cost.
-
-    Args:
-        alpha: per-token acceptance rate.
-        cost_ratio: c, a drafter step relative to a target step.
-        verify_ratios: gamma → T_target(gamma + 1 tokens) / T_target(1 token).
-
-    Returns `(gamma, predicted speedup)`; a speedup below 1 says speculation does not pay at all.
-    """
+    """`(gamma, predicted speedup)` of the fastest gamma, each at its own measured verify cost
+    (`verify_ratios`: gamma → T_target(gamma + 1) / T_target(1)); below 1, speculation does not pay."""
     if not verify_ratios:
         raise ValueError("verify_ratios is empty: measure at least one gamma")
     speedups = predicted_speedups(alpha, cost_ratio, verify_ratios)

@@ -1,22 +1,16 @@
 """The static and compiled decoders: fixed buffers and pass widths, so the steps can be compiled.
 
-The eager decoder's growing read window, float masks, leaving rows and per-step host syncs each
-change a shape or wait on the device, which keeps a compiled (on CUDA: graph-captured) step from
-being replayed. Here, as in gpt-fast but with ragged batches: each KV cache is a fixed
-`[B, H_kv, S_cap, D]` buffer per layer (`StaticKVCache`), read whole under a boolean mask;
-finished rows stay in the batch, masked (they commit, count and look up nothing); every pass has a
-fixed width (1 for the target alone, gamma + 1 for a verify, the drafting strategies' own
-windows); and the host asks whether every row is done every few steps (`default_sync_every`).
+As in gpt-fast but with ragged batches: each KV cache is a fixed `[B, H_kv, S_cap, D]` buffer per
+layer read whole under a boolean mask; finished rows stay, masked (they commit, count and look up
+nothing); every pass has a fixed width; the host asks whether every row is done every few steps.
 
-`CompiledDecoder` runs each speculative round (`_round`: draft, verify, accept, commit) or step of
-the target alone (`_step`) as one compiled graph (`compiled.py`), compiled once per shape (batch
-size, capacity, gamma, sampling mode) and reused across calls; the prefills, whose widths the
-prompts set, run eagerly. It takes the buffers a step writes in place from a pool per model and
-shape (`static_buffers`), so later calls replay CUDA graphs at the addresses the first recorded.
+`CompiledDecoder` runs each speculative round (`_round`) or target step (`_step`) as one compiled
+graph per shape, reused across calls; the prefills, whose widths the prompts set, run eagerly. Its
+buffers come from a pool per model and shape (`static_buffers`), so later calls replay CUDA graphs.
 
-The caller gets what the eager decoder returns: the same tokens in greedy decoding (in fp32 on
-these kernels; see `StaticDecoder.speculative` for bf16), the same distribution when sampling
-(though not the same draws for a seed once a row finishes: masked rows still draw), the same counters.
+Both return what the eager decoder does: the same greedy tokens (in fp32; see
+`StaticDecoder.speculative` for bf16), the same distribution when sampling (not the same draws for
+a seed once a row finishes: masked rows still draw), the same counters.
 """
 
 from __future__ import annotations
@@ -51,9 +45,8 @@ from specdecode.decoding.stats import DeviceCounters, GenerationResult
 from specdecode.decoding.verify import verify_drafts
 from specdecode.models.feature_drafter import FeatureDrafter
 
-# Steps between host syncs (is every row done?) on an accelerator: the host queues up to this many
-# steps ahead and the batch may run up to this many - 1 steps past its last row's end. On the CPU
-# the device is the host, a sync costs nothing, and every step is checked.
+# Steps between host syncs (is every row done?) on an accelerator, which may run this many - 1 steps
+# past the last row's end; on the CPU a sync costs nothing and every step is checked.
 SYNC_EVERY_ACCELERATOR = 8
 # Compiled steps (rounds) of a call that evaluate their guards; later ones skip them (`skipped_guards`).
 GUARDED_STEPS = 2
@@ -71,10 +64,8 @@ def _draws_ahead(
     vocab_size: int,
     device: torch.device,
 ) -> DrawnAhead:
-    """A sampled round's draws from `generator`, as the round would draw them: one Exp(1) race per
-    draft over the drafter's `draw_width` ids (None: the target's `vocab_size`), the uniforms of the
-    acceptance test, and the race of the resample over the target's vocabulary (`sample`,
-    `rejection_sample`)."""
+    """A sampled round's draws from `generator`, in the round's order: one Exp(1) race per draft over
+    `draw_width` ids (None: `vocab_size`), the acceptance uniforms, and the resample's race."""
     races = [exponential_noise((batch_size, draw_width or vocab_size), device, generator) for _ in range(gamma)]
     acceptance = uniform((batch_size, gamma), device, generator)
     return DrawnAhead([*races, acceptance, exponential_noise((batch_size, vocab_size), device, generator)])
@@ -91,14 +82,12 @@ def _round(
     gamma: int,
     generator: torch.Generator | DrawnAhead | None,
 ) -> None:
-    """One round of the static core: draft gamma tokens per row, verify them in one target pass,
-    accept or resample, commit. No host sync, and a seeded generator's draws made ahead
-    (`DrawnAhead`), so under `compile` it traces as one graph."""
+    """One round: draft gamma tokens per row, verify them in one target pass, accept or resample,
+    commit. No host sync and a seeded generator's draws made ahead, so it traces as one graph."""
     if lookup is not None:
         lookup.active = rows.active
     cache.set_lengths(rows.lengths - 1)
-    # 1. draft gamma tokens. A row of a one-token prompt and no budget holds one token where a
-    # drafter may re-read two: its (masked) drafts then read a padding token.
+    # 1. draft gamma tokens (a masked one-token row's drafts read a padding token)
     draft, q = drafting.propose(rows.tokens, rows.lengths.clamp_min(2), rows.capacity, gamma, params, generator)
     # 2. verify the pending token and the gamma drafts in one target pass; accept / resample
     num_accepted, _, new_tokens = verify_drafts(
@@ -118,10 +107,9 @@ def _step(
     generator: DrawnAhead | None,
     feature_layers: tuple[int, ...] | None,
 ) -> None:
-    """One step of the target alone: a one-token pass of the whole batch, sample (against a seeded
-    generator's draws made ahead, where given), commit, and with `feature_layers` write each active
-    row's features into `written` `[B, S_cap, n·H]`. No host sync and no generator, so under
-    `compile` it traces as one graph."""
+    """One step of the target alone over the whole batch (sampling against draws made ahead, where
+    given), committed; with `feature_layers`, each active row's features written into `written`
+    `[B, S_cap, n·H]`. No host sync and no generator, so it traces as one graph."""
     cache.set_lengths(rows.lengths - 1)
     active = rows.active
     logits, hidden = cached_forward_features(target, cache, rows.last(1), feature_layers=feature_layers)
@@ -150,15 +138,17 @@ class StaticDecoder(Decoder):
         self, function: Callable[..., None], params: SamplingParams, device: torch.device
     ) -> tuple[Callable[..., None], Params]:
         """A step `function` and the sampling params to call it with, as this decoder runs them."""
-        return function, params
+        return compiled_for(function, params, device) if self.compile else (function, params)
 
-    def _regions(self, *models: torch.nn.Module) -> contextlib.AbstractContextManager[object]:
-        """The block in which the steps of `models` run."""
-        return contextlib.nullcontext()
-
-    def _step(self, step: int, device: torch.device, *state: object) -> contextlib.AbstractContextManager[object]:
+    @contextlib.contextmanager
+    def _step(self, step: int, device: torch.device, *state: object) -> Iterator[None]:
         """The block in which step `step` runs on `device`, changing the attributes of `state`."""
-        return contextlib.nullcontext()
+        if not self.compile:
+            yield
+            return
+        mark_step(True, device)
+        with skipped_guards(step >= GUARDED_STEPS), outputs_copied(*state):
+            yield
 
     def _run(
         self, rows: StaticRows, budgets: list[int], models: Sequence[torch.nn.Module], run: Callable[[int], object]
@@ -166,7 +156,7 @@ class StaticDecoder(Decoder):
         """`run(step)` until every row is done: each step commits at least one token per active row,
         and the host asks whether any row is active every `default_sync_every` steps."""
         sync_every = default_sync_every(rows.tokens.device)
-        with self._regions(*models):
+        with nested_layers(*models) if self.compile else contextlib.nullcontext():
             for step in range(max(max(budgets) - 1, 0)):
                 if step % sync_every == 0 and not rows.active.any().item():
                     break
@@ -175,14 +165,10 @@ class StaticDecoder(Decoder):
     def speculative(
         self, target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter | RowDrafters, request: Request
     ) -> GenerationResult:
-        """Exact, in greedy decoding, means each token is the argmax of the target's logits at that
-        position as the target computes them in a pass of this batch's shape. In fp32 that is
-        target-alone greedy. In bf16 passes of other widths, read windows or kernels (eager or
-        compiled: inductor fuses and rounds otherwise) round differently, so where the target's top
-        two logits lie within bf16 rounding of each other they can pick different tokens: bf16 greedy
-        is exact against target-alone greedy in bf16 on the same batch shape and core, up to such
-        near-ties, and the rate is measured (`specdecode.evaluation.benchmark`), not assumed.
-        """
+        """Greedy picks the argmax of the target's logits as a pass of this batch's shape computes
+        them: in fp32, target-alone greedy. In bf16, passes of other widths or kernels round
+        differently, so near-tied top logits can pick other tokens; that rate is measured
+        (`specdecode.evaluation.benchmark`), not assumed."""
         if isinstance(drafter, RowDrafters):
             raise ValueError("several drafters in one batch (assign=) need the eager decoder: static=False")
         start = time.perf_counter()
@@ -230,7 +216,7 @@ class StaticDecoder(Decoder):
 
     def autoregressive(self, target: PreTrainedModel, request: Request) -> GenerationResult:
         """One-token passes of the whole batch, finished rows masked; a seeded generator's draws are
-        drawn before each step and passed in (`DrawnAhead`), the numbers `sample` would draw."""
+        made before each step and passed in (`DrawnAhead`)."""
         start = time.perf_counter()
         device, params, generator, batch_size = target.device, request.params, request.generator, len(request.prompts)
         feature_layers = request.feature_layers
@@ -268,22 +254,7 @@ class StaticDecoder(Decoder):
 @dataclass(frozen=True)
 class CompiledDecoder(StaticDecoder):
     """The static loops with each round (step) one compiled graph (`compiled.py`): CUDA graphs on
-    CUDA, each model's layers one nested region where `compiled.NESTED_LAYERS`, guards skipped after
-    the first `GUARDED_STEPS` steps of a call, and what a step reassigns copied out of its graph's
-    memory before the next replay."""
+    CUDA, guards skipped after the first `GUARDED_STEPS` steps of a call, and what a step reassigns
+    copied out of its graph's memory before the next replay."""
 
     compile: ClassVar[bool] = True
-
-    def _compiled(
-        self, function: Callable[..., None], params: SamplingParams, device: torch.device
-    ) -> tuple[Callable[..., None], Params]:
-        return compiled_for(function, params, device)
-
-    def _regions(self, *models: torch.nn.Module) -> contextlib.AbstractContextManager[object]:
-        return nested_layers(*models)
-
-    @contextlib.contextmanager
-    def _step(self, step: int, device: torch.device, *state: object) -> Iterator[None]:
-        mark_step(True, device)
-        with skipped_guards(step >= GUARDED_STEPS), outputs_copied(*state):
-            yield

@@ -1,21 +1,11 @@
 """The static core's buffers, kept per model and shape between compiled calls.
 
-A compiled step on CUDA is a CUDA graph that reads and writes its static inputs (KV buffers, token
-rows, counters, a feature drafter's features) at the addresses it was recorded with. Where a later
-call brings buffers at other addresses, CUDA graph trees record the graph again: a capture per
-call, and each recorded graph kept (a later call checks its inputs against every one) or, on
-torch versions that count such records against `cudagraph_unexpected_rerecord_limit` (128), the
-graph run without CUDA graphs from then on. gpt-fast keeps its caches as model buffers for this
-reason.
-
-Here a compiled decode takes its static buffers from a pool (`static_buffers`): per model and call
-shape (batch size, cache capacity), one buffer per name, shape, dtype and device, zeroed in place
-at each call, so later calls of one shape replay the graphs the first recorded. A buffer serves one
-call at a time (a second call of the same shape while one runs, or a model that is both target and
-drafter, gets a set of its own). A model keeps the buffers of its `POOLED_SHAPES` most recent call
-shapes; they go with the model (the pool holds models weakly) or with `release_static_buffers`. An
-uncompiled decode allocates its buffers per call: nothing of it outlives the call. A pooled buffer
-is marked static (`mark_static`) as it is handed out, so that CUDA graphs write it where it is.
+A CUDA graph reads and writes its static inputs at the addresses it was recorded with; buffers at
+new addresses make CUDA graph trees record it again, per call (gpt-fast keeps its caches as model
+buffers for this reason). So a compiled decode takes its buffers from a pool: per model and call
+shape, one buffer per name, shape, dtype and device, zeroed at each call and serving one call at a
+time. A model keeps its `POOLED_SHAPES` most recent shapes; they go with the model (held weakly)
+or with `release_static_buffers`. An uncompiled decode allocates its buffers per call.
 """
 
 from __future__ import annotations
@@ -33,8 +23,7 @@ Zeros = Callable[[str, tuple[int, ...], torch.dtype, torch.device], torch.Tensor
 # A call's shape: (batch size, cache capacity).
 CallShape = tuple[int, int]
 
-# Call shapes whose buffers a model keeps: a call of another shape evicts the least recently used
-# (an evaluation runs a few batch sizes at one capacity; the data writer one shape).
+# Call shapes whose buffers a model keeps; a call of another shape evicts the least recently used.
 POOLED_SHAPES = 4
 
 _Key = tuple[str, tuple[int, ...], torch.dtype, torch.device]
@@ -45,9 +34,8 @@ _LOCK = threading.Lock()
 
 
 def mark_static(*tensors: torch.Tensor) -> None:
-    """Give tensors that compiled graphs write in place fixed addresses, so that CUDA graphs may
-    write them where they are rather than skip the graph (inductor captures no graph that mutates
-    a plain input). torch has no public API for this (2.14): `torch._dynamo.mark_static_address`."""
+    """Give tensors that compiled graphs write in place fixed addresses, so CUDA graphs write them where
+    they are (no public API for this in torch 2.14: `torch._dynamo.mark_static_address`)."""
     for tensor in tensors:
         torch._dynamo.mark_static_address(tensor)
 
@@ -79,8 +67,7 @@ class Lease:
     def zeros(
         self, owner: torch.nn.Module, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
     ) -> torch.Tensor:
-        """A zeroed `shape` / `dtype` buffer on `device`: `owner`'s pooled `name` for this call shape,
-        where pooled and not held by another call, else a new one (pooled for later calls where pooled)."""
+        """A zeroed buffer: `owner`'s pooled `name` for this call shape where one is free, else a new one."""
         if not self.pooled:
             return fresh_zeros(name, shape, dtype, device)
         key = (name, tuple(shape), dtype, torch.device(device))
@@ -115,9 +102,8 @@ def _evict(shapes: _Shapes) -> None:
 
 @contextlib.contextmanager
 def static_buffers(pooled: bool, shape: CallShape) -> Iterator[Lease]:
-    """A `Lease` for a decode call of `shape`, given back on leaving the block (however it is left).
-    Whatever the call returns must be copied out of its buffers first: the next call of the shape
-    zeroes them."""
+    """A `Lease` for a decode call of `shape`, given back on leaving the block; copy results out of
+    its buffers first (the next call of the shape zeroes them)."""
     lease = Lease(pooled, shape)
     try:
         yield lease
@@ -126,8 +112,7 @@ def static_buffers(pooled: bool, shape: CallShape) -> Iterator[Lease]:
 
 
 def release_static_buffers(*models: torch.nn.Module) -> None:
-    """Free the pooled buffers of `models` (all models where none is named), for their memory: a
-    later compiled call allocates new ones, and on CUDA records its graphs again."""
+    """Free the pooled buffers of `models` (all where none is named); later calls record graphs again."""
     with _LOCK:
         for model in models or list(_POOL.keys()):
             _POOL.pop(model, None)

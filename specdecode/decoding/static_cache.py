@@ -1,10 +1,6 @@
-"""The static core's `KVCache` and its capacity: fixed shapes, so a compiled forward can be replayed.
-A pass writes each layer's buffers in place (`write_layer`); a nested compile region sees a cache
-of its one layer (`LayerKV`, `compiled.nested_layers`).
-
-`RaggedKVCache` (cache.py) reads a window that grows with the longest row and builds an additive
-float mask for it, so every pass has a new shape. Here the buffers are read whole and the mask is
-boolean (SDPA can then pick its efficient kernels).
+"""The static core's `KVCache` and its capacity: buffers read whole under a boolean mask, so every
+pass keeps its shape and a compiled forward can be replayed; a nested compile region sees a cache
+of its one layer (`LayerKV`).
 """
 
 from __future__ import annotations
@@ -13,39 +9,30 @@ from collections.abc import Sequence
 
 import torch
 
+from specdecode.core.config import is_int
 from specdecode.decoding.cache import KVCache
 from specdecode.decoding.static_buffers import Zeros, fresh_zeros
 
-# The cache capacity is rounded up to a power of two (at least this), so calls whose prompts and
-# budgets differ share one compiled shape, at most twice the slots they need: unused slots are
-# masked, and reading them costs little next to the weights (256 slots of SmolLM2-135M's keys and
-# values are ~6 MB per row against its 540 MB of weights).
+# The capacity is rounded up to a power of two (at least this), so calls of other lengths share one
+# compiled shape; the masked slots cost little next to the weights (256 slots of SmolLM2-135M: ~6 MB).
 MIN_CAPACITY = 16
-
-
-def decode_slack(gamma: int | None) -> int:
-    """Slots a static decode writes past a row's budget: a speculative round's gamma drafts, its bonus
-    token and the pending one (gamma + 2); a step of the target alone (`gamma` None) 1."""
-    return 1 if gamma is None else gamma + 2
 
 
 def rows_capacity(
     prompts: Sequence[Sequence[int]], budgets: Sequence[int], gamma: int | None, capacity: int | None = None
 ) -> int:
-    """The cache capacity of a static decode of `prompts` with `budgets` (`static_capacity`)."""
-    return static_capacity(max(len(p) + b for p, b in zip(prompts, budgets)) + decode_slack(gamma), capacity)
+    """The cache capacity of a static decode of `prompts` with `budgets` (`static_capacity`): past a
+    row's budget a round writes gamma drafts, its bonus token and the pending one; a target step 1."""
+    slack = 1 if gamma is None else gamma + 2
+    return static_capacity(max(len(p) + b for p, b in zip(prompts, budgets)) + slack, capacity)
 
 
 def static_capacity(slots: int, capacity: int | None = None) -> int:
-    """The capacity of the static caches of a decode that needs `slots` slots per row: `capacity`
-    where the caller fixes it (so that calls of other lengths share compiled graphs), else `slots`
-    rounded up to a power of two.
-
-    Raises ValueError: `capacity` is not an int of at least `slots`.
-    """
+    """The static caches' slots per row for a decode that needs `slots`: `capacity` where the caller
+    fixes it (ValueError unless an int >= `slots`), else `slots` rounded up to a power of two."""
     if capacity is None:
         return max(MIN_CAPACITY, 1 << (slots - 1).bit_length())
-    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < slots:
+    if not is_int(capacity) or capacity < slots:
         raise ValueError(
             f"capacity must be an int of at least {slots} cache slots (the longest prompt + its max_new_tokens "
             f"+ the core's slack), got {capacity!r}"
@@ -67,9 +54,8 @@ def write_layer(
 
 
 class LayerKV:
-    """The cache a decoder layer's attention sees inside a nested region: `update` writes that
-    layer's buffers whatever layer index it is given, so a trace of one layer is right for every
-    layer (the region's tensors, not the layer's index, say which buffers it writes)."""
+    """The cache a decoder layer sees inside a nested region: `update` writes the region's buffers
+    whatever layer index it is given, so one layer's trace is right for every layer."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:
         self.keys, self.values, self.slots = keys, values, slots
@@ -100,20 +86,12 @@ class StaticKVCache(KVCache):
     def set_lengths(self, lengths: torch.Tensor, max_length: int | None = None) -> None:
         self.lengths = lengths
 
-    def _write(
-        self,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        slots: torch.Tensor,
-        key_states: torch.Tensor,
-        value_states: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return write_layer(keys, values, slots, key_states, value_states)
+    # in place, as a nested layer region writes (`LayerKV`)
+    _write = staticmethod(write_layer)
 
     def layer_buffers(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """Layer `layer_idx`'s keys, values and the pass's write slots `[B, T]`, once the layer's
-        buffers exist and a pass is prepared (a nested layer region takes them as its inputs:
-        `compiled.nested_layers`); else None."""
+        """Layer `layer_idx`'s keys, values and the pass's write slots `[B, T]` (a nested region's
+        inputs), once they exist; else None."""
         keys, values, slots = self.keys[layer_idx], self.values[layer_idx], self._write_slots
         if keys is None or values is None or slots is None:
             return None

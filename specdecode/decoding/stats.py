@@ -30,8 +30,7 @@ class StepCounters:
         self.judged: list[int] = []
         # steps taken at each gamma (0: a target-only step of an adaptive decode)
         self.gamma_steps: dict[int, int] = {}
-        # drafts that prompt lookup proposed instead of the drafter (a device tensor: never synced
-        # before the end)
+        # drafts that prompt lookup proposed (a device tensor, synced at the end)
         self.looked_up: torch.Tensor | int = 0
 
     def record_target_call(self, batch_size: int) -> None:
@@ -40,9 +39,8 @@ class StepCounters:
 
 
 class DeviceCounters:
-    """A decode's running counts, kept on the device so that counting a step never syncs; only
-    active rows count (a step counts where any is). A compiled step adds to them in place, so
-    they come from the call's `zeros`. `gamma` is the widest step's."""
+    """A decode's running counts, on the device (counting never syncs) in the call's `zeros` (a
+    compiled step adds in place); only active rows count. `gamma` is the widest step's."""
 
     def __init__(self, gamma: int, device: torch.device, zeros: Zeros = fresh_zeros) -> None:
         self.gamma = gamma
@@ -63,9 +61,8 @@ class DeviceCounters:
         gamma: int | None = None,
         judged: torch.Tensor | None = None,
     ) -> None:
-        """A verify step of `gamma` drafts (default: `self.gamma`) over the `active` rows `[B]` bool,
-        of which `judged` (None: all) drafted, each accepting `num_accepted` `[B]`: only the judged
-        rows' drafts count as drafted, accepted or rejected."""
+        """A verify step of `gamma` drafts (default `self.gamma`) over the `active` rows `[B]` bool,
+        each accepting `num_accepted` `[B]`; only `judged` rows' drafts count (None: all)."""
         gamma = self.gamma if gamma is None else gamma
         judged = active if judged is None else active & judged
         rows = judged.sum()
@@ -101,13 +98,10 @@ class DeviceCounters:
 class DecodeStats:
     """Summary of one `speculative_generate` / `autoregressive_generate` call.
 
-    alpha is the maximum-likelihood per-token acceptance rate A / (A + R), A accepted drafts and R
-    steps that ended in a rejection (under i.i.d. acceptance a step's count is a geometric number of
-    successes, truncated at gamma); accepted / drafted would understate it, because drafts after the
-    first rejection are never judged. tau is generated tokens per target call per row (prefill
-    included; a batched call over B rows counts B), 1 for autoregressive decoding.
-    position_acceptance[i] = P(draft i accepted | drafts before it accepted). looked_up counts the
-    drafts that prompt lookup (`specdecode.decoding.lookup`) proposed instead of the drafter.
+    alpha: the maximum-likelihood per-token acceptance A / (A + R), A accepted drafts and R steps
+    ending in a rejection (accepted / drafted would understate it: drafts after a rejection are never
+    judged). tau: generated tokens per target call per row (prefill included). position_acceptance[i]
+    = P(draft i accepted | drafts before it accepted). looked_up: drafts prompt lookup proposed.
     """
 
     gamma: int
@@ -152,8 +146,7 @@ class GenerationResult:
         gamma = counters.gamma
         accepted = sum(n * count for n, count in enumerate(histogram))
         rejections = counters.rejections
-        # judged[i]: steps whose drafts 0..i-1 were all accepted and that drafted an i-th; of them,
-        # those that accepted more than i passed it.
+        # of the steps that judged draft i, those that accepted more than i passed it
         judged = counters.judged or [0] * gamma
         passed = [sum(histogram[i + 1 :]) for i in range(gamma)]
         position_acceptance = [passed[i] / judged[i] if judged[i] else None for i in range(gamma)]

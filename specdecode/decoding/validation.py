@@ -19,12 +19,8 @@ from specdecode.models.feature_drafter import FeatureDrafter, check_fits_target
 def validate_models(
     target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, prompt_lookup: object = None
 ) -> None:
-    """Check that `drafter` can draft for `target`: one vocabulary, one device, and for a feature
-    drafter the target's hidden size and layers (`check_fits_target`).
-
-    Raises ValueError: naming the sizes or devices that differ; TypeError: `prompt_lookup` is neither a
-    `PromptLookup` nor None.
-    """
+    """Check that `drafter` can draft for `target` (one vocabulary and device; a feature drafter's
+    sizes and layers) and that `prompt_lookup` is a `PromptLookup` or None, naming what differs."""
     check_vocab_sizes(target, drafter)
     if isinstance(drafter, FeatureDrafter):
         check_fits_target(drafter, target)
@@ -53,11 +49,8 @@ def _is_list(value: object) -> TypeGuard[Sequence[object]]:
 
 
 def _token_ids(prompt: object, i: int) -> list[int]:
-    """Prompt `i` as a list of ints: a sequence of ids (`_token_id`) or a 1-D tensor / array of them.
-
-    Raises TypeError: the prompt is not a sequence of ids; ValueError: naming the first id that is not
-    an integer.
-    """
+    """Prompt `i` as a list of ints from a sequence of ids or a 1-D tensor / array (errors name the
+    first id that is not an integer)."""
     if isinstance(prompt, (torch.Tensor, np.ndarray)) and prompt.ndim == 1:
         prompt = prompt.tolist()
     if not _is_list(prompt):
@@ -70,10 +63,7 @@ def _token_ids(prompt: object, i: int) -> list[int]:
 
 
 def _eos_ids(eos_token_ids: object) -> list[int]:
-    """`eos_token_ids` (one id or a sequence of them) as a list of ints.
-
-    Raises ValueError: naming the value when it is neither.
-    """
+    """`eos_token_ids` (one id or a sequence of them) as a list of ints; ValueError naming anything else."""
     one = _token_id(eos_token_ids)
     if one is not None:
         return [one]
@@ -87,10 +77,7 @@ def _eos_ids(eos_token_ids: object) -> list[int]:
 
 
 def check_seed(seed: object) -> int | None:
-    """`seed` as an int or None: what `torch.Generator.manual_seed` takes (bools refused).
-
-    Raises TypeError: naming a seed that is not an integer.
-    """
+    """`seed` as an int or None (TypeError naming anything else, bools included)."""
     if seed is None:
         return None
     value = _token_id(seed)
@@ -100,11 +87,7 @@ def check_seed(seed: object) -> int | None:
 
 
 def check_feature_layers(feature_layers: object, num_layers: int) -> tuple[int, ...] | None:
-    """`feature_layers` as a tuple of the target's hidden-state indices, or None.
-
-    Raises TypeError: naming a value that is not a sequence of ints; ValueError: naming an index outside
-    the target's hidden states `[-1, num_layers]`.
-    """
+    """`feature_layers` as a tuple of the target's hidden-state indices in `[-1, num_layers]`, or None."""
     if feature_layers is None:
         return None
     ids = [_token_id(i) for i in feature_layers] if _is_list(feature_layers) else [None]
@@ -124,12 +107,8 @@ def validate_request(
     eos_token_ids: Sequence[int] | int | None,
     gamma: int | None = None,
 ) -> tuple[list[int], list[int], list[list[int]]]:
-    """Check a decode request; return one budget per prompt, the EOS ids and the prompts as lists
-    of ints (NumPy integers and 0-d tensors, as indexing gives them, are ids).
-
-    `gamma` is bounded by `specdecode.core.config.MAX_GAMMA` (64): each step drafts gamma tokens whatever
-    the rows' remaining budgets, so an unbounded gamma is unbounded wasted work.
-    """
+    """Check a decode request; return one budget per prompt, the EOS ids and the prompts as lists of
+    ints. `gamma` is bounded by `MAX_GAMMA`: each step drafts gamma tokens whatever the budgets left."""
     if gamma is not None and not is_gamma(gamma):
         raise ValueError(f"gamma must be {GAMMA_RANGE}, got {gamma!r}")
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
