@@ -306,7 +306,16 @@ def step_table(
     docstring); `remeasure` times it again."""
     sizes = tuple(measure.get("batch_sizes", COST_BATCH_SIZES))
     context = measure.get("context_tokens", COST_CONTEXT_TOKENS)
-    key = cost_key(target, drafter, params, batch_sizes=list(sizes), max_gamma=max_gamma, context_tokens=context)
+    # `step`: a step's seconds are its drafts' and its verify's, timed apart (`_step_s`)
+    key = cost_key(
+        target,
+        drafter,
+        params,
+        batch_sizes=list(sizes),
+        max_gamma=max_gamma,
+        context_tokens=context,
+        step="draft+verify",
+    )
     checked = f"{kernel_cache_dir()} {json.dumps(key, sort_keys=True)}"
     if not remeasure and checked in _CHECKED:
         return _CHECKED[checked]
