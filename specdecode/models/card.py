@@ -314,6 +314,11 @@ def hub_id(name: str | None) -> str | None:
     return name
 
 
+def is_repo_id(value: object) -> bool:
+    """`value` is a hub repo id, `owner/name`."""
+    return isinstance(value, str) and value.count("/") == 1 and all(value.split("/"))
+
+
 def _datasets(data: Mapping[str, Any]) -> list[str]:
     if data.get("synthetic"):
         return []
@@ -341,7 +346,7 @@ def push_to_hub(
     folder = Path(folder)
     if not (folder / CARD_FILE).is_file():
         raise ValueError(f"push_to_hub: {str(folder)!r} is not a folder with a {CARD_FILE} model card")
-    if not isinstance(repo_id, str) or repo_id.count("/") != 1 or not all(repo_id.split("/")):
+    if not is_repo_id(repo_id):
         raise ValueError(f"push_to_hub={repo_id!r}: expected a hub repo id 'owner/name'")
     api = api if api is not None else HfApi(token=token)
     api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from specdecode.core.config import require
+from specdecode.core.config import require, require_choice, require_int
 
 SMOKE_TARGET = "smoke"
 """`target.name` that selects the tiny in-process target (`specdecode.models.smoke`)."""
@@ -132,7 +132,7 @@ class DrafterConfig:
     trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
-        require(self.kind in DRAFTER_KINDS, "drafter.kind", self.kind, "|".join(DRAFTER_KINDS))
+        require_choice("drafter.kind", self.kind, DRAFTER_KINDS)
         check_hub_options(self.revision, self.trust_remote_code, "drafter")
         if self.layout is None:
             self.layout = "eagle" if self.kind == "feature" else "specdecode"
@@ -149,18 +149,8 @@ class DrafterConfig:
         if self.kind == "eagle3":
             self._check_eagle3()
         if self.kind in BUILT_KINDS:
-            require(
-                isinstance(self.num_layers, int) and self.num_layers >= 1,
-                "drafter.num_layers",
-                self.num_layers,
-                "an int >= 1",
-            )
-            require(
-                self.draft_vocab is None or (isinstance(self.draft_vocab, int) and self.draft_vocab >= 1),
-                "drafter.draft_vocab",
-                self.draft_vocab,
-                "null or an int >= 1",
-            )
+            require_int("drafter.num_layers", self.num_layers, 1)
+            require_int("drafter.draft_vocab", self.draft_vocab, 1, nullable=True)
             # A path here means the user meant to load a drafter; training a derived one instead would be silent.
             require(
                 self.path is None,
