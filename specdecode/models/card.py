@@ -1,13 +1,7 @@
-"""Model cards: the README.md written into every saved drafter folder and every exported one.
-
-A card is YAML front matter as the Hugging Face hub reads it (`base_model`, `library_name`, `tags`,
-`datasets`, `pipeline_tag`), then the facts a user needs to trust the drafter: the target and its
-revision, the drafter's kind, its domain and data, the training budget, what was measured (alpha,
-tau, speedup) and on what, and the command that reproduces it. The facts are also kept, machine
-readable, in the front matter under `specdecode:`.
-
-`push_to_hub` uploads a folder with huggingface_hub (`HfApi.upload_folder`); nothing calls it
-unless asked (`push_to_hub=<repo id>`).
+"""Model cards: the README.md of every saved or exported drafter folder: the hub's YAML front
+matter, then what a user needs to trust the drafter (target, kind, data, budget, what was measured
+and on what, the command that reproduces it), also kept machine-readable under `specdecode:`.
+`push_to_hub` uploads a folder when asked (`push_to_hub=<repo id>`).
 """
 
 from __future__ import annotations
@@ -36,8 +30,7 @@ EMBEDDED_DATASETS = {
 
 @dataclass
 class Measurement:
-    """One measured figure: `metric` (alpha, tau, speedup, acceptance...), its value, and what it
-    was measured on (data, prompts, gamma, temperature, hardware), in words."""
+    """One measured figure (alpha, tau, speedup, acceptance...) and, in words, what it was measured on."""
 
     metric: str
     value: float
@@ -45,9 +38,8 @@ class Measurement:
 
 
 def command_line(argv: Iterable[str] | None = None) -> str:
-    """The command that started this process, as typed (Hydra overrides included), quoted for a
-    shell: `python train/distill.py ...`, or `specdecode train ...` for the console command.
-    `argv` is the interpreter's own command line (default `sys.orig_argv`)."""
+    """The command that started this process (default `sys.orig_argv`), quoted for a shell:
+    `python train/distill.py ...`, or `specdecode train ...` for the console command."""
     args = list(sys.orig_argv if argv is None else argv)[1:]  # without the interpreter's path
     if args[:2] == ["-m", "specdecode.pipeline.cli"]:
         return shlex.join(["specdecode", *args[2:]])
@@ -339,10 +331,8 @@ def push_to_hub(
     api: HfApi | None = None,
 ) -> str:
     """Upload `folder` (a drafter or an export, card included) to the hub repo `repo_id`, created
-    if missing (private unless asked); returns the commit's URL. Needs the hub and a token.
-
-    Raises ValueError: `folder` is not a folder or has no README.md card; `repo_id` is not `owner/name`.
-    """
+    if missing (private unless asked); returns the commit's URL. A ValueError names a folder
+    without a card or a `repo_id` that is not `owner/name`."""
     folder = Path(folder)
     if not (folder / CARD_FILE).is_file():
         raise ValueError(f"push_to_hub: {str(folder)!r} is not a folder with a {CARD_FILE} model card")

@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 
 from specdecode.core.config import require, require_choice, require_int
 
-SMOKE_TARGET = "smoke"
-"""`target.name` that selects the tiny in-process target (`specdecode.models.smoke`)."""
+SMOKE_TARGET = "smoke"  # `target.name` of the tiny in-process target (`specdecode.models.smoke`)
 
 
 # Attention kernels transformers takes as `attn_implementation` (null: the model's default).
@@ -63,15 +62,14 @@ DRAFTER_KINDS = ("derived", "feature", "eagle3", "pretrained")
 BUILT_KINDS = ("derived", "feature", "eagle3")
 # how a feature drafter runs its body (specdecode.models.feature_drafter, "Layouts")
 FEATURE_LAYOUTS = ("specdecode", "eagle")
-LAST_FEATURE = (-1,)
-"""The default `feature_layers` of a feature drafter: the target's last (post-norm) hidden state only (EAGLE-1)."""
+LAST_FEATURE = (-1,)  # a feature drafter's default `feature_layers`: the last (post-norm) state (EAGLE-1)
 
 
 def check_feature_layers(
     layers: Sequence[int] | None, num_target_layers: int | None = None, name: str = "feature_layers"
 ) -> tuple[int, ...]:
-    """`layers` as a tuple if it is a list of distinct ints ending with -1 (the last hidden state,
-    which the drafter predicts and the head reads), the others in [1, num_target_layers - 1]."""
+    """`layers` as a tuple if they are distinct ints ending with -1 (the last hidden state), the
+    others in [1, num_target_layers - 1]; else a ValueError naming them."""
     found = tuple(layers) if isinstance(layers, (list, tuple)) else ()
     inner = found[:-1]
     ok = (
@@ -99,33 +97,24 @@ def check_layout(layout: str, name: str = "layout") -> str:
 
 @dataclass
 class DrafterConfig:
-    """`derived`: cut from the target (first num_layers layers, optional truncated vocab);
-    `feature`: an EAGLE-style drafter reading the target's hidden states (num_layers decoder layers
-    initialised from the target's layers ending at init_from_layer, or at random if it is null;
-    specdecode.models.feature_drafter);
-    `eagle3`: an EAGLE-3 drafter: one layer reading the target's low / middle / high states
-    (`feature_layers`) and its own final norm and head over the draft vocabulary, all trained
-    (specdecode.models.eagle3_drafter);
-    `pretrained`: a trained drafter folder of any kind, or any HF causal LM with the target's
-    tokenizer, at `path`."""
+    """`derived`: the target's first num_layers layers; `feature`: an EAGLE-style drafter reading
+    the target's hidden states (specdecode.models.feature_drafter); `eagle3`: EAGLE-3's one layer
+    over three target states, with its own head (specdecode.models.eagle3_drafter); `pretrained`:
+    a drafter folder of any kind, or any HF causal LM with the target's tokenizer, at `path`."""
 
     kind: str = "derived"
     num_layers: int = 2
     # Size of the truncated LM head (the most frequent tokens of the domain corpora); null = full.
     draft_vocab: int | None = 8192
     path: str | None = None
-    # feature drafters: null starts their layers at random, as transformers initialises a new model
-    # (EAGLE's choice, and higher held-out acceptance here); an int copies the target's layers
-    # ending at that one (-1: the last)
+    # feature drafters: null starts their layers at random (EAGLE's choice); an int copies the
+    # target's layers ending at that one (-1: the last)
     init_from_layer: int | None = None
-    # feature drafters: the target hidden states they read, the last (-1, post-norm) last; e.g.
-    # [2, 15, -1] adds the states after layers 2 and 15 (normed). eagle3: the three target layers
-    # whose raw input states it fuses, null: vLLM's and SGLang's (2, L // 2, L - 3)
+    # feature drafters: the target states read, -1 (the last) last, e.g. [2, 15, -1]; eagle3: the
+    # three layers whose input states it fuses, null: the engines' (2, L // 2, L - 3)
     feature_layers: list[int] | None = field(default_factory=lambda: [-1])
-    # feature drafters: eagle (EAGLE-1's layout: no input norm before the first layer, no final
-    # norm; what vLLM's EAGLE drafters run, exportable with specdecode.models.eagle_export) |
-    # specdecode (both norms, the decoder as cut from the target); null: eagle for a feature
-    # drafter, specdecode (no layout) for the other kinds
+    # feature drafters: eagle (EAGLE-1's, as vLLM runs it) | specdecode (the decoder as cut from
+    # the target); null: eagle for a feature drafter, specdecode for the other kinds
     layout: str | None = None
     # pretrained drafters from the hub: the repo's branch, tag or commit, and whether to run its own code
     revision: str | None = None
