@@ -160,10 +160,7 @@ def render_card(facts: Mapping[str, Any]) -> str:
     kind = KIND_NAMES.get(drafter["kind"], f"{drafter['kind']} drafter")
     vocab = drafter["draft_vocab"]
     lines = [
-        "---",
-        yaml.safe_dump(meta, sort_keys=False).rstrip(),
-        "---",
-        "",
+        *_front_matter(meta),
         f"# {'/'.join(domains)} drafter for {target}",
         "",
         f"A {kind} for speculative decoding with `{target}`{revision}, trained by specdecode on "
@@ -278,10 +275,7 @@ def export_card(
             serve += f" --speculative-token-map {folder}/hot_token_map.pt"
     return "\n".join(
         [
-            "---",
-            yaml.safe_dump(meta, sort_keys=False).rstrip(),
-            "---",
-            "",
+            *_front_matter(meta),
             f"# {format} draft model for {target}",
             "",
             f"A specdecode feature drafter written in {engine}'s {method} draft-model format "
@@ -304,6 +298,11 @@ def hub_id(name: str | None) -> str | None:
     if name.count("/") != 1 or name.startswith((".", "/", "~")) or Path(name).exists():
         return None
     return name
+
+
+def _front_matter(meta: Mapping[str, Any]) -> list[str]:
+    """A card's first lines: `meta` as the hub's YAML front matter."""
+    return ["---", yaml.safe_dump(dict(meta), sort_keys=False).rstrip(), "---", ""]
 
 
 def is_repo_id(value: object) -> bool:

@@ -47,9 +47,9 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         raise unreadable_safetensors(path, error) from None
 
 
-def check_model_folder(folder: Path, tokenizer: bool = True) -> None:
+def check_model_folder(folder: Path) -> None:
     """Check a local model folder before transformers reads it: `config.json` and every
-    `.safetensors` file parse, and (with `tokenizer`) it has tokenizer files; a ValueError names
+    `.safetensors` file parse, and it has tokenizer files; a ValueError names
     the damaged or missing file."""
     config = folder / "config.json"
     if config.is_file():
@@ -59,7 +59,7 @@ def check_model_folder(folder: Path, tokenizer: bool = True) -> None:
             raise ValueError(f"{str(config)!r} is not valid JSON ({error}): the model folder is damaged") from None
     for path in sorted(folder.glob("*.safetensors")):
         check_safetensors(path)
-    if tokenizer and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         raise ValueError(
             f"model folder {str(folder)!r} has no tokenizer files (any of {', '.join(TOKENIZER_FILES)}); save the "
             "tokenizer beside the weights (`tokenizer.save_pretrained(folder)`, the target's for a drafter)"

@@ -69,13 +69,13 @@ def _log_probs(
     return log_q, log_p, keep
 
 
-def _kl(log_a: torch.Tensor, log_b: torch.Tensor, *, floor: float = LOG_PROB_FLOOR) -> torch.Tensor:
+def _kl(log_a: torch.Tensor, log_b: torch.Tensor) -> torch.Tensor:
     """KL(a || b) = Σ_v a (log a - log b): `[B, T, V]` log-probs → `[B, T]`; 0 · log 0 = 0, and
-    where a > 0 = b, log b = -inf is replaced by `floor`."""
+    where a > 0 = b, log b = -inf is replaced by `LOG_PROB_FLOOR`."""
     a = log_a.exp()
     support = a > 0
     safe_log_a = torch.where(support, log_a, 0.0)
-    safe_log_b = torch.where(torch.isneginf(log_b), floor, log_b)
+    safe_log_b = torch.where(torch.isneginf(log_b), LOG_PROB_FLOOR, log_b)
     return torch.where(support, a * (safe_log_a - safe_log_b), 0.0).sum(-1)
 
 

@@ -4,7 +4,7 @@ checkpoint; the loop gets an `Objective`'s `make_batches`, `loss_sum` and `evalu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -215,6 +215,17 @@ class Objective:
                 total = total + self.feature_weight * feature_regression_sum(predicted[j][mine], features[mine])
         return total
 
+    def _chunks(
+        self, module: torch.nn.Module, cache: TeacherData, indices: list[int], scorer: PreTrainedModel | None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, slice]]:
+        """`_scored_logits` of `cache`'s sequences `indices`, 8 at a time, with the rows of their P
+        positions among all of `indices`' loss positions."""
+        row = 0
+        for start in range(0, len(indices), 8):
+            logits, scored = self._scored_logits(module, cache, indices[start : start + 8], scorer)
+            yield logits, scored, slice(row, row + logits.shape[1])
+            row += logits.shape[1]
+
     def _scored_logits(
         self, module: torch.nn.Module, cache: TeacherData, indices: list[int], scorer: PreTrainedModel | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -243,11 +254,8 @@ class Objective:
         """`[2]`: the scored positions (all passes) of `cache`'s sequences `indices` where the drafter's
         argmax is the target's `argmax` `[P]`, and all scored positions."""
         totals = torch.zeros(2, device=self.accelerator.device)
-        row = 0
-        for start in range(0, len(indices), 8):
-            logits, scored = self._scored_logits(module, cache, indices[start : start + 8], scorer)
-            greedy = self._agrees(logits, argmax[row : row + logits.shape[1]])
-            row += logits.shape[1]
+        for logits, scored, rows in self._chunks(module, cache, indices, scorer):
+            greedy = self._agrees(logits, argmax[rows])
             totals += torch.stack([greedy[scored].sum().float(), scored.sum().float()])
         return totals
 
@@ -268,16 +276,10 @@ class Objective:
             totals[3:] = self._greedy_hits(
                 module, self.teacher.train_cache, self.train_indices, self.train_argmax, self.teacher.scorer
             )
-        row = 0
-        for start in range(0, len(self.my_indices), 8):
-            logits, scored = self._scored_logits(
-                module, self.teacher.heldout, self.my_indices[start : start + 8], heldout_scorer
-            )  # [S, P, K], [S, P]
-            count = logits.shape[1]
+        for logits, scored, rows in self._chunks(module, self.teacher.heldout, self.my_indices, heldout_scorer):
             assert self.heldout_p is not None and self.heldout_argmax is not None  # set where there are indices
-            p = self.heldout_p[row : row + count].to(logits.device, torch.float32)
-            greedy = self._agrees(logits, self.heldout_argmax[row : row + count]).float()
-            row += count
+            p = self.heldout_p[rows].to(logits.device, torch.float32)
+            greedy = self._agrees(logits, self.heldout_argmax[rows]).float()
             q = logits.float().div(self.select_tau).softmax(-1)
             expected = torch.minimum(p.unsqueeze(0), q).sum(-1)
             totals[:3] += torch.stack([expected[scored].sum(), greedy[scored].sum(), scored.sum().float()])
