@@ -24,6 +24,7 @@ from specdecode.training.config import TrainJobConfig
 from specdecode.training.objective import Teacher
 from specdecode.training.sequences import (
     build_sequences,
+    data_key,
     domain_limit,
     domain_parts,
     effective_limit,
@@ -89,8 +90,7 @@ def job_teacher(
     train_store = stores.split("train", f"{job}-train", topk, train.train_sequences)
     heldout = stores.split("heldout", "heldout", 0, train.heldout_sequences)
     if not len(train_store) or not len(heldout):
-        where = f"data.path={cfg.data.path!r}" if cfg.data.source == "file" else f"data.name={cfg.data.name!r}"
-        raise ValueError(f"{where}: no usable {'train' if not len(train_store) else 'held-out'} sequences")
+        raise ValueError(f"{data_key(cfg.data)}: no usable {'train' if not len(train_store) else 'held-out'} sequences")
     scorer = stores.data_target() if online else None
     return Teacher(target, train_store, heldout, pad_id, eos, topk, layers is not None, scorer, layers)
 

@@ -83,13 +83,17 @@ def pool_size(data: DataConfig, train: TrainConfig, split: str) -> int:
     examples = load_examples(data, split)
     pool = training_pool(examples, train)
     if examples and not pool:
-        where = f"data.path={data.path!r}" if data.source == "file" else f"data.name={data.name!r}"
         raise ValueError(
-            f"{where}: no usable {split} sequences: none of its {len(examples)} examples has a response, and "
+            f"{data_key(data)}: no usable {split} sequences: none of its {len(examples)} examples has a response, and "
             "train.seq_source=data trains on the data's responses: set data.response_column (a messages prompt "
             "gives one where an assistant turn follows its last user turn), or train.seq_source=target"
         )
     return len(pool)
+
+
+def data_key(data: DataConfig) -> str:
+    """The config key that names `data` in an error: its file, else its name."""
+    return f"data.path={data.path!r}" if data.source == "file" else f"data.name={data.name!r}"
 
 
 def effective_limit(limit: int | None, pool: int) -> int:
