@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from specdecode.core.config import require, require_choice, require_int
+from specdecode.core.config import is_int, require, require_choice, require_int
 
 SMOKE_TARGET = "smoke"  # `target.name` of the tiny in-process target (`specdecode.models.smoke`)
 
@@ -88,6 +88,26 @@ def check_feature_layers(
     return found
 
 
+def default_feature_layers(num_target_layers: int) -> tuple[int, int, int]:
+    """vLLM's and SGLang's low / middle / high layers of an EAGLE-3 drafter: (2, L // 2, L - 3)."""
+    return 2, num_target_layers // 2, num_target_layers - 3
+
+
+def check_eagle3_layers(
+    layers: object, num_target_layers: int | None = None, name: str = "eagle3 feature_layers"
+) -> tuple[int, int, int]:
+    """Three distinct target layer ids in [1, L - 1] (the input of each), or a ValueError naming them."""
+    found = tuple(layers) if isinstance(layers, (list, tuple)) else ()
+    bound = num_target_layers if num_target_layers is not None else float("inf")
+    if len(found) != 3 or len(set(found)) != 3 or not all(is_int(i) and 1 <= i < bound for i in found):
+        target = f"{num_target_layers - 1}] (the target has {num_target_layers})" if num_target_layers else "L - 1]"
+        raise ValueError(
+            f"{name}={list(found) or layers!r}: expected three distinct target layers in [1, {target}, "
+            f"e.g. {list(default_feature_layers(max(num_target_layers or 32, 8)))}"
+        )
+    return found  # type: ignore[return-value]  # checked above to be three ints
+
+
 def check_layout(layout: str, name: str = "layout") -> str:
     """`layout` if it is one of FEATURE_LAYOUTS; otherwise a ValueError naming it."""
     if layout not in FEATURE_LAYOUTS:
@@ -158,20 +178,9 @@ class DrafterConfig:
             )
 
     def _check_eagle3(self) -> None:
-        """EAGLE-3's drafter: one layer, started at random, reading null or three distinct target layers."""
-        layers = self.feature_layers
-        require(
-            layers is None
-            or (
-                isinstance(layers, list)
-                and len(layers) == 3
-                and len(set(layers)) == 3
-                and all(isinstance(i, int) and not isinstance(i, bool) and i >= 1 for i in layers)
-            ),
-            "drafter.feature_layers",
-            layers,
-            "null (the engines' low / middle / high layers) or three distinct target layers >= 1 for an eagle3 drafter",
-        )
+        """EAGLE-3's drafter: one layer, started at random, reading null (the engines') or three target layers."""
+        if self.feature_layers is not None:
+            self.feature_layers = list(check_eagle3_layers(self.feature_layers, name="drafter.feature_layers"))
         require(
             self.num_layers == 1, "drafter.num_layers", self.num_layers, "1 for an eagle3 drafter (EAGLE-3's one layer)"
         )

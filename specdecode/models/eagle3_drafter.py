@@ -26,6 +26,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm
 
+from specdecode.models.config import check_eagle3_layers, default_feature_layers
 from specdecode.models.draft_vocab import DraftVocabHead
 from specdecode.models.drafters import resolve_draft_vocab
 from specdecode.models.feature_drafter import (
@@ -42,32 +43,10 @@ EAGLE3_FILE = "eagle3.safetensors"
 FUSION = "eagle3"
 
 
-def default_feature_layers(num_target_layers: int) -> tuple[int, int, int]:
-    """vLLM's and SGLang's low / middle / high layers: (2, L // 2, L - 3)."""
-    return 2, num_target_layers // 2, num_target_layers - 3
-
-
 def teacher_layers(layers: Sequence[int], num_target_layers: int) -> tuple[int, ...]:
     """The target layers an EAGLE-3 drafter's training cache keeps: its three, then L, whose state
     fills the fed-back slot for the distillation teacher (never the drafter: `input_features`)."""
     return (*layers, num_target_layers)
-
-
-def check_eagle3_layers(layers: Sequence[int], num_target_layers: int) -> tuple[int, int, int]:
-    """Three distinct target layer ids in [1, L - 1] (the input of each), or a ValueError naming them."""
-    layers = tuple(layers) if isinstance(layers, (list, tuple)) else ()
-    ok = (
-        len(layers) == 3
-        and len(set(layers)) == 3
-        and all(isinstance(i, int) and not isinstance(i, bool) and 1 <= i < num_target_layers for i in layers)
-    )
-    if not ok:
-        raise ValueError(
-            f"eagle3 feature_layers={list(layers) or layers!r}: expected three distinct target layers in "
-            f"[1, {num_target_layers - 1}] (the target has {num_target_layers}), e.g. "
-            f"{list(default_feature_layers(max(num_target_layers, 8)))}"
-        )
-    return layers  # type: ignore[return-value]  # checked above to be three ints
 
 
 def llama_config_like(text: Any, **overrides: Any) -> LlamaConfig:

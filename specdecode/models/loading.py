@@ -16,14 +16,19 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdecode.models.compat import check_tokenizers, check_vocab_sizes
-from specdecode.models.config import BUILT_KINDS, SMOKE_TARGET, DrafterConfig, TargetConfig
+from specdecode.models.config import (
+    BUILT_KINDS,
+    SMOKE_TARGET,
+    DrafterConfig,
+    TargetConfig,
+    check_eagle3_layers,
+    default_feature_layers,
+)
 from specdecode.models.cpu_matmul import FEW_ROWS, skinny_rows_of, use_plain_linears, use_skinny_linears
 from specdecode.models.draft_vocab import apply_draft_vocab_from_config, pad_vocab
 from specdecode.models.drafters import derive_drafter
 from specdecode.models.eagle3_drafter import (
     FUSION,
-    check_eagle3_layers,
-    default_feature_layers,
     derive_eagle3_drafter,
     teacher_layers,
     wrap_drafter,
