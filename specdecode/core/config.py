@@ -7,7 +7,8 @@ bad field."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Mapping
+import math
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeGuard, TypeVar
 
@@ -86,6 +87,31 @@ def require(condition: bool, name: str, value: object, expectation: str) -> None
     """Raise `ValueError("name=value: expectation")` unless `condition` holds."""
     if not condition:
         raise ValueError(f"{name}={value!r}: {expectation}")
+
+
+def require_choice(name: str, value: object, choices: Sequence[str]) -> None:
+    """`value` is one of `choices`; else a ValueError naming it and listing them (`a|b|c`)."""
+    require(value in choices, name, value, "|".join(choices))
+
+
+def require_int(
+    name: str, value: object, low: int, high: int | None = None, nullable: bool = False, note: str = ""
+) -> None:
+    """`value` is an int in [low, high] (high None: >= low), or None where `nullable`; else a ValueError."""
+    ok = (nullable and value is None) or (is_int(value) and low <= value and (high is None or value <= high))
+    span = f">= {low}" if high is None else f"in [{low}, {high}]"
+    require(ok, name, value, f"{'null or ' if nullable else ''}an int {span}{note}")
+
+
+def require_finite(name: str, value: object, low: float, strict: bool = False, note: str = "") -> None:
+    """`value` is a finite number >= low (> low where `strict`); else a ValueError ending with `note`."""
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (value > low if strict else value >= low)
+    )
+    require(ok, name, value, f"a finite number {'>' if strict else '>='} {low:g}{note}")
 
 
 def is_int(value: object) -> TypeGuard[int]:

@@ -1,13 +1,7 @@
-"""Model cards: the README.md written into every saved drafter folder and every exported one.
-
-A card is YAML front matter as the Hugging Face hub reads it (`base_model`, `library_name`, `tags`,
-`datasets`, `pipeline_tag`), then the facts a user needs to trust the drafter: the target and its
-revision, the drafter's kind, its domain and data, the training budget, what was measured (alpha,
-tau, speedup) and on what, and the command that reproduces it. The facts are also kept, machine
-readable, in the front matter under `specdecode:`.
-
-`push_to_hub` uploads a folder with huggingface_hub (`HfApi.upload_folder`); nothing calls it
-unless asked (`push_to_hub=<repo id>`).
+"""Model cards: the README.md of every saved or exported drafter folder: the hub's YAML front
+matter, then what a user needs to trust the drafter (target, kind, data, budget, what was measured
+and on what, the command that reproduces it), also kept machine-readable under `specdecode:`.
+`push_to_hub` uploads a folder when asked (`push_to_hub=<repo id>`).
 """
 
 from __future__ import annotations
@@ -36,8 +30,7 @@ EMBEDDED_DATASETS = {
 
 @dataclass
 class Measurement:
-    """One measured figure: `metric` (alpha, tau, speedup, acceptance...), its value, and what it
-    was measured on (data, prompts, gamma, temperature, hardware), in words."""
+    """One measured figure (alpha, tau, speedup, acceptance...) and, in words, what it was measured on."""
 
     metric: str
     value: float
@@ -45,9 +38,8 @@ class Measurement:
 
 
 def command_line(argv: Iterable[str] | None = None) -> str:
-    """The command that started this process, as typed (Hydra overrides included), quoted for a
-    shell: `python train/distill.py ...`, or `specdecode train ...` for the console command.
-    `argv` is the interpreter's own command line (default `sys.orig_argv`)."""
+    """The command that started this process (default `sys.orig_argv`), quoted for a shell:
+    `python train/distill.py ...`, or `specdecode train ...` for the console command."""
     args = list(sys.orig_argv if argv is None else argv)[1:]  # without the interpreter's path
     if args[:2] == ["-m", "specdecode.pipeline.cli"]:
         return shlex.join(["specdecode", *args[2:]])
@@ -168,10 +160,7 @@ def render_card(facts: Mapping[str, Any]) -> str:
     kind = KIND_NAMES.get(drafter["kind"], f"{drafter['kind']} drafter")
     vocab = drafter["draft_vocab"]
     lines = [
-        "---",
-        yaml.safe_dump(meta, sort_keys=False).rstrip(),
-        "---",
-        "",
+        *_front_matter(meta),
         f"# {'/'.join(domains)} drafter for {target}",
         "",
         f"A {kind} for speculative decoding with `{target}`{revision}, trained by specdecode on "
@@ -286,10 +275,7 @@ def export_card(
             serve += f" --speculative-token-map {folder}/hot_token_map.pt"
     return "\n".join(
         [
-            "---",
-            yaml.safe_dump(meta, sort_keys=False).rstrip(),
-            "---",
-            "",
+            *_front_matter(meta),
             f"# {format} draft model for {target}",
             "",
             f"A specdecode feature drafter written in {engine}'s {method} draft-model format "
@@ -314,6 +300,16 @@ def hub_id(name: str | None) -> str | None:
     return name
 
 
+def _front_matter(meta: Mapping[str, Any]) -> list[str]:
+    """A card's first lines: `meta` as the hub's YAML front matter."""
+    return ["---", yaml.safe_dump(dict(meta), sort_keys=False).rstrip(), "---", ""]
+
+
+def is_repo_id(value: object) -> bool:
+    """`value` is a hub repo id, `owner/name`."""
+    return isinstance(value, str) and value.count("/") == 1 and all(value.split("/"))
+
+
 def _datasets(data: Mapping[str, Any]) -> list[str]:
     if data.get("synthetic"):
         return []
@@ -334,14 +330,12 @@ def push_to_hub(
     api: HfApi | None = None,
 ) -> str:
     """Upload `folder` (a drafter or an export, card included) to the hub repo `repo_id`, created
-    if missing (private unless asked); returns the commit's URL. Needs the hub and a token.
-
-    Raises ValueError: `folder` is not a folder or has no README.md card; `repo_id` is not `owner/name`.
-    """
+    if missing (private unless asked); returns the commit's URL. A ValueError names a folder
+    without a card or a `repo_id` that is not `owner/name`."""
     folder = Path(folder)
     if not (folder / CARD_FILE).is_file():
         raise ValueError(f"push_to_hub: {str(folder)!r} is not a folder with a {CARD_FILE} model card")
-    if not isinstance(repo_id, str) or repo_id.count("/") != 1 or not all(repo_id.split("/")):
+    if not is_repo_id(repo_id):
         raise ValueError(f"push_to_hub={repo_id!r}: expected a hub repo id 'owner/name'")
     api = api if api is not None else HfApi(token=token)
     api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")

@@ -1,5 +1,5 @@
-"""What a target and a drafter must share to work together: the tokenizer (ids to tokens, EOS) and
-the vocabulary size; a model's own EOS ids; and the keyword a model takes a KV cache by."""
+"""What a target and a drafter must share (the tokenizer, the vocabulary size); a model's own EOS
+ids; the keyword a model takes a KV cache by."""
 
 from __future__ import annotations
 
@@ -13,34 +13,29 @@ from specdecode.core.config import is_int
 
 
 class Configured(Protocol):
-    """A model with a transformers config: a causal LM, or a feature drafter wrapping one."""
+    """A model with a transformers config and an LM head: a causal LM, or a feature drafter wrapping one."""
 
     @property
     def config(self) -> PreTrainedConfig: ...
 
+    def get_output_embeddings(self) -> torch.nn.Module | None: ...
 
-# The keyword transformers' models and decoder layers take a KV cache by: `cache` from 5.24 on,
-# where `past_key_values` is deprecated; `past_key_values` before.
+
+# The keyword transformers' models take a KV cache by: `cache` from 5.24 on, `past_key_values` before.
 CACHE_KWARG = "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
 
 
 def cache_keyword(model: torch.nn.Module) -> str:
-    """The keyword `model`'s forward takes a KV cache by: the one its signature names (`cache`
-    first; a remote-code model may name only the older `past_key_values`), else this
-    transformers' (`CACHE_KWARG`, for a forward that takes `**kwargs` alone)."""
+    """The keyword `model`'s forward takes a KV cache by: the one its signature names (a
+    remote-code model may name only `past_key_values`), else `CACHE_KWARG` (a `**kwargs` forward)."""
     parameters = inspect.signature(model.forward).parameters
     return next((name for name in ("cache", "past_key_values") if name in parameters), CACHE_KWARG)
 
 
 def check_tokenizers(target_tokenizer: PreTrainedTokenizerBase, drafter_tokenizer: PreTrainedTokenizerBase) -> None:
-    """Require the target and drafter tokenizers to map ids to the same tokens and share EOS.
-
-    Speculative decoding hands drafter token ids to the target as they are, so a single
-    differing id silently corrupts the output.
-
-    Raises ValueError: naming both vocabulary sizes and the first differing id with both tokens, or both
-    EOS ids.
-    """
+    """Require the tokenizers to map ids to the same tokens and share EOS: the target reads the
+    drafter's ids as they are, so one differing id silently corrupts the output. The ValueError
+    names the first differing id with both tokens, or both EOS ids."""
     target_vocab = {i: token for token, i in target_tokenizer.get_vocab().items()}
     drafter_vocab = {i: token for token, i in drafter_tokenizer.get_vocab().items()}
     if target_vocab != drafter_vocab:
@@ -60,10 +55,7 @@ def check_tokenizers(target_tokenizer: PreTrainedTokenizerBase, drafter_tokenize
 
 
 def check_vocab_sizes(target: PreTrainedModel, drafter: PreTrainedModel | Configured) -> None:
-    """Require the drafter's logits to live in the target's vocabulary.
-
-    Raises ValueError: naming both `config.vocab_size` values if they differ.
-    """
+    """Require the drafter's logits to live in the target's vocabulary; a ValueError names both sizes."""
     target_size = target.config.get_text_config().vocab_size
     drafter_size = drafter.config.get_text_config().vocab_size
     if target_size != drafter_size:

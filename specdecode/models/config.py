@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from specdecode.core.config import require
+from specdecode.core.config import is_int, require, require_choice, require_int
 
-SMOKE_TARGET = "smoke"
-"""`target.name` that selects the tiny in-process target (`specdecode.models.smoke`)."""
+SMOKE_TARGET = "smoke"  # `target.name` of the tiny in-process target (`specdecode.models.smoke`)
 
 
 # Attention kernels transformers takes as `attn_implementation` (null: the model's default).
@@ -63,15 +62,14 @@ DRAFTER_KINDS = ("derived", "feature", "eagle3", "pretrained")
 BUILT_KINDS = ("derived", "feature", "eagle3")
 # how a feature drafter runs its body (specdecode.models.feature_drafter, "Layouts")
 FEATURE_LAYOUTS = ("specdecode", "eagle")
-LAST_FEATURE = (-1,)
-"""The default `feature_layers` of a feature drafter: the target's last (post-norm) hidden state only (EAGLE-1)."""
+LAST_FEATURE = (-1,)  # a feature drafter's default `feature_layers`: the last (post-norm) state (EAGLE-1)
 
 
 def check_feature_layers(
     layers: Sequence[int] | None, num_target_layers: int | None = None, name: str = "feature_layers"
 ) -> tuple[int, ...]:
-    """`layers` as a tuple if it is a list of distinct ints ending with -1 (the last hidden state,
-    which the drafter predicts and the head reads), the others in [1, num_target_layers - 1]."""
+    """`layers` as a tuple if they are distinct ints ending with -1 (the last hidden state), the
+    others in [1, num_target_layers - 1]; else a ValueError naming them."""
     found = tuple(layers) if isinstance(layers, (list, tuple)) else ()
     inner = found[:-1]
     ok = (
@@ -90,6 +88,26 @@ def check_feature_layers(
     return found
 
 
+def default_feature_layers(num_target_layers: int) -> tuple[int, int, int]:
+    """vLLM's and SGLang's low / middle / high layers of an EAGLE-3 drafter: (2, L // 2, L - 3)."""
+    return 2, num_target_layers // 2, num_target_layers - 3
+
+
+def check_eagle3_layers(
+    layers: object, num_target_layers: int | None = None, name: str = "eagle3 feature_layers"
+) -> tuple[int, int, int]:
+    """Three distinct target layer ids in [1, L - 1] (the input of each), or a ValueError naming them."""
+    found = tuple(layers) if isinstance(layers, (list, tuple)) else ()
+    bound = num_target_layers if num_target_layers is not None else float("inf")
+    if len(found) != 3 or len(set(found)) != 3 or not all(is_int(i) and 1 <= i < bound for i in found):
+        target = f"{num_target_layers - 1}] (the target has {num_target_layers})" if num_target_layers else "L - 1]"
+        raise ValueError(
+            f"{name}={list(found) or layers!r}: expected three distinct target layers in [1, {target}, "
+            f"e.g. {list(default_feature_layers(max(num_target_layers or 32, 8)))}"
+        )
+    return found  # type: ignore[return-value]  # checked above to be three ints
+
+
 def check_layout(layout: str, name: str = "layout") -> str:
     """`layout` if it is one of FEATURE_LAYOUTS; otherwise a ValueError naming it."""
     if layout not in FEATURE_LAYOUTS:
@@ -99,40 +117,31 @@ def check_layout(layout: str, name: str = "layout") -> str:
 
 @dataclass
 class DrafterConfig:
-    """`derived`: cut from the target (first num_layers layers, optional truncated vocab);
-    `feature`: an EAGLE-style drafter reading the target's hidden states (num_layers decoder layers
-    initialised from the target's layers ending at init_from_layer, or at random if it is null;
-    specdecode.models.feature_drafter);
-    `eagle3`: an EAGLE-3 drafter: one layer reading the target's low / middle / high states
-    (`feature_layers`) and its own final norm and head over the draft vocabulary, all trained
-    (specdecode.models.eagle3_drafter);
-    `pretrained`: a trained drafter folder of any kind, or any HF causal LM with the target's
-    tokenizer, at `path`."""
+    """`derived`: the target's first num_layers layers; `feature`: an EAGLE-style drafter reading
+    the target's hidden states (specdecode.models.feature_drafter); `eagle3`: EAGLE-3's one layer
+    over three target states, with its own head (specdecode.models.eagle3_drafter); `pretrained`:
+    a drafter folder of any kind, or any HF causal LM with the target's tokenizer, at `path`."""
 
     kind: str = "derived"
     num_layers: int = 2
     # Size of the truncated LM head (the most frequent tokens of the domain corpora); null = full.
     draft_vocab: int | None = 8192
     path: str | None = None
-    # feature drafters: null starts their layers at random, as transformers initialises a new model
-    # (EAGLE's choice, and higher held-out acceptance here); an int copies the target's layers
-    # ending at that one (-1: the last)
+    # feature drafters: null starts their layers at random (EAGLE's choice); an int copies the
+    # target's layers ending at that one (-1: the last)
     init_from_layer: int | None = None
-    # feature drafters: the target hidden states they read, the last (-1, post-norm) last; e.g.
-    # [2, 15, -1] adds the states after layers 2 and 15 (normed). eagle3: the three target layers
-    # whose raw input states it fuses, null: vLLM's and SGLang's (2, L // 2, L - 3)
+    # feature drafters: the target states read, -1 (the last) last, e.g. [2, 15, -1]; eagle3: the
+    # three layers whose input states it fuses, null: the engines' (2, L // 2, L - 3)
     feature_layers: list[int] | None = field(default_factory=lambda: [-1])
-    # feature drafters: eagle (EAGLE-1's layout: no input norm before the first layer, no final
-    # norm; what vLLM's EAGLE drafters run, exportable with specdecode.models.eagle_export) |
-    # specdecode (both norms, the decoder as cut from the target); null: eagle for a feature
-    # drafter, specdecode (no layout) for the other kinds
+    # feature drafters: eagle (EAGLE-1's, as vLLM runs it) | specdecode (the decoder as cut from
+    # the target); null: eagle for a feature drafter, specdecode for the other kinds
     layout: str | None = None
     # pretrained drafters from the hub: the repo's branch, tag or commit, and whether to run its own code
     revision: str | None = None
     trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
-        require(self.kind in DRAFTER_KINDS, "drafter.kind", self.kind, "|".join(DRAFTER_KINDS))
+        require_choice("drafter.kind", self.kind, DRAFTER_KINDS)
         check_hub_options(self.revision, self.trust_remote_code, "drafter")
         if self.layout is None:
             self.layout = "eagle" if self.kind == "feature" else "specdecode"
@@ -149,18 +158,8 @@ class DrafterConfig:
         if self.kind == "eagle3":
             self._check_eagle3()
         if self.kind in BUILT_KINDS:
-            require(
-                isinstance(self.num_layers, int) and self.num_layers >= 1,
-                "drafter.num_layers",
-                self.num_layers,
-                "an int >= 1",
-            )
-            require(
-                self.draft_vocab is None or (isinstance(self.draft_vocab, int) and self.draft_vocab >= 1),
-                "drafter.draft_vocab",
-                self.draft_vocab,
-                "null or an int >= 1",
-            )
+            require_int("drafter.num_layers", self.num_layers, 1)
+            require_int("drafter.draft_vocab", self.draft_vocab, 1, nullable=True)
             # A path here means the user meant to load a drafter; training a derived one instead would be silent.
             require(
                 self.path is None,
@@ -179,20 +178,9 @@ class DrafterConfig:
             )
 
     def _check_eagle3(self) -> None:
-        """EAGLE-3's drafter: one layer, started at random, reading null or three distinct target layers."""
-        layers = self.feature_layers
-        require(
-            layers is None
-            or (
-                isinstance(layers, list)
-                and len(layers) == 3
-                and len(set(layers)) == 3
-                and all(isinstance(i, int) and not isinstance(i, bool) and i >= 1 for i in layers)
-            ),
-            "drafter.feature_layers",
-            layers,
-            "null (the engines' low / middle / high layers) or three distinct target layers >= 1 for an eagle3 drafter",
-        )
+        """EAGLE-3's drafter: one layer, started at random, reading null (the engines') or three target layers."""
+        if self.feature_layers is not None:
+            self.feature_layers = list(check_eagle3_layers(self.feature_layers, name="drafter.feature_layers"))
         require(
             self.num_layers == 1, "drafter.num_layers", self.num_layers, "1 for an eagle3 drafter (EAGLE-3's one layer)"
         )

@@ -1,25 +1,15 @@
 """Linear layers that stay memory-bound for a few rows on CPU: what makes a verify pass cheap.
 
-A decode step multiplies one row per sequence by every weight matrix, so on a CPU it costs one
-sweep of the weights through memory. A verify pass multiplies gamma + 1 rows, and should cost about
-the same sweep. With `F.linear` it may not: for 2..16 rows MKL can leave its matrix-vector kernel
-for a blocked GEMM that packs the weights first, and a few-row pass then costs up to 2-3x a 1-row
-pass. Computing the same product as `weight @ x.T` (the weights as the left operand, the few rows as
-the narrow right one) keeps MKL on a streaming kernel there.
-
-The numbers are the same products summed by another kernel: results agree with `F.linear` to
-float rounding, not bitwise, just as MKL's own 1-row and many-row kernels do not agree bitwise.
-Training (inputs that need grad) and GPU tensors take the ordinary path.
-
-A single row (every decode step of the target alone, every drafting step) is the other case: on
-some CPUs MKL runs a matrix-vector product on one core only, so a 1-row pass takes longer than a
-2-row one. Computed as two identical rows through the same `weight @ x.T`, it is a product MKL
-splits across the cores; the copy of one row costs nothing.
+A verify pass multiplies gamma + 1 rows by every weight matrix and should cost about one decode
+step's sweep of the weights. With `F.linear`, MKL may leave its streaming kernel for 2..16 rows
+for a blocked GEMM that packs the weights first (up to 2-3x a 1-row pass); `weight @ x.T` keeps
+it streaming. A single row, which MKL may run on one core, goes through as two identical rows.
+Results agree with `F.linear` to float rounding, not bitwise. Training and GPU tensors take the
+ordinary path.
 
 Which kernel is faster depends on the CPU, so it is opt-in: `load_model(skinny_matmul=True)`
-forces it for 2..64 rows, and `skinny_matmul=None` times both kernels once per machine and keeps
-the faster, the single row and the few rows decided apart (`kernel_choice.py`). The default,
-`False`, keeps `F.linear`. Only public torch ops are used.
+forces it for 2..64 rows, `None` times both once per machine (`kernel_choice.py`); the default
+`False` keeps `F.linear`.
 """
 
 from __future__ import annotations
@@ -37,11 +27,8 @@ FEW_ROWS = (2, SKINNY_MAX_ROWS)
 def skinny_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, rows: tuple[int, int] = FEW_ROWS
 ) -> torch.Tensor:
-    """`F.linear(x, weight, bias)`, computed as `(weight @ x.T).T` when `x` has `rows[0]..rows[1]`
-    rows (at most SKINNY_MAX_ROWS) on CPU; a single row goes through as two identical ones.
-    `x` `[..., H_in]`, `weight` `[H_out, H_in]`, `bias` `[H_out]` or None → `[..., H_out]`; `rows`:
-    the inclusive range of row counts that take this kernel, the others take `F.linear`.
-    """
+    """`F.linear(x, weight, bias)` `[..., H_in]` → `[..., H_out]`, computed as `(weight @ x.T).T`
+    on CPU when `x` has `rows[0]..rows[1]` rows (inclusive); a single row goes through as two."""
     count = x.numel() // max(x.shape[-1], 1)
     if (
         x.device.type != "cpu"
@@ -49,13 +36,11 @@ def skinny_linear(
         or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
     ):
         return F.linear(x, weight, bias)
-    # MKL's streaming kernel wants the narrow operand as the transpose of row-major rows, and the
-    # layers after this one want row-major output (a transposed view would, e.g., give attention
-    # queries a last-dim stride != 1 and push SDPA off its flash kernel): both copies are tiny.
+    # MKL streams the transpose of row-major rows; the next layers want row-major output (a
+    # transposed view would push SDPA off its flash kernel): both copies are tiny.
     flat = x.reshape(count, x.shape[-1]).contiguous()
     if count == 1:
-        # One column would be a matrix-vector product again, which MKL may run on one core; with
-        # the row twice it is a product over two columns, split across the cores. Keep one.
+        # one column would be a matrix-vector product, which MKL may run on one core
         out = torch.mm(weight, flat.expand(2, -1).contiguous().t())[:, :1].t().contiguous()
     else:
         out = torch.mm(weight, flat.t()).t().contiguous()  # [rows, H_out]
@@ -77,13 +62,9 @@ class SkinnyLinear(nn.Linear):
 
 
 def use_skinny_linears(model: nn.Module, rows: tuple[int, int] = FEW_ROWS) -> int:
-    """Switch every plain `nn.Linear` (or `SkinnyLinear`) in `model` to a `SkinnyLinear` over
-    `rows` row counts, in place; return how many.
-
-    Only the class changes (no copy, no new parameter), so tied weights stay tied and
-    `save_pretrained` writes the same files. Subclasses of `nn.Linear` are left alone: their
-    forward may do more than a matmul.
-    """
+    """Switch every plain `nn.Linear` in `model` to a `SkinnyLinear` over `rows` row counts, in place
+    (only the class changes: tied weights stay tied, checkpoints the same); return how many.
+    Subclasses of `nn.Linear` are left alone: their forward may do more than a matmul."""
     if not (len(rows) == 2 and 1 <= rows[0] <= rows[1] <= SKINNY_MAX_ROWS):
         raise ValueError(
             f"skinny rows must be (lowest, highest) with 1 <= lowest <= highest <= {SKINNY_MAX_ROWS}, got {rows!r}"
@@ -100,8 +81,7 @@ def use_skinny_linears(model: nn.Module, rows: tuple[int, int] = FEW_ROWS) -> in
 
 
 def _takes_skinny_rows(module: nn.Module) -> bool:
-    """A module that is no `nn.Linear` but runs its own product through `skinny_linear` over its
-    `skinny_rows` (None: `F.linear`), e.g. a truncated draft head (`DraftVocabHead`)."""
+    """A module that is no `nn.Linear` but runs its product through `skinny_linear`, e.g. a `DraftVocabHead`."""
     return not isinstance(module, nn.Linear) and "skinny_rows" in vars(type(module))
 
 
@@ -121,8 +101,7 @@ def skinny_rows_of(model: nn.Module) -> tuple[int, int] | None:
 
 
 def kernel_picks(model: nn.Module) -> dict[str, list[int] | None]:
-    """The row counts `model`'s linears run as skinny linears (None: `F.linear`), as `load_model`
-    picked them: written beside the timings a process makes, since a measured pick can differ
-    between processes and moves every pass the rows cover."""
+    """The row counts `model`'s linears run as skinny linears (None: `F.linear`), written beside
+    the timings a process makes (a measured pick can differ between processes)."""
     skinny = skinny_rows_of(model)
     return {"skinny_rows": list(skinny) if skinny else None}

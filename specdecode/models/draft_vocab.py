@@ -1,56 +1,31 @@
-"""Truncated vocabularies: a drafter's LM head that scores only K chosen token ids.
-
-For small targets the head dominates the drafter's cost (SmolLM2's 49,152 x 576 head is ~28M of
-its 135M parameters), so scoring K << V ids is where the speed is. The K ids are the most frequent
-ones of the domain corpora (`most_frequent_token_ids`, EOS always kept).
-
-On disk a truncated drafter is a plain full-vocab checkpoint plus `config.draft_vocab_ids`; see
-`DraftVocabHead` for how the round trip works (`apply_draft_vocab_from_config` restores it).
-"""
+"""Truncated vocabularies: a drafter's LM head that scores only K chosen token ids, the most
+frequent of the domain corpora (`most_frequent_token_ids`). For small targets the head dominates
+the drafter's cost (SmolLM2's 49,152 x 576 head is ~28M of its 135M parameters). On disk a
+truncated drafter is a plain full-vocab checkpoint plus `config.draft_vocab_ids`."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedConfig, PreTrainedModel
+from transformers import PreTrainedModel
 
+from specdecode.models.compat import Configured
 from specdecode.models.cpu_matmul import skinny_linear
 
 
-class Configured(Protocol):
-    """A model with a transformers config: a causal LM, or a feature drafter wrapping one."""
-
-    @property
-    def config(self) -> PreTrainedConfig: ...
-
-    def get_output_embeddings(self) -> torch.nn.Module | None: ...
-
-
 class DraftVocabHead(nn.Module):
-    """An LM head that scores only K draft token ids but returns full-vocabulary logits.
+    """An LM head that scores only K draft token ids but returns full-vocabulary logits `[.., V]`,
+    `finfo(dtype).min` (not -inf: log-probabilities stay finite) at the other ids.
 
-    `forward` computes `hidden @ weight.T` for the K ids (the expensive matmul shrinks from V x H
-    to K x H) and scatters the result into a [.., V] tensor filled with `finfo(dtype).min`.
-    The fill is the most negative finite value rather than -inf, so softmax gives exact zeros
-    while log-probabilities stay finite: `0 * log q` terms in KL losses give 0, not NaN.
-
-    Checkpoints stay plain: `state_dict()` reports `weight` as the full [V, H] matrix (the
-    target's original head, with the draft rows replaced by the current, possibly trained,
-    `weight`), and `load_state_dict()` accepts that [V, H] matrix back. The draft ids live in
-    `config.draft_vocab_ids`, not in the state dict, so any HF loader sees an ordinary LM head.
-
-    Attributes:
-        weight: [K, H] trainable rows of the head for `draft_ids`.
-        bias: [K] or None.
-        draft_ids: [K] long buffer, sorted ascending.
-        base_weight: [V, H] frozen full head the checkpoint is rebuilt from.
-        base_bias: [V] or None.
-        skinny_rows: the row counts its product takes as `skinny_linear` on CPU (set with the
-            model's other linears by `use_skinny_linears`); None: `F.linear`.
+    Checkpoints stay plain: `state_dict()` reports `weight` as the full [V, H] matrix (the base
+    head with the current draft rows), and `load_state_dict()` accepts it back; the draft ids live
+    in `config.draft_vocab_ids`. `weight` [K, H] and `bias` [K] are the trained rows, `draft_ids`
+    [K] sorted, `base_weight` [V, H] / `base_bias` [V] the frozen full head; `skinny_rows`: as
+    `use_skinny_linears` sets it (None: `F.linear`).
     """
 
     skinny_rows: tuple[int, int] | None = None
@@ -62,8 +37,7 @@ class DraftVocabHead(nn.Module):
     def __init__(
         self, full_weight: torch.Tensor, draft_ids: torch.Tensor, full_bias: torch.Tensor | None = None
     ) -> None:
-        """From a full head: `full_weight` [V, H] (copied, never aliased), `draft_ids` [K] (checked by
-        `validate_draft_ids`), `full_bias` [V] or None."""
+        """From a full head `full_weight` [V, H] (copied) and `full_bias` [V] or None."""
         super().__init__()
         vocab_size = full_weight.shape[0]
         draft_ids = validate_draft_ids(draft_ids, vocab_size).to(full_weight.device)
@@ -142,8 +116,7 @@ def _draft_head_load_hook(
     unexpected_keys: list[str],
     error_msgs: list[str],
 ) -> None:
-    """Accept the full [V, H] head written by `_draft_head_state_dict_hook`: keep it as the base
-    and load its draft rows into `weight`. Any other shape is left for torch to report."""
+    """Accept the full [V, H] head as the base, its draft rows into `weight`; other shapes are torch's to report."""
     for name, base_name in (("weight", "base_weight"), ("bias", "base_bias")):
         key = prefix + name
         full = state_dict.get(key)
@@ -164,8 +137,8 @@ def draft_vocab_ids(drafter: PreTrainedModel | Configured) -> torch.Tensor:
 
 
 def validate_draft_ids(draft_ids: Sequence[int] | torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Explicit draft token ids as a sorted [K] long tensor; a ValueError names the offending value
-    if they are empty, not integers, not 1-D, outside [0, vocab_size), or repeated."""
+    """Draft token ids as a sorted [K] long tensor; a ValueError names an empty, non-integer, non-1-D,
+    out-of-range or repeated value."""
     ids = draft_ids.detach() if isinstance(draft_ids, torch.Tensor) else torch.as_tensor(draft_ids)
     if ids.numel() == 0:
         raise ValueError(f"draft_vocab ids are empty ({draft_ids!r}); a drafter needs at least one")
@@ -190,13 +163,9 @@ def most_frequent_token_ids(
     *,
     always_include: Sequence[int] = (),
 ) -> torch.Tensor:
-    """The k most frequent token ids in a corpus, for a drafter's truncated vocabulary.
-
-    `token_id_lists` are tokenised documents (lists or 1-D tensors of ids); `always_include` ids
-    are kept whatever their count (EOS: a drafter that cannot propose the end of an answer loses
-    every draft that crosses it). Returns `[k]` ids sorted ascending; ties, including unseen ids when
-    the corpus has fewer than k distinct tokens, go to the lower id. A ValueError for k outside
-    1..vocab_size or more forced ids than k.
+    """The k most frequent token ids of tokenised documents, `[k]` sorted, ties to the lower id;
+    `always_include` ids (EOS: a drafter that cannot propose the end loses every draft across it)
+    are kept whatever their count. A ValueError for k outside 1..vocab_size or more forced ids than k.
     """
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= vocab_size:
         raise ValueError(f"k={k!r} must be an int in [1, {vocab_size}]")
@@ -226,8 +195,7 @@ def truncate_vocab(drafter: PreTrainedModel, draft_ids: torch.Tensor) -> None:
         raise TypeError(f"can only truncate an nn.Linear LM head, got {type(head).__name__}")
     drafter.set_output_embeddings(DraftVocabHead.from_linear(head, draft_ids))
     config = drafter.config.get_text_config()
-    # The truncated head no longer mirrors the embedding matrix, so it must never be re-tied to it;
-    # and the on-disk head is written in full, so a stock loader must not expect to tie either.
+    # never re-tied to the embeddings, here or by a stock loader of the full on-disk head
     config.tie_word_embeddings = False
     drafter.config.tie_word_embeddings = False
     config.draft_vocab_ids = draft_ids.tolist()
@@ -235,17 +203,12 @@ def truncate_vocab(drafter: PreTrainedModel, draft_ids: torch.Tensor) -> None:
 
 
 def pad_vocab(drafter: PreTrainedModel, vocab_size: int) -> PreTrainedModel:
-    """Grow a drafter whose embedding matrix is padded less than the target's to `vocab_size`.
+    """Grow a drafter whose embeddings are padded less than the target's (Qwen2.5-0.5B: 151,936
+    rows, the 7B: 152,064) to `vocab_size`: its head becomes a `DraftVocabHead` over its own ids, so
+    q is exactly 0 at the padding ids. A no-op when the sizes match.
 
-    Models of one family share a tokenizer but may pad their embeddings differently (Qwen2.5-0.5B
-    has 151,936 rows, the 7B 152,064; no tokenizer id reaches the extra rows). p and q must live in
-    one vocabulary, so the drafter is resized and its head made a `DraftVocabHead` over its own
-    ids: the padding ids get the dtype's minimum logit, so q is exactly 0 there and the drafter
-    never proposes one. Its logits at its own ids are unchanged. A no-op when the sizes match.
-
-    Raises ValueError: the drafter's vocabulary is larger than `vocab_size` (its extra ids could be
-    proposed but have no target probability), naming both sizes; TypeError: the LM head is not a plain
-    `nn.Linear` (e.g. already truncated).
+    Raises ValueError: the drafter's vocabulary is the larger, naming both sizes; TypeError: the
+    LM head is not a plain `nn.Linear`.
     """
     own = drafter.config.get_text_config().vocab_size
     if own == vocab_size:
@@ -264,12 +227,8 @@ def pad_vocab(drafter: PreTrainedModel, vocab_size: int) -> PreTrainedModel:
 
 
 def apply_draft_vocab_from_config(model: PreTrainedModel) -> PreTrainedModel:
-    """Restore a truncated-vocab drafter loaded as a plain full-vocab model.
-
-    If `config.draft_vocab_ids` is set and the LM head is a plain `nn.Linear`, it is replaced by a
-    `DraftVocabHead` built from the loaded head, whose draft rows are the trained ones: logits
-    at the draft ids are unchanged, the others become `finfo.min`. A no-op otherwise. Returns
-    `model`, modified in place."""
+    """Restore, in place, the `DraftVocabHead` of a truncated drafter loaded as a plain full-vocab
+    model (`config.draft_vocab_ids` set); a no-op otherwise. Returns `model`."""
     ids = getattr(model.config.get_text_config(), "draft_vocab_ids", None)
     if ids is None:
         return model

@@ -1,11 +1,5 @@
-"""Drafters derived from a target without training.
-
-* a layer-truncated copy (`derive_drafter(target, num_layers)`): the embeddings, the first
-  `num_layers` decoder layers, the final norm and the LM head, copied from the target;
-* the same with a truncated vocabulary (`draft_vocab=...`): the LM head only scores K chosen
-  token ids (`specdecode.models.draft_vocab.DraftVocabHead`), where a small target's drafter
-  spends most of its time.
-"""
+"""Drafters derived from a target without training: its first layers (`derive_drafter`),
+optionally with a truncated vocabulary (`specdecode.models.draft_vocab.DraftVocabHead`)."""
 
 from __future__ import annotations
 
@@ -24,10 +18,8 @@ from specdecode.models.draft_vocab import (
     validate_draft_ids,
 )
 
-# Config entries holding one value per decoder layer. They must shrink with num_hidden_layers:
-# transformers validates e.g. len(layer_types) == num_hidden_layers when the config is saved.
-# A whitelist rather than "every list as long as the layer count", which would also cut an
-# `eos_token_id` list that happens to have that length.
+# Config lists with one value per decoder layer (transformers checks their length on save); named,
+# since "every list as long as the layer count" would also cut such an `eos_token_id` list.
 _PER_LAYER_CONFIG_KEYS = ("layer_types", "no_rope_layers")
 
 
@@ -38,18 +30,12 @@ def derive_drafter(
     draft_vocab: int | Sequence[int] | torch.Tensor | None = None,
     corpus: Iterable[Sequence[int] | torch.Tensor] | None = None,
 ) -> PreTrainedModel:
-    """Build a drafter from the target's own weights: its first `num_layers` decoder layers.
+    """A drafter of the target's class holding copies (never shared) of its embeddings, first
+    `num_layers` decoder layers, final norm and LM head, in eval mode.
 
-    The drafter has the target's class and a deep-copied config with `num_hidden_layers =
-    num_layers` (per-layer config lists trimmed to match). Embeddings, the first `num_layers`
-    layers, the final norm and the LM head are copied (never shared), so training the drafter
-    leaves the target untouched. Same dtype and device as the target; returned in eval mode.
-
-    `draft_vocab`: None for the full vocabulary; explicit token ids (sequence or [K] tensor); or an
-    int K, the K most frequent ids of `corpus` (tokenised documents; EOS always included). With a
-    truncated vocabulary the LM head is a `DraftVocabHead`, `config.tie_word_embeddings` is False
-    and `config.draft_vocab_ids` lists the ids. A ValueError for a bad `num_layers` (1..the target's
-    layer count), bad ids, or an int `draft_vocab` without a corpus.
+    `draft_vocab`: None (full), explicit ids, or an int K: the K most frequent ids of `corpus`
+    (tokenised documents), scored by a `DraftVocabHead`. A ValueError for a bad `num_layers`, bad
+    ids, or an int without a corpus.
     """
     text_config = target.config.get_text_config()
     total = text_config.num_hidden_layers
@@ -59,8 +45,7 @@ def derive_drafter(
 
     config = copy.deepcopy(target.config)
     _trim_per_layer_config(config.get_text_config(), num_layers)
-    # Built on the meta device: allocating and randomly initialising weights that are about to be
-    # overwritten would cost as much as the copy itself.
+    # on the meta device: initialising weights about to be overwritten would cost as much as the copy
     with torch.device("meta"):
         drafter = type(target)(config)
     _copy_weights(target, drafter)
@@ -69,8 +54,7 @@ def derive_drafter(
     if draft_ids is not None:
         truncate_vocab(drafter, draft_ids)
     else:
-        # A target that is itself a truncated drafter passes its truncation on (its config carries
-        # draft_vocab_ids), so the drafter's config and head agree.
+        # a truncated target passes its truncation on (its config carries draft_vocab_ids)
         apply_draft_vocab_from_config(drafter)
     drafter.eval()
     return drafter
@@ -107,12 +91,8 @@ def _trim_per_layer_config(config: Any, num_layers: int) -> None:
 
 
 def _copy_weights(target: PreTrainedModel, drafter: PreTrainedModel) -> None:
-    """Fill the meta-device `drafter` with copies of the target tensors of the same names.
-
-    Works for any architecture whose decoder layers are numbered in a ModuleList: the drafter's
-    names are then a subset of the target's. Non-persistent buffers (e.g. RoPE `inv_freq`) are
-    copied too, since the meta-device init left them empty.
-    """
+    """Fill the meta-device `drafter` with copies of the target's tensors of the same names (its
+    names are a subset of the target's), non-persistent buffers (RoPE `inv_freq`) included."""
     source_state = target.state_dict()
     state = {}
     for name, meta in drafter.state_dict().items():

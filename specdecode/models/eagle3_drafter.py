@@ -1,21 +1,15 @@
 """EAGLE-3 drafters (Li et al. 2025), built as vLLM's and SGLang's EAGLE-3 loaders run them.
 
-An EAGLE-3 drafter reads three raw states of the target's residual stream, low / middle / high (the
-input to target layers l_1, l_2, l_3; by default 2, L//2 and L-3, the engines' choice), fuses them
-3H → H (`fc`, no bias) into g_t, and runs one decoder layer whose attention reads
-`[norm(embedding(x_{t+1})); norm(g_t)]`, 2H wide, while its residual stream starts from g_t. Its
-own final norm and LM head (over the draft vocabulary, trained) score x_{t+2}. Drafting steps
-2..gamma feed the layer's pre-norm output back in place of g: no target state and no `fc`.
+The drafter fuses three raw states of the target's residual stream (the inputs to layers l_1, l_2,
+l_3; by default the engines' 2, L//2, L-3) 3H → H (`fc`) into g_t, and runs one decoder layer
+whose attention reads `[norm(embedding(x_{t+1})); norm(g_t)]`, 2H wide, with its residual stream
+starting from g_t; its own final norm and head (over the draft vocabulary, trained) score x_{t+2}.
+Steps 2..gamma feed the layer's pre-norm output back in place of g.
 
-In the decode loop and in training (`FeatureDrafter`'s interface) its features are 4H wide:
-`target_features` gives `[s_1; s_2; s_3; 0]` (its `feature_layers` are the three layer ids, with no
-trailing -1) and `feed_back` gives `[0; 0; 0; g]`; the fusion `fc(first 3H) + last H` is then
-exactly fc of the target's states, or the fed-back g.
-
-On disk: a plain HF Llama folder with no decoder layers (embeddings, the unused decoder norm, the
-head as a full [V, H] matrix, `config.draft_vocab_ids` when truncated) plus `eagle3.safetensors`
-(fusion, layer, final norm); `load_model(folder)` restores it. `eagle_export` writes it in the
-engines' EAGLE-3 formats.
+As a `FeatureDrafter` its features are 4H wide: `[s_1; s_2; s_3; 0]` from the target, `[0; 0; 0; g]`
+fed back, and the fusion is `fc(first 3H) + last H`. On disk: a plain HF Llama folder with no
+decoder layers (embeddings, head, `config.draft_vocab_ids`) plus `eagle3.safetensors` (fusion,
+layer, final norm).
 """
 
 from __future__ import annotations
@@ -32,12 +26,14 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm
 
+from specdecode.models.config import check_eagle3_layers, default_feature_layers
 from specdecode.models.draft_vocab import DraftVocabHead
 from specdecode.models.drafters import resolve_draft_vocab
 from specdecode.models.feature_drafter import (
     CONFIG_KEY,
     FeatureDrafter,
     bypass,
+    fusion_layer,
     init_at_random,
     wrap_if_feature_drafter,
 )
@@ -47,34 +43,10 @@ EAGLE3_FILE = "eagle3.safetensors"
 FUSION = "eagle3"
 
 
-def default_feature_layers(num_target_layers: int) -> tuple[int, int, int]:
-    """vLLM's and SGLang's low / middle / high layers: (2, L // 2, L - 3)."""
-    return 2, num_target_layers // 2, num_target_layers - 3
-
-
 def teacher_layers(layers: Sequence[int], num_target_layers: int) -> tuple[int, ...]:
     """The target layers an EAGLE-3 drafter's training cache keeps: its three, then L, whose state
-    (the target's last, post-norm) fills the slot decoding leaves for the fed-back state
-    (`target_features`). The distillation teacher reads it there; the drafter never does
-    (`Eagle3Drafter.input_features`)."""
+    fills the fed-back slot for the distillation teacher (never the drafter: `input_features`)."""
     return (*layers, num_target_layers)
-
-
-def check_eagle3_layers(layers: Sequence[int], num_target_layers: int) -> tuple[int, int, int]:
-    """Three distinct target layer ids in [1, L - 1] (the input of each), or a ValueError naming them."""
-    layers = tuple(layers) if isinstance(layers, (list, tuple)) else ()
-    ok = (
-        len(layers) == 3
-        and len(set(layers)) == 3
-        and all(isinstance(i, int) and not isinstance(i, bool) and 1 <= i < num_target_layers for i in layers)
-    )
-    if not ok:
-        raise ValueError(
-            f"eagle3 feature_layers={list(layers) or layers!r}: expected three distinct target layers in "
-            f"[1, {num_target_layers - 1}] (the target has {num_target_layers}), e.g. "
-            f"{list(default_feature_layers(max(num_target_layers, 8)))}"
-        )
-    return layers  # type: ignore[return-value]  # checked above to be three ints
 
 
 def llama_config_like(text: Any, **overrides: Any) -> LlamaConfig:
@@ -152,14 +124,8 @@ class NormedDraftHead(DraftVocabHead):
 
 
 class Eagle3Drafter(FeatureDrafter):
-    """A `FeatureDrafter` with EAGLE-3's fusion, layer and head (module docstring).
-
-    Attributes:
-        body: a one-layer Llama causal LM: the target's embeddings, an `Eagle3Layer`, its decoder
-            norm bypassed (the pre-norm output is what is fed back), a `NormedDraftHead`.
-        fc: `[H, 3H]` fusion of the three target states.
-        feature_layers: the three target layer ids (no trailing -1: `target_features` reads raw states).
-    """
+    """A `FeatureDrafter` with EAGLE-3's fusion `fc` `[H, 3H]`, layer and head: `body` is a one-layer
+    Llama (an `Eagle3Layer`, its decoder norm bypassed, a `NormedDraftHead`)."""
 
     def __init__(self, body: PreTrainedModel, fc: nn.Linear, feature_layers: Sequence[int]) -> None:
         nn.Module.__init__(self)  # not FeatureDrafter's checks: those are of EAGLE-1's fusion
@@ -182,13 +148,11 @@ class Eagle3Drafter(FeatureDrafter):
         return self.fc.in_features + self.body.config.hidden_size
 
     def timed_module(self) -> nn.Module:
-        """Its layer reads `[embedding; g]`, so its body cannot run on tokens alone: a drafting pass
-        over zero target states (`Eagle3Timing`)."""
+        """A drafting pass over zero target states (its body cannot run on tokens alone)."""
         return Eagle3Timing(self)
 
     def input_features(self, cached: torch.Tensor) -> torch.Tensor:
-        """`[s_1; s_2; s_3; 0]` from a training cache's `[..., 4H]` `[s_1; s_2; s_3; f]` (`teacher_layers`):
-        the target's last state f is the teacher's input, not the drafter's."""
+        """`[s_1; s_2; s_3; 0]` from a training cache's `[..., 4H]` `[s_1; s_2; s_3; f]` (`teacher_layers`)."""
         states = cached[..., : self.fc.in_features]
         return torch.cat([states, states.new_zeros(*states.shape[:-1], cached.shape[-1] - states.shape[-1])], dim=-1)
 
@@ -258,12 +222,9 @@ def derive_eagle3_drafter(
     corpus: Iterable[Sequence[int] | torch.Tensor] | None = None,
     seed: int = 0,
 ) -> Eagle3Drafter:
-    """An untrained EAGLE-3 drafter for `target` (Llama- or Qwen2-like): the target's embeddings and
-    head rows (over `draft_vocab`, as `derive_drafter` reads it), a layer initialised at random
-    from `seed` as transformers initialises a new model, and a fusion that starts as the high state.
-
-    Raises ValueError: bad `feature_layers` (default: `default_feature_layers`) or vocabulary.
-    """
+    """An untrained EAGLE-3 drafter for a Llama- or Qwen2-like `target`: its embeddings and head rows
+    (over `draft_vocab`, as `derive_drafter` reads it), a layer at random from `seed`, a fusion
+    starting as the high state. A ValueError names bad `feature_layers` or vocabulary."""
     text = target.config.get_text_config()
     layers = check_eagle3_layers(
         feature_layers or default_feature_layers(text.num_hidden_layers), text.num_hidden_layers
@@ -289,10 +250,8 @@ def derive_eagle3_drafter(
 
 
 def load_eagle3(model: PreTrainedModel, folder: str | os.PathLike[str]) -> Eagle3Drafter:
-    """The EAGLE-3 drafter saved in `folder`, from the plain model `load_model` read there.
-
-    Raises ValueError: naming the file, when `eagle3.safetensors` is missing or does not fit the model.
-    """
+    """The EAGLE-3 drafter saved in `folder`, from the plain model `load_model` read there; a
+    ValueError names a missing or unfitting `eagle3.safetensors`."""
     path = Path(folder) / EAGLE3_FILE
     if not path.is_file():
         raise ValueError(f"{str(folder)!r} is an EAGLE-3 drafter (config.{CONFIG_KEY}) but has no {EAGLE3_FILE}")
@@ -307,14 +266,7 @@ def load_eagle3(model: PreTrainedModel, folder: str | os.PathLike[str]) -> Eagle
         ids = head.draft_ids if isinstance(head, DraftVocabHead) else torch.arange(full.shape[0], device=full.device)
         normed = NormedDraftHead(full, ids, config.rms_norm_eps)
         normed.norm.load_state_dict({"weight": tensors["norm.weight"]})
-        fc = nn.Linear(
-            tensors["fc.weight"].shape[1],
-            tensors["fc.weight"].shape[0],
-            bias=False,
-            device=model.device,
-            dtype=model.dtype,
-        )
-        fc.load_state_dict({"weight": tensors["fc.weight"]})
+        fc = fusion_layer(tensors["fc.weight"], model)
     except (KeyError, RuntimeError) as error:
         raise ValueError(f"{str(path)!r} does not fit the drafter in {str(folder)!r}: {error}") from None
     model.model.layers = nn.ModuleList([layer])

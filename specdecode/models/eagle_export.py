@@ -1,37 +1,22 @@
 """Write a trained feature drafter as a draft model that vLLM or SGLang loads: `export_drafter`.
 
-Each format is what one engine's own loader reads (its architecture registry, its config class and
-its `load_weights` name mapping). No engine runs here: tests/test_engine_export.py runs every
-folder through an independent re-implementation of that engine's weight mapping and forward.
+Each format is what one engine's own loader reads (architecture, config class, `load_weights`
+names); tests/test_engine_export.py runs every folder through a re-implementation of that
+engine's weight mapping and forward. Formats (engine method, `architectures`, draft vocabulary):
+- `vllm-eagle`: `eagle`, `LlamaForCausalLM`; full vocabulary (the drafter's logits at its ids).
+- `sglang-eagle`: `EAGLE`, `LlamaForCausalLMEagle` / `Qwen2ForCausalLMEagle`; `hot_token_map.pt`.
+- `vllm-eagle3`: `eagle3`, `LlamaForCausalLM`; `lm_head` rows and `d2t`.
+- `sglang-eagle3`: `EAGLE3`, `LlamaForCausalLMEagle3`; `lm_head` rows and `d2t`.
 
-Formats, each engine's method and `architectures`, and how the draft vocabulary is kept:
-- `vllm-eagle`: vLLM `method: eagle`, `LlamaForCausalLM` (vLLM runs `EagleLlamaForCausalLM`); not
-  kept (full vocabulary).
-- `sglang-eagle`: SGLang `EAGLE`, `LlamaForCausalLMEagle` / `Qwen2ForCausalLMEagle`;
-  `hot_token_map.pt` (`--speculative-token-map`).
-- `vllm-eagle3`: vLLM `method: eagle3`, `LlamaForCausalLM` (vLLM runs `Eagle3LlamaForCausalLM`);
-  `lm_head` rows and `d2t`.
-- `sglang-eagle3`: SGLang `EAGLE3`, `LlamaForCausalLMEagle3`; `lm_head` rows and `d2t`.
+EAGLE-1 is the `eagle` layout of `feature_drafter.py`. Both engines give it the target's
+embeddings and LM head, so a drafter that trained either cannot be exported; vLLM's `fc` has no
+bias, SGLang's one (zeros). vLLM has no Qwen2 EAGLE-1 class: a Qwen2 drafter is written as a Llama
+one with `attention_bias` (a zero o_proj bias), the same function.
 
-EAGLE-1 is the `eagle` layout of `feature_drafter.py`: `fc` over `[embedding(x_{t+1}); f_t]` (f_t
-the target's post-norm last hidden state), decoder layers of which the first has no input norm,
-no final norm, the target's LM head. Both engines give the drafter the target's embeddings and LM
-head in place of its own, so a drafter that trained either cannot be exported (the training
-default freezes both). vLLM's `fc` has no bias and SGLang's has one (written as zeros). vLLM's
-EAGLE-1 scores the full vocabulary: a drafter with a truncated head drafts over all V ids there,
-whose logits on its draft ids are its own. SGLang keeps the truncation as a hot-token map.
-
-EAGLE-3 (`eagle3_drafter.py`): both engines read one layer under the name `midlayer.*`, `fc` over
-the three target states, a final `norm`, the drafter's own `lm_head` over its K draft ids and
-`d2t` (target id minus draft id). They differ in the config: vLLM reads the target layers
-top-level (`eagle_aux_hidden_state_layer_ids`, each the input of that layer), SGLang under
-`eagle_config` (each the output of that layer: one less). Both take the target's embeddings.
-
-Targets: the Llama and Qwen2 families. vLLM has no Qwen2 EAGLE-1 class, so a Qwen2 drafter is
-written for vLLM as a Llama one with `attention_bias` (its q/k/v biases, a zero o_proj bias): the
-same function. SGLang reads it as `Qwen2ForCausalLMEagle`.
-
-Every folder also gets a README.md model card (`specdecode.models.card`) with the serve command.
+EAGLE-3: both engines read the layer as `midlayer.*`, `fc`, `norm`, `lm_head` over the K draft ids
+and `d2t` (target id minus draft id), with the target's embeddings. vLLM's config names the target
+layers top-level (each the input of that layer), SGLang's under `eagle_config` (each the output
+of that layer: one less).
 """
 
 from __future__ import annotations
@@ -83,15 +68,12 @@ def export_drafter(
     target_name: str | None = None,
     num_speculative_tokens: int | None = None,
 ) -> Path:
-    """Write `drafter` to `folder` in `format` (one of `FORMATS`); return the folder.
+    """Write `drafter` to `folder` in `format` (one of `FORMATS`), atomically; return the folder.
+    `target_name` and `num_speculative_tokens` (default: the drafter's gamma, else 3) fill the
+    serve command of its README.
 
-    `target_name` (the hub id or path the engine serves) and `num_speculative_tokens` (default: the
-    drafter's chosen gamma, else 3) only fill the serve command of the folder's README. Written to a
-    staging folder beside `folder` and renamed: a failed export leaves nothing behind.
-
-    Raises ValueError: an unknown format; a target family the format does not cover; a drafter the
-    format cannot express (kind, layout, features read, trained embeddings or head); or `folder` exists.
-    Each names the value at fault, checked before anything is written.
+    Raises ValueError, before anything is written, naming the value at fault: an unknown format,
+    a target family or drafter the format cannot express, or an existing `folder`.
     """
     if format not in FORMATS:
         raise ValueError(f"format={format!r}: expected one of {'|'.join(FORMATS)}")
@@ -181,17 +163,11 @@ FORMATS: dict[str, Callable[[Any, PreTrainedModel], Exported]] = {
 
 
 def _eagle3_config(drafter: Eagle3Drafter, target: PreTrainedModel, format: str) -> dict[str, Any]:
-    """Both engines' EAGLE-3 config: a one-layer Llama config with the draft vocabulary's size and
-    the target's hidden size (the fusion reads 3 x `target_hidden_size`)."""
+    """Both engines' EAGLE-3 config: one layer, the draft vocabulary's size, the target's hidden size."""
     if not isinstance(drafter, Eagle3Drafter):
         raise ValueError(f"format {format!r} writes EAGLE-3 drafters (drafter=eagle3); got {type(drafter).__name__}")
     check_family(target, format)
-    embeddings = drafter.get_input_embeddings().weight.detach().cpu()
-    if not torch.equal(embeddings, _embedding_weight(target).cpu()):
-        raise ValueError(
-            f"drafter embeddings differ from the target's, which {format} uses in their place "
-            "(train with train.freeze_embeddings=true)"
-        )
+    _check_target_embeddings(drafter, target, format)
     config = _plain_config(drafter)
     config["num_hidden_layers"] = 1
     config["draft_vocab_size"] = len(draft_vocab_ids(drafter))
@@ -200,9 +176,7 @@ def _eagle3_config(drafter: Eagle3Drafter, target: PreTrainedModel, format: str)
 
 
 def _eagle3_tensors(drafter: Eagle3Drafter) -> dict[str, torch.Tensor]:
-    """`fc.weight`, `midlayer.*` (both engines' name for the one layer), `norm.weight`, `lm_head.weight`
-    over the K draft ids, `d2t` (target id - draft id, per draft id), `t2d` (is a target id drafted),
-    `embed_tokens.weight`."""
+    """The module docstring's EAGLE-3 tensors, `t2d` (is a target id drafted) and `embed_tokens.weight`."""
     head = cast(NormedDraftHead, drafter.get_output_embeddings())
     ids = draft_vocab_ids(drafter)
     t2d = torch.zeros(drafter.config.vocab_size, dtype=torch.bool)
@@ -264,9 +238,15 @@ def _check_eagle1(drafter: FeatureDrafter, target: PreTrainedModel, format: str)
     return family
 
 
-def _embedding_weight(model: PreTrainedModel) -> torch.Tensor:
-    """`[V, H]` the model's input embeddings, detached."""
-    return cast(nn.Embedding, model.get_input_embeddings()).weight.detach()
+def _check_target_embeddings(drafter: FeatureDrafter, target: PreTrainedModel, format: str) -> None:
+    """The engines run the drafter with the target's embeddings: they must be the drafter's."""
+    embeddings = drafter.get_input_embeddings().weight.detach().cpu()
+    target_embeddings = cast(nn.Embedding, target.get_input_embeddings()).weight.detach().cpu()
+    if embeddings.shape != target_embeddings.shape or not torch.equal(embeddings, target_embeddings):
+        raise ValueError(
+            f"drafter embeddings differ from the target's, which {format} uses in their place "
+            "(train with train.freeze_embeddings=true)"
+        )
 
 
 def check_family(target: PreTrainedModel, format: str) -> str:
@@ -282,13 +262,7 @@ def check_family(target: PreTrainedModel, format: str) -> str:
 
 def _check_shared_with_target(drafter: FeatureDrafter, target: PreTrainedModel, format: str) -> None:
     """The engines replace the drafter's embeddings and LM head with the target's: they must match."""
-    embeddings = drafter.get_input_embeddings().weight.detach().cpu()
-    target_embeddings = _embedding_weight(target).cpu()
-    if embeddings.shape != target_embeddings.shape or not torch.equal(embeddings, target_embeddings):
-        raise ValueError(
-            f"drafter embeddings differ from the target's, which {format} uses in their place "
-            "(train with train.freeze_embeddings=true)"
-        )
+    _check_target_embeddings(drafter, target, format)
     head = drafter.get_output_embeddings()
     target_head = target.get_output_embeddings().weight.detach().cpu()
     if isinstance(head, DraftVocabHead):
@@ -312,8 +286,8 @@ def _plain_config(drafter: FeatureDrafter) -> dict[str, Any]:
 
 
 def _with_legacy_rope(config: dict[str, Any]) -> dict[str, Any]:
-    """`config` with the rotary settings also as `rope_theta` / `rope_scaling`, the keys an engine
-    pinned to transformers 4 reads (transformers 5 writes `rope_parameters` only)."""
+    """`config` with the rotary settings also as `rope_theta` / `rope_scaling`, which an engine on
+    transformers 4 reads (5 writes `rope_parameters` only)."""
     rope = config.get("rope_parameters")
     if isinstance(rope, dict) and "rope_theta" in rope:
         config["rope_theta"] = rope["rope_theta"]

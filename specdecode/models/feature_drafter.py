@@ -1,38 +1,19 @@
 """Feature-conditioned drafters (EAGLE, Li et al. 2024): draft from the target's own hidden states.
 
-A slice of the target's first layers sees too little of what the target knows. A feature drafter
-reads, at position t, the target's last hidden state f_t and the embedding of the next token
-x_{t+1}, fuses them with one linear layer over their concatenation, runs a few (default one)
-decoder layers (started at random, as EAGLE does, or copied from the target), and so predicts
-the target's next feature f_{t+1}; the target's own frozen LM head (optionally truncated to the
-draft vocabulary) turns that into a distribution over x_{t+2}. Drafting steps 2..gamma feed back
-the drafter's predicted feature.
+At position t a feature drafter reads the target's post-norm last hidden state f_t (what its LM
+head reads; the pre-norm residual stream has outlier dimensions ~8,000, on which regression
+fails) and the embedding of x_{t+1}, fuses them with one linear layer, runs a few decoder layers
+and so predicts f_{t+1}; the target's frozen LM head (optionally truncated) scores x_{t+2} from
+it. Drafting steps 2..gamma feed back the predicted feature.
 
-Features are the target's *post-norm* last hidden states (what its LM head reads; SmolLM2's absmax
-~50), not the pre-norm residual stream (outlier dimensions ~8,000), on which feature regression
-fails.
+With `feature_layers` = (l_1, ..., -1) it also reads the target's states after layers l_i, each
+through the target's final norm (EAGLE-3's multi-layer features); steps 2..gamma have zeros in
+their slots (`feed_back`). The fusion starts as [I, 0, ..., 0, I].
 
-Multi-layer features (EAGLE-3, Li et al. 2025): with `feature_layers` = (l_1, ..., l_{n-1}, -1)
-the drafter reads, beside the last state, the target's states after layers l_i (each through the
-target's final norm, which tames the residual stream's outlier dimensions), so f_t is `[n·H]`.
-Drafting steps 2..gamma have only the drafter's own predicted last feature: it is fed in the last
-slot with zeros in the others (`feed_back`), and training unrolls that as decoding runs it. The
-fusion starts as [I, 0, ..., 0, I], so an untrained multi-layer drafter is the one-layer one.
-
-Layouts. `eagle` (the default of `derive_feature_drafter` and conf/drafter/feature.yaml) is
-EAGLE-1's layout as vLLM runs it (`EagleLlamaForCausalLM`): the first layer takes the fused input
-without its input norm and the head reads the last layer's output without a final norm.
-`specdecode` runs the body's decoder as it is: an input norm before each layer's attention and
-the final norm before the head. The two
-norms stay in the state dict (frozen, unused: `bypass`), so either layout saves and loads as the
-same plain folder; an `eagle` drafter can also be written in vLLM's EAGLE format
-(`specdecode.models.eagle_export`).
-
-Structure: `body` is a plain HF causal LM cut from the target (`derive_drafter`: embeddings,
-`num_layers` decoder layers, final norm, LM head), driven with `inputs_embeds = fc([emb(x); f])`.
-On disk a feature drafter is `body.save_pretrained(folder)` (so transformers can read the folder)
-with `config.feature_drafter = {"fusion": "concat_linear", "layers": [...], "layout": ...}` and
-the fusion layer in `feature_fc.safetensors`; `load_model(folder)` restores it.
+Layouts: `eagle` (the default) is EAGLE-1's as vLLM runs it, no input norm before the first
+layer and no final norm; `specdecode` runs the body's decoder as it is. The bypassed norms stay in
+the state dict (`bypass`), so both save as the same folder: `body.save_pretrained` with
+`config.feature_drafter = {"fusion", "layers", "layout"}`, plus `feature_fc.safetensors`.
 """
 
 from __future__ import annotations
@@ -60,14 +41,10 @@ CONFIG_KEY = "feature_drafter"
 def target_features(
     target: PreTrainedModel, hidden_states: Sequence[torch.Tensor], layers: Sequence[int]
 ) -> torch.Tensor:
-    """What a drafter reading `layers` takes from one target forward: `[..., n·H]`.
-
-    `hidden_states` is transformers' `output_hidden_states` tuple (embeddings, then the state after
-    each layer; the last entry is post-norm). Inner layers go through the target's final norm.
-    Layers with no trailing -1 are an EAGLE-3 drafter's (eagle3_drafter.py): their raw states, then
-    a zero slot `[..., H]` for the drafter's own fed-back state; its training cache's layers end
-    with L, the target's layer count (`eagle3_drafter.teacher_layers`), whose state, the last and
-    post-norm, fills that slot for the distillation teacher to read.
+    """What a drafter reading `layers` takes from one target forward's `output_hidden_states`:
+    `[..., n·H]`, inner layers through the target's final norm. Layers with no trailing -1 are an
+    EAGLE-3 drafter's: their raw states, then a zero slot `[..., H]` for its fed-back state (filled
+    with the last state where the layers end with L, its training cache's `teacher_layers`).
     """
     if tuple(layers) == LAST_FEATURE:
         return hidden_states[-1]
@@ -83,8 +60,7 @@ def target_features(
 
 def feed_back(predicted: torch.Tensor, width: int) -> torch.Tensor:
     """A predicted last feature `[..., H]` as a drafter input of `width` = n·H: zeros in the inner
-    layers' slots (drafting steps 2..gamma have no target states for them). A one-layer drafter's
-    feature is its own input as is (no copy on the drafting path)."""
+    layers' slots (no copy where n = 1)."""
     if predicted.shape[-1] == width:
         return predicted
     return F.pad(predicted, (width - predicted.shape[-1], 0))
@@ -92,13 +68,7 @@ def feed_back(predicted: torch.Tensor, width: int) -> torch.Tensor:
 
 class FeatureDrafter(nn.Module):
     """EAGLE-style drafter: `fc([emb(x_{t+1}); f_t])` → decoder layers → norm → ĝ_{t+1} → head.
-
-    Attributes:
-        body: a causal LM sharing the target's hidden size and vocabulary; its decoder is run on
-            fused embeddings, its LM head scores the predicted feature.
-        fc: `[H, (1 + n)H]` fusion of the token embedding and the n target features.
-        feature_layers: the target hidden states it reads (`target_features`), the last last.
-    """
+    `body` is a causal LM with the target's hidden size and vocabulary, `fc` `[H, (1 + n)H]`."""
 
     def __init__(
         self,
@@ -157,13 +127,11 @@ class FeatureDrafter(nn.Module):
         return self.fc.weight.shape[1] - self.body.config.get_text_config().hidden_size
 
     def timed_module(self) -> nn.Module:
-        """What the CPU kernel choice times for it (`models.kernel_choice`, a causal LM's
-        `forward(input_ids)`): its body, whose linears are its own but the fusion."""
+        """What the CPU kernel choice times for it as a causal LM (`models.kernel_choice`): its body."""
         return self.body
 
     def input_features(self, cached: torch.Tensor) -> torch.Tensor:
-        """The features it reads `[..., n·H]` from a training cache's (`target_features` of the
-        cache's layers): the same, the last slot being the target's last state it reads."""
+        """The features it reads `[..., n·H]` from a training cache's: the same."""
         return cached
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -184,12 +152,8 @@ class FeatureDrafter(nn.Module):
         position_ids: torch.Tensor | None = None,
         past_key_values: Any = None,
     ) -> torch.Tensor:
-        """Predicted next features `[B, T, H]` (post-norm, the LM head's input) for positions t,
-        from `[B, T, n·H]` `features` (`target_features`, or `feed_back` of predicted ones).
-
-        `attention_mask` is a `[B, T]` padding mask or a prepared additive `[B, 1, T, S]` mask
-        (the KV cache's, or the unrolled-training masks of `specdecode.training.feature_training`).
-        """
+        """Predicted next features `[B, T, H]` (the LM head's input) from `[B, T, n·H]` `features`;
+        `attention_mask` is a `[B, T]` padding mask or a prepared additive `[B, 1, T, S]` one."""
         return self.body.get_decoder()(
             inputs_embeds=self.fuse(features, next_ids),
             attention_mask=attention_mask,
@@ -209,20 +173,14 @@ class FeatureDrafter(nn.Module):
 
 
 def bypass(norm: nn.Module) -> None:
-    """Make `norm` pass its input through unchanged (a forward hook returning the input) and freeze
-    its weight: the layer is skipped, its parameters stay in the state dict, so a checkpoint keeps
-    the body's plain HF keys whichever layout wrote it."""
+    """Make `norm` pass its input through (a forward hook) and freeze it; its weight stays in the state dict."""
     norm.requires_grad_(False)
     norm.register_forward_hook(lambda module, args, output: args[0])
 
 
 def check_fits_target(drafter: FeatureDrafter, target: PreTrainedModel, name: str = "the feature drafter") -> None:
-    """A feature drafter reads n of the target's hidden states: the target's width and layers must
-    be the ones it was built for (another target's drafter fails with a shape error mid-draft).
-
-    Raises ValueError: naming the drafter (`name`), its feature width and layers, and the target's
-    hidden size and layer count.
-    """
+    """The target's width and layers must be the ones `drafter` was built for (else it fails
+    mid-draft); a ValueError names the drafter, its features and the target's sizes."""
     text = target.config.get_text_config()
     hidden, num_layers = text.hidden_size, text.num_hidden_layers
     layers = list(drafter.feature_layers)
@@ -247,19 +205,10 @@ def derive_feature_drafter(
     layout: str = "eagle",
     seed: int = 0,
 ) -> FeatureDrafter:
-    """A feature drafter built from the target's weights, ready to train.
-
-    The body is `derive_drafter(target, num_layers, draft_vocab=..., corpus=...)` with its decoder
-    layers initialised either at random (`init_from_layer=None`, the default) as transformers
-    initialises a new model (weights N(0, initializer_range), norms 1; drawn from `seed`), as EAGLE
-    trains its layer from scratch, or as copies of the target's layers ending at `init_from_layer`
-    (-1: the last ones), which trained to lower held-out acceptance. The fusion starts as the sum of the
-    embedding and the last feature (inner `feature_layers` weighted 0), so the untrained drafter runs
-    its (first) layer on them.
-    `layout` is "eagle" (the default: exportable to vLLM) or "specdecode" (module docstring; an
-    `eagle` drafter copied from the target starts with its layers' residual branches' output
-    projections at zero). A ValueError names a bad `num_layers` / `init_from_layer` /
-    `feature_layers` / `layout` / vocabulary.
+    """An untrained feature drafter: `derive_drafter(target, num_layers, ...)` as its body, its
+    layers at random from `seed` (as EAGLE) or copies of the target's layers ending at
+    `init_from_layer` (which trained to lower held-out acceptance); the fusion starts as the sum of
+    the embedding and the last feature. A ValueError names a bad argument.
     """
     from specdecode.models.drafters import derive_drafter
 
@@ -283,10 +232,8 @@ def derive_feature_drafter(
         for i, layer in enumerate(body.get_decoder().layers):
             layer.load_state_dict(layers[last + 1 - num_layers + i].state_dict())
             if layout == "eagle":
-                # Without the final norm the head would read the target's last layer's raw residual
-                # stream (outlier dimensions in the thousands) and training did not recover from it
-                # (held-out greedy agreement 0.02 after 400 steps on code): the layers' residual
-                # branches start at zero, so the untrained drafter passes its fused input through.
+                # Without the final norm the head would read a raw residual stream, from which
+                # training did not recover: the residual branches start at zero instead.
                 with torch.no_grad():
                     layer.self_attn.o_proj.weight.zero_()
                     layer.mlp.down_proj.weight.zero_()
@@ -300,9 +247,8 @@ def derive_feature_drafter(
 
 
 def init_at_random(layers: Iterable[nn.Module], std: float, seed: int) -> None:
-    """Re-initialise `layers` as transformers initialises a new Llama-like model: matrices
-    N(0, std), norm weights 1, biases 0. Drawn on the CPU from `seed`, so every device and every
-    process of a distributed job starts from the same weights."""
+    """Re-initialise `layers` as transformers does a new model (matrices N(0, std), norms 1, biases
+    0), drawn on the CPU from `seed`: the same weights on every device and process."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for layer in layers:
@@ -313,6 +259,13 @@ def init_at_random(layers: Iterable[nn.Module], std: float, seed: int) -> None:
                     param.zero_()
                 else:  # a norm's scale
                     param.fill_(1.0)
+
+
+def fusion_layer(weight: torch.Tensor, model: PreTrainedModel) -> nn.Linear:
+    """A bias-free linear layer holding `weight` `[out, in]`, on `model`'s device in its dtype."""
+    fc = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=model.device, dtype=model.dtype)
+    fc.load_state_dict({"weight": weight})
+    return fc
 
 
 def saved_settings(settings: dict[str, Any], folder: str | os.PathLike[str]) -> tuple[list[int], str]:
@@ -328,9 +281,7 @@ def saved_settings(settings: dict[str, Any], folder: str | os.PathLike[str]) -> 
 def wrap_if_feature_drafter(model: PreTrainedModel, folder: str | os.PathLike[str]) -> PreTrainedModel | FeatureDrafter:
     """`model` loaded from `folder`, as a `FeatureDrafter` if its config says it is one.
 
-    Raises FileNotFoundError: the config says feature drafter but `feature_fc.safetensors` is missing;
-    ValueError: naming the file or folder, when `feature_fc.safetensors` is damaged or does not fit the
-    body and the config's feature layers.
+    Raises FileNotFoundError: no `feature_fc.safetensors`; ValueError: naming it, damaged or not fitting.
     """
     settings = getattr(model.config, CONFIG_KEY, None)
     if settings is None:
@@ -341,10 +292,7 @@ def wrap_if_feature_drafter(model: PreTrainedModel, folder: str | os.PathLike[st
     tensors = read_safetensors(path)
     if "weight" not in tensors or tensors["weight"].dim() != 2:
         raise ValueError(f"{str(path)!r} holds no 2-D 'weight' tensor (it holds {sorted(tensors)}): not a fusion layer")
-    weight = tensors["weight"]
-    fc = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=model.device, dtype=model.dtype)
-    with torch.no_grad():
-        fc.weight.copy_(weight)
+    fc = fusion_layer(tensors["weight"], model)
     layers, layout = saved_settings(settings, folder)
     try:
         return FeatureDrafter(model, fc, layers, layout).eval()

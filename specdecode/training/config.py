@@ -3,7 +3,6 @@ conf/finetune.yaml and the loss/ group."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -16,11 +15,15 @@ from specdecode.core.config import (
     is_number,
     is_temperature,
     require,
+    require_choice,
+    require_finite,
+    require_int,
 )
 from specdecode.core.devices import MIXED_PRECISIONS
 from specdecode.core.tracking import Tracking
 from specdecode.data.config import DataConfig
 from specdecode.data.domains import DOMAIN_NAME, DOMAINS
+from specdecode.models.card import is_repo_id
 from specdecode.models.config import DrafterConfig, TargetConfig
 from specdecode.training.losses import LOSSES
 
@@ -45,54 +48,41 @@ class LossConfig:
 class TrainConfig:
     """The training loop, sequence source and teacher cache (see specdecode.training.job)."""
 
-    # Sequences: the dataset's responses ("data") or continuations the target generates ("target");
-    # with probability lambda_on_policy per step the drafter generates them instead (GKD).
+    # Responses: the dataset's ("data") or the target's continuations ("target"); the drafter's with
+    # probability lambda_on_policy per step (GKD).
     seq_source: str = "target"
     lambda_on_policy: float = 0.0
     # Distillation temperature; match decoding's (0 = greedy, distilled at 1 like the losses do).
     temperature: float = 1.0
     # seq_source=target: one continuation per prompt at each of these temperatures (null = [temperature]).
     seq_temperatures: list[float] | None = field(default_factory=lambda: [0.0, 0.7])
-    # Model selection: the held-out acceptance at the temperature users decode with. 0 = greedy
-    # (a draft is accepted iff it is the target's argmax); T > 0 = Σ min(p_T, q_T). Both are logged.
+    # Model selection: held-out acceptance at the decoding temperature (0: greedy agreement; T: Σ min(p_T, q_T)).
     select_temperature: float = 0.0
     # Stop after this many evaluations without a new best held-out acceptance (null = never).
     early_stop_evals: int | None = None
-    # Feature drafters: drafting steps unrolled in training (EAGLE-3's training-time test: step j
-    # reads the drafter's own predicted feature, as decoding does), and the weight of the smooth-L1
-    # regression of the target's next feature beside the token loss (null: 1; an eagle3 drafter's
-    # outputs are its own states, not the target's features: 0, as EAGLE-3 trains).
+    # Feature drafters: drafting steps unrolled in training (EAGLE-3's training-time test), and the
+    # weight of the feature regression beside the token loss (null: 1, or 0 for an eagle3 drafter).
     unroll_steps: int = 2
     feature_loss_weight: float | None = None
-    # Feature drafters: uniform noise U(-a, a) added in training to the target features the drafter
-    # reads (EAGLE's; the post-norm features have an RMS of ~2 on SmolLM2). 0 = none.
+    # Feature drafters: EAGLE's uniform noise U(-a, a) on the target features read in training; 0 = none.
     feature_noise: float = 0.0
-    # After training: the gamma (of these) that decoded fastest (the shortest within noise of it),
-    # stored with the drafter ([] = none).
-    # The first gamma_prompts held-out prompts, whole, are decoded one at a time (gamma_new_tokens
-    # each, with prompt lookup, at select_temperature) by the target alone and at each candidate,
-    # timed (`choose_gamma`); gamma_prompts 0: Leviathan's model at the best held-out acceptance,
-    # on step costs timed once.
+    # After training: the fastest of these gammas on gamma_prompts held-out prompts, timed
+    # (`choose_gamma`), is stored with the drafter ([] = none; gamma_prompts 0: Leviathan's model).
     gamma_candidates: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 8])
     gamma_prompts: int = 8
     gamma_new_tokens: int = 64
     max_prompt_tokens: int = 96
     max_len: int = 192
     max_new_tokens: int = 96
-    # Prompts per batch when the target writes continuations (seq_source: target): 64 suits a CPU
-    # (its weights are read once per step for the batch); conf/experiment/gpu.yaml uses 256.
+    # Prompts per batch when the target writes continuations: 64 suits a CPU, 256 a GPU.
     generation_batch: int = 64
-    # The teacher cache keeps the target's top-k logits per position (see specdecode.training.teacher).
+    # The target's top-k logits kept per position (specdecode.training.teacher).
     teacher_topk: int = 64
-    # Where the target's outputs on the training sequences (top-k logits or features) come from:
-    # offline = written once to the teacher store on disk and streamed into training; online = the
-    # target's forward inside each training step, nothing stored; auto = online on a GPU (its
-    # forward costs little there), offline elsewhere (on a CPU it costs more than the drafter's step).
+    # The target's outputs: offline = written once to the teacher store; online = its forward in each
+    # step; auto = online on a GPU, offline elsewhere (a CPU forward costs more than the drafter's step).
     teacher: str = "auto"
     train_sequences: int | None = 512
-    # Training sequences per domain, in place of train_sequences where not null: a domain's own job
-    # takes that many, and a mix takes at most that many of the domain (its train_sequences still
-    # caps the total). E.g. `train.train_sequences_per_domain.chat=1920` for a data-bound domain.
+    # Per domain, in place of train_sequences where not null (a mix takes at most that many of it).
     train_sequences_per_domain: dict[str, int | None] = field(default_factory=lambda: dict.fromkeys(DOMAINS))
     heldout_sequences: int = 32
     # Global batch (sequences per optimizer step, over all processes and accumulation steps).
@@ -100,20 +90,14 @@ class TrainConfig:
     grad_accum: int = 1
     lr: float = 3e-4
     weight_decay: float = 0.0
-    # lr rises linearly from 0 over warmup_steps, then decays over the budget (max_steps or
-    # max_minutes, whichever ends training first): constant | linear | cosine (to 0 at the end).
+    # Linear warm-up, then constant | linear | cosine decay over the budget (max_steps or max_minutes).
     warmup_steps: int = 10
     lr_decay: str = "constant"
     max_grad_norm: float = 1.0
-    # The drafter's forward under autocast: auto = bf16 where the device computes it natively (a
-    # bf16 GPU, a CPU with AMX: a step ~2x faster there), else no; or no | bf16 | fp16. The
-    # target's cached outputs and the losses stay in the job's dtype.
+    # The drafter's autocast: auto = bf16 where the device computes it natively, else no; or no | bf16 | fp16.
     mixed_precision: str = "auto"
-    # The precision the target writes and scores the training split in (its continuations with
-    # seq_source=target, and the teacher cache: features or top-k logits): auto = bf16 where the
-    # device computes it natively, as above, else no (the job's dtype); or no | bf16 | fp16: more
-    # data per minute. The held-out split,
-    # which model selection is measured on, stays in the job's dtype.
+    # The precision the target writes and scores the training split in (as mixed_precision); the
+    # held-out split stays in the job's dtype.
     data_precision: str = "auto"
     max_steps: int = 1000
     max_minutes: float | None = None
@@ -122,8 +106,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     resume: bool = False
     freeze_embeddings: bool = True
-    # null: frozen for derived and feature drafters (the target's head), trained with its final norm
-    # for an eagle3 drafter (its own head, as EAGLE-3 trains it)
+    # null: frozen, but trained for an eagle3 drafter (its own head, as EAGLE-3 trains it)
     freeze_head: bool | None = None
     log_every: int = 10
     seed: int = 0
@@ -137,7 +120,7 @@ class TrainConfig:
 
     def _check_sequences(self) -> None:
         """The training data's and the decoding settings' fields."""
-        require(self.seq_source in TRAIN_SEQ_SOURCES, "train.seq_source", self.seq_source, "|".join(TRAIN_SEQ_SOURCES))
+        require_choice("train.seq_source", self.seq_source, TRAIN_SEQ_SOURCES)
         require(
             is_number(self.lambda_on_policy) and 0 <= self.lambda_on_policy <= 1,
             "train.lambda_on_policy",
@@ -145,7 +128,7 @@ class TrainConfig:
             "must be in [0, 1]",
         )
         require(is_temperature(self.temperature), "train.temperature", self.temperature, TEMPERATURE_RANGE)
-        require(self.teacher in TEACHER_MODES, "train.teacher", self.teacher, "|".join(TEACHER_MODES))
+        require_choice("train.teacher", self.teacher, TEACHER_MODES)
         require(
             self.seq_temperatures is None
             or (
@@ -159,36 +142,17 @@ class TrainConfig:
         )
         if self.seq_temperatures is not None:
             self.seq_temperatures = [float(t) for t in self.seq_temperatures]
-        require(
-            is_temperature(self.select_temperature),
-            "train.select_temperature",
-            self.select_temperature,
-            TEMPERATURE_RANGE,
-        )
-        require(
-            self.early_stop_evals is None or (is_int(self.early_stop_evals) and self.early_stop_evals >= 1),
-            "train.early_stop_evals",
-            self.early_stop_evals,
-            "null or an int >= 1",
-        )
-        require(
-            is_int(self.unroll_steps) and 1 <= self.unroll_steps <= 8,
-            "train.unroll_steps",
-            self.unroll_steps,
-            "an int in [1, 8]",
-        )
+        selected = self.select_temperature
+        require(is_temperature(selected), "train.select_temperature", selected, TEMPERATURE_RANGE)
+        require_int("train.early_stop_evals", self.early_stop_evals, 1, nullable=True)
+        require_int("train.unroll_steps", self.unroll_steps, 1, 8)
         require(
             self.feature_loss_weight is None or (is_number(self.feature_loss_weight) and self.feature_loss_weight >= 0),
             "train.feature_loss_weight",
             self.feature_loss_weight,
             "null or >= 0",
         )
-        require(
-            is_number(self.feature_noise) and math.isfinite(self.feature_noise) and self.feature_noise >= 0,
-            "train.feature_noise",
-            self.feature_noise,
-            "a finite number >= 0",
-        )
+        require_finite("train.feature_noise", self.feature_noise, 0)
         require(
             isinstance(self.gamma_candidates, (list, tuple)) and all(is_gamma(g) for g in self.gamma_candidates),
             "train.gamma_candidates",
@@ -196,18 +160,8 @@ class TrainConfig:
             f"a list of ints in [1, {MAX_GAMMA}] (empty: keep the default gamma)",
         )
         self.gamma_candidates = list(self.gamma_candidates)
-        require(
-            is_int(self.gamma_prompts) and self.gamma_prompts >= 0,
-            "train.gamma_prompts",
-            self.gamma_prompts,
-            "an int >= 0 (0 = Leviathan's model)",
-        )
-        require(
-            is_int(self.gamma_new_tokens) and self.gamma_new_tokens >= 2,
-            "train.gamma_new_tokens",
-            self.gamma_new_tokens,
-            "an int >= 2 (a verify after the prefill)",
-        )
+        require_int("train.gamma_prompts", self.gamma_prompts, 0, note=" (0 = Leviathan's model)")
+        require_int("train.gamma_new_tokens", self.gamma_new_tokens, 2, note=" (a verify after the prefill)")
 
     def _check_sizes(self) -> None:
         """Lengths, batch sizes, sequence counts and intervals."""
@@ -225,8 +179,7 @@ class TrainConfig:
             "log_every",
             "vocab_corpus_docs",
         ):
-            value = getattr(self, name)
-            require(is_int(value) and value >= 1, f"train.{name}", value, "an int >= 1")
+            require_int(f"train.{name}", getattr(self, name), 1)
         require(
             is_int(self.keep_checkpoints) and self.keep_checkpoints >= 2,
             "train.keep_checkpoints",
@@ -246,12 +199,7 @@ class TrainConfig:
             self.batch_size,
             f"a multiple of train.grad_accum={self.grad_accum}",
         )
-        require(
-            self.train_sequences is None or (is_int(self.train_sequences) and self.train_sequences >= 1),
-            "train.train_sequences",
-            self.train_sequences,
-            "null or an int >= 1",
-        )
+        require_int("train.train_sequences", self.train_sequences, 1, nullable=True)
         per_domain = self.train_sequences_per_domain
         require(
             isinstance(per_domain, Mapping)
@@ -267,45 +215,27 @@ class TrainConfig:
 
     def _check_optimizer(self) -> None:
         """The budget, the optimizer and the precision."""
-        require(is_int(self.max_steps) and self.max_steps >= 0, "train.max_steps", self.max_steps, "an int >= 0")
+        require_int("train.max_steps", self.max_steps, 0)
         require(
             self.max_minutes is None or (is_number(self.max_minutes) and self.max_minutes > 0),
             "train.max_minutes",
             self.max_minutes,
             "null or > 0",
         )
-        require(
-            is_number(self.lr) and math.isfinite(self.lr) and self.lr > 0, "train.lr", self.lr, "a finite number > 0"
-        )
-        require(
-            is_number(self.weight_decay) and math.isfinite(self.weight_decay) and self.weight_decay >= 0,
-            "train.weight_decay",
-            self.weight_decay,
-            "a finite number >= 0 (0 = none)",
-        )
-        require(
-            is_number(self.max_grad_norm) and math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0,
+        require_finite("train.lr", self.lr, 0, strict=True)
+        require_finite("train.weight_decay", self.weight_decay, 0, note=" (0 = none)")
+        require_finite(
             "train.max_grad_norm",
             self.max_grad_norm,
-            "a finite number > 0 (the gradient norm clipped to; a large value clips nothing)",
+            0,
+            strict=True,
+            note=" (the gradient norm clipped to; a large value clips nothing)",
         )
         require(is_int(self.seed) and 0 <= self.seed < 2**32, "train.seed", self.seed, "an int in [0, 2**32)")
-        require(
-            self.mixed_precision in MIXED_PRECISIONS,
-            "train.mixed_precision",
-            self.mixed_precision,
-            "|".join(MIXED_PRECISIONS),
-        )
-        require(
-            self.data_precision in MIXED_PRECISIONS,
-            "train.data_precision",
-            self.data_precision,
-            "|".join(MIXED_PRECISIONS),
-        )
-        require(self.lr_decay in LR_DECAYS, "train.lr_decay", self.lr_decay, "|".join(LR_DECAYS))
-        require(
-            is_int(self.warmup_steps) and self.warmup_steps >= 0, "train.warmup_steps", self.warmup_steps, "an int >= 0"
-        )
+        require_choice("train.mixed_precision", self.mixed_precision, MIXED_PRECISIONS)
+        require_choice("train.data_precision", self.data_precision, MIXED_PRECISIONS)
+        require_choice("train.lr_decay", self.lr_decay, LR_DECAYS)
+        require_int("train.warmup_steps", self.warmup_steps, 0)
 
 
 @dataclass
@@ -331,8 +261,7 @@ class TrainJobConfig(Placement, Tracking):
         self.check_placement()
         require(bool(self.output_dir), "output_dir", self.output_dir, "must name a folder")
         self.check_tracking()
-        # A feature drafter cannot write continuations alone: each of its steps reads the target's
-        # features of the tokens before it, so there is no drafter-only (on-policy) generation.
+        # A feature drafter's every step reads the target's features: no drafter-only (on-policy) generation.
         require(
             not (self.drafter.kind in ("feature", "eagle3") and self.train.lambda_on_policy > 0),
             "train.lambda_on_policy",
@@ -345,14 +274,5 @@ class TrainJobConfig(Placement, Tracking):
             self.train.feature_loss_weight,
             "must be null or 0 with drafter.kind='eagle3' (its outputs are its own states, not the target's features)",
         )
-        require(
-            self.push_to_hub is None
-            or (
-                isinstance(self.push_to_hub, str)
-                and self.push_to_hub.count("/") == 1
-                and all(self.push_to_hub.split("/"))
-            ),
-            "push_to_hub",
-            self.push_to_hub,
-            "null or a hub repo id owner/name",
-        )
+        ok = self.push_to_hub is None or is_repo_id(self.push_to_hub)
+        require(ok, "push_to_hub", self.push_to_hub, "null or a hub repo id owner/name")

@@ -1,22 +1,13 @@
-"""Training pieces specific to feature drafters (specdecode.models.feature_drafter), used by specdecode.training.job.
+"""Training pieces specific to feature drafters (specdecode.models.feature_drafter).
 
-Alignment. The training loop scores "standard" positions t: the prediction of x_{t+1} (a slice
-drafter's logits at t). A feature drafter makes that prediction at its position t - 1, from the
-target feature f_{t-1} and the token x_t; its output there estimates f_t, the feature the target's
-head turns into p(x_{t+1}). `FeatureDrafterLogits` returns its outputs shifted onto the standard
-positions, so masks, teacher logits and held-out targets are shared with slice drafters; the
-teacher's logits at t are the frozen head applied to f_t, its regression target is f_t itself.
+Alignment: a feature drafter predicts x_{t+1} at its position t - 1 (from f_{t-1} and x_t; its
+output estimates f_t). `FeatureDrafterLogits` shifts its outputs onto the standard positions t
+of a slice drafter, so masks, teacher logits and held-out targets are shared; the teacher's logits
+at t are the frozen head on f_t, the regression target f_t itself. EAGLE-3 drafters train the
+same way with no regression (their outputs are their own states, `regression_weight`).
 
-EAGLE-3 drafters (specdecode.models.eagle3_drafter) train the same way, with two differences: their
-outputs are their own states, not estimates of the target's features, so there is no regression
-(`regression_weight`); and their cache holds the target's last state in the slot decoding leaves
-for the fed-back state, which the teacher reads and the drafter does not (`input_features`).
-
-Unrolled passes (EAGLE-3's training-time test). Drafting steps 2..gamma read the drafter's own
-predicted features; `unrolled_features` trains that by running the passes as decoding does, all in
-one forward. Pass 1 runs at every position (every later query reads its keys); passes 2..S run
-only on a window around the loss positions, reading pass 1's keys from a cache, since the prompt
-positions that make up most of a chat row carry no loss.
+Unrolled passes (EAGLE-3's training-time test): drafting steps 2..gamma read the drafter's own
+predicted features; `unrolled_features` runs the passes as decoding does, in one forward.
 """
 
 from __future__ import annotations
@@ -32,10 +23,7 @@ from specdecode.models.feature_drafter import FeatureDrafter, feed_back
 
 
 class FeatureDrafterLogits(nn.Module):
-    """`steps` unrolled drafting passes of a feature drafter on standard positions.
-
-    A module of its own so DDP wraps the whole computation (as `training.DrafterLogits`).
-    """
+    """`steps` unrolled drafting passes of a feature drafter on standard positions (a module, so DDP wraps it)."""
 
     def __init__(
         self, drafter: FeatureDrafter, steps: int, autocast: torch.dtype | None = None, noise: float = 0.0
@@ -45,29 +33,22 @@ class FeatureDrafterLogits(nn.Module):
         self.steps = steps
         # mixed precision: the passes under autocast at this dtype, the outputs returned in fp32
         self.autocast = autocast
-        # EAGLE's feature noise: in training mode, U(-noise, noise) is added to the target
-        # features the drafter reads (not to the regression targets), so that it learns to draft
-        # from features that are slightly off, as its own predicted ones are at steps 2..gamma.
+        # EAGLE's noise U(-noise, noise) on the features read in training (not the targets): its own are off too
         self.noise = noise
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, features: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`input_ids`, `attention_mask` `[B, T]`, cached target `features` `[B, T, n·H]` and the
-        `[B, T]` bool loss `positions` (standard positions, P of them) →
-
-        logits `[S, P, K]` over the drafter's K vocabulary ids and predicted features `[S, P, H]`
-        of the S passes at those positions, in row-major order. Pass j is only meaningful from
-        position j on (`pass_positions`). The head runs at the P positions only: over all B × T
-        it was most of a training step (the prompt positions carry no loss).
+        """`input_ids`, `attention_mask` `[B, T]`, target `features` `[B, T, n·H]` and the P loss
+        `positions` `[B, T]` → logits `[S, P, K]` and predicted features `[S, P, H]` of the S passes
+        there (pass j meaningful from position j on). The head runs at the P positions only.
         """
         inputs = features[:, :-1]
         if self.training and self.noise > 0:
             inputs = inputs + torch.empty_like(inputs).uniform_(-self.noise, self.noise)
         inputs = self.drafter.input_features(inputs)
         with autocast_context(input_ids.device, self.autocast):
-            # drafter position t makes the prediction scored at standard position t + 1: passes 2..S
-            # need only run around the loss positions (most of a chat row is its prompt)
+            # drafter position t makes the prediction scored at standard position t + 1
             passes = unrolled_features(
                 self.drafter, inputs, input_ids[:, 1:], attention_mask[:, 1:], self.steps, needed=positions[:, 1:]
             )
@@ -78,11 +59,8 @@ class FeatureDrafterLogits(nn.Module):
 
 
 def regression_weight(configured: float | None, drafter: FeatureDrafter) -> float:
-    """The weight of the feature regression for `drafter`: `train.feature_loss_weight` (null: 1),
-    and 0 for an EAGLE-3 drafter, whose outputs are its own states.
-
-    Raises ValueError: a positive weight for an EAGLE-3 drafter (e.g. a pretrained folder of one).
-    """
+    """The weight of the feature regression: `train.feature_loss_weight` (null: 1), 0 for an EAGLE-3
+    drafter (its outputs are its own states), where a positive one is a ValueError."""
     if not isinstance(drafter, Eagle3Drafter):
         return 1.0 if configured is None else float(configured)
     if configured:
@@ -100,8 +78,8 @@ def pass_positions(positions: torch.Tensor, steps: int) -> torch.Tensor:
 
 
 def frozen_head_rows(target_head: nn.Module, draft_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The target's LM-head rows (and bias) at the draft ids, detached: the teacher's logits over
-    the draft vocabulary are `features @ weight.T + bias` (the drafter's own head may train)."""
+    """The target's LM-head rows (and bias) at the draft ids, detached: the teacher's logits are
+    `features @ weight.T + bias` (the drafter's own head may train)."""
     head_weight: torch.Tensor = target_head.weight  # type: ignore[assignment]  # an nn.Linear's, typed Tensor | Module
     head_bias: torch.Tensor | None = getattr(target_head, "bias", None)
     weight = head_weight.detach()[draft_ids.to(head_weight.device)].clone()
@@ -122,19 +100,13 @@ def unrolled_features(
     steps: int,
     needed: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
-    """Predicted features of `steps` drafting passes, each `[B, T, H]`, trained as decoding runs them.
+    """Predicted features of `steps` drafting passes, each `[B, T, H]`, as decoding runs them: pass 1
+    reads the true `features` `[B, T, n·H]` (f_t with x_{t+1} = `next_ids[:, t]`), pass j pass j-1's
+    prediction for position t (through `feed_back`). `drafter`: a `FeatureDrafter` or a wrapper.
 
-    Pass 1 reads the true features `features` `[B, T, n·H]` (f_t with x_{t+1} = `next_ids[:, t]`);
-    pass j reads pass j-1's prediction for position t (made at t - 1, through `feed_back`), as
-    drafting step j does.
-    `drafter` is a `FeatureDrafter` (or a wrapper with the same `forward`, e.g. DDP's).
-
-    `needed` `[B, T]` bool: the positions whose outputs will be read (a training batch's loss
-    positions); passes 2..steps then run only on a window of each row around them
-    (`_unrolled_windows`) and are zero elsewhere. Pass 1 runs everywhere, since every later query
-    reads its keys. On chat batches (96 prompt + 48 response tokens) this cut the positions the
-    drafter computes from 3T (the passes laid end to end) to about 1.35T at 2 steps. None: every
-    position (pass j is meaningful from position j - 1 on).
+    `needed` `[B, T]` bool (None: all): the positions whose outputs are read; passes 2..steps run
+    only on a window around them (`_unrolled_windows`; on chat batches ~1.35T positions instead of
+    3T at 2 steps) and are zero elsewhere. Pass 1 runs everywhere: every later query reads its keys.
     """
     batch, length, _ = features.shape
     if needed is None:
@@ -165,10 +137,8 @@ def unrolled_features(
 
 def _unrolled_windows(needed: torch.Tensor, steps: int) -> torch.Tensor:
     """`[B, W]` positions that passes 2..steps run at: per row, consecutive positions covering its
-    `needed` ones and the steps - 2 before the first (pass j at t reads the pass-i entry at
-    t - j + i, so a needed pass-`steps` query reaches back steps - 2 positions into pass 2), one
-    width W for the batch, shifted left where a row would run past its end. Entries the needed
-    outputs do not depend on (the window's left edge, a row's slack) are computed and ignored."""
+    `needed` ones and the steps - 2 before the first (a pass-`steps` query reaches back that far
+    into pass 2), one width W for the batch, shifted left where a row would run past its end."""
     batch, length = needed.shape
     t = torch.arange(length, device=needed.device)
     any_needed = needed.any(dim=1)

@@ -1,22 +1,12 @@
-"""Drafter training jobs: `run_distill` (token-level distillation, DistillSpec) and `run_finetune`
-(next-token loss on domain text), the library behind train/distill.py and train/finetune.py.
+"""Drafter training jobs, the library behind train/distill.py and train/finetune.py: `run_distill`
+(token-level distillation, DistillSpec) and `run_finetune` (next-token loss).
 
-A job: validate the config (before any heavy work), load the target, build the drafter (derived
-from the target with a truncated-vocab head, or any HF model with the target's tokenizer), build or
-load the training sequences and the target's outputs on them (specdecode.training.job_data: teacher
-stores on disk, or the target's forward in each step with `train.teacher=online`), train
-(specdecode.training.loop), and write to `output_dir`:
-`drafter/` (HF `save_pretrained`, the checkpoint with the best held-out expected acceptance, not
-the lowest loss), `metrics.json`, `config.yaml`, `metrics.jsonl` and `checkpoints/`; with
-`logger=wandb` the same records also go to a wandb run (accelerate's tracker) under `wandb/`.
-
-Trainable: the decoder layers and final norm; embeddings and LM head are frozen by default, which
-keeps the drafter's step cheap and its head aligned with the embedding space it was cut from.
-
-On-policy sequences (`train.lambda_on_policy` > 0): with probability lambda per step the drafter
-writes the continuations (batched `autoregressive_generate`) and the target scores them on the
-spot. Nothing can be cached there, so such a step costs a drafter generation plus a target forward
-(on a CPU several times an off-policy step of the same size).
+A job validates its config before any heavy work, loads the target, builds the drafter and the
+teacher data (specdecode.training.job_data), trains (specdecode.training.loop) and writes to
+`output_dir`: `drafter/` (the step with the best held-out acceptance, not the lowest loss),
+`metrics.json`, `config.yaml`, `metrics.jsonl` and `checkpoints/`. Embeddings and LM head are
+frozen by default. On-policy steps (`train.lambda_on_policy`): the drafter writes the
+continuations and the target scores them on the spot, nothing cached.
 """
 
 from __future__ import annotations
@@ -62,9 +52,7 @@ from specdecode.training.loop import (
     train_loop,
 )
 from specdecode.training.objective import Objective, Teacher
-from specdecode.training.sequences import (
-    decoding_prompts,
-)
+from specdecode.training.sequences import decoding_prompts
 
 
 def run_distill(cfg: TrainJobConfig) -> dict[str, Any]:
@@ -167,10 +155,9 @@ def _choose_gamma(
     teacher: Teacher,
     acceptance: float,
 ) -> dict[str, Any]:
-    """Store the gamma that decodes fastest with `drafter` (`choose_gamma`): the first
-    `train.gamma_prompts` held-out prompts, whole (`decoding_prompts`), decoded one at a time and
-    timed at each candidate (those that fit the target's context with `train.gamma_new_tokens`
-    after them); with none, Leviathan's model on step costs timed after the longest held-out sequence."""
+    """Store the gamma that decodes fastest with `drafter` (`choose_gamma`) on the first
+    `train.gamma_prompts` held-out prompts that fit the target's context; with none, Leviathan's
+    model on step costs timed after the longest held-out sequence."""
     train = cfg.train
     context = max((s.tokens for s in teacher.heldout.sequences), key=len)
     # a prompt the target cannot decode gamma_new_tokens after is left out (all left out: the model)
@@ -198,8 +185,7 @@ def _choose_gamma(
 def _logits_module(
     drafter: PreTrainedModel | FeatureDrafter, train: TrainConfig, autocast: torch.dtype | None
 ) -> torch.nn.Module:
-    """The module the loop trains: the drafter's logits at the standard positions, a feature
-    drafter's unrolled as decoding runs it (its teacher cache holds features)."""
+    """The module the loop trains: the drafter's logits, a feature drafter's unrolled as decoding runs it."""
     if isinstance(drafter, FeatureDrafter):
         return FeatureDrafterLogits(drafter, train.unroll_steps, autocast, train.feature_noise)
     return DrafterLogits(drafter, autocast)
@@ -208,9 +194,9 @@ def _logits_module(
 def _trainable_drafter(
     cfg: TrainJobConfig, teacher: Teacher, tokenizer: PreTrainedTokenizerBase
 ) -> PreTrainedModel | FeatureDrafter:
-    """The drafter the config names (its truncated vocabulary picked from the training sequences),
-    in train mode, with the embeddings and head frozen as asked (`train.freeze_head` null: an
-    EAGLE-3 drafter's own head and final norm train, another's head is the target's, frozen)."""
+    """The drafter the config names (its truncated vocabulary from the training sequences), in
+    train mode, its embeddings and head frozen as asked (`train.freeze_head` null: only an EAGLE-3
+    drafter's own head trains)."""
     train = cfg.train
     corpus = [s.tokens for s in teacher.train_cache.sequences[: train.vocab_corpus_docs]]
     drafter = build_drafter(cfg.drafter, teacher.target, tokenizer, lambda: corpus)
@@ -292,7 +278,6 @@ def _save(
     write_atomic(output / "metrics.json", json.dumps(metrics, indent=2))
     write_atomic(output / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(asdict(cfg))))
     if cfg.logger == "wandb":
-        # the run's summary shows the job's outcome as metrics.json has it (JSON: wandb refuses
-        # the int keys of metrics["gamma"]), not just the last logged step
+        # the run's summary is metrics.json (through JSON: wandb refuses the int keys of metrics["gamma"])
         outcome = json.loads(json.dumps({k: v for k, v in metrics.items() if k != "history"}))
         accelerator.get_tracker("wandb", unwrap=True).summary.update(outcome)

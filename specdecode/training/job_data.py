@@ -1,7 +1,6 @@
 """The teacher data a training job reads: the target's sequences and its outputs on them for the
-training and held-out splits, written once per config as teacher stores on disk
-(specdecode.training.store) shared by the jobs that train on the same sequences (a mix reads its
-domains'); online (`train.teacher`), the sequences only, the target scoring each batch in the step."""
+training and held-out splits, written once per config as teacher stores shared by the jobs that
+train on the same sequences (a mix reads its domains'); online, the sequences only."""
 
 from __future__ import annotations
 
@@ -25,6 +24,7 @@ from specdecode.training.config import TrainJobConfig
 from specdecode.training.objective import Teacher
 from specdecode.training.sequences import (
     build_sequences,
+    data_key,
     domain_limit,
     domain_parts,
     effective_limit,
@@ -64,17 +64,15 @@ def job_teacher(
     cfg: TrainJobConfig, job: str, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, accelerator: Accelerator
 ) -> Teacher:
     """The training and held-out sequences and the target's outputs on them, each stored once
-    (finetune needs no logits: k = 0; a feature drafter's teacher is the frozen head on the stored
-    features, so it needs none either). Online, only the sequences are stored."""
+    (no logits for finetune or a feature drafter); online, only the sequences."""
     train = cfg.train
     eos = default_eos(target)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     layers = reads_features(cfg.drafter, target.config.get_text_config().num_hidden_layers)
     topk = train.teacher_topk if job == "distill" and layers is None else 0
     online = teacher_mode(train.teacher, accelerator.device) == "online"
-    # The training split is written (and scored) by the target in train.data_precision (a cast copy,
-    # made only if a store has to be written or the target scores online); the held-out split, which
-    # model selection measures against, by the target as loaded. A dtype is part of a store's key.
+    # the training split is written and scored in train.data_precision (a cast copy, made only when
+    # needed), the held-out split by the target as loaded
     written_dtype = data_dtype(train.data_precision, target)
     stores = JobStores(
         cfg,
@@ -92,8 +90,7 @@ def job_teacher(
     train_store = stores.split("train", f"{job}-train", topk, train.train_sequences)
     heldout = stores.split("heldout", "heldout", 0, train.heldout_sequences)
     if not len(train_store) or not len(heldout):
-        where = f"data.path={cfg.data.path!r}" if cfg.data.source == "file" else f"data.name={cfg.data.name!r}"
-        raise ValueError(f"{where}: no usable {'train' if not len(train_store) else 'held-out'} sequences")
+        raise ValueError(f"{data_key(cfg.data)}: no usable {'train' if not len(train_store) else 'held-out'} sequences")
     scorer = stores.data_target() if online else None
     return Teacher(target, train_store, heldout, pad_id, eos, topk, layers is not None, scorer, layers)
 
@@ -101,9 +98,7 @@ def job_teacher(
 @dataclass
 class JobStores:
     """The stores one job reads, written where missing: per domain and split, the sequences
-    (`sequences-<split>-<key>`, one set of target continuations for drafters of either kind) and,
-    offline, the target's outputs on them (`<name>-<key>`; a feature drafter's features from the
-    passes that wrote the continuations, `build_sequences`)."""
+    (`sequences-<split>-<key>`) and, offline, the target's outputs on them (`<name>-<key>`)."""
 
     cfg: TrainJobConfig
     tokenizer: PreTrainedTokenizerBase
@@ -119,11 +114,8 @@ class JobStores:
     online: bool
 
     def split(self, split: str, name: str, k: int, limit: int | None) -> TeacherStore:
-        """A domain's store, or a mix's: its domains' own stores (`domain_parts`), each domain's
-        share of the first `limit` interleaved sequences, so a generic drafter trained beside the
-        domain drafters costs no target pass of its own."""
-        # A store is keyed by the sequences it holds: a limit past a domain's examples names the
-        # same store as their count (a mix's shares never pass them), so a mix finds its domains'.
+        """A domain's store, or a mix's: its domains' own stores, each its share of the first
+        `limit` interleaved sequences (a generic drafter costs no target pass of its own)."""
         data, train = self.cfg.data, self.cfg.train
         if not data.is_mix:
             limit = domain_limit(train, data.name, split, limit)
@@ -134,8 +126,8 @@ class JobStores:
         )
 
     def domain(self, data: DataConfig, split: str, name: str, k: int, limit: int) -> TeacherStore:
-        """One domain's store of `limit` sequences: its missing shards written, this process's share
-        (`write_shards`), then its manifest. Two barriers on every process, whatever is missing."""
+        """One domain's store of `limit` sequences: this process's share of its missing shards
+        written, then its manifest (two barriers on every process)."""
         train, accelerator = self.cfg.train, self.accelerator
         dtype = self.data_dtype if split == "train" else self.cfg.dtype
         sequences = (
@@ -165,11 +157,10 @@ class JobStores:
 
 @dataclass
 class ShardWriter:
-    """`(start, stop, path)`: writes one shard of a domain's store, from the prompts `pool[start:stop]`:
-    its sequences read from their own store's shard or written, then, for a scored store, the
-    target's outputs on them. A scored shard is saved before the sequences' shard it was written
-    with: a kill between the two leaves the sequences to write again (seeded: the same ones), not
-    a scored shard to compute again from them (a forward's features are not the writer's bit for bit)."""
+    """`(start, stop, path)`: writes one shard of a domain's store from the prompts `pool[start:stop]`:
+    its sequences (read from their own store or written), then for a scored store the target's
+    outputs. The scored shard is saved first: a kill between the two leaves seeded sequences to
+    write again, not features to recompute (a forward's are not the writer's bit for bit)."""
 
     stores: JobStores
     split: str
@@ -207,8 +198,7 @@ class ShardWriter:
 
     @functools.cached_property
     def plan(self) -> tuple[bool, int | None]:
-        """Whether the writer compiles, and the capacity its batches share (`writer_plan`): decided
-        once per store over all its prompts, so every shard decodes in one compiled shape."""
+        """Whether the writer compiles, and the capacity every shard's batches share (`writer_plan`)."""
         stores, train = self.stores, self.stores.cfg.train
         if train.seq_source != "target":
             return False, None

@@ -1,17 +1,10 @@
-"""The training loop shared by distillation and fine-tuning, with safe, exactly-resumable checkpoints.
+"""The training loop shared by distillation and fine-tuning.
 
-One optimizer step consumes a global batch of `train.batch_size` sequences, split evenly over the
-processes and then over `train.grad_accum` micro-batches. The loss is a *sum* over tokens divided
-by the step's global token count (all micro-batches of all processes, all-reduced), as torchtune's
-`scale_grads`: a short micro-batch does not weigh more than a long one, and 1 process with
-accumulation A matches A processes without it.
-
-Data order is a pure function of (seed, step): epoch e visits the sequences in a permutation seeded
-by (seed, e), so a resumed run picks up at exactly the batch it would have seen, with no dataloader
-state to save. Optimizer and RNG states go through `accelerator.save_state`.
-
-Checkpoints (accelerate's naming and rotation, marked complete, config-checked) are in
-specdecode/training/checkpoints.py.
+One optimizer step consumes a global batch of `train.batch_size` sequences, split over the
+processes and then `train.grad_accum` micro-batches. The loss is a sum over tokens divided by the
+step's global token count (all-reduced), as torchtune's `scale_grads`: 1 process with accumulation
+A matches A processes without it. Data order is a pure function of (seed, step), so a resumed run
+picks up at exactly the batch it would have seen; checkpoints are in `checkpoints.py`.
 """
 
 from __future__ import annotations
@@ -42,12 +35,8 @@ Batch = dict[str, torch.Tensor]
 
 
 class DrafterLogits(nn.Module):
-    """The drafter's logits over its own vocabulary, `[B, T, K]` (K draft ids, or all V).
-
-    A module of its own so DDP wraps the whole computation (a call that bypassed the wrapper
-    would skip gradient synchronisation), and so a truncated head never builds its `[B, T, V]`
-    scatter: the losses only need the K scored ids.
-    """
+    """The drafter's logits over its own K vocabulary ids: a module of its own so DDP wraps the
+    whole computation, and so a truncated head never builds its `[B, T, V]` scatter."""
 
     def __init__(self, drafter: PreTrainedModel, autocast: torch.dtype | None = None) -> None:
         super().__init__()
@@ -58,10 +47,8 @@ class DrafterLogits(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """`[B, T, K]` logits, or `[P, K]` at the `positions` `[B, T]` bool only.
-
-        Only response positions carry a loss (about a third of a training sequence's tokens): the
-        head and the loss over K ids at the others were half of a CPU training step."""
+        """`[B, T, K]` logits, or `[P, K]` at the loss `positions` `[B, T]` bool only (the head at
+        every position was half of a CPU training step)."""
         with autocast_context(input_ids.device, self.autocast):
             hidden = self.drafter.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
             if positions is not None:
@@ -72,8 +59,7 @@ class DrafterLogits(nn.Module):
 
 
 class MetricsLogger:
-    """stdout and `metrics.jsonl` on the main process, and the accelerator's trackers (wandb with
-    `logger=wandb`, started by `accelerator.init_trackers`; none otherwise)."""
+    """stdout and `metrics.jsonl` on the main process, and the accelerator's trackers (wandb)."""
 
     def __init__(self, accelerator: Accelerator, path: Path) -> None:
         self.accelerator = accelerator
@@ -119,14 +105,10 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 class BudgetSchedule:
-    """The learning-rate multiplier of a step, as a `LambdaLR` lambda: linear warm-up from 0 over
-    `warmup_steps` steps (transformers' `get_constant_schedule_with_warmup`), times `decay` of the
-    training budget's `progress` in [0, 1]: `constant` 1, `linear` 1 - p, `cosine` (1 + cos πp) / 2.
-
-    The budget is `max_steps` or `max_minutes`, whichever ends training first, so the loop sets
-    `progress` (`budget_progress`) before each step: a time-limited run decays over its minutes,
-    which no step count known in advance could do. A callable object, not a function, so that
-    `LambdaLR.state_dict` saves `progress` and a resumed run continues the decay.
+    """The learning-rate multiplier of a step, a `LambdaLR` lambda: linear warm-up over
+    `warmup_steps`, times `decay` of the budget's `progress` p in [0, 1] (`constant` 1, `linear`
+    1 - p, `cosine` (1 + cos πp) / 2). The loop sets `progress` before each step, so a time-limited
+    run decays over its minutes; an object, so that `LambdaLR.state_dict` saves it for a resume.
     """
 
     def __init__(self, warmup_steps: int, decay: str) -> None:
@@ -180,14 +162,12 @@ def train_loop(
     best: dict[str, torch.Tensor],
     config: dict[str, Any] | None = None,
 ) -> tuple[LoopState, dict[str, torch.Tensor]]:
-    """Train until `max_steps` or `max_minutes` (of training time, summed over resumptions).
+    """Train until `max_steps` or `max_minutes` (of training time, over resumptions) or
+    `early_stop_evals` evaluations without a new best; return the final state and the best weights.
 
-    `make_batches(indices, step, on_policy)` turns this process's share of the global batch into
-    `grad_accum` micro-batches, each with a bool `positions` [B, T] of counted tokens;
-    `loss_sum(model, batch)` returns the batch's summed loss; `evaluate()` held-out acceptance
-    figures, identical on every process, whose `score` selects the best weights; `config` (the
-    job's, as a dict) is recorded in each checkpoint. Stops early after `early_stop_evals`
-    evaluations without a new best. Returns the final state and the best weights.
+    `make_batches(indices, step, on_policy)` gives this process's `grad_accum` micro-batches, each
+    with bool `positions` [B, T]; `loss_sum(model, batch)` a batch's summed loss; `evaluate()` the
+    held-out figures, whose `score` selects; `config` is recorded in each checkpoint.
     """
     drafter = accelerator.unwrap_model(model).drafter
     per_process = cfg.batch_size // accelerator.num_processes
@@ -246,23 +226,14 @@ def _log_step(logger: MetricsLogger, bar: tqdm, state: LoopState, cfg: TrainConf
     minutes = {"minutes": f"{state.train_seconds / 60:.1f}/{cfg.max_minutes:g}"} if cfg.max_minutes else {}
     bar.set_postfix(loss=f"{state.last_loss:.4f}", **minutes)
     if state.step % cfg.log_every == 0:
-        tokens_per_s = state.train_tokens / state.train_seconds
-        metrics = {
-            "step": state.step,
-            "loss": state.last_loss,
-            "lr": lr,
-            "on_policy": on_policy,
-            "tokens_per_s": tokens_per_s,
-        }
-        logger.log(metrics, bar)
+        rate = state.train_tokens / state.train_seconds
+        record = {"step": state.step, "loss": state.last_loss, "lr": lr, "on_policy": on_policy, "tokens_per_s": rate}
+        logger.log(record, bar)
 
 
 def _check_finite(loss: float, step: int, lr: float, cfg: TrainConfig) -> None:
-    """Stop on a non-finite loss: its gradients would make the weights non-finite, and every later
-    checkpoint and the saved drafter would carry them (the loss is all-reduced: every process stops).
-
-    Raises FloatingPointError: naming the step, its lr and the settings to look at.
-    """
+    """A FloatingPointError on a non-finite loss (all-reduced: every process stops) before its
+    gradients reach the weights, naming the step, its lr and the settings to look at."""
     if not math.isfinite(loss):
         raise FloatingPointError(
             f"training loss is {loss} at step {step} (lr {lr:g}): stopped without saving a drafter; lower "

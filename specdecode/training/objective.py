@@ -1,12 +1,10 @@
-"""What a training job optimises and how it is scored: batches from the teacher store, or scored by
-the target's forward in the step (`train.teacher=online`, and on-policy continuations), the loss
-of a batch, and the held-out acceptance that selects the checkpoint. `specdecode.training.job`
-builds one `Objective` per job and hands its `make_batches`, `loss_sum` and `evaluate` to the
-training loop."""
+"""What a training job optimises and how it is scored: batches (from the teacher store, or scored
+by the target in the step), the loss of a batch, and the held-out acceptance that selects the
+checkpoint; the loop gets an `Objective`'s `make_batches`, `loss_sum` and `evaluate`."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -46,23 +44,17 @@ TeacherData = TeacherCache | TeacherStore
 def drop_positions_without_teacher(
     positions: torch.Tensor, topk_ids: torch.Tensor, topk_logits: torch.Tensor, vocab_to_draft: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A position whose top k holds no draft id has no teacher over the drafter's vocabulary: drop it.
-
-    Args:
-        positions: `[B, T]` bool, the loss positions; `topk_ids` / `topk_logits` `[P, k]` hold theirs
-            in row-major order (P = positions.sum()).
-        vocab_to_draft: `[V]` draft index of each vocabulary id, -1 outside the draft vocabulary.
-
-    Returns the positions without those, and their `[P', k]` ids and logits, in the same order.
-    """
+    """Drop the loss positions (`[B, T]` bool, their `[P, k]` top-k ids and logits in row-major
+    order) whose top k holds no draft id (`vocab_to_draft` `[V]`: -1): they have no teacher over
+    the drafter's vocabulary. Returns the positions left and their `[P', k]` ids and logits."""
     usable = (vocab_to_draft[topk_ids.long()] >= 0).any(-1)
     return positions.masked_scatter(positions, usable), topk_ids[usable], topk_logits[usable]
 
 
 @dataclass
 class Teacher:
-    """What the job learns from: the frozen target, the training and held-out sequences with its
-    outputs on them (stored, or computed in the step: `scorer`), and how sequences are padded and stopped."""
+    """What the job learns from: the frozen target and the training and held-out sequences with its
+    outputs on them (stored, or computed in the step by `scorer`)."""
 
     target: PreTrainedModel
     train_cache: TeacherData
@@ -73,9 +65,7 @@ class Teacher:
     topk: int
     # whether the drafter reads the target's features (a feature drafter)
     features: bool
-    # online (`train.teacher=online`): the target (in the training data's precision) whose forward
-    # scores each training batch in the step, the held-out ones scored by `target`; None: offline,
-    # the outputs are read from `train_cache` and `heldout`
+    # online: the target (in the data's precision) scoring each training batch; None: offline (stored)
     scorer: PreTrainedModel | None = None
     # the target layers a feature drafter reads (`target_features`), for the online forward
     layers: Sequence[int] | None = None
@@ -103,8 +93,7 @@ class Objective:
         self.loss_fn = get_loss(self.cfg.loss.name)
         self.loss_kwargs = {"beta": self.cfg.loss.beta} if self.cfg.loss.name == "jsd" else {}
         self.tau = 1.0 if train.temperature == 0 else train.temperature
-        # Held-out: each process scores its share of the sequences once (exact p at the draft ids,
-        # and the target's argmax), at the temperature selection is made for (greedy: p at T = 1).
+        # each process scores its share of the held-out sequences once, at the selection temperature
         heldout = self.teacher.heldout.sequences
         self.my_indices = list(range(len(heldout)))[self.accelerator.process_index :: self.accelerator.num_processes]
         self.select_tau = train.select_temperature or 1.0
@@ -116,10 +105,8 @@ class Objective:
             if mine
             else (None, None)
         )
-        # The first TRAIN_SAMPLE training sequences, scored like the held-out ones (greedy only): the
-        # gap between the two agreements tells a run short of data (its drafter has learnt its
-        # sequences, not the domain: training agreement far above held-out) from one short of steps
-        # or capacity (both low).
+        # the first TRAIN_SAMPLE training sequences (greedy): training agreement far above held-out
+        # tells a run short of data from one short of steps or capacity (both low)
         sample = self.teacher.train_cache.sequences[:TRAIN_SAMPLE]
         self.train_indices = list(range(len(sample)))[self.accelerator.process_index :: self.accelerator.num_processes]
         self.train_argmax = (
@@ -152,8 +139,7 @@ class Objective:
             positions = positions & (labels >= 0)
             batch["labels"] = labels
         elif not self.teacher.features:
-            # `[P, k]`, flat in the row-major order of `positions` (each sequence's loss positions
-            # are contiguous, and the cache stores them in that order)
+            # `[P, k]` in the row-major order of `positions`, as the cache stores them
             ids = torch.cat([scored.topk_ids[scored.offsets[i] : scored.offsets[i + 1]] for i in picks])
             logits = torch.cat([scored.topk_logits[scored.offsets[i] : scored.offsets[i + 1]] for i in picks])
             positions, ids, logits = drop_positions_without_teacher(positions, ids, logits, self.vocab_to_draft)
@@ -163,9 +149,8 @@ class Objective:
     def teacher_outputs(
         self, data: TeacherData, indices: list[int], scorer: PreTrainedModel | None, topk: int
     ) -> TeacherCache:
-        """The target's outputs (`topk` logits, or a feature drafter's features) on `data`'s sequences
-        `indices`, as a cache of those only: read from `data` (offline), or from `scorer`'s forward
-        now (online), the same tensors `score_topk` writes to the store."""
+        """The target's outputs (`topk` logits, or features) on `data`'s sequences `indices`, as a
+        cache of those only: read from `data` (offline), or `scorer`'s forward now (online)."""
         if scorer is None:
             return data.select(indices)
         sequences = [data.sequences[i] for i in indices]
@@ -194,12 +179,18 @@ class Objective:
         positions = batch["positions"]
         student = module(batch["input_ids"], batch["attention_mask"], positions)  # [P, K]
         if self.job == "finetune":
-            return F.cross_entropy(student, batch["labels"][positions], reduction="sum")
+            return self._token_loss_sum(student, batch["labels"][positions])
         vocab_to_draft = self.vocab_to_draft.to(student.device)
-        teacher = dense_teacher_logits(
-            batch["topk_ids"], batch["topk_logits"], vocab_to_draft, student.shape[-1]
-        )  # [P, K]
-        return self.loss_fn(student, teacher, None, temperature=self.tau, reduction="sum", **self.loss_kwargs)
+        return self._token_loss_sum(
+            student, dense_teacher_logits(batch["topk_ids"], batch["topk_logits"], vocab_to_draft, student.shape[-1])
+        )
+
+    def _token_loss_sum(self, student: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The summed token loss of `[P, K]` logits against the next tokens `[P]` (finetune) or the
+        teacher's `[P, K]` logits (distill)."""
+        if self.job == "finetune":
+            return F.cross_entropy(student, target, reduction="sum")
+        return self.loss_fn(student, target, None, temperature=self.tau, reduction="sum", **self.loss_kwargs)
 
     def _feature_loss_sum(self, module: torch.nn.Module, batch: Batch) -> torch.Tensor:
         """Token loss of every unrolled pass (vs the frozen head on the target's features, or the
@@ -211,31 +202,35 @@ class Objective:
         scored = pass_positions(positions, logits.shape[0])[:, positions]  # [S, P]
         # [P, H]: the last state, which the drafter predicts and the head reads (the last slot of n·H)
         features = batch["features"][positions][:, -predicted.shape[-1] :]
-        weight = self.feature_weight
-        total = logits.new_zeros(())
         if self.job == "distill":
             bias = None if self.teacher_bias is None else self.teacher_bias.to(logits.device)
-            teacher = F.linear(features, self.teacher_weight.to(logits.device), bias)  # [P, K]
+            target = F.linear(features, self.teacher_weight.to(logits.device), bias)  # [P, K]
         else:
-            labels = batch["labels"][positions]  # [P]
+            target = batch["labels"][positions]  # [P]
+        total = logits.new_zeros(())
         for j in range(logits.shape[0]):
             mine = scored[j]
-            if self.job == "finetune":
-                total = total + F.cross_entropy(logits[j][mine], labels[mine], reduction="sum")
-            else:
-                total = total + self.loss_fn(
-                    logits[j][mine], teacher[mine], None, temperature=self.tau, reduction="sum", **self.loss_kwargs
-                )
-            if weight:
-                total = total + weight * feature_regression_sum(predicted[j][mine], features[mine])
+            total = total + self._token_loss_sum(logits[j][mine], target[mine])
+            if self.feature_weight:
+                total = total + self.feature_weight * feature_regression_sum(predicted[j][mine], features[mine])
         return total
+
+    def _chunks(
+        self, module: torch.nn.Module, cache: TeacherData, indices: list[int], scorer: PreTrainedModel | None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, slice]]:
+        """`_scored_logits` of `cache`'s sequences `indices`, 8 at a time, with the rows of their P
+        positions among all of `indices`' loss positions."""
+        row = 0
+        for start in range(0, len(indices), 8):
+            logits, scored = self._scored_logits(module, cache, indices[start : start + 8], scorer)
+            yield logits, scored, slice(row, row + logits.shape[1])
+            row += logits.shape[1]
 
     def _scored_logits(
         self, module: torch.nn.Module, cache: TeacherData, indices: list[int], scorer: PreTrainedModel | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`[S, P, K]` drafter logits at the loss positions of `cache`'s sequences `indices` (S
-        unrolled passes for a feature drafter, 1 otherwise) and the `[S, P]` mask of positions
-        each pass can score; a feature drafter's features from `scorer` (None: from `cache`)."""
+        """`[S, P, K]` drafter logits at the loss positions of `cache`'s sequences `indices` (S unrolled
+        passes, 1 but for a feature drafter) and the `[S, P]` mask of positions each pass can score."""
         device = self.accelerator.device
         scored = self.teacher_outputs(cache, indices, scorer, 0) if self.teacher.features else None
         sequences = scored.sequences if scored is not None else [cache.sequences[i] for i in indices]
@@ -256,29 +251,23 @@ class Objective:
         argmax: torch.Tensor,
         scorer: PreTrainedModel | None,
     ) -> torch.Tensor:
-        """`[2]`: how many scored positions of `cache`'s sequences `indices` the drafter's argmax is
-        the target's `argmax` `[P]` at, and how many positions were scored (all passes)."""
+        """`[2]`: the scored positions (all passes) of `cache`'s sequences `indices` where the drafter's
+        argmax is the target's `argmax` `[P]`, and all scored positions."""
         totals = torch.zeros(2, device=self.accelerator.device)
-        row = 0
-        for start in range(0, len(indices), 8):
-            logits, scored = self._scored_logits(module, cache, indices[start : start + 8], scorer)
-            greedy = self._agrees(logits, argmax[row : row + logits.shape[1]])
-            row += logits.shape[1]
+        for logits, scored, rows in self._chunks(module, cache, indices, scorer):
+            greedy = self._agrees(logits, argmax[rows])
             totals += torch.stack([greedy[scored].sum().float(), scored.sum().float()])
         return totals
 
     def _agrees(self, logits: torch.Tensor, argmax: torch.Tensor) -> torch.Tensor:
-        """`[S, P]` bool: the drafter's argmax of `[S, P, K]` draft-vocabulary `logits` is the
-        target's `argmax` `[P]` (vocabulary ids): greedy decoding's acceptance."""
+        """`[S, P]` bool: the drafter's argmax of `[S, P, K]` `logits` is the target's `argmax` `[P]`."""
         return self.draft_ids.to(logits.device)[logits.argmax(-1)] == argmax.to(logits.device).unsqueeze(0)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Held-out acceptance, all processes pooled: `greedy` = how often the drafter's argmax is
-        the target's (greedy decoding's acceptance), `expected` = mean Σ_v min(p, q) at the selection
-        temperature (1 when selecting for greedy); for a feature drafter averaged over the unrolled
-        passes. `score` is the one selection uses. `train_greedy`: `greedy` on the first
-        `TRAIN_SAMPLE` training sequences (not used for selection)."""
+        """Held-out acceptance, all processes and unrolled passes pooled: `greedy` (argmax agreement),
+        `expected` (mean Σ_v min(p, q) at the selection temperature), `score` (the one selection
+        uses) and `train_greedy` (on the first `TRAIN_SAMPLE` training sequences)."""
         module = self.accelerator.unwrap_model(self.model)
         module.eval()
         totals = torch.zeros(5, device=self.accelerator.device)
@@ -287,16 +276,10 @@ class Objective:
             totals[3:] = self._greedy_hits(
                 module, self.teacher.train_cache, self.train_indices, self.train_argmax, self.teacher.scorer
             )
-        row = 0
-        for start in range(0, len(self.my_indices), 8):
-            logits, scored = self._scored_logits(
-                module, self.teacher.heldout, self.my_indices[start : start + 8], heldout_scorer
-            )  # [S, P, K], [S, P]
-            count = logits.shape[1]
+        for logits, scored, rows in self._chunks(module, self.teacher.heldout, self.my_indices, heldout_scorer):
             assert self.heldout_p is not None and self.heldout_argmax is not None  # set where there are indices
-            p = self.heldout_p[row : row + count].to(logits.device, torch.float32)
-            greedy = self._agrees(logits, self.heldout_argmax[row : row + count]).float()
-            row += count
+            p = self.heldout_p[rows].to(logits.device, torch.float32)
+            greedy = self._agrees(logits, self.heldout_argmax[rows]).float()
             q = logits.float().div(self.select_tau).softmax(-1)
             expected = torch.minimum(p.unsqueeze(0), q).sum(-1)
             totals[:3] += torch.stack([expected[scored].sum(), greedy[scored].sum(), scored.sum().float()])

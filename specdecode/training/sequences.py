@@ -1,9 +1,7 @@
 """Training sequences: a prompt (chat-formatted) and a response, the dataset's own or the target's
-continuation (sequence-level distillation), and how several domains are mixed.
-
-A mix (`data=mix`) is made of its domains' sequences, each domain's share of the first `limit`
-interleaved ones (`round_robin_shares`), so the caches a domain drafter's job builds are the ones a
-generic drafter's job reads (`domain_parts`): the costly target continuations are paid once.
+continuation (sequence-level distillation), and how domains are mixed: a mix (`data=mix`) is each
+domain's share of its first `limit` interleaved sequences (`round_robin_shares`), so it reads the
+stores its domains' jobs wrote.
 """
 
 from __future__ import annotations
@@ -26,9 +24,8 @@ from specdecode.decoding.static_buffers import release_static_buffers
 from specdecode.decoding.static_cache import rows_capacity
 from specdecode.training.config import TrainConfig
 
-# The tokens a data writer must write, with `compile` auto, before it compiles: at batch 256 on a GPU
-# a compiled writer writes ~7x the eager one's tokens/s but first compiles for ~40 s, which it pays
-# back from about 300k tokens (a 3k-prompt job of 64 tokens each writes 200k).
+# The tokens from which a data writer compiles (`compile` auto): on a GPU at batch 256 a compiled
+# writer is ~7x faster but first compiles for ~40 s, paid back from about 300k tokens.
 WRITER_COMPILE_MIN_TOKENS = 300_000
 
 T = TypeVar("T")
@@ -48,8 +45,7 @@ class TrainSequence:
 
 
 def load_examples(data: DataConfig, split: str) -> list[Example]:
-    """The split's examples of every domain of `data` (a mix's, each from its own data config),
-    interleaved (a `mix` prefix covers all domains), in a deterministic order."""
+    """The split's examples of every domain of `data`, interleaved, in a deterministic order."""
     return round_robin([domain_examples(part, split) for part in data.parts()])  # type: ignore[arg-type]  # each part is a resolved DataConfig
 
 
@@ -72,52 +68,47 @@ def round_robin_shares(sizes: Sequence[int], limit: int | None) -> list[int]:
 
 
 def domain_parts(data: DataConfig) -> list[DataConfig]:
-    """A mix's domains, each as the single-domain config its own drafter is trained with: a mix's
-    sequences are its domains' cached sequences, so the generic drafter needs no target
-    continuations of its own."""
+    """A mix's domains, each as the config its own drafter trains with (a mix reads their stores)."""
     return data.parts()
 
 
 def training_pool(examples: Sequence[Example], train: TrainConfig) -> list[Example]:
-    """The examples a training sequence can be made of: with `seq_source: data`, those with a
-    response of their own (the target writes the others' with `seq_source: target`)."""
+    """The examples a training sequence can be made of (with `seq_source: data`, those with a response)."""
     return [ex for ex in examples if train.seq_source == "target" or ex.response]
 
 
 def pool_size(data: DataConfig, train: TrainConfig, split: str) -> int:
-    """How many sequences `data`'s split can give at most (`training_pool` of its examples).
-
-    Raises ValueError: `seq_source: data` and no example of the split has a response (a mix would
-    otherwise train without that domain, and its own job fail later).
-    """
+    """How many sequences `data`'s split can give at most; a ValueError where `seq_source: data`
+    and no example has a response."""
     examples = load_examples(data, split)
     pool = training_pool(examples, train)
     if examples and not pool:
-        where = f"data.path={data.path!r}" if data.source == "file" else f"data.name={data.name!r}"
         raise ValueError(
-            f"{where}: no usable {split} sequences: none of its {len(examples)} examples has a response, and "
+            f"{data_key(data)}: no usable {split} sequences: none of its {len(examples)} examples has a response, and "
             "train.seq_source=data trains on the data's responses: set data.response_column (a messages prompt "
             "gives one where an assistant turn follows its last user turn), or train.seq_source=target"
         )
     return len(pool)
 
 
+def data_key(data: DataConfig) -> str:
+    """The config key that names `data` in an error: its file, else its name."""
+    return f"data.path={data.path!r}" if data.source == "file" else f"data.name={data.name!r}"
+
+
 def effective_limit(limit: int | None, pool: int) -> int:
-    """The number of sequences a `limit` (None: all) takes from a pool of `pool`: what a cache of
-    them is keyed by, so a limit past the pool names the same cache as the pool's exact size."""
+    """The sequences a `limit` (None: all) takes from a pool of `pool`: what their store is keyed by."""
     return pool if limit is None else min(limit, pool)
 
 
 def domain_limit(train: TrainConfig, domain: str, split: str, limit: int | None) -> int | None:
-    """The limit of one domain's `split`: `train.train_sequences_per_domain`'s for the training
-    split of a domain it gives a number, else `limit` (None: all)."""
+    """The limit of one domain's `split`: `train.train_sequences_per_domain`'s where set, else `limit`."""
     own = train.train_sequences_per_domain.get(domain) if split == "train" else None
     return limit if own is None else own
 
 
 def mix_shares(data: DataConfig, train: TrainConfig, split: str, limit: int | None) -> list[int]:
-    """Each domain's share (in `domain_parts` order) of a mix's first `limit` interleaved
-    sequences; a domain that `train.train_sequences_per_domain` gives a number gives at most that."""
+    """Each domain's share (in `domain_parts` order) of a mix's first `limit` interleaved sequences."""
     sizes = [
         effective_limit(domain_limit(train, part.name, split, None), pool_size(part, train, split))
         for part in domain_parts(data)
@@ -126,10 +117,8 @@ def mix_shares(data: DataConfig, train: TrainConfig, split: str, limit: int | No
 
 
 def mix_limit(data: DataConfig, train: TrainConfig, split: str, per_domain: int | None) -> int:
-    """The mix `limit` whose `round_robin_shares` are each domain's `effective_limit` in jobs with
-    `train_sequences = per_domain` (or the domain's `train_sequences_per_domain`, which a mix must
-    then name for every domain): whole rounds of the interleaving, so a mix job reads exactly the
-    caches those domain jobs wrote, however many examples each domain has."""
+    """The mix `limit` whose shares are each domain's `effective_limit` in jobs with
+    `train_sequences = per_domain`: a mix job then reads exactly the stores those jobs wrote."""
     return sum(
         effective_limit(domain_limit(train, part.name, split, per_domain), pool_size(part, train, split))
         for part in domain_parts(data)
@@ -137,10 +126,8 @@ def mix_limit(data: DataConfig, train: TrainConfig, split: str, per_domain: int 
 
 
 def decoding_prompts(data: DataConfig, tokenizer: PreTrainedTokenizerBase, count: int) -> list[list[int]]:
-    """The first `count` held-out prompts of `data`, chat-formatted and whole (not cut to
-    `max_prompt_tokens` as training sequences are), as a user's decoding would see them: what
-    the gamma choice decodes (`choose_gamma`). Prompt lookup copies from the prompt, so a cut
-    prompt would undervalue the longer gammas."""
+    """The first `count` held-out prompts of `data`, chat-formatted and whole (prompt lookup copies
+    from them), as the gamma choice decodes them (`choose_gamma`)."""
     return [format_prompt(tokenizer, ex) for ex in load_examples(data, "heldout")[:count]]
 
 
@@ -158,22 +145,12 @@ def build_sequences(
 ) -> tuple[list[TrainSequence], list[torch.Tensor] | None]:
     """Prompt (chat-formatted, left-truncated to `max_prompt_tokens`) + response, cut at `max_len`.
 
-    The response is the example's own (`seq_source: data`, examples without one are skipped) or the
-    target's continuation (`seq_source: target`, sequence-level distillation), generated in batches
-    at `train.temperature`. With `feature_layers` (`seq_source: target` only), also the target's
-    features of each sequence's tokens `[L_i, n·H]` (fp16, CPU), taken from the passes that wrote
-    its continuation (`autoregressive_generate`): a feature drafter's data in one target pass, not
-    a generation and then a forward over the text.
-    A sequence's last row is zero where that token was never fed (`autoregressive_generate`).
-    `compile`: the continuations are written by the static core under torch.compile (the
-    evaluation's decode core, `specdecode.decoding.static`), token for token the eager loop's.
-    None (auto): where `compile` is on by default for the device (`compiled.resolve_compile`), and
-    the job writes at least `WRITER_COMPILE_MIN_TOKENS`, which a compile pays back
-    (`writer_compiles`).
-    `first`: the index of `examples[0]` among the job's (a store's shard, `specdecode.training.store`),
-    which offsets the sampling seeds so that shards draw apart; `capacity`: the compiled writer's
-    cache capacity, fixed by the caller so that every shard's batches share one shape
-    (`writer_plan`).
+    The response is the example's own (`seq_source: data`) or the target's continuation at each of
+    the temperatures (`seq_source: target`). With `feature_layers`, also the target's features of
+    each sequence's tokens `[L_i, n·H]` (fp16, CPU) from the passes that wrote it, zero where a
+    token was never fed. `compile`: written by the compiled static core, token for token the eager
+    loop's (None: `writer_compiles`). `first`: `examples[0]`'s index among the job's, which offsets
+    the sampling seeds of a shard; `capacity`: the compiled writer's, shared by every shard (`writer_plan`).
     """
     if feature_layers is not None and train.seq_source != "target":
         raise ValueError(
@@ -188,8 +165,7 @@ def build_sequences(
         stop = [eos[0]] if eos else []
         responses = [tokenizer(ex.response, add_special_tokens=False)["input_ids"] + stop for ex in pool]
     else:
-        # One continuation per prompt and temperature: more data from the same prompts, spread
-        # around the target's own distribution (greedy = exactly what greedy decoding will see).
+        # one continuation per prompt and temperature: more data, around the target's own distribution
         responses, repeated, features = [], [], [] if feature_layers is not None else None
         temperatures = train.seq_temperatures or [train.temperature]
         if compile is None:
@@ -232,9 +208,8 @@ def _budget(train: TrainConfig, prompt: Sequence[int]) -> int:
 def writer_plan(
     prompts: Iterable[Sequence[int]], train: TrainConfig, device: torch.device, compile: bool | None
 ) -> tuple[bool, int | None]:
-    """Whether a sharded writer of `prompts` (all the job's, read once, none kept) compiles (`compile`,
-    None: `writer_compiles`) and, if it does and they fill more than one batch, the cache capacity
-    every batch of every shard then shares (`rows_capacity`: one compiled shape)."""
+    """Whether a sharded writer of all the job's `prompts` compiles (`compile`, None:
+    `writer_compiles`) and, if so past one batch, the cache capacity its batches share (one shape)."""
     if compile is False or (compile is None and not resolve_compile(None, device)):
         return False, None
     count, slots, tokens = 0, 0, 0
@@ -248,8 +223,8 @@ def writer_plan(
 
 
 def writer_compiles(device: torch.device, tokens: int) -> bool:
-    """Whether a data writer of `tokens` tokens compiles, where `compile` is auto: where it is on by
-    default for `device` and the job is large enough for the compile to pay back."""
+    """Whether a data writer of `tokens` tokens compiles with `compile` auto: on by default for
+    `device`, and enough tokens to pay it back."""
     return resolve_compile(None, device) and tokens >= WRITER_COMPILE_MIN_TOKENS
 
 
@@ -266,12 +241,8 @@ def generate_continuations(
     capacity: int | None = None,
 ) -> tuple[list[list[int]], list[torch.Tensor] | None]:
     """`model`'s continuations of `prompts` (batched, ragged), at most `max_new_tokens` each, at
-    `temperature` (default `train.temperature`; 0 = greedy), and with `feature_layers` each prompt +
-    continuation's features `[len(prompt) + len(continuation), n·H]` fp16 on the CPU (else None).
-
-    Batch 64 (`train.generation_batch`): the weights are read once per step for the whole batch, so
-    a CPU writes faster at 64 than at 32. Compiled with a `capacity`, every batch is filled up to
-    `batch_size` (other calls share its shape)."""
+    `temperature` (default `train.temperature`), and with `feature_layers` each sequence's features
+    `[L_i, n·H]` fp16 on the CPU (else None). Compiled, every batch is filled up to `batch_size`."""
     was_training = model.training
     model.eval()
     # Similar lengths batch together (less padding); the output keeps the prompts' order.
@@ -285,8 +256,7 @@ def generate_continuations(
         leave=False,
     )
     budget = {i: _budget(train, prompts[i]) for i in order}
-    # Compiled, every batch has one shape: the caches as large as the longest row needs and the last
-    # batch filled up with rows of no budget (each shape compiles for tens of seconds on a GPU).
+    # compiled, every batch has one shape (each compiles for tens of seconds on a GPU)
     fill = compile and (capacity is not None or len(order) > batch_size)
     if compile and order and capacity is None:
         capacity = rows_capacity([prompts[i] for i in order], list(budget.values()), None)
@@ -312,8 +282,7 @@ def generate_continuations(
                 features_by_index.update(zip(picks, (f.half().cpu() for f in result.features)))
             bar.update(len(picks))
     finally:
-        # the batches' KV buffers, which compiled calls keep for the next call of their shape (there is
-        # none: training follows, and wants the memory)
+        # the KV buffers compiled calls keep for the next call of their shape: training wants the memory
         release_static_buffers(model)
     bar.close()
     model.train(was_training)

@@ -1,18 +1,11 @@
-"""The teacher store: training sequences and the target's outputs on them (`TeacherCache`), on disk
-as shards that training reads lazily, so a job's memory does not grow with its number of sequences.
+"""The teacher store: training sequences and the target's outputs on them, on disk as shards that
+training reads lazily, so a job's memory does not grow with its number of sequences.
 
-Layout. A store is a folder named by its cache key (`teacher.cache_key`): one safetensors file per
-shard (`teacher.save_cache`), each written from a contiguous range of the job's prompts
-(`shard_ranges`, `SHARD_BATCHES` generation batches each) and named by it, plus `store.json`, the
-manifest, written once every shard is there: a store without it is incomplete.
-
-Writing. A shard is written whole or not at all (`write_atomic`), so a writer killed mid-way
-leaves complete shards and debris only; a rerun skips the shards it finds (`write_shards`). Under
-`accelerate launch` process r writes the shards j with j % num_processes == r: disjoint, covering
-all, with no communication but the barriers around the manifest.
-
-Reading. `TeacherStore` keeps each shard's sequence count in memory, nothing else; a read opens the
-shard it needs (memory-mapped) and reads the rows asked for, holding at most one shard open.
+A store is a folder named by its cache key: one safetensors file per shard (`teacher.save_cache`),
+each from a contiguous range of prompts (`shard_ranges`), plus the manifest `store.json`, written
+once every shard is there. A shard is written whole or not at all, so a rerun skips the shards it
+finds; under `accelerate launch` process r writes the shards j with j % num_processes == r.
+`TeacherStore` keeps each shard's sequence count in memory and at most one shard open.
 """
 
 from __future__ import annotations
@@ -32,8 +25,7 @@ from specdecode.training.sequences import TrainSequence
 from specdecode.training.teacher import TeacherCache, concat_caches, load_cache, sequences_only
 
 MANIFEST = "store.json"
-# Prompts per shard, in generation batches: a shard is what a writer holds in memory at once
-# (on SmolLM2 at 64 prompts a batch, ~90 MB of features for two temperatures), and what a kill loses.
+# Prompts per shard, in generation batches: what a writer holds in memory, and what a kill loses.
 SHARD_BATCHES = 4
 
 
@@ -43,8 +35,7 @@ def shard_ranges(prompts: int, size: int) -> list[tuple[int, int]]:
 
 
 def shard_path(folder: Path, start: int, stop: int) -> Path:
-    """The shard of prompts `[start, stop)`: named by its range, so shards of another partition
-    (another generation batch, same key) are never mistaken for this one's."""
+    """The shard of prompts `[start, stop)`, named by its range (never mistaken for another partition's)."""
     return folder / f"prompts-{start:09d}-{stop:09d}.safetensors"
 
 
@@ -55,9 +46,8 @@ def write_shards(
     rank: int = 0,
     world: int = 1,
 ) -> list[Path]:
-    """Write process `rank`'s shards of `world` (range j goes to process j % world) that are not on
-    disk yet: `write(start, stop, path)` saves one (atomically: `teacher.save_cache`). Returns the
-    paths this process wrote."""
+    """Write, by `write(start, stop, path)`, process `rank`'s shards (j % world == rank) not on disk
+    yet; return the paths it wrote."""
     written = []
     for j, (start, stop) in enumerate(ranges):
         path = shard_path(folder, start, stop)
@@ -69,9 +59,8 @@ def write_shards(
 
 
 def finish_store(folder: Path, ranges: Sequence[tuple[int, int]]) -> bool:
-    """Write `folder`'s manifest (once, by one process, after every shard is written): each shard's
-    file, sequences and loss positions; the temp files of writers killed mid-write go. False, and
-    nothing written, while a shard is missing."""
+    """Write `folder`'s manifest once every shard is there (one process): each shard's file,
+    sequences and loss positions; killed writers' temp files go. False while a shard is missing."""
     if (folder / MANIFEST).is_file():
         return True
     paths = [shard_path(folder, start, stop) for start, stop in ranges]
@@ -95,11 +84,8 @@ def is_complete(folder: Path) -> bool:
 
 
 class TeacherStore:
-    """A store's (or several stores') sequences and target outputs, read shard by shard.
-
-    The same reading interface as an in-memory `TeacherCache`: `sequences` (a lazy sequence of
-    `TrainSequence`) and `select(indices)`, a `TeacherCache` of those sequences only.
-    """
+    """A store's (or several stores') sequences and target outputs, read shard by shard, with a
+    `TeacherCache`'s reading interface: `sequences` (lazy) and `select(indices)`."""
 
     def __init__(self, shards: Sequence[Path], counts: Sequence[int], positions: Sequence[int]) -> None:
         self.shards = list(shards)
@@ -111,10 +97,7 @@ class TeacherStore:
 
     @classmethod
     def open(cls, folder: Path) -> TeacherStore:
-        """The complete store in `folder`.
-
-        Raises FileNotFoundError: `folder` has no manifest (its writing has not finished).
-        """
+        """The complete store in `folder`; FileNotFoundError where it has no manifest."""
         path = folder / MANIFEST
         if not path.is_file():
             raise FileNotFoundError(f"{folder} is not a complete teacher store: it has no {MANIFEST}")

@@ -1,40 +1,23 @@
-"""What the target says about the training sequences (specdecode.training.sequences): computed
-once and stored (a teacher store of shards on disk, specdecode.training.store), or computed in
-each training step (`train.teacher=online`).
+"""What the target says about the training sequences: computed once and stored (a teacher store,
+specdecode.training.store; on a CPU its forward costs more than the drafter's training step), or in
+each training step (`train.teacher=online`; on a GPU it costs less than storing features).
 
-On a CPU the target's no-grad forward costs more than the drafter's whole training step, so there
-every target forward is paid once per training sequence and stored; on a GPU it costs little, and
-storing features (KBs per token) costs more than computing them again.
+Full-vocabulary logits would be 25 MB per 128-token sequence for SmolLM2, so the store keeps the
+target's top-k logits and ids at each loss position (k = `train.teacher_topk`; only positions
+whose next token is a response token carry a loss). The losses compare over the drafter's
+vocabulary with the target's distribution approximated by its top-k ids that are draft ids,
+renormalised: p̃(v) ∝ exp(l_v / τ) for v ∈ topk ∩ draft, 0 elsewhere. The held-out metric is
+exact: it uses the target's full probabilities at the draft ids (`heldout_targets`).
 
-What is stored. Full-vocabulary logits would be 25 MB per 128-token sequence for SmolLM2 (49,152
-ids, fp32). The cache keeps, per loss position, the target's **top-k logits and their ids** (k =
-`train.teacher_topk`, default 64: ~0.5 KB per position). The losses then compare the drafter and
-the target over the drafter's vocabulary (its K draft ids; all V for a full head), with the
-target's distribution approximated by its top-k ids that are also draft ids, renormalised:
-
-    p̃(v) ∝ exp(l_v / τ) for v ∈ topk ∩ draft,  0 elsewhere.
-
-The mass dropped is the target's tail beyond its top k plus whatever falls outside the draft
-vocabulary; the drafter cannot emit the latter anyway, and the former is small at τ ≤ 1 (the
-model's top 64 tokens hold most of its mass). The loss is approximate; the *metric* is not: the
-held-out expected acceptance uses the target's exact full-vocabulary probabilities at the draft ids
-(`heldout_targets`), where Σ_v min(p, q) needs nothing else because q = 0 outside them.
-
-Positions. A sequence is prompt + response; only positions whose next token is a response token
-carry a loss (the drafter drafts responses, never prompts), so only those are scored and cached.
-
-Feature drafters (specdecode.models.feature_drafter) read the target's last hidden state at *every*
-position, prompt included (they attend over it), so for them the cache keeps those features
-(`features`, fp16, ~1.2 KB per token and target layer for SmolLM2; `target_features`, the last
-state last) instead of top-k logits: the teacher's logits over the draft vocabulary are then the
-frozen head applied to the last state, exact rather than top-k.
+For feature drafters the store keeps the target's features at every position instead
+(`target_features`, fp16): the teacher is then the frozen head on them, exact rather than top-k.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -51,29 +34,22 @@ from specdecode.models.gguf_cache import DEFAULT_TARGET
 from specdecode.training.config import TrainConfig
 from specdecode.training.sequences import TrainSequence
 
-# A store's format and sampling go with its key: shards of safetensors, each shard's continuations
-# sampled from seeds offset by its first prompt.
+# In every store's key: its format and how its continuations are sampled.
 CACHE_VERSION = 3
 SCORE_BATCH = 8
 
 
 @dataclass
 class TeacherCache:
-    """The target's top-k logits at every loss position of `sequences`, flattened.
-
-    Attributes:
-        sequences: N training sequences.
-        offsets: [N + 1] long; rows offsets[i]:offsets[i+1] belong to sequence i.
-        topk_ids: [P, k] int32 token ids, P = Σ num_targets.
-        topk_logits: [P, k] fp32 raw target logits (temperature is applied by the loss).
-    """
+    """The target's top-k logits at every loss position of N `sequences`, flattened: `topk_ids`
+    [P, k] int32 and raw `topk_logits` [P, k] fp32 (P = Σ num_targets), rows
+    offsets[i]:offsets[i+1] of `offsets` [N + 1] belonging to sequence i."""
 
     sequences: list[TrainSequence]
     offsets: torch.Tensor
     topk_ids: torch.Tensor
     topk_logits: torch.Tensor
-    # Feature drafters: the target's last hidden state at every token of every sequence
-    # [Σ L_i, H] fp16, rows token_offsets[i]:token_offsets[i+1] for sequence i; else None.
+    # Feature drafters: the target's features at every token [Σ L_i, n·H] fp16, by `token_offsets`; else None.
     features: torch.Tensor | None = None
     token_offsets: torch.Tensor | None = None
 
@@ -93,8 +69,8 @@ class TeacherCache:
         def rows(table: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
             return torch.cat([table[offsets[i] : offsets[i + 1]] for i in indices]) if indices else table[:0]
 
-        def counts(offsets: torch.Tensor) -> torch.Tensor:
-            return torch.tensor([0] + [int(offsets[i + 1] - offsets[i]) for i in indices]).cumsum(0)
+        def counts(table_offsets: torch.Tensor) -> torch.Tensor:
+            return offsets(int(table_offsets[i + 1] - table_offsets[i]) for i in indices)
 
         has_features = self.features is not None and self.token_offsets is not None
         return TeacherCache(
@@ -109,10 +85,6 @@ class TeacherCache:
 
 def concat_caches(parts: Sequence[TeacherCache]) -> TeacherCache:
     """One cache holding `parts`' sequences one part after another (a mix of domain caches)."""
-
-    def offsets(counts: list[int]) -> torch.Tensor:
-        return torch.tensor([0, *counts]).cumsum(0)
-
     features = [p.features for p in parts]
     has_features = all(f is not None for f in features)
     return TeacherCache(
@@ -146,15 +118,13 @@ def _target_outputs(
     logits: bool = True,
     feature_layers: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """One forward over `sequences`: `[Σ num_targets, V]` fp32 logits at the loss positions (None
-    without `logits`: the `[B, T, V]` head output is most of a small target's cost) and, with
-    `feature_layers`, the `[Σ L_i, n·H]` features of those layers (`target_features`) at every
-    token (None without: the hidden states are then neither kept nor gathered)."""
+    """One forward over `sequences`: `[Σ num_targets, V]` fp32 logits at the loss positions (with
+    `logits`: the head is most of a small target's cost) and the `[Σ L_i, n·H]` features of
+    `feature_layers` at every token (None without)."""
     input_ids, attention_mask, positions = pad_batch(sequences, pad_id)
     input_ids, attention_mask = input_ids.to(target.device), attention_mask.to(target.device)
     states = feature_layers is not None
-    # The model's own forward for logits (some architectures post-process the head's output, e.g.
-    # softcapping); the decoder alone when only features are wanted.
+    # the model's own forward for logits (some post-process the head's output, e.g. softcapping)
     model = target if logits else target.get_decoder()
     out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=states)
     features = (
@@ -173,10 +143,8 @@ def score_topk(
     *,
     features: Sequence[int] | None = None,
 ) -> TeacherCache:
-    """Run the target over `sequences` (batches of `SCORE_BATCH`) and keep its top-k logits and,
-    with `features` (the layers a feature drafter reads), its features at every token
-    (`target_features`); k = 0 and no features keeps the sequences only and runs nothing."""
-    # (an empty list runs nothing either: the caller names why)
+    """The target's top-k logits over `sequences` and, with `features` (the layers a feature drafter
+    reads), its features at every token; k = 0 and no features (or no sequences) runs nothing."""
     if (k == 0 and features is None) or not sequences:
         return sequences_only(sequences, k)
     ids, values, hidden = [], [], []
@@ -195,25 +163,22 @@ def score_topk(
             values.append(top.values.cpu())
         if batch_hidden is not None:
             hidden.append(batch_hidden.half().cpu())
-    if k == 0:
-        return feature_cache(sequences, hidden)
-    return TeacherCache(
-        list(sequences),
-        torch.tensor([0] + [s.num_targets for s in sequences]).cumsum(0),
-        torch.cat(ids),
-        torch.cat(values),
-        torch.cat(hidden) if features is not None else None,
-        torch.tensor([0] + [len(s.tokens) for s in sequences]).cumsum(0) if features is not None else None,
-    )
+    cache = feature_cache(sequences, hidden) if features is not None else sequences_only(sequences)
+    if k:
+        cache.topk_ids, cache.topk_logits = torch.cat(ids), torch.cat(values)
+    return cache
 
 
 def sequences_only(sequences: Sequence[TrainSequence], k: int = 0) -> TeacherCache:
     """A cache of `sequences` with nothing the target said about them (k empty logit columns)."""
-    counts = torch.tensor([0] + [s.num_targets for s in sequences])
-    total = int(counts.sum())
-    return TeacherCache(
-        list(sequences), counts.cumsum(0), torch.zeros(total, k, dtype=torch.int32), torch.zeros(total, k)
-    )
+    rows = offsets(s.num_targets for s in sequences)
+    total = int(rows[-1])
+    return TeacherCache(list(sequences), rows, torch.zeros(total, k, dtype=torch.int32), torch.zeros(total, k))
+
+
+def offsets(counts: Iterable[int]) -> torch.Tensor:
+    """`[N + 1]` start offsets of N consecutive blocks of `counts` rows."""
+    return torch.tensor([0, *counts]).cumsum(0)
 
 
 def feature_cache(sequences: Sequence[TrainSequence], features: Sequence[torch.Tensor]) -> TeacherCache:
@@ -223,7 +188,7 @@ def feature_cache(sequences: Sequence[TrainSequence], features: Sequence[torch.T
     if not sequences:  # nothing to train on: the caller names why
         return cache
     cache.features = torch.cat(list(features)).half()
-    cache.token_offsets = torch.tensor([0] + [len(s.tokens) for s in sequences]).cumsum(0)
+    cache.token_offsets = offsets(len(s.tokens) for s in sequences)
     if cache.features.shape[0] != int(cache.token_offsets[-1]):
         raise ValueError(
             f"features have {cache.features.shape[0]} rows for {int(cache.token_offsets[-1])} tokens "
@@ -240,10 +205,9 @@ def heldout_targets(
     temperature: float,
     pad_id: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """What held-out acceptance is measured against, at every loss position (`P = Σ num_targets`):
-    `[P, K]` fp16, the target's exact full-vocabulary probabilities at `temperature` (0 → 1) at the
-    drafter's K vocabulary ids (for Σ min(p, q)); `[P]` long, the target's full-vocabulary argmax
-    (greedy decoding accepts a draft exactly when it is that token)."""
+    """What held-out acceptance is measured against at every loss position (P): `[P, K]` fp16, the
+    target's exact probabilities at `temperature` (0 → 1) at the drafter's K ids (for Σ min(p, q)),
+    and `[P]` its full-vocabulary argmax (what greedy decoding accepts)."""
     tau = 1.0 if temperature == 0 else temperature
     probs, argmax = [], []
     for start in range(0, len(sequences), SCORE_BATCH):
@@ -264,11 +228,8 @@ def cache_key(
     features: Sequence[int] | None = None,
     dtype: str = "float32",
 ) -> str:
-    """Everything the cached sequences and logits depend on, hashed: a changed field is a new file.
-
-    `topk` (0: sequences only) and `limit` (sequences kept) are passed apart from `train` because
-    the held-out and fine-tuning caches use other values than the training fields; `dtype` is the
-    job's (the target's logits and continuations in bfloat16 are not those in float32)."""
+    """Everything a store's sequences and logits depend on, hashed: a changed field is a new store.
+    `topk` (0: sequences only) and `limit` are apart from `train`: other stores use other values."""
     fields = {
         "version": CACHE_VERSION,
         "split": split,
@@ -282,13 +243,12 @@ def cache_key(
         "topk": topk,
         "limit": limit,
         "seed": train.seed if train.seq_source == "target" else None,
-        # the temperatures the continuations were sampled at; the loss's temperature is not in the
-        # cache (the logits are stored raw), so distilling at another one reuses it
+        # not the loss's temperature: the logits are stored raw
         "generation_temperatures": (train.seq_temperatures or [train.temperature])
         if train.seq_source == "target"
         else None,
         "features": list(features) if features is not None else None,
-        # a batch's sampled continuations draw from one seeded generator, so another batching samples others
+        # a batch's continuations draw from one seeded generator
         "generation_batch": train.generation_batch if train.seq_source == "target" else None,
         "content": content_fingerprint(target, data),
     }
@@ -296,13 +256,8 @@ def cache_key(
 
 
 def content_fingerprint(target: TargetConfig, data: DataConfig) -> dict[str, object]:
-    """What the config's paths hold, so that editing a file in place is a new cache, not a stale hit.
-
-    A `data.source=file` file is hashed (SHA-256 of its bytes). A local target (`.gguf` file or HF
-    folder) is fingerprinted by the size and mtime of each of its files: hashing gigabytes of
-    weights on every run would cost more than the cache saves. Aliases and hub ids name fixed
-    content (a package version, a hub revision) and add nothing.
-    """
+    """What the config's paths hold, so that a file edited in place is a new store: a data file's
+    SHA-256, a local target's files' sizes and mtimes (hashing its weights would cost too much)."""
     fingerprint: dict[str, object] = {}
     if data.source == "file" and data.path:
         digest = hashlib.sha256()
@@ -320,12 +275,11 @@ def content_fingerprint(target: TargetConfig, data: DataConfig) -> dict[str, obj
 
 
 def save_cache(cache: TeacherCache, path: Path) -> None:
-    """Write `cache` as one safetensors file (a store's shard, `specdecode.training.store`) through
-    `write_atomic`: never half-written, readable under the umask. Sequences are flat `tokens` [Σ L_i]
-    int32 with their `token_offsets` [N + 1] and `response_start` [N]."""
+    """Write `cache` as one safetensors file (a store's shard), atomically: sequences as flat `tokens`
+    [Σ L_i] int32 with their `token_offsets` [N + 1] and `response_start` [N]."""
     tensors = {
         "tokens": torch.tensor([t for s in cache.sequences for t in s.tokens], dtype=torch.int32),
-        "token_offsets": torch.tensor([0] + [len(s.tokens) for s in cache.sequences]).cumsum(0),
+        "token_offsets": offsets(len(s.tokens) for s in cache.sequences),
         "response_start": torch.tensor([s.response_start for s in cache.sequences], dtype=torch.long),
         "offsets": cache.offsets.long(),
         "topk_ids": cache.topk_ids.to(torch.int32),
@@ -366,7 +320,7 @@ def dense_teacher_logits(
     topk_ids: torch.Tensor, topk_logits: torch.Tensor, vocab_to_draft: torch.Tensor, num_draft: int
 ) -> torch.Tensor:
     """Spread top-k logits [..., k] over the drafter's vocabulary: [..., K], -inf where the target's
-    top k has no entry (or the id is not a draft id). See the module docstring for the approximation."""
+    top k has no entry (the module docstring's approximation)."""
     index = vocab_to_draft[topk_ids.long()]
     index = torch.where(index < 0, num_draft, index)  # dropped ids go to a spill column cut off below
     dense = topk_logits.new_full((*topk_logits.shape[:-1], num_draft + 1), float("-inf"))
