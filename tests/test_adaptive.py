@@ -23,6 +23,13 @@ from tests.test_verify import follows_target, mc_feature_drafter, mc_generate, m
 
 V = 64
 FLAT = StepTable((1,), ((1.0, 1.0, 1.0, 1.0, 1.0),), 16)
+# Steps whose drafts are timed apart: a draft costs 0.1 target steps at any batch size, a verify 0.1 more per token.
+SPLIT = StepTable(
+    (1, 8),
+    tuple(tuple(1.0 + 0.2 * g for g in range(5)) for _ in range(2)),
+    16,
+    tuple(tuple(0.1 * g for g in range(5)) for _ in range(2)),
+)
 
 
 @dataclass(frozen=True)
@@ -32,7 +39,7 @@ class Scripted(AdaptiveGamma):
     schedule: tuple[int, ...] = (0,)
     chosen: list[int] = field(default_factory=list)
 
-    def choose(self, expected: list[float], batch_size: int) -> int:
+    def choose(self, expected: list[float], batch_size: int, groups: list[int] | None = None) -> int:
         gamma = self.schedule[len(self.chosen) % len(self.schedule)]
         self.chosen.append(gamma)
         return gamma
@@ -187,6 +194,9 @@ def test_the_table_reads_between_and_past_the_measured_batch_sizes() -> None:
         (lambda: AdaptiveGamma(FLAT, prior_alpha=1.5), "prior_alpha must be in \\[0, 1\\], got 1.5"),
         (lambda: AdaptiveGamma(FLAT, max_gamma=9), "max_gamma must be an int in \\[1, 4\\].*got 9"),
         (lambda: AdaptiveGamma(FLAT, decay=0.0), "decay must be in \\(0, 1\\], got 0.0"),
+        (lambda: StepTable((1,), ((1.0, 2.0),), 8, ((0.0, 3.0),)), "drafts must be empty or.*3.0"),
+        (lambda: StepTable((1,), ((1.0, 2.0),), 8, ((0.0,),)), "drafts must be empty or"),
+        (lambda: AdaptiveGamma(SPLIT, drafter_costs=(FLAT,)), "drafter_costs must be StepTables timing drafts"),
     ],
 )
 def test_bad_tables_and_policies_are_named(make, needle) -> None:
@@ -371,3 +381,66 @@ def test_long_stretches_of_target_only_steps_beside_a_long_row_that_finished(tar
     )
     assert result.sequences == reference.sequences
     assert result.stats.gamma_steps[0] >= 40
+
+
+def test_a_mixed_batch_pays_each_drafters_drafts_at_its_own_rows() -> None:
+    """The verify of the whole batch once, and each drafter's drafts at its own rows: four drafters
+    of two rows each pay four times the drafts of one drafter of eight rows, here at the same cost."""
+    policy = AdaptiveGamma(SPLIT, drafter_costs=(SPLIT,) * 4)
+    assert policy.seconds(8) == SPLIT.at(8) == policy.seconds(8, None)
+    assert policy.seconds(8, [2, 2, 2, 2]) == pytest.approx([1.0 + 0.1 * g + 0.4 * g for g in range(5)])
+    assert policy.seconds(8, [8, 0, 0, 0]) == pytest.approx(SPLIT.at(8))
+    # at alpha 0.6 one drafter's drafts (0.1 each) pay up to gamma 2; four drafters' (0.4) to gamma 1;
+    # eight drafters' (0.8) not at all
+    expected = [sum((1 - 0.6 ** (g + 1)) / 0.4 for _ in range(8)) for g in range(5)]
+    assert policy.choose(expected, 8) == 2 and policy.choose(expected, 8, [2, 2, 2, 2]) == 1
+    assert AdaptiveGamma(SPLIT, drafter_costs=(SPLIT,) * 8).choose(expected, 8, [1] * 8) == 0
+    assert AdaptiveGamma(SPLIT).choose(expected, 8, [2, 2, 2, 2]) == 2  # no drafter_costs: the one table
+    assert AdaptiveGamma(SPLIT, drafter_costs=(SPLIT,) * 8).opening_gamma([0.6] * 8, groups=[1] * 8) == 0
+
+
+def test_a_measured_table_keeps_each_steps_drafts_apart(target, counted_tables) -> None:
+    measured, drafter, kwargs = counted_tables
+    table = step_table(target, drafter, **kwargs)
+    assert [row[0] for row in table.drafts] == [0.0, 0.0]
+    assert all(0 < d < s for drafts, row in zip(table.drafts, table.seconds) for d, s in zip(drafts[1:], row[1:]))
+    assert StepTable.from_dict(json.loads(json.dumps(table.to_dict()))) == table
+
+
+def test_auto_times_each_drafter_of_a_mixed_batch_and_the_loop_passes_its_rows(
+    target, ragged_prompts, counted_tables, monkeypatch
+) -> None:
+    """gamma="auto" over two drafters of other shapes measures a table for each; each step's choice
+    sees the rows per drafter, which shrink as rows finish."""
+    _, drafter, _ = counted_tables
+    measured: list[str] = []
+    cheap = StepTable(
+        (1, 8), tuple(tuple(1.0 + 0.2 * g for g in range(7)) for _ in range(2)), 16,
+        tuple(tuple(0.1 * g for g in range(7)) for _ in range(2)),
+    )  # fmt: skip
+
+    def measure(target, drafter, *args, **kwargs):
+        measured.append(type(drafter).__name__)
+        return cheap
+
+    monkeypatch.setattr(costs_module, "measure_step_table", measure)
+    seen: list[list[int] | None] = []
+    original = AdaptiveGamma.choose
+
+    def choose(self, expected, batch_size, groups=None):
+        seen.append(groups)
+        return original(self, expected, batch_size, groups)
+
+    monkeypatch.setattr(AdaptiveGamma, "choose", choose)
+    drafters = {"a": tiny_llama(1, seed=1), "b": drafter}
+    for model in drafters.values():
+        model.config.specdecode_alpha = 0.99
+    assign = ["a", "b", None, "a", "b", "b", None, "a"]
+    budgets = [4, 12, 12, 12, 12, 12, 12, 12]
+    result = speculative_generate(
+        target, drafters, ragged_prompts, assign=assign, gamma="auto", max_new_tokens=budgets, eos_token_ids=[]
+    )
+    reference = autoregressive_generate(target, ragged_prompts, max_new_tokens=budgets, eos_token_ids=[])
+    assert result.sequences == reference.sequences
+    assert sorted(measured) == ["FeatureDrafter", "LlamaForCausalLM"]
+    assert seen[0] == [3, 3] and seen[-1] == [2, 3]  # a's row with 4 tokens left the batch

@@ -124,14 +124,14 @@ def is_gamma(value: object) -> bool:
     return is_int(value) and 1 <= value <= MAX_GAMMA
 
 
-def is_number(value: object) -> bool:
+def is_number(value: object) -> TypeGuard[int | float]:
     """An int or float that is not a bool."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def is_temperature(value: object) -> bool:
     """A sampling temperature every entry point accepts (`TEMPERATURE_RANGE`)."""
-    return is_number(value) and (value == 0 or MIN_TEMPERATURE <= value < float("inf"))  # type: ignore[operator]  # is_number narrowed it to a number
+    return is_number(value) and (value == 0 or MIN_TEMPERATURE <= value < float("inf"))
 
 
 @dataclass

@@ -36,7 +36,9 @@ _MAX_ALPHA = 0.999
 @dataclass(frozen=True)
 class AdaptiveGamma:
     """Gamma chosen per step from `costs` (module docstring); `prior_alpha` is each row's
-    acceptance before it has drafted, `max_gamma` the widest step (at most the table's)."""
+    acceptance before it has drafted, `max_gamma` the widest step (at most the table's).
+    `drafter_costs`: in a mixed batch, drafter k's table (its drafts timed apart), so each drafter
+    pays its own drafts for its rows (`seconds`)."""
 
     costs: StepTable
     prior_alpha: float = DEFAULT_PRIOR_ALPHA
@@ -44,6 +46,7 @@ class AdaptiveGamma:
     prior_weight: float = PRIOR_WEIGHT
     decay: float = DECAY
     idle_decay: float = IDLE_DECAY
+    drafter_costs: tuple[StepTable, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.costs, StepTable):
@@ -58,6 +61,12 @@ class AdaptiveGamma:
         for name in ("decay", "idle_decay"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)!r}")
+        tables = (self.costs, *self.drafter_costs) if self.drafter_costs else ()
+        if any(not isinstance(t, StepTable) or not t.drafts or t.max_gamma < self.widest for t in tables):
+            raise ValueError(
+                f"drafter_costs must be StepTables timing drafts apart, as costs does, up to gamma {self.widest}, "
+                f"got {self.drafter_costs!r} beside costs {self.costs!r}"
+            )
 
     @property
     def widest(self) -> int:
@@ -67,9 +76,12 @@ class AdaptiveGamma:
         """One gamma for a whole decode of `batch_size` rows at the prior (a static decoder)."""
         return self.opening_gamma([self.prior_alpha] * batch_size)
 
-    def opening_gamma(self, priors: Sequence[float], budgets: Sequence[int] | None = None) -> int:
+    def opening_gamma(
+        self, priors: Sequence[float], budgets: Sequence[int] | None = None, groups: Sequence[int] | None = None
+    ) -> int:
         """The first step's gamma for rows starting at `priors` with `budgets` tokens left (None: no
-        cap); 0: no draft pays at the rows' stated acceptance, so the target decodes alone."""
+        cap; `groups` as `seconds`); 0: no draft pays at the rows' stated acceptance, so the target
+        decodes alone."""
         rows = budgets if budgets is not None else [None] * len(priors)
         expected = [0.0] * (self.widest + 1)
         for prior, room in zip(priors, rows):
@@ -77,17 +89,30 @@ class AdaptiveGamma:
             for g in range(self.widest + 1):
                 tokens = (1 - alpha ** (g + 1)) / (1 - alpha)
                 expected[g] += tokens if room is None else min(tokens, room)
-        return self._best(expected, len(priors))
+        return self._best(expected, len(priors), groups)
 
-    def choose(self, expected: list[float], batch_size: int) -> int:
+    def choose(self, expected: list[float], batch_size: int, groups: Sequence[int] | None = None) -> int:
         """The gamma of the most `expected` tokens (per gamma 0..widest, over the batch) per second
-        of a step of `batch_size` rows; ties: the shorter drafts."""
-        return self._best(expected, batch_size)
+        of a step of `batch_size` rows (`seconds`); ties: the shorter drafts."""
+        return self._best(expected, batch_size, groups)
 
-    def _best(self, expected: list[float], batch_size: int) -> int:
-        seconds = self.costs.at(batch_size)
+    def _best(self, expected: list[float], batch_size: int, groups: Sequence[int] | None) -> int:
+        seconds = self.seconds(batch_size, groups)
         rates = [expected[g] / seconds[g] for g in range(self.widest + 1)]
         return max(range(len(rates)), key=lambda g: (rates[g], -g))
+
+    def seconds(self, batch_size: int, groups: Sequence[int] | None = None) -> list[float]:
+        """Seconds of a step of each gamma 0..G at `batch_size` rows. With `drafter_costs` and
+        `groups` (rows per drafter of a mixed batch, in their order): the target's verify of the
+        whole batch plus each drafter's drafts at its own rows; else `costs` alone."""
+        whole = self.costs.at(batch_size)
+        if not self.drafter_costs or groups is None:
+            return whole
+        seconds = [s - d for s, d in zip(whole, self.costs.drafts_at(batch_size))]
+        for table, rows in zip(self.drafter_costs, groups):
+            if rows:
+                seconds = [s + d for s, d in zip(seconds, table.drafts_at(rows))]
+        return [max(s, 1e-9) for s in seconds]
 
     def start(self, rows: int, device: torch.device, prior: torch.Tensor | None = None) -> GammaState:
         """The running state of a decode of `rows` rows; `prior` `[rows]`: each row's own prior

@@ -176,11 +176,13 @@ SPOT_REPEATS = 3
 @dataclass(frozen=True)
 class StepTable:
     """Seconds of one decode step: `seconds[b][g]` at batch `batch_sizes[b]` with g drafts (g = 0:
-    the target alone), measured at `context_tokens` committed tokens per row."""
+    the target alone), measured at `context_tokens` committed tokens per row; `drafts[b][g]` the
+    drafter's share of it (empty: not timed apart), which a mixed batch pays once per drafter."""
 
     batch_sizes: tuple[int, ...]
     seconds: tuple[tuple[float, ...], ...]
     context_tokens: int
+    drafts: tuple[tuple[float, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or list(self.batch_sizes) != sorted(set(self.batch_sizes)) or self.batch_sizes[0] < 1:
@@ -190,6 +192,12 @@ class StepTable:
             raise ValueError("seconds must hold one row per batch size, each with one figure per gamma 0..G")
         if any(not s > 0 for row in self.seconds for s in row):
             raise ValueError(f"every step cost must be > 0 seconds, got {self.seconds!r}")
+        shares = [(d, s) for drafts, row in zip(self.drafts, self.seconds) for d, s in zip(drafts, row)]
+        if self.drafts and (
+            [len(row) for row in self.drafts] != [len(row) for row in self.seconds]
+            or any(not 0 <= d <= s for d, s in shares)
+        ):
+            raise ValueError(f"drafts must be empty or, like seconds, each in [0, its step's], got {self.drafts!r}")
 
     @property
     def max_gamma(self) -> int:
@@ -198,15 +206,24 @@ class StepTable:
     def at(self, batch_size: int) -> list[float]:
         """Seconds per step at each gamma 0..G for `batch_size` rows: linear between the measured
         batch sizes, extended along the last two past the largest (the first alone below two)."""
+        return [max(s, 1e-9) for s in self._along(self.seconds, batch_size)]
+
+    def drafts_at(self, batch_size: int) -> list[float]:
+        """The drafter's seconds of each step 0..G at `batch_size` rows, as `at` reads `seconds`."""
+        if not self.drafts:
+            raise ValueError("this table did not time the drafts apart (drafts is empty)")
+        return [max(d, 0.0) for d in self._along(self.drafts, batch_size)]
+
+    def _along(self, rows: tuple[tuple[float, ...], ...], batch_size: int) -> list[float]:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
         sizes = self.batch_sizes
         if len(sizes) == 1 or batch_size <= sizes[0]:
-            return list(self.seconds[0])
+            return list(rows[0])
         i = min(bisect.bisect_left(sizes, batch_size), len(sizes) - 1)
-        (b0, b1), (s0, s1) = (sizes[i - 1], sizes[i]), (self.seconds[i - 1], self.seconds[i])
+        (b0, b1), (s0, s1) = (sizes[i - 1], sizes[i]), (rows[i - 1], rows[i])
         w = (batch_size - b0) / (b1 - b0)
-        return [max(x + w * (y - x), 1e-9) for x, y in zip(s0, s1)]
+        return [x + w * (y - x) for x, y in zip(s0, s1)]
 
     def relative(self, batch_size: int) -> list[float]:
         """`at(batch_size)` in target steps (gamma 0 is 1)."""
@@ -225,6 +242,7 @@ class StepTable:
             "batch_sizes": list(self.batch_sizes),
             "seconds": [list(row) for row in self.seconds],
             "context_tokens": self.context_tokens,
+            "drafts": [list(row) for row in self.drafts],
         }
 
     @classmethod
@@ -233,6 +251,7 @@ class StepTable:
             tuple(int(b) for b in data["batch_sizes"]),
             tuple(tuple(float(s) for s in row) for row in data["seconds"]),
             int(data["context_tokens"]),
+            tuple(tuple(float(d) for d in row) for row in data.get("drafts", ())),
         )
 
 
@@ -256,7 +275,8 @@ def measure_step_table(
         pieces = _table_pieces(target, drafter, params, sizes, range(1, max_gamma + 1), context_tokens)
         times = time_rounds(pieces, repeats, target.device)
     seconds = tuple(tuple(_step_s(times, b, g) for g in range(max_gamma + 1)) for b in sizes)
-    return StepTable(sizes, seconds, context_tokens)
+    drafts = tuple(tuple(times[b, "draft", g] if g else 0.0 for g in range(max_gamma + 1)) for b in sizes)
+    return StepTable(sizes, seconds, context_tokens, drafts)
 
 
 def _table_pieces(
@@ -314,7 +334,7 @@ def step_table(
         batch_sizes=list(sizes),
         max_gamma=max_gamma,
         context_tokens=context,
-        step="draft+verify",
+        step="draft+verify, drafts kept",
     )
     checked = f"{kernel_cache_dir()} {json.dumps(key, sort_keys=True)}"
     if not remeasure and checked in _CHECKED:

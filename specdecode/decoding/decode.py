@@ -55,13 +55,16 @@ def drafter_alpha(drafter: PreTrainedModel | FeatureDrafter) -> float:
 
 def adaptive_gamma(
     target: PreTrainedModel,
-    drafter: PreTrainedModel | FeatureDrafter,
+    drafter: PreTrainedModel | FeatureDrafter | RowDrafters,
     params: SamplingParams = SamplingParams(),
     remeasure: bool = False,
 ) -> AdaptiveGamma:
     """The adaptive gamma `gamma="auto"` decodes with: this machine's step table for these models and
-    sampling mode (`costs.step_table`, measured once then cached), rows starting at the drafter's alpha."""
-    return AdaptiveGamma(step_table(target, drafter, params, remeasure=remeasure), drafter_alpha(drafter))
+    sampling mode (`costs.step_table`, measured once then cached), rows starting at the drafter's alpha.
+    A mixed batch's drafters each get a table too, so each pays its own drafts (`drafter_costs`)."""
+    models = drafter.models if isinstance(drafter, RowDrafters) else (drafter,)
+    tables = tuple(step_table(target, model, params, remeasure=remeasure) for model in models)
+    return AdaptiveGamma(tables[0], drafter_alpha(models[0]), drafter_costs=tables if len(tables) > 1 else ())
 
 
 @dataclass(frozen=True)
@@ -180,12 +183,14 @@ def speculative_generate(
     if max(request.budgets) == 0:
         return GenerationResult.empty(request.prompts, StepCounters(widest, target.device), options.record)
     if fixed is None and models:
-        adaptive = adaptive or adaptive_gamma(target, models[0], options.params)
+        adaptive = adaptive or adaptive_gamma(target, drafting, options.params)
         if isinstance(decoder, EagerDecoder):
             priors = _row_priors(drafting)
             # where no draft pays at the rows' stated acceptance, the target decodes alone
             starts = priors or (adaptive.prior_alpha,) * len(request.prompts)
-            opening = adaptive.opening_gamma(starts, [max(b - 1, 0) for b in request.budgets])
+            owners = drafting.owners if isinstance(drafting, RowDrafters) else None
+            groups = None if owners is None else [owners.count(k) for k in range(len(models))]
+            opening = adaptive.opening_gamma(starts, [max(b - 1, 0) for b in request.budgets], groups)
             request = dataclasses.replace(
                 request, gamma=adaptive.widest if opening else 0, adaptive=adaptive, priors=priors
             )

@@ -46,6 +46,8 @@ class Drafting(ABC):
     draft_head: DraftVocabHead | None = None
     # which rows drafted this step `[B]` bool (the others' placeholders are never judged); None: every row
     drafting_rows: torch.Tensor | None = None
+    # a mixed batch's rows per drafter, known on the host (`AdaptiveGamma.seconds`); None: one drafter
+    groups: list[int] | None = None
 
     def __init__(
         self,

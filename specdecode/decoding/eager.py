@@ -124,7 +124,7 @@ class EagerDecoder(Decoder):
             target_cache.set_lengths(rows.lengths - 1, max_length - 1)
             if adaptive is not None:
                 assert request.adaptive is not None
-                step_gamma = request.adaptive.choose(finisher.also, rows.rows.numel())
+                step_gamma = request.adaptive.choose(finisher.also, rows.rows.numel(), drafting.groups)
                 counters.gamma_steps[step_gamma] = counters.gamma_steps.get(step_gamma, 0) + 1
             else:
                 step_gamma = gamma

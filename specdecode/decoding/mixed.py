@@ -120,6 +120,7 @@ class MixedDrafting(Drafting):
                 self.parts.append((sub, torch.tensor(rows, dtype=torch.long, device=self.device)))
         drafting = [owner is not None for owner in self.owners]
         self.drafting_rows = None if all(drafting) else torch.tensor(drafting, device=self.device)
+        self.groups = [self.owners.count(k) for k in range(len(self.subs))]
 
     @property
     def looked_up(self) -> torch.Tensor:  # type: ignore[override]  # the subs' counts, summed (never synced)

@@ -105,7 +105,7 @@ def check_eagle3_layers(
             f"{name}={list(found) or layers!r}: expected three distinct target layers in [1, {target}, "
             f"e.g. {list(default_feature_layers(max(num_target_layers or 32, 8)))}"
         )
-    return found  # type: ignore[return-value]  # checked above to be three ints
+    return found
 
 
 def check_layout(layout: str, name: str = "layout") -> str:

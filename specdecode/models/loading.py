@@ -108,9 +108,8 @@ def load_model(
     source = _resolve_source(name_or_path)
     hub = {"revision": revision, "trust_remote_code": trust_remote_code}
     options = {"attn_implementation": attn_implementation, "device_map": device_map}
-    model: PreTrainedModel | FeatureDrafter
     try:
-        model = _pretrained(
+        causal: PreTrainedModel = _pretrained(
             AutoModelForCausalLM, source, dtype=torch_dtype, **hub, **{k: v for k, v in options.items() if v}
         )
         tokenizer = _pretrained(AutoTokenizer, source, **hub)
@@ -122,9 +121,9 @@ def load_model(
                 "if you trust the repo"
             ) from error
         raise
-    apply_draft_vocab_from_config(model)
-    if isinstance(source, Path):
-        model = wrap_drafter(model, source)  # a feature or EAGLE-3 drafter folder comes back as one
+    apply_draft_vocab_from_config(causal)
+    # a feature or EAGLE-3 drafter folder comes back as one
+    model = wrap_drafter(causal, source) if isinstance(source, Path) else causal
     if device_map is not None:
         return model.eval(), tokenizer  # placed by accelerate over the GPUs
     return _placed(model, torch_dtype, device, skinny_matmul), tokenizer
