@@ -1,12 +1,6 @@
-"""One writer per output folder: a lock file holding the writer's PID, and a writability check.
-
-Two jobs writing one folder interleave their checkpoints and metrics.jsonl and crash at random, so
-every job that writes an output folder (training, eval, the demo) holds `<folder>/.lock` while it
-runs. The file is created with O_CREAT | O_EXCL, which exactly one process can win. A lock whose
-PID is dead (a SIGKILLed job) is stale and taken over; only that takeover needs more than the
-create, and it runs under an flock on the folder, so two processes can never both remove and
-recreate the file (the kernel drops an flock when its holder dies: nothing stale is left there).
-"""
+"""One writer per output folder: `<folder>/.lock` holds the writer's host and PID, created with
+O_CREAT | O_EXCL, which exactly one process can win. A lock whose PID is dead is stale and taken
+over under an flock on the folder, so two processes never both remove and recreate it."""
 
 from __future__ import annotations
 
@@ -34,10 +28,7 @@ class OutputInUseError(RuntimeError):
 
 
 def check_writable(folder: Path, name: str = "output_dir") -> None:
-    """Create `folder` if needed and prove a file can be written in it, before any work is done.
-
-    Raises PermissionError: naming `name` and the folder, when it cannot be created or written.
-    """
+    """Create `folder` if needed and prove a file can be written in it; else a PermissionError naming it."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
@@ -49,8 +40,7 @@ def check_writable(folder: Path, name: str = "output_dir") -> None:
 
 
 def launched_rank() -> int:
-    """This process's rank under torchrun / `accelerate launch` (0 when run plainly). Read from the
-    launcher's environment, so it is known before any Accelerator exists."""
+    """This process's rank under torchrun / `accelerate launch` (0 when run plainly), from the environment."""
     for variable in ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
         if variable in os.environ:
             return int(os.environ[variable])
@@ -93,11 +83,8 @@ def _create(lock: Path) -> bool:
 
 
 def check_not_in_use(folder: Path, what: str) -> None:
-    """Before deleting or replacing `folder` (`what` names it for the user): refuse while a live
-    process holds its lock, e.g. a stage an earlier, killed run left running in it.
-
-    Raises OutputInUseError: naming `what`, the folder and the holder's host and PID.
-    """
+    """Before deleting or replacing `folder`: an OutputInUseError naming `what`, the folder and the
+    holder while a live process holds its lock."""
     lock = folder / LOCK_FILE
     try:
         text = lock.read_text()
@@ -115,11 +102,8 @@ def check_not_in_use(folder: Path, what: str) -> None:
 
 
 def acquire(folder: Path) -> Path:
-    """Take `folder`'s lock (creating the folder); return the lock file.
-
-    Raises PermissionError: the folder cannot be created or written (see `check_writable`);
-    OutputInUseError: naming the folder and the PID of the live process holding it.
-    """
+    """Take `folder`'s lock (creating the folder); return the lock file. OutputInUseError naming the
+    live holder's PID; PermissionError as `check_writable`."""
     check_writable(folder)
     lock = folder / LOCK_FILE
     if _create(lock):
