@@ -30,11 +30,8 @@ from specdecode.routing.labels import collect_labels, label_rows, meta_path
 
 
 def run_collect(cfg: CollectConfig, *, progress: bool = True) -> Path:
-    """router/collect.py: label the prompts of `cfg.domains` × `cfg.splits` for every drafter.
-
-    Writes `cfg.output` (JSON lines) and its `.meta.json` sidecar, each atomically; returns the
-    labels' path.
-    """
+    """Label the prompts of `cfg.domains` × `cfg.splits` for every drafter; write `cfg.output` and its
+    `.meta.json` sidecar; return the labels' path."""
     check_writable(Path(cfg.output).parent, "output")
     torch.manual_seed(cfg.seed)
     _check_drafter_paths(cfg)
@@ -109,11 +106,8 @@ def _examples(cfg: CollectConfig, domain: str, split: str) -> list[Example]:
 
 
 def check_domain_prompts(cfg: CollectConfig, tokenizer: PreTrainedTokenizerBase) -> None:
-    """Every domain has a prompt within `max_prompt_tokens` in `cfg.splits`: a domain without one
-    would get no labels, and the router could never pick its drafter.
-
-    Raises ValueError: naming the domain, its shortest prompt and the setting to change.
-    """
+    """Every domain has a prompt within `max_prompt_tokens` in `cfg.splits` (else it would get no labels);
+    a ValueError names the domain, its shortest prompt and the setting."""
     for domain in cfg.domains:
         lengths = [len(format_prompt(tokenizer, ex)) for split in cfg.splits for ex in _examples(cfg, domain, split)]
         if not any(0 < n <= cfg.max_prompt_tokens for n in lengths):
@@ -155,11 +149,10 @@ def _costs(
     prompts: Sequence[Sequence[int]],
     continuations: Sequence[Sequence[int]],
 ) -> tuple[dict[str, float], dict[str, float], dict[str, Any]]:
-    """Cost ratio c per drafter and the verify ratio at its gamma: configured, or timed after a
-    typical context."""
+    """Cost ratio c per drafter and the verify ratio at its gamma: configured, or timed after the
+    median-length prompt and its continuation."""
     measured: dict[str, Any] = {}
     if cfg.cost_ratios is None or cfg.verify_ratio is None:
-        # The median-length prompt with its continuation: a context like the ones being labelled.
         middle = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(continuations[i]))[len(prompts) // 2]
         context = list(prompts[middle]) + list(continuations[middle])
         longest = max(gammas.values())
@@ -173,8 +166,7 @@ def _costs(
     if cfg.verify_ratio is not None:
         verify_ratios = {name: cfg.verify_ratio for name, _ in drafters}
     else:
-        # Every drafter timed the target's verify; those at one gamma timed the same thing, so
-        # each gamma gets their median (less timing noise than any one).
+        # drafters at one gamma timed the same verify: each gamma gets their median
         by_gamma: dict[int, list[float]] = {}
         for name, costs in measured.items():
             by_gamma.setdefault(gammas[name], []).append(costs["verify_ratio"])

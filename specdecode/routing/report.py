@@ -1,6 +1,4 @@
-"""How well a router routes: routed vs oracle vs best single drafter vs random on labelled rows,
-how often it names the domain, the domain × drafter confusion tables, routing latency; and the
-report's markdown."""
+"""How well a router routes on labelled rows (`routing_report`), and the report's markdown."""
 
 from __future__ import annotations
 
@@ -15,25 +13,20 @@ from specdecode.routing.router import OBJECTIVE, Router, label_matrix
 
 
 def routing_report(router: Router, rows: Sequence[Mapping[str, Any]], *, latency_repeats: int = 5) -> dict[str, Any]:
-    """Routed vs oracle vs best single drafter vs random on labelled rows, the share of rows whose
-    domain the router names, a domain × drafter confusion table and routing latency.
-
-    "Realised" values are the labels of the drafter each policy picks: the teacher-forced
-    acceptance and predicted speedup that drafter has on that prompt. Best single = the one drafter
-    with the highest mean on these rows (chosen in hindsight: the strictest fixed baseline);
-    random = the exact expectation of a uniform choice. `gain_recovered` = (routed - best single) /
-    (oracle - best single) per metric, the oracle maximising that metric per prompt.
+    """Routed vs oracle vs best single drafter (in hindsight) vs random (its expectation) on the
+    labels of the drafter each picks, `gain_recovered` = (routed − best single) / (oracle − best
+    single) per metric; the share of rows whose domain the router names, domain × drafter
+    confusion tables and routing latency.
     """
     texts = [r["prompt"] for r in rows]
     drafters = router.drafters
-    # Warm-up: the first call pays one-off allocation and thread start-up.
     router.route(texts[: min(len(texts), 8)])
     timings = []
     for _ in range(latency_repeats):
         start = time.perf_counter()
         choices = router.route(texts)
         timings.append(time.perf_counter() - start)
-    # One prompt at a time too, as a server routes each request as it comes.
+    # one prompt at a time too, as a server routes each request
     single = []
     for text in texts[:16]:
         start = time.perf_counter()
@@ -63,8 +56,7 @@ def routing_report(router: Router, rows: Sequence[Mapping[str, Any]], *, latency
     oracle_choice = label_matrix(rows, OBJECTIVE, drafters).argmax(1).tolist()
     named = router.domain_of(texts)
     domains = sorted({r["domain"] for r in rows})
-    confusion = {d: {name: 0 for name in drafters} for d in domains}
-    oracle_confusion = {d: {name: 0 for name in drafters} for d in domains}
+    confusion, oracle_confusion = ({d: dict.fromkeys(drafters, 0) for d in domains} for _ in range(2))
     for row, k, o in zip(rows, choices, oracle_choice):
         confusion[row["domain"]][drafters[k]] += 1
         oracle_confusion[row["domain"]][drafters[o]] += 1
