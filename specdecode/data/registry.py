@@ -1,6 +1,5 @@
-"""Domains by name for the stages: each domain's data config resolved into a stage's config
-(`resolve_domains`), so a stage launched on a config composed elsewhere (the demo's) reads the same
-data wherever it runs; and a domain's examples (`domain_examples`)."""
+"""Domains by name for the stages: each domain's data config resolved into a stage's config, so a
+stage launched on a config composed elsewhere reads the same data; and a domain's examples."""
 
 from __future__ import annotations
 
@@ -17,9 +16,8 @@ from specdecode.data.example import Example
 def resolve_domains(
     names: Sequence[str], given: Mapping[str, Any] | None = None, *, synthetic: bool = False
 ) -> dict[str, dict[str, Any]]:
-    """Each domain's data config as plain values, for a stage's config: `given[name]` where present
-    (as resolved by the process that composed the config), else looked up on the search path.
-    `synthetic` swaps embedded data for the smoke runs' synthetic examples."""
+    """Each domain's data config as plain values: `given[name]` where present, else looked up on the
+    search path; `synthetic` swaps embedded data for synthetic examples."""
     resolved = {}
     for name in names:
         data = DataConfig(**dict(given[name])) if given and name in given else domain_data(name)
