@@ -30,6 +30,16 @@ class RoutedGeneration:
     records: list[RowRecord] | None = None
 
 
+def generate_with(
+    target: PreTrainedModel, drafter: Any, prompts: Sequence[Sequence[int]], **decode: Any
+) -> GenerationResult:
+    """`speculative_generate` with `drafter`, or the target alone where it is None (gamma and prompt lookup dropped)."""
+    if drafter is None:
+        plain = {k: v for k, v in decode.items() if k not in ("gamma", "prompt_lookup")}
+        return autoregressive_generate(target, prompts, **plain)
+    return speculative_generate(target, drafter, prompts, **decode)
+
+
 def match_drafters(
     router: Router,
     drafters: Mapping[str, PreTrainedModel | FeatureDrafter] | Sequence[tuple[str, PreTrainedModel | FeatureDrafter]],
@@ -85,15 +95,9 @@ def route_and_generate(
         if not rows:
             continue
         kwargs = decode_kwargs | ({"on_step": _in_caller_rows(on_step, rows)} if on_step is not None else {})
-        if drafter is None:  # the no-drafter route: plain decoding, on the same machinery
-            plain = {k: v for k, v in kwargs.items() if k not in ("gamma", "prompt_lookup")}
-            result = autoregressive_generate(
-                target, [prompts[i] for i in rows], max_new_tokens=[budgets[i] for i in rows], **plain
-            )
-        else:
-            result = speculative_generate(
-                target, drafter, [prompts[i] for i in rows], max_new_tokens=[budgets[i] for i in rows], **kwargs
-            )
+        result = generate_with(
+            target, drafter, [prompts[i] for i in rows], max_new_tokens=[budgets[i] for i in rows], **kwargs
+        )
         groups[name], results[name] = rows, result
         for j, (i, sequence) in enumerate(zip(rows, result.sequences)):
             sequences[i] = sequence

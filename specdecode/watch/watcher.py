@@ -26,14 +26,13 @@ from specdecode.core.config import (
 from specdecode.core.devices import resolve_device
 from specdecode.data.corpus import vocab_corpus
 from specdecode.data.domains import format_prompt
-from specdecode.decoding.decode import autoregressive_generate, speculative_generate
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.record import StepEvent
 from specdecode.decoding.stats import GenerationResult
 from specdecode.models.compat import default_eos
 from specdecode.models.config import DrafterConfig, TargetConfig
 from specdecode.models.loading import build_drafter, load_drafters, load_target
-from specdecode.routing.generate import match_drafters
+from specdecode.routing.generate import generate_with, match_drafters
 from specdecode.routing.router import NO_DRAFTER, Router
 from specdecode.watch.render import Answer, pieces
 
@@ -121,12 +120,8 @@ class Watcher:
         kwargs = dict(self.decode_kwargs) | {"eos_token_ids": default_eos(self.target)}
         if max_new_tokens is not None:
             kwargs["max_new_tokens"] = max_new_tokens
-        if drafter == NO_DRAFTER:
-            kwargs = {k: v for k, v in kwargs.items() if k not in ("gamma", "prompt_lookup")}
-            return autoregressive_generate(self.target, [ids], record=record, on_step=on_step, **kwargs)
-        return speculative_generate(
-            self.target, self.drafters[drafter], [ids], record=record, on_step=on_step, **kwargs
-        )
+        model = None if drafter == NO_DRAFTER else self.drafters[drafter]
+        return generate_with(self.target, model, [ids], record=record, on_step=on_step, **kwargs)
 
     def answer(self, text: str, compare: bool = True) -> Answer:
         """`text` decoded with its drafter (record on), and with the target alone when `compare`."""
