@@ -103,11 +103,20 @@ def load_domain(
     _check_arguments(domain, source, split, limit, heldout_fraction, path, hf_id)
     if chat_turns not in CHAT_TURNS:
         raise ValueError(f"unknown chat_turns {chat_turns!r}; valid: {', '.join(CHAT_TURNS)}")
-    examples = _source_examples(
-        domain, source, path, hf_id, hf_split, hf_name, revision, prompt_column, response_column
-    )
-    if chat_turns == "all" and source == "embedded" and domain == "chat":
-        examples = (*examples, *_embedded_later_turns())
+    examples: Iterable[Example]
+    if source == "embedded":
+        examples = _embedded(domain)
+        if chat_turns == "all" and domain == "chat":
+            examples = (*examples, *_embedded_later_turns())
+    elif source == "synthetic":
+        examples = _to_examples(synthetic_dataset(domain), domain, "prompt", "response", "synthetic data")
+    elif source == "hf":
+        examples = _from_hf(domain, hf_id, hf_split, hf_name, revision, prompt_column, response_column)  # type: ignore[arg-type]  # _check_arguments requires hf_id for hf
+    else:
+        where = f"domain {domain!r}, file {str(path)!r}"
+        examples = _to_examples(read_data_file(Path(path)), domain, prompt_column, response_column, where)  # type: ignore[arg-type]  # _check_arguments requires path for file
+        if not examples:
+            raise ValueError(f"{where} holds no row with a non-empty {prompt_column!r}")
     kept = by_kind_in_turns(split_examples(examples, split, heldout_fraction))
     return kept if limit is None else kept[:limit]
 
@@ -160,31 +169,6 @@ def _check_arguments(
         raise ValueError(
             f"domain {domain!r}: source='file' needs path (a .jsonl, .jsonl.gz, .json, .csv or .parquet file), got None"
         )
-
-
-def _source_examples(
-    domain: str,
-    source: str,
-    path: str | Path | None,
-    hf_id: str | None,
-    hf_split: str,
-    hf_name: str | None,
-    revision: str | None,
-    prompt_column: str,
-    response_column: str | None,
-) -> Iterable[Example]:
-    """Every example of `domain` in `source`, before the split (arguments already checked)."""
-    if source == "embedded":
-        return _embedded(domain)
-    if source == "synthetic":
-        return _to_examples(synthetic_dataset(domain), domain, "prompt", "response", "synthetic data")
-    if source == "hf":
-        return _from_hf(domain, hf_id, hf_split, hf_name, revision, prompt_column, response_column)  # type: ignore[arg-type]  # DataConfig requires hf_id and hf_split for hf
-    where = f"domain {domain!r}, file {str(path)!r}"
-    examples = _to_examples(read_data_file(Path(path)), domain, prompt_column, response_column, where)  # type: ignore[arg-type]  # DataConfig requires path for file
-    if not examples:
-        raise ValueError(f"{where} holds no row with a non-empty {prompt_column!r}")
-    return examples
 
 
 def format_prompt(tokenizer: Any, prompt: str | Example) -> list[int]:

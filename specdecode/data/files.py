@@ -37,16 +37,10 @@ def read_data_file(path: Path) -> datasets.Dataset:
     if suffix in (".jsonl", ".jsonl.gz"):
         return read_jsonl(path)
     if suffix == ".json":
-        try:
-            return _load("json", path)
-        except Exception as error:
-            raise ValueError(f"could not read {str(path)!r} as JSON (an array of objects): {error}") from error
+        return _load("json", path, "JSON (an array of objects)")
     if suffix == ".csv":
         return _read_csv(path)
-    try:
-        return _load("parquet", path)
-    except Exception as error:
-        raise ValueError(f"could not read {str(path)!r} as Parquet: {error}") from error
+    return _load("parquet", path, "Parquet")
 
 
 def check_utf8(path: Path) -> None:
@@ -85,13 +79,13 @@ def package_path(package: str, relative: str, pip_name: str, needed_by: str, ins
 def read_jsonl(path: Path) -> datasets.Dataset:
     """Read a JSON-lines file (`.gz` decompressed); on failure, a ValueError naming the bad line."""
     try:
-        return _load("json", path)
-    except Exception as error:
+        return _load("json", path, "JSON lines")
+    except ValueError as error:
         try:  # name the bad line (datasets raises a bare StopIteration for a file of blank lines)
             sum(1 for _ in json_objects(path))
         except ValueError as problem:
             raise problem from error
-        raise ValueError(f"could not read {str(path)!r} as JSON lines: {error}") from error
+        raise
 
 
 def _read_csv(path: Path) -> datasets.Dataset:
@@ -99,25 +93,26 @@ def _read_csv(path: Path) -> datasets.Dataset:
     with path.open(newline="", encoding="utf-8-sig") as handle:
         header = next(csv.reader(handle), [])
     features = datasets.Features({name: datasets.Value("string") for name in header})
+    return _load("csv", path, "CSV", features=features, keep_default_na=False)
+
+
+def _load(builder: str, path: Path, what: str, **config: Any) -> datasets.Dataset:
+    """`datasets.load_dataset(builder, data_files=path)`: a temporary cache, in memory, local files only;
+    a ValueError naming the file and `what` it should be where the builder fails."""
     try:
-        return _load("csv", path, features=features, keep_default_na=False)
+        with tempfile.TemporaryDirectory(prefix="specdecode-datasets-") as cache, _quiet_datasets():
+            dataset = datasets.load_dataset(
+                builder,
+                # data_files are glob patterns: escaped, a name such as "chat [v2].jsonl" is itself.
+                data_files=glob.escape(str(path.resolve())),
+                split="train",
+                cache_dir=cache,
+                keep_in_memory=True,
+                download_config=datasets.DownloadConfig(local_files_only=True),
+                **config,
+            )
     except Exception as error:
-        raise ValueError(f"could not read {str(path)!r} as CSV: {error}") from error
-
-
-def _load(builder: str, path: Path, **config: Any) -> datasets.Dataset:
-    """`datasets.load_dataset(builder, data_files=path)`: a temporary cache, in memory, local files only."""
-    with tempfile.TemporaryDirectory(prefix="specdecode-datasets-") as cache, _quiet_datasets():
-        dataset = datasets.load_dataset(
-            builder,
-            # data_files are glob patterns: escaped, a name such as "chat [v2].jsonl" is itself.
-            data_files=glob.escape(str(path.resolve())),
-            split="train",
-            cache_dir=cache,
-            keep_in_memory=True,
-            download_config=datasets.DownloadConfig(local_files_only=True),
-            **config,
-        )
+        raise ValueError(f"could not read {str(path)!r} as {what}: {error}") from error
     assert isinstance(dataset, datasets.Dataset)
     return dataset
 
