@@ -86,19 +86,28 @@ def check_not_in_use(folder: Path, what: str) -> None:
     """Before deleting or replacing `folder`: an OutputInUseError naming `what`, the folder and the
     holder while a live process holds its lock."""
     lock = folder / LOCK_FILE
-    try:
-        text = lock.read_text()
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    owner = _owner(text)
-    if owner is None and time.time() - _mtime(lock) >= _UNWRITTEN_GRACE_S:
-        return  # its writer died between creating and writing it
-    if owner is None or owner[0] != socket.gethostname() or pid_alive(owner[1]):
-        holder = f"PID {owner[1]} on {owner[0]}" if owner is not None else "a process locking it right now"
+    text = _read(lock)
+    if text is not None and (holder := _live_holder(lock, text)):
         raise OutputInUseError(
             f"{what} {str(folder)!r} is in use by {holder} (lock file {lock}), perhaps left running by an earlier run "
             "that was killed; wait for it or end it, then run again (if no such process runs, delete the lock file)"
         )
+
+
+def _read(lock: Path) -> str | None:
+    try:
+        return lock.read_text()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _live_holder(lock: Path, text: str) -> str | None:
+    """Who holds `lock` of `text` ("PID n on host"), or None where it is stale (its process is gone, or
+    it died between creating the file and writing it). A lock from another host counts as live."""
+    owner = _owner(text)
+    if owner is None:
+        return None if time.time() - _mtime(lock) >= _UNWRITTEN_GRACE_S else "a process locking it right now"
+    return f"PID {owner[1]} on {owner[0]}" if owner[0] != socket.gethostname() or pid_alive(owner[1]) else None
 
 
 def acquire(folder: Path) -> Path:
@@ -112,22 +121,12 @@ def acquire(folder: Path) -> Path:
     try:
         # Under the flock nobody else removes the file, so what is read is what gets removed.
         fcntl.flock(directory, fcntl.LOCK_EX)
-        try:
-            text = lock.read_text()
-        except FileNotFoundError:
-            text = None  # released meanwhile
+        text = _read(lock)  # None: released meanwhile
         if text is not None:
-            owner = _owner(text)
-            # A lock from another host cannot be checked from here: it counts as live.
-            if owner is not None and (owner[0] != socket.gethostname() or pid_alive(owner[1])):
+            if holder := _live_holder(lock, text):
                 raise OutputInUseError(
-                    f"output_dir={str(folder)!r} is in use by PID {owner[1]} on {owner[0]} (lock file {lock}); "
+                    f"output_dir={str(folder)!r} is in use by {holder} (lock file {lock}); "
                     "wait for that job or pick another output_dir (if no such job runs, delete the lock file)"
-                )
-            # No owner yet: a writer between its create and its write (microseconds), or one that died there.
-            if owner is None and time.time() - _mtime(lock) < _UNWRITTEN_GRACE_S:
-                raise OutputInUseError(
-                    f"output_dir={str(folder)!r} is being locked by another process right now (lock file {lock})"
                 )
             warnings.warn(
                 f"taking over the stale lock {lock} ({text.strip() or 'empty'}): its process is gone", stacklevel=2
