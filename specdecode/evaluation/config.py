@@ -54,18 +54,9 @@ class BenchmarkConfig(Placement):
         require(is_gamma(self.gamma), "gamma", self.gamma, GAMMA_RANGE)
         require_ints(self, "max_new_tokens num_prompts cost_repeats")
         require_ints(self, "rounds", 0)
-        require(
-            1 <= self.batch1_prompts <= self.num_prompts,
-            "batch1_prompts",
-            self.batch1_prompts,
-            f"in [1, num_prompts={self.num_prompts}]",
-        )
-        require(
-            1 <= self.batch_size <= self.num_prompts,
-            "batch_size",
-            self.batch_size,
-            f"in [1, num_prompts={self.num_prompts}]",
-        )
+        for name in ("batch1_prompts", "batch_size"):
+            value = getattr(self, name)
+            require(1 <= value <= self.num_prompts, name, value, f"in [1, num_prompts={self.num_prompts}]")
         require(is_temperature(self.temperature), "temperature", self.temperature, TEMPERATURE_RANGE)
 
 

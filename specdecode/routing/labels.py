@@ -96,13 +96,12 @@ def teacher_forced_acceptance(
     p_logits = out.logits  # [B, C, V]
     p_argmax = p_logits.argmax(-1)
 
-    def logits_of(drafter: PreTrainedModel | FeatureDrafter) -> torch.Tensor:
-        if not isinstance(drafter, FeatureDrafter):
+    def logits_of(drafter: PreTrainedModel | FeatureDrafter, features: torch.Tensor | None) -> torch.Tensor:
+        if not isinstance(drafter, FeatureDrafter) or features is None:
             return drafter(
                 input_ids=tokens, attention_mask=attention, position_ids=position_ids, logits_to_keep=keep
             ).logits
         # A feature drafter predicts token t + 1 at its position t - 1, from the target's feature there and token t.
-        features = target_features(target, out.hidden_states, drafter.feature_layers)
         hidden = drafter(
             features[:, :-1], tokens[:, 1:], attention_mask=attention[:, :-1], position_ids=position_ids[:, :-1]
         )
@@ -110,13 +109,13 @@ def teacher_forced_acceptance(
 
     acceptance, greedy, tau = [], [], []
     for k, drafter in enumerate(drafters):
-        q_logits = logits_of(drafter)
+        features = (
+            target_features(target, out.hidden_states, drafter.feature_layers)
+            if isinstance(drafter, FeatureDrafter)
+            else None
+        )
+        q_logits = logits_of(drafter, features)
         if simulate:
-            features = (
-                target_features(target, out.hidden_states, drafter.feature_layers)
-                if isinstance(drafter, FeatureDrafter)
-                else None
-            )
             matches = draft_matches(
                 drafter,
                 tokens,
