@@ -44,7 +44,7 @@ def run_collect(cfg: CollectConfig, *, progress: bool = True) -> Path:
     )
     examples = _prompts(cfg, tokenizer)
     corpus = _corpus(cfg, tokenizer)
-    drafters = [(d.name, build_drafter(d.as_drafter_config(), target, tokenizer, corpus).eval()) for d in cfg.drafters]
+    drafters = [(d.name, build_drafter(d, target, tokenizer, corpus).eval()) for d in cfg.drafters]
     eos = default_eos(target)
     ids = [p for _, _, p in examples]
     gammas = {name: cfg.gamma or drafter_gamma(drafter) for name, drafter in drafters}

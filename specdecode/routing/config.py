@@ -27,35 +27,22 @@ EMBEDDER_KINDS = ("sentence-transformers", "hashing")
 
 
 @dataclass
-class RoutedDrafterConfig:
-    """One drafter the router chooses between: its `name` in labels and the router, and its `DrafterConfig` fields."""
+class RoutedDrafterConfig(DrafterConfig):
+    """One drafter the router chooses between: a `DrafterConfig` (`pretrained` by default) and its
+    `name` in labels and the router."""
 
-    name: str = ""
     kind: str = "pretrained"
-    path: str | None = None
-    num_layers: int = 2
     draft_vocab: int | None = None
-    revision: str | None = None
-    trust_remote_code: bool = False
+    name: str = ""
 
     def __post_init__(self) -> None:
         require(
             isinstance(self.name, str) and bool(self.name.strip()), "drafters[].name", self.name, "a non-empty name"
         )
         try:
-            self.as_drafter_config()
+            super().__post_init__()
         except ValueError as error:
             raise ValueError(f"drafter {self.name!r}: {error}") from None
-
-    def as_drafter_config(self) -> DrafterConfig:
-        return DrafterConfig(
-            kind=self.kind,
-            num_layers=self.num_layers,
-            draft_vocab=self.draft_vocab,
-            path=self.path,
-            revision=self.revision,
-            trust_remote_code=self.trust_remote_code,
-        )
 
 
 def _routed_drafters(value: object) -> list[RoutedDrafterConfig]:
