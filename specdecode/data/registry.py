@@ -37,21 +37,9 @@ def domain_examples(
         raise ValueError(f"data {data.name!r} is a mix of {data.domains}: read its parts one by one")
     if data.synthetic:
         data = as_synthetic(data)
-    return load_domain(
-        data.name,
-        source=data.source,
-        split=split,
-        limit=limit,
-        heldout_fraction=data.heldout_fraction,
-        path=data.path,
-        hf_id=data.hf_id,
-        hf_split=data.hf_split,
-        hf_name=data.hf_name,
-        revision=data.revision,
-        prompt_column=data.prompt_column,
-        response_column=data.response_column,
-        chat_turns=data.chat_turns,
-    )
+    # a single domain's config holds `load_domain`'s arguments, besides its name and the smoke switch
+    source = {key: value for key, value in to_dict(data).items() if key not in ("name", "synthetic")}
+    return load_domain(data.name, split=split, limit=limit, **source)
 
 
 def require_heldout(data: Mapping[str, Mapping[str, Any]], count: int, what: str) -> None:
