@@ -33,7 +33,8 @@ def routing_report(router: Router, rows: Sequence[Mapping[str, Any]], *, latency
         router.route([text])
         single.append(time.perf_counter() - start)
     chosen = torch.tensor(choices)
-    policies: dict[str, dict[str, float]] = {}
+    policies: dict[str, dict[str, float]] = {name: {} for name in ("routed", "oracle", "best single", "random")}
+    gain: dict[str, float | None] = {}
     # the decoded speedup where the labels have it (greedy), beside the teacher-forced figures
     metrics = ("acceptance", "greedy_match", "speedup") + (
         ("decode_speedup",) if all("decode_speedup" in r for r in rows) else ()
@@ -42,17 +43,14 @@ def routing_report(router: Router, rows: Sequence[Mapping[str, Any]], *, latency
         values = label_matrix(rows, metric, drafters)  # [N, K]
         means = values.mean(0)
         best = int(means.argmax())
-        policies.setdefault("routed", {})[metric] = values.gather(1, chosen.unsqueeze(1)).mean().item()
-        policies.setdefault("oracle", {})[metric] = values.max(1).values.mean().item()
-        policies.setdefault("best single", {})[metric] = means[best].item()
-        policies.setdefault("random", {})[metric] = values.mean().item()
+        routed, best_mean = values.gather(1, chosen.unsqueeze(1)).mean().item(), means[best].item()
+        policies["routed"][metric] = routed
+        policies["oracle"][metric] = values.max(1).values.mean().item()
+        policies["best single"][metric] = best_mean
+        policies["random"][metric] = values.mean().item()
         policies["best single"][f"{metric}_drafter"] = drafters[best]  # type: ignore[assignment]  # the row mixes figures and the drafter's name
-    gain = {}
-    for metric in metrics:
-        headroom = policies["oracle"][metric] - policies["best single"][metric]
-        gain[metric] = (
-            (policies["routed"][metric] - policies["best single"][metric]) / headroom if headroom > 1e-12 else None
-        )
+        headroom = policies["oracle"][metric] - best_mean
+        gain[metric] = (routed - best_mean) / headroom if headroom > 1e-12 else None
     oracle_choice = label_matrix(rows, OBJECTIVE, drafters).argmax(1).tolist()
     named = router.domain_of(texts)
     domains = sorted({r["domain"] for r in rows})
