@@ -53,11 +53,8 @@ def is_heldout(prompt: str, heldout_fraction: float = 0.1) -> bool:
 
 
 def split_examples(examples: Iterable[Example], split: Split = "all", heldout_fraction: float = 0.1) -> list[Example]:
-    """Deduplicate by prompt (first occurrence wins) and keep the examples of one split, in input order.
-
-    A later turn of a conversation goes where its opening prompt goes, so none of a held-out
-    conversation is trained on; a later turn alone (no earlier turns in `messages`) is never held out.
-    """
+    """Deduplicate by prompt and keep the examples of one split, in input order. A later turn goes
+    where its conversation's opening goes; one alone (no earlier turns in `messages`) is never held out."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
     _check_fraction(heldout_fraction)

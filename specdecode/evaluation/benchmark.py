@@ -1,9 +1,6 @@
-"""The decode benchmark, two ways over one set of methods, timing loop and report.
-
-`run_benchmark` (eval/benchmark.py): one configured target and drafter on the eager core at batch
-1 and B, with the step costs and the speedup Leviathan's model predicts from them.
-`run_core_benchmark` (eval/benchmark_gpu.py): the cores side by side per (target, dtype, batch
-size), with a slice and a feature drafter, and the data writer.
+"""The decode benchmark, two ways over one set of methods, timing loop and report: `run_benchmark`
+(one configured drafter, eager, with the step costs and the speedup Leviathan's model predicts) and
+`run_core_benchmark` (the cores side by side per target, dtype and batch size, and the data writer).
 """
 
 from __future__ import annotations

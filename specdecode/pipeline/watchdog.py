@@ -1,9 +1,8 @@
 """Run a command that dies with the process that started it: `python watchdog.py <parent pid> <command...>`.
 
-Started as the leader of a new process group, this script runs the command in that group and ends
-the group as soon as its parent is gone (`PR_SET_PDEATHSIG` on Linux, polling elsewhere) or it gets
-SIGTERM, SIGINT or SIGHUP: SIGTERM first (torchrun ends its own workers then), SIGKILL after
-`GRACE_SECONDS`. Its exit status is the command's. Standard library only, so it starts at once.
+As a process group's leader, it ends the group once its parent is gone (`PR_SET_PDEATHSIG` on Linux,
+polling elsewhere) or on SIGTERM, SIGINT or SIGHUP: SIGTERM first (torchrun ends its workers then),
+SIGKILL after `GRACE_SECONDS`. Its exit status is the command's. Standard library only.
 """
 
 from __future__ import annotations

@@ -67,11 +67,8 @@ def route_and_generate(
     max_new_tokens: int | Sequence[int],
     **decode_kwargs: Any,
 ) -> RoutedGeneration:
-    """Route each prompt to a drafter, then run one batched `speculative_generate` per drafter (plain
-    decoding for `NO_DRAFTER`). `texts[i]` is the prompt as the router reads it (the user message),
-    `prompts[i]` the ids decoded from; `decode_kwargs` go to every decode, and an `on_step`
-    callback sees `StepEvent.rows` as indices into `prompts`.
-    """
+    """Route each prompt to a drafter by `texts[i]` (the user message), then decode the `prompts` ids
+    one batch per drafter (`generate_with`); an `on_step` callback sees rows as indices into `prompts`."""
     if len(prompts) == 0:
         raise ValueError("prompts is empty: nothing to generate")
     if len(texts) != len(prompts):

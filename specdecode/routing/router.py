@@ -67,12 +67,9 @@ class RouterMLP(nn.Module):
 
 @dataclass(eq=False)
 class Router:
-    """The domain MLP, its embedder, and what each domain's prompts earn per drafter.
-
-    feature_mean / feature_std: `[F]` standardisation; table: `[D, K]` each of the D `domains`' mean
-    `OBJECTIVE` per drafter of `drafters`; novelty: where prompts far from every domain go (None:
-    nowhere else). A ValueError names a novelty fallback that is no route.
-    """
+    """The domain MLP, its embedder, and what each domain's prompts earn per drafter: feature_mean /
+    feature_std `[F]`; table `[D, K]`, each of the D `domains`' mean `OBJECTIVE` per drafter; novelty:
+    where prompts far from every domain go (None: nowhere else)."""
 
     mlp: RouterMLP
     embedder: Embedder
