@@ -181,7 +181,5 @@ def _load(path: Path, name: str) -> DataConfig:
         raise ValueError(f"{path}: name {values['name']!r} differs from the file's name {name!r}")
     try:
         return DataConfig(**values)
-    except TypeError as error:
-        raise ValueError(f"{path}: {error}") from None
-    except ValueError as error:
+    except (TypeError, ValueError) as error:
         raise ValueError(f"{path}: {error}") from None

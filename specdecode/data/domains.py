@@ -14,7 +14,7 @@ import functools
 import hashlib
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -182,6 +182,14 @@ def format_prompt(tokenizer: Any, prompt: str | Example) -> list[int]:
     if ids and isinstance(ids[0], list):
         (ids,) = ids
     return [int(token) for token in ids]
+
+
+def prompts_within(tokenizer: Any, examples: Iterable[Example], max_tokens: int) -> Iterator[tuple[Example, list[int]]]:
+    """Each example with its `format_prompt` ids, lazily, those over `max_tokens` skipped (never cut)."""
+    for example in examples:
+        ids = format_prompt(tokenizer, example)
+        if 0 < len(ids) <= max_tokens:
+            yield example, ids
 
 
 def _check_fraction(heldout_fraction: float) -> None:

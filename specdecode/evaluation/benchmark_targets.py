@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from specdecode.data.domains import DOMAINS, format_prompt, load_domain
+from specdecode.data.domains import DOMAINS, load_domain, prompts_within
 from specdecode.models.loading import as_target, load_model, resolve_dtype
 
 TARGETS = ("smollm2-135m-instruct", "llama-3.2-1b-shape", "tiny")
@@ -20,17 +20,15 @@ def benchmark_prompts(
 ) -> list[tuple[str, list[int]]]:
     """The first held-out prompts of each domain within `max_tokens` (skipped, never cut),
     interleaved, chat-formatted: [(domain, ids)]."""
-    pools = {domain: iter(load_domain(domain, split="heldout")) for domain in DOMAINS}
+    pools = {domain: prompts_within(tokenizer, load_domain(domain, split="heldout"), max_tokens) for domain in DOMAINS}
     chosen: list[tuple[str, list[int]]] = []
     while len(chosen) < num_prompts and pools:
         for domain in list(pools):
-            ids = next(
-                (ids for ex in pools[domain] if len(ids := format_prompt(tokenizer, ex.prompt)) <= max_tokens), None
-            )
-            if ids is None:
+            found = next(pools[domain], None)
+            if found is None:
                 del pools[domain]
             elif len(chosen) < num_prompts:
-                chosen.append((domain, ids))
+                chosen.append((domain, found[1]))
     if len(chosen) < num_prompts:
         raise ValueError(f"only {len(chosen)} held-out prompts fit max_prompt_tokens={max_tokens}; need {num_prompts}")
     return chosen

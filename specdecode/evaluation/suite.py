@@ -12,6 +12,7 @@ gets rows per kind (`mixed/<kind>`).
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,7 +30,7 @@ from specdecode.core.devices import placed_accelerator
 from specdecode.core.locking import locks_output_dir
 from specdecode.core.tracking import check_tracker_installed, start_tracking
 from specdecode.data.corpus import vocab_corpus
-from specdecode.data.domains import format_prompt
+from specdecode.data.domains import prompts_within
 from specdecode.data.registry import domain_examples, require_heldout
 from specdecode.decoding.compiled import resolve_compile
 from specdecode.decoding.costs import COST_MAX_GAMMA
@@ -76,16 +77,12 @@ def heldout_prompts(
 ) -> list[tuple[str, list[int]]]:
     """The first `count` held-out prompts of a domain that fit `max_tokens` (skipped, never cut), as
     (text, chat-formatted ids); a ValueError naming the settings where there are fewer."""
-    chosen = []
-    domain = data["name"]
-    for example in domain_examples(data, "heldout"):
-        ids = format_prompt(tokenizer, example)
-        if len(ids) <= max_tokens:
-            chosen.append((example.prompt, ids))
-        if len(chosen) == count:
-            return chosen
+    fitting = prompts_within(tokenizer, domain_examples(data, "heldout"), max_tokens)
+    chosen = [(example.prompt, ids) for example, ids in itertools.islice(fitting, count)]
+    if len(chosen) == count:
+        return chosen
     raise ValueError(
-        f"domain {domain!r} has only {len(chosen)} held-out prompts within max_prompt_tokens={max_tokens}, and "
+        f"domain {data['name']!r} has only {len(chosen)} held-out prompts within max_prompt_tokens={max_tokens}, and "
         f"prompts_per_domain={count} are needed: raise max_prompt_tokens or lower prompts_per_domain"
     )
 

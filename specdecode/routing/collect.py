@@ -3,6 +3,7 @@ the labels file with its meta sidecar (the format is `specdecode.routing.labels`
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from collections.abc import Callable, Sequence
@@ -17,7 +18,7 @@ from specdecode.core.atomic import write_atomic
 from specdecode.core.devices import resolve_device
 from specdecode.core.locking import check_writable
 from specdecode.data.corpus import vocab_corpus
-from specdecode.data.domains import format_prompt
+from specdecode.data.domains import format_prompt, prompts_within
 from specdecode.data.example import Example
 from specdecode.data.registry import domain_examples
 from specdecode.decoding.decode import drafter_gamma
@@ -125,14 +126,8 @@ def _prompts(cfg: CollectConfig, tokenizer: PreTrainedTokenizerBase) -> list[tup
     for split in cfg.splits:
         limit = cfg.train_limit if split == "train" else cfg.heldout_limit
         for domain in cfg.domains:
-            count = 0
-            for example in _examples(cfg, domain, split):
-                if limit is not None and count >= limit:
-                    break
-                ids = format_prompt(tokenizer, example)
-                if 0 < len(ids) <= cfg.max_prompt_tokens:
-                    chosen.append((split, example, ids))
-                    count += 1
+            fitting = prompts_within(tokenizer, _examples(cfg, domain, split), cfg.max_prompt_tokens)
+            chosen += [(split, example, ids) for example, ids in itertools.islice(fitting, limit)]
     return chosen
 
 
