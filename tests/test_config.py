@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from specdecode.core.config import from_dict
+from specdecode.core.config import from_dict, require_ints
 from specdecode.evaluation.config import BenchmarkConfig
 from specdecode.models.config import DrafterConfig, TargetConfig
 from specdecode.pipeline.schemas import SCHEMAS
@@ -154,3 +154,17 @@ def test_the_gpu_experiment_composes_onto_the_training_jobs(app: str) -> None:
         [4],
     )
     assert (moved.device, moved.train.max_minutes) == ("cuda:1", 5.0)
+
+
+def test_require_ints_names_the_field_and_what_it_should_be() -> None:
+    class Counts:
+        steps, limit = 3, None
+
+    require_ints(Counts(), "steps limit", nullable=True)
+    with pytest.raises(ValueError, match=r"^limit=None: an int >= 1$"):
+        require_ints(Counts(), "steps limit")
+    with pytest.raises(ValueError, match=r"^router\.steps=3: null or an int >= 4$"):
+        require_ints(Counts(), "steps", 4, nullable=True, prefix="router.")
+    Counts.steps = True  # YAML's `true` is no int
+    with pytest.raises(ValueError, match=r"^steps=True: an int >= 0$"):
+        require_ints(Counts(), "steps", 0)

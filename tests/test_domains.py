@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from specdecode.data.config import DataConfig
-from specdecode.data.domains import format_prompt, heldout_score, load_domain
+from specdecode.data.domains import format_prompt, heldout_score, load_domain, prompts_within
 from specdecode.data.example import Example
 from specdecode.data.registry import domain_data, domain_examples, require_heldout, resolve_domains
 from specdecode.evaluation.config import EvalConfig
@@ -299,3 +299,12 @@ def test_the_evaluation_counts_heldout_prompts_before_loading_models(
     )
     with pytest.raises(ValueError, match=r"domain 'small' has \d+ held-out prompts but prompts_per_domain=50"):
         suite.run_eval(cfg)
+
+
+def test_prompts_within_skips_prompts_over_the_limit_and_never_cuts_one() -> None:
+    tokenizer = smoke_tokenizer()
+    examples = [Example(prompt=text, response=None, domain="chat") for text in ("hi", "a much longer prompt", "yo")]
+    limit = len(format_prompt(tokenizer, "hi"))
+    kept = list(prompts_within(tokenizer, examples, limit))
+    assert [example.prompt for example, _ in kept] == ["hi", "yo"]
+    assert all(ids == format_prompt(tokenizer, example) and len(ids) <= limit for example, ids in kept)

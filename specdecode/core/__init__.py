@@ -1,5 +1,4 @@
-"""The lowest layer: atomic writes, one writer per output folder, the one device / dtype knob, and
-the helpers every stage's structured configs use. Imports nothing else of specdecode."""
+"""The lowest layer: atomic writes, output locks, device / dtype, config helpers. Imports nothing else of specdecode."""
 
 from specdecode.core.atomic import publish_files, write_atomic
 from specdecode.core.config import MAX_GAMMA, Placement, from_dict, is_int, is_number, require

@@ -1,9 +1,5 @@
-"""Writing files and folders so that a crash never leaves one half-written.
-
-`write_atomic` writes one file, `atomic_folder` a whole folder (a model, a checkpoint, a cache
-entry): both write beside the target and rename into place, which POSIX makes atomic within a
-filesystem, so a reader sees the old version or the new one, never a mix.
-"""
+"""Writing files (`write_atomic`) and folders (`atomic_folder`) beside the target and renaming them
+into place (atomic on POSIX), so that a reader sees the old version or the new one, never a mix."""
 
 from __future__ import annotations
 
@@ -33,12 +29,8 @@ def publish_files(folder: Path) -> None:
 
 
 def write_atomic(path: Path, data: str | bytes | Callable[[BinaryIO], None]) -> None:
-    """Write `data` to `path` via a temp file in the same folder and a rename (atomic on POSIX).
-
-    `data` is text, bytes, or a function that writes into the open binary file (e.g. `torch.save`),
-    so large payloads need not be built in memory first. The file gets the mode a plain `open`
-    would give it (0666 minus the umask), not mkstemp's private 0600: results are for others to read.
-    """
+    """Write `data` (text, bytes, or a function that writes into the open binary file) to `path` via a
+    temp file and a rename; the file gets a plain `open`'s mode, not mkstemp's private 0600."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -58,19 +50,13 @@ def write_atomic(path: Path, data: str | bytes | Callable[[BinaryIO], None]) -> 
 def atomic_folder(
     final: Path, *, staging: Path | None = None, keep: Callable[[Path], bool] | None = None
 ) -> Iterator[Path]:
-    """Yield an empty staging folder to fill; on a clean exit it becomes `final`, on an exception
-    it is removed and `final` is left as it was.
+    """Yield an empty staging folder to fill; on a clean exit it replaces `final` (moved aside first, so
+    no reader sees it half-deleted), on an exception it is removed.
 
-    `staging` defaults to `.tmp.<name>` beside `final` (one left by a crashed writer is cleared
-    first); pass a unique one where several processes may publish the same `final` at once. An
-    existing `final` is replaced: moved aside before the rename and deleted after it, so no reader
-    sees it half-deleted. With `keep`, an existing `final` for which `keep(final)` is true wins
-    instead and the new folder is discarded (another writer published a good copy first). The
-    published files get the mode a plain `open` would give them (see `publish_files`).
-
-    Raises ValueError: `staging` is not beside `final` (a rename across folders may cross filesystems);
-    OSError: `final` could not be published (e.g. other writers kept replacing it).
-    """
+    `staging` (default `.tmp.<name>` beside `final`) must be beside `final`; pass a unique one where
+    several processes may publish the same `final`. With `keep`, an existing `final` for which
+    `keep(final)` is true wins and the new folder is discarded. OSError where other writers kept
+    replacing `final`."""
     staging = staging if staging is not None else final.with_name(f".tmp.{final.name}")
     if staging.parent != final.parent:
         raise ValueError(
@@ -86,7 +72,6 @@ def atomic_folder(
         publish_files(staging)
         _swap_in(staging, final, aside, keep)
     finally:
-        # Gone already when the rename succeeded; otherwise a failed (or losing) attempt.
         _remove(staging)
         _remove(aside)
 

@@ -1,8 +1,5 @@
 """Config helpers every stage's schema uses: `from_dict`, `require`, the app-wide `Placement`, the
-gamma bound. Each stage's structured configs (the dataclasses behind conf/*.yaml) live with the
-stage (`specdecode.<stage>.config`), are registered in Hydra's ConfigStore as the YAML files'
-schemas (`specdecode.pipeline.schemas`), and validate themselves in `__post_init__`, naming the
-bad field."""
+gamma bound. Each stage's dataclass configs validate themselves in `__post_init__`, naming the bad field."""
 
 from __future__ import annotations
 
@@ -19,27 +16,19 @@ from specdecode.core.devices import check_device_name, check_dtype_name
 
 T = TypeVar("T")
 
-# Largest gamma (drafted tokens per target pass) any entry point accepts. Acceptance decays
-# geometrically along a draft, so past a few dozen tokens more drafting only burns drafter calls
-# and KV-cache slots (each row reserves gamma + 1 slack slots); a typo like gamma=100000 would
-# draft that many tokens per step whatever the token budget.
+# Largest gamma any entry point accepts: acceptance decays geometrically along a draft, and each row
+# reserves gamma + 1 KV slots, so a typo like gamma=100000 must fail.
 MAX_GAMMA = 64
 GAMMA_RANGE = f"an int in [1, {MAX_GAMMA}]"
-# Smallest sampling temperature above 0 (greedy). Logits are divided by it in fp32 (max ~3.4e38):
-# at 1e-40 every logit overflows to inf, the softmax is NaN and every token is id 0. Far below
-# it sampling is greedy anyway; above it a logit would need to exceed 3e34 to overflow.
+# Smallest temperature above 0 (greedy): logits divided by far less overflow fp32 to inf and the softmax to NaN.
 MIN_TEMPERATURE = 1e-4
 TEMPERATURE_RANGE = f"a finite number >= {MIN_TEMPERATURE:g}, or 0 (greedy)"
 
 
 def from_dict(cls: type[T], data: dict[str, Any] | DictConfig, where: str = "") -> T:
-    """Build dataclass `cls` from a (Hydra-composed) dict through OmegaConf's structured configs:
-    the dataclass is the schema, so an unknown key or a value of the wrong type is an error naming
-    its dotted key (not silently kept), values are converted to the field's type (`"3"` → 3), and
-    `OmegaConf.to_object` builds the dataclass, which runs its `__post_init__` checks.
-
-    Raises ValueError: `<where><dotted key>: <what is wrong>`, plus the known fields for an unknown key.
-    """
+    """Build dataclass `cls` from a (Hydra-composed) dict, the dataclass as OmegaConf's schema: values are
+    converted to the field's type, and an unknown key or a wrong type raises ValueError
+    `<where><dotted key>: <what is wrong>` (for an unknown key, with the known fields)."""
     try:
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), data))  # type: ignore[return-value]  # to_object of a structured cls builds a cls
     except OmegaConfBaseException as error:
@@ -114,6 +103,12 @@ def require_finite(name: str, value: object, low: float, strict: bool = False, n
     require(ok, name, value, f"a finite number {'>' if strict else '>='} {low:g}{note}")
 
 
+def require_ints(owner: object, names: str, minimum: int = 1, *, nullable: bool = False, prefix: str = "") -> None:
+    """Each of `owner`'s space-separated fields `names` is an int >= `minimum` (or null where `nullable`)."""
+    for name in names.split():
+        require_int(prefix + name, getattr(owner, name), minimum, nullable=nullable)
+
+
 def is_int(value: object) -> TypeGuard[int]:
     """An int that is not a bool (YAML's `true` must not pass as 1)."""
     return isinstance(value, int) and not isinstance(value, bool)
@@ -136,18 +131,14 @@ def is_temperature(value: object) -> bool:
 
 @dataclass
 class Placement:
-    """The one `device` / `dtype` of an app (top level of its conf/*.yaml): the target, the drafters,
-    the embedder and accelerate all follow it; `skinny_matmul` picks the CPU kernel of the models'
-    linear layers. Apps subclass this and call `check_placement()`."""
+    """The one `device` / `dtype` of an app, which every model of it follows; apps subclass this and
+    call `check_placement()`."""
 
     device: str = "cpu"
     dtype: str = "float32"
-    # On CPU, linear layers over 2..64 rows as `weight @ x.T` (specdecode.models.cpu_matmul): on
-    # some CPUs a verify pass then costs about one decode step, on others twice as much. Off by
-    # default; true forces it; null takes the faster, timed once per machine (models.kernel_choice).
+    # CPU linears over 2..64 rows as `weight @ x.T` (models.cpu_matmul); null: the faster, timed once per machine.
     skinny_matmul: bool | None = False
-    # Decode with the static-shape core's steps under torch.compile (specdecode.decoding.compiled);
-    # null: on for CUDA, on the CPU as measured faster there; true / false force it.
+    # The static core under torch.compile (decoding.compiled); null: on for CUDA, on the CPU where measured faster.
     compile: bool | None = None
 
     def check_placement(self) -> None:

@@ -1,10 +1,5 @@
-"""The one `device` / `dtype` knob every app reads (top level of each conf/*.yaml), checked once.
-
-`check_device_name` is a pure string check, run when a config is built (a typo fails before any
-work); `resolve_device` checks the machine at the start of a run: `cuda:N` must exist, and it is
-made the current CUDA device so that everything placed on plain `"cuda"` (accelerate's device,
-the embedder, caches) lands on the same GPU.
-"""
+"""The one `device` / `dtype` knob every app reads: `check_device_name` checks the string when a
+config is built, `resolve_device` the machine when a run starts."""
 
 from __future__ import annotations
 
@@ -35,17 +30,14 @@ def check_dtype_name(dtype: object, name: str = "dtype") -> str:
 
 
 def resolve_device(device: str) -> torch.device:
-    """The torch device for a checked `device` string, after checking this machine has it.
-
-    Raises ValueError: naming the device when it is malformed or this machine lacks it.
-    """
+    """The torch device for `device`; a ValueError naming it where it is malformed or this machine
+    lacks it. A CUDA device is made current, so that plain `"cuda"` lands on it too."""
     resolved = torch.device(check_device_name(device))
     if resolved.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         index = 0 if resolved.index is None else resolved.index
         if index >= count:
             raise ValueError(f"device={device!r}: this machine has {count} CUDA device(s)")
-        # accelerate and code that says plain "cuda" use the current device: make it this one.
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
     if resolved.type == "mps" and not torch.backends.mps.is_available():
@@ -58,9 +50,7 @@ MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")
 
 def fast_bf16(device: torch.device) -> bool:
     """Whether `device` computes bfloat16 matmuls natively: a CUDA GPU that supports bf16, or a
-    CPU with AMX-BF16 tiles or AVX512-BF16 instructions (there a feature drafter's training step
-    runs ~1.5x as many tokens per second under bf16 autocast as in fp32; without either, bf16 is
-    converted to fp32 around every matmul)."""
+    CPU with AMX-BF16 or AVX512-BF16 (elsewhere bf16 is converted to fp32 around every matmul)."""
     if device.type == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     if device.type == "cpu":
@@ -70,15 +60,11 @@ def fast_bf16(device: torch.device) -> bool:
 
 
 def resolve_mixed_precision(setting: str, device: torch.device) -> str:
-    """A training job's `mixed_precision` setting made definite: `no`, `bf16` and `fp16` as said;
-    `auto` is `bf16` where the device computes it natively (`fast_bf16`), else `no`.
+    """A training job's `mixed_precision` made definite: `auto` is `bf16` where `fast_bf16`, else `no`.
 
-    The jobs autocast the drafter's forward themselves (`autocast_dtype`), not through accelerate's
-    `mixed_precision`: that is process-wide state, fixed by the first `Accelerator`, so an
-    in-process pipeline could not train in bf16 and then evaluate in fp32.
-
-    Raises ValueError: `setting` is none of MIXED_PRECISIONS.
-    """
+    The jobs autocast themselves (`autocast_dtype`): accelerate's `mixed_precision` is process-wide,
+    fixed by the first `Accelerator`, so an in-process pipeline could not train in bf16 and then
+    evaluate in fp32. A ValueError where `setting` is none of MIXED_PRECISIONS."""
     if setting not in MIXED_PRECISIONS:
         raise ValueError(f"mixed_precision={setting!r}: expected {'|'.join(MIXED_PRECISIONS)}")
     if setting != "auto":
@@ -97,12 +83,8 @@ def autocast_context(device: torch.device, dtype: torch.dtype | None) -> Abstrac
 
 
 def placed_accelerator(device: str, **kwargs: object) -> tuple[Accelerator, torch.device]:
-    """An `Accelerator` on `device`, and the device this process should put its models on.
-
-    A single process honours `device` exactly (`cuda:1` included). Under `accelerate launch`
-    with several processes, each process takes the device accelerate assigned it (one per local
-    rank), of the kind `device` names.
-    """
+    """An `Accelerator` on `device`, and the device this process puts its models on: `device` itself
+    in a single process, else the one accelerate assigned this rank."""
     from accelerate import Accelerator
 
     resolved = resolve_device(device)

@@ -1,12 +1,6 @@
-"""One writer per output folder: a lock file holding the writer's PID, and a writability check.
-
-Two jobs writing one folder interleave their checkpoints and metrics.jsonl and crash at random, so
-every job that writes an output folder (training, eval, the demo) holds `<folder>/.lock` while it
-runs. The file is created with O_CREAT | O_EXCL, which exactly one process can win. A lock whose
-PID is dead (a SIGKILLed job) is stale and taken over; only that takeover needs more than the
-create, and it runs under an flock on the folder, so two processes can never both remove and
-recreate the file (the kernel drops an flock when its holder dies: nothing stale is left there).
-"""
+"""One writer per output folder: `<folder>/.lock` holds the writer's host and PID, created with
+O_CREAT | O_EXCL, which exactly one process can win. A lock whose PID is dead is stale and taken
+over under an flock on the folder, so two processes never both remove and recreate it."""
 
 from __future__ import annotations
 
@@ -34,10 +28,7 @@ class OutputInUseError(RuntimeError):
 
 
 def check_writable(folder: Path, name: str = "output_dir") -> None:
-    """Create `folder` if needed and prove a file can be written in it, before any work is done.
-
-    Raises PermissionError: naming `name` and the folder, when it cannot be created or written.
-    """
+    """Create `folder` if needed and prove a file can be written in it; else a PermissionError naming it."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
@@ -49,8 +40,7 @@ def check_writable(folder: Path, name: str = "output_dir") -> None:
 
 
 def launched_rank() -> int:
-    """This process's rank under torchrun / `accelerate launch` (0 when run plainly). Read from the
-    launcher's environment, so it is known before any Accelerator exists."""
+    """This process's rank under torchrun / `accelerate launch` (0 when run plainly), from the environment."""
     for variable in ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
         if variable in os.environ:
             return int(os.environ[variable])
@@ -93,33 +83,36 @@ def _create(lock: Path) -> bool:
 
 
 def check_not_in_use(folder: Path, what: str) -> None:
-    """Before deleting or replacing `folder` (`what` names it for the user): refuse while a live
-    process holds its lock, e.g. a stage an earlier, killed run left running in it.
-
-    Raises OutputInUseError: naming `what`, the folder and the holder's host and PID.
-    """
+    """Before deleting or replacing `folder`: an OutputInUseError naming `what`, the folder and the
+    holder while a live process holds its lock."""
     lock = folder / LOCK_FILE
-    try:
-        text = lock.read_text()
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    owner = _owner(text)
-    if owner is None and time.time() - _mtime(lock) >= _UNWRITTEN_GRACE_S:
-        return  # its writer died between creating and writing it
-    if owner is None or owner[0] != socket.gethostname() or pid_alive(owner[1]):
-        holder = f"PID {owner[1]} on {owner[0]}" if owner is not None else "a process locking it right now"
+    text = _read(lock)
+    if text is not None and (holder := _live_holder(lock, text)):
         raise OutputInUseError(
             f"{what} {str(folder)!r} is in use by {holder} (lock file {lock}), perhaps left running by an earlier run "
             "that was killed; wait for it or end it, then run again (if no such process runs, delete the lock file)"
         )
 
 
-def acquire(folder: Path) -> Path:
-    """Take `folder`'s lock (creating the folder); return the lock file.
+def _read(lock: Path) -> str | None:
+    try:
+        return lock.read_text()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
 
-    Raises PermissionError: the folder cannot be created or written (see `check_writable`);
-    OutputInUseError: naming the folder and the PID of the live process holding it.
-    """
+
+def _live_holder(lock: Path, text: str) -> str | None:
+    """Who holds `lock` of `text` ("PID n on host"), or None where it is stale (its process is gone, or
+    it died between creating the file and writing it). A lock from another host counts as live."""
+    owner = _owner(text)
+    if owner is None:
+        return None if time.time() - _mtime(lock) >= _UNWRITTEN_GRACE_S else "a process locking it right now"
+    return f"PID {owner[1]} on {owner[0]}" if owner[0] != socket.gethostname() or pid_alive(owner[1]) else None
+
+
+def acquire(folder: Path) -> Path:
+    """Take `folder`'s lock (creating the folder); return the lock file. OutputInUseError naming the
+    live holder's PID; PermissionError as `check_writable`."""
     check_writable(folder)
     lock = folder / LOCK_FILE
     if _create(lock):
@@ -128,22 +121,12 @@ def acquire(folder: Path) -> Path:
     try:
         # Under the flock nobody else removes the file, so what is read is what gets removed.
         fcntl.flock(directory, fcntl.LOCK_EX)
-        try:
-            text = lock.read_text()
-        except FileNotFoundError:
-            text = None  # released meanwhile
+        text = _read(lock)  # None: released meanwhile
         if text is not None:
-            owner = _owner(text)
-            # A lock from another host cannot be checked from here: it counts as live.
-            if owner is not None and (owner[0] != socket.gethostname() or pid_alive(owner[1])):
+            if holder := _live_holder(lock, text):
                 raise OutputInUseError(
-                    f"output_dir={str(folder)!r} is in use by PID {owner[1]} on {owner[0]} (lock file {lock}); "
+                    f"output_dir={str(folder)!r} is in use by {holder} (lock file {lock}); "
                     "wait for that job or pick another output_dir (if no such job runs, delete the lock file)"
-                )
-            # No owner yet: a writer between its create and its write (microseconds), or one that died there.
-            if owner is None and time.time() - _mtime(lock) < _UNWRITTEN_GRACE_S:
-                raise OutputInUseError(
-                    f"output_dir={str(folder)!r} is being locked by another process right now (lock file {lock})"
                 )
             warnings.warn(
                 f"taking over the stale lock {lock} ({text.strip() or 'empty'}): its process is gone", stacklevel=2

@@ -1,6 +1,4 @@
-"""Where an app's records go beside its own files: with `logger=wandb`, to a wandb run (accelerate's
-tracker) under the app's output folder. Training logs its scalars there, the evaluation its tables
-and plots; both take these settings (`Tracking`) and start the run the same way (`start_tracking`)."""
+"""With `logger=wandb`, an app's records also go to a wandb run (accelerate's tracker) under its output folder."""
 
 from __future__ import annotations
 
@@ -17,8 +15,7 @@ WANDB_MODES = ("offline", "online", "disabled")
 
 @dataclass
 class Tracking:
-    """An app's tracker settings (top level of its conf/*.yaml). Apps subclass this and call
-    `check_tracking()`."""
+    """An app's tracker settings; apps subclass this and call `check_tracking()`."""
 
     # jsonl: the app's own files only (metrics.jsonl, results.json); wandb: also a wandb run under output_dir/wandb/
     logger: str = "jsonl"
@@ -36,10 +33,7 @@ class Tracking:
 
 
 def check_tracker_installed(cfg: Tracking) -> None:
-    """Fail before any work where `logger=wandb` and wandb is not installed.
-
-    Raises ImportError: saying how to install it.
-    """
+    """An ImportError saying how to install wandb, before any work, where `logger=wandb` lacks it."""
     if cfg.logger == "wandb" and importlib.util.find_spec("wandb") is None:
         raise ImportError("logger=wandb needs the wandb package, which is not installed: pip install wandb")
 

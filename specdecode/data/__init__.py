@@ -1,6 +1,5 @@
-"""Prompt datasets of the three drafter domains (code, math, chat), their hash-based held-out
-split, the smoke runs' synthetic examples, and the tokenised text a truncated vocabulary is
-picked from. Above `specdecode.core` only."""
+"""Prompt datasets of the drafter domains, their hash-based held-out split, and the tokenised text a
+truncated vocabulary is picked from. Above `specdecode.core` only."""
 
 from specdecode.data.config import DataConfig
 from specdecode.data.corpus import vocab_corpus

@@ -1,9 +1,5 @@
 """The schema of the data config group (conf/data/): one domain's data, or a mix of domains; and
-where a domain's config is found by name.
-
-A domain is `data/<name>.yaml` on the config search path: the running Hydra app's (its conf/ and
-whatever the user added with `hydra.searchpath=[file:///their/conf]`), or, outside an app, this
-package's conf/ and any folders passed in."""
+where a domain's config is found by name (`data/<name>.yaml` on the config search path)."""
 
 from __future__ import annotations
 
@@ -23,9 +19,8 @@ from specdecode.data.files import FILE_SUFFIXES, file_suffix
 
 @dataclass
 class DataConfig:
-    """A domain: its name and where its prompts (and optional responses) come from, mapped onto
-    `specdecode.data.domains.load_domain`. With `domains`, a mix: those domains interleaved, each
-    read through its own data config (`conf/data/<domain>.yaml` on the config search path)."""
+    """A domain: its name and where its prompts come from (`load_domain`'s arguments). With `domains`,
+    a mix: those domains interleaved, each read through its own data config."""
 
     name: str = "code"
     source: str = "embedded"
@@ -39,7 +34,7 @@ class DataConfig:
     heldout_fraction: float = 0.1
     # all: the embedded chat data's training prompts go on with its conversations' later user turns.
     chat_turns: str = "opening"
-    # Smoke runs: embedded data is replaced by tiny synthetic examples (other sources are read as they are).
+    # Smoke runs: embedded data is replaced by tiny synthetic examples.
     synthetic: bool = False
     # A mix's domains; null (or [name]) is this config's own domain.
     domains: list[str] | None = None
@@ -55,21 +50,12 @@ class DataConfig:
         )
         require(self.source in SOURCES, f"data.source (domain {self.name!r})", self.source, "|".join(SOURCES))
         if self.source == "file":
-            require(
-                bool(self.path),
-                f"data.path (domain {self.name!r})",
-                self.path,
-                f"source 'file' needs a path to a {', '.join(FILE_SUFFIXES)} file",
-            )
+            key, suffixes = f"data.path (domain {self.name!r})", ", ".join(FILE_SUFFIXES)
+            require(bool(self.path), key, self.path, f"source 'file' needs a path to a {suffixes} file")
             path = Path(str(self.path)).expanduser()
-            require(path.is_file(), f"data.path (domain {self.name!r})", self.path, "does not exist")
-            require(
-                file_suffix(path) in FILE_SUFFIXES,
-                f"data.path (domain {self.name!r})",
-                self.path,
-                f"a {', '.join(FILE_SUFFIXES)} file",
-            )
-            require(path.stat().st_size > 0, f"data.path (domain {self.name!r})", self.path, "is empty")
+            require(path.is_file(), key, self.path, "does not exist")
+            require(file_suffix(path) in FILE_SUFFIXES, key, self.path, f"a {suffixes} file")
+            require(path.stat().st_size > 0, key, self.path, "is empty")
         if self.source == "hf":
             require(
                 bool(self.hf_id), f"data.hf_id (domain {self.name!r})", self.hf_id, "source 'hf' needs a dataset id"
@@ -139,8 +125,7 @@ def to_dict(data: DataConfig) -> dict[str, Any]:
 
 
 def search_path(extra: Iterable[str | Path] = ()) -> list[Path]:
-    """The config folders a domain is looked up in, in order: the running Hydra app's file and
-    package sources (when there is one), then this package's conf/, then `extra`."""
+    """The config folders a domain is looked up in: the running Hydra app's, this package's conf/, `extra`."""
     folders: list[Path] = []
     try:
         from hydra.core.hydra_config import HydraConfig
@@ -161,12 +146,8 @@ def search_path(extra: Iterable[str | Path] = ()) -> list[Path]:
 
 
 def domain_data(name: str, extra: Iterable[str | Path] = ()) -> DataConfig:
-    """The data config of domain `name`: `data/<name>.yaml` on the search path.
-
-    Raises ValueError: no folder on the search path defines the domain (naming the folders searched);
-    two folders define it differently (naming both files), e.g. a user file that reuses a built-in
-    domain's name for other data; or the file's values are invalid.
-    """
+    """The data config of domain `name`: `data/<name>.yaml` on the search path. A ValueError names the
+    folders searched where none defines it, both files where two define it differently."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"domain name {name!r} must be a non-empty string")
     folders = search_path(extra)
@@ -200,7 +181,5 @@ def _load(path: Path, name: str) -> DataConfig:
         raise ValueError(f"{path}: name {values['name']!r} differs from the file's name {name!r}")
     try:
         return DataConfig(**values)
-    except TypeError as error:
-        raise ValueError(f"{path}: {error}") from None
-    except ValueError as error:
+    except (TypeError, ValueError) as error:
         raise ValueError(f"{path}: {error}") from None

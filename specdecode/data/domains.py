@@ -1,22 +1,11 @@
 """Prompt datasets of drafter domains: the three built in (code, math, chat), the mixed traffic
-(`mixed`), and any a user defines.
+(`mixed`), and any a user defines (`conf/data/<name>.yaml`).
 
-A domain is a name and its data (a `DataConfig`, `conf/data/<name>.yaml`). A drafter is trained on
-one domain's prompts (the target writes the responses, or the dataset's own responses are used)
-and evaluated on that domain's held-out prompts. Four sources give the same
-`Example` records, each first read into a `datasets.Dataset` and mapped to examples one way:
-
-- "embedded": offline defaults read from pip packages, so nothing needs a hub
-  (`specdecode.data.embedded`: HumanEval + stdlib functions, GSM8K test, ShareGPT openings; and the
-  mixed domain's seven kinds of prompts, `specdecode.data.mixed`);
-- "hf": `datasets.load_dataset(hf_id, hf_name, split=hf_split, revision=revision)` with a column mapping;
-- "file": a local .jsonl, .jsonl.gz, .json, .csv or .parquet file with a column mapping, read by
-  `datasets.load_dataset` (`specdecode.data.files`);
-- "synthetic": tiny templated examples for smoke runs.
-
-Train / held-out membership is a pure function of the prompt text (a SHA-256 hash), never of a
-seed or of the order rows arrive in, so a held-out prompt stays held out in every job that reads
-it, whichever source or subset it comes through.
+Four sources give the same `Example` records: "embedded" (offline defaults from pip packages,
+`data.embedded`, `data.mixed`), "hf" (a hub dataset), "file" (a local .jsonl, .jsonl.gz, .json,
+.csv or .parquet file) and "synthetic" (tiny templated examples for smoke runs). Train / held-out
+membership is a pure function of the prompt text (a SHA-256 hash), so a held-out prompt stays held
+out in every job, whichever source or subset it comes through.
 """
 
 from __future__ import annotations
@@ -25,7 +14,7 @@ import functools
 import hashlib
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -51,11 +40,8 @@ Split = Literal["train", "heldout", "all"]
 
 
 def heldout_score(prompt: str) -> float:
-    """Map a prompt to a number in [0, 1), uniform over prompts and stable across runs and machines.
-
-    The first 8 bytes of SHA-256 of the UTF-8 text; `surrogatepass` so a lone surrogate (which
-    scraped JSON such as ShareGPT contains) hashes instead of raising.
-    """
+    """A prompt's number in [0, 1), uniform over prompts and stable across machines (SHA-256; a lone
+    surrogate, as scraped JSON holds, hashes instead of raising)."""
     digest = hashlib.sha256(prompt.encode("utf-8", "surrogatepass")).digest()
     return int.from_bytes(digest[:8], "big") / 2.0**64
 
@@ -67,15 +53,8 @@ def is_heldout(prompt: str, heldout_fraction: float = 0.1) -> bool:
 
 
 def split_examples(examples: Iterable[Example], split: Split = "all", heldout_fraction: float = 0.1) -> list[Example]:
-    """Deduplicate by prompt (first occurrence wins) and keep the examples of one split.
-
-    Order is the input order, so a deterministic source gives a deterministic result; membership
-    depends on the prompt alone, so reordering the input only reorders the output. A later turn of a
-    conversation (`Example.conversation` set) goes where its conversation's opening prompt goes, so
-    none of a held-out conversation is trained on; a later turn alone (no earlier turns in
-    `messages`) is never held out, so that the held-out split of a chat domain stays opening prompts:
-    it is dropped where its opening is held out.
-    """
+    """Deduplicate by prompt and keep the examples of one split, in input order. A later turn goes
+    where its conversation's opening goes; one alone (no earlier turns in `messages`) is never held out."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
     _check_fraction(heldout_fraction)
@@ -110,51 +89,37 @@ def load_domain(
     response_column: str | None = None,
     chat_turns: str = "opening",
 ) -> list[Example]:
-    """Load one domain's prompts from a source, deduplicated, split, in a deterministic order.
+    """Load one domain's prompts from a source (the fields of `DataConfig`), deduplicated, split, in
+    a deterministic order, at most `limit`; examples of several kinds take turns by kind, so that
+    any first few hold every kind. `prompt_column` holds text or a chat `messages` list;
+    `chat_turns="all"` adds the embedded chat conversations' later user turns to its training split.
 
-    Args:
-        domain: the domain's name, labelling every example; with source "embedded", one of `EMBEDDED`.
-        source: "embedded" (offline defaults), "hf" (a hub dataset), "file" (a local file) or
-            "synthetic" (tiny templated examples for smoke runs).
-        split: "train", "heldout" or "all" (both, deduplicated).
-        limit: keep at most this many examples, the first ones after splitting; None keeps all.
-        heldout_fraction: share of prompts held out, in (0, 1).
-        path: the local file, for source "file" (.jsonl, .jsonl.gz, .json, .csv or .parquet).
-        hf_id: the dataset id for `datasets.load_dataset`, for source "hf".
-        hf_split: the split of the hub dataset to read (its own split, before ours).
-        hf_name: the hub dataset's configuration (subset) name, if it has several.
-        revision: the hub dataset's revision (branch, tag or commit).
-        prompt_column: column (or JSON key) holding the prompt, for "hf" and "file": text, or a chat
-            `messages` list of {role, content} turns (`specdecode.data.messages`).
-        response_column: column holding the reference response, or None for prompts only.
-        chat_turns: "opening" or "all": with "all", the embedded chat data's training split goes on,
-            after its opening prompts, with the later user turns of their conversations
-            (`specdecode.data.embedded.sharegpt_later_turns`), about three times as many prompts.
-            The held-out split is the same either way; other domains and sources have no later turns.
-
-    Returns the examples; rows with an empty or missing prompt are skipped. Examples of several kinds
-    (the mixed domain's) take turns by kind (`by_kind_in_turns`), so that any first few hold every kind.
-
-    Raises ValueError: an unknown domain, source or split, a bad limit or fraction, a missing column, or
-    a source argument that is missing or given to the wrong source; a data file that cannot be parsed
-    (naming the file, and for JSON lines the line); FileNotFoundError: `path` does not exist; OSError:
-    `datasets.load_dataset` failed for an "hf" source (no hub, unknown id, ...).
+    A ValueError names a bad argument, a missing column or an unparsable file; OSError: an "hf"
+    source that `datasets.load_dataset` could not read.
     """
     _check_arguments(domain, source, split, limit, heldout_fraction, path, hf_id)
     if chat_turns not in CHAT_TURNS:
         raise ValueError(f"unknown chat_turns {chat_turns!r}; valid: {', '.join(CHAT_TURNS)}")
-    examples = _source_examples(
-        domain, source, path, hf_id, hf_split, hf_name, revision, prompt_column, response_column
-    )
-    if chat_turns == "all" and source == "embedded" and domain == "chat":
-        examples = (*examples, *_embedded_later_turns())
+    examples: Iterable[Example]
+    if source == "embedded":
+        examples = _embedded(domain)
+        if chat_turns == "all" and domain == "chat":
+            examples = (*examples, *_embedded_later_turns())
+    elif source == "synthetic":
+        examples = _to_examples(synthetic_dataset(domain), domain, "prompt", "response", "synthetic data")
+    elif source == "hf":
+        examples = _from_hf(domain, hf_id, hf_split, hf_name, revision, prompt_column, response_column)  # type: ignore[arg-type]  # _check_arguments requires hf_id for hf
+    else:
+        where = f"domain {domain!r}, file {str(path)!r}"
+        examples = _to_examples(read_data_file(Path(path)), domain, prompt_column, response_column, where)  # type: ignore[arg-type]  # _check_arguments requires path for file
+        if not examples:
+            raise ValueError(f"{where} holds no row with a non-empty {prompt_column!r}")
     kept = by_kind_in_turns(split_examples(examples, split, heldout_fraction))
     return kept if limit is None else kept[:limit]
 
 
 def by_kind_in_turns(examples: list[Example]) -> list[Example]:
-    """`examples` round by round, each round one of each kind still left (kinds in the order they
-    first appear, each kind's examples in their own order); examples of one kind stay as they are."""
+    """`examples` round by round, each round one of each kind still left, kinds in order of appearance."""
     kinds: dict[str | None, list[Example]] = {}
     for example in examples:
         kinds.setdefault(example.kind, []).append(example)
@@ -173,7 +138,7 @@ def _check_arguments(
     path: str | Path | None,
     hf_id: str | None,
 ) -> None:
-    """`load_domain`'s checks, before any data is read (see its Raises)."""
+    """`load_domain`'s checks, before any data is read."""
     if not isinstance(domain, str) or not DOMAIN_NAME.fullmatch(domain):
         raise ValueError(
             f"domain name {domain!r} must be letters, digits, '_', '.' or '-', starting with a letter or digit"
@@ -190,8 +155,7 @@ def _check_arguments(
     _check_fraction(heldout_fraction)
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise ValueError(f"limit must be None or an int >= 0, got {limit!r}")
-    # A path or hub id passed to the wrong source is almost always a config mistake; silently
-    # training on the embedded defaults instead would be worse than stopping.
+    # A path or hub id given to the wrong source is a config mistake, not to be trained past.
     if path is not None and source != "file":
         raise ValueError(f"path={str(path)!r} is only read with source='file', got source={source!r}")
     if hf_id is not None and source != "hf":
@@ -204,35 +168,9 @@ def _check_arguments(
         )
 
 
-def _source_examples(
-    domain: str,
-    source: str,
-    path: str | Path | None,
-    hf_id: str | None,
-    hf_split: str,
-    hf_name: str | None,
-    revision: str | None,
-    prompt_column: str,
-    response_column: str | None,
-) -> Iterable[Example]:
-    """Every example of `domain` in `source`, before the split (arguments already checked)."""
-    if source == "embedded":
-        return _embedded(domain)
-    if source == "synthetic":
-        return _to_examples(synthetic_dataset(domain), domain, "prompt", "response", "synthetic data")
-    if source == "hf":
-        return _from_hf(domain, hf_id, hf_split, hf_name, revision, prompt_column, response_column)  # type: ignore[arg-type]  # DataConfig requires hf_id and hf_split for hf
-    where = f"domain {domain!r}, file {str(path)!r}"
-    examples = _to_examples(read_data_file(Path(path)), domain, prompt_column, response_column, where)  # type: ignore[arg-type]  # DataConfig requires path for file
-    if not examples:
-        raise ValueError(f"{where} holds no row with a non-empty {prompt_column!r}")
-    return examples
-
-
 def format_prompt(tokenizer: Any, prompt: str | Example) -> list[int]:
-    """`[T]` token ids of a prompt (the user's message, or an `Example`, whose own chat turns are
-    rendered) in the target's chat template, followed by the assistant's generation prompt. A
-    tokenizer without a chat template (a base model) gives the text's plain tokenisation."""
+    """`[T]` token ids of a prompt (text, or an `Example` with its chat turns) in the target's chat
+    template with the generation prompt; without a template, the text's plain tokenisation."""
     example = prompt if isinstance(prompt, Example) else Example(prompt=prompt, response=None, domain="")
     if not getattr(tokenizer, "chat_template", None):
         return list(tokenizer(example.prompt)["input_ids"])
@@ -246,6 +184,14 @@ def format_prompt(tokenizer: Any, prompt: str | Example) -> list[int]:
     return [int(token) for token in ids]
 
 
+def prompts_within(tokenizer: Any, examples: Iterable[Example], max_tokens: int) -> Iterator[tuple[Example, list[int]]]:
+    """Each example with its `format_prompt` ids, lazily, those over `max_tokens` skipped (never cut)."""
+    for example in examples:
+        ids = format_prompt(tokenizer, example)
+        if 0 < len(ids) <= max_tokens:
+            yield example, ids
+
+
 def _check_fraction(heldout_fraction: float) -> None:
     valid = (
         isinstance(heldout_fraction, (int, float))
@@ -257,8 +203,7 @@ def _check_fraction(heldout_fraction: float) -> None:
 
 
 def _text(value: Any) -> str | None:
-    """A cell as text; None, NaN (a float column's missing value) and "" (an empty csv cell) count
-    as missing."""
+    """A cell as text; None, NaN and "" count as missing."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
     text = value if isinstance(value, str) else str(value)
@@ -272,20 +217,15 @@ def _to_examples(
     response_column: str | None,
     where: str,
 ) -> list[Example]:
-    """Map a dataset's rows to Examples, in order; rows with an empty or missing prompt are skipped.
-    `where` names the source in the error naming a missing column and the available ones.
-
-    A prompt cell that is a list is a chat `messages` conversation (`parse_messages`); its trailing
-    assistant reply is the response when no response column is named. Any other cell that is not
-    text or a number is an error naming the row, never trained on as its repr.
-    """
+    """A dataset's rows as Examples, in order, skipping empty prompts; `where` names the source in errors.
+    A list cell is a chat `messages` conversation, whose trailing assistant reply is the response
+    where no response column is named; any other cell that is not text or a number is an error."""
     wanted = [prompt_column] + ([response_column] if response_column is not None else [])
     available = list(dataset.column_names)
     for column in wanted:
         if column not in available:
             raise ValueError(f"column {column!r} not found in {where}; available columns: {available}")
-    # Whole columns at once: Arrow converts a column to Python in one call, where indexing a
-    # dataset row by row costs a formatting step per row.
+    # Whole columns at once: indexing a dataset row by row costs a formatting step per row.
     columns = dataset.select_columns(list(dict.fromkeys(wanted))).to_dict()
     responses = columns[response_column] if response_column is not None else [None] * len(dataset)
     examples = []
@@ -321,8 +261,7 @@ def _from_hf(
     try:
         dataset = datasets.load_dataset(hf_id, hf_name, split=hf_split, revision=revision)
     except Exception as error:
-        # datasets' errors differ by cause (no network, unknown id, gated repo, unknown split) and
-        # some do not say which dataset was asked for; this one does, and keeps the cause chained.
+        # datasets' errors differ by cause and some do not name the dataset; this one does.
         raise OSError(
             f"could not load {where}: {type(error).__name__}: {error}. Without a hub connection, "
             "use data.source=file with a local .jsonl, .csv or .parquet copy"

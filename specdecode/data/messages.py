@@ -1,10 +1,5 @@
-"""Chat `messages` cells (a list of {role, content} turns, the format most chat data ships in) as
-prompts: the conversation up to and including its last user turn, earlier assistant turns kept.
-
-The prompt's text, which the held-out hash, deduplication and the router read, is the user turn's
-content when the prompt is that one turn, so a one-turn conversation and the same plain prompt are
-the same prompt in every source; a longer conversation is its turns as `role: content` paragraphs.
-"""
+"""Chat `messages` cells (lists of {role, content} turns) as prompts: the conversation up to its
+last user turn. A one-turn conversation's text is its content, the same prompt as the plain text."""
 
 from __future__ import annotations
 
@@ -20,12 +15,8 @@ def is_messages(cell: Any) -> bool:
 
 
 def parse_messages(cell: Any, where: str) -> tuple[tuple[tuple[str, str], ...], str | None]:
-    """`(turns, reply)` of a `messages` cell (a list of {"role": ..., "content": ...} mappings): the
-    (role, content) turns up to and including the last user turn, and the content of an assistant
-    turn right after it (None if there is none). A ValueError names `where` (the domain, file and
-    row) if the cell is not a list of role/content turns with string values and a known role, or
-    holds no user turn.
-    """
+    """`(turns, reply)` of a `messages` cell: the (role, content) turns up to the last user turn, and
+    the assistant turn right after it (or None). A ValueError names `where` for a malformed cell."""
     if not is_messages(cell) or not cell:
         raise ValueError(
             f"{where}: a messages cell must be a non-empty list of {{role, content}} turns, got {_short(cell)}"

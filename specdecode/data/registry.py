@@ -1,6 +1,5 @@
-"""Domains by name for the stages: each domain's data config resolved into a stage's config
-(`resolve_domains`), so a stage launched on a config composed elsewhere (the demo's) reads the same
-data wherever it runs; and a domain's examples (`domain_examples`)."""
+"""Domains by name for the stages: each domain's data config resolved into a stage's config, so a
+stage launched on a config composed elsewhere reads the same data; and a domain's examples."""
 
 from __future__ import annotations
 
@@ -17,9 +16,8 @@ from specdecode.data.example import Example
 def resolve_domains(
     names: Sequence[str], given: Mapping[str, Any] | None = None, *, synthetic: bool = False
 ) -> dict[str, dict[str, Any]]:
-    """Each domain's data config as plain values, for a stage's config: `given[name]` where present
-    (as resolved by the process that composed the config), else looked up on the search path.
-    `synthetic` swaps embedded data for the smoke runs' synthetic examples."""
+    """Each domain's data config as plain values: `given[name]` where present, else looked up on the
+    search path; `synthetic` swaps embedded data for synthetic examples."""
     resolved = {}
     for name in names:
         data = DataConfig(**dict(given[name])) if given and name in given else domain_data(name)
@@ -39,21 +37,9 @@ def domain_examples(
         raise ValueError(f"data {data.name!r} is a mix of {data.domains}: read its parts one by one")
     if data.synthetic:
         data = as_synthetic(data)
-    return load_domain(
-        data.name,
-        source=data.source,
-        split=split,
-        limit=limit,
-        heldout_fraction=data.heldout_fraction,
-        path=data.path,
-        hf_id=data.hf_id,
-        hf_split=data.hf_split,
-        hf_name=data.hf_name,
-        revision=data.revision,
-        prompt_column=data.prompt_column,
-        response_column=data.response_column,
-        chat_turns=data.chat_turns,
-    )
+    # a single domain's config holds `load_domain`'s arguments, besides its name and the smoke switch
+    source = {key: value for key, value in to_dict(data).items() if key not in ("name", "synthetic")}
+    return load_domain(data.name, split=split, limit=limit, **source)
 
 
 def require_heldout(data: Mapping[str, Mapping[str, Any]], count: int, what: str) -> None:

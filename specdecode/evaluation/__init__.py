@@ -1,6 +1,4 @@
-"""Evaluation (eval/benchmark.py, eval/benchmark_gpu.py, eval/acceptance.py, eval/report.py): the
-decode benchmark, the evaluation suite over domains, drafters and settings, and the reports and
-plots of its results."""
+"""Evaluation: the decode benchmark, the suite over domains, drafters and settings, and their reports."""
 
 from specdecode.evaluation.benchmark import run_benchmark
 from specdecode.evaluation.config import BenchmarkConfig, EvalConfig

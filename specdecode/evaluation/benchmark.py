@@ -1,11 +1,6 @@
-"""The decode benchmark, two ways over one set of methods, one timing loop and one report
-(`benchmark_methods`, `benchmark_report`).
-
-`run_benchmark` (eval/benchmark.py): one configured target and drafter on the eager core, at batch
-1 and B: the target alone, ours at gamma and at gamma "auto", transformers assisted; the step
-costs, the speedup Leviathan's model predicts from them and the measured alpha, and loop
-efficiency = measured / predicted. `run_core_benchmark` (eval/benchmark_gpu.py): the cores side by
-side per (target, dtype, batch size), with a slice and a feature drafter, and the data writer.
+"""The decode benchmark, two ways over one set of methods, timing loop and report: `run_benchmark`
+(one configured drafter, eager, with the step costs and the speedup Leviathan's model predicts) and
+`run_core_benchmark` (the cores side by side per target, dtype and batch size, and the data writer).
 """
 
 from __future__ import annotations
@@ -53,8 +48,7 @@ VERIFY_GAMMAS = tuple(range(1, 9))
 
 
 def run_benchmark(cfg: BenchmarkConfig) -> dict:
-    """Run the benchmark of `cfg`; write `results.json` and `report.md` under `cfg.output_dir`;
-    return the results."""
+    """Run the benchmark of `cfg`; write `results.json` and `report.md` under `cfg.output_dir`."""
     check_writable(Path(cfg.output_dir))
     torch.manual_seed(cfg.seed)
     target, tokenizer = load_target(
@@ -77,8 +71,7 @@ def run_benchmark(cfg: BenchmarkConfig) -> dict:
         "step_table": adaptive.costs.to_dict(),
         "ours_vs_transformers_assisted": ours.tokens_per_s / assisted.tokens_per_s if assisted else None,
     }
-    # the CPU kernel in use (skinny_matmul; null: the faster, measured once per machine): the row
-    # counts computed as weight @ x.T, null where F.linear does all
+    # the CPU kernel in use: the row counts computed as weight @ x.T, null where F.linear does all
     results["machine"]["skinny_rows"] = skinny_rows_of(target)
     out = Path(cfg.output_dir)
     write_atomic(out / "results.json", json.dumps(results, indent=2))
@@ -117,10 +110,8 @@ def _label(name: str) -> str:
 
 
 def _step_costs(cfg: BenchmarkConfig, target: PreTrainedModel, drafter: Drafter, ids: list[list[int]]) -> StepCosts:
-    """After a warm-up (first calls pay one-off allocation and dispatch costs that would skew short
-    runs), a target step, a verify and a drafter step in the middle of an answer, and what a verify
-    of 2..9 tokens costs there, which decides which gamma can pay (CPU kernels make it uneven in the
-    token count)."""
+    """After a warm-up, a target step, a verify and a drafter step in the middle of an answer, and what
+    a verify of 2..9 tokens costs there."""
     decode: dict[str, Any] = dict(
         max_new_tokens=8, temperature=cfg.temperature, eos_token_ids=default_eos(target), seed=cfg.seed
     )
@@ -151,12 +142,10 @@ def run_core_benchmark(
     step_costs: bool = False,
 ) -> list[Row]:
     """Per dtype, time the data writer at `writer_batch` (0: not), then every method per batch size.
-    `drafter`: a saved feature drafter of the target to time instead of an untrained one; `only`:
-    the methods whose names contain one of these (all when empty); `profile`: print where each
-    method's time goes (`profile_group`); `time_limit_s`: start no method, round or profile after
-    this many seconds (`time_group`), for a run of fixed length; `step_costs`: first print each
-    drafter's step costs on each core (`timing.core_step_costs`: c, the verify ratio) at batch 1
-    after the first prompt."""
+    `drafter`: a saved feature drafter to time instead of an untrained one; `only`: the methods
+    whose names contain one of these; `profile`: print where each method's time goes;
+    `time_limit_s`: start nothing after this many seconds; `step_costs`: first print each
+    drafter's step costs on each core."""
     check_only(only)
     for dtype in dtypes:
         resolve_dtype(dtype)  # a bad name fails before any group is timed

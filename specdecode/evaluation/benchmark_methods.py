@@ -1,12 +1,10 @@
 """The decode benchmark's methods, its one timing loop, and how a method's tokens compare.
 
-A method decodes a batch of prompts: the target alone and ours (at a gamma, or "auto") on each
-decode core (`timing.CORES`), transformers' assisted generation, the training-data writer.
-`time_group` times a group of them on the same prompts: a first call each (where a compiled method
-compiles its shapes), then rounds with the methods interleaved (A, B, C, A, B, C, ...) so that a
-shared or throttled machine slows them alike. A method's tokens are compared with its reference's
-(`reference_of`): the exact-match rate, and the agreement, the mean share of a row before its first
-difference (in bf16 a near-tie flips a long row somewhere; this says how far in).
+A method decodes a batch of prompts: the target alone and ours on each decode core, transformers'
+assisted generation, the training-data writer. `time_group` times a group on the same prompts: a
+first call each (where a compiled method compiles), then rounds with the methods interleaved so
+that a throttled machine slows them alike. A method's tokens are compared with its reference's:
+exact match, and agreement, the mean share of a row before its first difference.
 """
 
 from __future__ import annotations
@@ -33,8 +31,7 @@ from specdecode.models.drafters import derive_drafter
 from specdecode.models.feature_drafter import FeatureDrafter, derive_feature_drafter
 from specdecode.models.loading import load_drafter
 
-# The methods `eval/benchmark_gpu.py` times unless asked for more (its `--only`): each compiled
-# method first compiles for 64-86 s in bf16 on an H200, so every core of every method takes long.
+# The methods `eval/benchmark_gpu.py` times unless asked for more (`--only`): each compiled one compiles for a minute.
 DEFAULT_METHODS = (
     "target alone, eager",
     "target alone, compiled",
@@ -54,11 +51,10 @@ Method = Callable[[list[list[int]]], Run]
 
 @dataclass
 class Row:
-    """One method of one group: median tokens/s over the rounds (no rounds: the first call's), the
-    first call's seconds; speedup, exact match and agreement against `reference_of(method)` (None
-    where that was not timed); alpha, tau and `gamma_steps` (gamma "auto"'s steps per gamma) pooled
-    over the first call; for ours at batch 1 in `run_benchmark`, the speedup Leviathan's model
-    predicts and loop efficiency = measured / predicted; graphs compiled without CUDA graphs."""
+    """One method of one group: median tokens/s over the rounds (no rounds: the first call's); speedup,
+    exact match and agreement against its reference (None where not timed); alpha, tau and
+    `gamma_steps` pooled over the first call; for ours in `run_benchmark`, the speedup Leviathan's
+    model predicts and loop efficiency = measured / predicted."""
 
     target: str
     dtype: str
@@ -78,9 +74,8 @@ class Row:
 
 
 def drafters_of(target: PreTrainedModel, drafter: str | None = None) -> dict[str, Drafter]:
-    """The drafters `run_core_benchmark` times with `target`: "slice", a one-layer slice of it (ours
-    and transformers assisted share it), and "feature", the saved feature drafter at `drafter`, else
-    an untrained one-layer one. Their acceptance is not the point; the cost of the loop around them is."""
+    """The drafters `run_core_benchmark` times with `target`: "slice", a one-layer slice of it, and
+    "feature", the feature drafter saved at `drafter`, else an untrained one-layer one."""
     feature_drafter = derive_feature_drafter(target, 1) if drafter is None else load_drafter(drafter, target)
     return {"slice": derive_drafter(target, 1), "feature": feature_drafter}
 
@@ -100,11 +95,9 @@ def methods(
     **sampling: Any,
 ) -> dict[str, Method]:
     """A group's methods by name, in the order they run: on each of `cores`, the target alone, ours
-    with each of `drafters` (name → drafter: `drafters_of`) at `gamma` and with each of `auto`'s
-    (name → `adaptive_gamma`) adaptive gamma; then, at batch 1 and greedy, transformers assisted
-    generation with each causal-LM drafter. Each makes `new_tokens` per row, less only where a row
-    ends on one of `eos`; the static cores' caches have `capacity` slots (one compiled shape for
-    prompts of any length). `sampling`: `temperature`, `seed` (greedy and unseeded by default)."""
+    with each of `drafters` at `gamma` and with each of `auto`'s adaptive gammas; then, at batch 1
+    and greedy, transformers assisted generation with each causal-LM drafter. Each makes
+    `new_tokens` per row unless it ends on one of `eos`; static caches have `capacity` slots."""
     decode = sampling | dict(max_new_tokens=new_tokens, eos_token_ids=list(eos))
     found: dict[str, Method] = {}
     for core in cores:
@@ -125,8 +118,7 @@ def methods(
 
 
 def data_writers(target: PreTrainedModel, new_tokens: int) -> dict[str, Method]:
-    """The training-data writer on each core, by name: the target alone making `new_tokens` per row
-    with its last layer's features kept."""
+    """The training-data writer on each core: the target alone keeping its last layer's features."""
     budget = dict(max_new_tokens=new_tokens, eos_token_ids=[], feature_layers=(-1,))
     return {
         f"data writer, {core}": functools.partial(_run, autoregressive_generate, target, **options, **budget)
@@ -151,8 +143,7 @@ def assisted_generate(
     new_tokens: int,
     eos: Sequence[int] = (),
 ) -> Run:
-    """transformers assisted generation of one prompt, greedy, with a fixed gamma (constant schedule,
-    no early stop on confidence), timed: `new_tokens`, less only where it ends on one of `eos`."""
+    """transformers assisted generation of one prompt, greedy, at a fixed gamma, timed."""
     (prompt,) = prompts
     drafter.generation_config = copy.deepcopy(drafter.generation_config)
     drafter.generation_config.num_assistant_tokens = gamma
@@ -204,9 +195,8 @@ def agreement(rows: Sequence[list[int]], reference: Sequence[list[int]]) -> floa
 
 
 def reference_of(method: str) -> str:
-    """Whose greedy tokens a method's must equal: ours on a core, the target alone on that core (the
-    same kernels; in bf16 a compiled pass rounds otherwise than an eager one); the target alone on
-    a core, and transformers, the target alone eager; the data writer, the eager writer."""
+    """Whose greedy tokens a method's must equal: for ours, the target alone on the same core (in bf16
+    a compiled pass rounds otherwise); for the data writer, the eager writer; else the target alone, eager."""
     core = method.rpartition(", ")[2]
     if method.startswith("ours"):
         return f"target alone, {core}"
@@ -221,11 +211,9 @@ def time_group(
     deadline: float = math.inf,
     reference: Callable[[str], str] = reference_of,
 ) -> dict[str, dict[str, Any]]:
-    """Every method over every batch of prompts, a first call each, then `rounds` rounds, methods
-    interleaved within a round: name → `Row`'s measured fields, `reference(name)` the method its
-    tokens and speed are compared with. Past `deadline` (a `time.perf_counter()` time) no method
-    starts its first call and no round starts after the first: the methods timed so far are
-    reported, each from at least one round."""
+    """Every method over every batch, a first call each, then `rounds` rounds, methods interleaved:
+    name → `Row`'s measured fields against `reference(name)`. Past `deadline` (`time.perf_counter()`)
+    no first call and no round after the first starts."""
     first: dict[str, list[Run]] = {}
     skips: dict[str, int] = {}
     for name, method in found.items():
@@ -272,8 +260,7 @@ def _tokens_per_s(runs: Sequence[Run]) -> float:
 
 
 def _pooled(runs: Sequence[Run]) -> dict[str, Any]:
-    """A method's first call over a group's batches: its seconds, and alpha (accepts /
-    judged), tau (tokens per target call per row) and steps per gamma pooled over its decodes."""
+    """A method's first call over a group's batches: its seconds, and alpha, tau and steps per gamma pooled."""
     stats = [s for _, _, s in runs if s is not None]
     accepted, rejections = sum(s.accepted for s in stats), sum(s.rejections for s in stats)
     row_calls = sum(s.generated_tokens / s.tau for s in stats if s.tau)
@@ -289,6 +276,5 @@ def _pooled(runs: Sequence[Run]) -> dict[str, Any]:
 
 
 def cudagraph_skips() -> int:
-    """How many compiled graphs inductor has run without CUDA graphs so far (each is launched kernel
-    by kernel from the host instead: mutated inputs, CPU tensors, ...; zero off CUDA)."""
+    """How many compiled graphs inductor has run without CUDA graphs so far (zero off CUDA)."""
     return torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]

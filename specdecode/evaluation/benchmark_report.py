@@ -41,8 +41,7 @@ def benchmark_results(rows: Sequence[Row], device: str) -> dict[str, Any]:
 
 
 def report_markdown(results: Mapping[str, Any]) -> str:
-    """The results as markdown: what ran where, the rows' table, and where the run measured them
-    (`run_benchmark`) the step costs, the step table and ours against transformers assisted."""
+    """The results as markdown: what ran where, the rows' table, and (`run_benchmark`) the step costs."""
     machine = results["machine"]
     lines = [
         f"# Decode benchmark — {results['date']}",

@@ -1,8 +1,6 @@
-"""What the decode benchmark decodes: its prompts (`benchmark_prompts`: held-out prompts of each
-domain), and the targets `run_core_benchmark` times by name: the embedded SmolLM2-135M
-(`load_model`'s default) on those prompts, a random-weight model of Llama-3.2-1B's shape built
-from its config (for timing: no hub, no checkpoint), or a tiny random Llama (to check the
-benchmark itself runs on a CPU), the last two on random prompts."""
+"""What the decode benchmark decodes: its held-out prompts, and the targets `run_core_benchmark`
+times by name: the embedded SmolLM2-135M, or a random-weight Llama of Llama-3.2-1B's shape or a
+tiny one (no hub, no checkpoint) on random prompts."""
 
 from __future__ import annotations
 
@@ -11,7 +9,7 @@ from typing import Any
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from specdecode.data.domains import DOMAINS, format_prompt, load_domain
+from specdecode.data.domains import DOMAINS, load_domain, prompts_within
 from specdecode.models.loading import as_target, load_model, resolve_dtype
 
 TARGETS = ("smollm2-135m-instruct", "llama-3.2-1b-shape", "tiny")
@@ -20,21 +18,17 @@ TARGETS = ("smollm2-135m-instruct", "llama-3.2-1b-shape", "tiny")
 def benchmark_prompts(
     tokenizer: PreTrainedTokenizerBase, num_prompts: int, max_tokens: int
 ) -> list[tuple[str, list[int]]]:
-    """The first held-out prompts of each domain, interleaved, chat-formatted: [(domain, ids)].
-
-    Prompts longer than `max_tokens` are skipped, never truncated.
-    """
-    pools = {domain: iter(load_domain(domain, split="heldout")) for domain in DOMAINS}
+    """The first held-out prompts of each domain within `max_tokens` (skipped, never cut),
+    interleaved, chat-formatted: [(domain, ids)]."""
+    pools = {domain: prompts_within(tokenizer, load_domain(domain, split="heldout"), max_tokens) for domain in DOMAINS}
     chosen: list[tuple[str, list[int]]] = []
     while len(chosen) < num_prompts and pools:
         for domain in list(pools):
-            ids = next(
-                (ids for ex in pools[domain] if len(ids := format_prompt(tokenizer, ex.prompt)) <= max_tokens), None
-            )
-            if ids is None:
+            found = next(pools[domain], None)
+            if found is None:
                 del pools[domain]
             elif len(chosen) < num_prompts:
-                chosen.append((domain, ids))
+                chosen.append((domain, found[1]))
     if len(chosen) < num_prompts:
         raise ValueError(f"only {len(chosen)} held-out prompts fit max_prompt_tokens={max_tokens}; need {num_prompts}")
     return chosen
@@ -77,9 +71,8 @@ def tiny_shape() -> LlamaConfig:
 
 
 def build_target(name: str, dtype: str, device: str, count: int) -> tuple[PreTrainedModel, list[list[int]]]:
-    """The benchmark's target `name` (one of `TARGETS`) in `dtype` on `device`, eval mode, and
-    `count` prompts: the benchmark's held-out prompts (repeated as needed) for SmolLM2, random ids
-    of 32..96 tokens for the random-weight targets."""
+    """The benchmark's target `name` in `dtype` on `device`, eval mode, and `count` prompts: held-out
+    ones (repeated as needed) for SmolLM2, random ids of 32..96 tokens for the random targets."""
     if name not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {name!r}")
     if name == TARGETS[0]:

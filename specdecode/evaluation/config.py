@@ -7,7 +7,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specdecode.core.config import GAMMA_RANGE, TEMPERATURE_RANGE, Placement, is_gamma, is_int, is_temperature, require
+from specdecode.core.config import (
+    GAMMA_RANGE,
+    TEMPERATURE_RANGE,
+    Placement,
+    is_gamma,
+    is_temperature,
+    require,
+    require_ints,
+)
 from specdecode.core.tracking import Tracking
 from specdecode.data.domains import DOMAINS
 from specdecode.data.registry import check_domains, resolve_domains
@@ -18,8 +26,7 @@ from specdecode.models.config import DrafterConfig, TargetConfig
 
 @dataclass
 class BenchmarkConfig(Placement):
-    """eval/benchmark.py: target alone vs ours vs transformers assisted generation, batch 1 and B
-    (`run_benchmark`)."""
+    """eval/benchmark.py: target alone vs ours vs transformers assisted generation, batch 1 and B."""
 
     target: TargetConfig = field(default_factory=TargetConfig)
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
@@ -35,8 +42,7 @@ class BenchmarkConfig(Placement):
     temperature: float = 0.0
     seed: int = 0
     hf_assisted: bool = True
-    # Off by default: the benchmark compares decode loops (ours, transformers assisted generation)
-    # with one and the same drafter.
+    # Off: the benchmark compares decode loops with one and the same drafter.
     prompt_lookup: PromptLookup = field(default_factory=lambda: PromptLookup(enabled=False))
     cost_repeats: int = 10
     # Documents per domain tokenised to pick the drafter's truncated vocabulary.
@@ -46,28 +52,12 @@ class BenchmarkConfig(Placement):
     def __post_init__(self) -> None:
         self.check_placement()
         require(is_gamma(self.gamma), "gamma", self.gamma, GAMMA_RANGE)
-        require(
-            isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
-            "max_new_tokens",
-            self.max_new_tokens,
-            "an int >= 1",
-        )
-        require(self.num_prompts >= 1, "num_prompts", self.num_prompts, ">= 1")
-        require(
-            1 <= self.batch1_prompts <= self.num_prompts,
-            "batch1_prompts",
-            self.batch1_prompts,
-            f"in [1, num_prompts={self.num_prompts}]",
-        )
-        require(
-            1 <= self.batch_size <= self.num_prompts,
-            "batch_size",
-            self.batch_size,
-            f"in [1, num_prompts={self.num_prompts}]",
-        )
+        require_ints(self, "max_new_tokens num_prompts cost_repeats")
+        require_ints(self, "rounds", 0)
+        for name in ("batch1_prompts", "batch_size"):
+            value = getattr(self, name)
+            require(1 <= value <= self.num_prompts, name, value, f"in [1, num_prompts={self.num_prompts}]")
         require(is_temperature(self.temperature), "temperature", self.temperature, TEMPERATURE_RANGE)
-        require(is_int(self.rounds) and self.rounds >= 0, "rounds", self.rounds, "an int >= 0")
-        require(self.cost_repeats >= 1, "cost_repeats", self.cost_repeats, ">= 1")
 
 
 # The evaluation's methods (conf/eval.yaml says what each decodes with).
@@ -78,11 +68,8 @@ EVAL_METHODS = frozenset(
 
 @dataclass
 class EvalConfig(Placement, Tracking):
-    """eval/acceptance.py. `drafters` maps a name (`generic`, `alldata` for the all-data control, or
-    a domain for its specialised drafter) to a drafter folder; `router_dir` is a fitted router
-    folder (enables `routed`).
-    Each domain's held-out prompts come from its data config (`data`, or conf/data/<domain>.yaml
-    on the config search path). `logger=wandb` also logs the tables and plots to a wandb run."""
+    """eval/acceptance.py. `drafters` maps a name (`generic`, `alldata`, or a domain for its specialised
+    drafter) to a drafter folder; `router_dir` is a fitted router folder (for `routed`)."""
 
     target: TargetConfig = field(default_factory=TargetConfig)
     undistilled: DrafterConfig = field(default_factory=DrafterConfig)
@@ -91,20 +78,17 @@ class EvalConfig(Placement, Tracking):
     domains: list[str] = field(default_factory=lambda: list(DOMAINS))
     # Each domain's data config by name; a domain not given is looked up on the config search path.
     data: dict[str, Any] = field(default_factory=dict)
-    # Smoke runs: embedded data becomes tiny synthetic examples (a user domain's file is read as it is).
+    # Smoke runs: embedded data becomes tiny synthetic examples.
     synthetic: bool = False
     methods: list[str] = field(
         default_factory=lambda: ["autoregressive", "undistilled", "generic", "specialized", "routed", "oracle"]
     )
     prompts_per_domain: int = 10
-    # Of those, the first `batch1_prompts` are decoded at batch 1 (and in the sweep); null: all. A
-    # batch-1 row costs a target pass per few tokens per prompt, a batch-8 row one per 8 prompts.
+    # Of those, the first `batch1_prompts` are decoded at batch 1 (and in the sweep); null: all.
     batch1_prompts: int | None = None
     max_prompt_tokens: int = 256
     max_new_tokens: int = 64
-    # null: each drafter at the gamma stored with it by training (specdecode.decoding.decode.drafter_gamma;
-    # 4 for one without, e.g. `undistilled`); an int runs every drafter at that gamma; auto: each
-    # step's gamma chosen while decoding, 0 included (specdecode.decoding.adaptive).
+    # null: each drafter at the gamma stored with it (4 if none); an int: every drafter at it; auto: chosen per step.
     gamma: int | str | None = None
     # Prompt lookup beside every drafter (routed and oracle included).
     prompt_lookup: PromptLookup = field(default_factory=PromptLookup)
@@ -129,8 +113,8 @@ class EvalConfig(Placement, Tracking):
         check_domains(self.domains)
         self.data = resolve_domains(self.domains, self.data, synthetic=self.synthetic)
         self._check_methods()
-        require(self.prompts_per_domain >= 1, "prompts_per_domain", self.prompts_per_domain, ">= 1")
-        require(isinstance(self.token_pages, int) and self.token_pages >= 0, "token_pages", self.token_pages, ">= 0")
+        require_ints(self, "prompts_per_domain max_new_tokens batched_rounds")
+        require_ints(self, "token_pages", 0)
         require(
             self.batch1_prompts is None
             or isinstance(self.batch1_prompts, int)
@@ -145,7 +129,6 @@ class EvalConfig(Placement, Tracking):
             self.gamma,
             f"null (each drafter's own), {AUTO} (chosen per step) or {GAMMA_RANGE}",
         )
-        require(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, ">= 1")
         require(
             bool(self.temperatures), "temperatures", self.temperatures, f"a non-empty list, each {TEMPERATURE_RANGE}"
         )
@@ -154,12 +137,6 @@ class EvalConfig(Placement, Tracking):
         require(bool(self.batch_sizes), "batch_sizes", self.batch_sizes, "a non-empty list of ints >= 1")
         for b in self.batch_sizes:
             require(isinstance(b, int) and b >= 1, "batch_sizes", b, "ints >= 1")
-        require(
-            is_int(self.batched_rounds) and self.batched_rounds >= 1,
-            "batched_rounds",
-            self.batched_rounds,
-            "an int >= 1",
-        )
         if "oracle" in self.methods:
             require(
                 1 in self.batch_sizes,
@@ -169,8 +146,7 @@ class EvalConfig(Placement, Tracking):
             )
         for g in self.sweep_gammas:
             require(is_gamma(g), "sweep_gammas", g, GAMMA_RANGE)
-        # With stored gammas the main rows would land on the sweep's gammas as duplicates of
-        # different runs (a routed row mixes its drafters' gammas); a sweep compares one gamma.
+        # With stored gammas the main rows would land on the sweep's gammas (a routed row mixes several).
         require(
             not self.sweep_gammas or self.gamma is not None,
             "gamma",
@@ -200,8 +176,7 @@ class EvalConfig(Placement, Tracking):
             require(
                 bool(self.router_dir), "router_dir", self.router_dir, f"method {method} needs a fitted router folder"
             )
-        # a routed run may evaluate traffic of other domains (the mixed one) with drafters named for
-        # the router's: those are checked against the router when it loads
+        # a routed run may name drafters for the router's domains: checked against the router when it loads
         routed = bool({"routed", "routed_grouped"} & set(self.methods))
         for name, path in self.drafters.items():
             require(

@@ -1,7 +1,5 @@
-"""Routing against its honest control: `alldata`, one drafter trained on the data the domain
-drafters saw, for the minutes the generic and the domain drafters took together. Splitting data and
-minutes into specialists pays only where routing between them is accepted more often than that one
-drafter; where it is not, the all-data drafter is the default to ship, and the report says so.
+"""Routing against its honest control: `alldata`, one drafter trained on the domain drafters' data
+for their minutes together. Where routing is not accepted more often, `alldata` is the default.
 """
 
 from __future__ import annotations
@@ -13,15 +11,9 @@ CONTROL = "alldata"
 
 
 def control_comparison(results: dict[str, Any]) -> dict[str, Any] | None:
-    """Routed against `CONTROL` in each domain, in realised alpha (speedup beside it): greedy, at
-    the evaluation's smallest batch size (1 in the demo) and its gamma (sweep rows left out). A
-    domain the router sends to plain decoding drafts nothing (no alpha): there routed is judged by
-    speedup. `default_drafter` is `routed` where it beats the control in every domain, else
-    `CONTROL`. None where the evaluation has no greedy row of either in some domain.
-
-    Returns {temperature, batch_size, gamma, domains: {domain: {routed_alpha, alldata_alpha,
-    routed_speedup, alldata_speedup, judged_by, routed_beats}}, default_drafter}.
-    """
+    """Routed against `CONTROL` per domain in realised alpha (by speedup where routed drafts nothing),
+    greedy, at the smallest batch size and the evaluation's gamma; `default_drafter` is `routed`
+    where it beats the control in every domain. None where a domain lacks a row of either."""
     rows, config = results["rows"], results["config"]
     if not rows:
         return None
@@ -56,8 +48,7 @@ def control_comparison(results: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def control_section(comparison: dict[str, Any], drafter_path: str) -> list[str]:
-    """report.md's lines on routing against the control (`control_comparison`): the figures per
-    domain, and which is the default, in plain words; `drafter_path` is the control's folder."""
+    """report.md's lines on routing against the control, and which is the default, in plain words."""
     fmt = lambda value, digits: "–" if value is None else f"{value:.{digits}f}"  # noqa: E731
     lines = [
         f"## Routing against the all-data drafter (`{CONTROL}`)",

@@ -1,7 +1,5 @@
-"""Where a decode call's time goes: one call under `torch.profiler` (how busy the device's kernels
-kept it, kernels and CUDA graph replays per token, the longest kernels) and one under `cProfile`
-(what the host spent its time on). `run_core_benchmark` prints both per method with `--profile`
-(`profile_group`)."""
+"""Where a decode call's time goes: one call under `torch.profiler` (the device) and one under
+`cProfile` (the host), printed per method by `run_core_benchmark --profile`."""
 
 from __future__ import annotations
 
@@ -20,9 +18,8 @@ Run = Callable[[], tuple[list[list[int]], float, object]]
 
 
 def profile_call(run: Run) -> str:
-    """One call of `run` under `torch.profiler`, summed up in a line: wall time, how much of it
-    the device's kernels were running (near 100%: the device bounds the call; low: the host does),
-    kernels and CUDA graph replays per generated token, and the three kernels that took longest."""
+    """One call of `run` under `torch.profiler` in a line: wall time, how busy the device's kernels kept
+    it (low: the host bounds the call), kernels and graph replays per token, the longest kernels."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -43,8 +40,7 @@ def profile_call(run: Run) -> str:
 
 
 def host_profile(run: Run, top: int = 5) -> str:
-    """One call of `run` under `cProfile`: the host's time per generated token and the
-    functions that spent most of it themselves (where a device waits on the host, this says on what)."""
+    """One call of `run` under `cProfile`: the host's time per token and the functions that spent most of it."""
     profiler = cProfile.Profile()
     profiler.enable()
     try:
@@ -67,9 +63,7 @@ def profile_group(
     progress: Callable[[str], None],
     deadline: float = math.inf,
 ) -> None:
-    """`profile_call` and `host_profile` of each of `methods` on `batch`, printed, until `deadline`
-    (a `time.perf_counter()` time); run after the group's rows are printed, so that a profile that
-    fails or runs out of time loses no timing."""
+    """`profile_call` and `host_profile` of each of `methods` on `batch`, printed, until `deadline`."""
     for name, method in methods.items():
         if time.perf_counter() > deadline:
             progress(f"  profile of {name}: not run, past the time limit")

@@ -1,9 +1,6 @@
-"""What an evaluation counts: one method's decode of a prompt set (`RunRecord`), its raw summable
-counts, how processes' counts merge, and the results.json rows computed from them. Also the
-batching policies the methods decode with (consecutive batches, grouped by chosen drafter, or
-mixed: every prompt with its chosen drafter in one batch), and
-compiled decodes timed apart from their compiling (`settled`) in batches of the configured sizes
-(`filled`)."""
+"""What an evaluation counts: one method's decode of a prompt set (`RunRecord`), its summable counts,
+how processes' counts merge, and the results.json rows made from them; the batching policies the
+methods decode with; compiled decodes timed apart from their compiling (`settled`, `filled`)."""
 
 from __future__ import annotations
 
@@ -16,8 +13,7 @@ from specdecode.decoding.compiled import graphs_compiled
 from specdecode.decoding.stats import GenerationResult
 
 Generate = Callable[[list[list[int]]], GenerationResult]
-# A decode of one batch whose prompt i drafts with the drafter `choices[i]` names, all in one batch:
-# `route(prompts, choices=...)`.
+# `route(prompts, choices=...)`: one batch, prompt i drafting with the drafter `choices[i]` names.
 Route = Callable[..., GenerationResult]
 
 # The router's choices scored on the drafters' own batch-1 runs, as the oracle's row is (`composed`).
@@ -26,8 +22,8 @@ ROUTED_CHOICES = "routed_choices"
 
 @dataclass
 class RunRecord:
-    """One method's decode of one prompt set: its batches' results, and for each prompt (in the
-    caller's order) its position among the batches' concatenated sequences."""
+    """One method's decode of one prompt set: its batches' results, and each prompt's position among
+    the batches' concatenated sequences (None: in order)."""
 
     results: list[GenerationResult]
     order: list[int] | None = None
@@ -72,8 +68,7 @@ class RunRecord:
 
 
 def merge_counts(parts: list[dict]) -> dict:
-    """Counts of one (domain, method, setting) from several processes. They ran concurrently, so
-    wall time is the slowest process's, and tokens/s is the whole system's throughput."""
+    """Counts of one (domain, method, setting) from several concurrent processes: wall time is the slowest's."""
     merged = dict(parts[0])
     for part in parts[1:]:
         for key in ("tokens", "accepted", "rejections", "row_calls", "prompts"):
@@ -96,8 +91,7 @@ def consecutive_batches(generate: Generate, count: int, batch_size: int) -> list
 
 def grouped_batches(generators: dict[str, Generate], choices: list[str], batch_size: int) -> list[Batch]:
     """Each prompt decoded by the generator its choice names, prompts that share a choice batched
-    together (what a deployment that groups requests by drafter does); batches ordered by their
-    first prompt, so at batch 1 the prompts run in their own order."""
+    together; batches ordered by their first prompt."""
     by_choice: dict[str, list[int]] = {}
     for i, choice in enumerate(choices):
         by_choice.setdefault(choice, []).append(i)
@@ -110,8 +104,7 @@ def grouped_batches(generators: dict[str, Generate], choices: list[str], batch_s
 
 
 def mixed_batches(route: Route, choices: list[str], batch_size: int) -> list[Batch]:
-    """Consecutive batches of `batch_size`, each decoded in one batch by `route`, every prompt with
-    its own choice (one target pass per step for all of them)."""
+    """Consecutive batches of `batch_size`, each decoded in one by `route`, every prompt with its own choice."""
     return [
         (partial(route, choices=[choices[i] for i in members]), members)
         for _, members in consecutive_batches(route, len(choices), batch_size)
@@ -130,19 +123,14 @@ def run_interleaved(
 ) -> dict[str, RunRecord]:
     """Decode `prompts` with every method, the methods taking turns batch by batch.
 
-    `generators` decode every prompt in consecutive batches of `batch_size` (each method's record
-    is what `run_batched` gives it). `chosen` names methods (`routed`, the oracle at batch > 1) that
-    decode prompt i with `pool[chosen[method][i]]`'s drafter: past batch 1 in mixed batches through
-    `route` where given (`mixed_batches`), else (and for the methods in `grouped`) batched as
-    `grouped_batches` groups them; they take turns with the others. Sequences come back in prompt
-    order.
+    `generators` decode every prompt in consecutive batches of `batch_size`. `chosen` names methods
+    that decode prompt i with `pool[chosen[method][i]]`: past batch 1 in mixed batches through
+    `route` where given, else (and for `grouped`) as `grouped_batches` groups them. Sequences come
+    back in prompt order.
 
-    Why turns: a machine whose speed drifts during the evaluation (a shared VM) slows every method
-    alike, where running one method's prompts and then the next's lets the drift decide a speedup.
-    Turn k starts at the (`first` + k)-th method (mod their number), so over as many turns as
-    methods each method runs at every place in a turn once: with a fixed order, the last method in
-    every turn ran slower than the very same decodes earlier in it. Fewer turns than methods leave
-    the places uneven; repeated runs with `first` = 0, 1, 2, ... even them out (`median_rounds`).
+    Why turns: a machine whose speed drifts slows every method alike. Turn k starts at the
+    (`first` + k)-th method, so that no method always runs last in a turn (it ran slower there);
+    rounds with `first` = 0, 1, 2, ... even out the places (`median_rounds`).
     """
     plans = {name: consecutive_batches(fn, len(prompts), batch_size) for name, fn in generators.items()}
     for name, choices in (chosen or {}).items():
@@ -173,8 +161,7 @@ def run_interleaved(
 
 
 def median_rounds(rounds: Sequence[dict[str, RunRecord]]) -> dict[str, RunRecord]:
-    """Each method's record from the round in which it took the median seconds (the lower of the
-    middle two): its speed from a typical round, not a lucky or a disturbed one."""
+    """Each method's record from the round in which it took the median seconds (the lower of the middle two)."""
     middle = (len(rounds) - 1) // 2
     return {name: sorted((r[name] for r in rounds), key=lambda record: record.seconds)[middle] for name in rounds[0]}
 
@@ -185,8 +172,7 @@ def run_batched(generate: Generate, prompts: list[list[int]], batch_size: int) -
 
 
 def composed(pool: dict[str, RunRecord], choices: list[str], extra_seconds: float = 0.0) -> RunRecord:
-    """Prompt i's result from `pool[choices[i]]`'s batch-1 run (one result per prompt): a chooser's
-    row made of the runs it chose from, with `extra_seconds` for its own work (the router's)."""
+    """A chooser's row: prompt i's result from `pool[choices[i]]`'s batch-1 run, plus `extra_seconds`."""
     missing = sorted(set(choices) - set(pool))
     if missing:
         raise ValueError(f"choices name {missing}, which the pool of runs lacks")
@@ -201,15 +187,10 @@ def composed(pool: dict[str, RunRecord], choices: list[str], extra_seconds: floa
 
 
 def pick_per_prompt(records: dict[str, RunRecord], pass_costs: dict[str, float] | None = None) -> list[str]:
-    """The oracle's choice: for each prompt, the method whose batch-1 run was predicted fastest,
-    tau (tokens per target pass) over `pass_costs[method]` (what one of its passes costs in target
-    steps, verify + gamma drafter steps; 1 each without), ties to the first listed. Needs batch-1
-    records (one result per prompt).
-
-    Why not the highest tau: tau grows with gamma, so where the drafters run at different gammas
-    it picks the longest drafts, not the fastest decode (an oracle by tau was slower than the best
-    single drafter). Why not the measured seconds: each prompt's time is
-    noisy, and picking the fastest run would credit the oracle with its own timing luck."""
+    """The oracle's choice per prompt from batch-1 records: the method with the highest tau over
+    `pass_costs[method]` (one pass in target steps; 1 without), ties to the first listed. Not tau
+    alone: it grows with gamma. Not the measured seconds: they would credit the oracle with its own
+    timing luck."""
     names = list(records)
     missing = sorted(set(names) - set(pass_costs)) if pass_costs is not None else []
     if missing:
@@ -250,18 +231,11 @@ def finalize_rows(keyed_counts: dict[tuple, dict]) -> list[dict]:
 
 
 def router_share(rows: list[dict], singles: Sequence[str] | None = None) -> list[dict]:
-    """The router's share of the oracle's gain over the best single drafter, per (temperature,
-    batch size) with an oracle row and a chooser's row (routed, `routed_choices`) in every domain:
-    (chooser − best single) / (oracle − best single) on the speedups averaged over the domains, for
-    the routed row as it ran and for `routed_choices`
-    (its choices scored on the runs the oracle is scored on, so that the two differ only on the
-    prompts where their choices do). `rows` hold one gamma per method (no sweep rows).
-
-    `singles` are the drafters the oracle and the router choose between, as rows name them
-    (`generic`, `specialized:code`, ...; None: every such method with rows): a setting where one
-    of them has no row in some domain gets no share, since the best single drafter is unknown
-    there. A row without a speedup counts as missing. A share is None where the oracle is not
-    above the best single drafter (nothing to recover)."""
+    """The router's share of the oracle's gain, (chooser − best single) / (oracle − best single) on
+    the speedups averaged over the domains, per (temperature, batch size), for `routed` and
+    `routed_choices`. `rows` hold one gamma per method. `singles`: the drafters chosen between
+    (None: every `generic` / `specialized:*` method); a setting where one of them lacks a row in
+    some domain gets no share. A share is None where the oracle is not above the best single."""
     shares = []
     for temperature, batch_size in dict.fromkeys((r["temperature"], r["batch_size"]) for r in rows):
         here = [r for r in rows if (r["temperature"], r["batch_size"]) == (temperature, batch_size)]
@@ -303,12 +277,8 @@ def settled(
     compile_seconds: dict[str, float],
     on_compile: Callable[[str], None] = lambda line: None,
 ) -> Generate:
-    """`generate`, except that a call which compiled a graph (its shape's first: a batch size, cache
-    capacity or sampling setting not seen before) decodes again, and the second decode is returned:
-    its time is a decode's, and the first's excess is added to `compile_seconds[name]` (with the
-    process's one-off start-up costs, where the call was its first) and said in a line to
-    `on_compile`. Greedy and seeded decodes repeat exactly; an unseeded sampled one draws afresh,
-    from the same distribution."""
+    """`generate`, except that a call which compiled a graph decodes again and returns the second
+    decode; the first's excess time goes to `compile_seconds[name]` and a line to `on_compile`."""
 
     def run(prompts: list[list[int]]) -> GenerationResult:
         before = graphs_compiled()
@@ -328,13 +298,9 @@ def settled(
 
 
 def filled(generate: Callable[..., GenerationResult], batch_sizes: Sequence[int], budget: int) -> Generate:
-    """`generate` (a decode with `max_new_tokens` as a keyword), except that a batch of n prompts is
-    filled up to the smallest of `batch_sizes` that holds it with one-token rows of no budget, which
-    decode nothing: compiled, each batch size is a graph of its own, and a last batch or a routed
-    group of another size would compile one more. The result is the prompts' own: in greedy
-    decoding their sequences and stats exactly, less the filling rows' prefill (one row call each,
-    all they count); sampled, a draw from the same distribution (masked rows draw noise too). The
-    filling rows' compute is in the batch's time, as a CUDA-graph server's padded batches are."""
+    """`generate`, except that a batch is filled up to the smallest of `batch_sizes` that holds it
+    with one-token rows of no budget (compiled, each batch size is a graph of its own). The result
+    is the prompts' own, less the filling rows' prefill; their compute stays in the batch's time."""
 
     def run(prompts: list[list[int]]) -> GenerationResult:
         size = min((b for b in batch_sizes if b >= len(prompts)), default=len(prompts))

@@ -15,10 +15,10 @@ from specdecode.evaluation.token_pages import token_page_links
 
 
 def _pyplot() -> Any:
-    """matplotlib on its file-only backend, imported when a plot is drawn (not by importers of fmt)."""
+    """matplotlib on its file-only backend, imported only when a plot is drawn."""
     import matplotlib
 
-    matplotlib.use("Agg")  # files only: no display on servers and CI
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     return plt
@@ -38,11 +38,8 @@ SWEPT_KEYS = frozenset({"gamma", "output_dir"})
 
 
 def check_same_sweep(configs: dict[str, dict]) -> None:
-    """Require the runs' configs (by results file) to differ only in `SWEPT_KEYS`: runs of two
-    sweeps written into one folder (other prompts, temperatures, drafters) are not one table.
-
-    Raises ValueError: listing each differing key with its value in the first run and in the other.
-    """
+    """A ValueError listing each differing key where the runs' configs (by results file) differ beyond
+    `SWEPT_KEYS`: runs of two sweeps written into one folder are not one table."""
     (first, base), *others = configs.items()
     differences = [
         line
@@ -59,11 +56,8 @@ def check_same_sweep(configs: dict[str, dict]) -> None:
 
 
 def merge_results(paths: Iterable[Path]) -> dict:
-    """Rows of several results.json files (a Hydra multirun over gamma) as one result; their
-    router shares too, each tagged with its run's gamma.
-
-    Raises ValueError: no file, or runs whose configs differ beyond gamma (`check_same_sweep`).
-    """
+    """Rows and router shares (tagged with their gamma) of several results.json files of a gamma
+    multirun as one result; a ValueError for no file or another sweep's (`check_same_sweep`)."""
     merged: dict = {"rows": [], "sources": [], "router_share": []}
     runs = {str(path): json.loads(Path(path).read_text()) for path in sorted(paths)}
     if runs:
@@ -90,8 +84,7 @@ def markdown_links(text: str) -> list[str]:
 
 
 def rebase_links(text: str, source_dir: Path, dest_dir: Path) -> str:
-    """`text`, a report written in `source_dir`, with its relative link targets rewritten to
-    resolve from `dest_dir` (where it is included); URLs, anchors and absolute paths stay."""
+    """`text`, a report written in `source_dir`, with its relative link targets rewritten to resolve from `dest_dir`."""
 
     def rebase(match: re.Match[str]) -> str:
         target = match.group(1)
@@ -122,8 +115,7 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def share_table(shares: list[dict]) -> str:
-    """The router's share of the oracle's gain (`router_share`) as a markdown table (with a gamma
-    column where the shares come from several runs, `merge_results`)."""
+    """The router's share of the oracle's gain as a markdown table (a gamma column for merged runs)."""
     tagged = any("gamma" in s for s in shares)
     lines = [
         ("| gamma " if tagged else "")
@@ -183,17 +175,19 @@ def plot_speedup(rows: list[dict], path: Path) -> None:
     ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(domains))], domains)
     ax.set_ylabel("speedup over autoregressive")
     ax.legend(fontsize="small")
+    _save(plt, fig, path)
+
+
+def _save(plt: Any, fig: Any, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
 def sweep_series(rows: list[dict]) -> dict[tuple, list[dict]]:
-    """Rows of each (domain, method, temperature, batch size) that ran at two or more gammas,
-    sorted by gamma: the gamma sweep (an eval's `sweep_gammas`, or a merged multirun)."""
+    """Rows of each (domain, method, temperature, batch size) that ran at two or more gammas, by gamma."""
     series: dict[tuple, list[dict]] = {}
     for r in rows:
-        # rows of one gamma for the whole decode (not `auto`, whose gamma changes step by step)
         if r["method"] != "autoregressive" and r["alpha"] is not None and isinstance(r["gamma"], int):
             series.setdefault((r["domain"], r["method"], r["temperature"], r["batch_size"]), []).append(r)
     return {
@@ -204,8 +198,7 @@ def sweep_series(rows: list[dict]) -> dict[tuple, list[dict]]:
 
 
 def plot_gamma_sweep(rows: list[dict], path: Path) -> None:
-    """Acceptance (alpha) and tokens/s against gamma, one line per swept (domain, method, T, batch);
-    the target alone's tokens/s as a dashed line per domain for scale."""
+    """Acceptance and tokens/s against gamma, one line per swept setting; the target alone's dashed."""
     series = sweep_series(rows)
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
@@ -225,9 +218,7 @@ def plot_gamma_sweep(rows: list[dict], path: Path) -> None:
         left.legend(fontsize="xx-small")
     else:
         left.set_title("no gamma sweep in these results", fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_position_acceptance(rows: list[dict], path: Path) -> None:
@@ -248,13 +239,11 @@ def plot_position_acceptance(rows: list[dict], path: Path) -> None:
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance given the previous drafts were accepted")
     ax.legend(fontsize="xx-small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def compile_lines(compile_seconds: dict[str, float]) -> list[str]:
-    """Where the decodes were compiled: each method's seconds compiling, out of its rows' times."""
+    """Each method's seconds compiling, kept out of its rows' times."""
     if not compile_seconds:
         return []
     spent = ", ".join(f"{method} {seconds:.1f} s" for method, seconds in compile_seconds.items())

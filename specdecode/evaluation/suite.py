@@ -1,24 +1,18 @@
 """Evaluation suite: what speculative decoding buys per domain, per drafter, per setting.
 
-For each domain's held-out prompts, each temperature and batch size, each method is run for real:
-`autoregressive` (the baseline), `undistilled` (a derived drafter before training), `generic`
-(distilled on the mix), `alldata` (the control routing must beat: one drafter trained on the
-domain drafters' data, as long as they and the generic one together), `specialized:<domain>`
-(each domain drafter, on every domain), `routed` (the router picks a drafter per prompt), and
-`oracle` (per prompt, the drafter predicted fastest from its batch-1 run: tokens per pass over the
-pass's measured cost). Past batch 1 the eager decoder runs routed and oracle batches mixed (each
-prompt with its drafter, one target pass per step for the batch); `routed_grouped` runs the
-router's choices one batch per chosen drafter, to compare the two. Beside the oracle at batch 1,
-`routed_choices` scores the router's choices on the same runs the oracle picks from (plus the
-router's seconds): in the router's share of the oracle's gain (`router_share`), the two then
-differ only on the prompts where their choices do. Rows report alpha, tau, tokens/s, speedup over
-autoregressive at the same batch size, and exact match with target-only greedy (measured, never
-assumed). A domain of several kinds (the mixed one) also gets rows per kind (`mixed/<kind>`), each
-kind's prompts decoded on their own. With `logger=wandb` the tables and plots also go to a wandb run.
+For each domain's held-out prompts, temperature and batch size, each method runs for real:
+`autoregressive` (the baseline), `undistilled`, `generic`, `alldata` (the control routing must
+beat), `specialized:<domain>`, `routed` (the router picks a drafter per prompt; past batch 1 in
+mixed batches, `routed_grouped` one batch per chosen drafter) and `oracle` (per prompt, the drafter
+predicted fastest from its batch-1 run). `routed_choices` scores the router's choices on the runs
+the oracle picks from (`router_share`). Rows report alpha, tau, tokens/s, speedup over
+autoregressive and measured exact match with target-only greedy; a domain of several kinds also
+gets rows per kind (`mixed/<kind>`).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -36,7 +30,7 @@ from specdecode.core.devices import placed_accelerator
 from specdecode.core.locking import locks_output_dir
 from specdecode.core.tracking import check_tracker_installed, start_tracking
 from specdecode.data.corpus import vocab_corpus
-from specdecode.data.domains import format_prompt
+from specdecode.data.domains import prompts_within
 from specdecode.data.registry import domain_examples, require_heldout
 from specdecode.decoding.compiled import resolve_compile
 from specdecode.decoding.costs import COST_MAX_GAMMA
@@ -81,18 +75,14 @@ from specdecode.routing.router import NO_DRAFTER, Router
 def heldout_prompts(
     tokenizer: PreTrainedTokenizerBase, data: Mapping[str, Any], count: int, max_tokens: int
 ) -> list[tuple[str, list[int]]]:
-    """The first `count` held-out prompts of a domain (its data config) that fit `max_tokens`
-    (skipped, never cut), as (text, chat-formatted ids)."""
-    chosen = []
-    domain = data["name"]
-    for example in domain_examples(data, "heldout"):
-        ids = format_prompt(tokenizer, example)
-        if len(ids) <= max_tokens:
-            chosen.append((example.prompt, ids))
-        if len(chosen) == count:
-            return chosen
+    """The first `count` held-out prompts of a domain that fit `max_tokens` (skipped, never cut), as
+    (text, chat-formatted ids); a ValueError naming the settings where there are fewer."""
+    fitting = prompts_within(tokenizer, domain_examples(data, "heldout"), max_tokens)
+    chosen = [(example.prompt, ids) for example, ids in itertools.islice(fitting, count)]
+    if len(chosen) == count:
+        return chosen
     raise ValueError(
-        f"domain {domain!r} has only {len(chosen)} held-out prompts within max_prompt_tokens={max_tokens}, and "
+        f"domain {data['name']!r} has only {len(chosen)} held-out prompts within max_prompt_tokens={max_tokens}, and "
         f"prompts_per_domain={count} are needed: raise max_prompt_tokens or lower prompts_per_domain"
     )
 
@@ -100,10 +90,8 @@ def heldout_prompts(
 def kind_shares(
     data: Mapping[str, Any], prompts: list[tuple[str, list[int]]], batch1: int
 ) -> list[tuple[str, list[tuple[str, list[int]]], int]]:
-    """A domain's evaluated `prompts` whole, and where they are of several kinds (the mixed domain's,
-    `Example.kind`) each kind's too, as (domain, prompts, how many of them run at batch 1): the
-    whole as `<domain>`, a kind as `<domain>/<kind>`, its prompts those of the kind in the whole's
-    order and its batch-1 prompts those among the whole's first `batch1`."""
+    """A domain's `prompts` whole (`<domain>`) and, where they are of several kinds, each kind's
+    (`<domain>/<kind>`), as (name, prompts, how many of them are among the whole's first `batch1`)."""
     domain = data["name"]
     kinds = {example.prompt: example.kind for example in domain_examples(data, "heldout")}
     shares = [(domain, prompts, batch1)]
@@ -114,11 +102,7 @@ def kind_shares(
 
 
 def check_heldout_prompts(cfg: EvalConfig, tokenizer: PreTrainedTokenizerBase) -> None:
-    """Every domain has `prompts_per_domain` held-out prompts within `max_prompt_tokens`.
-
-    Raises:
-        ValueError: naming the domain and the two settings (`heldout_prompts`).
-    """
+    """Every domain has `prompts_per_domain` held-out prompts within `max_prompt_tokens` (`heldout_prompts`)."""
     for domain in cfg.domains:
         heldout_prompts(tokenizer, cfg.data[domain], cfg.prompts_per_domain, cfg.max_prompt_tokens)
 
@@ -126,22 +110,21 @@ def check_heldout_prompts(cfg: EvalConfig, tokenizer: PreTrainedTokenizerBase) -
 @dataclass
 class _Models:
     """What an evaluation decodes with: the target, its tokenizer and EOS ids, the drafters by
-    method name (`undistilled`, `generic`, `specialized:<domain>`), and the router if any."""
+    method name, and the router if any."""
 
     target: Any
     tokenizer: PreTrainedTokenizerBase
     eos: list[int]
     drafters: dict[str, Any]
     router: Any = None
-    # candidate → one of its passes in target steps (`measure_pass_costs`), timed when the oracle first picks.
+    # candidate → one of its passes in target steps, timed when the oracle first picks.
     pass_costs: dict[str, float] | None = None
-    # method → seconds its decodes spent compiling (`records.settled`), where the decode core compiles
+    # method → seconds its decodes spent compiling (`records.settled`)
     compile_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def candidates(self) -> list[str]:
-        """The trained drafters the router and the oracle choose between (`alldata`, the control
-        routing must beat, is not one)."""
+        """The trained drafters the router and the oracle choose between (not `alldata`)."""
         return [n for n in self.drafters if n == "generic" or n.startswith("specialized:")]
 
 
@@ -164,8 +147,7 @@ def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], ob
     if "undistilled" in cfg.methods:
         corpus = lambda: vocab_corpus(tokenizer, 2000, cfg.data)  # noqa: E731
         drafters["undistilled"] = build_drafter(cfg.undistilled, target, tokenizer, corpus)
-    # The router and the oracle choose between the trained drafters: they load for either, even
-    # where their own rows were not asked for.
+    # The router's and the oracle's candidates load even where their own rows were not asked for.
     choosers = (_ROUTED | {"oracle"}) & set(cfg.methods)
     wanted = {name: path for name, path in cfg.drafters.items() if _family(name) in cfg.methods or choosers}
     drafters |= {_method_name(name): model for name, model in load_drafters(wanted, target, tokenizer).items()}
@@ -182,15 +164,14 @@ def _method_name(drafter: str) -> str:
 
 
 def _family(name: str) -> str:
-    """The method a generator's rows belong to: `autoregressive`, `undistilled`, `generic`,
-    `alldata`, or `specialized` for `code` / `specialized:code`."""
+    """The method a generator's rows belong to (`specialized` for `code` / `specialized:code`)."""
     return name if name in ("autoregressive", "undistilled", "generic", "alldata") else "specialized"
 
 
 def _core(cfg: EvalConfig, models: _Models) -> dict[str, Any]:
-    """The decode core `compile` asks for: the static core under torch.compile, or the eager loop.
-    Compiled, every decode gets one cache capacity, as large as the longest prompt the evaluation
-    takes, its budget and the widest gamma's slack need, so that they share compiled graphs."""
+    """The decode core `compile` asks for: the eager loop, or the static core under torch.compile with
+    one cache capacity for every decode (the longest prompt, budget and widest gamma's slack), so
+    that they share compiled graphs."""
     compiled = resolve_compile(cfg.compile, models.target.device)
     if not compiled:
         return {"static": False, "compile": False}
@@ -212,10 +193,8 @@ def _widest_gamma(cfg: EvalConfig, drafter: Any) -> int:
 def _generators(
     models: _Models, gamma: int | str | None, decode: dict, lookup: PromptLookup, batch_sizes: Sequence[int]
 ) -> dict[str, Generate]:
-    """One decode function per method name at `gamma`, each drafter with `lookup` (`autoregressive`
-    ignores both; auto: each drafter's `adaptive_gamma`, its step costs measured or read once here);
-    where `decode` compiles, each decoding in batches of `batch_sizes` only (`records.filled`) and
-    settled (`records.settled`)."""
+    """One decode function per method name at `gamma` (auto: each drafter's `adaptive_gamma`), each
+    drafter with `lookup`; compiled, each `filled` to `batch_sizes` and `settled`."""
     generators: dict[str, Generate] = {"autoregressive": partial(autoregressive_generate, models.target, **decode)}
     params = SamplingParams(decode.get("temperature", 0.0))
     for name, drafter in models.drafters.items():
@@ -234,9 +213,8 @@ def _generators(
 
 
 def _route(models: _Models, gamma: int | str | None, decode: dict, lookup: PromptLookup) -> Route | None:
-    """Decode a batch in one, prompt i with the drafter its choice names (`autoregressive`: the
-    target alone), at `gamma` (None: the smallest of the chosen drafters' own); None where `decode`
-    runs a static decoder, which takes one drafter per batch."""
+    """Decode a batch in one, prompt i with the drafter its choice names (`autoregressive`: none); None
+    where `decode` runs a static decoder, which takes one drafter per batch."""
     if decode.get("static"):
         return None
 
@@ -253,8 +231,7 @@ def _route(models: _Models, gamma: int | str | None, decode: dict, lookup: Promp
 
 
 def _batch_shapes(cfg: EvalConfig, ids: list[list[int]]) -> list[int]:
-    """The batch sizes a compiled evaluation of `ids` decodes at (`records.filled`): each configured
-    one, or all of the prompts where they are fewer (no batch is filled past them)."""
+    """The batch sizes a compiled evaluation of `ids` decodes at, none past the prompts' count."""
     return sorted({min(size, len(ids)) for size in cfg.batch_sizes})
 
 
@@ -268,10 +245,9 @@ def _run_turns(
     route: Route | None,
     rounds: int = 1,
 ) -> dict[str, RunRecord]:
-    """`methods` on every prompt and the `chosen` methods (routed, oracle) on theirs, all taking
-    turns batch by batch (`run_interleaved`: mixed batches through `route`, `routed_grouped` by
-    chosen drafter), `rounds` times, each round starting one method further on; each method's record
-    is its median round's (`median_rounds`). The routed records pay the router's seconds."""
+    """`methods` on every prompt and the `chosen` methods on theirs, taking turns batch by batch
+    (`run_interleaved`) `rounds` times, each method's record its median round's; the routed
+    records pay the router's seconds."""
     records = median_rounds(
         [
             run_interleaved(
@@ -288,7 +264,6 @@ def _run_turns(
         ]
     )
     for name in _ROUTED & set(records):
-        # Routing is part of the routed methods' cost.
         records[name].extra_seconds = (routing_s or 0.0) * len(ids)
     return records
 
@@ -297,8 +272,8 @@ def _eval_domain(
     cfg: EvalConfig, models: _Models, domain: str, texts: list[str], ids: list[list[int]], batch1: int, progress: Any
 ) -> tuple[dict[tuple, dict], float | None]:
     """Counts of every method and setting on one domain's prompts (this process's share), keyed as
-    `finalize_rows` expects; and the router's seconds per prompt (None without a router). The
-    first `batch1` prompts run at batch 1 and in the sweep, all of them at larger batch sizes."""
+    `finalize_rows` expects, and the router's seconds per prompt (None without a router). The first
+    `batch1` prompts run at batch 1 and in the sweep, all of them at larger batch sizes."""
     local: dict[tuple, dict] = {}
     route_choices: list[str] | None = None
     routing_s: float | None = None
@@ -322,10 +297,7 @@ def _eval_domain(
                 progress.update(1)
                 continue
             routes = None if route_choices is None else route_choices[: len(rows)]
-            # A drafter loaded only for the router or the oracle runs no rows of its own. The methods
-            # take turns batch by batch, so a drifting machine biases none of the speedups.
-            # The router's and (past batch 1) the oracle's rows take their turns too; the oracle's
-            # only where its batch-1 choices cover these prompts.
+            # The oracle's rows past batch 1 only where its batch-1 choices cover these prompts.
             routed = [m for m in ("routed", "routed_grouped") if m in cfg.methods and (m == "routed" or batch_size > 1)]
             chosen = {m: routes for m in routed} if routes is not None else {}
             if oracle_choices is not None and len(oracle_choices) == len(rows):
@@ -334,13 +306,12 @@ def _eval_domain(
             rounds = cfg.batched_rounds if batch_size > 1 else 1
             records = _run_turns(generators, methods, rows, batch_size, chosen, routing_s, route, rounds)
             if "oracle" in cfg.methods and models.candidates and oracle_choices is None:
-                # Batch 1, the smallest (EvalConfig requires it): the oracle picks from every
-                # candidate's batch-1 run, whether their rows were asked for or not.
+                # Batch 1 (EvalConfig requires it): the oracle picks from every candidate's batch-1 run.
                 pool = {
                     n: records[n] if n in records else run_batched(generators[n], rows, 1) for n in models.candidates
                 }
                 if models.pass_costs is None and rows:
-                    # Once, after this domain's longest prompt: a machine property, not a prompt's.
+                    # Once, after the longest prompt: a machine property.
                     models.pass_costs = measure_pass_costs(
                         models.target,
                         {n: models.drafters[n] for n in models.candidates},
@@ -350,9 +321,7 @@ def _eval_domain(
                 oracle_choices = pick_per_prompt(pool, models.pass_costs)
                 records["oracle"] = composed(pool, oracle_choices)
                 if routes is not None:
-                    # The router's choices on the runs the oracle picks from: beside the oracle's
-                    # row, they differ only where their choices do (`router_share`). Every batch-1
-                    # run counts: a router may route to `undistilled`, no candidate of the oracle's.
+                    # Every batch-1 run counts: a router may route to `undistilled`, no oracle candidate.
                     runs = pool | {n: r for n, r in records.items() if n in generators}
                     records[ROUTED_CHOICES] = composed(runs, routes, (routing_s or 0.0) * len(rows))
             reference = records["autoregressive"].sequences if temperature == 0.0 else None
@@ -384,8 +353,8 @@ def _sweep(
     routing_s: float | None,
     progress: Any,
 ) -> dict[tuple, dict]:
-    """The gamma sweep: `sweep_methods` at each of `sweep_gammas` (the main gamma's rows exist
-    already); greedy rows are checked against target-only greedy (`reference`) like the others."""
+    """The gamma sweep: `sweep_methods` at each of `sweep_gammas` but the main one; greedy rows
+    checked against `reference`."""
     if not ids:  # a kind of a mixed domain with none of the domain's batch-1 prompts
         progress.update(1)
         return {}
@@ -410,19 +379,15 @@ def _sweep(
 
 @locks_output_dir
 def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = None) -> dict:
-    """Evaluate every method on every domain and setting; write results.json and report.md.
-
-    Under `accelerate launch`, each process decodes its share of each domain's prompts and the
-    main process gathers the counts and writes the files (alpha, tau and exact match do not depend
-    on the number of processes; tokens/s is then the whole system's throughput).
-    """
+    """Evaluate every method on every domain and setting; write results.json and report.md. Under
+    `accelerate launch` each process decodes its share of the prompts (tokens/s is then the whole
+    system's throughput) and the main process writes the files."""
     check_tracker_installed(cfg)
     require_heldout(cfg.data, cfg.prompts_per_domain, "prompts_per_domain")  # before any model loads
     check_heldout_prompts(cfg, load_tokenizer(cfg.target))
     accelerator, device = placed_accelerator(cfg.device, log_with=cfg.log_with)
     start_tracking(accelerator, cfg, asdict(cfg), Path(cfg.output_dir))
     models = _load_models(cfg, device, router_loader)
-    # a domain of several kinds (the mixed one) is evaluated whole and kind by kind (`kind_shares`)
     shares = []
     for domain in cfg.domains:
         prompts = heldout_prompts(models.tokenizer, cfg.data[domain], cfg.prompts_per_domain, cfg.max_prompt_tokens)
@@ -457,11 +422,8 @@ def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = No
 
 
 def _warm_up(cfg: EvalConfig, models: _Models, prompt: list[int]) -> None:
-    """Every method decodes `prompt` once at batch 1, untimed, before the first timed run: a
-    process's first decodes pay one-off costs (CUDA's context and kernel loads, the CPU's first
-    passes at each width) that would otherwise land on the first domain's first turns. Room for two
-    verifies of the longest gamma (the sweep's too), with no EOS to cut it short, as `timed_decodes`
-    warms up."""
+    """Every method decodes `prompt` once at batch 1, untimed: a process's first decodes pay one-off
+    costs that would otherwise land on the first domain's first turns."""
     gammas = [_widest_gamma(cfg, d) for d in models.drafters.values()] + list(cfg.sweep_gammas)
     temperature = cfg.temperatures[0] if cfg.temperatures else 0.0
     decode = dict(
@@ -489,13 +451,10 @@ def _publish(
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "processes": accelerator.num_processes,
             "routing_seconds_per_prompt": routing_seconds,
-            # the main process's CPU kernels (models.cpu_matmul): they set every pass these timings hold
             "cpu_kernels": {"target": kernel_picks(models.target)}
             | {name: kernel_picks(d) for name, d in models.drafters.items()},
             "rows": [row | {"max_new_tokens": cfg.max_new_tokens} for row in finalize_rows(merged)],
-            # method → the main process's seconds compiling, kept out of its rows' times (`records.settled`)
             "compile_seconds": models.compile_seconds,
-            # the drafters the router and the oracle choose between (`_Models.candidates`), as rows name them
             "router_share": router_share(
                 finalize_rows(main), [_method_name(n) for n in cfg.drafters if n != "alldata"]
             ),

@@ -1,7 +1,5 @@
-"""The evaluation's token pages: `tokens-<domain>.html` beside report.md, a few held-out prompts
-per domain decoded greedily at batch 1 by the routed method (the generic drafter without a router)
-with the per-token record on, each token coloured by how it came (`specdecode.watch.render`). These decodes run
-after the domain's timed ones and are not part of any row."""
+"""The evaluation's token pages: `tokens-<domain>.html`, a few held-out prompts decoded greedily at batch
+1 by the routed method (else generic), each token coloured by how it came; untimed, in no row."""
 
 from __future__ import annotations
 
@@ -9,14 +7,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from specdecode.decoding.decode import autoregressive_generate, speculative_generate
 from specdecode.evaluation.config import EvalConfig
+from specdecode.routing.generate import generate_with
 from specdecode.watch.render import Answer, pieces, write_token_page
 
 
 def page_methods(cfg: EvalConfig, models: Any, texts: list[str], router_key: Callable[[str], str]) -> list[str]:
-    """The method each prompt's page shows: the router's choice (as `router_key` names it) when
-    the evaluation runs `routed`, else `generic`; none without either."""
+    """The method each prompt's page shows: the router's choice with `routed`, else `generic`, else none."""
     if "routed" in cfg.methods and models.router is not None:
         return [router_key(choice) for choice in models.router.choose(texts)]
     return ["generic"] * len(texts) if "generic" in models.drafters else []
@@ -25,9 +22,8 @@ def page_methods(cfg: EvalConfig, models: Any, texts: list[str], router_key: Cal
 def write_token_pages(
     cfg: EvalConfig, models: Any, domain: str, texts: list[str], ids: list[list[int]], router_key: Callable[[str], str]
 ) -> Path | None:
-    """Decode `ids` (their `texts`) with the record on and write `tokens-<domain>.html` into
-    `cfg.output_dir`; None where there is no routed or generic method to show. `models` is the
-    suite's: target, tokenizer, eos, drafters by method name, router."""
+    """Decode `ids` with the record on and write `tokens-<domain>.html` into `cfg.output_dir`; None where
+    there is no method to show. `models` is the suite's."""
     methods = page_methods(cfg, models, texts, router_key)
     if not methods:
         return None
@@ -36,13 +32,10 @@ def write_token_pages(
         decode: dict[str, Any] = dict(
             max_new_tokens=cfg.max_new_tokens, eos_token_ids=models.eos, seed=cfg.seed, record=True
         )
-        if method == "autoregressive":
-            result = autoregressive_generate(models.target, [prompt], **decode)
-        else:
-            drafter = models.drafters[method]
-            result = speculative_generate(
-                models.target, drafter, [prompt], gamma=cfg.gamma, prompt_lookup=cfg.prompt_lookup, **decode
-            )
+        drafter = None if method == "autoregressive" else models.drafters[method]
+        result = generate_with(
+            models.target, drafter, [prompt], gamma=cfg.gamma, prompt_lookup=cfg.prompt_lookup, **decode
+        )
         assert result.record is not None  # record=True
         row = result.record[0]
         answers.append(Answer(text, method, pieces(models.tokenizer, row), row.tau, result.stats.tokens_per_s))

@@ -1,6 +1,4 @@
-"""The evaluation's results on the tracker (`logger=wandb`, `specdecode.core.tracking`): the rows of
-results.json and the router's share as tables, report.md's plots as images, the token pages as
-HTML, in one log call of the run the evaluation started."""
+"""The evaluation's results on the tracker (`logger=wandb`): tables, plots and token pages, in one log call."""
 
 from __future__ import annotations
 
@@ -51,8 +49,7 @@ def tracker_values(wandb: Any, results: dict, out_dir: Path) -> dict[str, Any]:
 
 
 def log_results(accelerator: Any, results: dict, out_dir: Path) -> None:
-    """Log `tracker_values` to the wandb run of `accelerator` (main process; started by
-    `specdecode.core.tracking.start_tracking`)."""
+    """Log `tracker_values` to the wandb run of `accelerator` (main process)."""
     import wandb
 
     accelerator.get_tracker("wandb", unwrap=True).log(tracker_values(wandb, results, out_dir))

@@ -9,10 +9,7 @@
     specdecode report multirun_dir=<folder>       # eval/report.py
     specdecode export drafter=<folder> format=vllm-eagle output=<folder> [target=<name>] [push_to_hub=<owner/name>]
 
-This is the one front door: the scripts in train/, router/ and eval/ call `run_hydra_app` (or
-`report` / `export`) too, so they take the same overrides, compose from the same configs
-(`specdecode.core.paths.CONF_DIR`: the checkout's conf/, or the copy the wheel ships) and share
-one multirun rule.
+The scripts in train/, router/ and eval/ call `run_hydra_app` too: one front door, one multirun rule.
 """
 
 from __future__ import annotations
@@ -38,8 +35,7 @@ def _demo(cfg: Any) -> None:
     print((run_demo(cfg) / "report.md").read_text())
 
 
-# app → (its config in conf/, the `module:function` that runs the composed config, imported only when
-# its app runs, and the script it stands for)
+# app → (its config in conf/, the `module:function` that runs it, the script it stands for)
 HYDRA_APPS: dict[str, tuple[str, str, str]] = {
     "train": ("distill", "specdecode.training.job:run_distill", "train/distill.py"),
     "finetune": ("finetune", "specdecode.training.job:run_finetune", "train/finetune.py"),
@@ -55,9 +51,8 @@ USAGE = f"usage: specdecode {{{','.join(APPS)}}} [overrides]  (`specdecode --hel
 
 
 def run_hydra_app(app: str, args: Sequence[str] | None = None) -> None:
-    """Run `app` under Hydra with `args` as its command line (Hydra overrides, --config-name...;
-    default: this process's). Under a multirun (`-m`) each job writes into its own folder, the
-    sweep's subdir, in place of the config's `output_dir`."""
+    """Run `app` under Hydra with `args` as its command line (default: this process's); under a
+    multirun each job writes into its sweep subdir in place of the config's `output_dir`."""
     args = sys.argv[1:] if args is None else args
     import hydra
     from hydra.core.hydra_config import HydraConfig
@@ -121,9 +116,8 @@ EXPORT_USAGE = (
 
 
 def export(args: Sequence[str]) -> Path:
-    """Write a trained drafter in an engine's format (`specdecode.models.eagle_export`); optionally
-    push the folder to the hub. The target (needed to check the drafter against it) defaults to
-    the one the training job beside the drafter named (`<drafter>/../config.yaml`)."""
+    """Write a trained drafter in an engine's format, optionally pushed to the hub; the target defaults
+    to the one the training job beside the drafter named."""
     from specdecode.models.eagle_export import FORMATS
 
     pairs = parse_pairs(

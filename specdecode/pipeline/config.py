@@ -1,6 +1,4 @@
-"""The demo's structured config (conf/demo.yaml): the one placement, the domains, each domain's
-loss, the Hydra overrides each stage composes its own config with, and how the training and
-evaluation stages are launched."""
+"""The demo's structured config (conf/demo.yaml)."""
 
 from __future__ import annotations
 
@@ -21,14 +19,9 @@ SPECIALISTS_FROM = ("scratch", "generic")
 
 
 def accelerate_config_file(name: str, device: str = "cpu") -> Path:
-    """The accelerate config the launched stages run with: `auto` picks conf/accelerate/cpu.yaml
-    for `device=cpu` and single_gpu.yaml otherwise; `cpu` → conf/accelerate/cpu.yaml; a path ending
-    in .yaml is taken as it is.
-
-    Raises ValueError: naming the value and the configs conf/accelerate/ holds, if there is no such
-    file; or if the file runs on the CPU (`use_cpu: true`) while `device` is not the CPU (accelerate
-    would move the models back to the CPU).
-    """
+    """The accelerate config the launched stages run with: conf/accelerate/<name>.yaml (auto: cpu or
+    single_gpu after `device`) or a .yaml path. A ValueError names a missing file, or a CPU config
+    for another device."""
     if name == "auto":
         name = "cpu" if device == "cpu" else "single_gpu"
     path = Path(name) if name.endswith((".yaml", ".yml")) else CONF_DIR / "accelerate" / f"{name}.yaml"
@@ -47,35 +40,25 @@ def accelerate_config_file(name: str, device: str = "cpu") -> Path:
 
 @dataclass
 class DemoConfig(Placement):
-    """conf/demo.yaml. `device` / `dtype` reach every stage (`python eval/demo.py device=cuda
-    dtype=bfloat16` is the GPU demo); `losses` picks each domain's distillation loss (and `mix`'s,
-    the generic one). `domains` are any domains defined by conf/data/<name>.yaml on the config search
-    path (`hydra.searchpath=[file:///your/conf]` adds yours); a domain that `losses` or
-    `distill_per_domain` does not name trains with DEFAULT_LOSS and the shared `distill` overrides."""
+    """conf/demo.yaml. `device` / `dtype` reach every stage; `losses` picks each domain's (and `mix`'s)
+    distillation loss, DEFAULT_LOSS where not named; each list holds one stage's Hydra overrides."""
 
     output_dir: str = "outputs/demo"
     domains: list[str] = field(default_factory=lambda: list(DOMAINS))
     losses: dict[str, str] = field(default_factory=dict)
     benchmark: list[str] = field(default_factory=list)
     distill: list[str] = field(default_factory=list)
-    # More overrides for one domain drafter's job, after `distill` (the generic drafter's job takes
-    # none): e.g. {chat: [train.train_sequences=3840]} for the data-bound domain.
+    # More overrides for one domain drafter's job, after `distill`.
     distill_per_domain: dict[str, list[str]] = field(default_factory=lambda: {d: [] for d in DOMAINS})
     collect: list[str] = field(default_factory=list)
     fit: list[str] = field(default_factory=list)
     eval: list[str] = field(default_factory=list)
-    # A second evaluation of the same drafters and router: overrides after `eval`'s (e.g. shorter
-    # answers, to set beside the first); empty: none.
+    # A second evaluation of the same drafters and router: overrides after `eval`'s; empty: none.
     short_eval: list[str] = field(default_factory=list)
     run_benchmark: bool = True
-    # Where each domain drafter starts: scratch (a fresh drafter of the distill config's kind) or
-    # generic (the generic drafter, which then trains first, on every domain's data): a domain
-    # drafter fine-tuned from it saw all the domains' data, and its best checkpoint is selected on its
-    # domain with the generic drafter itself as step 0.
+    # Where each domain drafter starts: scratch, or generic (fine-tuned from the generic drafter, trained first).
     specialists_from: str = "generic"
-    # The training and evaluation stages run as `accelerate launch <app>` with
-    # conf/accelerate/<accelerate_config>.yaml (auto: cpu or single_gpu after `device`; multi_gpu:
-    # DDP over the GPUs) or a .yaml path; in_process calls the library in this process.
+    # accelerate: training and evaluation run as `accelerate launch <app>`; in_process: in this process.
     launcher: str = "accelerate"
     accelerate_config: str = "auto"
     # The conf/ file each stage composes (smoke runs swap in their own collect and fit configs).

@@ -1,10 +1,7 @@
-"""The main job on the embedded default: benchmark → distill the generic drafter on the mix and each
-domain's drafter (from scratch, or fine-tuned from the generic one), and the all-data control → router
-labels → router fit → evaluation, each stage cached by its resolved config and the code (`make demo`).
-The report then says whether routing beat the control (`specdecode.evaluation.control`).
-
-Every stage's config is composed from the checked-in YAML under conf/ with the demo's overrides,
-so the demo runs exactly what the individual commands run, and its cache key is that config.
+"""The main job (`make demo`): benchmark → distill the generic drafter, each domain's drafter and the
+all-data control → router labels → router fit → evaluation, each stage cached by its resolved
+config and the code. Every stage's config is composed from conf/ with the demo's overrides, so the
+demo runs exactly what the individual commands run.
 """
 
 from __future__ import annotations
@@ -47,8 +44,7 @@ def _launched(app: str, accelerate: str, device: str) -> Callable[[dict, Path], 
 
 
 def _in_process(stage: str) -> Callable[[dict, Path], None]:
-    """A stage that runs its app's function (`_SCHEMAS`, imported when it runs) in this process on its
-    typed config, writing into `out`."""
+    """A stage that runs its app's function (`_SCHEMAS`) in this process on its typed config, writing into `out`."""
     schema, output_key, file_name, function = _SCHEMAS[stage]
 
     def run(config: dict, out: Path) -> None:
@@ -59,19 +55,15 @@ def _in_process(stage: str) -> Callable[[dict, Path], None]:
 
 
 def _mix_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The generic drafter's job config: its domains' data configs resolved into it and its
-    sequence limits set to read exactly the domain jobs' caches."""
-    # A mix's sequences are its domains' cached ones (specdecode.training.sequences.domain_parts):
-    # trained first, the generic drafter writes them and the domain jobs read them. Its limit is
-    # the domain jobs' own, summed over domains as they cap it (`mix_limit`), so a domain with
-    # fewer examples than the limit does not shift every domain's share and miss their caches.
+    """The generic drafter's job config: its domains' data configs resolved into it and its sequence
+    limits the domain jobs' own, summed as they cap them (`mix_limit`), so that it reads and writes
+    exactly the domain jobs' cached sequences."""
     per_domain, limit = config["train"]["train_sequences_per_domain"], config["train"]["train_sequences"]
     if any(n is not None for n in per_domain.values()) and limit is not None:
         # a mix's train_sequences caps its total: each domain's share is named instead
         config["train"]["train_sequences_per_domain"] = {
             d: limit if per_domain.get(d) is None else per_domain[d] for d in config["data"]["domains"]
         }
-    # its domains' data configs, resolved here (the demo's config search path) into its config
     data = from_dict(DataConfig, config["data"])
     config["data"] = to_dict(data)
     train = from_dict(TrainConfig, config["train"])
@@ -82,10 +74,9 @@ def _mix_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _alldata_config(mix: dict[str, Any], jobs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The all-data control's job config: the generic drafter's (`mix`, as composed, before its
-    limits are set) reading each domain job's training sequences (their caches), for the summed
-    budget (`max_steps`, `max_minutes`) of `jobs` (the generic one under `mix`, and the domain
-    jobs by domain): the data and minutes of the drafters routing chooses between, in one drafter."""
+    """The all-data control's job config: the generic drafter's (`mix`, before its limits are set)
+    reading each domain job's training sequences, for the summed budget of `jobs`: the data and
+    minutes of the drafters routing chooses between, in one drafter."""
     train = mix["train"]
     train["train_sequences_per_domain"] = {
         name: domain_limit(from_dict(TrainConfig, job["train"]), name, "train", job["train"]["train_sequences"])
@@ -106,9 +97,7 @@ def _drafter_stages(
     control: bool,
 ) -> list[Stage]:
     """The distillation stages in training order: the generic drafter's (`distill-mix`) and each
-    domain's (first, or fine-tuned from the generic one after it), then, with `control`, the
-    all-data control's (`distill-alldata`), after the domain jobs whose cached sequences it reads.
-    `composed(app, overrides)` is an app's config as the demo composes it."""
+    domain's (fine-tuned from the generic one, or first), then with `control` the all-data control's."""
     stages: list[Stage] = []
     mix: dict[str, Any] = {}
     from_generic = cfg.specialists_from == "generic"
@@ -127,7 +116,6 @@ def _drafter_stages(
         )
         after: list[str] = []
         if name != "mix" and from_generic:
-            # Fine-tuned from the generic drafter (any kind: a pretrained folder keeps its own).
             config["drafter"] = asdict(DrafterConfig(kind="pretrained", path=generic_dir, draft_vocab=None))
             after = ["distill-mix"]
         if name == "mix":
@@ -141,15 +129,9 @@ def _drafter_stages(
 
 
 def demo_stages(cfg: DemoConfig) -> list[Stage]:
-    """The stages in dependency order. Paths between stages point at final stage folders.
-
-    The wiring between stages (the device and dtype, paths under output_dir, the domains, gamma)
-    is set on the composed configs, never spliced into override strings: a path may hold quotes,
-    commas or `${`.
-    """
+    """The stages in dependency order. The wiring between them is set on the composed configs, never
+    spliced into override strings (a path may hold quotes, commas or `${`)."""
     root = Path(cfg.output_dir)
-    # Training and evaluation go through `accelerate launch` (the launcher users type; several
-    # processes where the accelerate config asks for them); the other stages are single-process.
     launched = cfg.launcher == "accelerate"
     distill = _launched("distill", cfg.accelerate_config, cfg.device) if launched else _in_process("distill")
     evaluate = _launched("eval", cfg.accelerate_config, cfg.device) if launched else _in_process("eval")
@@ -158,12 +140,10 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     def composed(stage: str, overrides: list[str]) -> dict[str, Any]:
         return compose_config(cfg.configs[stage], overrides) | placement
 
-    # Each domain's data config, from this app's config search path (the user's conf/data/ too):
-    # an unknown or clashing domain fails here, before any stage runs.
+    # Each domain's data config from this app's search path: an unknown domain fails before any stage.
     data = resolve_domains(cfg.domains)
     evaluation = composed("eval", list(cfg.eval))
-    # gamma is declared once, by the evaluation: the benchmark and the router's speedup labels
-    # describe the setting the evaluation runs (null or auto there: they keep their own).
+    # gamma is declared once, by the evaluation (null or auto there: the others keep their own).
     gamma = {"gamma": evaluation["gamma"]} if isinstance(evaluation["gamma"], int) else {}
     stages: list[Stage] = []
     if cfg.run_benchmark:
@@ -172,8 +152,7 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     control = any("alldata" in e["methods"] for e in (evaluation, short) if e is not None)
     trained = _drafter_stages(cfg, composed, distill, control)
     stages += trained
-    # the router and the evaluation list the drafters in one order, whichever trained first; the
-    # evaluation also has the control, which the router does not choose
+    # the router and the evaluation list the drafters in one order; the evaluation also has the control
     drafter_dirs = {
         d: str(root / f"distill-{'mix' if d == 'generic' else d}" / "drafter") for d in (*cfg.domains, "generic")
     }
@@ -202,8 +181,7 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     return stages
 
 
-# Each stage's typed config, the key and file name (under the stage's folder, "" for the folder
-# itself) its output goes in, and the `module:function` that runs it in this process.
+# Each stage's typed config, the key and file name its output goes in, and the function that runs it.
 _SCHEMAS: dict[str, tuple[type, str, str, str]] = {
     "benchmark": (BenchmarkConfig, "output_dir", "", "specdecode.evaluation.benchmark:run_benchmark"),
     "distill": (TrainJobConfig, "output_dir", "", "specdecode.training.job:run_distill"),
@@ -214,12 +192,9 @@ _SCHEMAS: dict[str, tuple[type, str, str, str]] = {
 
 
 def check_stage_configs(stages: list[Stage], root: Path) -> None:
-    """Build every stage's typed config before any stage runs, so a bad override fails in seconds
-    (ValueError naming the stage and the value), not after the stages before it: a demo run once
-    reached its evaluation after 55 minutes and failed on the evaluation's overrides there.
-    Folders under `root` that earlier stages write (drafters, the router) stand in as `root`'s
-    parent, which exists: their existence is the one check that has to wait for those stages
-    (files keep their names, whose suffixes are checked)."""
+    """Build every stage's typed config before any stage runs, so that a bad override fails in seconds
+    (a ValueError naming the stage), not after the stages before it. Folders that earlier stages
+    write stand in as `root`'s parent, which exists."""
 
     def stand_in(value: Any) -> Any:
         if isinstance(value, dict):
@@ -243,14 +218,9 @@ def check_stage_configs(stages: list[Stage], root: Path) -> None:
 
 
 def check_stage_inputs(configs: dict[str, Any]) -> None:
-    """What a later stage would fail on with the data at hand, checked before the first stage
-    (with the target's tokenizer, not its weights): each domain's training examples have the
-    responses its job's settings train on; every domain has a prompt within the router labels'
-    `max_prompt_tokens`, and `prompts_per_domain` held-out prompts within the evaluation's.
-
-    Raises ValueError: naming the stage, the domain and the setting to change, and the demo key
-    (`distill_per_domain`, `collect`, `eval`, `short_eval`) that sets it.
-    """
+    """What a later stage would fail on with the data at hand (enough examples and prompts within
+    each stage's limits), checked with the target's tokenizer before the first stage; a ValueError
+    names the stage, the setting and the demo key that sets it."""
     from specdecode.evaluation.suite import check_heldout_prompts
     from specdecode.models.loading import load_tokenizer
     from specdecode.routing.collect import check_domain_prompts
@@ -282,10 +252,7 @@ def check_stage_inputs(configs: dict[str, Any]) -> None:
 
 @locks_output_dir
 def run_demo(cfg: DemoConfig) -> Path:
-    """Run (or resume) the demo; publish results.json and report.md at the top of `output_dir`.
-
-    Raises ValueError: a stage's composed config is invalid (checked before any stage runs).
-    """
+    """Run (or resume) the demo; publish results.json and report.md at the top of `output_dir`."""
     resolve_device(cfg.device)  # a device this machine lacks fails here, before any stage runs
     root = Path(cfg.output_dir)
     stages = demo_stages(cfg)
@@ -296,7 +263,6 @@ def run_demo(cfg: DemoConfig) -> Path:
         shutil.copy2(png, root / png.name)
     results = json.loads((evaluation / "results.json").read_text())
     results["stages"] = {name: str(path) for name, path in outputs.items()}
-    # Routing against the all-data control: the default drafter is whichever is accepted more often.
     comparison = control_comparison(results)
     if comparison is not None:
         results["control"] = comparison

@@ -1,14 +1,6 @@
-"""Run one of the apps (train/distill.py, eval/acceptance.py, ...) under `accelerate launch` on a
-config the demo composed: the demo's training and evaluation stages go through the launcher a user
-would type, so `accelerate=multi_gpu` trains with DDP over the machine's GPUs and splits the
-evaluation's prompts across them, with no code path of the demo's own.
-
-The resolved config is written as a one-file config directory whose defaults list names the app's
-schema (`specdecode.pipeline.schemas`), so the app composes exactly the config the stage hashed.
-
-A launched stage dies with the demo: it runs under `watchdog.py` in a process group of its own,
-which is ended when the demo is killed or raises (Ctrl-C included); a stage left running would keep
-writing the folder a rerun starts again.
+"""Run an app under `accelerate launch` on a config the demo composed, written as a one-file config
+folder naming the app's schema, so the app composes exactly the config the stage hashed. A
+launched stage runs under `watchdog.py` and dies with the demo.
 """
 
 from __future__ import annotations
@@ -29,8 +21,7 @@ from specdecode.pipeline.watchdog import GRACE_SECONDS
 
 ROOT = CONF_DIR.parent
 WATCHDOG = Path(__file__).with_name("watchdog.py")
-# The app script each launched stage runs, and the ConfigStore schema its config composes onto.
-# The `specdecode` command's name for each, which an installed wheel (no scripts) runs instead.
+# Each launched app's script, ConfigStore schema, and `specdecode` command (a wheel ships no scripts).
 APPS: dict[str, tuple[str, str, str]] = {
     "distill": ("train/distill.py", "train_job_schema", "train"),
     "finetune": ("train/finetune.py", "train_job_schema", "finetune"),
@@ -39,12 +30,8 @@ APPS: dict[str, tuple[str, str, str]] = {
 
 
 def launch_command(app: str, accelerate_config: Path, config_dir: Path, device: str = "cpu") -> list[str]:
-    """`python -m accelerate.commands.launch --config_file <file> <app script> --config-path <dir>
-    --config-name stage` (the interpreter running the demo, so its environment).
-
-    A single process on `cuda:N` gets `--gpu_ids all`: a config's `gpu_ids: "0"` would hide every
-    other GPU (CUDA_VISIBLE_DEVICES), and the app honours N itself.
-    """
+    """`python -m accelerate.commands.launch --config_file <file> <app> --config-path <dir> --config-name
+    stage`; a single process on `cuda:N` gets `--gpu_ids all` (the app honours N itself)."""
     script, _, command = APPS[app]
     single = OmegaConf.select(OmegaConf.load(accelerate_config), "num_processes", default=1) == 1
     gpu_ids = ["--gpu_ids", "all"] if single and device.startswith("cuda:") else []
@@ -64,8 +51,7 @@ def launch_command(app: str, accelerate_config: Path, config_dir: Path, device: 
 
 
 def _program(script: str, command: str) -> list[str]:
-    """The app's script in a checkout; in an installed wheel, which ships no scripts, the same app
-    through the `specdecode` command's module."""
+    """The app's script in a checkout; in an installed wheel, the `specdecode` command's module."""
     if (ROOT / script).is_file():
         return [str(ROOT / script)]
     return ["-m", "specdecode.pipeline.cli", command]
@@ -81,8 +67,7 @@ def _escaped(value: Any) -> Any:
 
 
 def write_stage_config(app: str, config: dict[str, Any], config_dir: Path, hydra_dir: Path) -> Path:
-    """`<config_dir>/stage.yaml`: the app's schema, then `config` as resolved (`${` in a value is
-    escaped, so a path holding it stays literal), and where Hydra keeps its own log."""
+    """`<config_dir>/stage.yaml`: the app's schema, then `config` as resolved (`${` escaped), and Hydra's log folder."""
     _, schema, _ = APPS[app]
     text = OmegaConf.to_yaml(OmegaConf.create(_escaped(config)))
     hydra = OmegaConf.to_yaml({"hydra": {"run": {"dir": str(hydra_dir)}, "job": {"chdir": False}}})
@@ -92,11 +77,8 @@ def write_stage_config(app: str, config: dict[str, Any], config_dir: Path, hydra
 
 
 def run_tied(command: list[str]) -> int:
-    """Run `command` to its end and return its exit status; it and every process it starts die
-    with this one (`watchdog.py`): on SIGKILL or SIGTERM of this process, and on any exception
-    here (KeyboardInterrupt included), the command's process group is ended.
-
-    The command inherits this process's working directory, environment and output streams."""
+    """Run `command` to its end and return its exit status; its process group dies with this process,
+    and on any exception here (`watchdog.py`)."""
     process = subprocess.Popen([sys.executable, str(WATCHDOG), str(os.getpid()), *command], start_new_session=True)
     try:
         return process.wait()
@@ -112,11 +94,7 @@ def run_tied(command: list[str]) -> int:
 
 
 def launch_app(app: str, config: dict[str, Any], accelerate_config: Path, hydra_dir: Path) -> None:
-    """Run `app` under `accelerate launch` with `config` (tied to this process: `run_tied`); its
-    output streams to this terminal.
-
-    Raises RuntimeError: naming the app, the exit status and the command, if the launched run fails.
-    """
+    """Run `app` under `accelerate launch` with `config`, tied to this process; a RuntimeError names a failed run."""
     with tempfile.TemporaryDirectory(prefix=f"specdecode-{app}-") as config_dir:
         write_stage_config(app, config, Path(config_dir), hydra_dir)
         command = launch_command(app, accelerate_config, Path(config_dir), str(config.get("device", "cpu")))

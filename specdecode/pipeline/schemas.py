@@ -1,8 +1,5 @@
-"""The apps' structured configs in Hydra's ConfigStore: each conf/<app>.yaml names its schema first
-in its defaults list (`- train_job_schema`), so Hydra composes the YAML, its groups and the command
-line's overrides onto the dataclass. A misspelt key or a value of the wrong type then fails at
-composition, naming the key, before any work; `OmegaConf.to_object` (or `from_dict`) builds the
-dataclass, whose `__post_init__` checks the values."""
+"""The apps' structured configs in Hydra's ConfigStore: each conf/<app>.yaml names its schema first in
+its defaults list, so a misspelt key or a wrong type fails at composition, naming the key."""
 
 from __future__ import annotations
 
@@ -33,9 +30,7 @@ SCHEMAS: dict[str, type] = {
 
 
 def register_schemas() -> None:
-    """Store every app's schema in Hydra's ConfigStore (idempotent: a second call stores the same
-    nodes again). The apps call it before `@hydra.main` composes; so do the demo's stage composition
-    and the tests."""
+    """Store every app's schema in Hydra's ConfigStore (idempotent)."""
     store = ConfigStore.instance()
     for name, schema in SCHEMAS.items():
         store.store(name=name, node=schema)
@@ -45,8 +40,7 @@ def compose_config(config_name: str, overrides: list[str]) -> dict[str, Any]:
     """The resolved config `python <app>.py <overrides>` would run with."""
     register_schemas()
     if GlobalHydra.instance().is_initialized():
-        # Inside a @hydra.main app (eval/demo.py): its conf/, and the folders the user added with
-        # hydra.searchpath (their own conf/data/<domain>.yaml), which compose does not carry over.
+        # Inside a @hydra.main app: carry over the folders the user added with hydra.searchpath.
         added = HydraConfig.get().searchpath if HydraConfig.initialized() else []
         searchpath = [f"hydra.searchpath=[{','.join(added)}]"] if added else []
         cfg = compose(config_name=config_name, overrides=[*searchpath, *overrides])

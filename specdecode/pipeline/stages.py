@@ -1,13 +1,6 @@
-"""Stages cached by their resolved config, the code and its inputs: the demo's train → collect →
-fit → eval chain.
-
-A stage's key is a hash of its own config, its upstream stages' keys and a fingerprint of what
-runs it (`code_fingerprint`: the library's and the apps' source, and the versions of the packages
-that carry the models, the data and the kernels). Re-running skips a finished stage whose key is
-unchanged; a changed config, a code change or an upgraded package reruns that stage and everything
-downstream. A stage writes into a temp folder that is renamed into place with its key file written
-last: a stage killed half-way is never taken as finished, and a temp folder whose lock a live
-process holds (a stage a killed run left running) is never cleared for a new one.
+"""Stages cached by a hash of their config, their upstream stages' keys and the code
+(`code_fingerprint`): a change reruns that stage and everything downstream. A stage writes into a
+temp folder renamed into place with its key file, so a stage killed half-way is never taken as done.
 """
 
 from __future__ import annotations
@@ -29,8 +22,7 @@ _KEY_FILE = "STAGE.json"
 _ROOT = Path(__file__).resolve().parents[2]
 # What the stages run: the library and the apps the demo launches (absent from a wheel install).
 SOURCE_DIRS = tuple(_ROOT / d for d in ("specdecode", "train", "router", "eval"))
-# The packages whose versions change what a stage computes: kernels and model code, the data layer,
-# and the packages the embedded target, embedder and datasets come from.
+# The packages whose versions change what a stage computes.
 DISTRIBUTIONS = (
     "torch",
     "transformers",
@@ -46,8 +38,7 @@ DISTRIBUTIONS = (
 
 
 def code_fingerprint(source_dirs: Iterable[Path] = SOURCE_DIRS, distributions: Iterable[str] = DISTRIBUTIONS) -> str:
-    """A hash of every .py file under `source_dirs` (path and bytes) and the installed version of
-    each of `distributions` ("absent" if not installed): what makes a cached stage stale besides its config."""
+    """A hash of every .py file under `source_dirs` and the installed version of each of `distributions`."""
     digest = hashlib.sha256()
     for directory in source_dirs:
         for path in sorted(Path(directory).rglob("*.py")):
@@ -108,8 +99,7 @@ def run_stages(stages: list[Stage], root: Path, code: str = "") -> dict[str, Pat
                 f"({previous.get('code')} -> {code}): rerunning"
             )
         bar.set_postfix_str(stage.name)
-        # The stage writes a staging folder, cleared first: never while a live process (a stage of
-        # a killed earlier run) holds its lock. The old output is replaced once the new one is complete.
+        # never clear a staging folder a live process (of a killed earlier run) holds
         staging = out.with_name(f".tmp.{out.name}")
         check_not_in_use(staging, f"stage {stage.name!r}'s folder")
         with atomic_folder(out, staging=staging) as tmp:

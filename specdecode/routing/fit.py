@@ -1,8 +1,7 @@
-"""Fitting the router (router/fit.py): its MLP learns to name a prompt's domain from domain-tagged
-prompts (the labels' train prompts, and more of each domain's training split, which need no target
-pass); its table is each domain's mean predicted speedup per drafter on the labels' train rows; its
-far-prompt threshold is fitted on more training prompts it never learnt from
-(`specdecode.routing.novelty`). The router is then reported on the labels' held-out rows."""
+"""Fitting the router (router/fit.py): its MLP learns domains from the labels' train prompts and
+more of each domain's training split; its table is each domain's mean predicted speedup per
+drafter; its far-prompt threshold is fitted on training prompts it never learnt from. The router
+is then reported on the labels' held-out rows."""
 
 from __future__ import annotations
 
@@ -43,14 +42,9 @@ def fit_router(
     seed: int = 0,
     embedder_spec: dict[str, Any] | None = None,
 ) -> Router:
-    """The router whose MLP names the domains of M prompts and whose table averages N prompts' labels.
-
-    `features` `[M, F]` are the embedder's features of the M prompts of `domains` the MLP learns
-    from; `labels` `[N, K]` each labelled prompt's objective (predicted speedup) per drafter (the K
-    `drafters`, in column order), and every domain in `domains` must be among the `label_domains`.
-    `embedder` (and its config `embedder_spec`, so `Router.load` can rebuild it) routes new texts.
-    The rest are the MLP's size and its full-batch AdamW fit (`_train_classifier`). A ValueError for
-    mismatched shapes, a domain without labels, or fewer than 2 labelled domains.
+    """The router whose MLP learns the `domains` of M prompts from their `features` `[M, F]` and whose
+    table averages the `labels` `[N, K]` (objective per drafter) by `label_domains`. A ValueError
+    for mismatched shapes, a domain without labels, or fewer than 2 labelled domains.
     """
     if features.dim() != 2 or features.shape[0] != len(domains) or features.shape[0] < 1:
         raise ValueError(f"need [M, F] features and M domains, got {tuple(features.shape)} and {len(domains)}")
@@ -94,10 +88,8 @@ def _train_classifier(
     weight_decay: float,
     seed: int,
 ) -> RouterMLP:
-    """An MLP from standardised `x` `[M, F]` to `[M]` `classes`: `epochs` full-batch AdamW steps on
-    the mean cross-entropy. A few thousand prompts fit in one batch, so each step is cheap and the
-    fit is a function of `seed` alone."""
-    # fork_rng: seeding init and dropout must not reseed the caller's global generator.
+    """An MLP from standardised `x` `[M, F]` to `[M]` `classes`: `epochs` full-batch AdamW steps, a
+    function of `seed` alone (the caller's generator is left as it was)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         mlp = RouterMLP(x.shape[1], num_classes, hidden, dropout)
@@ -115,10 +107,8 @@ def _domain_prompts(
     train_rows: list[dict[str, Any]], meta: dict[str, Any], per_domain: int, novelty: int = 0
 ) -> tuple[dict[str, str], dict[str, str]]:
     """Prompt → domain for the MLP: the labels' train prompts, then the first `per_domain` training
-    prompts of each labelled domain from the source the labels were collected on (labels.meta.json's
-    config holds each domain's data config; the same split, so held-out prompts stay unseen). And
-    prompt → domain for the far-prompt threshold: up to `novelty` training prompts of each domain
-    after those, which the MLP never sees."""
+    prompts of each labelled domain (its data config from labels.meta.json); and for the far-prompt
+    threshold, up to `novelty` training prompts after those, which the MLP never sees."""
     tagged = {r["prompt"]: r["domain"] for r in train_rows}
     unseen: dict[str, str] = {}
     collected = meta.get("config", {})
@@ -144,10 +134,8 @@ def _with_novelty(
     unseen: dict[str, str],
     heldout_rows: list[dict[str, Any]],
 ) -> tuple[Router, dict[str, Any] | None]:
-    """`router` with its far-prompt threshold fitted on the `unseen` prompts (`features` `[M, F]`
-    are the `tagged` prompts'), and what the report says of it; unchanged without
-    `cfg.novelty_prompts`. A domain with no unseen training prompt (all of them taught the MLP)
-    is fitted on its labels' held-out prompts instead."""
+    """`router` with its far-prompt threshold fitted on the `unseen` prompts (a domain without any: on
+    its held-out ones), and what the report says of it; unchanged without `cfg.novelty_prompts`."""
     if not cfg.novelty_prompts:
         return router, None
     unseen = dict(unseen)
@@ -174,10 +162,8 @@ def _with_novelty(
 
 
 def run_fit(cfg: FitRouterConfig, *, progress: bool = True) -> dict[str, Any]:
-    """Fit a router on `cfg.labels`, save it to `cfg.output_dir`, and report on the held-out rows.
-
-    Writes `router.safetensors`, `router.json`, `report.json` and `report.md`; prints the report.
-    """
+    """Fit a router on `cfg.labels`, save it to `cfg.output_dir`, and report on the held-out rows
+    (`report.json`, `report.md`, printed)."""
     check_writable(Path(cfg.output_dir))
     rows, meta = read_labels(cfg.labels)
     train_rows = [r for r in rows if r["split"] == "train"]

@@ -1,9 +1,5 @@
-"""Routed generation: each prompt decoded with the drafter the router picks for it.
-
-`route_and_generate` embeds a batch of prompts, groups them by chosen drafter, runs one batched
-`speculative_generate` per group (plain decoding for the no-drafter route) and returns the outputs
-in the caller's order.
-"""
+"""Routed generation: each prompt decoded with the drafter the router picks for it, one batched
+decode per chosen drafter."""
 
 from __future__ import annotations
 
@@ -23,10 +19,8 @@ from specdecode.routing.router import NO_DRAFTER, Router
 
 @dataclass
 class RoutedGeneration:
-    """`sequences[i]` and `drafters[i]`: output and chosen drafter of prompt i, in the caller's order;
-    `groups[name]`: the prompt indices routed to `name`; `results[name]`: that group's run (its
-    `.stats` are the group's); `routing_time_s`: embedding + MLP for the whole batch; `records[i]`:
-    prompt i's `RowRecord`, its `drafter` named, when decoded with `record=True`."""
+    """Per prompt (caller's order) its output, chosen drafter and, with `record=True`, `RowRecord`;
+    per drafter name its prompt indices and its group's run; the router's seconds for the batch."""
 
     sequences: list[list[int]]
     drafters: list[str]
@@ -36,14 +30,22 @@ class RoutedGeneration:
     records: list[RowRecord] | None = None
 
 
+def generate_with(
+    target: PreTrainedModel, drafter: Any, prompts: Sequence[Sequence[int]], **decode: Any
+) -> GenerationResult:
+    """`speculative_generate` with `drafter`, or the target alone where it is None (gamma and prompt lookup dropped)."""
+    if drafter is None:
+        plain = {k: v for k, v in decode.items() if k not in ("gamma", "prompt_lookup")}
+        return autoregressive_generate(target, prompts, **plain)
+    return speculative_generate(target, drafter, prompts, **decode)
+
+
 def match_drafters(
     router: Router,
     drafters: Mapping[str, PreTrainedModel | FeatureDrafter] | Sequence[tuple[str, PreTrainedModel | FeatureDrafter]],
 ) -> list[PreTrainedModel | FeatureDrafter | None]:
-    """The drafters in the router's order, by name (None for the router's `NO_DRAFTER` route).
-
-    Raises ValueError: naming both lists when the names or their count differ.
-    """
+    """The drafters in the router's order, by name (None for `NO_DRAFTER`); a ValueError naming both
+    lists where the names differ."""
     pairs: list[tuple[str, PreTrainedModel | FeatureDrafter]] = (
         list(drafters.items()) if isinstance(drafters, Mapping) else [(name, model) for name, model in drafters]
     )
@@ -65,18 +67,8 @@ def route_and_generate(
     max_new_tokens: int | Sequence[int],
     **decode_kwargs: Any,
 ) -> RoutedGeneration:
-    """Route each prompt to a drafter, then run one batched `speculative_generate` per drafter
-    (and plain decoding for prompts routed to `NO_DRAFTER`, if the router has that route).
-
-    The router reads text, the decoder token ids, so both are given: `texts[i]` is the prompt as
-    the router was fitted on it (the user message, as in the labels) and `prompts[i]` the ids
-    decoded from (usually `format_prompt(tokenizer, texts[i])`).
-
-    `drafters` carry the names of `router.drafters`; `max_new_tokens` is one budget or one per
-    prompt; `decode_kwargs` go to every `speculative_generate` (gamma, temperature, seed, ...): with
-    `record=True` each row's record names its drafter, and an `on_step` callback sees
-    `StepEvent.rows` as indices into `prompts`. The result is in the caller's order.
-    """
+    """Route each prompt to a drafter by `texts[i]` (the user message), then decode the `prompts` ids
+    one batch per drafter (`generate_with`); an `on_step` callback sees rows as indices into `prompts`."""
     if len(prompts) == 0:
         raise ValueError("prompts is empty: nothing to generate")
     if len(texts) != len(prompts):
@@ -100,15 +92,9 @@ def route_and_generate(
         if not rows:
             continue
         kwargs = decode_kwargs | ({"on_step": _in_caller_rows(on_step, rows)} if on_step is not None else {})
-        if drafter is None:  # the no-drafter route: plain decoding, on the same machinery
-            plain = {k: v for k, v in kwargs.items() if k not in ("gamma", "prompt_lookup")}
-            result = autoregressive_generate(
-                target, [prompts[i] for i in rows], max_new_tokens=[budgets[i] for i in rows], **plain
-            )
-        else:
-            result = speculative_generate(
-                target, drafter, [prompts[i] for i in rows], max_new_tokens=[budgets[i] for i in rows], **kwargs
-            )
+        result = generate_with(
+            target, drafter, [prompts[i] for i in rows], max_new_tokens=[budgets[i] for i in rows], **kwargs
+        )
         groups[name], results[name] = rows, result
         for j, (i, sequence) in enumerate(zip(rows, result.sequences)):
             sequences[i] = sequence

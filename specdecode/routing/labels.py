@@ -1,32 +1,15 @@
 """Router labels: how well each drafter would do on each prompt, measured without sampling noise.
 
-For a prompt, the target writes its own greedy continuation once (batched `autoregressive_generate`).
-Then, by teacher forcing, one target pass over prompt + continuation gives p at every continuation
-position and one pass per drafter gives q there. A drafter's label is the mean over those positions
-of Σ_v min(p, q), the probability that speculative sampling accepts its draft (Leviathan et al.
-2023): an expectation, so two runs agree, and no argmax over one noisy decode decides the label.
-
-Temperature. p and q are taken at `temperature`; 0 (greedy decoding) scores the temperature-1
-distributions, as `specdecode.training.losses.expected_acceptance` does. Under greedy decoding the realised
-acceptance is 1[argmax q = argmax p]; Σ min(p, q) is its smooth, noise-free proxy (it also rewards
-a drafter that is close but on the wrong side of a near-tie). Both are stored: `acceptance` and
-`greedy_match`, and the speedup Leviathan's model predicts from `acceptance` with the drafter's
-measured cost ratio c (`speedup`, what the router ranks drafters by), so a cheap drafter can beat a
-better, dearer one.
-
-Decoded labels. Greedy decoding's tokens per target pass on the same continuation, simulated
-exactly from the same passes (`specdecode.routing.simulate`: every drafting step, a feature
-drafter's later ones reading its own features), `decode_tau`, and it over what one pass costs in
-target steps (verify + gamma drafter steps), `decode_speedup`: the figure the evaluation's oracle
-picks by. Greedy only (temperature 0); the others count first drafts only.
-
-Prompt lookup. Decoding drafts a looked-up token where a row's last tokens occurred before and the
-drafter is unsure (`specdecode.decoding.lookup`); with `lookup`, the labels score each drafter as
-decoding runs it: at such positions its q is one-hot at the looked-up token.
-
-The dataset is a JSON-lines file, one prompt per line (`prompt`, `domain`, `split`, token counts,
-and per-drafter dicts for each label), plus `<name>.meta.json` with the drafters in order, their
-cost ratios, the gamma each was priced at, the verify ratio at it, and how the labels were made.
+The target writes its greedy continuation once; by teacher forcing, one pass per model gives p and
+q at every continuation position. A drafter's `acceptance` is the mean of Σ_v min(p, q), the
+probability that speculative sampling accepts its draft (Leviathan et al. 2023): an expectation,
+so two runs agree. Temperature 0 scores the temperature-1 distributions (its smooth proxy of
+`greedy_match`, 1[argmax q = argmax p], also stored). `speedup` is what Leviathan's model predicts
+from it with the drafter's measured cost ratio (what the router ranks by); `decode_tau` greedy
+decoding's tokens per pass simulated exactly from the same passes (`routing.simulate`), and
+`decode_speedup` it over a pass's cost (what the oracle picks by). With `lookup`, q is one-hot at
+a looked-up token where decoding would draft one. The file is JSON lines, one prompt a line, with
+a `<name>.meta.json` sidecar: the drafters in order, their cost ratios, gammas and verify ratios.
 """
 
 from __future__ import annotations
@@ -56,12 +39,8 @@ LABEL_KEYS = ("acceptance", "greedy_match", "speedup")
 
 @dataclass
 class Labels:
-    """Teacher-forced labels of N prompts for K drafters (in `drafters` order).
-
-    acceptance / greedy_match: `[N, K]` means over each prompt's continuation positions of
-    Σ min(p, q) and of 1[argmax q = argmax p]; continuations: the target's greedy ids per prompt;
-    decode_tau: `[N, K]` greedy decoding's tokens per target call on them (None: not simulated).
-    """
+    """Teacher-forced labels of N prompts for K drafters: `[N, K]` acceptance, greedy_match and
+    decode_tau (None: not simulated); the target's greedy continuation per prompt."""
 
     drafters: list[str]
     acceptance: torch.Tensor
@@ -87,21 +66,14 @@ def teacher_forced_acceptance(
     lookup: PromptLookup | None = None,
     gammas: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Per-prompt acceptance of each drafter along given continuations, in one pass per model.
+    """Per-prompt acceptance of each of K drafters along B given continuations, one pass per model.
 
-    Prompts are left-padded and continuations right-padded, so every row's continuation starts at
-    the same column and one `logits_to_keep` slice holds all scored positions: only `[B, C, V]`
-    logits are ever materialised, never `[B, T, V]` (V is 49k for the default target).
+    Prompts are left-padded and continuations right-padded, so one `logits_to_keep` slice holds
+    every scored position: only `[B, C, V]` logits are materialised, never `[B, T, V]`. `gammas`
+    (one per drafter) also simulate greedy decoding at them (temperature 0 only).
 
-    `drafters` (K, q) share the target's vocabulary; `prompts` and `continuations` are B non-empty
-    token-id lists. `temperature` is of p and q (0 scores the temperature-1 distributions); `lookup`
-    scores each drafter with prompt lookup beside it, as decoding runs it (`lookup_logits`);
-    `gammas` (one per drafter) also simulate greedy decoding at them (`specdecode.routing.simulate`,
-    temperature 0 only).
-
-    Returns `(acceptance, greedy_match, decode_tau)`, each `[B, K]` fp32: per prompt, the mean over
-    its continuation positions of Σ_v min(p, q) and of 1[argmax q = argmax p], and greedy decoding's
-    tokens per target call (None without `gammas` or at temperature > 0).
+    Returns `(acceptance, greedy_match, decode_tau)`, each `[B, K]` fp32 (decode_tau None without
+    `gammas` or at temperature > 0).
     """
     if len(prompts) != len(continuations):
         raise ValueError(f"got {len(prompts)} prompts but {len(continuations)} continuations")
@@ -124,14 +96,12 @@ def teacher_forced_acceptance(
     p_logits = out.logits  # [B, C, V]
     p_argmax = p_logits.argmax(-1)
 
-    def logits_of(drafter: PreTrainedModel | FeatureDrafter) -> torch.Tensor:
-        if not isinstance(drafter, FeatureDrafter):
+    def logits_of(drafter: PreTrainedModel | FeatureDrafter, features: torch.Tensor | None) -> torch.Tensor:
+        if not isinstance(drafter, FeatureDrafter) or features is None:
             return drafter(
                 input_ids=tokens, attention_mask=attention, position_ids=position_ids, logits_to_keep=keep
             ).logits
-        # A feature drafter predicts token t + 1 at its position t - 1, from the target's feature
-        # there and token t (left padding: a position is real where its feature is).
-        features = target_features(target, out.hidden_states, drafter.feature_layers)
+        # A feature drafter predicts token t + 1 at its position t - 1, from the target's feature there and token t.
         hidden = drafter(
             features[:, :-1], tokens[:, 1:], attention_mask=attention[:, :-1], position_ids=position_ids[:, :-1]
         )
@@ -139,13 +109,13 @@ def teacher_forced_acceptance(
 
     acceptance, greedy, tau = [], [], []
     for k, drafter in enumerate(drafters):
-        q_logits = logits_of(drafter)
+        features = (
+            target_features(target, out.hidden_states, drafter.feature_layers)
+            if isinstance(drafter, FeatureDrafter)
+            else None
+        )
+        q_logits = logits_of(drafter, features)
         if simulate:
-            features = (
-                target_features(target, out.hidden_states, drafter.feature_layers)
-                if isinstance(drafter, FeatureDrafter)
-                else None
-            )
             matches = draft_matches(
                 drafter,
                 tokens,
@@ -160,8 +130,7 @@ def teacher_forced_acceptance(
             tau.append(simulated_tau(matches, scored.sum(1)))
         if lookup is not None and lookup.applies(temperature):
             q_logits = lookup_logits(q_logits, tokens, attention, keep, lookup)
-        # Row by row through the public metric, so the labels are by construction the number the
-        # drafter-training job reports as held-out acceptance.
+        # Row by row through the training job's metric, so the labels are the number it reports.
         acceptance.append(
             torch.stack(
                 [
@@ -181,11 +150,9 @@ def teacher_forced_acceptance(
 def _pack(
     prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Prompts left-padded and continuations right-padded into one `[B, P + C]` batch.
-
-    Returns `(tokens, attention_mask, position_ids)`, each `[B, P + C]`; `scored` `[B, C]`, the real
-    continuation positions; `keep` `[C]`, the columns whose logits predict them.
-    """
+    """Prompts left-padded and continuations right-padded: `(tokens, attention_mask, position_ids)`,
+    each `[B, P + C]`; `scored` `[B, C]`, the real continuation positions; `keep` `[C]`, the
+    columns whose logits predict them."""
     batch = len(prompts)
     prompt_width = max(len(p) for p in prompts)
     width = max(len(c) for c in continuations)
@@ -219,15 +186,8 @@ def collect_labels(
     lookup: PromptLookup | None = None,
     gammas: Sequence[int] | None = None,
 ) -> Labels:
-    """The target's greedy continuations of `prompts` and every drafter's acceptance along them.
-
-    Prompts are processed in batches of `batch_size`, sorted by length so rows in a batch pad
-    little; the result is in the caller's order.
-
-    Each continuation is at most `max_new_tokens` long (`eos_token_ids`: None = the target's own);
-    `temperature`, `lookup` and `gammas` as `teacher_forced_acceptance`'s. Returns `Labels` with
-    `[N, K]` acceptance and greedy_match (and decode_tau with `gammas`).
-    """
+    """The target's greedy continuations of `prompts` and every drafter's acceptance along them
+    (`teacher_forced_acceptance`), in batches sorted by length, returned in the caller's order."""
     if not prompts:
         raise ValueError("prompts is empty: nothing to label")
     if len(drafters) < 1:
@@ -291,9 +251,7 @@ def label_rows(
     cost_ratios: Sequence[float],
     verify_ratios: Sequence[float],
 ) -> list[dict[str, Any]]:
-    """One JSON-ready dict per prompt: text, domain, split, token counts and per-drafter labels, from
-    `collect_labels`' N prompts × K drafters, the N `(split, example)` pairs and prompt lengths in
-    their order, and K `gammas`, `cost_ratios` and `verify_ratios` (for the speedups)."""
+    """One JSON-ready dict per prompt: text, domain, split, token counts and per-drafter labels."""
     columns = {
         "acceptance": labels.acceptance,
         "greedy_match": labels.greedy_match,
@@ -319,11 +277,8 @@ def label_rows(
 
 
 def read_labels(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The rows of a labels file and its meta sidecar.
-
-    Raises ValueError: naming the file when it, or its sidecar, is missing or empty, or when a row lacks
-    a drafter of the sidecar's list.
-    """
+    """The rows of a labels file and its meta sidecar; a ValueError naming the file where either is
+    missing, or a row's drafters are not the sidecar's."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"labels={str(path)!r} does not exist; run router/collect.py first")

@@ -1,15 +1,11 @@
-"""Prompts far from every trained domain: the router's MLP names one of its domains for any text,
-so a prompt unlike all of them would take the nearest domain's drafter on no evidence. `Novelty`
-measures a prompt's distance to each domain's centroid and sends a prompt beyond every domain's
-threshold to a fallback route instead (the generic drafter by default, or plain decoding).
+"""Prompts far from every trained domain, which the MLP would send to the nearest domain's drafter
+on no evidence, go to a fallback route instead:
 
     distance_d(x) = 1 − cos(x, c_d),   far(x) = distance_d(x) > threshold_d for every domain d
 
-c_d is the mean unit-length feature of domain d's prompts the MLP learnt from; threshold_d is the
-`quantile` of the distances of held-out prompts of domain d (prompts the router never saw) to c_d,
-so about 1 − quantile of a domain's own new prompts lie past its threshold, and fewer past all of
-them. Sentence embeddings are compared by angle; a per-domain threshold lets a broad domain (chat)
-keep its spread without widening a narrow one's (code).
+c_d is the mean unit feature of domain d's training prompts; threshold_d the `quantile` of the
+distances of prompts of d the router never saw. Per domain, so a broad domain (chat) keeps its
+spread without widening a narrow one's (code).
 """
 
 from __future__ import annotations
@@ -27,9 +23,8 @@ AUTOREGRESSIVE = "autoregressive"
 
 @dataclass(eq=False)
 class Novelty:
-    """centroids: `[D, F]` each domain's mean unit-length feature, unit length, in the router's
-    domain order; thresholds: `[D]` each domain's `quantile` of held-out in-domain distances;
-    fallback: where a prompt beyond every threshold goes (`AUTOREGRESSIVE` or a drafter's name)."""
+    """centroids: `[D, F]` unit, in the router's domain order; thresholds: `[D]`; fallback: where a
+    prompt beyond every threshold goes (`AUTOREGRESSIVE` or a drafter's name)."""
 
     centroids: torch.Tensor
     thresholds: torch.Tensor
@@ -37,8 +32,7 @@ class Novelty:
     quantile: float
 
     def distances(self, features: torch.Tensor) -> torch.Tensor:
-        """Raw features `[N, F]` → `[N, D]` cosine distance to each domain's centroid (a zero
-        feature vector is at distance 1 from every domain)."""
+        """Raw features `[N, F]` → `[N, D]` cosine distance to each domain's centroid."""
         return 1.0 - torch.nn.functional.normalize(features.float(), dim=1) @ self.centroids.T
 
     def is_far(self, features: torch.Tensor) -> torch.Tensor:
@@ -47,11 +41,8 @@ class Novelty:
 
 
 def fallback_route(fallback: str, drafters: Sequence[str], no_drafter: str) -> str:
-    """The router's drafter name `fallback` stands for: `no_drafter` for `AUTOREGRESSIVE`, else itself.
-
-    Raises ValueError: naming `fallback` and what it may be: autoregressive (where `drafters` hold
-    `no_drafter`, the plain-decoding route) or one of `drafters`.
-    """
+    """The router's drafter name `fallback` stands for: `no_drafter` for `AUTOREGRESSIVE`, else itself;
+    a ValueError naming it and what it may be where it is no route."""
     route = no_drafter if fallback == AUTOREGRESSIVE else fallback
     if route not in drafters:
         allowed = [AUTOREGRESSIVE] if no_drafter in drafters else []
@@ -71,13 +62,9 @@ def fit_novelty(
     quantile: float = 0.99,
     fallback: str = "generic",
 ) -> Novelty:
-    """Each domain's centroid from `features` `[M, F]` (of the M prompts the MLP learnt from, by
-    `domains`) and its threshold from `heldout` `[H, F]` (prompts it never saw, by
-    `heldout_domains`); `names` are the D domains in the router's order.
-
-    Raises ValueError: `quantile` outside (0, 1]; a domain of `names` with no prompt in `domains` or
-    none in `heldout_domains`; features of different widths.
-    """
+    """Each of the D domains `names`' centroid from `features` `[M, F]` (by `domains`) and threshold
+    from `heldout` `[H, F]` (by `heldout_domains`). A ValueError for a bad `quantile`, a domain
+    without prompts on either side, or features of different widths."""
     if not (is_number(quantile) and 0 < quantile <= 1):
         raise ValueError(f"novelty_quantile={quantile!r}: expected a number in (0, 1]")
     if features.shape[1:] != heldout.shape[1:] or features.dim() != 2:

@@ -1,6 +1,4 @@
-"""How well a router routes: routed vs oracle vs best single drafter vs random on labelled rows,
-how often it names the domain, the domain × drafter confusion tables, routing latency; and the
-report's markdown."""
+"""How well a router routes on labelled rows (`routing_report`), and the report's markdown."""
 
 from __future__ import annotations
 
@@ -15,32 +13,28 @@ from specdecode.routing.router import OBJECTIVE, Router, label_matrix
 
 
 def routing_report(router: Router, rows: Sequence[Mapping[str, Any]], *, latency_repeats: int = 5) -> dict[str, Any]:
-    """Routed vs oracle vs best single drafter vs random on labelled rows, the share of rows whose
-    domain the router names, a domain × drafter confusion table and routing latency.
-
-    "Realised" values are the labels of the drafter each policy picks: the teacher-forced
-    acceptance and predicted speedup that drafter has on that prompt. Best single = the one drafter
-    with the highest mean on these rows (chosen in hindsight: the strictest fixed baseline);
-    random = the exact expectation of a uniform choice. `gain_recovered` = (routed - best single) /
-    (oracle - best single) per metric, the oracle maximising that metric per prompt.
+    """Routed vs oracle vs best single drafter (in hindsight) vs random (its expectation) on the
+    labels of the drafter each picks, `gain_recovered` = (routed − best single) / (oracle − best
+    single) per metric; the share of rows whose domain the router names, domain × drafter
+    confusion tables and routing latency.
     """
     texts = [r["prompt"] for r in rows]
     drafters = router.drafters
-    # Warm-up: the first call pays one-off allocation and thread start-up.
     router.route(texts[: min(len(texts), 8)])
     timings = []
     for _ in range(latency_repeats):
         start = time.perf_counter()
         choices = router.route(texts)
         timings.append(time.perf_counter() - start)
-    # One prompt at a time too, as a server routes each request as it comes.
+    # one prompt at a time too, as a server routes each request
     single = []
     for text in texts[:16]:
         start = time.perf_counter()
         router.route([text])
         single.append(time.perf_counter() - start)
     chosen = torch.tensor(choices)
-    policies: dict[str, dict[str, float]] = {}
+    policies: dict[str, dict[str, float]] = {name: {} for name in ("routed", "oracle", "best single", "random")}
+    gain: dict[str, float | None] = {}
     # the decoded speedup where the labels have it (greedy), beside the teacher-forced figures
     metrics = ("acceptance", "greedy_match", "speedup") + (
         ("decode_speedup",) if all("decode_speedup" in r for r in rows) else ()
@@ -49,22 +43,18 @@ def routing_report(router: Router, rows: Sequence[Mapping[str, Any]], *, latency
         values = label_matrix(rows, metric, drafters)  # [N, K]
         means = values.mean(0)
         best = int(means.argmax())
-        policies.setdefault("routed", {})[metric] = values.gather(1, chosen.unsqueeze(1)).mean().item()
-        policies.setdefault("oracle", {})[metric] = values.max(1).values.mean().item()
-        policies.setdefault("best single", {})[metric] = means[best].item()
-        policies.setdefault("random", {})[metric] = values.mean().item()
+        routed, best_mean = values.gather(1, chosen.unsqueeze(1)).mean().item(), means[best].item()
+        policies["routed"][metric] = routed
+        policies["oracle"][metric] = values.max(1).values.mean().item()
+        policies["best single"][metric] = best_mean
+        policies["random"][metric] = values.mean().item()
         policies["best single"][f"{metric}_drafter"] = drafters[best]  # type: ignore[assignment]  # the row mixes figures and the drafter's name
-    gain = {}
-    for metric in metrics:
-        headroom = policies["oracle"][metric] - policies["best single"][metric]
-        gain[metric] = (
-            (policies["routed"][metric] - policies["best single"][metric]) / headroom if headroom > 1e-12 else None
-        )
+        headroom = policies["oracle"][metric] - best_mean
+        gain[metric] = (routed - best_mean) / headroom if headroom > 1e-12 else None
     oracle_choice = label_matrix(rows, OBJECTIVE, drafters).argmax(1).tolist()
     named = router.domain_of(texts)
     domains = sorted({r["domain"] for r in rows})
-    confusion = {d: {name: 0 for name in drafters} for d in domains}
-    oracle_confusion = {d: {name: 0 for name in drafters} for d in domains}
+    confusion, oracle_confusion = ({d: dict.fromkeys(drafters, 0) for d in domains} for _ in range(2))
     for row, k, o in zip(rows, choices, oracle_choice):
         confusion[row["domain"]][drafters[k]] += 1
         oracle_confusion[row["domain"]][drafters[o]] += 1

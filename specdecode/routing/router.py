@@ -3,16 +3,11 @@ drafter with the highest mean predicted speedup on that domain.
 
     text ─ embedder ─▶ [F] ─ standardise ─▶ MLP ─▶ [D] domain logits ─ argmax ─▶ table row [K] ─ argmax ─▶ drafter
 
-What a drafter earns on one prompt depends mostly on which continuation the target happens to
-write, which the prompt's text does not predict; which drafter pays on a kind of prompt carries
-over. So the MLP is trained to name the
-prompt's domain (`specdecode.routing.fit`), and `table` holds each domain's mean label per drafter
-from `specdecode.routing.labels`. A prompt far from every trained domain takes a fallback route
-instead (`specdecode.routing.novelty`). Routed decoding is `specdecode.routing.generate`.
-
-On disk a router is `router.safetensors` (the MLP's weights, the feature statistics, the table and
-the domains' centroids and thresholds) and `router.json` (the drafters in order, the domains in
-order, the embedder, the MLP's sizes and the fallback).
+What a drafter earns on one prompt depends mostly on the continuation the target happens to
+write, which the text does not predict; which drafter pays on a kind of prompt carries over. So
+the MLP names the domain, and `table` holds each domain's mean label per drafter. A prompt far from
+every domain takes a fallback route (`routing.novelty`). On disk: `router.safetensors` (tensors)
+and `router.json` (names, embedder, sizes, fallback).
 """
 
 from __future__ import annotations
@@ -33,8 +28,7 @@ from specdecode.models.folders import read_safetensors
 from specdecode.routing.embedders import Embedder, embed, make_embedder
 from specdecode.routing.novelty import Novelty, fallback_route
 
-# The route to plain decoding: chosen where every drafter is predicted to slow the prompt down.
-# Its labels are known without measuring: speedup 1, acceptance 0.
+# The route to plain decoding, where every drafter is predicted to slow the prompt down.
 NO_DRAFTER = "none"
 # The label the table averages and the router ranks drafters by: Leviathan's predicted speedup.
 OBJECTIVE = "speedup"
@@ -73,16 +67,9 @@ class RouterMLP(nn.Module):
 
 @dataclass(eq=False)
 class Router:
-    """The domain MLP, its embedder, and what each domain's prompts earn per drafter.
-
-    feature_mean / feature_std: `[F]`, the standardisation of the embedder's features; table:
-    `[D, K]` each domain's mean `OBJECTIVE` per drafter; domains: the D names, in the MLP's output
-    order; drafters: the K names, in the table's column order; novelty: where prompts far from
-    every domain go (None: every prompt takes its named domain's best drafter).
-
-    Raises ValueError: a novelty fallback that is not one of `drafters` (or autoregressive, where they
-    hold `NO_DRAFTER`), naming it.
-    """
+    """The domain MLP, its embedder, and what each domain's prompts earn per drafter: feature_mean /
+    feature_std `[F]`; table `[D, K]`, each of the D `domains`' mean `OBJECTIVE` per drafter; novelty:
+    where prompts far from every domain go (None: nowhere else)."""
 
     mlp: RouterMLP
     embedder: Embedder
@@ -119,8 +106,7 @@ class Router:
         return self.novelty.is_far(embed(self.embedder, texts)).tolist()
 
     def route(self, texts: Sequence[str]) -> list[int]:
-        """Index into `drafters` of the chosen drafter per text: its named domain's best, or the
-        fallback's where the text is far from every domain."""
+        """Index into `drafters` of the chosen drafter per text: its domain's best, or the fallback where far."""
         if not texts:
             raise ValueError("texts is empty: nothing to route")
         features = embed(self.embedder, texts)
@@ -164,13 +150,8 @@ class Router:
 
     @classmethod
     def load(cls, directory: str | Path, embedder: Embedder | None = None, device: str = "cpu") -> Router:
-        """Read a saved router; `embedder` overrides (or, for a custom one, supplies) the saved
-        spec, which is otherwise built on `device`.
-
-        Raises ValueError: naming the folder and the file that is missing, damaged or not a router's
-        (router.json: not JSON, a missing or mistyped entry; router.safetensors: truncated, or tensors
-        that do not fit router.json).
-        """
+        """Read a saved router; `embedder` overrides the saved spec, otherwise built on `device`. A
+        ValueError names the folder and the file that is missing, damaged or not a router's."""
         directory = Path(directory)
         for name in ("router.json", "router.safetensors"):
             if not (directory / name).is_file():
@@ -228,11 +209,7 @@ class Router:
 
 
 def read_router_json(path: Path) -> dict[str, Any]:
-    """A router folder's router.json, its entries checked (`_KEYS`).
-
-    Raises ValueError: naming the file and the entry: not JSON, not an object, a missing or mistyped
-    entry.
-    """
+    """A router folder's router.json, its entries checked (`_KEYS`); a ValueError naming the file and entry."""
     try:
         config = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as error:
@@ -252,15 +229,12 @@ def read_router_json(path: Path) -> dict[str, Any]:
 
 
 def feature_scale(std: torch.Tensor) -> torch.Tensor:
-    """The standardising scale of features with training-row standard deviation `std` `[F]`.
-    A feature constant on the training rows (a hashing bucket no training prompt fills) keeps
-    scale 1: a tiny floor there would multiply it by ~1e6 for the first prompt that has it and
-    swamp every logit."""
+    """The standardising scale of features of training standard deviation `std` `[F]`: a feature
+    constant there keeps scale 1, where a tiny floor would swamp every logit when it first varies."""
     return torch.where(std > 1e-6, std, 1.0)
 
 
 def label_matrix(rows: Sequence[Mapping[str, Any]], key: str, drafters: Sequence[str]) -> torch.Tensor:
-    """`[N, K]` label `key` of each row for each drafter, in `drafters` order; `NO_DRAFTER`'s are
-    exact without measuring: plain decoding is the speedup baseline (1) and accepts nothing (0)."""
+    """`[N, K]` label `key` of each row per drafter; `NO_DRAFTER`'s are exact: speedup 1, else 0."""
     none = 1.0 if "speedup" in key else 0.0
     return torch.tensor([[none if name == NO_DRAFTER else float(row[key][name]) for name in drafters] for row in rows])

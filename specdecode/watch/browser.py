@@ -23,13 +23,9 @@ def find_chromium() -> tuple[str, str] | None:
 def screenshot_mid_generation(
     url: str, prompt: str, out: Path, min_tokens: int = 8, timeout_s: float = 300.0, size: tuple[int, int] = (1400, 900)
 ) -> dict[str, int]:
-    """Open the watch page at `url`, submit `prompt`, and save a PNG to `out` once the target
-    alone's pane holds `min_tokens` tokens (the speculative pane is then done, the target's still
-    streaming) or the target alone is done; return the tokens each pane held when the shot was
-    taken and whether the target alone was done (`done`: 1).
-
-    Raises RuntimeError: no Chromium or chromedriver on the PATH, or the page did not get there in time.
-    """
+    """Open the watch page at `url`, submit `prompt`, and save a PNG to `out` once the target alone's
+    pane holds `min_tokens` tokens or is done; return the tokens each pane held and `done` (1 or 0).
+    A RuntimeError where Chromium or chromedriver is missing, or the page did not get there in time."""
     from selenium import webdriver  # the optional `browser` extra
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By

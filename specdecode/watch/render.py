@@ -1,7 +1,5 @@
-"""How each token of an answer came, shown in colour: in a terminal (ANSI) and as a
-self-contained HTML page (inline CSS, no external assets). The kinds are those of
-`specdecode.decoding.record`: accepted draft, looked-up draft, the target's correction, the
-target's bonus token, and a token of the target alone."""
+"""How each token of an answer came (the kinds of `decoding.record`), shown in colour: in a terminal
+(ANSI) and as a self-contained HTML page."""
 
 from __future__ import annotations
 
@@ -35,9 +33,8 @@ assert tuple(STYLES) == KINDS
 
 
 class PieceDecoder:
-    """Token ids → the text each adds, decoded as a prefix of the whole answer so that byte-level
-    and multi-byte tokens come out right: a token that ends inside a character adds nothing, and
-    the next one adds the whole character; `flush` gives what is held back once the answer ends."""
+    """Token ids → the text each adds, decoded as a prefix of the whole answer, so that a token ending
+    inside a character adds nothing and the next adds the whole character."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
@@ -60,8 +57,7 @@ class PieceDecoder:
 
 
 def pieces(tokenizer: PreTrainedTokenizerBase, record: RowRecord) -> list[tuple[str, str]]:
-    """A row's generated tokens as (text, kind) pairs (`PieceDecoder`); their texts join to the
-    decoded answer."""
+    """A row's generated tokens as (text, kind) pairs, whose texts join to the decoded answer."""
     decoder = PieceDecoder(tokenizer)
     out = [(decoder.push(token), kind) for token, kind in record.tokens()]
     if out:
@@ -80,9 +76,7 @@ def ansi_legend() -> str:
 
 @dataclass
 class Answer:
-    """One prompt's answer as a view shows it: the prompt, the drafter that decoded it ("none" for
-    the target alone), the (text, kind) tokens, tau and tokens/s, and the target alone's tokens/s
-    on the same prompt (None where not measured)."""
+    """One prompt's answer as a view shows it, with the target alone's tokens/s where measured."""
 
     prompt: str
     drafter: str
@@ -154,6 +148,5 @@ def token_page(title: str, answers: Sequence[Answer], note: str = "") -> str:
 
 def write_token_page(path: Path, title: str, answers: Sequence[Answer], note: str = "") -> Path:
     """Write `token_page` to `path` (atomically); return the path."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, token_page(title, answers, note))
     return path

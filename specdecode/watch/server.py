@@ -1,12 +1,8 @@
 """The watch as a local web page (`eval/watch.py serve=true`), on the standard library's http.server.
 
-`GET /` is the page (inline CSS and script, no external assets). `GET /events?prompt=...` answers
-with Server-Sent Events: `route` (the router's choice), then the speculative decode's tokens as
-each step commits them (`tokens`, with the live tokens/s), its `done` (tau, tokens/s), the same for
-the target alone on the same prompt, and `end` (the speedup). The two decodes run one after the
-other, never at once, so neither slows the other; one prompt is decoded at a time (a second
-request waits). Streaming uses the decode loop's `on_step`, which costs one host sync per step:
-the live figures include it, for both decodes alike.
+`GET /` is the page; `GET /events?prompt=...` streams Server-Sent Events: `route`, the speculative
+decode's `tokens` as each step commits them and its `done`, the same for the target alone, and
+`end` (the speedup). The decodes run one after the other, one prompt at a time.
 """
 
 from __future__ import annotations

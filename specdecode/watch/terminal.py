@@ -1,6 +1,5 @@
-"""The watch in a terminal: each prompt's answer printed with every token coloured by how it came
-(ANSI), the drafter, tau and tokens/s against the target alone; or, with `serve=true`, the local
-web page (`server`)."""
+"""The watch in a terminal: each answer with its tokens coloured by how they came; or, with
+`serve=true`, the local web page."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """Watch speculative decoding work (eval/watch.py, conf/watch.yaml): its config, and the loaded
-models that answer a prompt the way the views show it: routed to a drafter, decoded with the
-per-token record on, with tau and tokens/s against the target alone on the same prompt. The views:
-the terminal (`terminal`), a local web page (`server`), HTML pages (`render`).
-
-The drafters: a fitted router and its drafters (`router_dir` + `drafters`, or a finished demo's
-`demo_dir`), one drafter folder (`drafters` with one entry), or else `drafter`, built from the
-target (untrained: a view of the machinery, not of a trained drafter's acceptance).
+models that answer a prompt as the views show it: routed, decoded with the per-token record on,
+with tau and tokens/s against the target alone. The drafters: a fitted router's (`router_dir` +
+`drafters`, or a demo's `demo_dir`), one drafter folder, or else `drafter`, built untrained.
 """
 
 from __future__ import annotations
@@ -18,18 +14,25 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from specdecode.core.config import GAMMA_RANGE, TEMPERATURE_RANGE, Placement, is_gamma, is_temperature, require
+from specdecode.core.config import (
+    GAMMA_RANGE,
+    TEMPERATURE_RANGE,
+    Placement,
+    is_gamma,
+    is_temperature,
+    require,
+    require_ints,
+)
 from specdecode.core.devices import resolve_device
 from specdecode.data.corpus import vocab_corpus
 from specdecode.data.domains import format_prompt
-from specdecode.decoding.decode import autoregressive_generate, speculative_generate
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.record import StepEvent
 from specdecode.decoding.stats import GenerationResult
 from specdecode.models.compat import default_eos
 from specdecode.models.config import DrafterConfig, TargetConfig
 from specdecode.models.loading import build_drafter, load_drafters, load_target
-from specdecode.routing.generate import match_drafters
+from specdecode.routing.generate import generate_with, match_drafters
 from specdecode.routing.router import NO_DRAFTER, Router
 from specdecode.watch.render import Answer, pieces
 
@@ -72,7 +75,7 @@ class WatchConfig(Placement):
             require(len(self.drafters) <= 1, "drafters", self.drafters, "one drafter folder without router_dir")
         for name, path in self.drafters.items():
             require(Path(path).exists(), f"drafters.{name}", path, "does not exist")
-        require(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, ">= 1")
+        require_ints(self, "max_new_tokens")
         require(is_temperature(self.temperature), "temperature", self.temperature, TEMPERATURE_RANGE)
         require(self.gamma is None or is_gamma(self.gamma), "gamma", self.gamma, f"null or {GAMMA_RANGE}")
         require(0 <= self.port <= 65535, "port", self.port, "in [0, 65535] (0: any free port)")
@@ -113,17 +116,12 @@ class Watcher:
         on_step: Callable[[StepEvent], None] | None = None,
         max_new_tokens: int | None = None,
     ) -> GenerationResult:
-        """`ids` decoded with `drafters[drafter]`, or the target alone for `none` (`max_new_tokens`:
-        the watch's own when None)."""
+        """`ids` decoded with `drafters[drafter]`, or the target alone for `none`."""
         kwargs = dict(self.decode_kwargs) | {"eos_token_ids": default_eos(self.target)}
         if max_new_tokens is not None:
             kwargs["max_new_tokens"] = max_new_tokens
-        if drafter == NO_DRAFTER:
-            kwargs = {k: v for k, v in kwargs.items() if k not in ("gamma", "prompt_lookup")}
-            return autoregressive_generate(self.target, [ids], record=record, on_step=on_step, **kwargs)
-        return speculative_generate(
-            self.target, self.drafters[drafter], [ids], record=record, on_step=on_step, **kwargs
-        )
+        model = None if drafter == NO_DRAFTER else self.drafters[drafter]
+        return generate_with(self.target, model, [ids], record=record, on_step=on_step, **kwargs)
 
     def answer(self, text: str, compare: bool = True) -> Answer:
         """`text` decoded with its drafter (record on), and with the target alone when `compare`."""
@@ -136,16 +134,14 @@ class Watcher:
         return Answer(text, name, pieces(self.tokenizer, row), row.tau, result.stats.tokens_per_s, alone)
 
     def warm_up(self) -> None:
-        """Decode a few tokens with each drafter and the target alone, untimed: a process's first
-        passes pay one-off costs that would otherwise land on the first prompt's tokens/s."""
+        """Decode a few tokens with each drafter and the target alone, untimed: first passes pay one-off costs."""
         ids = self.prompt_ids("Hello")
         for name in [*self.drafters, NO_DRAFTER]:
             self.decode(ids, name, max_new_tokens=8)
 
 
 def drafter_folders(cfg: WatchConfig, router: Router | None) -> dict[str, str]:
-    """The drafter folders by name: `cfg.drafters`, or a demo's (`generic` is distill-mix, each
-    other name distill-<name>) for the drafters its router routes to."""
+    """The drafter folders by name: `cfg.drafters`, or a demo's for the drafters its router routes to."""
     if cfg.demo_dir is None:
         return dict(cfg.drafters)
     assert router is not None
