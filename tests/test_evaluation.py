@@ -911,6 +911,25 @@ def test_repeated_rounds_start_one_method_further_on_and_keep_the_median_round()
     assert kept["b"].seconds == 2.0 and kept["b"] in [r["b"] for r in rounds]
 
 
+def test_with_a_baseline_each_method_keeps_its_median_speedup_pair_by_pair() -> None:
+    """The machine slows between rounds: pair by pair b runs 0.83x, 2.0x and 1.0x a's speed, so its
+    median speedup is 1.0x, where each method's median round alone would say 1.33x."""
+    counters = StepCounters(0, torch.device("cpu"))
+    counters.record_target_call(1)
+
+    def record(seconds: float) -> RunRecord:
+        return RunRecord([GenerationResult.build([[1]], counters, seconds)])
+
+    rounds = [{"a": record(a), "b": record(b)} for a, b in ((10.0, 12.0), (30.0, 15.0), (20.0, 20.0))]
+    assert records.median_rounds(rounds)["b"].seconds == 15.0
+    kept = records.median_rounds(rounds, baseline="a")
+    assert kept["a"].seconds == 20.0 and kept["a"] is rounds[2]["a"]
+    assert kept["a"].seconds / kept["b"].seconds == pytest.approx(1.0)
+    rounds[2]["b"] = record(40.0)  # 0.5x: the lower of the middle speedups is now 0.83x, carried to a's 20 s
+    kept = records.median_rounds(rounds[:2] + rounds[2:], baseline="a")
+    assert kept["b"].seconds == pytest.approx(24.0) and kept["b"].results == rounds[0]["b"].results
+
+
 def test_batched_rounds_repeat_the_turns_past_batch_1_only(tiny_setup, monkeypatch) -> None:
     tmp_path, folders = tiny_setup
     turns: list[tuple[int, int]] = []  # (batch size, first method) of each run where the methods take turns

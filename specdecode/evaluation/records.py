@@ -29,6 +29,8 @@ class RunRecord:
     order: list[int] | None = None
     # Work outside decoding that the method pays for (the router's embedding and MLP).
     extra_seconds: float = 0.0
+    # Decode seconds are multiplied by this: a round's, carried to the baseline's median round (`median_rounds`).
+    time_scale: float = 1.0
 
     @property
     def sequences(self) -> list[list[int]]:
@@ -41,7 +43,7 @@ class RunRecord:
 
     @property
     def seconds(self) -> float:
-        return sum(r.stats.wall_time_s for r in self.results) + self.extra_seconds
+        return sum(r.stats.wall_time_s for r in self.results) * self.time_scale + self.extra_seconds
 
     def counts(self, reference: list[list[int]] | None) -> dict:
         """Raw, summable counts (what processes gather before rows are computed)."""
@@ -160,10 +162,21 @@ def run_interleaved(
     return records
 
 
-def median_rounds(rounds: Sequence[dict[str, RunRecord]]) -> dict[str, RunRecord]:
-    """Each method's record from the round in which it took the median seconds (the lower of the middle two)."""
+def median_rounds(rounds: Sequence[dict[str, RunRecord]], baseline: str | None = None) -> dict[str, RunRecord]:
+    """Each method's record from the round in which it took the median seconds (the lower of the
+    middle two). With `baseline` among the methods, each other method's is instead its round of the
+    median speedup over the baseline in the same round (the lower of the middle two), its seconds
+    carried to the baseline's median round: a machine whose speed drifts between rounds slows both
+    of a round alike, so the drift cancels in the ratio."""
     middle = (len(rounds) - 1) // 2
-    return {name: sorted((r[name] for r in rounds), key=lambda record: record.seconds)[middle] for name in rounds[0]}
+    kept = {name: sorted((r[name] for r in rounds), key=lambda record: record.seconds)[middle] for name in rounds[0]}
+    if baseline is None or baseline not in kept:
+        return kept
+    for name in kept.keys() - {baseline}:
+        paired = sorted(rounds, key=lambda r: r[baseline].seconds / r[name].seconds)[middle]
+        scale = kept[baseline].seconds / paired[baseline].seconds
+        kept[name] = replace(paired[name], time_scale=paired[name].time_scale * scale)
+    return kept
 
 
 def run_batched(generate: Generate, prompts: list[list[int]], batch_size: int) -> RunRecord:

@@ -246,8 +246,8 @@ def _run_turns(
     rounds: int = 1,
 ) -> dict[str, RunRecord]:
     """`methods` on every prompt and the `chosen` methods on theirs, taking turns batch by batch
-    (`run_interleaved`) `rounds` times, each method's record its median round's; the routed
-    records pay the router's seconds."""
+    (`run_interleaved`) `rounds` times, each method's record its round of the median speedup over
+    `autoregressive` (`median_rounds`); the routed records pay the router's seconds."""
     records = median_rounds(
         [
             run_interleaved(
@@ -261,7 +261,8 @@ def _run_turns(
                 first=round_,
             )
             for round_ in range(rounds)
-        ]
+        ],
+        baseline="autoregressive",
     )
     for name in _ROUTED & set(records):
         records[name].extra_seconds = (routing_s or 0.0) * len(ids)
