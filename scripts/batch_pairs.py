@@ -2,6 +2,7 @@
 
     python scripts/batch_pairs.py math --temperature 0.0 --pairs 6
     python scripts/batch_pairs.py mixed --temperature 0.7 --pairs 6 --one-table
+    python scripts/batch_pairs.py code --temperature 0.7 skinny_matmul=null   # the demo's CPU kernels
 
 Decodes one domain's first 8 held-out prompts (128 new tokens) as one batch with the demo's trained
 drafters, each prompt routed by the demo's router, and with the target alone; the methods take
@@ -47,14 +48,17 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=6)
     parser.add_argument("--demo-dir", default="outputs/demo")
     parser.add_argument("--one-table", action="store_true")
-    args = parser.parse_args()
+    parser.add_argument("overrides", nargs="*", help="conf/eval.yaml overrides, e.g. skinny_matmul=null")
+    args = parser.parse_intermixed_args()
     if args.pairs < 1:
         parser.error(f"--pairs must be >= 1, got {args.pairs}")
     d = args.demo_dir
     register_schemas()
     overrides = [f"+drafters.{name}={d}/distill-{folder}/drafter" for name, folder in DRAFTERS.items()]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        raw = compose("eval", overrides=[*overrides, f"router_dir={d}/fit", f"domains=[{args.domain}]"])
+        raw = compose(
+            "eval", overrides=[*overrides, f"router_dir={d}/fit", f"domains=[{args.domain}]", *args.overrides]
+        )
     cfg = OmegaConf.to_object(raw)
     target, tokenizer = load_target(cfg.target, dtype=cfg.dtype, device="cpu", skinny_matmul=cfg.skinny_matmul)
     drafters = load_drafters(dict(cfg.drafters), target, tokenizer)
@@ -128,6 +132,10 @@ def steps_against_table(result: GenerationResult, policy: AdaptiveGamma, names: 
         entry[1] += time_s - previous
         entry[2] += policy.seconds(len(drafters), [drafters.count(name) for name in names])[gamma]
         previous = time_s
+    first = min(row.steps[0].time_s for row in record)
+    print(
+        f"wall {stats.wall_time_s:.2f} s: {first:.2f} s to the first token, {previous - first:.2f} s of steps after it"
+    )
     print("batch gamma steps measured_ms predicted_ms ratio")
     for (batch, gamma), (count, measured, predicted) in sorted(groups.items()):
         per_step = f"{1e3 * measured / count:.1f} {1e3 * predicted / count:.1f}"

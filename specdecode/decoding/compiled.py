@@ -50,7 +50,7 @@ def check_core(static: object, compile: object, device: torch.device, capacity: 
     value named); return whether to compile."""
     if not isinstance(static, bool):
         raise TypeError(f"static must be true or false, got {static!r}")
-    on = resolve_compile(compile, device)  # type: ignore[arg-type]
+    on = resolve_compile(compile, device)  # type: ignore[arg-type]  # a bad value is named inside
     if compile is True and not static:
         raise ValueError("compile=True needs static=True: only the static-shape core can be compiled")
     if capacity is not None and (not is_int(capacity) or capacity < 1):

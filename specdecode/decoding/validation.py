@@ -38,7 +38,7 @@ def _token_id(value: object) -> int | None:
     ):
         return None
     try:
-        return operator.index(value)  # type: ignore[arg-type]
+        return operator.index(value)  # type: ignore[arg-type]  # any object; a TypeError means no index
     except TypeError:
         return None
 

@@ -78,8 +78,8 @@ class TeacherCache:
             counts(self.offsets),
             rows(self.topk_ids, self.offsets),
             rows(self.topk_logits, self.offsets),
-            rows(self.features, self.token_offsets) if has_features else None,  # type: ignore[arg-type]
-            counts(self.token_offsets) if has_features else None,  # type: ignore[arg-type]
+            rows(self.features, self.token_offsets) if has_features else None,  # type: ignore[arg-type]  # both set
+            counts(self.token_offsets) if has_features else None,  # type: ignore[arg-type]  # both set
         )
 
 
