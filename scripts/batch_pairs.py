@@ -1,7 +1,7 @@
 """Routed `gamma="auto"` against the target alone at batch 8, in many short interleaved pairs.
 
     python scripts/batch_pairs.py math --temperature 0.0 --pairs 6
-    python scripts/batch_pairs.py mixed --temperature 0.7 --pairs 6 --one-table
+    python scripts/batch_pairs.py mixed --temperature 0.7 --pairs 6 --one-table --groups
     python scripts/batch_pairs.py code --temperature 0.7 skinny_matmul=null   # the demo's CPU kernels
 
 Decodes one domain's first 8 held-out prompts (128 new tokens) as one batch with the demo's trained
@@ -9,7 +9,8 @@ drafters, each prompt routed by the demo's router, and with the target alone; th
 turns, the order reversed every other pair. A pair's ratio cancels the machine's drift between
 pairs (on a 2-core machine the target alone moved 13-21 s between pairs of one run); the median
 over pairs is the figure. `--one-table` adds the adaptive gamma timed with the first drafter only
-(a mixed batch then pays one drafter's drafts, not each one's). After the pairs, one recorded
+(a mixed batch then pays one drafter's drafts, not each one's); `--groups` adds the routed prompts
+decoded one batch per chosen drafter, and the one batch's speedup over it. After the pairs, one recorded
 decode compares each step's measured seconds with what the step table predicted for its batch
 size and gamma.
 """
@@ -48,6 +49,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=6)
     parser.add_argument("--demo-dir", default="outputs/demo")
     parser.add_argument("--one-table", action="store_true")
+    parser.add_argument("--groups", action="store_true", help="also routed, one batch per chosen drafter")
     parser.add_argument("overrides", nargs="*", help="conf/eval.yaml overrides, e.g. skinny_matmul=null")
     args = parser.parse_intermixed_args()
     if args.pairs < 1:
@@ -81,12 +83,26 @@ def main() -> None:
         "target": lambda: autoregressive_generate(target, ids, **options),
         "auto": routed("auto"),
     }
+    if args.groups:
+        methods["routed in groups"] = lambda: grouped(target, used, ids, assign, options)
     if args.one_table:
         first = next(iter(used.values()))
-        methods["auto, one table"] = routed(AdaptiveGamma(step_table(target, first, params), drafter_alpha(first)))
+        one = AdaptiveGamma(step_table(target, first, params), drafter_alpha(first, args.temperature), calibrate=True)
+        methods["auto, one table"] = routed(one)
     timed_pairs(methods, args.pairs, f"{args.domain} T={args.temperature}")
     recorded = speculative_generate(target, used, ids, assign=assign, gamma=policy, record=True, **options)
     steps_against_table(recorded, policy, rows.names)
+
+
+def grouped(target: object, drafters: dict, ids: list[list[int]], assign: list[str | None], options: dict) -> None:
+    """The routed prompts decoded one batch per chosen drafter (the target alone for no drafter), as
+    the evaluation's `routed_grouped`."""
+    for name in sorted(set(assign), key=assign.index):
+        members = [prompt for prompt, choice in zip(ids, assign) if choice == name]
+        if name is None:
+            autoregressive_generate(target, members, **options)
+        else:
+            speculative_generate(target, drafters[name], members, gamma="auto", **options)
 
 
 # The demo's drafters by router name, and their folders under --demo-dir (distill-<folder>).
@@ -112,6 +128,12 @@ def timed_pairs(methods: dict[str, Callable[[], object]], pairs: int, label: str
         print(
             f"{label} {name}: speedup median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, "
             f"max {max(ratios):.3f}) over {pairs} pairs; target alone median {statistics.median(base):.2f} s"
+        )
+    if "routed in groups" in seconds:
+        ratios = [g / a for g, a in zip(seconds["routed in groups"], seconds["auto"])]
+        print(
+            f"{label} one batch over groups: median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, "
+            f"max {max(ratios):.3f})"
         )
 
 

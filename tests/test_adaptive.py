@@ -444,3 +444,82 @@ def test_auto_times_each_drafter_of_a_mixed_batch_and_the_loop_passes_its_rows(
     assert result.sequences == reference.sequences
     assert sorted(measured) == ["FeatureDrafter", "LlamaForCausalLM"]
     assert seen[0] == [3, 3] and seen[-1] == [2, 3]  # a's row with 4 tokens left the batch
+
+
+def test_steps_slower_than_the_table_move_the_choice(monkeypatch) -> None:
+    """The decode times each step between the loop's syncs. Drafting steps at 3x the table's seconds:
+    with no target step timed, target steps follow them (a slower machine favours neither kind), until
+    the probe times one after `PROBE_AFTER` drafting steps; then the choice turns to target steps.
+    Uncalibrated, or with steps as the table says, the table alone decides."""
+    import specdecode.decoding.adaptive as adaptive_module
+
+    now = [0.0]
+    monkeypatch.setattr(adaptive_module.time, "perf_counter", lambda: now[0])
+    table = StepTable((1,), ((1.0, 1.3, 1.6),), 16)
+    expected = [1.0, 1.7, 2.19]  # one row at alpha 0.7: gamma 2 pays at the table's costs (2.19 / 1.6 > 1)
+    probe = adaptive_module.PROBE_AFTER
+
+    def run(calibrate: bool, slow: dict[int, float], steps: int, scale: list | None = None) -> list[int]:
+        state = AdaptiveGamma(table, calibrate=calibrate).start(1, torch.device("cpu"))
+        state.scale = scale or state.scale
+        chosen = []
+        for _ in range(steps):
+            chosen.append(state.choose(expected, 1))
+            now[0] += table.at(1)[chosen[-1]] * slow.get(min(chosen[-1], 1), 1.0)
+        return chosen
+
+    assert run(False, {1: 3.0}, 16) == [2] * 16
+    slowed = run(True, {1: 3.0}, 16)
+    assert slowed[: probe + 1] == [2] * probe + [0] and slowed[-4:] == [0] * 4
+    assert run(True, {}, 16) == [2] * probe + [0] + [2] * 7  # as the table says: the probe, then the same choice
+    # target steps at 3x the table, drafting steps as it says: from target steps the choice turns to drafting
+    chosen = run(True, {0: 3.0}, 12, scale=[1.0, 3.0])
+    assert chosen[0] == 0 and chosen[-1] == 2
+
+
+def test_auto_calibrates_and_a_sampled_decode_starts_at_its_temperatures_acceptance(
+    target, ragged_prompts, monkeypatch
+) -> None:
+    """`gamma="auto"` scales its table by the decode's steps; its prior at T lies between the greedy
+    acceptance and the sampled one stored at temperature t, linear in T up to t; bad entries fall back."""
+    drafter = derive_feature_drafter(target, 1)
+    drafter.config.specdecode_alpha = 0.6
+    drafter.config.specdecode_alpha_sampled = {"temperature": 1.0, "alpha": 0.4}
+    assert [drafter_alpha(drafter, t) for t in (0.0, 0.5, 1.0, 1.5)] == pytest.approx([0.6, 0.5, 0.4, 0.4])
+    for bad in ({"temperature": 0.0, "alpha": 0.4}, {"temperature": 1.0, "alpha": 1.5}, {"alpha": 0.4}, 0.4):
+        drafter.config.specdecode_alpha_sampled = bad
+        assert drafter_alpha(drafter, 0.7) == 0.6
+    drafter.config.specdecode_alpha_sampled = {"temperature": 1.0, "alpha": 0.4}
+    monkeypatch.setattr(specdecode_decode(), "step_table", lambda *a, **k: FLAT)
+    policy = specdecode_decode().adaptive_gamma(target, drafter, SamplingParams(0.5))
+    assert policy.calibrate and policy.prior_alpha == pytest.approx(0.5)
+    assert not AdaptiveGamma(FLAT).calibrate
+    reference = autoregressive_generate(target, ragged_prompts, max_new_tokens=12, eos_token_ids=[]).sequences
+    result = speculative_generate(target, drafter, ragged_prompts, gamma="auto", max_new_tokens=12, eos_token_ids=[])
+    assert result.sequences == reference
+
+
+@pytest.mark.parametrize("kind", ["slice", "feature"])
+def test_after_leave_after_target_steps_the_target_decodes_alone(target, ragged_prompts, kind) -> None:
+    """A drafter never accepted at costs where drafts pay only above alpha ~0.4: once the policy has
+    taken `leave_after` target steps in a row, the drafter never runs again, and the output is the
+    target's own; every step after the first is counted as a gamma-0 step."""
+    table = StepTable((1,), ((1.0, 1.3, 1.6),), 16)
+    drafter = tiny_llama(1, seed=1) if kind == "slice" else derive_feature_drafter(target, 1)
+    calls: list[int] = []
+    drafter.register_forward_pre_hook(lambda *a: calls.append(1))
+    reference = autoregressive_generate(target, ragged_prompts, max_new_tokens=40, eos_token_ids=[])
+    results = {}
+    for leave_after in (None, 3):
+        calls.clear()
+        policy = AdaptiveGamma(table, prior_alpha=0.9, leave_after=leave_after)
+        result = speculative_generate(
+            target, drafter, ragged_prompts, gamma=policy, max_new_tokens=40, eos_token_ids=[], prompt_lookup=None
+        )
+        assert result.sequences == reference.sequences
+        assert sum(result.stats.gamma_steps.values()) == result.stats.target_calls - 1
+        results[leave_after] = (len(calls), result.stats.gamma_steps)
+    (stayed, stayed_steps), (left, left_steps) = results[None], results[3]
+    assert left < stayed and left_steps[0] > stayed_steps[0]  # the loop left: fewer drafter calls, no retry
+    with pytest.raises(ValueError, match="leave_after"):
+        AdaptiveGamma(table, leave_after=0)

@@ -375,7 +375,7 @@ def test_the_feature_drafters_cache_is_allocated_in_its_prefill_even_for_one_tok
 
 
 def test_seeded_draws_made_ahead_are_the_eager_loops_own(target) -> None:
-    """The static step samples against draws made before it (`exponential_noise`), which a compiled
+    """The static step samples against draws made before it (`sample_draws`), which a compiled
     step needs: with no row finishing early, the eager loop's seeded samples, token for token."""
     kwargs = dict(max_new_tokens=10, eos_token_ids=[], temperature=0.8, seed=7)
     prompts = [[1, 2, 3], [4, 5], [6]]

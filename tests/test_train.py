@@ -623,6 +623,9 @@ def test_feature_drafter_distills_from_cached_features_and_reloads(tmp_path: Pat
     # training chose the gamma that decoded fastest, and stored it with the drafter
     assert drafter.config.specdecode_gamma == metrics["gamma"]["chosen"] in [1, 2, 3, 4, 5, 6, 8]
     assert drafter.config.specdecode_alpha == pytest.approx(metrics["acceptance_best"])
+    # and its expected acceptance when sampled, where a sampled gamma="auto" decode starts each row
+    sampled = drafter.config.specdecode_alpha_sampled
+    assert sampled == {"temperature": 1.0, "alpha": pytest.approx(metrics["best"]["expected"])}
     # timed by decoding the whole held-out prompts (not the training sequences' cut ones)
     whole = decoding_prompts(cfg.data, smoke_tokenizer(), cfg.train.gamma_prompts)
     assert metrics["gamma"]["method"] == "timed decodes" and metrics["gamma"]["prompt_tokens"] == sum(map(len, whole))

@@ -10,15 +10,25 @@ on target steps (it drifts back to the prior, so drafting is tried again). A row
 min((1 - alpha^(g+1)) / (1 - alpha), its budget left) tokens at gamma g. Exactness does not depend
 on the choice, made from what happened before the step (Leviathan et al. 2023, Thm 3.5). The
 per-gamma sums ride on the loop's one host sync per step.
+
+The table is timed on pieces of a step; the loop's steps also pay what the table leaves out (prompt
+lookup, a feature drafter's catch-up, the bookkeeping and the sync) and follow the machine's load.
+So the loop times each step between its syncs (host clock only) and scales the table by a running
+ratio of measured to predicted seconds, one for target steps and one for drafting steps; a decode
+that has only drafted takes one target step after `PROBE_AFTER` steps to time it (`calibrate`; on
+for `gamma="auto"`, whose table is this machine's). With it, the gammas a seeded sampled decode
+takes, and so its tokens, can differ between runs; each run samples the target exactly.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from specdecode.core.config import is_int
 from specdecode.decoding.costs import StepTable
 
 # The prior's weight in drafts: how many steps of evidence it takes to move a row's estimate.
@@ -29,6 +39,13 @@ DECAY = 0.9
 IDLE_DECAY = 0.99
 # A drafter's acceptance where it states none (`config.specdecode_alpha`).
 DEFAULT_PRIOR_ALPHA = 0.5
+# Each timed step moves the measured/predicted ratio of its kind (target or drafting step) this far.
+CALIBRATION_WEIGHT = 0.2
+# One step's ratio counts within these bounds (a pause or a collected row moves the ratio little).
+CALIBRATION_BOUNDS = (0.5, 2.0)
+# Drafting steps after which a decode that has timed no target step takes one, so the two kinds'
+# scales are both measured (with one kind timed alone, the other follows it).
+PROBE_AFTER = 8
 # Estimates stop short of 1, where the expected tokens (1 - alpha^(g+1)) / (1 - alpha) are g + 1.
 _MAX_ALPHA = 0.999
 
@@ -38,7 +55,9 @@ class AdaptiveGamma:
     """Gamma chosen per step from `costs` (module docstring); `prior_alpha` is each row's
     acceptance before it has drafted, `max_gamma` the widest step (at most the table's).
     `drafter_costs`: in a mixed batch, drafter k's table (its drafts timed apart), so each drafter
-    pays its own drafts for its rows (`seconds`)."""
+    pays its own drafts for its rows (`seconds`). `calibrate`: scale the table by the decode's own
+    step times (module docstring). `leave_after`: after this many target steps in a row, the target
+    decodes alone to the end, without the speculative loop's work for the drafter (None: never)."""
 
     costs: StepTable
     prior_alpha: float = DEFAULT_PRIOR_ALPHA
@@ -47,6 +66,8 @@ class AdaptiveGamma:
     decay: float = DECAY
     idle_decay: float = IDLE_DECAY
     drafter_costs: tuple[StepTable, ...] = ()
+    calibrate: bool = False
+    leave_after: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.costs, StepTable):
@@ -61,6 +82,8 @@ class AdaptiveGamma:
         for name in ("decay", "idle_decay"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)!r}")
+        if self.leave_after is not None and not (is_int(self.leave_after) and self.leave_after >= 1):
+            raise ValueError(f"leave_after must be an int >= 1 or None, got {self.leave_after!r}")
         tables = (self.costs, *self.drafter_costs) if self.drafter_costs else ()
         if any(not isinstance(t, StepTable) or not t.drafts or t.max_gamma < self.widest for t in tables):
             raise ValueError(
@@ -131,6 +154,48 @@ class GammaState:
         self.accepted = torch.zeros_like(prior)
         self.rejections = torch.zeros_like(prior)
         self.gammas = torch.arange(policy.widest + 1, device=prior.device, dtype=torch.float32)
+        # measured / predicted seconds of target steps and of drafting steps (None: none timed yet, it
+        # follows the other kind's, so a machine slower than its table does not favour either kind),
+        # and the step under way: (its kind, its predicted seconds, when it started)
+        self.scale: list[float | None] = [None, None]
+        self._timing: tuple[int, float, float] | None = None
+        self._drafting_steps = 0
+        self._target_run = 0  # target steps chosen in a row
+
+    def leaves(self) -> bool:
+        """Whether the decode leaves the speculative loop (`AdaptiveGamma.leave_after`)."""
+        after = self.policy.leave_after
+        return after is not None and self._target_run >= after
+
+    def scales(self) -> tuple[float, float]:
+        """The scale of target steps and of drafting steps (`scale`, an untimed kind's the other's)."""
+        target, drafting = self.scale
+        return (target or drafting or 1.0, drafting or target or 1.0)
+
+    def choose(self, expected: list[float], batch_size: int, groups: Sequence[int] | None = None) -> int:
+        """The next step's gamma (`AdaptiveGamma.choose`), called once per step right after the loop's
+        sync: the time since the previous call is that step's, which moves `scale` (`calibrate`)."""
+        policy, now = self.policy, time.perf_counter()
+        if self._timing is not None and policy.calibrate:
+            kind, predicted, started = self._timing
+            measured = max(now - started, 1e-9) / predicted
+            current = self.scale[kind]
+            if current is None:  # a kind's first timed step sets its scale
+                self.scale[kind] = measured
+            else:
+                low, high = CALIBRATION_BOUNDS
+                self.scale[kind] = current * (
+                    1.0 + CALIBRATION_WEIGHT * (min(max(measured / current, low), high) - 1.0)
+                )
+        # a step's seconds scaled by s weigh as its expected tokens divided by s
+        scales = self.scales()
+        gamma = policy.choose([tokens / scales[min(g, 1)] for g, tokens in enumerate(expected)], batch_size, groups)
+        if policy.calibrate and self.scale[0] is None and self._drafting_steps >= PROBE_AFTER:
+            gamma = 0  # the probe: time one target step
+        self._drafting_steps += gamma > 0
+        self._target_run = 0 if gamma else self._target_run + 1
+        self._timing = (min(gamma, 1), policy.seconds(batch_size, groups)[gamma], now)
+        return gamma
 
     def alpha(self) -> torch.Tensor:
         """Each row's acceptance estimate `[B]`."""

@@ -33,6 +33,8 @@ from specdecode.models.feature_drafter import FeatureDrafter
 DEFAULT_GAMMA = 4
 # `speculative_generate(gamma=AUTO)`: each step's gamma chosen while decoding (`adaptive.py`)
 AUTO = "auto"
+# gamma="auto": after this many target steps in a row the target decodes alone to the end
+LEAVE_AFTER = 16
 
 
 def drafter_gamma(drafter: PreTrainedModel | FeatureDrafter | RowDrafters) -> int:
@@ -44,13 +46,20 @@ def drafter_gamma(drafter: PreTrainedModel | FeatureDrafter | RowDrafters) -> in
     return gamma if is_int(gamma) and gamma >= 1 else DEFAULT_GAMMA
 
 
-def drafter_alpha(drafter: PreTrainedModel | FeatureDrafter) -> float:
-    """The held-out acceptance stored with a trained drafter (`config.specdecode_alpha`), else
-    `DEFAULT_PRIOR_ALPHA`: where the adaptive gamma starts each row."""
+def drafter_alpha(drafter: PreTrainedModel | FeatureDrafter, temperature: float = 0.0) -> float:
+    """Where the adaptive gamma starts each row: the held-out acceptance stored with a trained
+    drafter, else `DEFAULT_PRIOR_ALPHA`. Greedy: `config.specdecode_alpha`. Sampled at T: between it
+    and `config.specdecode_alpha_sampled` (Σ min(p, q) at its temperature t), linear in T up to t, which
+    sampled acceptance tends to as T falls to 0 (both distributions then one-hot at their argmax)."""
     alpha = getattr(drafter.config, "specdecode_alpha", None)
-    if is_number(alpha) and 0.0 <= alpha <= 1.0:
-        return float(alpha)
-    return DEFAULT_PRIOR_ALPHA
+    greedy = float(alpha) if is_number(alpha) and 0.0 <= alpha <= 1.0 else DEFAULT_PRIOR_ALPHA
+    sampled = getattr(drafter.config, "specdecode_alpha_sampled", None)
+    if temperature == 0.0 or not isinstance(sampled, dict):
+        return greedy
+    at, value = sampled.get("temperature"), sampled.get("alpha")
+    if not (is_number(at) and at > 0 and is_number(value) and 0.0 <= value <= 1.0):
+        return greedy
+    return greedy + (float(value) - greedy) * min(temperature / at, 1.0)
 
 
 def adaptive_gamma(
@@ -60,11 +69,14 @@ def adaptive_gamma(
     remeasure: bool = False,
 ) -> AdaptiveGamma:
     """The adaptive gamma `gamma="auto"` decodes with: this machine's step table for these models and
-    sampling mode (`costs.step_table`, measured once then cached), rows starting at the drafter's alpha.
+    sampling mode (`costs.step_table`, measured once then cached, scaled by the decode's own step times),
+    rows starting at the drafter's alpha, leaving the speculative loop after `LEAVE_AFTER` target steps.
     A mixed batch's drafters each get a table too, so each pays its own drafts (`drafter_costs`)."""
     models = drafter.models if isinstance(drafter, RowDrafters) else (drafter,)
     tables = tuple(step_table(target, model, params, remeasure=remeasure) for model in models)
-    return AdaptiveGamma(tables[0], drafter_alpha(models[0]), drafter_costs=tables if len(tables) > 1 else ())
+    drafter_costs = tables if len(tables) > 1 else ()
+    prior = drafter_alpha(models[0], params.temperature)
+    return AdaptiveGamma(tables[0], prior, drafter_costs=drafter_costs, calibrate=True, leave_after=LEAVE_AFTER)
 
 
 @dataclass(frozen=True)
@@ -185,7 +197,7 @@ def speculative_generate(
     if fixed is None and models:
         adaptive = adaptive or adaptive_gamma(target, drafting, options.params)
         if isinstance(decoder, EagerDecoder):
-            priors = _row_priors(drafting)
+            priors = _row_priors(drafting, options.temperature)
             # where no draft pays at the rows' stated acceptance, the target decodes alone
             starts = priors or (adaptive.prior_alpha,) * len(request.prompts)
             owners = drafting.owners if isinstance(drafting, RowDrafters) else None
@@ -206,11 +218,14 @@ def speculative_generate(
     return drafting.named(result) if isinstance(drafting, RowDrafters) else result
 
 
-def _row_priors(drafter: PreTrainedModel | FeatureDrafter | RowDrafters) -> tuple[float, ...] | None:
-    """Each row's prior acceptance in a mixed batch (0 for a row that drafts nothing); None for one drafter."""
+def _row_priors(
+    drafter: PreTrainedModel | FeatureDrafter | RowDrafters, temperature: float
+) -> tuple[float, ...] | None:
+    """Each row's prior acceptance at `temperature` in a mixed batch (0 for a row that drafts nothing);
+    None for one drafter."""
     if not isinstance(drafter, RowDrafters):
         return None
-    return tuple(0.0 if k is None else drafter_alpha(drafter.models[k]) for k in drafter.owners)
+    return tuple(0.0 if k is None else drafter_alpha(drafter.models[k], temperature) for k in drafter.owners)
 
 
 def _adaptive(gamma: object) -> AdaptiveGamma | None:

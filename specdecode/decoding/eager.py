@@ -123,8 +123,7 @@ class EagerDecoder(Decoder):
         while (max_length := finisher.step(rows, finished, kept, _expected(adaptive, rows, finished))) is not None:
             target_cache.set_lengths(rows.lengths - 1, max_length - 1)
             if adaptive is not None:
-                assert request.adaptive is not None
-                step_gamma = request.adaptive.choose(finisher.also, rows.rows.numel(), drafting.groups)
+                step_gamma = adaptive.choose(finisher.also, rows.rows.numel(), drafting.groups)
                 counters.gamma_steps[step_gamma] = counters.gamma_steps.get(step_gamma, 0) + 1
             else:
                 step_gamma = gamma
@@ -135,6 +134,9 @@ class EagerDecoder(Decoder):
                 )
                 if adaptive is not None:
                     adaptive.update(None, 0)
+                    if adaptive.leaves():  # no draft has paid for a while: the target alone to the end
+                        _target_steps(target, target_cache, rows, finished, finisher, counters, request)
+                        break
                 continue
 
             # 1. draft gamma tokens, keeping q exactly as sampled from (None when greedy: not needed)
@@ -155,7 +157,13 @@ class EagerDecoder(Decoder):
             # 4. trim caches: done at the top of the loop from the committed lengths (rejected drafts'
             # entries stay in their slots, masked, until overwritten).
 
-        return self._result(finisher, counters.finish(gamma, 1, drafting.looked_up), start)
+        result = self._result(finisher, counters.finish(gamma, 1, drafting.looked_up), start)
+        if adaptive is not None:  # the steps after leaving the loop are target steps too
+            steps = result.stats.gamma_steps
+            after = result.stats.target_calls - 1 - sum(steps.values())
+            if after:
+                steps[0] = steps.get(0, 0) + after
+        return result
 
     @staticmethod
     def _target_step(
@@ -190,17 +198,34 @@ class EagerDecoder(Decoder):
         logits, hidden = prefill(target, cache, rows, feature_layers=feature_layers)
         features = FeatureRows(hidden, rows.capacity) if hidden is not None else None
         finished = _commit_token(rows, next_tokens(logits, params, generator), counters, recorder)
-        while (max_length := finisher.step(rows, finished, (cache,))) is not None:
-            cache.set_lengths(rows.lengths - 1, max_length - 1)
-            logits, hidden = cached_forward_features(target, cache, rows.last(1), feature_layers=feature_layers)
-            if features is not None and hidden is not None:
-                features.write(rows.rows, rows.lengths - 1, hidden[:, -1])
-            finished = _commit_token(rows, next_tokens(logits[:, -1], params, generator), counters, recorder)
+        _target_steps(target, cache, rows, finished, finisher, counters, request, features)
 
         result = self._result(finisher, counters.finish(0, 0, 0), start)
         if features is not None:
             result.features = features.rows(rows.prompt_lengths, result.sequences)
         return result
+
+
+def _target_steps(
+    target: PreTrainedModel,
+    cache: KVCache,
+    rows: RaggedRows,
+    finished: torch.Tensor,
+    finisher: Finisher,
+    counters: DeviceCounters,
+    request: Request,
+    features: FeatureRows | None = None,
+) -> None:
+    """The target alone decodes `rows` to their ends (`finished` `[B]`: after the last commit),
+    keeping each token's features in `features` where given."""
+    layers = request.feature_layers if features is not None else None
+    while (max_length := finisher.step(rows, finished, (cache,))) is not None:
+        cache.set_lengths(rows.lengths - 1, max_length - 1)
+        logits, hidden = cached_forward_features(target, cache, rows.last(1), feature_layers=layers)
+        if features is not None and hidden is not None:
+            features.write(rows.rows, rows.lengths - 1, hidden[:, -1])
+        token = next_tokens(logits[:, -1], request.params, request.generator)
+        finished = _commit_token(rows, token, counters, finisher.recorder)
 
 
 def _commit_token(

@@ -10,9 +10,6 @@ import torch
 
 from specdecode.core.config import TEMPERATURE_RANGE, is_int, is_temperature
 
-# Exponential noise is clamped away from zero, so a zero-probability token never wins through 0 / 0 = NaN.
-_TINY = 1e-30
-
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -82,10 +79,10 @@ def logits_to_probs(logits: torch.Tensor, params: Params) -> torch.Tensor:
     return logits.softmax(dim=-1)
 
 
-def exponential_noise(shape: tuple[int, ...], device: torch.device, generator: torch.Generator | None) -> torch.Tensor:
-    """The Exp(1) draws `sample` would race probabilities of `shape` against, drawn ahead from
-    `generator` for a compiled graph."""
-    return torch.empty(shape, dtype=torch.float32, device=device).exponential_(1.0, generator=generator)
+def sample_draws(shape: tuple[int, ...], device: torch.device, generator: torch.Generator | None) -> torch.Tensor:
+    """The draws `sample` takes for probabilities of `shape` `[..., V]`: one U(0, 1] per row,
+    `[..., 1]` fp64, drawn ahead from `generator` for a compiled graph."""
+    return 1.0 - torch.rand((*shape[:-1], 1), dtype=torch.float64, device=device, generator=generator)
 
 
 class DrawnAhead:
@@ -113,13 +110,15 @@ def uniform(shape: tuple[int, ...], device: torch.device, generator: Generator) 
 
 
 def sample(probs: torch.Tensor, generator: Generator = None) -> torch.Tensor:
-    """Draw one token per row of `probs` `[..., V]` → `[...]` int64 by the exponential race
-    argmax(p / E), E ~ Exp(1) (exact, and unlike `torch.multinomial` no host sync on CUDA)."""
-    if isinstance(generator, DrawnAhead):
-        noise = generator.next()
-    else:
-        noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
-    return (probs / noise.clamp_min(_TINY)).argmax(dim=-1)
+    """Draw one token per row of `probs` `[..., V]` → `[...]` int64 by inverting the CDF: the first id
+    whose cumulative mass reaches u · total, u ~ U(0, 1]. The sums are fp64, so each id keeps its mass
+    to fp64 rounding and an id of zero mass is never drawn; one uniform per row, where a race of
+    exponentials needs V, and no host sync on CUDA (unlike `torch.multinomial`)."""
+    draws = (
+        generator.next() if isinstance(generator, DrawnAhead) else sample_draws(probs.shape, probs.device, generator)
+    )
+    cdf = probs.double().cumsum(dim=-1)
+    return torch.searchsorted(cdf, draws * cdf[..., -1:]).squeeze(-1)
 
 
 def next_tokens(

@@ -38,7 +38,7 @@ from specdecode.decoding.drafting import Drafting, drafting_for
 from specdecode.decoding.lookup import ActiveRowsLookup
 from specdecode.decoding.mixed import RowDrafters
 from specdecode.decoding.rows import FeatureRows, StaticRows, prefill
-from specdecode.decoding.sampling import DrawnAhead, Params, SamplingParams, exponential_noise, next_tokens, uniform
+from specdecode.decoding.sampling import DrawnAhead, Params, SamplingParams, next_tokens, sample_draws, uniform
 from specdecode.decoding.static_buffers import static_buffers
 from specdecode.decoding.static_cache import StaticKVCache, rows_capacity
 from specdecode.decoding.stats import DeviceCounters, GenerationResult
@@ -64,11 +64,11 @@ def _draws_ahead(
     vocab_size: int,
     device: torch.device,
 ) -> DrawnAhead:
-    """A sampled round's draws from `generator`, in the round's order: one Exp(1) race per draft over
-    `draw_width` ids (None: `vocab_size`), the acceptance uniforms, and the resample's race."""
-    races = [exponential_noise((batch_size, draw_width or vocab_size), device, generator) for _ in range(gamma)]
+    """A sampled round's draws from `generator`, in the round's order: one sample's draws per draft over
+    `draw_width` ids (None: `vocab_size`), the acceptance uniforms, and the resample's draws."""
+    drafts = [sample_draws((batch_size, draw_width or vocab_size), device, generator) for _ in range(gamma)]
     acceptance = uniform((batch_size, gamma), device, generator)
-    return DrawnAhead([*races, acceptance, exponential_noise((batch_size, vocab_size), device, generator)])
+    return DrawnAhead([*drafts, acceptance, sample_draws((batch_size, vocab_size), device, generator)])
 
 
 def _round(
@@ -239,7 +239,7 @@ class StaticDecoder(Decoder):
 
             def run(step: int) -> None:
                 # a seeded generator's draws are made ahead, as for a round
-                draws = DrawnAhead([exponential_noise(noise_shape, device, generator)]) if seeded else None
+                draws = DrawnAhead([sample_draws(noise_shape, device, generator)]) if seeded else None
                 with self._step(step, device, rows, cache):
                     run_step(target, rows, cache, counters, written, step_params, draws, feature_layers)
 

@@ -45,7 +45,13 @@ WEIGHTS_FILE = "model.safetensors"
 HOT_TOKEN_MAP_FILE = "hot_token_map.pt"
 TARGET_FAMILIES = ("llama", "qwen2")
 # config entries that only specdecode reads; the engines get a plain config
-_SPECDECODE_CONFIG_KEYS = (CONFIG_KEY, "draft_vocab_ids", "specdecode_gamma", "specdecode_alpha")
+_SPECDECODE_CONFIG_KEYS = (
+    CONFIG_KEY,
+    "draft_vocab_ids",
+    "specdecode_gamma",
+    "specdecode_alpha",
+    "specdecode_alpha_sampled",
+)
 
 
 @dataclass

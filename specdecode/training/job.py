@@ -139,6 +139,7 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     if accelerator.is_main_process:
         final = accelerator.unwrap_model(model).drafter
         load_trainable_state(final, best)
+        _store_acceptance(final, state, train.select_temperature or 1.0)
         if train.gamma_candidates:
             metrics["gamma"] = _choose_gamma(cfg, target, tokenizer, final, teacher, state.best_acceptance)
         _save(cfg, final, tokenizer, metrics, accelerator)
@@ -178,8 +179,16 @@ def _choose_gamma(
         train.select_temperature,
     )
     drafter.config.specdecode_gamma = figures["chosen"]  # saved with the drafter, read by decode.drafter_gamma
-    drafter.config.specdecode_alpha = acceptance  # where gamma="auto" starts each row (decode.drafter_alpha)
     return figures
+
+
+def _store_acceptance(drafter: PreTrainedModel | FeatureDrafter, state: LoopState, temperature: float) -> None:
+    """Store the best evaluation's held-out acceptance with the drafter, where `gamma="auto"` starts
+    each row (`decode.drafter_alpha`): greedy, and expected (Σ min(p, q)) at the selection `temperature`."""
+    best = next((h for h in state.history if h["step"] == state.best_step), None)
+    if best is not None and "greedy" in best and "expected" in best:
+        drafter.config.specdecode_alpha = best["greedy"]
+        drafter.config.specdecode_alpha_sampled = {"temperature": temperature, "alpha": best["expected"]}
 
 
 def _logits_module(
