@@ -1,11 +1,5 @@
-"""Step costs as the speedup model (`speedup.py`), the gamma choice (`gamma.py`) and the
-benchmarks read them, and timed batch-1 decodes (`timed_decodes`).
-
-The pieces are `costs.step_pieces` at batch 1 (a target step, a verify of gamma drafts, the
-drafter's gamma drafts: a drafter step is a gamma-th of it), timed by `costs.time_rounds`.
-`core_step_costs` times them on each decode core in the middle of an answer; on the compiled core
-each piece is its own graph (the decode benchmark times whole rounds), and its first
-`GUARDED_STEPS` rounds are not counted.
+"""Step costs at batch 1 as the speedup model, the gamma choice and the benchmarks read them
+(`costs.step_pieces` timed by `costs.time_rounds`), and timed batch-1 decodes (`timed_decodes`).
 """
 
 from __future__ import annotations
@@ -143,17 +137,10 @@ def timed_decodes(
     max_new_tokens: int,
     temperature: float = 0.0,
 ) -> dict[str, Any]:
-    """Decode each of `prompts` alone (batch 1) with the target alone and with `drafter` at each of
-    `gammas` (a fixed budget, seeded when sampling), timing every decode, after one untimed warm-up
-    each. Each prompt runs them back to back in an order rotated by one per prompt, so drift
-    biases none of them.
-
-    Returns:
-        `{"autoregressive_s": float, "seconds": {gamma: float}, "per_prompt_s": {gamma: [float]},
-        "tau": {gamma: float}, "tokens": int}`: seconds summed over the prompts (and each prompt's),
-        tau each gamma's generated tokens over its target passes (the prefill counts as one, as in
-        `DecodeStats.tau`).
-    """
+    """Decode each of `prompts` at batch 1 with the target alone and with `drafter` at each of
+    `gammas`, timed after one untimed warm-up each, in an order rotated per prompt so drift biases
+    none. Returns `{"autoregressive_s", "seconds": {gamma: s}, "per_prompt_s": {gamma: [s]},
+    "tau": {gamma: tau}, "tokens"}`, seconds summed over the prompts."""
     rows = [list(p) for p in prompts]
     if not rows or not gammas or not is_int(max_new_tokens) or max_new_tokens < 2:
         raise ValueError(
