@@ -1,8 +1,7 @@
 """Run a command that dies with the process that started it: `python watchdog.py <parent pid> <command...>`.
 
-As a process group's leader, it ends the group once its parent is gone (`PR_SET_PDEATHSIG` on Linux,
-polling elsewhere) or on SIGTERM, SIGINT or SIGHUP: SIGTERM first (torchrun ends its workers then),
-SIGKILL after `GRACE_SECONDS`. Its exit status is the command's. Standard library only.
+As a process group's leader, it ends the group once its parent is gone or on SIGTERM, SIGINT or
+SIGHUP: SIGTERM first (torchrun ends its workers then), SIGKILL after `GRACE_SECONDS`.
 """
 
 from __future__ import annotations
