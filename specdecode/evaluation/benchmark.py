@@ -143,9 +143,7 @@ def run_core_benchmark(
 ) -> list[Row]:
     """Per dtype, time the data writer at `writer_batch` (0: not), then every method per batch size.
     `drafter`: a saved feature drafter to time instead of an untrained one; `only`: the methods
-    whose names contain one of these; `profile`: print where each method's time goes;
-    `time_limit_s`: start nothing after this many seconds; `step_costs`: first print each
-    drafter's step costs on each core."""
+    whose names contain one of these; `step_costs`: first print each drafter's step costs per core."""
     check_only(only)
     for dtype in dtypes:
         resolve_dtype(dtype)  # a bad name fails before any group is timed

@@ -1,6 +1,5 @@
 """What the decode benchmark decodes: its held-out prompts, and the targets `run_core_benchmark`
-times by name: the embedded SmolLM2-135M, or a random-weight Llama of Llama-3.2-1B's shape or a
-tiny one (no hub, no checkpoint) on random prompts."""
+times (the embedded SmolLM2-135M, or random-weight Llamas on random prompts)."""
 
 from __future__ import annotations
 
@@ -71,8 +70,8 @@ def tiny_shape() -> LlamaConfig:
 
 
 def build_target(name: str, dtype: str, device: str, count: int) -> tuple[PreTrainedModel, list[list[int]]]:
-    """The benchmark's target `name` in `dtype` on `device`, eval mode, and `count` prompts: held-out
-    ones (repeated as needed) for SmolLM2, random ids of 32..96 tokens for the random targets."""
+    """The benchmark's target `name`, eval mode, and `count` prompts: held-out ones for SmolLM2,
+    random ids of 32..96 tokens for the random targets."""
     if name not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {name!r}")
     if name == TARGETS[0]:
