@@ -167,8 +167,7 @@ def _core(cfg: EvalConfig, models: _Models) -> dict[str, Any]:
     compiled = resolve_compile(cfg.compile, models.target.device)
     if not compiled:
         return {"static": False, "compile": False}
-    gammas = [_widest_gamma(cfg, d) for d in models.drafters.values()] + list(cfg.sweep_gammas)
-    slots = cfg.max_prompt_tokens + cfg.max_new_tokens + max(gammas, default=0) + 2
+    slots = cfg.max_prompt_tokens + cfg.max_new_tokens + max(_widest_gammas(cfg, models), default=0) + 2
     return {"static": True, "compile": True, "capacity": static_capacity(slots)}
 
 
@@ -177,9 +176,10 @@ def _fixed_gamma(cfg: EvalConfig, drafter: Any) -> int:
     return cfg.gamma if isinstance(cfg.gamma, int) else drafter_gamma(drafter)
 
 
-def _widest_gamma(cfg: EvalConfig, drafter: Any) -> int:
-    """The most drafts a step of `drafter` takes (auto: the step-cost table's widest)."""
-    return COST_MAX_GAMMA if cfg.gamma == AUTO else _fixed_gamma(cfg, drafter)
+def _widest_gammas(cfg: EvalConfig, models: _Models) -> list[int]:
+    """The most drafts a step takes, per drafter (auto: the step-cost table's widest) and sweep gamma."""
+    widest = [COST_MAX_GAMMA if cfg.gamma == AUTO else _fixed_gamma(cfg, d) for d in models.drafters.values()]
+    return widest + list(cfg.sweep_gammas)
 
 
 def _generators(
@@ -411,10 +411,9 @@ def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = No
 
 def _warm_up(cfg: EvalConfig, models: _Models, prompt: list[int]) -> None:
     """Every method decodes `prompt` once at batch 1, untimed: first decodes pay one-off costs."""
-    gammas = [_widest_gamma(cfg, d) for d in models.drafters.values()] + list(cfg.sweep_gammas)
     temperature = cfg.temperatures[0] if cfg.temperatures else 0.0
     decode = dict(
-        max_new_tokens=warm_up_tokens(cfg.max_new_tokens, gammas),
+        max_new_tokens=warm_up_tokens(cfg.max_new_tokens, _widest_gammas(cfg, models)),
         temperature=temperature,
         eos_token_ids=[],
         seed=cfg.seed,
