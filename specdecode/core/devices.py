@@ -81,8 +81,7 @@ def autocast_context(device: torch.device, dtype: torch.dtype | None) -> Abstrac
 
 
 def placed_accelerator(device: str, **kwargs: object) -> tuple[Accelerator, torch.device]:
-    """An `Accelerator` on `device`, and the device this process puts its models on: `device` itself
-    in a single process, else the one accelerate assigned this rank."""
+    """An `Accelerator` on `device`, and the device this process puts its models on."""
     from accelerate import Accelerator
 
     resolved = resolve_device(device)

@@ -82,8 +82,7 @@ def _create(lock: Path) -> bool:
 
 
 def check_not_in_use(folder: Path, what: str) -> None:
-    """Before deleting or replacing `folder`: an OutputInUseError naming `what`, the folder and the
-    holder while a live process holds its lock."""
+    """Before deleting or replacing `folder`: OutputInUseError while a live process holds its lock."""
     lock = folder / LOCK_FILE
     text = _read(lock)
     if text is not None and (holder := _live_holder(lock, text)):
@@ -114,8 +113,7 @@ def _live_holder(lock: Path, text: str) -> str | None:
 
 
 def acquire(folder: Path) -> Path:
-    """Take `folder`'s lock (creating the folder); return the lock file. OutputInUseError naming the
-    live holder's PID; PermissionError as `check_writable`."""
+    """Take `folder`'s lock (creating the folder); return the lock file."""
     check_writable(folder)
     lock = folder / LOCK_FILE
     if _create(lock):

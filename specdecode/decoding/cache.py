@@ -100,8 +100,7 @@ class KVCache(Cache, ABC):
 
 
 class RaggedKVCache(KVCache):
-    """The eager core's cache: it reads a window as long as its longest row (`max_length`, a host-side
-    bound) under an additive float mask."""
+    """The eager core's cache: it reads a window as long as its longest row under an additive mask."""
 
     max_length = 0
     _read_length = 0
@@ -166,8 +165,7 @@ def cached_forward_features(
     *,
     feature_layers: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`cached_forward`'s logits `[B, T', V]` and, with `feature_layers`, the features of all T
-    positions `[B, T, n·H]`, else None."""
+    """`cached_forward`'s logits `[B, T', V]` and, with `feature_layers`, the features `[B, T, n·H]`."""
     position_ids, mask = cache.prepare(input_ids.shape[1], model.dtype)
     output = model(
         input_ids=input_ids,

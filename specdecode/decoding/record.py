@@ -48,8 +48,7 @@ class StepRecord:
 
 @dataclass
 class RowRecord:
-    """One prompt's decode: `steps[0]` is the prefill, then one entry per step; `drafter` names
-    the drafter (set by routed generation and the views)."""
+    """One prompt's decode: `steps[0]` is the prefill, then one entry per step."""
 
     prompt_length: int
     steps: list[StepRecord] = field(default_factory=list)
@@ -61,8 +60,7 @@ class RowRecord:
         return self.steps[0].target_token if self.steps and self.steps[0].committed else None
 
     def tokens(self) -> list[tuple[int, str]]:
-        """Every generated (token id, kind), kind in `KINDS`, cut where the row stopped: the ids are
-        the row's output sequence."""
+        """Every generated (token id, kind), cut where the row stopped: the ids are the row's output."""
         return [pair for step in self.steps for pair in step.tokens()]
 
     @property

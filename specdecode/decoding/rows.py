@@ -59,8 +59,7 @@ class RowState(ABC):
 
     @abstractmethod
     def commit(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Append the first `counts[b]` of `new_tokens` `[B, W]` to each decoding row, cut at EOS and
-        budget. Returns `finished` `[B]` bool."""
+        """Append `new_tokens[b, :counts[b]]` to each decoding row, cut at EOS and budget → finished `[B]`."""
 
     def _append(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """`commit` for every row; whether each hit an EOS id or its budget `[B]` bool."""
@@ -121,8 +120,7 @@ class StaticRows(RowState):
 def prefill(
     model: PreTrainedModel, cache: KVCache, rows: RowState, feature_layers: tuple[int, ...] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Cache the right-padded prompts: the logits at each row's last prompt token `[B, V]` and, with
-    `feature_layers`, the features of all prompt positions `[B, T, n·H]`."""
+    """Cache the prompts → logits at each row's last prompt token `[B, V]`, features `[B, T, n·H]`."""
     longest = max(rows.prompt_lengths)
     last = rows.lengths - 1
     # Ask only for the positions some row ends at (a handful), not the whole prompt's logits.
@@ -136,8 +134,7 @@ def prefill(
 
 
 class FeatureRows:
-    """The target's features of every token a target-only decode read: `values` `[B, S_cap, n·H]`,
-    written in place (no host sync), cut per row at the end."""
+    """The target's features of every token a target-only decode read: `values` `[B, S_cap, n·H]`."""
 
     def __init__(self, prompt_features: torch.Tensor, capacity: int, zeros: Zeros = fresh_zeros) -> None:
         batch, longest, width = prompt_features.shape

@@ -59,8 +59,7 @@ def _draws_ahead(
     vocab_size: int,
     device: torch.device,
 ) -> DrawnAhead:
-    """A sampled round's draws, in its order: an Exp(1) race per draft over `draw_width` ids (None:
-    `vocab_size`), the acceptance uniforms, the resample's race."""
+    """A sampled round's draws, in its order: a race per draft, the acceptance uniforms, the resample's."""
     races = [exponential_noise((batch_size, draw_width or vocab_size), device, generator) for _ in range(gamma)]
     acceptance = uniform((batch_size, gamma), device, generator)
     return DrawnAhead([*races, acceptance, exponential_noise((batch_size, vocab_size), device, generator)])
@@ -117,8 +116,7 @@ def _step(
 
 @dataclass(frozen=True)
 class StaticDecoder(Decoder):
-    """The static-shape loops, uncompiled. `capacity` fixes the caches' slots per row (None: each
-    call's need rounded up to a power of two)."""
+    """The static-shape loops, uncompiled; `capacity`: cache slots per row (None: a power of two)."""
 
     capacity: int | None = None
     # whether the steps run compiled (`CompiledDecoder`)
@@ -243,7 +241,6 @@ class StaticDecoder(Decoder):
 
 @dataclass(frozen=True)
 class CompiledDecoder(StaticDecoder):
-    """The static loops with each round (step) one compiled graph (`compiled.py`), guards skipped
-    after a call's first `GUARDED_STEPS` steps."""
+    """The static loops with each round (step) one compiled graph, guards skipped after the first."""
 
     compile: ClassVar[bool] = True

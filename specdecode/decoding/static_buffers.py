@@ -30,8 +30,7 @@ _LOCK = threading.Lock()
 
 
 def mark_static(*tensors: torch.Tensor) -> None:
-    """Give tensors that compiled graphs write in place fixed addresses (no public API for this in
-    torch 2.14: `torch._dynamo.mark_static_address`)."""
+    """Give tensors compiled graphs write in place fixed addresses (torch has no public API for it)."""
     for tensor in tensors:
         torch._dynamo.mark_static_address(tensor)
 

@@ -78,8 +78,7 @@ def measure_step_costs(
     gamma: int,
     repeats: int = 10,
 ) -> StepCosts:
-    """The eager core's `StepCosts` for `drafter` at `gamma`, at batch 1 after `context` but its last
-    gamma tokens (the verify's drafts)."""
+    """The eager core's `StepCosts` at `gamma`, batch 1, after `context` but its last gamma tokens."""
     if len(context) <= gamma + 1:
         raise ValueError(f"context must be longer than gamma + 1 = {gamma + 1} tokens, got {len(context)}")
     return _step_costs(target, drafter, list(context), len(context) - gamma, gamma, ("eager",), None, repeats)["eager"]

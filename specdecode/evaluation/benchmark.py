@@ -110,8 +110,7 @@ def _label(name: str) -> str:
 
 
 def _step_costs(cfg: BenchmarkConfig, target: PreTrainedModel, drafter: Drafter, ids: list[list[int]]) -> StepCosts:
-    """After a warm-up, a target step, a verify and a drafter step in the middle of an answer, and what
-    a verify of 2..9 tokens costs there."""
+    """After a warm-up, the step costs mid-answer, and what a verify of 2..9 tokens costs there."""
     decode: dict[str, Any] = dict(
         max_new_tokens=8, temperature=cfg.temperature, eos_token_ids=default_eos(target), seed=cfg.seed
     )

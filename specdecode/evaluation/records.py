@@ -91,8 +91,7 @@ def consecutive_batches(generate: Generate, count: int, batch_size: int) -> list
 
 
 def grouped_batches(generators: dict[str, Generate], choices: list[str], batch_size: int) -> list[Batch]:
-    """Each prompt decoded by the generator its choice names, prompts that share a choice batched
-    together; batches ordered by their first prompt."""
+    """Each prompt decoded by its choice's generator, prompts of one choice batched together."""
     by_choice: dict[str, list[int]] = {}
     for i, choice in enumerate(choices):
         by_choice.setdefault(choice, []).append(i)

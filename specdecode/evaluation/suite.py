@@ -69,8 +69,7 @@ from specdecode.routing.router import NO_DRAFTER, Router
 def heldout_prompts(
     tokenizer: PreTrainedTokenizerBase, data: Mapping[str, Any], count: int, max_tokens: int
 ) -> list[tuple[str, list[int]]]:
-    """The first `count` held-out prompts of a domain that fit `max_tokens` (skipped, never cut), as
-    (text, chat-formatted ids)."""
+    """The first `count` held-out prompts within `max_tokens` (skipped, never cut), as (text, ids)."""
     fitting = prompts_within(tokenizer, domain_examples(data, "heldout"), max_tokens)
     chosen = [(example.prompt, ids) for example, ids in itertools.islice(fitting, count)]
     if len(chosen) == count:
@@ -204,8 +203,7 @@ def _generators(
 
 
 def _route(models: _Models, gamma: int | str | None, decode: dict, lookup: PromptLookup) -> Route | None:
-    """Decode a batch in one, prompt i with the drafter its choice names; None where `decode` runs a
-    static decoder, which takes one drafter per batch."""
+    """Decode a batch in one, prompt i with its choice's drafter; None for a static decoder."""
     if decode.get("static"):
         return None
 

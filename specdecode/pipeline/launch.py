@@ -78,8 +78,7 @@ def write_stage_config(app: str, config: dict[str, Any], config_dir: Path, hydra
 
 
 def run_tied(command: list[str]) -> int:
-    """Run `command` to its end and return its exit status; its process group dies with this process,
-    and on any exception here (`watchdog.py`)."""
+    """Run `command` to its end → its exit status; its process group dies with this process."""
     process = subprocess.Popen([sys.executable, str(WATCHDOG), str(os.getpid()), *command], start_new_session=True)
     try:
         return process.wait()

@@ -32,8 +32,7 @@ def _raise_ended(signum: int, frame: FrameType | None) -> None:
 
 
 def end_group(child: subprocess.Popen | None) -> NoReturn:
-    """SIGTERM this process group, wait for `child` (up to `GRACE_SECONDS`), then SIGKILL the
-    group, this process included."""
+    """SIGTERM this process group, wait for `child` up to `GRACE_SECONDS`, then SIGKILL the group."""
     for signum in _ENDING_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
     os.killpg(os.getpgrp(), signal.SIGTERM)
