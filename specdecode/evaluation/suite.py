@@ -137,7 +137,7 @@ def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], ob
     target, tokenizer = load_target(cfg.target, dtype=cfg.dtype, device=device, skinny_matmul=cfg.skinny_matmul)
     drafters: dict[str, Any] = {}
     if "undistilled" in cfg.methods:
-        corpus = lambda: vocab_corpus(tokenizer, 2000, cfg.data)  # noqa: E731
+        corpus = partial(vocab_corpus, tokenizer, 2000, cfg.data)
         drafters["undistilled"] = build_drafter(cfg.undistilled, target, tokenizer, corpus)
     # The router's and the oracle's candidates load even where their own rows were not asked for.
     choosers = (_ROUTED | {"oracle"}) & set(cfg.methods)
