@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -124,10 +125,6 @@ def warm_up_tokens(max_new_tokens: int, gammas: Sequence[int]) -> int:
     return min(max_new_tokens, 2 * max(gammas, default=1) + 2)
 
 
-# A decode timed by `timed_decodes`: (prompt ids, new tokens) -> its result.
-TimedRun = Callable[[list[int], int], GenerationResult]
-
-
 def timed_decodes(
     target: PreTrainedModel,
     drafter: PreTrainedModel | FeatureDrafter,
@@ -146,21 +143,12 @@ def timed_decodes(
             f"timed_decodes needs one or more prompts and gammas and max_new_tokens >= 2 (a verify after the "
             f"prefill), got {len(rows)} prompts, gammas={list(gammas)}, max_new_tokens={max_new_tokens!r}"
         )
+    decode = dict(temperature=temperature, seed=0, eos_token_ids=[])
     # key 0: the target alone, the baseline every gamma's speedup is measured against
-    runs: dict[int, TimedRun] = {
-        0: lambda ids, n: autoregressive_generate(
-            target, [ids], max_new_tokens=n, temperature=temperature, seed=0, eos_token_ids=[]
-        )
-    }
-
-    def ours(gamma: int) -> TimedRun:
-        return lambda ids, n: speculative_generate(
-            target, drafter, [ids], max_new_tokens=n, gamma=gamma, temperature=temperature, seed=0, eos_token_ids=[]
-        )
-
-    runs |= {g: ours(g) for g in gammas}
+    runs: dict[int, Callable[..., GenerationResult]] = {0: functools.partial(autoregressive_generate, target)}
+    runs |= {g: functools.partial(speculative_generate, target, drafter, gamma=g) for g in gammas}
     for run in runs.values():  # warm-up, not counted
-        run(rows[0], warm_up_tokens(max_new_tokens, gammas))
+        run([rows[0]], max_new_tokens=warm_up_tokens(max_new_tokens, gammas), **decode)
     seconds: dict[int, list[float]] = {key: [] for key in runs}
     passes = dict.fromkeys(runs, 0)
     tokens = dict.fromkeys(runs, 0)
@@ -168,7 +156,7 @@ def timed_decodes(
     for i, ids in enumerate(rows):
         for key in order[i % len(order) :] + order[: i % len(order)]:
             start = time.perf_counter()
-            result = runs[key](ids, max_new_tokens)
+            result = runs[key]([ids], max_new_tokens=max_new_tokens, **decode)
             seconds[key].append(time.perf_counter() - start)
             passes[key] += result.stats.target_calls
             tokens[key] += len(result.sequences[0])
