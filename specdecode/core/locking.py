@@ -91,8 +91,8 @@ def check_not_in_use(folder: Path, what: str) -> None:
 
 def _in_use(named: str, holder: str, lock: Path) -> OutputInUseError:
     return OutputInUseError(
-        f"{named} is in use by {holder} (lock file {lock}), perhaps left running by an earlier run that was killed; "
-        "wait for it or end it, then run again (if no such process runs, delete the lock file)"
+        f"{named} is in use by {holder} (lock file {lock}), perhaps left running by a killed earlier run; wait "
+        "for it, end it or pick another folder (if no such process runs, delete the lock file)"
     )
 
 
