@@ -51,12 +51,8 @@ def atomic_folder(
     final: Path, *, staging: Path | None = None, keep: Callable[[Path], bool] | None = None
 ) -> Iterator[Path]:
     """Yield an empty staging folder to fill; on a clean exit it replaces `final` (moved aside first, so
-    no reader sees it half-deleted), on an exception it is removed.
-
-    `staging` (default `.tmp.<name>` beside `final`) must be beside `final`; pass a unique one where
-    several processes may publish the same `final`. With `keep`, an existing `final` for which
-    `keep(final)` is true wins and the new folder is discarded. OSError where other writers kept
-    replacing `final`."""
+    no reader sees it half-deleted), on an exception it is removed. `staging` (default `.tmp.<name>`)
+    must be beside `final`; with `keep`, an existing `final` for which `keep(final)` holds wins."""
     staging = staging if staging is not None else final.with_name(f".tmp.{final.name}")
     if staging.parent != final.parent:
         raise ValueError(
@@ -77,8 +73,7 @@ def atomic_folder(
 
 
 def _swap_in(staging: Path, final: Path, aside: Path, keep: Callable[[Path], bool] | None) -> None:
-    """Rename `staging` to `final`, moving an existing `final` to `aside` first (unless `keep`s it);
-    if the rename fails for another reason, the `final` moved aside is put back."""
+    """Rename `staging` to `final`, moving an existing `final` to `aside` first (unless `keep`s it)."""
     for _ in range(3):
         try:
             os.rename(staging, final)

@@ -131,8 +131,7 @@ def is_temperature(value: object) -> bool:
 
 @dataclass
 class Placement:
-    """The one `device` / `dtype` of an app, which every model of it follows; apps subclass this and
-    call `check_placement()`."""
+    """The one `device` / `dtype` of an app; apps subclass this and call `check_placement()`."""
 
     device: str = "cpu"
     dtype: str = "float32"

@@ -61,10 +61,8 @@ def fast_bf16(device: torch.device) -> bool:
 
 def resolve_mixed_precision(setting: str, device: torch.device) -> str:
     """A training job's `mixed_precision` made definite: `auto` is `bf16` where `fast_bf16`, else `no`.
-
-    The jobs autocast themselves (`autocast_dtype`): accelerate's `mixed_precision` is process-wide,
-    fixed by the first `Accelerator`, so an in-process pipeline could not train in bf16 and then
-    evaluate in fp32. A ValueError where `setting` is none of MIXED_PRECISIONS."""
+    The jobs autocast themselves: accelerate's `mixed_precision` is process-wide, fixed by the first
+    `Accelerator`, so an in-process pipeline could not train in bf16 and then evaluate in fp32."""
     if setting not in MIXED_PRECISIONS:
         raise ValueError(f"mixed_precision={setting!r}: expected {'|'.join(MIXED_PRECISIONS)}")
     if setting != "auto":
@@ -83,8 +81,7 @@ def autocast_context(device: torch.device, dtype: torch.dtype | None) -> Abstrac
 
 
 def placed_accelerator(device: str, **kwargs: object) -> tuple[Accelerator, torch.device]:
-    """An `Accelerator` on `device`, and the device this process puts its models on: `device` itself
-    in a single process, else the one accelerate assigned this rank."""
+    """An `Accelerator` on `device`, and the device this process puts its models on."""
     from accelerate import Accelerator
 
     resolved = resolve_device(device)

@@ -1,6 +1,5 @@
 """One writer per output folder: `<folder>/.lock` holds the writer's host and PID, created with
-O_CREAT | O_EXCL, which exactly one process can win. A lock whose PID is dead is stale and taken
-over under an flock on the folder, so two processes never both remove and recreate it."""
+O_CREAT | O_EXCL; a lock whose PID is dead is stale and taken over under an flock on the folder."""
 
 from __future__ import annotations
 
@@ -83,15 +82,18 @@ def _create(lock: Path) -> bool:
 
 
 def check_not_in_use(folder: Path, what: str) -> None:
-    """Before deleting or replacing `folder`: an OutputInUseError naming `what`, the folder and the
-    holder while a live process holds its lock."""
+    """Before deleting or replacing `folder`: OutputInUseError while a live process holds its lock."""
     lock = folder / LOCK_FILE
     text = _read(lock)
     if text is not None and (holder := _live_holder(lock, text)):
-        raise OutputInUseError(
-            f"{what} {str(folder)!r} is in use by {holder} (lock file {lock}), perhaps left running by an earlier run "
-            "that was killed; wait for it or end it, then run again (if no such process runs, delete the lock file)"
-        )
+        raise _in_use(f"{what} {str(folder)!r}", holder, lock)
+
+
+def _in_use(named: str, holder: str, lock: Path) -> OutputInUseError:
+    return OutputInUseError(
+        f"{named} is in use by {holder} (lock file {lock}), perhaps left running by a killed earlier run; wait "
+        "for it, end it or pick another folder (if no such process runs, delete the lock file)"
+    )
 
 
 def _read(lock: Path) -> str | None:
@@ -111,8 +113,7 @@ def _live_holder(lock: Path, text: str) -> str | None:
 
 
 def acquire(folder: Path) -> Path:
-    """Take `folder`'s lock (creating the folder); return the lock file. OutputInUseError naming the
-    live holder's PID; PermissionError as `check_writable`."""
+    """Take `folder`'s lock (creating the folder); return the lock file."""
     check_writable(folder)
     lock = folder / LOCK_FILE
     if _create(lock):
@@ -124,10 +125,7 @@ def acquire(folder: Path) -> Path:
         text = _read(lock)  # None: released meanwhile
         if text is not None:
             if holder := _live_holder(lock, text):
-                raise OutputInUseError(
-                    f"output_dir={str(folder)!r} is in use by {holder} (lock file {lock}); "
-                    "wait for that job or pick another output_dir (if no such job runs, delete the lock file)"
-                )
+                raise _in_use(f"output_dir={str(folder)!r}", holder, lock)
             warnings.warn(
                 f"taking over the stale lock {lock} ({text.strip() or 'empty'}): its process is gone", stacklevel=2
             )

@@ -1,8 +1,6 @@
-"""Speculative and autoregressive decoding: sampling, rejection sampling, the KV caches, how each
-drafter kind drafts, the loop and its three decoders (eager, static, compiled), Leviathan's
-speedup model, the timing of passes and decodes, the gamma choice and the gamma chosen while
-decoding (`gamma="auto"`: the measured step table and `AdaptiveGamma`). Reads models
-(`specdecode.models`), never trains or routes them."""
+"""Speculative and autoregressive decoding: sampling, rejection sampling, the KV caches, drafting,
+the loop and its three decoders (eager, static, compiled), step costs and the gamma choice. Reads
+models (`specdecode.models`), never trains or routes them."""
 
 from specdecode.decoding.adaptive import AdaptiveGamma
 from specdecode.decoding.costs import StepTable, step_table

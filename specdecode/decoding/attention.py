@@ -1,10 +1,7 @@
 """Grouped-query attention without copying the keys and values: the decode passes' attention.
-
-With a mask, transformers' SDPA path copies every cached key and value once per query head of its
-group (`repeat_kv`): most of a decode pass's attention traffic, and under `torch.compile` more than
-the compile saves on a 135M model's step. Here a group's `g` query heads are folded into `g * T`
-query rows of their key/value head, and SDPA runs on the cache as it is: the same attention.
-`folded_gqa(models)` switches `sdpa` models to it for a decode call and restores them after.
+With a mask, transformers' SDPA path copies every cached key and value once per query head
+(`repeat_kv`), most of a decode pass's attention traffic; here a group's `g` query heads are folded
+into `g * T` query rows of their key/value head, and SDPA runs on the cache as it is.
 """
 
 from __future__ import annotations

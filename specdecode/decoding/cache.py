@@ -1,8 +1,5 @@
-"""A KV cache in which every row of the batch keeps its own length.
-
-Rows accept different numbers of drafts, so each owns slots [0, lengths[b]) of a preallocated
-buffer; trimming a row is lowering its length (rejected entries stay, masked, until overwritten).
-The model gets explicit `position_ids` and a 4-D mask, so transformers never sees the raggedness.
+"""A KV cache in which every row owns slots [0, lengths[b]) of a preallocated buffer: trimming a
+row is lowering its length; the model gets explicit `position_ids` and a 4-D mask.
 """
 
 from __future__ import annotations
@@ -21,11 +18,9 @@ from specdecode.models.feature_drafter import FeatureDrafter, target_features
 
 
 class KVCache(Cache, ABC):
-    """The KV cache every decoder drives: per layer, keys and values `[B, H_kv, S_cap, D]` (from
-    `zeros` at the first write) and `lengths` `[B]` valid slots per row. `prepare(num_new)` places
-    row b's new tokens at slots `lengths[b] + t`; `advance` counts them; `set_lengths` trims.
-    `buffer` allocates state kept beside the cache from the same `zeros` (one pool per static call).
-    """
+    """The KV cache every decoder drives: per layer, keys and values `[B, H_kv, S_cap, D]` and
+    `lengths` `[B]` valid slots per row. `prepare(num_new)` places row b's new tokens at slots
+    `lengths[b] + t`; `advance` counts them; `set_lengths` trims."""
 
     # the keyword `cached_forward_features` passes the cache by (`for_model` sets its model's)
     keyword = CACHE_KWARG
@@ -65,8 +60,7 @@ class KVCache(Cache, ABC):
         per row: query t of row b sees exactly slots 0..lengths[b] + t."""
 
     def advance(self, num_new: int) -> None:
-        """Count the tokens of the pass just run as cached (a new tensor: the one `set_lengths` was
-        given may be the caller's own)."""
+        """Count the pass's tokens as cached (a new tensor: `set_lengths`'s may be the caller's)."""
         self.lengths = self.lengths + num_new
 
     @abstractmethod
@@ -106,15 +100,13 @@ class KVCache(Cache, ABC):
 
 
 class RaggedKVCache(KVCache):
-    """The eager core's cache: it reads a window as long as its longest row (a host-side bound,
-    `max_length`, so slicing never waits on the device) under an additive float mask."""
+    """The eager core's cache: it reads a window as long as its longest row under an additive mask."""
 
     max_length = 0
     _read_length = 0
 
     def prepare(self, num_new: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The position ids and an additive mask (0 where a query may attend, the dtype's minimum
-        elsewhere) over the S = `max_length + num_new` slots this pass reads."""
+        """The position ids and an additive mask over the S = `max_length + num_new` slots read."""
         if self.max_length + num_new > self.capacity:
             raise RuntimeError(f"KV cache overflow: {self.max_length} + {num_new} slots > capacity {self.capacity}")
         device = self.lengths.device
@@ -173,8 +165,7 @@ def cached_forward_features(
     *,
     feature_layers: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`cached_forward`'s logits `[B, T', V]` and, with `feature_layers`, the features of all T
-    positions a feature drafter reads (`target_features`: `[B, T, n·H]`); None without."""
+    """`cached_forward`'s logits `[B, T', V]` and, with `feature_layers`, the features `[B, T, n·H]`."""
     position_ids, mask = cache.prepare(input_ids.shape[1], model.dtype)
     output = model(
         input_ids=input_ids,
@@ -203,8 +194,7 @@ def cached_call(cache: KVCache, num_new: int, dtype: torch.dtype, run: Callable[
 def padded_prompts(
     prompts: Sequence[Sequence[int]], budgets: Sequence[int], capacity: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A ragged batch's token buffer and bounds, on the CPU: `tokens` [B, capacity] (each prompt
-    left-aligned, zeros after it), `lengths` [B] (the prompts') and `limits` [B] (length + budget)."""
+    """On the CPU: `tokens` [B, capacity] (prompts left-aligned), `lengths` [B] and `limits` [B] (length + budget)."""
     tokens = torch.zeros(len(prompts), capacity, dtype=torch.long)
     for i, prompt in enumerate(prompts):
         tokens[i, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)

@@ -1,10 +1,7 @@
-"""What `CompiledDecoder` compiles, and how (`torch.compile` and `torch.compiler`'s public APIs).
-
-A speculative round or a target step runs under `torch.compile` whole, with static shapes: one
-graph per shape and sampling mode (a sampled temperature is a tensor input), reused by later calls.
-A seeded step takes its draws as inputs (dynamo cannot trace a generator). On CUDA each graph is a
-CUDA graph, whose outputs the next replay overwrites, so what a step reassigns is copied out after
-it (`outputs_copied`). With `NESTED_LAYERS`, each model's decoder layers are one nested region.
+"""What `CompiledDecoder` compiles, and how: a round or a target step is one `torch.compile` graph
+per shape and sampling mode (a sampled temperature is a tensor input; a seeded step takes its draws
+as inputs). On CUDA each graph is a CUDA graph whose outputs the next replay overwrites, so what a
+step reassigns is copied out after it (`outputs_copied`).
 """
 
 from __future__ import annotations
@@ -33,10 +30,8 @@ RECOMPILE_LIMIT = 64
 
 
 def resolve_compile(setting: bool | None, device: torch.device | str) -> bool:
-    """`compile` as asked, or for `None` (auto): on for CUDA, `COMPILE_ON_CPU` on the CPU, off elsewhere.
-
-    Raises TypeError: `setting` is not true, false or None.
-    """
+    """`compile` as asked (TypeError unless true, false or None), or for None: on for CUDA,
+    `COMPILE_ON_CPU` on the CPU, off elsewhere."""
     if setting is not None:
         if not isinstance(setting, bool):
             raise TypeError(f"compile must be true, false or null (auto), got {setting!r}")
@@ -46,8 +41,7 @@ def resolve_compile(setting: bool | None, device: torch.device | str) -> bool:
 
 
 def check_core(static: object, compile: object, device: torch.device, capacity: object = None) -> bool:
-    """Check the `static` / `compile` / `capacity` options of the decode entry points (each bad
-    value named); return whether to compile."""
+    """Check the decode entry points' `static` / `compile` / `capacity` options; return whether to compile."""
     if not isinstance(static, bool):
         raise TypeError(f"static must be true or false, got {static!r}")
     on = resolve_compile(compile, device)  # type: ignore[arg-type]  # a bad value is named inside
@@ -81,8 +75,7 @@ def _compile(target: Callable, device: torch.device) -> Callable:
 
 
 def graphs_compiled() -> int:
-    """How many graphs dynamo has compiled in this process so far (any function, any shape): a call
-    that raised it paid for compiling."""
+    """How many graphs dynamo has compiled in this process so far: a call that raised it compiled."""
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
@@ -100,8 +93,7 @@ def compiled_function(function: Callable, device: torch.device) -> Callable:
 
 
 def compiled_for(function: Callable, params: SamplingParams, device: torch.device) -> tuple[Callable, Params]:
-    """A step `function` compiled, and the sampling params to call it with (a sampled temperature
-    as a tensor: one graph for every temperature)."""
+    """A step `function` compiled, and its sampling params (a sampled temperature as a tensor)."""
     return compiled_function(function, device), params if params.greedy else TensorTemperature.of(params, device)
 
 
@@ -113,9 +105,8 @@ _LAYER_INDEX = "_specdecode_layer_index"
 
 def _region(forward: Callable) -> Callable | None:
     """A decoder layer class's `forward` that, given a static cache, runs the layer as a nested
-    compile region taking its buffers as tensors (`LayerKV`; a region taking the cache would bake
-    the layer's index into a trace that torch reuses for every layer). Anything else runs `forward`
-    as it is. None for a `forward` that takes no cache by a known keyword."""
+    compile region taking its buffers as tensors (a region taking the cache would bake the layer's
+    index into a trace reused for every layer). None for a `forward` without a known cache keyword."""
     if forward not in _REGIONS:
         parameters = inspect.signature(forward).parameters
         keyword = next((name for name in ("cache", "past_key_values") if name in parameters), None)
@@ -156,10 +147,8 @@ def _layer_index(layer: torch.nn.Module) -> int | None:
 @contextlib.contextmanager
 def nested_layers(*models: torch.nn.Module) -> Iterator[int]:
     """Within the block, the decoder layers of `models` (the classes `_no_split_modules` names) run
-    as one nested compile region, compiled once for every layer; the models come out as they went
-    in. Layers whose `forward` is already replaced, and models whose layers differ by type
-    (`config.layer_types`), are left alone. Yields how many layers it marked (none where
-    `NESTED_LAYERS` is off or torch lacks the API)."""
+    as one nested compile region, compiled once for every layer. Models whose layers differ by type
+    are left alone. Yields how many layers it marked (none where `NESTED_LAYERS` is off)."""
     marked = []
     try:  # marking inside: a layer marked before an error while marking the next is unmarked too
         if NESTED_LAYERS and hasattr(torch.compiler, "nested_compile_region"):
@@ -183,8 +172,8 @@ def nested_layers(*models: torch.nn.Module) -> Iterator[int]:
 
 @contextlib.contextmanager
 def outputs_copied(*objects: object) -> Iterator[None]:
-    """Within the block (a compiled step), every tensor attribute of `objects` the step reassigns is
-    replaced by a copy on leaving: its outputs live in memory the next CUDA graph replay overwrites."""
+    """On leaving the block (a compiled step), every tensor attribute of `objects` it reassigned is
+    copied: its outputs live in memory the next CUDA graph replay overwrites."""
     before = [dict(vars(obj)) for obj in objects]
     yield
     for obj, attributes in zip(objects, before):
@@ -200,8 +189,7 @@ def eager_passes(compile: bool) -> contextlib.AbstractContextManager[None]:
 
 def skipped_guards(skip: bool) -> contextlib.AbstractContextManager[None]:
     """Within `skip`, compiled functions run without evaluating their guards (0.3–0.5 ms of host time
-    per step of a 30-layer model). The loops skip them once a call's first steps have run guarded:
-    later steps differ from those only in tensor values."""
+    per step of a 30-layer model): once a call's first steps ran guarded, later ones differ only in values."""
     return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True) if skip else contextlib.nullcontext()
 
 

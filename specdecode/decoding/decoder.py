@@ -1,7 +1,5 @@
-"""The one decoder interface: eager, static and compiled decoding implement it, on the same rows
-(`rows.RowState`), KV caches (`cache.KVCache`), commit rule, verify step and drafting strategies,
-so every decoder returns what the eager one does; `decode.py` picks one per call.
-"""
+"""The one decoder interface: eager, static and compiled decoding implement it on the same rows,
+KV caches, verify step and drafting strategies; `decode.py` picks one per call."""
 
 from __future__ import annotations
 
@@ -21,8 +19,7 @@ from specdecode.models.feature_drafter import FeatureDrafter
 
 @dataclass(frozen=True)
 class Request:
-    """A checked decode request: each prompt's token ids, its budget (`max_new_tokens`), the EOS ids,
-    how tokens are drawn, and the generator they are drawn from (None: torch's global one)."""
+    """A checked decode request; `generator` None draws from torch's global one."""
 
     prompts: list[list[int]]
     budgets: list[int]

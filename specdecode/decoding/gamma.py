@@ -1,7 +1,5 @@
-"""The gamma a drafter decodes fastest at (`choose_gamma`): from timed batch-1 decodes of held-out
-prompts (`timing.timed_decodes`), or, without prompts, from Leviathan's model (`speedup.py`) on
-timed step costs. The caller stores the choice with the drafter (`config.specdecode_gamma`, read
-back by `decode.drafter_gamma`)."""
+"""The gamma a drafter decodes fastest at (`choose_gamma`), stored with the drafter
+(`config.specdecode_gamma`, read back by `decode.drafter_gamma`)."""
 
 from __future__ import annotations
 
@@ -34,13 +32,9 @@ def choose_gamma(
     temperature: float = 0.0,
 ) -> dict[str, Any]:
     """The gamma of `candidates` that decodes fastest with `drafter`, and the figures that chose it
-    (`{"chosen": gamma, "speedup": float, "method": ..., ...}`).
-
-    With `prompts`: timed decodes, keeping the shortest drafts the timing cannot tell from the
-    fastest (`within_noise_of_fastest`); the verify timings Leviathan's model needs move by a third
-    between processes on a shared CPU. Without: the model at `alpha`, on step costs timed after
-    `context`.
-    """
+    (`{"chosen": gamma, "speedup": float, "method": ..., ...}`). With `prompts`: timed decodes (the
+    verify timings Leviathan's model needs move by a third between processes on a shared CPU);
+    without: the model at `alpha`, on step costs timed after `context`."""
     was_training = drafter.training
     drafter.eval()
     try:
@@ -105,10 +99,8 @@ def _from_the_model(
 
 
 def within_noise_of_fastest(per_prompt_s: Mapping[int, Sequence[float]]) -> list[int]:
-    """The gammas, ascending, whose decodes the timing cannot tell from the fastest's: each whose mean
-    per-prompt log time ratio to it is within one standard error (`per_prompt_s`: gamma → seconds
-    per prompt). A lead within noise is no reason to take longer drafts, which lose more where
-    acceptance is lower."""
+    """The gammas, ascending, whose mean per-prompt log time ratio to the fastest's is within one
+    standard error (`per_prompt_s`: gamma → seconds per prompt)."""
     fastest = min(per_prompt_s, key=lambda g: (sum(per_prompt_s[g]), g))
     near = []
     for g, times in per_prompt_s.items():

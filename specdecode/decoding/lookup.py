@@ -1,11 +1,6 @@
-"""Prompt lookup beside a trained drafter: copy the continuation of an earlier occurrence.
-
-Where the last n committed-or-drafted tokens occurred earlier in the row (prompt lookup decoding,
-Saxena 2023; vLLM's n-gram speculator), the token that followed the most recent occurrence costs
-no forward pass, and small targets repeat themselves more faithfully than a small drafter copies.
-A row with a match whose drafter is unsure (top probability below `max_confidence`) drafts the
-looked-up token. The choice depends only on the state before the draw, so q is known exactly:
-one-hot there (`override_q`), and rejection sampling stays exact at every temperature.
+"""Prompt lookup beside a trained drafter (Saxena 2023): where the row's last n tokens occurred
+earlier, a row whose drafter is unsure drafts the token that followed. The choice depends only on
+the state before the draw, so q is one-hot there (`override_q`) and rejection sampling stays exact.
 """
 
 from __future__ import annotations
@@ -31,16 +26,9 @@ class DraftLookup(Protocol):
 @dataclass
 class PromptLookup:
     """Where and how a row drafts a looked-up token: `speculative_generate(prompt_lookup=...)` and
-    the apps' `prompt_lookup` config block.
-
-    Attributes:
-        enabled: false decodes with the drafter alone (as `prompt_lookup=None` does).
-        max_ngram / min_ngram: suffix lengths tried, longest first.
-        max_confidence: the drafter's top probability (at temperature 1) below which a match
-            overrides it; 1.0 wherever a match exists, 0.0 never.
-        max_temperature: above it the drafter drafts alone (a looked-up token is accepted with
-            probability p(x), which falls as the temperature rises).
-    """
+    the apps' `prompt_lookup` block. Suffixes of `max_ngram` down to `min_ngram` tokens are tried;
+    a match overrides a drafter whose top probability is below `max_confidence`; above
+    `max_temperature` the drafter drafts alone (a looked-up token is accepted with probability p(x))."""
 
     enabled: bool = True
     max_ngram: int = 4
@@ -64,7 +52,7 @@ class PromptLookup:
             )
 
     def applies(self, temperature: float) -> bool:
-        """Whether decoding at `temperature` uses the lookup (`enabled`, `max_temperature`)."""
+        """Whether decoding at `temperature` uses the lookup."""
         return self.enabled and temperature <= self.max_temperature
 
     def choose(
@@ -103,9 +91,7 @@ def lookup(
     context: torch.Tensor, lengths: torch.Tensor, max_ngram: int, min_ngram: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """For each row of `context` `[B, S]` (`lengths` `[B]` valid), the token that followed the most
-    recent earlier occurrence of its last n tokens, for the longest n in [min_ngram, max_ngram] that
-    occurs: `found` `[B]` bool and `token` `[B]`. One vectorised pass per n; only windows whose next
-    token lies within the row match."""
+    recent earlier occurrence of its last n tokens, longest n first: `found` `[B]` bool, `token` `[B]`."""
     batch, capacity = context.shape
     found = torch.zeros(batch, dtype=torch.bool, device=context.device)
     token = torch.zeros(batch, dtype=context.dtype, device=context.device)

@@ -1,12 +1,6 @@
 """One batch, many drafters: each row drafts with the drafter routed to it, and one target pass per
 step verifies every row (`speculative_generate(drafter={name: drafter}, assign=[name, ...])`).
-
-`MixedDrafting` holds one sub-strategy per drafter, each owning some rows with a cache sized for
-them; per step each drafts for its rows, the drafts `[B, gamma]` and q `[B, gamma, V]` go back in
-batch order, and one verify pass judges every row. A row routed to no drafter (None) gets
-placeholder drafts the verify never judges (`Drafting.drafting_rows`). Feature drafters reading
-different target layers get their features from the union of the raw hidden states
-(`union_layers`). The host keeps which sub owns each row, so rows leave without another sync.
+A row routed to no drafter (None) gets placeholder drafts the verify never judges.
 """
 
 from __future__ import annotations
@@ -56,8 +50,7 @@ def row_drafters(
     target: PreTrainedModel, drafters: object, assign: object, prompt_lookup: object = None
 ) -> RowDrafters:
     """`drafters` by name and each prompt's name in `assign` (None: the target alone), each drafter
-    checked against `target` (`validate_models`); `check_rows` checks the count against the prompts.
-    """
+    checked against `target`; `check_rows` checks the count against the prompts."""
     if not isinstance(drafters, Mapping) or not drafters:
         raise TypeError(f"drafter must be one drafter or a non-empty mapping of names to drafters, got {drafters!r}")
     if isinstance(assign, (str, bytes)) or not isinstance(assign, Sequence):
@@ -85,14 +78,13 @@ def check_rows(drafters: RowDrafters, num_prompts: int) -> None:
 
 
 def union_layers(layer_sets: Sequence[tuple[int, ...]], num_layers: int) -> tuple[int, ...]:
-    """The target's raw hidden states `layer_sets` read together, as `feature_layers` for one pass
-    (indices into transformers' `hidden_states`, -1 as `num_layers`, sorted; no trailing -1, so
-    `target_features` returns them raw)."""
+    """The raw hidden states `layer_sets` read together, as one pass's `feature_layers` (-1 as
+    `num_layers`, sorted; no trailing -1, so `target_features` returns them raw)."""
     return tuple(sorted({num_layers if i == -1 else i for layers in layer_sets for i in layers}))
 
 
 class MixedDrafting(Drafting):
-    """Drafting over one sub-strategy per drafter, each for its own rows (module docstring):
+    """One sub-strategy per drafter, each drafting its own rows with a cache sized for them:
     `owners[b]` is row b's index in `subs`, None where the target decodes it alone."""
 
     def __init__(self, target: PreTrainedModel, subs: Sequence[Drafting], owners: Sequence[int | None]) -> None:
@@ -107,8 +99,7 @@ class MixedDrafting(Drafting):
         self.num_layers, self.hidden_size = text.num_hidden_layers, text.hidden_size
         if readers:
             self.feature_layers = readers[0] if self.shared_layers else union_layers(readers, self.num_layers)
-        # what `target_features` needs of the model for a sub's inner layers: the final norm
-        self.target = target
+        self.target = target  # `target_features` reads its final norm for a sub's inner layers
         self._layout()
 
     def _layout(self) -> None:
@@ -179,8 +170,7 @@ class MixedDrafting(Drafting):
                 sub.observe(sub_features, start.index_select(0, rows))
 
     def _features(self, sub: Drafting, rows: torch.Tensor, features: torch.Tensor | None) -> torch.Tensor | None:
-        """The features `sub` reads `[B_k, W, n_k·H]` from the pass's `features` `[B, W, ·]` (None
-        where it reads none)."""
+        """The features `sub` reads `[B_k, W, n_k·H]` from the pass's `features` `[B, W, ·]`, or None."""
         if sub.feature_layers is None or features is None:
             return None
         mine = features.index_select(0, rows)
@@ -195,8 +185,7 @@ class MixedDrafting(Drafting):
         return target_features(self.target, states, sub.feature_layers)
 
     def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep only `rows` `[B']` of the batch: each sub keeps its own of them (read on the host
-        after the sync that found the finished rows)."""
+        """Keep only `rows` `[B']`, each sub its own (read on the host after the loop's sync)."""
         keep = rows.tolist()
         kept = set(keep)
         for k, sub in enumerate(self.subs):
@@ -216,8 +205,7 @@ def ragged_drafting(
     lookup: DraftLookup | None,
     gamma: int = 0,
 ) -> Drafting:
-    """The eager decoder's drafting for `drafter` on ragged caches of `capacity` slots: one strategy,
-    or for `RowDrafters` a `MixedDrafting` of one per drafter, each sized for its rows."""
+    """The eager decoder's drafting on ragged caches of `capacity` slots (`MixedDrafting` for `RowDrafters`)."""
     if not isinstance(drafter, RowDrafters):
         return drafting_for(drafter, RaggedKVCache.for_model(drafter, batch_size, capacity), lookup, gamma)
     subs = [

@@ -2,11 +2,8 @@
 
 Terms: a step keeps its first `accepted` drafts, then the target's own token: a *correction* after
 a rejection, a *bonus* after all gamma. An accepted draft that prompt lookup proposed is *looked
-up*; the prefill and target-only steps yield *target* tokens. A step commits at most accepted + 1.
-
-`Recorder` keeps each step's device tensors (no copy, no sync) and a timestamp taken after the
-loop's own sync; they reach the host once, at the end. With `on_step`, each step is also sent to
-the host as a `StepEvent` (one extra sync per step).
+up*; the prefill and target-only steps yield *target* tokens. The device tensors reach the host
+once, at the end; `on_step` costs one extra sync per step.
 """
 
 from __future__ import annotations
@@ -24,9 +21,7 @@ KINDS = ("accepted", "looked_up", "corrected", "bonus", "target")
 
 @dataclass
 class StepRecord:
-    """One row's step: `drafted` ids (empty without drafts), how many the target `accepted`, its
-    `target_token`, which drafts prompt lookup proposed, how many tokens it `committed`, and
-    `time_s` from the decode's start to when the host saw it."""
+    """One row's step; `time_s` from the decode's start to when the host saw it."""
 
     drafted: list[int]
     accepted: int
@@ -53,8 +48,7 @@ class StepRecord:
 
 @dataclass
 class RowRecord:
-    """One prompt's decode: `steps[0]` is the prefill, then one entry per step; `drafter` names
-    the drafter (set by routed generation and the views)."""
+    """One prompt's decode: `steps[0]` is the prefill, then one entry per step."""
 
     prompt_length: int
     steps: list[StepRecord] = field(default_factory=list)
@@ -66,8 +60,7 @@ class RowRecord:
         return self.steps[0].target_token if self.steps and self.steps[0].committed else None
 
     def tokens(self) -> list[tuple[int, str]]:
-        """Every generated (token id, kind), kind in `KINDS`, cut where the row stopped: the ids are
-        the row's output sequence."""
+        """Every generated (token id, kind), cut where the row stopped: the ids are the row's output."""
         return [pair for step in self.steps for pair in step.tokens()]
 
     @property
@@ -95,8 +88,8 @@ class RowRecord:
 
 @dataclass
 class StepEvent:
-    """What `on_step` receives after each step: `rows` (indices into the prompts), the (token id,
-    kind) pairs each committed, and seconds since the decode started."""
+    """What `on_step` receives after each step: `rows` (prompt indices), the (token id, kind) pairs
+    each committed, and seconds since the decode started."""
 
     rows: list[int]
     tokens: list[list[tuple[int, str]]]
@@ -118,7 +111,7 @@ class _Step:
 
 
 class Recorder:
-    """Collects a decode's steps for `RowRecord`s and, with `on_step`, streams them (module docstring)."""
+    """Collects a decode's steps for `RowRecord`s and, with `on_step`, streams them."""
 
     def __init__(
         self, prompt_lengths: Sequence[int], start: float, on_step: Callable[[StepEvent], None] | None = None

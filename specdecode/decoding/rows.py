@@ -1,7 +1,5 @@
-"""The rows a decode writes: each row's committed tokens and the one commit rule of both cores.
-The eager core's rows leave the batch when they finish (`RaggedRows`); the static core's stay,
-masked (`StaticRows`), so every pass keeps its shape.
-"""
+"""The rows a decode writes and the one commit rule of both cores: the eager core's rows leave the
+batch when they finish (`RaggedRows`); the static core's stay, masked (`StaticRows`)."""
 
 from __future__ import annotations
 
@@ -18,9 +16,8 @@ from specdecode.decoding.static_buffers import Zeros, fresh_zeros
 def kept_counts(
     new_tokens: torch.Tensor, counts: torch.Tensor, eos: torch.Tensor, room: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The commit rule: of the first `counts[b]` of `new_tokens` `[B, W]`, a row keeps those up to
-    its first EOS id (`eos`, sorted) included, at most `room[b]`: the kept counts `[B]` and whether
-    each row hit an EOS id `[B]` bool."""
+    """The commit rule: of the first `counts[b]` of `new_tokens` `[B, W]`, a row keeps those up to its
+    first EOS id included, at most `room[b]`. Returns the kept counts `[B]` and hit-EOS `[B]` bool."""
     offsets = torch.arange(new_tokens.shape[1], device=new_tokens.device)
     is_eos = (offsets < counts.unsqueeze(1)) & torch.isin(new_tokens, eos)
     hit_eos = is_eos.any(dim=1)
@@ -34,8 +31,7 @@ def last_tokens(tokens: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Te
 
 
 class RowState(ABC):
-    """Committed tokens `[B, S_cap]`, lengths / limits `[B]` (limit = prompt length + budget), the
-    prompts' lengths and the EOS ids: what both decoders' rows are, and the commit rule they share."""
+    """Committed tokens `[B, S_cap]`, lengths / limits `[B]` (limit = prompt length + budget) and the EOS ids."""
 
     def __init__(
         self,
@@ -63,8 +59,7 @@ class RowState(ABC):
 
     @abstractmethod
     def commit(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Append the first `counts[b]` of `new_tokens` `[B, W]` to each row that still decodes, cut
-        at EOS and budget (`kept_counts`). Returns `finished` `[B]` bool."""
+        """Append `new_tokens[b, :counts[b]]` to each decoding row, cut at EOS and budget → finished `[B]`."""
 
     def _append(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """`commit` for every row; whether each hit an EOS id or its budget `[B]` bool."""
@@ -77,8 +72,7 @@ class RowState(ABC):
 
 
 class RaggedRows(RowState):
-    """The eager core's rows; `rows` `[B]` is each one's index in the caller's prompt list, and
-    finished rows leave (`keep`)."""
+    """The eager core's rows; `rows` `[B]` is each one's prompt index; finished rows leave (`keep`)."""
 
     def __init__(
         self, prompts: Sequence[Sequence[int]], budgets: list[int], slack: int, eos: Sequence[int], device: torch.device
@@ -98,8 +92,7 @@ class RaggedRows(RowState):
 
 
 class StaticRows(RowState):
-    """The static core's rows, and which are still decoding, `active` `[B]` bool. Rows never leave:
-    a finished one is masked."""
+    """The static core's rows, and which are still decoding, `active` `[B]` bool; finished ones are masked."""
 
     def __init__(
         self,
@@ -127,8 +120,7 @@ class StaticRows(RowState):
 def prefill(
     model: PreTrainedModel, cache: KVCache, rows: RowState, feature_layers: tuple[int, ...] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Cache the right-padded prompts: the logits at each row's last prompt token `[B, V]` and, with
-    `feature_layers`, the features of all prompt positions `[B, T, n·H]`."""
+    """Cache the prompts → logits at each row's last prompt token `[B, V]`, features `[B, T, n·H]`."""
     longest = max(rows.prompt_lengths)
     last = rows.lengths - 1
     # Ask only for the positions some row ends at (a handful), not the whole prompt's logits.
@@ -142,9 +134,7 @@ def prefill(
 
 
 class FeatureRows:
-    """The target's features of every token a target-only decode read, per row of the caller's
-    prompt list: `values` `[B, S_cap, n·H]` (from `zeros`), written in place (no host sync), cut
-    per row at the end."""
+    """The target's features of every token a target-only decode read: `values` `[B, S_cap, n·H]`."""
 
     def __init__(self, prompt_features: torch.Tensor, capacity: int, zeros: Zeros = fresh_zeros) -> None:
         batch, longest, width = prompt_features.shape

@@ -1,16 +1,11 @@
 """The static and compiled decoders: fixed buffers and pass widths, so the steps can be compiled.
 
 As in gpt-fast but with ragged batches: each KV cache is a fixed `[B, H_kv, S_cap, D]` buffer per
-layer read whole under a boolean mask; finished rows stay, masked (they commit, count and look up
-nothing); every pass has a fixed width; the host asks whether every row is done every few steps.
-
-`CompiledDecoder` runs each speculative round (`_round`) or target step (`_step`) as one compiled
-graph per shape, reused across calls; the prefills, whose widths the prompts set, run eagerly. Its
-buffers come from a pool per model and shape (`static_buffers`), so later calls replay CUDA graphs.
-
-Both return what the eager decoder does: the same greedy tokens (in fp32; see
-`StaticDecoder.speculative` for bf16), the same distribution when sampling (not the same draws for
-a seed once a row finishes: masked rows still draw), the same counters.
+layer read whole under a boolean mask; finished rows stay, masked; the host asks whether every row
+is done every few steps. `CompiledDecoder` runs each round (`_round`) or target step (`_step`) as
+one compiled graph per shape, its buffers pooled per shape (`static_buffers`) so later calls replay.
+Both return the eager decoder's greedy tokens (fp32) and distribution (masked rows still draw, so
+not the same draws for a seed once a row finishes).
 """
 
 from __future__ import annotations
@@ -64,8 +59,7 @@ def _draws_ahead(
     vocab_size: int,
     device: torch.device,
 ) -> DrawnAhead:
-    """A sampled round's draws from `generator`, in the round's order: one sample's draws per draft over
-    `draw_width` ids (None: `vocab_size`), the acceptance uniforms, and the resample's draws."""
+    """A sampled round's draws, in its order: each draft's, the acceptance uniforms, the resample's."""
     drafts = [sample_draws((batch_size, draw_width or vocab_size), device, generator) for _ in range(gamma)]
     acceptance = uniform((batch_size, gamma), device, generator)
     return DrawnAhead([*drafts, acceptance, sample_draws((batch_size, vocab_size), device, generator)])
@@ -107,9 +101,8 @@ def _step(
     generator: DrawnAhead | None,
     feature_layers: tuple[int, ...] | None,
 ) -> None:
-    """One step of the target alone over the whole batch (sampling against draws made ahead, where
-    given), committed; with `feature_layers`, each active row's features written into `written`
-    `[B, S_cap, n·H]`. No host sync and no generator, so it traces as one graph."""
+    """One step of the target alone over the whole batch, committed; with `feature_layers`, each
+    active row's features written into `written` `[B, S_cap, n·H]`. No host sync, so one graph."""
     cache.set_lengths(rows.lengths - 1)
     active = rows.active
     logits, hidden = cached_forward_features(target, cache, rows.last(1), feature_layers=feature_layers)
@@ -123,8 +116,7 @@ def _step(
 
 @dataclass(frozen=True)
 class StaticDecoder(Decoder):
-    """The static-shape loops, uncompiled (see the module docstring). `capacity` fixes the caches'
-    slots per row (None: each call's need rounded up to a power of two)."""
+    """The static-shape loops, uncompiled; `capacity`: cache slots per row (None: a power of two)."""
 
     capacity: int | None = None
     # whether the steps run compiled (`CompiledDecoder`)
@@ -142,7 +134,7 @@ class StaticDecoder(Decoder):
 
     @contextlib.contextmanager
     def _step(self, step: int, device: torch.device, *state: object) -> Iterator[None]:
-        """The block in which step `step` runs on `device`, changing the attributes of `state`."""
+        """The block step `step` runs in, changing the attributes of `state`."""
         if not self.compile:
             yield
             return
@@ -153,8 +145,7 @@ class StaticDecoder(Decoder):
     def _run(
         self, rows: StaticRows, budgets: list[int], models: Sequence[torch.nn.Module], run: Callable[[int], object]
     ) -> None:
-        """`run(step)` until every row is done: each step commits at least one token per active row,
-        and the host asks whether any row is active every `default_sync_every` steps."""
+        """`run(step)` until every row is done, asked every `default_sync_every` steps."""
         sync_every = default_sync_every(rows.tokens.device)
         with nested_layers(*models) if self.compile else contextlib.nullcontext():
             for step in range(max(max(budgets) - 1, 0)):
@@ -165,10 +156,8 @@ class StaticDecoder(Decoder):
     def speculative(
         self, target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter | RowDrafters, request: Request
     ) -> GenerationResult:
-        """Greedy picks the argmax of the target's logits as a pass of this batch's shape computes
-        them: in fp32, target-alone greedy. In bf16, passes of other widths or kernels round
-        differently, so near-tied top logits can pick other tokens; that rate is measured
-        (`specdecode.evaluation.benchmark`), not assumed."""
+        """In fp32 greedy is target-alone greedy; in bf16, passes of other widths round differently,
+        so near-tied top logits can pick other tokens (the benchmark measures that rate)."""
         if isinstance(drafter, RowDrafters):
             raise ValueError("several drafters in one batch (assign=) need the eager decoder: static=False")
         start = time.perf_counter()
@@ -215,8 +204,7 @@ class StaticDecoder(Decoder):
             return GenerationResult.build(rows.sequences(), stats, time.perf_counter() - start)
 
     def autoregressive(self, target: PreTrainedModel, request: Request) -> GenerationResult:
-        """One-token passes of the whole batch, finished rows masked; a seeded generator's draws are
-        made before each step and passed in (`DrawnAhead`)."""
+        """One-token passes of the whole batch, finished rows masked; seeded draws made ahead."""
         start = time.perf_counter()
         device, params, generator, batch_size = target.device, request.params, request.generator, len(request.prompts)
         feature_layers = request.feature_layers
@@ -253,8 +241,6 @@ class StaticDecoder(Decoder):
 
 @dataclass(frozen=True)
 class CompiledDecoder(StaticDecoder):
-    """The static loops with each round (step) one compiled graph (`compiled.py`): CUDA graphs on
-    CUDA, guards skipped after the first `GUARDED_STEPS` steps of a call, and what a step reassigns
-    copied out of its graph's memory before the next replay."""
+    """The static loops with each round (step) one compiled graph, guards skipped after the first."""
 
     compile: ClassVar[bool] = True

@@ -1,11 +1,7 @@
-"""The static core's buffers, kept per model and shape between compiled calls.
-
-A CUDA graph reads and writes its static inputs at the addresses it was recorded with; buffers at
-new addresses make CUDA graph trees record it again, per call (gpt-fast keeps its caches as model
-buffers for this reason). So a compiled decode takes its buffers from a pool: per model and call
-shape, one buffer per name, shape, dtype and device, zeroed at each call and serving one call at a
-time. A model keeps its `POOLED_SHAPES` most recent shapes; they go with the model (held weakly)
-or with `release_static_buffers`. An uncompiled decode allocates its buffers per call.
+"""The static core's buffers, kept per model and shape between compiled calls: a CUDA graph reads
+and writes its inputs at the addresses it was recorded with, and buffers at new addresses make it
+record again. A model (held weakly) keeps its `POOLED_SHAPES` most recent call shapes' buffers,
+zeroed at each call and serving one call at a time; an uncompiled decode allocates per call.
 """
 
 from __future__ import annotations
@@ -34,8 +30,7 @@ _LOCK = threading.Lock()
 
 
 def mark_static(*tensors: torch.Tensor) -> None:
-    """Give tensors that compiled graphs write in place fixed addresses, so CUDA graphs write them where
-    they are (no public API for this in torch 2.14: `torch._dynamo.mark_static_address`)."""
+    """Give tensors compiled graphs write in place fixed addresses (torch has no public API for it)."""
     for tensor in tensors:
         torch._dynamo.mark_static_address(tensor)
 
@@ -102,8 +97,7 @@ def _evict(shapes: _Shapes) -> None:
 
 @contextlib.contextmanager
 def static_buffers(pooled: bool, shape: CallShape) -> Iterator[Lease]:
-    """A `Lease` for a decode call of `shape`, given back on leaving the block; copy results out of
-    its buffers first (the next call of the shape zeroes them)."""
+    """A `Lease` for a decode call of `shape`, given back on leaving the block (copy results out first)."""
     lease = Lease(pooled, shape)
     try:
         yield lease

@@ -1,7 +1,4 @@
-"""The static core's `KVCache` and its capacity: buffers read whole under a boolean mask, so every
-pass keeps its shape and a compiled forward can be replayed; a nested compile region sees a cache
-of its one layer (`LayerKV`).
-"""
+"""The static core's `KVCache` and its capacity; a nested compile region sees one layer's (`LayerKV`)."""
 
 from __future__ import annotations
 
@@ -21,8 +18,8 @@ MIN_CAPACITY = 16
 def rows_capacity(
     prompts: Sequence[Sequence[int]], budgets: Sequence[int], gamma: int | None, capacity: int | None = None
 ) -> int:
-    """The cache capacity of a static decode of `prompts` with `budgets` (`static_capacity`): past a
-    row's budget a round writes gamma drafts, its bonus token and the pending one; a target step 1."""
+    """The cache capacity of a static decode of `prompts` with `budgets`: past a row's budget a round
+    writes gamma drafts, its bonus token and the pending one; a target step 1."""
     slack = 1 if gamma is None else gamma + 2
     return static_capacity(max(len(p) + b for p, b in zip(prompts, budgets)) + slack, capacity)
 
@@ -43,8 +40,7 @@ def static_capacity(slots: int, capacity: int | None = None) -> int:
 def write_layer(
     keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, key_states: torch.Tensor, value_states: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Write a pass's `[B, H_kv, T, D]` keys and values into one layer's `[B, H_kv, S_cap, D]`
-    buffers at each row's `slots` `[B, T]`, in place; return the buffers."""
+    """Write `[B, H_kv, T, D]` keys and values into a layer's `[B, H_kv, S_cap, D]` buffers at `slots` `[B, T]`."""
     # an indexed assignment rather than `scatter_`: inductor writes it into the buffers in place,
     # where a scatter into a graph input costs a copy of every layer's whole buffers per pass
     rows = torch.arange(key_states.shape[0], device=key_states.device).unsqueeze(1)
@@ -67,9 +63,8 @@ class LayerKV:
 
 
 class StaticKVCache(KVCache):
-    """The static core's cache: the buffers are read whole under a boolean mask of fixed shape
-    `[B, 1, T, S_cap]`, so a pass's shapes depend only on its batch size and width. Rows never leave
-    (a finished one is masked), and the host-side `max_length` of `set_lengths` is not needed."""
+    """The static core's cache: the buffers are read whole under a boolean mask `[B, 1, T, S_cap]`,
+    so a pass's shapes depend only on its batch size and width; rows never leave."""
 
     def __init__(
         self, num_layers: int, batch_size: int, capacity: int, device: torch.device, zeros: Zeros = fresh_zeros
@@ -90,8 +85,7 @@ class StaticKVCache(KVCache):
     _write = staticmethod(write_layer)
 
     def layer_buffers(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """Layer `layer_idx`'s keys, values and the pass's write slots `[B, T]` (a nested region's
-        inputs), once they exist; else None."""
+        """Layer `layer_idx`'s keys, values and the pass's write slots `[B, T]` once they exist, else None."""
         keys, values, slots = self.keys[layer_idx], self.values[layer_idx], self._write_slots
         if keys is None or values is None or slots is None:
             return None

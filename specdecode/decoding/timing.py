@@ -1,16 +1,11 @@
-"""Step costs as the speedup model (`speedup.py`), the gamma choice (`gamma.py`) and the
-benchmarks read them, and timed batch-1 decodes (`timed_decodes`).
-
-The pieces are `costs.step_pieces` at batch 1 (a target step, a verify of gamma drafts, the
-drafter's gamma drafts: a drafter step is a gamma-th of it), timed by `costs.time_rounds`.
-`core_step_costs` times them on each decode core in the middle of an answer; on the compiled core
-each piece is its own graph (the decode benchmark times whole rounds), and its first
-`GUARDED_STEPS` rounds are not counted.
+"""Step costs at batch 1 as the speedup model, the gamma choice and the benchmarks read them
+(`costs.step_pieces` timed by `costs.time_rounds`), and timed batch-1 decodes (`timed_decodes`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -84,8 +79,7 @@ def measure_step_costs(
     gamma: int,
     repeats: int = 10,
 ) -> StepCosts:
-    """The eager core's `StepCosts` for `drafter` at `gamma`, at batch 1 after `context` but its last
-    gamma tokens (the verify's drafts)."""
+    """The eager core's `StepCosts` at `gamma`, batch 1, after `context` but its last gamma tokens."""
     if len(context) <= gamma + 1:
         raise ValueError(f"context must be longer than gamma + 1 = {gamma + 1} tokens, got {len(context)}")
     return _step_costs(target, drafter, list(context), len(context) - gamma, gamma, ("eager",), None, repeats)["eager"]
@@ -131,10 +125,6 @@ def warm_up_tokens(max_new_tokens: int, gammas: Sequence[int]) -> int:
     return min(max_new_tokens, 2 * max(gammas, default=1) + 2)
 
 
-# A decode timed by `timed_decodes`: (prompt ids, new tokens) -> its result.
-TimedRun = Callable[[list[int], int], GenerationResult]
-
-
 def timed_decodes(
     target: PreTrainedModel,
     drafter: PreTrainedModel | FeatureDrafter,
@@ -143,38 +133,22 @@ def timed_decodes(
     max_new_tokens: int,
     temperature: float = 0.0,
 ) -> dict[str, Any]:
-    """Decode each of `prompts` alone (batch 1) with the target alone and with `drafter` at each of
-    `gammas` (a fixed budget, seeded when sampling), timing every decode, after one untimed warm-up
-    each. Each prompt runs them back to back in an order rotated by one per prompt, so drift
-    biases none of them.
-
-    Returns:
-        `{"autoregressive_s": float, "seconds": {gamma: float}, "per_prompt_s": {gamma: [float]},
-        "tau": {gamma: float}, "tokens": int}`: seconds summed over the prompts (and each prompt's),
-        tau each gamma's generated tokens over its target passes (the prefill counts as one, as in
-        `DecodeStats.tau`).
-    """
+    """Decode each of `prompts` at batch 1 with the target alone and with `drafter` at each of
+    `gammas`, timed after one untimed warm-up each, in an order rotated per prompt so drift biases
+    none. Returns `{"autoregressive_s", "seconds": {gamma: s}, "per_prompt_s": {gamma: [s]},
+    "tau": {gamma: tau}, "tokens"}`, seconds summed over the prompts."""
     rows = [list(p) for p in prompts]
     if not rows or not gammas or not is_int(max_new_tokens) or max_new_tokens < 2:
         raise ValueError(
             f"timed_decodes needs one or more prompts and gammas and max_new_tokens >= 2 (a verify after the "
             f"prefill), got {len(rows)} prompts, gammas={list(gammas)}, max_new_tokens={max_new_tokens!r}"
         )
+    decode = dict(temperature=temperature, seed=0, eos_token_ids=[])
     # key 0: the target alone, the baseline every gamma's speedup is measured against
-    runs: dict[int, TimedRun] = {
-        0: lambda ids, n: autoregressive_generate(
-            target, [ids], max_new_tokens=n, temperature=temperature, seed=0, eos_token_ids=[]
-        )
-    }
-
-    def ours(gamma: int) -> TimedRun:
-        return lambda ids, n: speculative_generate(
-            target, drafter, [ids], max_new_tokens=n, gamma=gamma, temperature=temperature, seed=0, eos_token_ids=[]
-        )
-
-    runs |= {g: ours(g) for g in gammas}
+    runs: dict[int, Callable[..., GenerationResult]] = {0: functools.partial(autoregressive_generate, target)}
+    runs |= {g: functools.partial(speculative_generate, target, drafter, gamma=g) for g in gammas}
     for run in runs.values():  # warm-up, not counted
-        run(rows[0], warm_up_tokens(max_new_tokens, gammas))
+        run([rows[0]], max_new_tokens=warm_up_tokens(max_new_tokens, gammas), **decode)
     seconds: dict[int, list[float]] = {key: [] for key in runs}
     passes = dict.fromkeys(runs, 0)
     tokens = dict.fromkeys(runs, 0)
@@ -182,7 +156,7 @@ def timed_decodes(
     for i, ids in enumerate(rows):
         for key in order[i % len(order) :] + order[: i % len(order)]:
             start = time.perf_counter()
-            result = runs[key](ids, max_new_tokens)
+            result = runs[key]([ids], max_new_tokens=max_new_tokens, **decode)
             seconds[key].append(time.perf_counter() - start)
             passes[key] += result.stats.target_calls
             tokens[key] += len(result.sequences[0])

@@ -49,8 +49,7 @@ def _is_list(value: object) -> TypeGuard[Sequence[object]]:
 
 
 def _token_ids(prompt: object, i: int) -> list[int]:
-    """Prompt `i` as a list of ints from a sequence of ids or a 1-D tensor / array (errors name the
-    first id that is not an integer)."""
+    """Prompt `i` (ids, or a 1-D tensor / array) as a list of ints; errors name the first non-integer."""
     if isinstance(prompt, (torch.Tensor, np.ndarray)) and prompt.ndim == 1:
         prompt = prompt.tolist()
     if not _is_list(prompt):

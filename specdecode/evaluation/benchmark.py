@@ -110,8 +110,7 @@ def _label(name: str) -> str:
 
 
 def _step_costs(cfg: BenchmarkConfig, target: PreTrainedModel, drafter: Drafter, ids: list[list[int]]) -> StepCosts:
-    """After a warm-up, a target step, a verify and a drafter step in the middle of an answer, and what
-    a verify of 2..9 tokens costs there."""
+    """After a warm-up, the step costs mid-answer, and what a verify of 2..9 tokens costs there."""
     decode: dict[str, Any] = dict(
         max_new_tokens=8, temperature=cfg.temperature, eos_token_ids=default_eos(target), seed=cfg.seed
     )
@@ -143,9 +142,7 @@ def run_core_benchmark(
 ) -> list[Row]:
     """Per dtype, time the data writer at `writer_batch` (0: not), then every method per batch size.
     `drafter`: a saved feature drafter to time instead of an untrained one; `only`: the methods
-    whose names contain one of these; `profile`: print where each method's time goes;
-    `time_limit_s`: start nothing after this many seconds; `step_costs`: first print each
-    drafter's step costs on each core."""
+    whose names contain one of these; `step_costs`: first print each drafter's step costs per core."""
     check_only(only)
     for dtype in dtypes:
         resolve_dtype(dtype)  # a bad name fails before any group is timed

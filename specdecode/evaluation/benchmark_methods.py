@@ -1,10 +1,5 @@
-"""The decode benchmark's methods, its one timing loop, and how a method's tokens compare.
-
-A method decodes a batch of prompts: the target alone and ours on each decode core, transformers'
-assisted generation, the training-data writer. `time_group` times a group on the same prompts: a
-first call each (where a compiled method compiles), then rounds with the methods interleaved so
-that a throttled machine slows them alike. A method's tokens are compared with its reference's:
-exact match, and agreement, the mean share of a row before its first difference.
+"""The decode benchmark's methods (the target alone and ours on each core, transformers' assisted
+generation, the data writer), its one timing loop (`time_group`), and how a method's tokens compare.
 """
 
 from __future__ import annotations
@@ -52,9 +47,8 @@ Method = Callable[[list[list[int]]], Run]
 @dataclass
 class Row:
     """One method of one group: median tokens/s over the rounds (no rounds: the first call's); speedup,
-    exact match and agreement against its reference (None where not timed); alpha, tau and
-    `gamma_steps` pooled over the first call; for ours in `run_benchmark`, the speedup Leviathan's
-    model predicts and loop efficiency = measured / predicted."""
+    exact match and agreement against its reference; alpha, tau and `gamma_steps` pooled over the
+    first call; for ours in `run_benchmark`, Leviathan's predicted speedup and measured / predicted."""
 
     target: str
     dtype: str
@@ -96,8 +90,7 @@ def methods(
 ) -> dict[str, Method]:
     """A group's methods by name, in the order they run: on each of `cores`, the target alone, ours
     with each of `drafters` at `gamma` and with each of `auto`'s adaptive gammas; then, at batch 1
-    and greedy, transformers assisted generation with each causal-LM drafter. Each makes
-    `new_tokens` per row unless it ends on one of `eos`; static caches have `capacity` slots."""
+    and greedy, transformers assisted generation with each causal-LM drafter."""
     decode = sampling | dict(max_new_tokens=new_tokens, eos_token_ids=list(eos))
     found: dict[str, Method] = {}
     for core in cores:
@@ -212,8 +205,7 @@ def time_group(
     reference: Callable[[str], str] = reference_of,
 ) -> dict[str, dict[str, Any]]:
     """Every method over every batch, a first call each, then `rounds` rounds, methods interleaved:
-    name → `Row`'s measured fields against `reference(name)`. Past `deadline` (`time.perf_counter()`)
-    no first call and no round after the first starts."""
+    name → `Row`'s measured fields against `reference(name)`. Nothing new starts past `deadline`."""
     first: dict[str, list[Run]] = {}
     skips: dict[str, int] = {}
     for name, method in found.items():

@@ -1,6 +1,5 @@
 """What the decode benchmark decodes: its held-out prompts, and the targets `run_core_benchmark`
-times by name: the embedded SmolLM2-135M, or a random-weight Llama of Llama-3.2-1B's shape or a
-tiny one (no hub, no checkpoint) on random prompts."""
+times (the embedded SmolLM2-135M, or random-weight Llamas on random prompts)."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ TARGETS = ("smollm2-135m-instruct", "llama-3.2-1b-shape", "tiny")
 def benchmark_prompts(
     tokenizer: PreTrainedTokenizerBase, num_prompts: int, max_tokens: int
 ) -> list[tuple[str, list[int]]]:
-    """The first held-out prompts of each domain within `max_tokens` (skipped, never cut),
-    interleaved, chat-formatted: [(domain, ids)]."""
+    """The first held-out prompts of each domain within `max_tokens`, interleaved: [(domain, ids)]."""
     pools = {domain: prompts_within(tokenizer, load_domain(domain, split="heldout"), max_tokens) for domain in DOMAINS}
     chosen: list[tuple[str, list[int]]] = []
     while len(chosen) < num_prompts and pools:
@@ -40,8 +38,7 @@ def _random_llama(**shape: Any) -> LlamaConfig:
 
 
 def llama_1b_shape() -> LlamaConfig:
-    """Llama-3.2-1B's architecture (16 layers, hidden 2048, GQA 32/8 heads, 128k vocabulary, tied
-    embeddings), context cut to 4,096."""
+    """Llama-3.2-1B's architecture (16 layers, hidden 2048, GQA 32/8, 128k vocabulary), context 4,096."""
     return _random_llama(
         vocab_size=128256,
         hidden_size=2048,
@@ -71,8 +68,7 @@ def tiny_shape() -> LlamaConfig:
 
 
 def build_target(name: str, dtype: str, device: str, count: int) -> tuple[PreTrainedModel, list[list[int]]]:
-    """The benchmark's target `name` in `dtype` on `device`, eval mode, and `count` prompts: held-out
-    ones (repeated as needed) for SmolLM2, random ids of 32..96 tokens for the random targets."""
+    """The benchmark's target `name`, eval mode, and `count` prompts (random ids for random targets)."""
     if name not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {name!r}")
     if name == TARGETS[0]:

@@ -18,8 +18,7 @@ Run = Callable[[], tuple[list[list[int]], float, object]]
 
 
 def profile_call(run: Run) -> str:
-    """One call of `run` under `torch.profiler` in a line: wall time, how busy the device's kernels kept
-    it (low: the host bounds the call), kernels and graph replays per token, the longest kernels."""
+    """One call of `run` under `torch.profiler`: kernels busy, kernels and replays per token, top kernels."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)

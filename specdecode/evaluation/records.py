@@ -1,6 +1,5 @@
-"""What an evaluation counts: one method's decode of a prompt set (`RunRecord`), its summable counts,
-how processes' counts merge, and the results.json rows made from them; the batching policies the
-methods decode with; compiled decodes timed apart from their compiling (`settled`, `filled`)."""
+"""What an evaluation counts (`RunRecord`), how processes' counts merge into results.json rows, the
+batching policies the methods decode with, and compiled decodes timed apart from their compiling."""
 
 from __future__ import annotations
 
@@ -92,8 +91,7 @@ def consecutive_batches(generate: Generate, count: int, batch_size: int) -> list
 
 
 def grouped_batches(generators: dict[str, Generate], choices: list[str], batch_size: int) -> list[Batch]:
-    """Each prompt decoded by the generator its choice names, prompts that share a choice batched
-    together; batches ordered by their first prompt."""
+    """Each prompt decoded by its choice's generator, prompts of one choice batched together."""
     by_choice: dict[str, list[int]] = {}
     for i, choice in enumerate(choices):
         by_choice.setdefault(choice, []).append(i)
@@ -123,16 +121,10 @@ def run_interleaved(
     grouped: Collection[str] = (),
     first: int = 0,
 ) -> dict[str, RunRecord]:
-    """Decode `prompts` with every method, the methods taking turns batch by batch.
-
-    `generators` decode every prompt in consecutive batches of `batch_size`. `chosen` names methods
-    that decode prompt i with `pool[chosen[method][i]]`: past batch 1 in mixed batches through
-    `route` where given, else (and for `grouped`) as `grouped_batches` groups them. Sequences come
-    back in prompt order.
-
-    Why turns: a machine whose speed drifts slows every method alike. Turn k starts at the
-    (`first` + k)-th method, so that no method always runs last in a turn (it ran slower there);
-    rounds with `first` = 0, 1, 2, ... even out the places (`median_rounds`).
+    """Decode `prompts` with every method, the methods taking turns batch by batch (a machine whose
+    speed drifts slows every method alike); turn k starts at the (`first` + k)-th method.
+    `chosen` names methods that decode prompt i with `pool[chosen[method][i]]`: past batch 1 in mixed
+    batches through `route` where given, else (and for `grouped`) as `grouped_batches` groups them.
     """
     plans = {name: consecutive_batches(fn, len(prompts), batch_size) for name, fn in generators.items()}
     for name, choices in (chosen or {}).items():
@@ -164,10 +156,8 @@ def run_interleaved(
 
 def median_rounds(rounds: Sequence[dict[str, RunRecord]], baseline: str | None = None) -> dict[str, RunRecord]:
     """Each method's record from the round in which it took the median seconds (the lower of the
-    middle two). With `baseline` among the methods, each other method's is instead its round of the
-    median speedup over the baseline in the same round (the lower of the middle two), its seconds
-    carried to the baseline's median round: a machine whose speed drifts between rounds slows both
-    of a round alike, so the drift cancels in the ratio."""
+    middle two); with `baseline`, each other method's round of the median speedup over the baseline,
+    its seconds carried to the baseline's median round, so drift between rounds cancels."""
     middle = (len(rounds) - 1) // 2
     kept = {name: sorted((r[name] for r in rounds), key=lambda record: record.seconds)[middle] for name in rounds[0]}
     if baseline is None or baseline not in kept:
@@ -201,9 +191,8 @@ def composed(pool: dict[str, RunRecord], choices: list[str], extra_seconds: floa
 
 def pick_per_prompt(records: dict[str, RunRecord], pass_costs: dict[str, float] | None = None) -> list[str]:
     """The oracle's choice per prompt from batch-1 records: the method with the highest tau over
-    `pass_costs[method]` (one pass in target steps; 1 without), ties to the first listed. Not tau
-    alone: it grows with gamma. Not the measured seconds: they would credit the oracle with its own
-    timing luck."""
+    `pass_costs[method]` (one pass in target steps; 1 without), ties to the first listed; not the
+    measured seconds, which would credit the oracle with its own timing luck."""
     names = list(records)
     missing = sorted(set(names) - set(pass_costs)) if pass_costs is not None else []
     if missing:
@@ -246,9 +235,8 @@ def finalize_rows(keyed_counts: dict[tuple, dict]) -> list[dict]:
 def router_share(rows: list[dict], singles: Sequence[str] | None = None) -> list[dict]:
     """The router's share of the oracle's gain, (chooser − best single) / (oracle − best single) on
     the speedups averaged over the domains, per (temperature, batch size), for `routed` and
-    `routed_choices`. `rows` hold one gamma per method. `singles`: the drafters chosen between
-    (None: every `generic` / `specialized:*` method); a setting where one of them lacks a row in
-    some domain gets no share. A share is None where the oracle is not above the best single."""
+    `routed_choices`. `singles`: the drafters chosen between (None: every `generic` /
+    `specialized:*` method). A share is None where the oracle is not above the best single."""
     shares = []
     for temperature, batch_size in dict.fromkeys((r["temperature"], r["batch_size"]) for r in rows):
         here = [r for r in rows if (r["temperature"], r["batch_size"]) == (temperature, batch_size)]
@@ -312,8 +300,7 @@ def settled(
 
 def filled(generate: Callable[..., GenerationResult], batch_sizes: Sequence[int], budget: int) -> Generate:
     """`generate`, except that a batch is filled up to the smallest of `batch_sizes` that holds it
-    with one-token rows of no budget (compiled, each batch size is a graph of its own). The result
-    is the prompts' own, less the filling rows' prefill; their compute stays in the batch's time."""
+    with one-token rows of no budget (compiled, each batch size is a graph of its own)."""
 
     def run(prompts: list[list[int]]) -> GenerationResult:
         size = min((b for b in batch_sizes if b >= len(prompts)), default=len(prompts))

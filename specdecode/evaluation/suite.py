@@ -1,13 +1,7 @@
-"""Evaluation suite: what speculative decoding buys per domain, per drafter, per setting.
-
-For each domain's held-out prompts, temperature and batch size, each method runs for real:
-`autoregressive` (the baseline), `undistilled`, `generic`, `alldata` (the control routing must
-beat), `specialized:<domain>`, `routed` (the router picks a drafter per prompt; past batch 1 in
-mixed batches, `routed_grouped` one batch per chosen drafter) and `oracle` (per prompt, the drafter
-predicted fastest from its batch-1 run). `routed_choices` scores the router's choices on the runs
-the oracle picks from (`router_share`). Rows report alpha, tau, tokens/s, speedup over
-autoregressive and measured exact match with target-only greedy; a domain of several kinds also
-gets rows per kind (`mixed/<kind>`).
+"""Evaluation suite: what speculative decoding buys per domain, per drafter, per setting. Each method
+(conf/eval.yaml) runs for real on each domain's held-out prompts, temperature and batch size; rows
+report alpha, tau, tokens/s, speedup over autoregressive and exact match with target-only greedy,
+and a domain of several kinds also gets rows per kind (`mixed/<kind>`).
 """
 
 from __future__ import annotations
@@ -75,8 +69,7 @@ from specdecode.routing.router import NO_DRAFTER, Router
 def heldout_prompts(
     tokenizer: PreTrainedTokenizerBase, data: Mapping[str, Any], count: int, max_tokens: int
 ) -> list[tuple[str, list[int]]]:
-    """The first `count` held-out prompts of a domain that fit `max_tokens` (skipped, never cut), as
-    (text, chat-formatted ids); a ValueError naming the settings where there are fewer."""
+    """The first `count` held-out prompts within `max_tokens` (skipped, never cut), as (text, ids)."""
     fitting = prompts_within(tokenizer, domain_examples(data, "heldout"), max_tokens)
     chosen = [(example.prompt, ids) for example, ids in itertools.islice(fitting, count)]
     if len(chosen) == count:
@@ -109,8 +102,7 @@ def check_heldout_prompts(cfg: EvalConfig, tokenizer: PreTrainedTokenizerBase) -
 
 @dataclass
 class _Models:
-    """What an evaluation decodes with: the target, its tokenizer and EOS ids, the drafters by
-    method name, and the router if any."""
+    """What an evaluation decodes with: the drafters by method name, and the router if any."""
 
     target: Any
     tokenizer: PreTrainedTokenizerBase
@@ -145,7 +137,7 @@ def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], ob
     target, tokenizer = load_target(cfg.target, dtype=cfg.dtype, device=device, skinny_matmul=cfg.skinny_matmul)
     drafters: dict[str, Any] = {}
     if "undistilled" in cfg.methods:
-        corpus = lambda: vocab_corpus(tokenizer, 2000, cfg.data)  # noqa: E731
+        corpus = partial(vocab_corpus, tokenizer, 2000, cfg.data)
         drafters["undistilled"] = build_drafter(cfg.undistilled, target, tokenizer, corpus)
     # The router's and the oracle's candidates load even where their own rows were not asked for.
     choosers = (_ROUTED | {"oracle"}) & set(cfg.methods)
@@ -169,14 +161,12 @@ def _family(name: str) -> str:
 
 
 def _core(cfg: EvalConfig, models: _Models) -> dict[str, Any]:
-    """The decode core `compile` asks for: the eager loop, or the static core under torch.compile with
-    one cache capacity for every decode (the longest prompt, budget and widest gamma's slack), so
-    that they share compiled graphs."""
+    """The decode core `compile` asks for: the eager loop, or the compiled static core with one cache
+    capacity for every decode, so that they share compiled graphs."""
     compiled = resolve_compile(cfg.compile, models.target.device)
     if not compiled:
         return {"static": False, "compile": False}
-    gammas = [_widest_gamma(cfg, d) for d in models.drafters.values()] + list(cfg.sweep_gammas)
-    slots = cfg.max_prompt_tokens + cfg.max_new_tokens + max(gammas, default=0) + 2
+    slots = cfg.max_prompt_tokens + cfg.max_new_tokens + max(_widest_gammas(cfg, models), default=0) + 2
     return {"static": True, "compile": True, "capacity": static_capacity(slots)}
 
 
@@ -185,16 +175,16 @@ def _fixed_gamma(cfg: EvalConfig, drafter: Any) -> int:
     return cfg.gamma if isinstance(cfg.gamma, int) else drafter_gamma(drafter)
 
 
-def _widest_gamma(cfg: EvalConfig, drafter: Any) -> int:
-    """The most drafts a step of `drafter` takes (auto: the step-cost table's widest)."""
-    return COST_MAX_GAMMA if cfg.gamma == AUTO else _fixed_gamma(cfg, drafter)
+def _widest_gammas(cfg: EvalConfig, models: _Models) -> list[int]:
+    """The most drafts a step takes, per drafter (auto: the step-cost table's widest) and sweep gamma."""
+    widest = [COST_MAX_GAMMA if cfg.gamma == AUTO else _fixed_gamma(cfg, d) for d in models.drafters.values()]
+    return widest + list(cfg.sweep_gammas)
 
 
 def _generators(
     models: _Models, gamma: int | str | None, decode: dict, lookup: PromptLookup, batch_sizes: Sequence[int]
 ) -> dict[str, Generate]:
-    """One decode function per method name at `gamma` (auto: each drafter's `adaptive_gamma`), each
-    drafter with `lookup`; compiled, each `filled` to `batch_sizes` and `settled`."""
+    """One decode function per method name at `gamma`; compiled, each `filled` to `batch_sizes` and `settled`."""
     generators: dict[str, Generate] = {"autoregressive": partial(autoregressive_generate, models.target, **decode)}
     params = SamplingParams(decode.get("temperature", 0.0))
     for name, drafter in models.drafters.items():
@@ -213,8 +203,7 @@ def _generators(
 
 
 def _route(models: _Models, gamma: int | str | None, decode: dict, lookup: PromptLookup) -> Route | None:
-    """Decode a batch in one, prompt i with the drafter its choice names (`autoregressive`: none); None
-    where `decode` runs a static decoder, which takes one drafter per batch."""
+    """Decode a batch in one, prompt i with its choice's drafter; None for a static decoder."""
     if decode.get("static"):
         return None
 
@@ -246,8 +235,7 @@ def _run_turns(
     rounds: int = 1,
 ) -> dict[str, RunRecord]:
     """`methods` on every prompt and the `chosen` methods on theirs, taking turns batch by batch
-    (`run_interleaved`) `rounds` times, each method's record its round of the median speedup over
-    `autoregressive` (`median_rounds`); the routed records pay the router's seconds."""
+    `rounds` times (`median_rounds`); the routed records pay the router's seconds."""
     records = median_rounds(
         [
             run_interleaved(
@@ -273,8 +261,7 @@ def _eval_domain(
     cfg: EvalConfig, models: _Models, domain: str, texts: list[str], ids: list[list[int]], batch1: int, progress: Any
 ) -> tuple[dict[tuple, dict], float | None]:
     """Counts of every method and setting on one domain's prompts (this process's share), keyed as
-    `finalize_rows` expects, and the router's seconds per prompt (None without a router). The first
-    `batch1` prompts run at batch 1 and in the sweep, all of them at larger batch sizes."""
+    `finalize_rows` expects, and the router's seconds per prompt (None without a router)."""
     local: dict[tuple, dict] = {}
     route_choices: list[str] | None = None
     routing_s: float | None = None
@@ -354,8 +341,7 @@ def _sweep(
     routing_s: float | None,
     progress: Any,
 ) -> dict[tuple, dict]:
-    """The gamma sweep: `sweep_methods` at each of `sweep_gammas` but the main one; greedy rows
-    checked against `reference`."""
+    """The gamma sweep: `sweep_methods` at each of `sweep_gammas` but the main one."""
     if not ids:  # a kind of a mixed domain with none of the domain's batch-1 prompts
         progress.update(1)
         return {}
@@ -381,8 +367,7 @@ def _sweep(
 @locks_output_dir
 def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = None) -> dict:
     """Evaluate every method on every domain and setting; write results.json and report.md. Under
-    `accelerate launch` each process decodes its share of the prompts (tokens/s is then the whole
-    system's throughput) and the main process writes the files."""
+    `accelerate launch` each process decodes its share of the prompts."""
     check_tracker_installed(cfg)
     require_heldout(cfg.data, cfg.prompts_per_domain, "prompts_per_domain")  # before any model loads
     check_heldout_prompts(cfg, load_tokenizer(cfg.target))
@@ -423,12 +408,10 @@ def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = No
 
 
 def _warm_up(cfg: EvalConfig, models: _Models, prompt: list[int]) -> None:
-    """Every method decodes `prompt` once at batch 1, untimed: a process's first decodes pay one-off
-    costs that would otherwise land on the first domain's first turns."""
-    gammas = [_widest_gamma(cfg, d) for d in models.drafters.values()] + list(cfg.sweep_gammas)
+    """Every method decodes `prompt` once at batch 1, untimed: first decodes pay one-off costs."""
     temperature = cfg.temperatures[0] if cfg.temperatures else 0.0
     decode = dict(
-        max_new_tokens=warm_up_tokens(cfg.max_new_tokens, gammas),
+        max_new_tokens=warm_up_tokens(cfg.max_new_tokens, _widest_gammas(cfg, models)),
         temperature=temperature,
         eos_token_ids=[],
         seed=cfg.seed,

@@ -22,8 +22,7 @@ def page_methods(cfg: EvalConfig, models: Any, texts: list[str], router_key: Cal
 def write_token_pages(
     cfg: EvalConfig, models: Any, domain: str, texts: list[str], ids: list[list[int]], router_key: Callable[[str], str]
 ) -> Path | None:
-    """Decode `ids` with the record on and write `tokens-<domain>.html` into `cfg.output_dir`; None where
-    there is no method to show. `models` is the suite's."""
+    """Decode `ids` with the record on and write `tokens-<domain>.html`; None where no method is shown."""
     methods = page_methods(cfg, models, texts, router_key)
     if not methods:
         return None

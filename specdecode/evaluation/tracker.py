@@ -6,30 +6,13 @@ from pathlib import Path
 from typing import Any
 
 # results.json row keys, in the table's column order (position_acceptance, a list, stays in the file)
-ROW_COLUMNS = (
-    "domain",
-    "method",
-    "gamma",
-    "temperature",
-    "batch_size",
-    "prompts",
-    "max_new_tokens",
-    "alpha",
-    "tau",
-    "tokens_per_s",
-    "speedup",
-    "exact_match",
+ROW_COLUMNS = tuple(
+    "domain method gamma temperature batch_size prompts max_new_tokens alpha tau tokens_per_s speedup "
+    "exact_match".split()
 )
-SHARE_COLUMNS = (
-    "temperature",
-    "batch_size",
-    "best_single",
-    "best_single_speedup",
-    "oracle_speedup",
-    "routed_speedup",
-    "routed_share",
-    "routed_choices_speedup",
-    "routed_choices_share",
+SHARE_COLUMNS = tuple(
+    "temperature batch_size best_single best_single_speedup oracle_speedup routed_speedup routed_share "
+    "routed_choices_speedup routed_choices_share".split()
 )
 # report.md's plots (`specdecode.evaluation.report.write_report`)
 PLOTS = ("speedup", "gamma_sweep", "position_acceptance")

@@ -20,8 +20,7 @@ SPECIALISTS_FROM = ("scratch", "generic")
 
 def accelerate_config_file(name: str, device: str = "cpu") -> Path:
     """The accelerate config the launched stages run with: conf/accelerate/<name>.yaml (auto: cpu or
-    single_gpu after `device`) or a .yaml path. A ValueError names a missing file, or a CPU config
-    for another device."""
+    single_gpu after `device`) or a .yaml path (a ValueError names a missing or mismatched one)."""
     if name == "auto":
         name = "cpu" if device == "cpu" else "single_gpu"
     path = Path(name) if name.endswith((".yaml", ".yml")) else CONF_DIR / "accelerate" / f"{name}.yaml"

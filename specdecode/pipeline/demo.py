@@ -1,7 +1,6 @@
 """The main job (`make demo`): benchmark → distill the generic drafter, each domain's drafter and the
 all-data control → router labels → router fit → evaluation, each stage cached by its resolved
-config and the code. Every stage's config is composed from conf/ with the demo's overrides, so the
-demo runs exactly what the individual commands run.
+config and the code, composed from conf/ as the individual commands compose it.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from specdecode.evaluation.control import control_comparison, control_section
 from specdecode.evaluation.report import markdown_table, rebase_links
 from specdecode.models.config import DrafterConfig
 from specdecode.pipeline.config import DemoConfig, accelerate_config_file
-from specdecode.pipeline.launch import launch_app
+from specdecode.pipeline.launch import launch_app, map_strings
 from specdecode.pipeline.schemas import compose_config
 from specdecode.pipeline.stages import Stage, code_fingerprint, run_stages
 from specdecode.routing.config import CollectConfig, FitRouterConfig
@@ -56,8 +55,7 @@ def _in_process(stage: str) -> Callable[[dict, Path], None]:
 
 def _mix_config(config: dict[str, Any]) -> dict[str, Any]:
     """The generic drafter's job config: its domains' data configs resolved into it and its sequence
-    limits the domain jobs' own, summed as they cap them (`mix_limit`), so that it reads and writes
-    exactly the domain jobs' cached sequences."""
+    limits the domain jobs' own, summed (`mix_limit`), so it reads exactly their cached sequences."""
     per_domain, limit = config["train"]["train_sequences_per_domain"], config["train"]["train_sequences"]
     if any(n is not None for n in per_domain.values()) and limit is not None:
         # a mix's train_sequences caps its total: each domain's share is named instead
@@ -75,8 +73,7 @@ def _mix_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def _alldata_config(mix: dict[str, Any], jobs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The all-data control's job config: the generic drafter's (`mix`, before its limits are set)
-    reading each domain job's training sequences, for the summed budget of `jobs`: the data and
-    minutes of the drafters routing chooses between, in one drafter."""
+    reading each domain job's training sequences, for the summed budget of `jobs`."""
     train = mix["train"]
     train["train_sequences_per_domain"] = {
         name: domain_limit(from_dict(TrainConfig, job["train"]), name, "train", job["train"]["train_sequences"])
@@ -196,31 +193,23 @@ def check_stage_configs(stages: list[Stage], root: Path) -> None:
     (a ValueError naming the stage), not after the stages before it. Folders that earlier stages
     write stand in as `root`'s parent, which exists."""
 
-    def stand_in(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: stand_in(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [stand_in(v) for v in value]
-        if isinstance(value, str) and Path(value).is_relative_to(root) and not Path(value).suffix:
-            return str(root.parent)
-        return value
+    def stand_in(value: str) -> str:
+        return str(root.parent) if Path(value).is_relative_to(root) and not Path(value).suffix else value
 
     typed: dict[str, Any] = {}
     for stage in stages:
         schema, output_key, file_name, _ = _SCHEMAS[stage.name.split("-")[0]]
         try:
-            typed[stage.name] = from_dict(
-                schema, stand_in(stage.config) | {output_key: str(root / stage.name / file_name)}
-            )
+            config = map_strings(stage.config, stand_in) | {output_key: str(root / stage.name / file_name)}
+            typed[stage.name] = from_dict(schema, config)
         except ValueError as error:
             raise ValueError(f"demo stage {stage.name!r}: {error}") from None
     check_stage_inputs(typed)
 
 
 def check_stage_inputs(configs: dict[str, Any]) -> None:
-    """What a later stage would fail on with the data at hand (enough examples and prompts within
-    each stage's limits), checked with the target's tokenizer before the first stage; a ValueError
-    names the stage, the setting and the demo key that sets it."""
+    """What a later stage would fail on with the data at hand (enough examples and prompts within its
+    limits), checked before the first stage; a ValueError names the stage and the demo key that sets it."""
     from specdecode.evaluation.suite import check_heldout_prompts
     from specdecode.models.loading import load_tokenizer
     from specdecode.routing.collect import check_domain_prompts

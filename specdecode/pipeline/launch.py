@@ -1,6 +1,5 @@
 """Run an app under `accelerate launch` on a config the demo composed, written as a one-file config
-folder naming the app's schema, so the app composes exactly the config the stage hashed. A
-launched stage runs under `watchdog.py` and dies with the demo.
+folder naming the app's schema; a launched stage runs under `watchdog.py` and dies with the demo.
 """
 
 from __future__ import annotations
@@ -11,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,19 +57,20 @@ def _program(script: str, command: str) -> list[str]:
     return ["-m", "specdecode.pipeline.cli", command]
 
 
-def _escaped(value: Any) -> Any:
-    """`value` with `${` in its strings escaped, so OmegaConf reads them back literally."""
+def map_strings(value: Any, change: Callable[[str], str]) -> Any:
+    """`value` (nested dicts and lists) with `change` applied to each string in it."""
     if isinstance(value, dict):
-        return {k: _escaped(v) for k, v in value.items()}
+        return {k: map_strings(v, change) for k, v in value.items()}
     if isinstance(value, list):
-        return [_escaped(v) for v in value]
-    return value.replace("${", "\\${") if isinstance(value, str) else value
+        return [map_strings(v, change) for v in value]
+    return change(value) if isinstance(value, str) else value
 
 
 def write_stage_config(app: str, config: dict[str, Any], config_dir: Path, hydra_dir: Path) -> Path:
-    """`<config_dir>/stage.yaml`: the app's schema, then `config` as resolved (`${` escaped), and Hydra's log folder."""
+    """`<config_dir>/stage.yaml`: the app's schema, then `config` as resolved (`${` escaped, so OmegaConf
+    reads it back literally), and Hydra's log folder."""
     _, schema, _ = APPS[app]
-    text = OmegaConf.to_yaml(OmegaConf.create(_escaped(config)))
+    text = OmegaConf.to_yaml(OmegaConf.create(map_strings(config, lambda s: s.replace("${", "\\${"))))
     hydra = OmegaConf.to_yaml({"hydra": {"run": {"dir": str(hydra_dir)}, "job": {"chdir": False}}})
     path = config_dir / "stage.yaml"
     path.write_text(f"defaults:\n  - {schema}\n  - _self_\n\n{text}\n{hydra}")
@@ -77,8 +78,7 @@ def write_stage_config(app: str, config: dict[str, Any], config_dir: Path, hydra
 
 
 def run_tied(command: list[str]) -> int:
-    """Run `command` to its end and return its exit status; its process group dies with this process,
-    and on any exception here (`watchdog.py`)."""
+    """Run `command` to its end → its exit status; its process group dies with this process."""
     process = subprocess.Popen([sys.executable, str(WATCHDOG), str(os.getpid()), *command], start_new_session=True)
     try:
         return process.wait()

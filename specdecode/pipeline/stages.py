@@ -1,7 +1,5 @@
-"""Stages cached by a hash of their config, their upstream stages' keys and the code
-(`code_fingerprint`): a change reruns that stage and everything downstream. A stage writes into a
-temp folder renamed into place with its key file, so a stage killed half-way is never taken as done.
-"""
+"""Stages cached by a hash of their config, their upstream stages' keys and the code: a change reruns
+that stage and everything downstream; a stage killed half-way is never taken as done."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Run a command that dies with the process that started it: `python watchdog.py <parent pid> <command...>`.
 
-As a process group's leader, it ends the group once its parent is gone (`PR_SET_PDEATHSIG` on Linux,
-polling elsewhere) or on SIGTERM, SIGINT or SIGHUP: SIGTERM first (torchrun ends its workers then),
-SIGKILL after `GRACE_SECONDS`. Its exit status is the command's. Standard library only.
+As a process group's leader, it ends the group once its parent is gone or on SIGTERM, SIGINT or
+SIGHUP: SIGTERM first (torchrun ends its workers then), SIGKILL after `GRACE_SECONDS`.
 """
 
 from __future__ import annotations
@@ -33,8 +32,7 @@ def _raise_ended(signum: int, frame: FrameType | None) -> None:
 
 
 def end_group(child: subprocess.Popen | None) -> NoReturn:
-    """SIGTERM this process group, wait for `child` (up to `GRACE_SECONDS`), then SIGKILL the
-    group, this process included."""
+    """SIGTERM this process group, wait for `child` up to `GRACE_SECONDS`, then SIGKILL the group."""
     for signum in _ENDING_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
     os.killpg(os.getpgrp(), signal.SIGTERM)

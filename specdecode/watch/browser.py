@@ -1,6 +1,5 @@
-"""The watch page in a real browser: headless Chromium driven by Selenium (the optional `browser`
-extra, and a `chromium` + `chromedriver` on the PATH), typing a prompt and taking a screenshot
-while the tokens stream in. Used by `eval/watch_screenshot.py` and the browser test."""
+"""The watch page in headless Chromium driven by Selenium (the optional `browser` extra, and a
+`chromium` + `chromedriver` on the PATH): a screenshot while the tokens stream in."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ def screenshot_mid_generation(
     url: str, prompt: str, out: Path, min_tokens: int = 8, timeout_s: float = 300.0, size: tuple[int, int] = (1400, 900)
 ) -> dict[str, int]:
     """Open the watch page at `url`, submit `prompt`, and save a PNG to `out` once the target alone's
-    pane holds `min_tokens` tokens or is done; return the tokens each pane held and `done` (1 or 0).
-    A RuntimeError where Chromium or chromedriver is missing, or the page did not get there in time."""
+    pane holds `min_tokens` tokens or is done; return the tokens each pane held and `done` (1 or 0)."""
     from selenium import webdriver  # the optional `browser` extra
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By

@@ -43,15 +43,13 @@ class PieceDecoder:
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
-        text = str(self.tokenizer.decode(self.ids, skip_special_tokens=True))
-        if text.endswith("\ufffd"):
-            return ""
-        piece, self.text = text[len(self.text) :], text
-        return piece
+        return self.flush(held=True)
 
-    def flush(self) -> str:
-        """The text held back at the end (an answer cut inside a character), replacement mark included."""
+    def flush(self, held: bool = False) -> str:
+        """The text not yet returned; with `held`, none while it ends inside a character."""
         text = str(self.tokenizer.decode(self.ids, skip_special_tokens=True))
+        if held and text.endswith("\ufffd"):
+            return ""
         piece, self.text = text[len(self.text) :], text
         return piece
 

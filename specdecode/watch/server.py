@@ -1,8 +1,6 @@
-"""The watch as a local web page (`eval/watch.py serve=true`), on the standard library's http.server.
-
-`GET /` is the page; `GET /events?prompt=...` streams Server-Sent Events: `route`, the speculative
-decode's `tokens` as each step commits them and its `done`, the same for the target alone, and
-`end` (the speedup). The decodes run one after the other, one prompt at a time.
+"""The watch as a local web page (`eval/watch.py serve=true`) on http.server: `GET /` is the page;
+`GET /events?prompt=...` streams Server-Sent Events (`route`, then `tokens` per step and `done` for
+the speculative decode and for the target alone, then `end`).
 """
 
 from __future__ import annotations
@@ -83,7 +81,7 @@ class _Cancelled(Exception):
 
 def stream_answer(watcher: Watcher, text: str, send: Any, stop: threading.Event | None = None) -> None:
     """Decode `text` with its drafter, then with the target alone, calling `send(event, data)` for
-    each Server-Sent Event (module docstring). `stop` set: the decode ends at its next step."""
+    each Server-Sent Event. `stop` set: the decode ends at its next step."""
     name, routing_s = watcher.choose(text)
     send("route", {"drafter": name, "routed": watcher.router is not None, "routing_ms": 1000 * routing_s})
     ids = watcher.prompt_ids(text)
@@ -134,8 +132,7 @@ class WatchServer:
         return self
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        """Stop serving, and wait (up to `timeout_s`) for a decode in flight: one whose page went
-        away stops at its next step."""
+        """Stop serving, and wait (up to `timeout_s`) for a decode in flight."""
         self.httpd.shutdown()
         self.httpd.server_close()
         if self.lock.acquire(timeout=timeout_s):

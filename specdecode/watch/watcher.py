@@ -1,7 +1,6 @@
 """Watch speculative decoding work (eval/watch.py, conf/watch.yaml): its config, and the loaded
-models that answer a prompt as the views show it: routed, decoded with the per-token record on,
-with tau and tokens/s against the target alone. The drafters: a fitted router's (`router_dir` +
-`drafters`, or a demo's `demo_dir`), one drafter folder, or else `drafter`, built untrained.
+models that answer a prompt routed, with the per-token record, tau and tokens/s against the target
+alone. The drafters: a fitted router's, a demo's, one drafter folder, or `drafter` built untrained.
 """
 
 from __future__ import annotations
