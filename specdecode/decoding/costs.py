@@ -308,7 +308,7 @@ def cost_key(
     target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, params: SamplingParams, **timed: Any
 ) -> dict[str, Any]:
     """What a step table depends on: the machine, torch, both models, the sampling mode, what was timed."""
-    sampling = "greedy" if params.greedy else f"sampled top_k={params.top_k > 0} top_p={params.top_p < 1.0}"
+    sampling = "greedy" if params.greedy else f"sampled by the CDF, top_k={params.top_k > 0} top_p={params.top_p < 1.0}"
     return kernel_key(target, "step_costs", device=str(target.device), sampling=sampling, **timed) | {
         "drafter": kernel_key(drafter, "drafter")
     }
