@@ -1,11 +1,7 @@
-"""Prompt datasets of drafter domains: the three built in (code, math, chat), the mixed traffic
-(`mixed`), and any a user defines (`conf/data/<name>.yaml`).
-
-Four sources give the same `Example` records: "embedded" (offline defaults from pip packages,
-`data.embedded`, `data.mixed`), "hf" (a hub dataset), "file" (a local .jsonl, .jsonl.gz, .json,
-.csv or .parquet file) and "synthetic" (tiny templated examples for smoke runs). Train / held-out
-membership is a pure function of the prompt text (a SHA-256 hash), so a held-out prompt stays held
-out in every job, whichever source or subset it comes through.
+"""Prompt datasets of drafter domains: code, math, chat, the mixed traffic and any a user defines
+(`conf/data/<name>.yaml`), from four sources: "embedded" (pip packages), "hf", "file" and
+"synthetic". Train / held-out membership is a hash of the prompt text, so a held-out prompt stays
+held out in every job, whichever source or subset it comes through.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""The datasets that need no hub: offline defaults from pip packages and the standard library, and
-the synthetic examples of smoke runs. Each is a `datasets.Dataset` of `prompt` and `response`
-(None where the source has none), as a file or hub dataset is after its column mapping:
-
-- code = HumanEval + function completions cut from the Python standard library;
-- math = GSM8K test;
-- chat = ShareGPT opening turns; their later user turns for training only (`sharegpt_later_turns`).
+"""The datasets that need no hub, as `datasets.Dataset`s of `prompt` and `response` (None where the
+source has none): code = HumanEval + function completions cut from the standard library; math =
+GSM8K test; chat = ShareGPT opening turns (later user turns for training only); and the synthetic
+examples of smoke runs.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""Truncated vocabularies: a drafter's LM head that scores only K chosen token ids, the most
-frequent of the domain corpora (`most_frequent_token_ids`). For small targets the head dominates
-the drafter's cost (SmolLM2's 49,152 x 576 head is ~28M of its 135M parameters). On disk a
-truncated drafter is a plain full-vocab checkpoint plus `config.draft_vocab_ids`."""
+"""Truncated vocabularies: a drafter head that scores only K chosen ids, the corpora's most
+frequent (SmolLM2's 49,152 x 576 head is ~28M of its 135M parameters). On disk a plain full-vocab
+checkpoint plus `config.draft_vocab_ids`."""
 
 from __future__ import annotations
 

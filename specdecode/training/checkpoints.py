@@ -1,18 +1,8 @@
-"""Training checkpoints: accelerate's naming and rotation (`project_configuration`: a plain
-`save_state()` writes `<output_dir>/checkpoints/checkpoint_<step>`, deleting the oldest beyond
-`train.keep_checkpoints` first), made safe, exactly resumable and checked against the job's config:
-
-- a checkpoint counts only once it holds the `COMPLETE` marker, written last (after every
-  process's RNG state): a kill mid-write leaves a folder that is never loaded, removed before the
-  next save, and an exception mid-save removes the partial folder;
-- rotation deletes before it writes, so `keep_checkpoints` is at least 2;
-- a resume that fell back past an unreadable checkpoint deletes the newer ones;
-- nothing is unpickled in full: the LR scheduler is kept in `scheduler.json`, not registered with
-  accelerate (which would load it with `weights_only=False`), and a checkpoint holding such a
-  file is refused.
-
-A resume must match the saved config except in `RESUMABLE_KEYS`, and a fresh run refuses a folder
-that already holds checkpoints (`check_checkpoints`).
+"""Training checkpoints: accelerate's naming and rotation (`checkpoint_<step>` under
+`<output_dir>/checkpoints`), made safe and exactly resumable. A checkpoint counts only once its
+`COMPLETE` marker is written, last; nothing is unpickled in full (the LR scheduler is JSON, and a
+checkpoint holding accelerate's pickles is refused); a resume must match the saved config outside
+`RESUMABLE_KEYS`, and a fresh run refuses a folder that holds checkpoints (`check_checkpoints`).
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""Training pieces specific to feature drafters (specdecode.models.feature_drafter).
-
-Alignment: a feature drafter predicts x_{t+1} at its position t - 1 (from f_{t-1} and x_t; its
-output estimates f_t). `FeatureDrafterLogits` shifts its outputs onto the standard positions t
-of a slice drafter, so masks, teacher logits and held-out targets are shared; the teacher's logits
-at t are the frozen head on f_t, the regression target f_t itself. EAGLE-3 drafters train the
-same way with no regression (their outputs are their own states, `regression_weight`).
-
-Unrolled passes (EAGLE-3's training-time test): drafting steps 2..gamma read the drafter's own
-predicted features; `unrolled_features` runs the passes as decoding does, in one forward.
+"""Training pieces of feature drafters. A feature drafter predicts x_{t+1} at position t - 1;
+`FeatureDrafterLogits` shifts its outputs onto the positions t a slice drafter uses, so masks,
+teacher logits and held-out targets are shared. `unrolled_features` runs drafting steps 2..gamma
+on the drafter's own features, as decoding does (EAGLE-3's training-time test), in one forward.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The training loop shared by distillation and fine-tuning.
-
-One optimizer step consumes a global batch of `train.batch_size` sequences, split over the
-processes and then `train.grad_accum` micro-batches. The loss is a sum over tokens divided by the
-step's global token count (all-reduced), as torchtune's `scale_grads`: 1 process with accumulation
-A matches A processes without it. Data order is a pure function of (seed, step), so a resumed run
-picks up at exactly the batch it would have seen; checkpoints are in `checkpoints.py`.
+"""The training loop shared by distillation and fine-tuning. A step's loss is summed over tokens
+and divided by the step's global token count (as torchtune's `scale_grads`), so 1 process with
+accumulation A matches A processes without it; data order is a pure function of (seed, step).
 """
 
 from __future__ import annotations

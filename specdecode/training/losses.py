@@ -1,14 +1,7 @@
-"""Token-level distillation losses between a drafter q (student) and a target p (teacher)
-(DistillSpec, Zhou et al. 2023): pure functions over logits `[B, T, V]` with one signature
-(`token_loss`).
-
-Normalisation: call with `reduction="sum"`, add up the sums over micro-batches and processes, and
-divide by the global `token_count`, as torchtune's `scale_grads` does; a per-micro-batch mean
-would weigh a short micro-batch's tokens more.
-
-Truncated vocabularies: a drafter emits `-inf` logits outside its vocabulary (q = 0). Every loss
-stays finite there, with finite gradients: 0 · log 0 is taken as 0 through `torch.where` with the
-`-inf` replaced *before* the product (a bare `torch.where` still back-propagates 0 · inf = NaN).
+"""Token-level distillation losses between a drafter q and a target p (DistillSpec, Zhou et al.
+2023): pure functions over logits `[B, T, V]` (`token_loss`). Sum them with `reduction="sum"` and
+divide by the global `token_count`. Where q = 0 (`-inf` logits outside a truncated vocabulary)
+0 · log 0 is 0, with the `-inf` replaced *before* the product so gradients stay finite.
 """
 
 from __future__ import annotations
