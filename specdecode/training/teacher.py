@@ -252,11 +252,8 @@ def content_fingerprint(target: TargetConfig, data: DataConfig) -> dict[str, obj
     SHA-256, a local target's files' sizes and mtimes (hashing its weights would cost too much)."""
     fingerprint: dict[str, object] = {}
     if data.source == "file" and data.path:
-        digest = hashlib.sha256()
         with Path(str(data.path)).expanduser().open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        fingerprint["data_sha256"] = digest.hexdigest()
+            fingerprint["data_sha256"] = hashlib.file_digest(handle, "sha256").hexdigest()
     local = Path(target.name).expanduser()
     if target.name not in (SMOKE_TARGET, DEFAULT_TARGET) and local.exists():
         files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
