@@ -24,10 +24,8 @@ LOG_PROB_FLOOR = math.log(1e-8)
 def _temperature(temperature: float) -> float:
     """The temperature the loss divides logits by: 0 (greedy decoding, no distribution to match)
     maps to 1, which keeps the argmax and gives a smooth loss."""
-    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool):
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
         raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
-    if temperature < 0 or math.isnan(temperature):
-        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
     return 1.0 if temperature == 0 else float(temperature)
 
 
@@ -91,14 +89,10 @@ def token_count(mask: torch.Tensor | None, logits: torch.Tensor) -> torch.Tensor
 
 
 def token_loss(per_position: Callable[..., torch.Tensor]) -> Loss:
-    """The loss with the shared signature `fn(student_logits, teacher_logits, mask=None, *,
-    temperature=1.0, reduction="mean", **options)` whose value at each position is
-    `per_position(log_q, log_p, **options)`: `[B, T, V]` fp32 log-probabilities → `[B, T]`.
-
-    `student_logits` (q) and `teacher_logits` (p) are `[B, T, V]`, `-inf` entries allowed; `mask`
-    `[B, T]` bool or 0/1 selects the counted positions (None: all); both logits are divided by
-    `temperature` (0, greedy decoding, uses 1); `reduction` is "mean" per counted token, or "sum"
-    to divide by a global count yourself. Returns a 0-d fp32 tensor.
+    """The loss `fn(student_logits, teacher_logits, mask=None, *, temperature=1.0, reduction="mean",
+    **options)` → 0-d fp32, whose value at each position is `per_position(log_q, log_p, **options)`
+    (`[B, T, V]` fp32 log-probabilities → `[B, T]`). Logits q, p `[B, T, V]` (`-inf` allowed), both
+    divided by `temperature` (0 uses 1); `mask` `[B, T]` selects the counted positions (None: all).
     """
 
     def loss(
@@ -120,10 +114,8 @@ def token_loss(per_position: Callable[..., torch.Tensor]) -> Loss:
 
 @token_loss
 def forward_kl(log_q: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
-    """Forward KL(p || q) = Σ_v p (log p - log q): mode-covering, the supervised-KD loss.
-
-    Where q = 0 < p (a truncated vocabulary) log q is floored at `LOG_PROB_FLOOR`.
-    """
+    """Forward KL(p || q) = Σ_v p (log p - log q): mode-covering, the supervised-KD loss; where
+    q = 0 < p (a truncated vocabulary) log q is floored at `LOG_PROB_FLOOR`."""
     return _kl(log_p, log_q)
 
 
