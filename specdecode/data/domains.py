@@ -207,11 +207,7 @@ def _text(value: Any) -> str | None:
 
 
 def _to_examples(
-    dataset: datasets.Dataset,
-    domain: str,
-    prompt_column: str,
-    response_column: str | None,
-    where: str,
+    dataset: datasets.Dataset, domain: str, prompt_column: str, response_column: str | None, where: str
 ) -> list[Example]:
     """A dataset's rows as Examples, in order, skipping empty prompts; `where` names the source in errors.
     A list cell is a chat `messages` conversation, whose trailing assistant reply is the response

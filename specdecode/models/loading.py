@@ -27,19 +27,9 @@ from specdecode.models.config import (
 from specdecode.models.cpu_matmul import FEW_ROWS, skinny_rows_of, use_plain_linears, use_skinny_linears
 from specdecode.models.draft_vocab import apply_draft_vocab_from_config, pad_vocab
 from specdecode.models.drafters import derive_drafter
-from specdecode.models.eagle3_drafter import (
-    FUSION,
-    derive_eagle3_drafter,
-    teacher_layers,
-    wrap_drafter,
-)
+from specdecode.models.eagle3_drafter import FUSION, derive_eagle3_drafter, teacher_layers, wrap_drafter
 from specdecode.models.feature_drafter import CONFIG_KEY as FEATURE_CONFIG_KEY
-from specdecode.models.feature_drafter import (
-    FeatureDrafter,
-    check_fits_target,
-    derive_feature_drafter,
-    saved_settings,
-)
+from specdecode.models.feature_drafter import FeatureDrafter, check_fits_target, derive_feature_drafter, saved_settings
 from specdecode.models.folders import check_model_folder
 from specdecode.models.gguf_cache import DEFAULT_TARGET, default_target_gguf, gguf_to_hf_folder
 from specdecode.models.kernel_choice import cached_skinny_rows

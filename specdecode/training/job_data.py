@@ -43,14 +43,7 @@ from specdecode.training.store import (
     shard_ranges,
     write_shards,
 )
-from specdecode.training.teacher import (
-    cache_key,
-    feature_cache,
-    load_cache,
-    save_cache,
-    score_topk,
-    sequences_only,
-)
+from specdecode.training.teacher import cache_key, feature_cache, load_cache, save_cache, score_topk, sequences_only
 
 
 def teacher_mode(setting: str, device: torch.device) -> str:

@@ -30,10 +30,7 @@ def _temperature(temperature: float) -> float:
 
 
 def _log_probs(
-    student_logits: torch.Tensor,
-    teacher_logits: torch.Tensor,
-    mask: torch.Tensor | None,
-    temperature: float,
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor | None, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Check the shapes and return `(log_q, log_p, keep)`: fp32 `[B, T, V]` and the bool mask `[B, T]`."""
     if student_logits.shape != teacher_logits.shape:
@@ -176,12 +173,7 @@ def expected_acceptance(
     return _reduce(torch.minimum(log_p.exp(), log_q.exp()).sum(-1), keep, "mean")
 
 
-LOSSES: dict[str, Loss] = {
-    "forward_kl": forward_kl,
-    "reverse_kl": reverse_kl,
-    "jsd": jsd,
-    "tvd": tvd,
-}
+LOSSES: dict[str, Loss] = {"forward_kl": forward_kl, "reverse_kl": reverse_kl, "jsd": jsd, "tvd": tvd}
 
 
 def get_loss(name: str) -> Loss:

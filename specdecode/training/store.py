@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, overload
 
@@ -178,9 +178,6 @@ class StoredSequences(Sequence[TrainSequence]):
         if isinstance(index, slice):
             return [self.store.sequence(i) for i in range(*index.indices(len(self)))]
         return self.store.sequence(index if index >= 0 else index + len(self))
-
-    def __iter__(self) -> Iterator[TrainSequence]:
-        return (self.store.sequence(i) for i in range(len(self)))
 
 
 def read_store(folder: Path) -> TeacherCache:
