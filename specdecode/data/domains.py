@@ -86,12 +86,9 @@ def load_domain(
     chat_turns: str = "opening",
 ) -> list[Example]:
     """Load one domain's prompts from a source (the fields of `DataConfig`), deduplicated, split, in
-    a deterministic order, at most `limit`; examples of several kinds take turns by kind, so that
-    any first few hold every kind. `prompt_column` holds text or a chat `messages` list;
-    `chat_turns="all"` adds the embedded chat conversations' later user turns to its training split.
-
-    A ValueError names a bad argument, a missing column or an unparsable file; OSError: an "hf"
-    source that `datasets.load_dataset` could not read.
+    a deterministic order, at most `limit`, kinds taking turns. `prompt_column` holds text or chat
+    `messages`; `chat_turns="all"` adds the embedded chat's later user turns to its training split.
+    A ValueError names a bad argument, column or file; OSError: an "hf" source that did not load.
     """
     _check_arguments(domain, source, split, limit, heldout_fraction, path, hf_id)
     if chat_turns not in CHAT_TURNS:

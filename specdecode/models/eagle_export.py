@@ -60,12 +60,9 @@ def export_drafter(
     num_speculative_tokens: int | None = None,
 ) -> Path:
     """Write `drafter` to `folder` in `format` (one of `FORMATS`), atomically; return the folder.
-    `target_name` and `num_speculative_tokens` (default: the drafter's gamma, else 3) fill the
-    serve command of its README.
-
-    Raises ValueError, before anything is written, naming the value at fault: an unknown format,
-    a target family or drafter the format cannot express, or an existing `folder`.
-    """
+    `target_name` and `num_speculative_tokens` (default: the drafter's gamma, else 3) fill its
+    README's serve command. A ValueError, before anything is written, names an unknown format, a
+    target or drafter the format cannot express, or an existing `folder`."""
     if format not in FORMATS:
         raise ValueError(f"format={format!r}: expected one of {'|'.join(FORMATS)}")
     folder = Path(folder)

@@ -290,9 +290,7 @@ def load_drafter(
     """A trained drafter (a folder or hub id, either kind) for `target`: on its device in its dtype,
     with its linear kernels, its tokenizer checked against `tokenizer` (None: unchecked), a plain
     drafter padded to the target's vocabulary (`pad_vocab`), a feature drafter checked to fit it.
-
-    Raises ValueError: another tokenizer, vocabulary or hidden size, starting with `name` (default: the path).
-    """
+    A ValueError starting with `name` (default: the path) for another tokenizer, vocabulary or size."""
     name = name or repr(str(name_or_path))
     try:
         drafter, drafter_tokenizer = load_model(

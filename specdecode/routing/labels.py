@@ -61,14 +61,10 @@ def teacher_forced_acceptance(
     lookup: PromptLookup | None = None,
     gammas: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Per-prompt acceptance of each of K drafters along B given continuations, one pass per model.
-
-    Prompts are left-padded and continuations right-padded, so one `logits_to_keep` slice holds
-    every scored position: only `[B, C, V]` logits are materialised, never `[B, T, V]`. `gammas`
-    (one per drafter) also simulate greedy decoding at them (temperature 0 only).
-
-    Returns `(acceptance, greedy_match, decode_tau)`, each `[B, K]` fp32 (decode_tau None without
-    `gammas` or at temperature > 0).
+    """Per-prompt `(acceptance, greedy_match, decode_tau)`, each `[B, K]` fp32, of K drafters along B
+    given continuations, one pass per model. Prompts left-padded and continuations right-padded put
+    every scored position in one `logits_to_keep` slice (`[B, C, V]`, never `[B, T, V]`). `gammas`
+    (one per drafter) also simulate greedy decoding (temperature 0 only; else decode_tau is None).
     """
     if len(prompts) != len(continuations):
         raise ValueError(f"got {len(prompts)} prompts but {len(continuations)} continuations")

@@ -27,12 +27,9 @@ def draft_matches(
     lookup: PromptLookup | None = None,
 ) -> torch.Tensor:
     """`[B, gamma, C]` bool: whether draft j of a pass whose first draft predicts continuation
-    position c equals the target's greedy token there (`match[b, j - 1, c]`).
-
-    tokens, attention: `[B, S]` packed as `labels._pack`; keep: `[C]` the continuation's columns;
-    p_argmax: `[B, C]` the target's greedy tokens; features: `[B, S, n·H]` the target's features
-    (a `FeatureDrafter` needs them); first_logits: `[B, C, V]` a slice drafter's logits at `keep`.
-    """
+    position c equals the target's greedy token there (`match[b, j - 1, c]`). tokens, attention:
+    `[B, S]` packed as `labels._pack`; keep: `[C]`; p_argmax: `[B, C]`; features: `[B, S, n·H]` (a
+    `FeatureDrafter`'s); first_logits: `[B, C, V]` a slice drafter's logits at `keep`."""
     if not isinstance(drafter, FeatureDrafter):
         if first_logits is None:
             raise ValueError("a slice drafter's matches need its teacher-forced first_logits")

@@ -168,9 +168,7 @@ def check_checkpoints(directory: Path, config: dict[str, Any], resume: bool) -> 
     resume must match their config and hold nothing to unpickle; else a ValueError naming the
     folder and newest checkpoint, the differing keys, or the file."""
     done = complete_checkpoints(directory)
-    if not done:
-        return
-    if not resume:
+    if done and not resume:
         raise ValueError(
             f"{directory} already holds checkpoints of an earlier run (newest: {done[-1].name}); pass "
             f"train.resume=true to continue it, or pick another output_dir (or delete {directory})"
@@ -212,11 +210,8 @@ def save_checkpoint(
 ) -> Path:
     """Write `checkpoint_<step>` with accelerate's `save_state()` (which first rotates the oldest
     away), add the loop state, best weights, job config and `scheduler`'s state (JSON), and mark
-    it complete; returns it. Every process calls this (per-process RNG states, shared barriers).
-
-    Raises ValueError, before anything is deleted: `directory` is not where accelerate writes, or
-    this step was saved already.
-    """
+    it complete; returns it. Every process calls this. A ValueError, before anything is deleted,
+    where `directory` is not where accelerate writes or this step was saved already."""
     if checkpoint_folder(accelerator).resolve() != directory.resolve():
         raise ValueError(
             f"checkpoints are read from {directory} but accelerate writes them to {checkpoint_folder(accelerator)}"
@@ -256,11 +251,8 @@ def resume(
 ) -> tuple[LoopState, dict] | None:
     """Load the newest complete, readable checkpoint: (loop state, best weights), or None if there
     is none; `scheduler` gets its stored state. An unreadable one is skipped with a warning naming
-    the file, for the one before it.
-
-    Raises ValueError: another config (with `config`; outside `RESUMABLE_KEYS`) or a file to
-    unpickle; RuntimeError: checkpoints exist but none is readable, naming each bad file.
-    """
+    the file. ValueError: another config (outside `RESUMABLE_KEYS`) or a file to unpickle;
+    RuntimeError: checkpoints exist but none is readable, naming each bad file."""
     unreadable: list[str] = []
 
     def skip(checkpoint: Path, error: BaseException) -> None:

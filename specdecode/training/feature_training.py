@@ -96,11 +96,8 @@ def unrolled_features(
 ) -> list[torch.Tensor]:
     """Predicted features of `steps` drafting passes, each `[B, T, H]`, as decoding runs them: pass 1
     reads the true `features` `[B, T, n·H]` (f_t with x_{t+1} = `next_ids[:, t]`), pass j pass j-1's
-    prediction for position t (through `feed_back`). `drafter`: a `FeatureDrafter` or a wrapper.
-
-    `needed` `[B, T]` bool (None: all): the positions whose outputs are read; passes 2..steps run
-    only on a window around them (`_unrolled_windows`; on chat batches ~1.35T positions instead of
-    3T at 2 steps) and are zero elsewhere. Pass 1 runs everywhere: every later query reads its keys.
+    prediction (`feed_back`). Passes 2..steps run only on a window around the `needed` `[B, T]`
+    positions (None: all; `_unrolled_windows`) and are zero elsewhere; pass 1 runs everywhere.
     """
     batch, length, _ = features.shape
     if needed is None:

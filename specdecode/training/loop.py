@@ -158,13 +158,10 @@ def train_loop(
     best: dict[str, torch.Tensor],
     config: dict[str, Any] | None = None,
 ) -> tuple[LoopState, dict[str, torch.Tensor]]:
-    """Train until `max_steps` or `max_minutes` (of training time, over resumptions) or
-    `early_stop_evals` evaluations without a new best; return the final state and the best weights.
-
-    `make_batches(indices, step, on_policy)` gives this process's `grad_accum` micro-batches, each
-    with bool `positions` [B, T]; `loss_sum(model, batch)` a batch's summed loss; `evaluate()` the
-    held-out figures, whose `score` selects; `config` is recorded in each checkpoint.
-    """
+    """Train until `max_steps`, `max_minutes` (over resumptions) or `early_stop_evals` evaluations
+    without a new best; return the final state and the best weights. `make_batches(indices, step,
+    on_policy)`: this process's micro-batches, each with bool `positions` [B, T]; `loss_sum(model,
+    batch)`: its summed loss; `evaluate()`: held-out figures, `score` selecting."""
     drafter = accelerator.unwrap_model(model).drafter
     per_process = cfg.batch_size // accelerator.num_processes
     bar = tqdm(

@@ -124,12 +124,9 @@ def reverse_kl(log_q: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
 
 @token_loss
 def jsd(log_q: torch.Tensor, log_p: torch.Tensor, beta: float = 0.5) -> torch.Tensor:
-    """Generalised Jensen-Shannon divergence, as TRL's `generalized_jsd_loss` and the GKD paper.
-
-    With m = beta · p + (1 - beta) · q: JSD_beta(p, q) = beta · KL(p || m) + (1 - beta) · KL(q || m).
-    beta = 0.5 is the symmetric JSD; rescaled, beta → 0 gives the forward KL and beta → 1 the
-    reverse KL, whose endpoints are 0 here, so beta must lie strictly inside (0, 1). No floor is
-    needed: the value is at most H(beta) <= log 2 per token, even with `-inf` logits.
+    """Generalised Jensen-Shannon divergence, as TRL's `generalized_jsd_loss` and the GKD paper:
+    with m = beta · p + (1 - beta) · q, JSD_beta = beta · KL(p || m) + (1 - beta) · KL(q || m), beta
+    in (0, 1) (its endpoints are 0 here). No floor is needed: the value is at most log 2 per token.
     """
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 < beta < 1.0:
         raise ValueError(f"beta must be in (0, 1), got {beta!r}; use forward_kl (beta -> 0) or reverse_kl (beta -> 1)")
@@ -150,12 +147,9 @@ def jsd(log_q: torch.Tensor, log_p: torch.Tensor, beta: float = 0.5) -> torch.Te
 
 @token_loss
 def tvd(log_q: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
-    """Total variation distance 0.5 · Σ_v |p - q| = 1 - Σ_v min(p, q), in [0, 1] per token.
-
-    1 - `expected_acceptance`: minimising it maximises the speculative-sampling acceptance rate
-    directly (DistillSpec). The 0.5 · Σ|p - q| form is exactly 0 for identical inputs and keeps
-    precision where 1 - Σ min(p, q) would cancel; the gradients are the same.
-    """
+    """Total variation distance 0.5 · Σ_v |p - q| = 1 - `expected_acceptance`, in [0, 1] per token:
+    minimising it maximises the acceptance rate directly (DistillSpec). This form is exactly 0 for
+    identical inputs, where 1 - Σ min(p, q) would cancel; the gradients are the same."""
     return 0.5 * (log_p.exp() - log_q.exp()).abs().sum(-1)
 
 

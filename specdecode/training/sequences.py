@@ -143,14 +143,11 @@ def build_sequences(
     first: int = 0,
     capacity: int | None = None,
 ) -> tuple[list[TrainSequence], list[torch.Tensor] | None]:
-    """Prompt (chat-formatted, left-truncated to `max_prompt_tokens`) + response, cut at `max_len`.
-
-    The response is the example's own (`seq_source: data`) or the target's continuation at each of
-    the temperatures (`seq_source: target`). With `feature_layers`, also the target's features of
-    each sequence's tokens `[L_i, n·H]` (fp16, CPU) from the passes that wrote it, zero where a
-    token was never fed. `compile`: written by the compiled static core, token for token the eager
-    loop's (None: `writer_compiles`). `first`: `examples[0]`'s index among the job's, which offsets
-    the sampling seeds of a shard; `capacity`: the compiled writer's, shared by every shard (`writer_plan`).
+    """Prompt (chat-formatted, left-truncated to `max_prompt_tokens`) + response, cut at `max_len`:
+    the example's own (`seq_source: data`) or the target's continuation at each temperature. With
+    `feature_layers`, also each sequence's target features `[L_i, n·H]` (fp16, CPU, zero where a token
+    was never fed). `compile`: by the compiled static core (None: `writer_compiles`); `first`:
+    `examples[0]`'s index in the job (offsets a shard's seeds); `capacity`: shared by every shard.
     """
     if feature_layers is not None and train.seq_source != "target":
         raise ValueError(
