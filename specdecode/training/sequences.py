@@ -96,33 +96,27 @@ def data_key(data: DataConfig) -> str:
     return f"data.path={data.path!r}" if data.source == "file" else f"data.name={data.name!r}"
 
 
-def effective_limit(limit: int | None, pool: int) -> int:
-    """The sequences a `limit` (None: all) takes from a pool of `pool`: what their store is keyed by."""
-    return pool if limit is None else min(limit, pool)
-
-
 def domain_limit(train: TrainConfig, domain: str, split: str, limit: int | None) -> int | None:
     """The limit of one domain's `split`: `train.train_sequences_per_domain`'s where set, else `limit`."""
     own = train.train_sequences_per_domain.get(domain) if split == "train" else None
     return limit if own is None else own
 
 
+def domain_size(data: DataConfig, train: TrainConfig, split: str, limit: int | None) -> int:
+    """The sequences one domain's `split` takes under `limit` (None: all; `domain_limit`): its store's key."""
+    own, pool = domain_limit(train, data.name, split, limit), pool_size(data, train, split)
+    return pool if own is None else min(own, pool)
+
+
 def mix_shares(data: DataConfig, train: TrainConfig, split: str, limit: int | None) -> list[int]:
     """Each domain's share (in `domain_parts` order) of a mix's first `limit` interleaved sequences."""
-    sizes = [
-        effective_limit(domain_limit(train, part.name, split, None), pool_size(part, train, split))
-        for part in domain_parts(data)
-    ]
-    return round_robin_shares(sizes, limit)
+    return round_robin_shares([domain_size(part, train, split, None) for part in domain_parts(data)], limit)
 
 
 def mix_limit(data: DataConfig, train: TrainConfig, split: str, per_domain: int | None) -> int:
-    """The mix `limit` whose shares are each domain's `effective_limit` in jobs with
+    """The mix `limit` whose shares are each domain's `domain_size` in jobs with
     `train_sequences = per_domain`: a mix job then reads exactly the stores those jobs wrote."""
-    return sum(
-        effective_limit(domain_limit(train, part.name, split, per_domain), pool_size(part, train, split))
-        for part in domain_parts(data)
-    )
+    return sum(domain_size(part, train, split, per_domain) for part in domain_parts(data))
 
 
 def decoding_prompts(data: DataConfig, tokenizer: PreTrainedTokenizerBase, count: int) -> list[list[int]]:
