@@ -35,6 +35,7 @@ _TMP_PREFIX = ".tmp."
 _STALE_TMP_SECONDS = 24 * 3600
 # Each file's content hash is remembered here by path, size, mtime and inode: read through once.
 _HASHES = ".hashes"
+_HASH_CHUNK = 1 << 20
 
 
 def default_target_gguf() -> Path:
@@ -67,8 +68,11 @@ def _gguf_cache_key(gguf_path: Path, memo: Path | None = None) -> str:
     if remembered is not None and remembered.is_file() and len(content := remembered.read_text().strip()) == 64:
         full = content
     else:
+        digest = hashlib.sha256()
         with gguf_path.open("rb") as handle:
-            full = hashlib.file_digest(handle, "sha256").hexdigest()
+            while chunk := handle.read(_HASH_CHUNK):
+                digest.update(chunk)
+        full = digest.hexdigest()
         if remembered is not None:
             write_atomic(remembered, full)
     stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in gguf_path.stem)
