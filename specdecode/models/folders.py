@@ -1,6 +1,5 @@
-"""Checks of a saved model folder's files, so that a damaged or incomplete folder is named before
-transformers or safetensors fail on it with an error that names neither the folder nor the file
-(`SafetensorError: header too small`, `Couldn't instantiate the backend tokenizer`)."""
+"""Checks of a saved model folder's files, so that a damaged one is named before transformers or
+safetensors fail on it naming neither folder nor file (`SafetensorError: header too small`)."""
 
 from __future__ import annotations
 
