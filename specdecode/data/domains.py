@@ -1,11 +1,7 @@
-"""Prompt datasets of drafter domains: the three built in (code, math, chat), the mixed traffic
-(`mixed`), and any a user defines (`conf/data/<name>.yaml`).
-
-Four sources give the same `Example` records: "embedded" (offline defaults from pip packages,
-`data.embedded`, `data.mixed`), "hf" (a hub dataset), "file" (a local .jsonl, .jsonl.gz, .json,
-.csv or .parquet file) and "synthetic" (tiny templated examples for smoke runs). Train / held-out
-membership is a pure function of the prompt text (a SHA-256 hash), so a held-out prompt stays held
-out in every job, whichever source or subset it comes through.
+"""Prompt datasets of drafter domains: code, math, chat, the mixed traffic and any a user defines
+(`conf/data/<name>.yaml`), from four sources: "embedded" (pip packages), "hf", "file" and
+"synthetic". Train / held-out membership is a hash of the prompt text, so a held-out prompt stays
+held out in every job, whichever source or subset it comes through.
 """
 
 from __future__ import annotations
@@ -90,12 +86,9 @@ def load_domain(
     chat_turns: str = "opening",
 ) -> list[Example]:
     """Load one domain's prompts from a source (the fields of `DataConfig`), deduplicated, split, in
-    a deterministic order, at most `limit`; examples of several kinds take turns by kind, so that
-    any first few hold every kind. `prompt_column` holds text or a chat `messages` list;
-    `chat_turns="all"` adds the embedded chat conversations' later user turns to its training split.
-
-    A ValueError names a bad argument, a missing column or an unparsable file; OSError: an "hf"
-    source that `datasets.load_dataset` could not read.
+    a deterministic order, at most `limit`, kinds taking turns. `prompt_column` holds text or chat
+    `messages`; `chat_turns="all"` adds the embedded chat's later user turns to its training split.
+    A ValueError names a bad argument, column or file; OSError: an "hf" source that did not load.
     """
     _check_arguments(domain, source, split, limit, heldout_fraction, path, hf_id)
     if chat_turns not in CHAT_TURNS:
@@ -211,11 +204,7 @@ def _text(value: Any) -> str | None:
 
 
 def _to_examples(
-    dataset: datasets.Dataset,
-    domain: str,
-    prompt_column: str,
-    response_column: str | None,
-    where: str,
+    dataset: datasets.Dataset, domain: str, prompt_column: str, response_column: str | None, where: str
 ) -> list[Example]:
     """A dataset's rows as Examples, in order, skipping empty prompts; `where` names the source in errors.
     A list cell is a chat `messages` conversation, whose trailing assistant reply is the response

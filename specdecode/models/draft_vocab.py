@@ -1,7 +1,6 @@
-"""Truncated vocabularies: a drafter's LM head that scores only K chosen token ids, the most
-frequent of the domain corpora (`most_frequent_token_ids`). For small targets the head dominates
-the drafter's cost (SmolLM2's 49,152 x 576 head is ~28M of its 135M parameters). On disk a
-truncated drafter is a plain full-vocab checkpoint plus `config.draft_vocab_ids`."""
+"""Truncated vocabularies: a drafter head that scores only K chosen ids, the corpora's most
+frequent (SmolLM2's 49,152 x 576 head is ~28M of its 135M parameters). On disk a plain full-vocab
+checkpoint plus `config.draft_vocab_ids`."""
 
 from __future__ import annotations
 
@@ -19,13 +18,10 @@ from specdecode.models.cpu_matmul import skinny_linear
 
 class DraftVocabHead(nn.Module):
     """An LM head that scores only K draft token ids but returns full-vocabulary logits `[.., V]`,
-    `finfo(dtype).min` (not -inf: log-probabilities stay finite) at the other ids.
-
-    Checkpoints stay plain: `state_dict()` reports `weight` as the full [V, H] matrix (the base
-    head with the current draft rows), and `load_state_dict()` accepts it back; the draft ids live
-    in `config.draft_vocab_ids`. `weight` [K, H] and `bias` [K] are the trained rows, `draft_ids`
-    [K] sorted, `base_weight` [V, H] / `base_bias` [V] the frozen full head; `skinny_rows`: as
-    `use_skinny_linears` sets it (None: `F.linear`).
+    `finfo(dtype).min` (not -inf: log-probabilities stay finite) at the other ids. `state_dict()`
+    reports `weight` as the full [V, H] matrix and `load_state_dict()` takes it back, so checkpoints
+    stay plain. `weight` [K, H] / `bias` [K]: the trained rows at the sorted `draft_ids` [K];
+    `base_weight` [V, H] / `base_bias` [V]: the frozen full head; `skinny_rows`: `use_skinny_linears`'.
     """
 
     skinny_rows: tuple[int, int] | None = None
@@ -61,18 +57,13 @@ class DraftVocabHead(nn.Module):
 
     def full_weight(self) -> torch.Tensor:
         """[V, H]: the base head with the draft rows replaced by the current `weight`."""
-        full = self.base_weight.clone()
-        full[self.draft_ids] = self.weight.detach()
-        return full
+        return self.base_weight.index_copy(0, self.draft_ids, self.weight.detach())
 
     def full_bias(self) -> torch.Tensor | None:
         """[V] counterpart of `full_weight` for the bias, or None."""
-        if self.bias is None:
+        if self.bias is None or self.base_bias is None:
             return None
-        assert self.base_bias is not None  # registered with the bias
-        full = self.base_bias.clone()
-        full[self.draft_ids] = self.bias.detach()
-        return full
+        return self.base_bias.index_copy(0, self.draft_ids, self.bias.detach())
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """[B, T, H] final hidden states → [B, T, V] logits: `hidden @ weight.T (+ bias)` at
@@ -205,11 +196,8 @@ def truncate_vocab(drafter: PreTrainedModel, draft_ids: torch.Tensor) -> None:
 def pad_vocab(drafter: PreTrainedModel, vocab_size: int) -> PreTrainedModel:
     """Grow a drafter whose embeddings are padded less than the target's (Qwen2.5-0.5B: 151,936
     rows, the 7B: 152,064) to `vocab_size`: its head becomes a `DraftVocabHead` over its own ids, so
-    q is exactly 0 at the padding ids. A no-op when the sizes match.
-
-    Raises ValueError: the drafter's vocabulary is the larger, naming both sizes; TypeError: the
-    LM head is not a plain `nn.Linear`.
-    """
+    q is exactly 0 at the padding ids. ValueError: the drafter's vocabulary is the larger; TypeError:
+    the head is not an `nn.Linear`."""
     own = drafter.config.get_text_config().vocab_size
     if own == vocab_size:
         return drafter
@@ -232,8 +220,7 @@ def apply_draft_vocab_from_config(model: PreTrainedModel) -> PreTrainedModel:
     ids = getattr(model.config.get_text_config(), "draft_vocab_ids", None)
     if ids is None:
         return model
-    head = model.get_output_embeddings()
-    if isinstance(head, DraftVocabHead):
+    if isinstance(model.get_output_embeddings(), DraftVocabHead):
         return model
     truncate_vocab(model, validate_draft_ids(ids, model.config.get_text_config().vocab_size))
     return model

@@ -31,12 +31,8 @@ def derive_drafter(
     corpus: Iterable[Sequence[int] | torch.Tensor] | None = None,
 ) -> PreTrainedModel:
     """A drafter of the target's class holding copies (never shared) of its embeddings, first
-    `num_layers` decoder layers, final norm and LM head, in eval mode.
-
-    `draft_vocab`: None (full), explicit ids, or an int K: the K most frequent ids of `corpus`
-    (tokenised documents), scored by a `DraftVocabHead`. A ValueError for a bad `num_layers`, bad
-    ids, or an int without a corpus.
-    """
+    `num_layers` decoder layers, final norm and LM head, in eval mode. `draft_vocab`: None (full),
+    explicit ids, or an int K: the K most frequent ids of `corpus` (tokenised documents)."""
     text_config = target.config.get_text_config()
     total = text_config.num_hidden_layers
     if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers <= total:

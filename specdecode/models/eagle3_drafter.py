@@ -1,15 +1,10 @@
 """EAGLE-3 drafters (Li et al. 2025), built as vLLM's and SGLang's EAGLE-3 loaders run them.
 
-The drafter fuses three raw states of the target's residual stream (the inputs to layers l_1, l_2,
-l_3; by default the engines' 2, L//2, L-3) 3H → H (`fc`) into g_t, and runs one decoder layer
-whose attention reads `[norm(embedding(x_{t+1})); norm(g_t)]`, 2H wide, with its residual stream
-starting from g_t; its own final norm and head (over the draft vocabulary, trained) score x_{t+2}.
-Steps 2..gamma feed the layer's pre-norm output back in place of g.
-
-As a `FeatureDrafter` its features are 4H wide: `[s_1; s_2; s_3; 0]` from the target, `[0; 0; 0; g]`
-fed back, and the fusion is `fc(first 3H) + last H`. On disk: a plain HF Llama folder with no
-decoder layers (embeddings, head, `config.draft_vocab_ids`) plus `eagle3.safetensors` (fusion,
-layer, final norm).
+`fc` fuses three raw target states (inputs to layers l_1..l_3; by default 2, L//2, L-3) 3H → H into
+g_t; one decoder layer attends over `[norm(embedding(x_{t+1})); norm(g_t)]` (2H wide) with its
+residual stream starting from g_t; its own norm and draft-vocabulary head score x_{t+2}. As a
+`FeatureDrafter` its features are 4H wide: `[s_1; s_2; s_3; 0]` from the target, `[0; 0; 0; g]` fed
+back. On disk: a Llama folder with no decoder layers plus `eagle3.safetensors`.
 """
 
 from __future__ import annotations

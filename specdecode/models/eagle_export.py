@@ -1,22 +1,13 @@
 """Write a trained feature drafter as a draft model that vLLM or SGLang loads: `export_drafter`.
-
-Each format is what one engine's own loader reads (architecture, config class, `load_weights`
-names); tests/test_engine_export.py runs every folder through a re-implementation of that
-engine's weight mapping and forward. Formats (engine method, `architectures`, draft vocabulary):
+Formats (engine method, `architectures`, draft vocabulary; each checked by tests/test_engine_export.py
+against a re-implementation of that engine's loader and forward):
 - `vllm-eagle`: `eagle`, `LlamaForCausalLM`; full vocabulary (the drafter's logits at its ids).
 - `sglang-eagle`: `EAGLE`, `LlamaForCausalLMEagle` / `Qwen2ForCausalLMEagle`; `hot_token_map.pt`.
 - `vllm-eagle3`: `eagle3`, `LlamaForCausalLM`; `lm_head` rows and `d2t`.
 - `sglang-eagle3`: `EAGLE3`, `LlamaForCausalLMEagle3`; `lm_head` rows and `d2t`.
-
-EAGLE-1 is the `eagle` layout of `feature_drafter.py`. Both engines give it the target's
-embeddings and LM head, so a drafter that trained either cannot be exported; vLLM's `fc` has no
-bias, SGLang's one (zeros). vLLM has no Qwen2 EAGLE-1 class: a Qwen2 drafter is written as a Llama
-one with `attention_bias` (a zero o_proj bias), the same function.
-
-EAGLE-3: both engines read the layer as `midlayer.*`, `fc`, `norm`, `lm_head` over the K draft ids
-and `d2t` (target id minus draft id), with the target's embeddings. vLLM's config names the target
-layers top-level (each the input of that layer), SGLang's under `eagle_config` (each the output
-of that layer: one less).
+EAGLE-1 engines give the drafter the target's embeddings and head (so those must be the target's);
+vLLM has no Qwen2 EAGLE-1 class, so a Qwen2 drafter is a Llama one with `attention_bias`. EAGLE-3
+target layers: vLLM names each layer's input, SGLang (`eagle_config`) its output, one less.
 """
 
 from __future__ import annotations
@@ -75,12 +66,9 @@ def export_drafter(
     num_speculative_tokens: int | None = None,
 ) -> Path:
     """Write `drafter` to `folder` in `format` (one of `FORMATS`), atomically; return the folder.
-    `target_name` and `num_speculative_tokens` (default: the drafter's gamma, else 3) fill the
-    serve command of its README.
-
-    Raises ValueError, before anything is written, naming the value at fault: an unknown format,
-    a target family or drafter the format cannot express, or an existing `folder`.
-    """
+    `target_name` and `num_speculative_tokens` (default: the drafter's gamma, else 3) fill its
+    README's serve command. A ValueError, before anything is written, names an unknown format, a
+    target or drafter the format cannot express, or an existing `folder`."""
     if format not in FORMATS:
         raise ValueError(f"format={format!r}: expected one of {'|'.join(FORMATS)}")
     folder = Path(folder)
@@ -182,7 +170,7 @@ def _eagle3_config(drafter: Eagle3Drafter, target: PreTrainedModel, format: str)
 
 
 def _eagle3_tensors(drafter: Eagle3Drafter) -> dict[str, torch.Tensor]:
-    """The module docstring's EAGLE-3 tensors, `t2d` (is a target id drafted) and `embed_tokens.weight`."""
+    """`midlayer.*`, `fc`, `norm`, `lm_head` (K draft rows), `d2t` (target id − draft id), `t2d`, `embed_tokens`."""
     head = cast(NormedDraftHead, drafter.get_output_embeddings())
     ids = draft_vocab_ids(drafter)
     t2d = torch.zeros(drafter.config.vocab_size, dtype=torch.bool)

@@ -1,19 +1,11 @@
 """Feature-conditioned drafters (EAGLE, Li et al. 2024): draft from the target's own hidden states.
 
-At position t a feature drafter reads the target's post-norm last hidden state f_t (what its LM
-head reads; the pre-norm residual stream has outlier dimensions ~8,000, on which regression
-fails) and the embedding of x_{t+1}, fuses them with one linear layer, runs a few decoder layers
-and so predicts f_{t+1}; the target's frozen LM head (optionally truncated) scores x_{t+2} from
-it. Drafting steps 2..gamma feed back the predicted feature.
-
-With `feature_layers` = (l_1, ..., -1) it also reads the target's states after layers l_i, each
-through the target's final norm (EAGLE-3's multi-layer features); steps 2..gamma have zeros in
-their slots (`feed_back`). The fusion starts as [I, 0, ..., 0, I].
-
-Layouts: `eagle` (the default) is EAGLE-1's as vLLM runs it, no input norm before the first
-layer and no final norm; `specdecode` runs the body's decoder as it is. The bypassed norms stay in
-the state dict (`bypass`), so both save as the same folder: `body.save_pretrained` with
-`config.feature_drafter = {"fusion", "layers", "layout"}`, plus `feature_fc.safetensors`.
+At position t the drafter fuses the target's post-norm last state f_t (the pre-norm stream has
+outlier dimensions ~8,000, on which regression fails) with the embedding of x_{t+1}, runs a few
+decoder layers and predicts f_{t+1}, which the target's frozen head scores; steps 2..gamma feed the
+prediction back. `feature_layers` = (l_1, ..., -1) adds normed inner states (zeros when fed back).
+Layout `eagle` is EAGLE-1's as vLLM runs it (no first input norm, no final norm: `bypass`);
+`specdecode` runs the body as it is. On disk: the body's HF folder plus `feature_fc.safetensors`.
 """
 
 from __future__ import annotations

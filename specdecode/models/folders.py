@@ -1,6 +1,5 @@
-"""Checks of a saved model folder's files, so that a damaged or incomplete folder is named before
-transformers or safetensors fail on it with an error that names neither the folder nor the file
-(`SafetensorError: header too small`, `Couldn't instantiate the backend tokenizer`)."""
+"""Checks of a saved model folder's files, so that a damaged one is named before transformers or
+safetensors fail on it naming neither folder nor file (`SafetensorError: header too small`)."""
 
 from __future__ import annotations
 
@@ -30,15 +29,6 @@ def unreadable_safetensors(path: Path, error: BaseException) -> ValueError:
     )
 
 
-def check_safetensors(path: Path) -> None:
-    """Parse `path`'s header and check its tensors' bytes are there (memory-mapped); a ValueError names it."""
-    try:
-        with safe_open(str(path), framework="pt") as handle:
-            handle.keys()
-    except (SafetensorError, OSError) as error:
-        raise unreadable_safetensors(path, error) from None
-
-
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     """`safetensors.torch.load_file(path)`; a ValueError names a file that does not parse."""
     try:
@@ -49,8 +39,7 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 def check_model_folder(folder: Path) -> None:
     """Check a local model folder before transformers reads it: `config.json` and every
-    `.safetensors` file parse, and it has tokenizer files; a ValueError names
-    the damaged or missing file."""
+    `.safetensors` header parse, and it has tokenizer files; a ValueError names the file."""
     config = folder / "config.json"
     if config.is_file():
         try:
@@ -58,7 +47,11 @@ def check_model_folder(folder: Path) -> None:
         except (ValueError, UnicodeDecodeError) as error:
             raise ValueError(f"{str(config)!r} is not valid JSON ({error}): the model folder is damaged") from None
     for path in sorted(folder.glob("*.safetensors")):
-        check_safetensors(path)
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                handle.keys()
+        except (SafetensorError, OSError) as error:
+            raise unreadable_safetensors(path, error) from None
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         raise ValueError(
             f"model folder {str(folder)!r} has no tokenizer files (any of {', '.join(TOKENIZER_FILES)}); save the "

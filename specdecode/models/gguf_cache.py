@@ -83,10 +83,7 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     """Dequantise `gguf_path` to float32 and save model and tokenizer as an HF folder."""
     # without dequantize=True a GGUF quantizer stays attached and save_pretrained refuses
     model = AutoModelForCausalLM.from_pretrained(
-        gguf_path.parent,
-        gguf_file=gguf_path.name,
-        dtype=torch.float32,
-        quantization_config=GgufConfig(dequantize=True),
+        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
     )
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     model.save_pretrained(out_dir)

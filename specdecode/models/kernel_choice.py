@@ -1,7 +1,6 @@
-"""Which CPU kernel a model's linear layers take (`cpu_matmul.py`), where asked
-(`skinny_matmul=None`): `measure_skinny_rows` times batch-1 forwards of 1..5 tokens with both
-kernels, and `cached_skinny_rows` keeps the pick in `kernel_cache_dir()`, one JSON file per key
-(CPU, cores, threads, torch, the model's dtype and linear shapes). Delete the folder to measure again.
+"""The CPU kernel of a model's linear layers where asked (`skinny_matmul=None`): batch-1 forwards
+of 1..5 tokens timed with both kernels, the pick kept in `kernel_cache_dir()` per CPU, threads,
+torch, dtype and linear shapes. Delete the folder to measure again.
 """
 
 from __future__ import annotations

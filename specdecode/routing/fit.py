@@ -1,7 +1,6 @@
 """Fitting the router (router/fit.py): its MLP learns domains from the labels' train prompts and
-more of each domain's training split; its table is each domain's mean predicted speedup per
-drafter; its far-prompt threshold is fitted on training prompts it never learnt from. The router
-is then reported on the labels' held-out rows."""
+more of each domain's; its table is each domain's mean predicted speedup per drafter; its far-prompt
+threshold is fitted on prompts it never learnt from; it is reported on the labels' held-out rows."""
 
 from __future__ import annotations
 

@@ -1,15 +1,10 @@
 """Router labels: how well each drafter would do on each prompt, measured without sampling noise.
-
-The target writes its greedy continuation once; by teacher forcing, one pass per model gives p and
-q at every continuation position. A drafter's `acceptance` is the mean of Σ_v min(p, q), the
-probability that speculative sampling accepts its draft (Leviathan et al. 2023): an expectation,
-so two runs agree. Temperature 0 scores the temperature-1 distributions (its smooth proxy of
-`greedy_match`, 1[argmax q = argmax p], also stored). `speedup` is what Leviathan's model predicts
-from it with the drafter's measured cost ratio (what the router ranks by); `decode_tau` greedy
-decoding's tokens per pass simulated exactly from the same passes (`routing.simulate`), and
-`decode_speedup` it over a pass's cost (what the oracle picks by). With `lookup`, q is one-hot at
-a looked-up token where decoding would draft one. The file is JSON lines, one prompt a line, with
-a `<name>.meta.json` sidecar: the drafters in order, their cost ratios, gammas and verify ratios.
+The target writes its greedy continuation once; one teacher-forced pass per model gives p and q
+at every position. `acceptance` is the mean of Σ_v min(p, q) (Leviathan et al. 2023; temperature 0
+scores the temperature-1 distributions), `speedup` what Leviathan's model predicts from it (what
+the router ranks by), `decode_tau` / `decode_speedup` greedy decoding simulated exactly from the
+same passes (`routing.simulate`; what the oracle picks by). JSON lines, one prompt a line, with a
+`<name>.meta.json` sidecar: the drafters, their cost ratios, gammas and verify ratios.
 """
 
 from __future__ import annotations
@@ -66,14 +61,10 @@ def teacher_forced_acceptance(
     lookup: PromptLookup | None = None,
     gammas: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Per-prompt acceptance of each of K drafters along B given continuations, one pass per model.
-
-    Prompts are left-padded and continuations right-padded, so one `logits_to_keep` slice holds
-    every scored position: only `[B, C, V]` logits are materialised, never `[B, T, V]`. `gammas`
-    (one per drafter) also simulate greedy decoding at them (temperature 0 only).
-
-    Returns `(acceptance, greedy_match, decode_tau)`, each `[B, K]` fp32 (decode_tau None without
-    `gammas` or at temperature > 0).
+    """Per-prompt `(acceptance, greedy_match, decode_tau)`, each `[B, K]` fp32, of K drafters along B
+    given continuations, one pass per model. Prompts left-padded and continuations right-padded put
+    every scored position in one `logits_to_keep` slice (`[B, C, V]`, never `[B, T, V]`). `gammas`
+    (one per drafter) also simulate greedy decoding (temperature 0 only; else decode_tau is None).
     """
     if len(prompts) != len(continuations):
         raise ValueError(f"got {len(prompts)} prompts but {len(continuations)} continuations")

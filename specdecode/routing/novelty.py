@@ -1,11 +1,7 @@
-"""Prompts far from every trained domain, which the MLP would send to the nearest domain's drafter
-on no evidence, go to a fallback route instead:
-
-    distance_d(x) = 1 − cos(x, c_d),   far(x) = distance_d(x) > threshold_d for every domain d
-
-c_d is the mean unit feature of domain d's training prompts; threshold_d the `quantile` of the
-distances of prompts of d the router never saw. Per domain, so a broad domain (chat) keeps its
-spread without widening a narrow one's (code).
+"""Prompts far from every trained domain go to a fallback route, not to the nearest domain's
+drafter: far(x) = (1 − cos(x, c_d) > threshold_d for every domain d), with c_d the mean unit
+feature of d's training prompts and threshold_d a `quantile` of the distances of d's prompts the
+router never saw (per domain, so a broad domain keeps its spread without widening a narrow one's).
 """
 
 from __future__ import annotations

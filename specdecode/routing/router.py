@@ -1,13 +1,8 @@
 """The router: an MLP over a prompt's sentence embedding names its domain, and the prompt takes the
-drafter with the highest mean predicted speedup on that domain.
-
-    text ─ embedder ─▶ [F] ─ standardise ─▶ MLP ─▶ [D] domain logits ─ argmax ─▶ table row [K] ─ argmax ─▶ drafter
-
-What a drafter earns on one prompt depends mostly on the continuation the target happens to
-write, which the text does not predict; which drafter pays on a kind of prompt carries over. So
-the MLP names the domain, and `table` holds each domain's mean label per drafter. A prompt far from
-every domain takes a fallback route (`routing.novelty`). On disk: `router.safetensors` (tensors)
-and `router.json` (names, embedder, sizes, fallback).
+drafter with the highest mean predicted speedup on that domain (`table` [D, K]). What a drafter
+earns on one prompt depends mostly on the continuation, which the text does not predict; which
+drafter pays on a kind of prompt carries over. A prompt far from every domain takes a fallback
+route (`routing.novelty`). On disk: `router.safetensors` and `router.json`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""Greedy speculative decoding of a known continuation, simulated from one teacher-forced pass.
-
-Greedy output is the target's continuation y whichever drafter runs, so the target passes a
-drafter needs for y are fixed by which of its drafts match y. Draft j of a pass only counts when
-drafts 1..j-1 matched, and then everything it read is what teacher forcing gives (a feature
-drafter's own features after its first step: `unrolled_features`), so
-
-    match[j, i] = 1[draft j of a pass whose first draft predicts y_i equals y_{i+j-1}]
-
-comes out of one forward per drafting step. A pass starting at y_i commits its leading matching
-drafts L and the target's next token; the next starts at y_{i+L+1}. This gives the tokens per
-pass (tau) the evaluation's oracle ranks drafters by.
+"""Greedy speculative decoding of a known continuation y, simulated from teacher-forced passes.
+Greedy output is y whichever drafter runs, and draft j of a pass only counts when drafts 1..j-1
+matched, when what it read is what teacher forcing gives. So one forward per drafting step gives
+match[j, i] = 1[draft j of the pass whose first draft predicts y_i equals y_{i+j-1}], and from it
+the tokens per pass (tau) the evaluation's oracle ranks drafters by.
 """
 
 from __future__ import annotations
@@ -34,12 +27,9 @@ def draft_matches(
     lookup: PromptLookup | None = None,
 ) -> torch.Tensor:
     """`[B, gamma, C]` bool: whether draft j of a pass whose first draft predicts continuation
-    position c equals the target's greedy token there (`match[b, j - 1, c]`).
-
-    tokens, attention: `[B, S]` packed as `labels._pack`; keep: `[C]` the continuation's columns;
-    p_argmax: `[B, C]` the target's greedy tokens; features: `[B, S, n·H]` the target's features
-    (a `FeatureDrafter` needs them); first_logits: `[B, C, V]` a slice drafter's logits at `keep`.
-    """
+    position c equals the target's greedy token there (`match[b, j - 1, c]`). tokens, attention:
+    `[B, S]` packed as `labels._pack`; keep: `[C]`; p_argmax: `[B, C]`; features: `[B, S, n·H]` (a
+    `FeatureDrafter`'s); first_logits: `[B, C, V]` a slice drafter's logits at `keep`."""
     if not isinstance(drafter, FeatureDrafter):
         if first_logits is None:
             raise ValueError("a slice drafter's matches need its teacher-forced first_logits")

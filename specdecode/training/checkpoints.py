@@ -1,18 +1,8 @@
-"""Training checkpoints: accelerate's naming and rotation (`project_configuration`: a plain
-`save_state()` writes `<output_dir>/checkpoints/checkpoint_<step>`, deleting the oldest beyond
-`train.keep_checkpoints` first), made safe, exactly resumable and checked against the job's config:
-
-- a checkpoint counts only once it holds the `COMPLETE` marker, written last (after every
-  process's RNG state): a kill mid-write leaves a folder that is never loaded, removed before the
-  next save, and an exception mid-save removes the partial folder;
-- rotation deletes before it writes, so `keep_checkpoints` is at least 2;
-- a resume that fell back past an unreadable checkpoint deletes the newer ones;
-- nothing is unpickled in full: the LR scheduler is kept in `scheduler.json`, not registered with
-  accelerate (which would load it with `weights_only=False`), and a checkpoint holding such a
-  file is refused.
-
-A resume must match the saved config except in `RESUMABLE_KEYS`, and a fresh run refuses a folder
-that already holds checkpoints (`check_checkpoints`).
+"""Training checkpoints: accelerate's naming and rotation (`checkpoint_<step>` under
+`<output_dir>/checkpoints`), made safe and exactly resumable. A checkpoint counts only once its
+`COMPLETE` marker is written, last; nothing is unpickled in full (the LR scheduler is JSON, and a
+checkpoint holding accelerate's pickles is refused); a resume must match the saved config outside
+`RESUMABLE_KEYS`, and a fresh run refuses a folder that holds checkpoints (`check_checkpoints`).
 """
 
 from __future__ import annotations
@@ -178,9 +168,7 @@ def check_checkpoints(directory: Path, config: dict[str, Any], resume: bool) -> 
     resume must match their config and hold nothing to unpickle; else a ValueError naming the
     folder and newest checkpoint, the differing keys, or the file."""
     done = complete_checkpoints(directory)
-    if not done:
-        return
-    if not resume:
+    if done and not resume:
         raise ValueError(
             f"{directory} already holds checkpoints of an earlier run (newest: {done[-1].name}); pass "
             f"train.resume=true to continue it, or pick another output_dir (or delete {directory})"
@@ -222,11 +210,8 @@ def save_checkpoint(
 ) -> Path:
     """Write `checkpoint_<step>` with accelerate's `save_state()` (which first rotates the oldest
     away), add the loop state, best weights, job config and `scheduler`'s state (JSON), and mark
-    it complete; returns it. Every process calls this (per-process RNG states, shared barriers).
-
-    Raises ValueError, before anything is deleted: `directory` is not where accelerate writes, or
-    this step was saved already.
-    """
+    it complete; returns it. Every process calls this. A ValueError, before anything is deleted,
+    where `directory` is not where accelerate writes or this step was saved already."""
     if checkpoint_folder(accelerator).resolve() != directory.resolve():
         raise ValueError(
             f"checkpoints are read from {directory} but accelerate writes them to {checkpoint_folder(accelerator)}"
@@ -266,11 +251,8 @@ def resume(
 ) -> tuple[LoopState, dict] | None:
     """Load the newest complete, readable checkpoint: (loop state, best weights), or None if there
     is none; `scheduler` gets its stored state. An unreadable one is skipped with a warning naming
-    the file, for the one before it.
-
-    Raises ValueError: another config (with `config`; outside `RESUMABLE_KEYS`) or a file to
-    unpickle; RuntimeError: checkpoints exist but none is readable, naming each bad file.
-    """
+    the file. ValueError: another config (outside `RESUMABLE_KEYS`) or a file to unpickle;
+    RuntimeError: checkpoints exist but none is readable, naming each bad file."""
     unreadable: list[str] = []
 
     def skip(checkpoint: Path, error: BaseException) -> None:

@@ -18,6 +18,7 @@ from specdecode.core.config import (
     require_choice,
     require_finite,
     require_int,
+    require_ints,
 )
 from specdecode.core.devices import MIXED_PRECISIONS
 from specdecode.core.tracking import Tracking
@@ -165,21 +166,9 @@ class TrainConfig:
 
     def _check_sizes(self) -> None:
         """Lengths, batch sizes, sequence counts and intervals."""
-        for name in (
-            "max_prompt_tokens",
-            "max_len",
-            "max_new_tokens",
-            "generation_batch",
-            "teacher_topk",
-            "heldout_sequences",
-            "batch_size",
-            "grad_accum",
-            "eval_every",
-            "checkpoint_every",
-            "log_every",
-            "vocab_corpus_docs",
-        ):
-            require_int(f"train.{name}", getattr(self, name), 1)
+        sizes = "max_prompt_tokens max_len max_new_tokens generation_batch teacher_topk heldout_sequences"
+        require_ints(self, f"{sizes} batch_size grad_accum eval_every checkpoint_every log_every", prefix="train.")
+        require_int("train.vocab_corpus_docs", self.vocab_corpus_docs, 1)
         require(
             is_int(self.keep_checkpoints) and self.keep_checkpoints >= 2,
             "train.keep_checkpoints",

@@ -1,13 +1,7 @@
-"""Training pieces specific to feature drafters (specdecode.models.feature_drafter).
-
-Alignment: a feature drafter predicts x_{t+1} at its position t - 1 (from f_{t-1} and x_t; its
-output estimates f_t). `FeatureDrafterLogits` shifts its outputs onto the standard positions t
-of a slice drafter, so masks, teacher logits and held-out targets are shared; the teacher's logits
-at t are the frozen head on f_t, the regression target f_t itself. EAGLE-3 drafters train the
-same way with no regression (their outputs are their own states, `regression_weight`).
-
-Unrolled passes (EAGLE-3's training-time test): drafting steps 2..gamma read the drafter's own
-predicted features; `unrolled_features` runs the passes as decoding does, in one forward.
+"""Training pieces of feature drafters. A feature drafter predicts x_{t+1} at position t - 1;
+`FeatureDrafterLogits` shifts its outputs onto the positions t a slice drafter uses, so masks,
+teacher logits and held-out targets are shared. `unrolled_features` runs drafting steps 2..gamma
+on the drafter's own features, as decoding does (EAGLE-3's training-time test), in one forward.
 """
 
 from __future__ import annotations
@@ -102,11 +96,8 @@ def unrolled_features(
 ) -> list[torch.Tensor]:
     """Predicted features of `steps` drafting passes, each `[B, T, H]`, as decoding runs them: pass 1
     reads the true `features` `[B, T, n·H]` (f_t with x_{t+1} = `next_ids[:, t]`), pass j pass j-1's
-    prediction for position t (through `feed_back`). `drafter`: a `FeatureDrafter` or a wrapper.
-
-    `needed` `[B, T]` bool (None: all): the positions whose outputs are read; passes 2..steps run
-    only on a window around them (`_unrolled_windows`; on chat batches ~1.35T positions instead of
-    3T at 2 steps) and are zero elsewhere. Pass 1 runs everywhere: every later query reads its keys.
+    prediction (`feed_back`). Passes 2..steps run only on a window around the `needed` `[B, T]`
+    positions (None: all; `_unrolled_windows`) and are zero elsewhere; pass 1 runs everywhere.
     """
     batch, length, _ = features.shape
     if needed is None:

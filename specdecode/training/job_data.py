@@ -25,12 +25,10 @@ from specdecode.training.objective import Teacher
 from specdecode.training.sequences import (
     build_sequences,
     data_key,
-    domain_limit,
     domain_parts,
-    effective_limit,
+    domain_size,
     load_examples,
     mix_shares,
-    pool_size,
     training_pool,
     writer_plan,
 )
@@ -43,14 +41,7 @@ from specdecode.training.store import (
     shard_ranges,
     write_shards,
 )
-from specdecode.training.teacher import (
-    cache_key,
-    feature_cache,
-    load_cache,
-    save_cache,
-    score_topk,
-    sequences_only,
-)
+from specdecode.training.teacher import cache_key, feature_cache, load_cache, save_cache, score_topk, sequences_only
 
 
 def teacher_mode(setting: str, device: torch.device) -> str:
@@ -118,8 +109,7 @@ class JobStores:
         `limit` interleaved sequences (a generic drafter costs no target pass of its own)."""
         data, train = self.cfg.data, self.cfg.train
         if not data.is_mix:
-            limit = domain_limit(train, data.name, split, limit)
-            return self.domain(data, split, name, k, effective_limit(limit, pool_size(data, train, split)))
+            return self.domain(data, split, name, k, domain_size(data, train, split, limit))
         shares = mix_shares(data, train, split, limit)
         return TeacherStore.concat(
             [self.domain(part, split, name, k, n) for part, n in zip(domain_parts(data), shares)]

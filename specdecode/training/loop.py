@@ -1,10 +1,6 @@
-"""The training loop shared by distillation and fine-tuning.
-
-One optimizer step consumes a global batch of `train.batch_size` sequences, split over the
-processes and then `train.grad_accum` micro-batches. The loss is a sum over tokens divided by the
-step's global token count (all-reduced), as torchtune's `scale_grads`: 1 process with accumulation
-A matches A processes without it. Data order is a pure function of (seed, step), so a resumed run
-picks up at exactly the batch it would have seen; checkpoints are in `checkpoints.py`.
+"""The training loop shared by distillation and fine-tuning. A step's loss is summed over tokens
+and divided by the step's global token count (as torchtune's `scale_grads`), so 1 process with
+accumulation A matches A processes without it; data order is a pure function of (seed, step).
 """
 
 from __future__ import annotations
@@ -162,13 +158,10 @@ def train_loop(
     best: dict[str, torch.Tensor],
     config: dict[str, Any] | None = None,
 ) -> tuple[LoopState, dict[str, torch.Tensor]]:
-    """Train until `max_steps` or `max_minutes` (of training time, over resumptions) or
-    `early_stop_evals` evaluations without a new best; return the final state and the best weights.
-
-    `make_batches(indices, step, on_policy)` gives this process's `grad_accum` micro-batches, each
-    with bool `positions` [B, T]; `loss_sum(model, batch)` a batch's summed loss; `evaluate()` the
-    held-out figures, whose `score` selects; `config` is recorded in each checkpoint.
-    """
+    """Train until `max_steps`, `max_minutes` (over resumptions) or `early_stop_evals` evaluations
+    without a new best; return the final state and the best weights. `make_batches(indices, step,
+    on_policy)`: this process's micro-batches, each with bool `positions` [B, T]; `loss_sum(model,
+    batch)`: its summed loss; `evaluate()`: held-out figures, `score` selecting."""
     drafter = accelerator.unwrap_model(model).drafter
     per_process = cfg.batch_size // accelerator.num_processes
     bar = tqdm(

@@ -1,14 +1,7 @@
-"""Token-level distillation losses between a drafter q (student) and a target p (teacher)
-(DistillSpec, Zhou et al. 2023): pure functions over logits `[B, T, V]` with one signature
-(`token_loss`).
-
-Normalisation: call with `reduction="sum"`, add up the sums over micro-batches and processes, and
-divide by the global `token_count`, as torchtune's `scale_grads` does; a per-micro-batch mean
-would weigh a short micro-batch's tokens more.
-
-Truncated vocabularies: a drafter emits `-inf` logits outside its vocabulary (q = 0). Every loss
-stays finite there, with finite gradients: 0 · log 0 is taken as 0 through `torch.where` with the
-`-inf` replaced *before* the product (a bare `torch.where` still back-propagates 0 · inf = NaN).
+"""Token-level distillation losses between a drafter q and a target p (DistillSpec, Zhou et al.
+2023): pure functions over logits `[B, T, V]` (`token_loss`). Sum them with `reduction="sum"` and
+divide by the global `token_count`. Where q = 0 (`-inf` logits outside a truncated vocabulary)
+0 · log 0 is 0, with the `-inf` replaced *before* the product so gradients stay finite.
 """
 
 from __future__ import annotations
@@ -31,18 +24,13 @@ LOG_PROB_FLOOR = math.log(1e-8)
 def _temperature(temperature: float) -> float:
     """The temperature the loss divides logits by: 0 (greedy decoding, no distribution to match)
     maps to 1, which keeps the argmax and gives a smooth loss."""
-    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool):
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
         raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
-    if temperature < 0 or math.isnan(temperature):
-        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
     return 1.0 if temperature == 0 else float(temperature)
 
 
 def _log_probs(
-    student_logits: torch.Tensor,
-    teacher_logits: torch.Tensor,
-    mask: torch.Tensor | None,
-    temperature: float,
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor | None, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Check the shapes and return `(log_q, log_p, keep)`: fp32 `[B, T, V]` and the bool mask `[B, T]`."""
     if student_logits.shape != teacher_logits.shape:
@@ -98,14 +86,10 @@ def token_count(mask: torch.Tensor | None, logits: torch.Tensor) -> torch.Tensor
 
 
 def token_loss(per_position: Callable[..., torch.Tensor]) -> Loss:
-    """The loss with the shared signature `fn(student_logits, teacher_logits, mask=None, *,
-    temperature=1.0, reduction="mean", **options)` whose value at each position is
-    `per_position(log_q, log_p, **options)`: `[B, T, V]` fp32 log-probabilities → `[B, T]`.
-
-    `student_logits` (q) and `teacher_logits` (p) are `[B, T, V]`, `-inf` entries allowed; `mask`
-    `[B, T]` bool or 0/1 selects the counted positions (None: all); both logits are divided by
-    `temperature` (0, greedy decoding, uses 1); `reduction` is "mean" per counted token, or "sum"
-    to divide by a global count yourself. Returns a 0-d fp32 tensor.
+    """The loss `fn(student_logits, teacher_logits, mask=None, *, temperature=1.0, reduction="mean",
+    **options)` → 0-d fp32, whose value at each position is `per_position(log_q, log_p, **options)`
+    (`[B, T, V]` fp32 log-probabilities → `[B, T]`). Logits q, p `[B, T, V]` (`-inf` allowed), both
+    divided by `temperature` (0 uses 1); `mask` `[B, T]` selects the counted positions (None: all).
     """
 
     def loss(
@@ -127,10 +111,8 @@ def token_loss(per_position: Callable[..., torch.Tensor]) -> Loss:
 
 @token_loss
 def forward_kl(log_q: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
-    """Forward KL(p || q) = Σ_v p (log p - log q): mode-covering, the supervised-KD loss.
-
-    Where q = 0 < p (a truncated vocabulary) log q is floored at `LOG_PROB_FLOOR`.
-    """
+    """Forward KL(p || q) = Σ_v p (log p - log q): mode-covering, the supervised-KD loss; where
+    q = 0 < p (a truncated vocabulary) log q is floored at `LOG_PROB_FLOOR`."""
     return _kl(log_p, log_q)
 
 
@@ -142,12 +124,9 @@ def reverse_kl(log_q: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
 
 @token_loss
 def jsd(log_q: torch.Tensor, log_p: torch.Tensor, beta: float = 0.5) -> torch.Tensor:
-    """Generalised Jensen-Shannon divergence, as TRL's `generalized_jsd_loss` and the GKD paper.
-
-    With m = beta · p + (1 - beta) · q: JSD_beta(p, q) = beta · KL(p || m) + (1 - beta) · KL(q || m).
-    beta = 0.5 is the symmetric JSD; rescaled, beta → 0 gives the forward KL and beta → 1 the
-    reverse KL, whose endpoints are 0 here, so beta must lie strictly inside (0, 1). No floor is
-    needed: the value is at most H(beta) <= log 2 per token, even with `-inf` logits.
+    """Generalised Jensen-Shannon divergence, as TRL's `generalized_jsd_loss` and the GKD paper:
+    with m = beta · p + (1 - beta) · q, JSD_beta = beta · KL(p || m) + (1 - beta) · KL(q || m), beta
+    in (0, 1) (its endpoints are 0 here). No floor is needed: the value is at most log 2 per token.
     """
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 < beta < 1.0:
         raise ValueError(f"beta must be in (0, 1), got {beta!r}; use forward_kl (beta -> 0) or reverse_kl (beta -> 1)")
@@ -168,12 +147,9 @@ def jsd(log_q: torch.Tensor, log_p: torch.Tensor, beta: float = 0.5) -> torch.Te
 
 @token_loss
 def tvd(log_q: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
-    """Total variation distance 0.5 · Σ_v |p - q| = 1 - Σ_v min(p, q), in [0, 1] per token.
-
-    1 - `expected_acceptance`: minimising it maximises the speculative-sampling acceptance rate
-    directly (DistillSpec). The 0.5 · Σ|p - q| form is exactly 0 for identical inputs and keeps
-    precision where 1 - Σ min(p, q) would cancel; the gradients are the same.
-    """
+    """Total variation distance 0.5 · Σ_v |p - q| = 1 - `expected_acceptance`, in [0, 1] per token:
+    minimising it maximises the acceptance rate directly (DistillSpec). This form is exactly 0 for
+    identical inputs, where 1 - Σ min(p, q) would cancel; the gradients are the same."""
     return 0.5 * (log_p.exp() - log_q.exp()).abs().sum(-1)
 
 
@@ -191,12 +167,7 @@ def expected_acceptance(
     return _reduce(torch.minimum(log_p.exp(), log_q.exp()).sum(-1), keep, "mean")
 
 
-LOSSES: dict[str, Loss] = {
-    "forward_kl": forward_kl,
-    "reverse_kl": reverse_kl,
-    "jsd": jsd,
-    "tvd": tvd,
-}
+LOSSES: dict[str, Loss] = {"forward_kl": forward_kl, "reverse_kl": reverse_kl, "jsd": jsd, "tvd": tvd}
 
 
 def get_loss(name: str) -> Loss:

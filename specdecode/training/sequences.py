@@ -96,33 +96,27 @@ def data_key(data: DataConfig) -> str:
     return f"data.path={data.path!r}" if data.source == "file" else f"data.name={data.name!r}"
 
 
-def effective_limit(limit: int | None, pool: int) -> int:
-    """The sequences a `limit` (None: all) takes from a pool of `pool`: what their store is keyed by."""
-    return pool if limit is None else min(limit, pool)
-
-
 def domain_limit(train: TrainConfig, domain: str, split: str, limit: int | None) -> int | None:
     """The limit of one domain's `split`: `train.train_sequences_per_domain`'s where set, else `limit`."""
     own = train.train_sequences_per_domain.get(domain) if split == "train" else None
     return limit if own is None else own
 
 
+def domain_size(data: DataConfig, train: TrainConfig, split: str, limit: int | None) -> int:
+    """The sequences one domain's `split` takes under `limit` (None: all; `domain_limit`): its store's key."""
+    own, pool = domain_limit(train, data.name, split, limit), pool_size(data, train, split)
+    return pool if own is None else min(own, pool)
+
+
 def mix_shares(data: DataConfig, train: TrainConfig, split: str, limit: int | None) -> list[int]:
     """Each domain's share (in `domain_parts` order) of a mix's first `limit` interleaved sequences."""
-    sizes = [
-        effective_limit(domain_limit(train, part.name, split, None), pool_size(part, train, split))
-        for part in domain_parts(data)
-    ]
-    return round_robin_shares(sizes, limit)
+    return round_robin_shares([domain_size(part, train, split, None) for part in domain_parts(data)], limit)
 
 
 def mix_limit(data: DataConfig, train: TrainConfig, split: str, per_domain: int | None) -> int:
-    """The mix `limit` whose shares are each domain's `effective_limit` in jobs with
+    """The mix `limit` whose shares are each domain's `domain_size` in jobs with
     `train_sequences = per_domain`: a mix job then reads exactly the stores those jobs wrote."""
-    return sum(
-        effective_limit(domain_limit(train, part.name, split, per_domain), pool_size(part, train, split))
-        for part in domain_parts(data)
-    )
+    return sum(domain_size(part, train, split, per_domain) for part in domain_parts(data))
 
 
 def decoding_prompts(data: DataConfig, tokenizer: PreTrainedTokenizerBase, count: int) -> list[list[int]]:
@@ -143,14 +137,11 @@ def build_sequences(
     first: int = 0,
     capacity: int | None = None,
 ) -> tuple[list[TrainSequence], list[torch.Tensor] | None]:
-    """Prompt (chat-formatted, left-truncated to `max_prompt_tokens`) + response, cut at `max_len`.
-
-    The response is the example's own (`seq_source: data`) or the target's continuation at each of
-    the temperatures (`seq_source: target`). With `feature_layers`, also the target's features of
-    each sequence's tokens `[L_i, n·H]` (fp16, CPU) from the passes that wrote it, zero where a
-    token was never fed. `compile`: written by the compiled static core, token for token the eager
-    loop's (None: `writer_compiles`). `first`: `examples[0]`'s index among the job's, which offsets
-    the sampling seeds of a shard; `capacity`: the compiled writer's, shared by every shard (`writer_plan`).
+    """Prompt (chat-formatted, left-truncated to `max_prompt_tokens`) + response, cut at `max_len`:
+    the example's own (`seq_source: data`) or the target's continuation at each temperature. With
+    `feature_layers`, also each sequence's target features `[L_i, n·H]` (fp16, CPU, zero where a token
+    was never fed). `compile`: by the compiled static core (None: `writer_compiles`); `first`:
+    `examples[0]`'s index in the job (offsets a shard's seeds); `capacity`: shared by every shard.
     """
     if feature_layers is not None and train.seq_source != "target":
         raise ValueError(

@@ -1,11 +1,7 @@
-"""The teacher store: training sequences and the target's outputs on them, on disk as shards that
-training reads lazily, so a job's memory does not grow with its number of sequences.
-
-A store is a folder named by its cache key: one safetensors file per shard (`teacher.save_cache`),
-each from a contiguous range of prompts (`shard_ranges`), plus the manifest `store.json`, written
-once every shard is there. A shard is written whole or not at all, so a rerun skips the shards it
-finds; under `accelerate launch` process r writes the shards j with j % num_processes == r.
-`TeacherStore` keeps each shard's sequence count in memory and at most one shard open.
+"""The teacher store: training sequences and the target's outputs on them, as safetensors shards
+(`teacher.save_cache`) of contiguous prompt ranges plus the manifest `store.json`, written once
+every shard is there. A shard is written whole or not at all (a rerun skips those it finds);
+process r writes the shards j with j % num_processes == r. Training reads one shard at a time.
 """
 
 from __future__ import annotations
@@ -13,7 +9,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, overload
 
@@ -182,9 +178,6 @@ class StoredSequences(Sequence[TrainSequence]):
         if isinstance(index, slice):
             return [self.store.sequence(i) for i in range(*index.indices(len(self)))]
         return self.store.sequence(index if index >= 0 else index + len(self))
-
-    def __iter__(self) -> Iterator[TrainSequence]:
-        return (self.store.sequence(i) for i in range(len(self)))
 
 
 def read_store(folder: Path) -> TeacherCache:

@@ -1,16 +1,8 @@
-"""What the target says about the training sequences: computed once and stored (a teacher store,
-specdecode.training.store; on a CPU its forward costs more than the drafter's training step), or in
-each training step (`train.teacher=online`; on a GPU it costs less than storing features).
-
-Full-vocabulary logits would be 25 MB per 128-token sequence for SmolLM2, so the store keeps the
-target's top-k logits and ids at each loss position (k = `train.teacher_topk`; only positions
-whose next token is a response token carry a loss). The losses compare over the drafter's
-vocabulary with the target's distribution approximated by its top-k ids that are draft ids,
-renormalised: p̃(v) ∝ exp(l_v / τ) for v ∈ topk ∩ draft, 0 elsewhere. The held-out metric is
-exact: it uses the target's full probabilities at the draft ids (`heldout_targets`).
-
-For feature drafters the store keeps the target's features at every position instead
-(`target_features`, fp16): the teacher is then the frozen head on them, exact rather than top-k.
+"""What the target says about the training sequences, stored once (`training.store`) or computed
+in each step (`train.teacher=online`). The store keeps the target's top-k logits at each loss
+position (full logits would be 25 MB per 128-token SmolLM2 sequence); the losses read them as
+p̃(v) ∝ exp(l_v / τ) over topk ∩ draft ids, 0 elsewhere. For feature drafters it keeps the target's
+features at every token instead (fp16), so their teacher is exact. Held-out acceptance is exact.
 """
 
 from __future__ import annotations
@@ -260,11 +252,8 @@ def content_fingerprint(target: TargetConfig, data: DataConfig) -> dict[str, obj
     SHA-256, a local target's files' sizes and mtimes (hashing its weights would cost too much)."""
     fingerprint: dict[str, object] = {}
     if data.source == "file" and data.path:
-        digest = hashlib.sha256()
         with Path(str(data.path)).expanduser().open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        fingerprint["data_sha256"] = digest.hexdigest()
+            fingerprint["data_sha256"] = hashlib.file_digest(handle, "sha256").hexdigest()
     local = Path(target.name).expanduser()
     if target.name not in (SMOKE_TARGET, DEFAULT_TARGET) and local.exists():
         files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
