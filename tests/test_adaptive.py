@@ -447,34 +447,36 @@ def test_auto_times_each_drafter_of_a_mixed_batch_and_the_loop_passes_its_rows(
 
 
 def test_steps_slower_than_the_table_move_the_choice(monkeypatch) -> None:
-    """The decode times each step between the loop's syncs. Drafting steps at 3x the table's seconds:
-    with no target step timed, target steps follow them (a slower machine favours neither kind), until
-    the probe times one after `PROBE_AFTER` drafting steps; then the choice turns to target steps.
-    Uncalibrated, or with steps as the table says, the table alone decides."""
+    """The decode times each step between the loop's syncs. Target steps timed as the table says, then
+    drafting steps at 3x its seconds: the choice turns back to target steps within a few steps.
+    Only the two kinds' ratio counts (a slower machine favours neither); uncalibrated, with steps as
+    the table says, or with one kind timed alone, the table alone decides."""
     import specdecode.decoding.adaptive as adaptive_module
 
     now = [0.0]
     monkeypatch.setattr(adaptive_module.time, "perf_counter", lambda: now[0])
     table = StepTable((1,), ((1.0, 1.3, 1.6),), 16)
-    expected = [1.0, 1.7, 2.19]  # one row at alpha 0.7: gamma 2 pays at the table's costs (2.19 / 1.6 > 1)
-    probe = adaptive_module.PROBE_AFTER
+    low, high = [1.0, 1.2, 1.3], [1.0, 1.7, 2.19]  # one row at alpha 0.2 (gamma 0 pays) and at 0.7 (gamma 2)
 
-    def run(calibrate: bool, slow: dict[int, float], steps: int, scale: list | None = None) -> list[int]:
+    def run(calibrate: bool, slow: dict[int, float], steps: int) -> list[int]:
         state = AdaptiveGamma(table, calibrate=calibrate).start(1, torch.device("cpu"))
-        state.scale = scale or state.scale
         chosen = []
-        for _ in range(steps):
-            chosen.append(state.choose(expected, 1))
+        for step in range(steps):
+            chosen.append(state.choose(low if step < 3 else high, 1))
             now[0] += table.at(1)[chosen[-1]] * slow.get(min(chosen[-1], 1), 1.0)
         return chosen
 
-    assert run(False, {1: 3.0}, 16) == [2] * 16
-    slowed = run(True, {1: 3.0}, 16)
-    assert slowed[: probe + 1] == [2] * probe + [0] and slowed[-4:] == [0] * 4
-    assert run(True, {}, 16) == [2] * probe + [0] + [2] * 7  # as the table says: the probe, then the same choice
-    # target steps at 3x the table, drafting steps as it says: from target steps the choice turns to drafting
-    chosen = run(True, {0: 3.0}, 12, scale=[1.0, 3.0])
-    assert chosen[0] == 0 and chosen[-1] == 2
+    assert run(False, {1: 3.0}, 12) == [0] * 3 + [2] * 9
+    slowed = run(True, {1: 3.0}, 12)
+    assert slowed[:4] == [0, 0, 0, 2] and slowed[-3:] == [0] * 3 and slowed.index(0, 3) <= 5
+    assert run(True, {}, 12) == [0] * 3 + [2] * 9  # steps as the table says: the same choices
+    assert run(True, {0: 3.0, 1: 3.0}, 12) == [0] * 3 + [2] * 9  # all 3x slower: the same choices
+    # drafting timed alone at 3x: nothing to weigh it against, and the choice stays
+    state = AdaptiveGamma(table, calibrate=True).start(1, torch.device("cpu"))
+    for _ in range(10):
+        gamma = state.choose(high, 1)
+        now[0] += 3.0 * table.at(1)[gamma]
+    assert gamma == 2 and state.relative() == 1.0 and state.scale[1] == pytest.approx(3.0)
 
 
 def test_auto_calibrates_and_a_sampled_decode_starts_at_its_temperatures_acceptance(

@@ -14,9 +14,9 @@ per-gamma sums ride on the loop's one host sync per step.
 The table is timed on pieces of a step; the loop's steps also pay what the table leaves out (prompt
 lookup, a feature drafter's catch-up, the bookkeeping and the sync) and follow the machine's load.
 So the loop times each step between its syncs (host clock only) and scales the table by a running
-ratio of measured to predicted seconds, one for target steps and one for drafting steps; a decode
-that has only drafted takes one target step after `PROBE_AFTER` steps to time it (`calibrate`; on
-for `gamma="auto"`, whose table is this machine's). With it, the gammas a seeded sampled decode
+ratio of measured to predicted seconds, one for target steps and one for drafting steps. Only their
+ratio moves the choice (a machine slower than its table favours neither kind), once both kinds were
+timed (`calibrate`; on for `gamma="auto"`, whose table is this machine's). With it, the gammas a seeded sampled decode
 takes, and so its tokens, can differ between runs; each run samples the target exactly.
 """
 
@@ -41,11 +41,8 @@ IDLE_DECAY = 0.99
 DEFAULT_PRIOR_ALPHA = 0.5
 # Each timed step moves the measured/predicted ratio of its kind (target or drafting step) this far.
 CALIBRATION_WEIGHT = 0.2
-# One step's ratio counts within these bounds (a pause or a collected row moves the ratio little).
+# Drafting steps are weighed at most this much cheaper or dearer, against target steps, than the table says.
 CALIBRATION_BOUNDS = (0.5, 2.0)
-# Drafting steps after which a decode that has timed no target step takes one, so the two kinds'
-# scales are both measured (with one kind timed alone, the other follows it).
-PROBE_AFTER = 8
 # Estimates stop short of 1, where the expected tokens (1 - alpha^(g+1)) / (1 - alpha) are g + 1.
 _MAX_ALPHA = 0.999
 
@@ -154,12 +151,10 @@ class GammaState:
         self.accepted = torch.zeros_like(prior)
         self.rejections = torch.zeros_like(prior)
         self.gammas = torch.arange(policy.widest + 1, device=prior.device, dtype=torch.float32)
-        # measured / predicted seconds of target steps and of drafting steps (None: none timed yet, it
-        # follows the other kind's, so a machine slower than its table does not favour either kind),
-        # and the step under way: (its kind, its predicted seconds, when it started)
+        # running measured / predicted seconds of target steps and of drafting steps (None: none timed
+        # yet), and the step under way: (its kind, its predicted seconds, when it started)
         self.scale: list[float | None] = [None, None]
         self._timing: tuple[int, float, float] | None = None
-        self._drafting_steps = 0
         self._target_run = 0  # target steps chosen in a row
 
     def leaves(self) -> bool:
@@ -167,10 +162,14 @@ class GammaState:
         after = self.policy.leave_after
         return after is not None and self._target_run >= after
 
-    def scales(self) -> tuple[float, float]:
-        """The scale of target steps and of drafting steps (`scale`, an untimed kind's the other's)."""
+    def relative(self) -> float:
+        """How much dearer drafting steps run against the table than target steps do: the ratio of
+        the two kinds' `scale`, 1 until both are timed, within `CALIBRATION_BOUNDS`."""
         target, drafting = self.scale
-        return (target or drafting or 1.0, drafting or target or 1.0)
+        if target is None or drafting is None:
+            return 1.0
+        low, high = CALIBRATION_BOUNDS
+        return min(max(drafting / target, low), high)
 
     def choose(self, expected: list[float], batch_size: int, groups: Sequence[int] | None = None) -> int:
         """The next step's gamma (`AdaptiveGamma.choose`), called once per step right after the loop's
@@ -180,19 +179,11 @@ class GammaState:
             kind, predicted, started = self._timing
             measured = max(now - started, 1e-9) / predicted
             current = self.scale[kind]
-            if current is None:  # a kind's first timed step sets its scale
-                self.scale[kind] = measured
-            else:
-                low, high = CALIBRATION_BOUNDS
-                self.scale[kind] = current * (
-                    1.0 + CALIBRATION_WEIGHT * (min(max(measured / current, low), high) - 1.0)
-                )
-        # a step's seconds scaled by s weigh as its expected tokens divided by s
-        scales = self.scales()
-        gamma = policy.choose([tokens / scales[min(g, 1)] for g, tokens in enumerate(expected)], batch_size, groups)
-        if policy.calibrate and self.scale[0] is None and self._drafting_steps >= PROBE_AFTER:
-            gamma = 0  # the probe: time one target step
-        self._drafting_steps += gamma > 0
+            self.scale[kind] = measured if current is None else current + CALIBRATION_WEIGHT * (measured - current)
+        # drafting steps' seconds scaled by r weigh as their expected tokens divided by r
+        relative = self.relative()
+        weighed = [tokens / (relative if g else 1.0) for g, tokens in enumerate(expected)]
+        gamma = policy.choose(weighed, batch_size, groups)
         self._target_run = 0 if gamma else self._target_run + 1
         self._timing = (min(gamma, 1), policy.seconds(batch_size, groups)[gamma], now)
         return gamma
