@@ -197,6 +197,7 @@ def test_the_table_reads_between_and_past_the_measured_batch_sizes() -> None:
         (lambda: StepTable((1,), ((1.0, 2.0),), 8, ((0.0, 3.0),)), "drafts must be empty or.*3.0"),
         (lambda: StepTable((1,), ((1.0, 2.0),), 8, ((0.0,),)), "drafts must be empty or"),
         (lambda: AdaptiveGamma(SPLIT, drafter_costs=(FLAT,)), "drafter_costs must be StepTables timing drafts"),
+        (lambda: AdaptiveGamma(FLAT, calibrate="yes"), "calibrate must be True or False, got 'yes'"),
     ],
 )
 def test_bad_tables_and_policies_are_named(make, needle) -> None:

@@ -79,6 +79,8 @@ class AdaptiveGamma:
         for name in ("decay", "idle_decay"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)!r}")
+        if not isinstance(self.calibrate, bool):
+            raise ValueError(f"calibrate must be True or False, got {self.calibrate!r}")
         if self.leave_after is not None and not (is_int(self.leave_after) and self.leave_after >= 1):
             raise ValueError(f"leave_after must be an int >= 1 or None, got {self.leave_after!r}")
         tables = (self.costs, *self.drafter_costs) if self.drafter_costs else ()
@@ -175,7 +177,7 @@ class GammaState:
         """The next step's gamma (`AdaptiveGamma.choose`), called once per step right after the loop's
         sync: the time since the previous call is that step's, which moves `scale` (`calibrate`)."""
         policy, now = self.policy, time.perf_counter()
-        if self._timing is not None and policy.calibrate:
+        if self._timing is not None:
             kind, predicted, started = self._timing
             measured = max(now - started, 1e-9) / predicted
             current = self.scale[kind]
@@ -185,7 +187,8 @@ class GammaState:
         weighed = [tokens / (relative if g else 1.0) for g, tokens in enumerate(expected)]
         gamma = policy.choose(weighed, batch_size, groups)
         self._target_run = 0 if gamma else self._target_run + 1
-        self._timing = (min(gamma, 1), policy.seconds(batch_size, groups)[gamma], now)
+        if policy.calibrate:
+            self._timing = (min(gamma, 1), policy.seconds(batch_size, groups)[gamma], now)
         return gamma
 
     def alpha(self) -> torch.Tensor:
