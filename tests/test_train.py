@@ -24,7 +24,7 @@ from specdecode.data.config import DataConfig
 from specdecode.models import load_model
 from specdecode.models.config import DrafterConfig, TargetConfig
 from specdecode.models.cpu_matmul import FEW_ROWS
-from specdecode.models.smoke import smoke_tokenizer
+from specdecode.models.smoke import smoke_target, smoke_tokenizer
 from specdecode.training.checkpoints import complete_checkpoints
 from specdecode.training.config import LossConfig, TrainConfig, TrainJobConfig
 from specdecode.training.job import run_distill, run_finetune
@@ -364,26 +364,28 @@ def test_resume_after_sigkill_ends_at_the_same_weights(tmp_path: Path, drafter: 
     )
 
 
+# `--multi_gpu` picks accelerate's torchrun launcher; with no GPU the processes fall back to gloo on
+# the CPU (MULTI_CPU). `--cpu --num_processes 2` would need mpirun in accelerate 1.x.
+TWO_PROCESSES = [
+    sys.executable,
+    "-m",
+    "accelerate.commands.launch",
+    "--multi_gpu",
+    "--num_processes",
+    "2",
+    "--num_machines",
+    "1",
+    "--mixed_precision",
+    "no",
+    "--dynamo_backend",
+    "no",
+]
+
+
 def test_ddp_on_cpu_matches_one_process(tmp_path: Path) -> None:
     args = ("train.max_steps=3", "train.checkpoint_every=3", "train.gamma_candidates=[]")  # the weights are compared
     run_distill(smoke_cfg(tmp_path / "one", *args))  # one process: this one
-    # `--multi_gpu` picks accelerate's torchrun launcher; with no GPU the processes fall back to
-    # gloo on the CPU (MULTI_CPU). `--cpu --num_processes 2` would need mpirun in accelerate 1.x.
-    launcher = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-    ]
-    ddp = run_app("distill", tmp_path / "two", *args, launcher=launcher)
+    ddp = run_app("distill", tmp_path / "two", *args, launcher=TWO_PROCESSES)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     a, b = (json.loads((tmp_path / d / "out" / "metrics.json").read_text()) for d in ("one", "two"))
     assert b["num_processes"] == 2 and a["train_tokens"] == b["train_tokens"]
@@ -391,6 +393,32 @@ def test_ddp_on_cpu_matches_one_process(tmp_path: Path) -> None:
     assert_same_weights(
         checkpoint_weights(tmp_path / "one" / "out", 3), checkpoint_weights(tmp_path / "two" / "out", 3), 1e-5
     )
+
+
+def test_a_target_sharded_over_two_processes_trains_as_one_whole_target_does(tmp_path: Path) -> None:
+    """`train.shard_target`: each of 2 processes holds half of every decoder layer (FSDP2 over gloo),
+    and the online teacher's forwards give the weights and acceptance of one process's whole target."""
+    # 17 held-out sequences: shared out unevenly, the processes would make unequal numbers of forwards
+    args = ("train.max_steps=3", "train.checkpoint_every=3", "train.gamma_candidates=[]", "train.teacher=online")
+    args = (*args, "train.heldout_sequences=17")
+    run_distill(smoke_cfg(tmp_path / "one", *args))
+    sharded = run_app("distill", tmp_path / "two", *args, "train.shard_target=true", launcher=TWO_PROCESSES)
+    assert sharded.returncode == 0, sharded.stderr[-3000:]
+    a, b = (json.loads((tmp_path / d / "out" / "metrics.json").read_text()) for d in ("one", "two"))
+    target = smoke_target()
+    layers = sum(p.numel() for p in target.model.layers.parameters()) / sum(p.numel() for p in target.parameters())
+    assert a["target_held"] == 1.0 and b["target_held"] == pytest.approx(1 - layers / 2)
+    assert b["teacher"] == "online" and b["num_processes"] == 2 and a["train_tokens"] == b["train_tokens"]
+    assert a["acceptance_best"] == pytest.approx(b["acceptance_best"], abs=1e-5)
+    assert_same_weights(
+        checkpoint_weights(tmp_path / "one" / "out", 3), checkpoint_weights(tmp_path / "two" / "out", 3), 1e-5
+    )
+
+
+def test_a_sharded_target_with_the_teacher_auto_on_a_cpu_is_named_before_any_work(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"train.teacher='auto' is offline on cpu: train.shard_target needs online"):
+        run_distill(smoke_cfg(tmp_path, "train.shard_target=true", "train.gamma_candidates=[]"))
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "out" / "checkpoints").exists()
 
 
 # The config groups of distill.yaml / finetune.yaml (other apps' groups are tested with them).
@@ -456,6 +484,14 @@ def test_accelerate_configs_load(name: str) -> None:
             r"train.keep_checkpoints=1: at least 2 \(accelerate deletes the oldest",
         ),
         (lambda: TrainConfig(generation_batch=0), r"train.generation_batch=0: an int >= 1"),
+        (lambda: TrainConfig(shard_target="yes"), r"train.shard_target='yes': true or false"),
+        (lambda: TrainConfig(shard_target=True, teacher="offline"), r"train.teacher='offline': online"),
+        (lambda: TrainConfig(shard_target=True, seq_source="target"), r"train.seq_source='target': data with"),
+        (lambda: TrainConfig(shard_target=True, seq_source="data"), r"train.gamma_candidates=\[1, 2, 3, 4, 5, 6, 8\]"),
+        (
+            lambda: TrainConfig(shard_target=True, seq_source="data", gamma_candidates=[], lambda_on_policy=0.5),
+            r"train.lambda_on_policy=0.5: 0 with train.shard_target",
+        ),
         (lambda: from_dict(TrainJobConfig, {"train": {"max_stepz": 3}}), r"train.max_stepz"),
     ],
 )

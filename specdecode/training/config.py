@@ -82,6 +82,9 @@ class TrainConfig:
     # The target's outputs: offline = written once to the teacher store; online = its forward in each
     # step; auto = online on a GPU, offline elsewhere (a CPU forward costs more than the drafter's step).
     teacher: str = "auto"
+    # Online: the target's decoder layers sharded over the processes (FSDP2), for a target that does
+    # not fit one device; trains on the data's responses (seq_source=data) and chooses no gamma.
+    shard_target: bool = False
     train_sequences: int | None = 512
     # Per domain, in place of train_sequences where not null (a mix takes at most that many of it).
     train_sequences_per_domain: dict[str, int | None] = field(default_factory=lambda: dict.fromkeys(DOMAINS))
@@ -163,6 +166,29 @@ class TrainConfig:
         self.gamma_candidates = list(self.gamma_candidates)
         require_int("train.gamma_prompts", self.gamma_prompts, 0, note=" (0 = Leviathan's model)")
         require_int("train.gamma_new_tokens", self.gamma_new_tokens, 2, note=" (a verify after the prefill)")
+        self._check_shard_target()
+
+    def _check_shard_target(self) -> None:
+        """A sharded target runs only forwards every process makes together (`specdecode.training.sharding`)."""
+        require(isinstance(self.shard_target, bool), "train.shard_target", self.shard_target, "true or false")
+        if not self.shard_target:
+            return
+        require(
+            self.teacher != "offline",
+            "train.teacher",
+            self.teacher,
+            "online (or auto on a GPU) with train.shard_target",
+        )
+        require(
+            self.seq_source == "data",
+            "train.seq_source",
+            self.seq_source,
+            "data with train.shard_target (write the target's continuations with your serving engine and "
+            "train on them as data)",
+        )
+        gamma_note = "[] with train.shard_target (choosing a gamma times decodes on one process)"
+        require(not self.gamma_candidates, "train.gamma_candidates", self.gamma_candidates, gamma_note)
+        require(not self.lambda_on_policy, "train.lambda_on_policy", self.lambda_on_policy, "0 with train.shard_target")
 
     def _check_sizes(self) -> None:
         """Lengths, batch sizes, sequence counts and intervals."""

@@ -42,7 +42,7 @@ from specdecode.training.checkpoints import (
 )
 from specdecode.training.config import TrainConfig, TrainJobConfig
 from specdecode.training.feature_training import FeatureDrafterLogits
-from specdecode.training.job_data import data_dtype, dtype_name, job_teacher
+from specdecode.training.job_data import data_dtype, dtype_name, job_teacher, teacher_mode
 from specdecode.training.loop import (
     DrafterLogits,
     MetricsLogger,
@@ -53,6 +53,7 @@ from specdecode.training.loop import (
 )
 from specdecode.training.objective import Objective, Teacher
 from specdecode.training.sequences import decoding_prompts
+from specdecode.training.sharding import held_fraction, shard_target
 
 
 def run_distill(cfg: TrainJobConfig) -> dict[str, Any]:
@@ -85,7 +86,11 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     set_seed(train.seed)
     checkpoints = checkpoint_folder(accelerator)  # <output_dir>/checkpoints, where save_state() writes
     check_checkpoints(checkpoints, asdict(cfg), train.resume)
-    target, tokenizer = load_target(cfg.target, cfg.dtype, device, cfg.skinny_matmul)
+    if train.shard_target and teacher_mode(train.teacher, device) != "online":
+        raise ValueError(f"train.teacher={train.teacher!r} is offline on {device}: train.shard_target needs online")
+    # a sharded target is loaded whole into host memory, then each process keeps its shards on the device
+    sharded = train.shard_target and accelerator.num_processes > 1
+    target, tokenizer = load_target(cfg.target, cfg.dtype, "cpu" if sharded else device, cfg.skinny_matmul)
     check_drafter_tokenizer(cfg.drafter, tokenizer)
     vocab_size = target.config.get_text_config().vocab_size
     if job == "distill" and train.teacher_topk > vocab_size:
@@ -100,6 +105,9 @@ def _run(cfg: TrainJobConfig, job: str) -> dict[str, Any]:
     cache_start = time.perf_counter()
     teacher = job_teacher(cfg, job, target, tokenizer, accelerator)
     drafter = _trainable_drafter(cfg, teacher, tokenizer)
+    if sharded:
+        for whole in {id(m): m for m in (teacher.target, teacher.scorer) if m is not None}.values():
+            shard_target(whole, accelerator.device, accelerator.num_processes)
     objective = Objective(cfg, job, teacher, drafter, accelerator)
     cache_seconds = time.perf_counter() - cache_start
     autocast = autocast_dtype(resolve_mixed_precision(train.mixed_precision, accelerator.device))
@@ -250,6 +258,8 @@ def _metrics(
         if isinstance(objective.drafter, FeatureDrafter)
         else None,
         "num_processes": accelerator.num_processes,
+        # the share of the target's parameters each process held (train.shard_target)
+        "target_held": held_fraction(teacher.scorer or teacher.target),
         "mixed_precision": resolve_mixed_precision(train.mixed_precision, accelerator.device),
         "data_dtype": dtype_name(data_dtype(train.data_precision, teacher.target)),
         "drafter_kind": "eagle3"

@@ -95,7 +95,7 @@ class Objective:
         self.tau = 1.0 if train.temperature == 0 else train.temperature
         # each process scores its share of the held-out sequences once, at the selection temperature
         heldout = self.teacher.heldout.sequences
-        self.my_indices = list(range(len(heldout)))[self.accelerator.process_index :: self.accelerator.num_processes]
+        self.my_indices = self._share(len(heldout))
         self.select_tau = train.select_temperature or 1.0
         mine = [heldout[i] for i in self.my_indices]
         self.heldout_p: torch.Tensor | None
@@ -108,7 +108,7 @@ class Objective:
         # the first TRAIN_SAMPLE training sequences (greedy): training agreement far above held-out
         # tells a run short of data from one short of steps or capacity (both low)
         sample = self.teacher.train_cache.sequences[:TRAIN_SAMPLE]
-        self.train_indices = list(range(len(sample)))[self.accelerator.process_index :: self.accelerator.num_processes]
+        self.train_indices = self._share(len(sample))
         self.train_argmax = (
             heldout_targets(target, [sample[i] for i in self.train_indices], self.draft_ids, 1.0, self.teacher.pad_id)[
                 1
@@ -120,6 +120,14 @@ class Objective:
             self.teacher_weight, self.teacher_bias = frozen_head_rows(target.get_output_embeddings(), self.draft_ids)
             assert isinstance(self.drafter, FeatureDrafter)  # a teacher with features trains a feature drafter
             self.feature_weight = regression_weight(train.feature_loss_weight, self.drafter)
+
+    def _share(self, count: int) -> list[int]:
+        """This process's share of `count` evaluated sequences. A sharded target scores all of them on
+        every process (its forwards are collective); the pooled ratios are the same."""
+        everything = list(range(count))
+        if self.cfg.train.shard_target:
+            return everything
+        return everything[self.accelerator.process_index :: self.accelerator.num_processes]
 
     def micro_batches(self, sequences: list[TrainSequence], scored: TeacherCache, picks: list[int]) -> list[Batch]:
         """`grad_accum` micro-batches of `sequences`, which are `scored`'s sequences `picks`."""
