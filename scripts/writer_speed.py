@@ -6,8 +6,10 @@
 The target writes the continuations a `train/distill.py` job with the demo's settings writes
 (`data=<domain>`, 48 new tokens, greedy, the feature drafter's layers captured) for the domain's first
 `--prompts` training prompts, once per setting and round, the settings in turns (the order reversed
-every other round). A setting is `dtype,generation_batch,eager|compiled`; the first is the baseline,
-and each row prints its median tokens/s and its median ratio to the baseline, round by round.
+every other round). A setting is `dtype,generation_batch,eager|compiled|speculative`; the first is
+the baseline, and each row prints its median tokens/s and its median ratio to the baseline, round by
+round. `speculative` writes with `--drafter` (the demo's code drafter) at `gamma="auto"`, without
+capturing features (the writer does not draft): it shows whether speculation would pay at that batch.
 """
 
 import argparse
@@ -20,13 +22,23 @@ from omegaconf import OmegaConf
 
 from specdecode.core.paths import CONF_DIR
 from specdecode.data.domains import format_prompt
-from specdecode.models.loading import cast_copy, load_target, reads_features
+from specdecode.decoding.decode import speculative_generate
+from specdecode.models.loading import cast_copy, load_model, load_target, reads_features
 from specdecode.pipeline.schemas import register_schemas
 from specdecode.training.sequences import generate_continuations, load_examples
 
 # The demo's writer: the distill job's data precision (auto: bf16 on a CPU that computes it), its
 # generation_batch, eager; then one setting changed at a time.
-SETTINGS = ["bfloat16,64,eager", "float32,64,eager", "bfloat16,16,eager", "bfloat16,128,eager", "bfloat16,64,compiled"]
+SETTINGS = [
+    "bfloat16,64,eager",
+    "float32,64,eager",
+    "bfloat16,16,eager",
+    "bfloat16,128,eager",
+    "bfloat16,64,compiled",
+    "bfloat16,8,eager",
+    "bfloat16,8,speculative",
+]
+MODES = ("eager", "compiled", "speculative")
 
 
 def main() -> None:
@@ -36,7 +48,10 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--settings", nargs="+", default=SETTINGS, help="dtype,generation_batch,eager|compiled")
+    parser.add_argument(
+        "--settings", nargs="+", default=SETTINGS, help="dtype,generation_batch,eager|compiled|speculative"
+    )
+    parser.add_argument("--drafter", default="outputs/demo/distill-code/drafter", help="for speculative settings")
     args = parser.parse_args()
     settings = [parse_setting(text, parser) for text in args.settings]
     if args.prompts < 1 or args.rounds < 1:
@@ -52,10 +67,31 @@ def main() -> None:
     prompts = [format_prompt(tokenizer, ex)[-train.max_prompt_tokens :] for ex in examples]
     eos = [tokenizer.eos_token_id]
     models = {dtype: cast_copy(target, getattr(torch, dtype)) for dtype in {s[0] for s in settings}}
+    drafters = {}
+    if any(mode == "speculative" for _, _, mode in settings):
+        drafter, _ = load_model(args.drafter)
+        drafters = {dtype: drafter.to(getattr(torch, dtype)) for dtype, _, mode in settings if mode == "speculative"}
+    budgets = [min(train.max_new_tokens, train.max_len - len(p)) for p in prompts]
 
-    def write(setting: tuple[str, int, bool]) -> tuple[float, int]:
-        dtype, batch, compiled = setting
+    def write(setting: tuple[str, int, str]) -> tuple[float, int]:
+        dtype, batch, mode = setting
         start = time.perf_counter()
+        if mode == "speculative":
+            written = [
+                seq
+                for i in range(0, len(prompts), batch)
+                for seq in speculative_generate(
+                    models[dtype],
+                    drafters[dtype],
+                    prompts[i : i + batch],
+                    gamma="auto",
+                    max_new_tokens=budgets[i : i + batch],
+                    temperature=args.temperature,
+                    eos_token_ids=eos,
+                    seed=i,
+                ).sequences
+            ]
+            return time.perf_counter() - start, sum(len(w) for w in written)
         written, _ = generate_continuations(
             models[dtype],
             prompts,
@@ -65,7 +101,7 @@ def main() -> None:
             batch_size=batch,
             temperature=args.temperature,
             feature_layers=layers,
-            compile=compiled,
+            compile=mode == "compiled",
         )
         return time.perf_counter() - start, sum(len(w) for w in written)
 
@@ -92,18 +128,18 @@ def main() -> None:
         print(f"| {text} | {statistics.median(rates[i]):.0f} | {ratio:.2f}× |")
 
 
-def parse_setting(text: str, parser: argparse.ArgumentParser) -> tuple[str, int, bool]:
-    """`dtype,generation_batch,eager|compiled` → (dtype, batch, compiled); a parser error otherwise."""
+def parse_setting(text: str, parser: argparse.ArgumentParser) -> tuple[str, int, str]:
+    """`dtype,generation_batch,mode` → (dtype, batch, mode); a parser error otherwise."""
     parts = text.split(",")
     if (
         len(parts) != 3
         or parts[0] not in ("float32", "bfloat16")
         or not parts[1].isdigit()
         or int(parts[1]) < 1
-        or parts[2] not in ("eager", "compiled")
+        or parts[2] not in MODES
     ):
-        parser.error(f"setting {text!r}: expected dtype,generation_batch,eager|compiled, e.g. bfloat16,64,eager")
-    return parts[0], int(parts[1]), parts[2] == "compiled"
+        parser.error(f"setting {text!r}: expected dtype,generation_batch,{'|'.join(MODES)}, e.g. bfloat16,64,eager")
+    return parts[0], int(parts[1]), parts[2]
 
 
 if __name__ == "__main__":
