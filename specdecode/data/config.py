@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from specdecode.core.config import is_number, require
+from specdecode.core.config import is_number, require, require_choice
 from specdecode.core.paths import CONF_DIR
 from specdecode.data.domains import CHAT_TURNS, DOMAIN_NAME, DOMAINS, SOURCES
 from specdecode.data.files import FILE_SUFFIXES, file_suffix
@@ -48,7 +48,7 @@ class DataConfig:
             self.name,
             "a domain name: letters, digits, '_', '.' or '-' (it names the drafter and the teacher cache)",
         )
-        require(self.source in SOURCES, f"data.source (domain {self.name!r})", self.source, "|".join(SOURCES))
+        require_choice(f"data.source (domain {self.name!r})", self.source, SOURCES)
         if self.source == "file":
             key, suffixes = f"data.path (domain {self.name!r})", ", ".join(FILE_SUFFIXES)
             require(bool(self.path), key, self.path, f"source 'file' needs a path to a {suffixes} file")
@@ -63,7 +63,7 @@ class DataConfig:
         require(
             bool(self.prompt_column), f"data.prompt_column (domain {self.name!r})", self.prompt_column, "a column name"
         )
-        require(self.chat_turns in CHAT_TURNS, "data.chat_turns", self.chat_turns, "|".join(CHAT_TURNS))
+        require_choice("data.chat_turns", self.chat_turns, CHAT_TURNS)
         require(
             is_number(self.heldout_fraction) and 0 < self.heldout_fraction < 1,
             "data.heldout_fraction",

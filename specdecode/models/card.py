@@ -8,7 +8,6 @@ from __future__ import annotations
 import shlex
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +26,6 @@ EMBEDDED_DATASETS = {
 }
 
 
-@dataclass
-class Measurement:
-    """One measured figure (alpha, tau, speedup, acceptance...) and, in words, what it was measured on."""
-
-    metric: str
-    value: float
-    on: str
-
-
 def command_line(argv: Iterable[str] | None = None) -> str:
     """The command that started this process (default `sys.orig_argv`), quoted for a shell:
     `python train/distill.py ...`, or `specdecode train ...` for the console command."""
@@ -52,17 +42,21 @@ def training_facts(cfg: Any, metrics: Mapping[str, Any], command: str | None = N
     `TrainJobConfig`; `metrics`: what it wrote to metrics.json)."""
     data, drafter, train = cfg.data, cfg.drafter, cfg.train
     seconds = metrics.get("train_seconds") or 0.0
-    measured = []
+    # each measured figure, and in words what it was measured on
+    measured: list[dict[str, Any]] = []
+
+    def measure(metric: str, value: float, digits: int, on: str) -> None:
+        measured.append({"metric": metric, "value": round(float(value), digits), "on": on})
+
     if metrics.get("acceptance_best") is not None:
-        measured.append(
-            Measurement(
-                "acceptance",
-                round(float(metrics["acceptance_best"]), 4),
-                f"{metrics.get('selection_metric', 'greedy acceptance')} of the drafter's next token "
-                f"against the target's on {metrics.get('heldout_positions', '?')} positions of "
-                f"{metrics.get('heldout_sequences', '?')} held-out "
-                f"{data.name} sequences (training's model selection, step {metrics.get('best_step')})",
-            )
+        measure(
+            "acceptance",
+            metrics["acceptance_best"],
+            4,
+            f"{metrics.get('selection_metric', 'greedy acceptance')} of the drafter's next token "
+            f"against the target's on {metrics.get('heldout_positions', '?')} positions of "
+            f"{metrics.get('heldout_sequences', '?')} held-out "
+            f"{data.name} sequences (training's model selection, step {metrics.get('best_step')})",
         )
     gamma = metrics.get("gamma") or {}
     if gamma.get("speedup") is not None:
@@ -72,22 +66,12 @@ def training_facts(cfg: Any, metrics: Mapping[str, Any], command: str | None = N
             if gamma.get("method") == "timed decodes"
             else str(gamma.get("method", ""))
         )
-        measured.append(
-            Measurement(
-                "speedup",
-                round(float(gamma["speedup"]), 3),
-                f"gamma {gamma.get('chosen')} over target-only decoding, {how}, device {cfg.device}",
-            )
-        )
-        if gamma.get("tau") is not None:
-            tau = gamma["tau"]
-            tau = tau.get(gamma.get("chosen"), tau.get(str(gamma.get("chosen")))) if isinstance(tau, Mapping) else tau
-            if tau is not None:
-                measured.append(
-                    Measurement(
-                        "tau", round(float(tau), 3), f"tokens per target pass at gamma {gamma.get('chosen')}, {how}"
-                    )
-                )
+        chosen = gamma.get("chosen")
+        measure("speedup", gamma["speedup"], 3, f"gamma {chosen} over target-only decoding, {how}, device {cfg.device}")
+        tau = gamma.get("tau")
+        tau = tau.get(chosen, tau.get(str(chosen))) if isinstance(tau, Mapping) else tau
+        if tau is not None:
+            measure("tau", tau, 3, f"tokens per target pass at gamma {chosen}, {how}")
     return {
         "target": cfg.target.name,
         "target_revision": getattr(cfg.target, "revision", None),
@@ -122,7 +106,7 @@ def training_facts(cfg: Any, metrics: Mapping[str, Any], command: str | None = N
             "processes": metrics.get("num_processes"),
             "gamma": gamma.get("chosen"),
         },
-        "measured": [asdict(m) for m in measured],
+        "measured": measured,
         "command": command if command is not None else command_line(),
     }
 
