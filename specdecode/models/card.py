@@ -124,11 +124,7 @@ def render_card(facts: Mapping[str, Any]) -> str:
     """A drafter folder's README.md from its facts (`training_facts`)."""
     target, drafter, data, training = facts["target"], facts["drafter"], facts["data"], facts["training"]
     domains = data["domains"]
-    meta: dict[str, Any] = {}
-    if (base := hub_id(target)) is not None:
-        meta["base_model"] = base
-    meta["library_name"] = "transformers"
-    meta["pipeline_tag"] = "text-generation"
+    meta: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": "text-generation"}
     meta["tags"] = [
         "specdecode",
         "speculative-decoding",
@@ -143,7 +139,7 @@ def render_card(facts: Mapping[str, Any]) -> str:
     kind = KIND_NAMES.get(drafter["kind"], f"{drafter['kind']} drafter")
     vocab = drafter["draft_vocab"]
     lines = [
-        *_front_matter(meta),
+        *_front_matter(target, meta),
         f"# {'/'.join(domains)} drafter for {target}",
         "",
         f"A {kind} for speculative decoding with `{target}`{revision}, trained by specdecode on "
@@ -240,11 +236,7 @@ def export_card(
 ) -> str:
     """README.md of an exported folder: what it is and the command that serves it."""
     target = target_name or "<target>"
-    meta: dict[str, Any] = {}
-    if (base := hub_id(target_name)) is not None:
-        meta["base_model"] = base
-    meta["library_name"] = engine
-    meta["tags"] = ["specdecode", "speculative-decoding", "eagle3" if "eagle3" in format else "eagle", engine]
+    tags = ["specdecode", "speculative-decoding", "eagle3" if "eagle3" in format else "eagle", engine]
     if engine == "vllm":
         spec = '{"method": "%s", "model": "%s", "num_speculative_tokens": %d}' % (method, folder, gamma)
         serve = f"vllm serve {target} --speculative-config '{spec}'"
@@ -258,7 +250,7 @@ def export_card(
             serve += f" --speculative-token-map {folder}/hot_token_map.pt"
     return "\n".join(
         [
-            *_front_matter(meta),
+            *_front_matter(target_name, {"library_name": engine, "tags": tags}),
             f"# {format} draft model for {target}",
             "",
             f"A specdecode feature drafter written in {engine}'s {method} draft-model format "
@@ -283,9 +275,12 @@ def hub_id(name: str | None) -> str | None:
     return name
 
 
-def _front_matter(meta: Mapping[str, Any]) -> list[str]:
-    """A card's first lines: `meta` as the hub's YAML front matter."""
-    return ["---", yaml.safe_dump(dict(meta), sort_keys=False).rstrip(), "---", ""]
+def _front_matter(target: str | None, meta: Mapping[str, Any]) -> list[str]:
+    """A card's first lines: `target`'s hub id (if it has one) as `base_model`, then `meta`, as the
+    hub's YAML front matter."""
+    base = hub_id(target)
+    front = ({"base_model": base} if base is not None else {}) | dict(meta)
+    return ["---", yaml.safe_dump(front, sort_keys=False).rstrip(), "---", ""]
 
 
 def is_repo_id(value: object) -> bool:
