@@ -304,7 +304,6 @@ def push_to_hub(
     *,
     private: bool = True,
     token: str | None = None,
-    commit_message: str | None = None,
     api: HfApi | None = None,
 ) -> str:
     """Upload `folder` (a drafter or an export, card included) to the hub repo `repo_id`, created
@@ -321,6 +320,6 @@ def push_to_hub(
         folder_path=str(folder),
         repo_id=repo_id,
         repo_type="model",
-        commit_message=commit_message or f"specdecode drafter from {folder.name}",
+        commit_message=f"specdecode drafter from {folder.name}",
     )
     return str(getattr(commit, "commit_url", commit))
