@@ -56,7 +56,7 @@ def check_hub_options(revision: object, trust_remote_code: object, prefix: str) 
 DRAFTER_KINDS = ("derived", "feature", "eagle3", "pretrained")
 # the kinds built from the target here (`pretrained` loads a folder)
 BUILT_KINDS = ("derived", "feature", "eagle3")
-# how a feature drafter runs its body (specdecode.models.feature_drafter, "Layouts")
+# how a feature drafter runs its body (specdecode.models.feature_drafter)
 FEATURE_LAYOUTS = ("specdecode", "eagle")
 LAST_FEATURE = (-1,)  # a feature drafter's default `feature_layers`: the last (post-norm) state (EAGLE-1)
 
