@@ -24,8 +24,7 @@ MAX_FUNCTION_LINES = 75
 # Over the limit, capped at their size so they cannot grow. Lower a cap, or drop its entry, when
 # its function shrinks.
 FUNCTION_LINE_CAPS: dict[str, int] = {
-    "specdecode.models.card.render_card": 92,
-    "specdecode.models.card.training_facts": 76,
+    "specdecode.models.card.render_card": 85,
     "specdecode.routing.labels.teacher_forced_acceptance": 83,
     "specdecode.training.job._run": 87,
 }

@@ -4,14 +4,14 @@ where a domain's config is found by name (`data/<name>.yaml` on the config searc
 from __future__ import annotations
 
 import importlib.resources
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from specdecode.core.config import is_number, require
+from specdecode.core.config import is_number, require, require_choice
 from specdecode.core.paths import CONF_DIR
 from specdecode.data.domains import CHAT_TURNS, DOMAIN_NAME, DOMAINS, SOURCES
 from specdecode.data.files import FILE_SUFFIXES, file_suffix
@@ -48,7 +48,7 @@ class DataConfig:
             self.name,
             "a domain name: letters, digits, '_', '.' or '-' (it names the drafter and the teacher cache)",
         )
-        require(self.source in SOURCES, f"data.source (domain {self.name!r})", self.source, "|".join(SOURCES))
+        require_choice(f"data.source (domain {self.name!r})", self.source, SOURCES)
         if self.source == "file":
             key, suffixes = f"data.path (domain {self.name!r})", ", ".join(FILE_SUFFIXES)
             require(bool(self.path), key, self.path, f"source 'file' needs a path to a {suffixes} file")
@@ -63,7 +63,7 @@ class DataConfig:
         require(
             bool(self.prompt_column), f"data.prompt_column (domain {self.name!r})", self.prompt_column, "a column name"
         )
-        require(self.chat_turns in CHAT_TURNS, "data.chat_turns", self.chat_turns, "|".join(CHAT_TURNS))
+        require_choice("data.chat_turns", self.chat_turns, CHAT_TURNS)
         require(
             is_number(self.heldout_fraction) and 0 < self.heldout_fraction < 1,
             "data.heldout_fraction",
@@ -101,15 +101,26 @@ class DataConfig:
         return [DataConfig(**self.members[name]) for name in self.domain_names]
 
     def _resolve_members(self) -> None:
-        members = {}
-        for name in self.domain_names:
-            given = self.members.get(name)
-            member = DataConfig(**dict(given)) if given is not None else domain_data(name)
-            if self.synthetic or self.source == "synthetic":
-                member = replace(member, synthetic=True)
-            require(not member.is_mix, f"data.domains ({self.name!r})", name, "a single domain, not another mix")
-            members[name] = to_dict(member)
-        self.members = members
+        synthetic = self.synthetic or self.source == "synthetic"
+        self.members = resolve_domains(self.domain_names, self.members, synthetic=synthetic)
+        for name, member in self.members.items():
+            require(
+                not member.get("domains"), f"data.domains ({self.name!r})", name, "a single domain, not another mix"
+            )
+
+
+def resolve_domains(
+    names: Sequence[str], given: Mapping[str, Any] | None = None, *, synthetic: bool = False
+) -> dict[str, dict[str, Any]]:
+    """Each domain's data config as plain values: `given[name]` where present, else looked up on the
+    search path; `synthetic` swaps embedded data for synthetic examples."""
+    resolved = {}
+    for name in names:
+        data = DataConfig(**dict(given[name])) if given and name in given else domain_data(name)
+        if data.name != name:
+            raise ValueError(f"data.{name}: its config names domain {data.name!r}")
+        resolved[name] = to_dict(replace(data, synthetic=True) if synthetic else data)
+    return resolved
 
 
 def as_synthetic(data: DataConfig) -> DataConfig:

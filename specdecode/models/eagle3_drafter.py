@@ -238,9 +238,7 @@ def derive_eagle3_drafter(
     ids = draft_ids if draft_ids is not None else torch.arange(text.vocab_size, device=full_head.device)
     body.set_output_embeddings(NormedDraftHead(full_head, ids, text.rms_norm_eps))
     hidden = text.hidden_size
-    fc = nn.Linear(3 * hidden, hidden, bias=False, device=target.device, dtype=target.dtype)
-    with torch.no_grad():
-        fc.weight.copy_(torch.cat([torch.zeros(hidden, 2 * hidden), torch.eye(hidden)], dim=1))
+    fc = fusion_layer(torch.cat([torch.zeros(hidden, 2 * hidden), torch.eye(hidden)], dim=1), target)
     return Eagle3Drafter(body, fc, layers).eval()
 
 

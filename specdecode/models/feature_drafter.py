@@ -230,11 +230,8 @@ def derive_feature_drafter(
                     layer.self_attn.o_proj.weight.zero_()
                     layer.mlp.down_proj.weight.zero_()
     hidden = body.config.get_text_config().hidden_size
-    fc = nn.Linear((1 + len(feature_layers)) * hidden, hidden, bias=False, device=target.device, dtype=target.dtype)
-    with torch.no_grad():
-        eye = torch.eye(hidden, device=target.device, dtype=target.dtype)
-        inner = torch.zeros(hidden, (len(feature_layers) - 1) * hidden, device=target.device, dtype=target.dtype)
-        fc.weight.copy_(torch.cat([eye, inner, eye], dim=1))
+    eye, inner = torch.eye(hidden), torch.zeros(hidden, (len(feature_layers) - 1) * hidden)
+    fc = fusion_layer(torch.cat([eye, inner, eye], dim=1), target)
     return FeatureDrafter(body, fc, feature_layers, layout).eval()
 
 

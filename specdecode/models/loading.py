@@ -15,6 +15,7 @@ from typing import Any, cast
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from specdecode.core.devices import DTYPES
 from specdecode.models.compat import check_tokenizers, check_vocab_sizes
 from specdecode.models.config import (
     BUILT_KINDS,
@@ -34,16 +35,8 @@ from specdecode.models.folders import check_model_folder
 from specdecode.models.gguf_cache import DEFAULT_TARGET, default_target_gguf, gguf_to_hf_folder
 from specdecode.models.kernel_choice import cached_skinny_rows
 
-_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-}
+# Other names of `DTYPES`, as torch and mixed-precision settings spell them.
+_DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 
 
 def load_model(
@@ -189,10 +182,11 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
         if dtype.is_floating_point:
             return dtype
     elif isinstance(dtype, str):
-        resolved = _DTYPES.get(dtype.strip().lower().removeprefix("torch."))
-        if resolved is not None:
-            return resolved
-    raise ValueError(f"unsupported dtype {dtype!r}; expected a floating torch.dtype or one of {sorted(_DTYPES)}")
+        name = dtype.strip().lower().removeprefix("torch.")
+        if (name := _DTYPE_ALIASES.get(name, name)) in DTYPES:
+            return getattr(torch, name)
+    names = sorted([*DTYPES, *_DTYPE_ALIASES])
+    raise ValueError(f"unsupported dtype {dtype!r}; expected a floating torch.dtype or one of {names}")
 
 
 def _resolve_source(name_or_path: str | os.PathLike[str]) -> str | Path:

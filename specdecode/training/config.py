@@ -150,12 +150,8 @@ class TrainConfig:
         require(is_temperature(selected), "train.select_temperature", selected, TEMPERATURE_RANGE)
         require_int("train.early_stop_evals", self.early_stop_evals, 1, nullable=True)
         require_int("train.unroll_steps", self.unroll_steps, 1, 8)
-        require(
-            self.feature_loss_weight is None or (is_number(self.feature_loss_weight) and self.feature_loss_weight >= 0),
-            "train.feature_loss_weight",
-            self.feature_loss_weight,
-            "null or >= 0",
-        )
+        if self.feature_loss_weight is not None:
+            require_finite("train.feature_loss_weight", self.feature_loss_weight, 0, note=", or null")
         require_finite("train.feature_noise", self.feature_noise, 0)
         require(
             isinstance(self.gamma_candidates, (list, tuple)) and all(is_gamma(g) for g in self.gamma_candidates),
@@ -231,12 +227,8 @@ class TrainConfig:
     def _check_optimizer(self) -> None:
         """The budget, the optimizer and the precision."""
         require_int("train.max_steps", self.max_steps, 0)
-        require(
-            self.max_minutes is None or (is_number(self.max_minutes) and self.max_minutes > 0),
-            "train.max_minutes",
-            self.max_minutes,
-            "null or > 0",
-        )
+        if self.max_minutes is not None:
+            require_finite("train.max_minutes", self.max_minutes, 0, strict=True, note=", or null")
         require_finite("train.lr", self.lr, 0, strict=True)
         require_finite("train.weight_decay", self.weight_decay, 0, note=" (0 = none)")
         require_finite(

@@ -231,8 +231,8 @@ def _metrics(
     cfg: TrainJobConfig, job: str, state: LoopState, objective: Objective, cache_seconds: float
 ) -> dict[str, Any]:
     """metrics.json: the run's outcome (best held-out acceptance and when), its costs and its data."""
-    train, teacher, accelerator = cfg.train, objective.teacher, objective.accelerator
-    num_train = len(teacher.train_cache.sequences)
+    train, teacher, accelerator, drafter = cfg.train, objective.teacher, objective.accelerator, objective.drafter
+    num_train, select = len(teacher.train_cache.sequences), train.select_temperature
     return {
         "job": job,
         "data": cfg.data.name,
@@ -254,23 +254,15 @@ def _metrics(
         # where the target's outputs came from: the teacher store (offline) or its forward in the step (online)
         "teacher": "online" if teacher.scorer is not None else "offline",
         "draft_vocab": len(objective.draft_ids),
-        "feature_layers": list(objective.drafter.feature_layers)
-        if isinstance(objective.drafter, FeatureDrafter)
-        else None,
+        "feature_layers": list(drafter.feature_layers) if isinstance(drafter, FeatureDrafter) else None,
         "num_processes": accelerator.num_processes,
         # the share of the target's parameters each process held (train.shard_target)
         "target_held": held_fraction(teacher.scorer or teacher.target),
         "mixed_precision": resolve_mixed_precision(train.mixed_precision, accelerator.device),
         "data_dtype": dtype_name(data_dtype(train.data_precision, teacher.target)),
-        "drafter_kind": "eagle3"
-        if isinstance(objective.drafter, Eagle3Drafter)
-        else "feature"
-        if teacher.features
-        else "slice",
-        "select_temperature": train.select_temperature,
-        "selection_metric": "greedy acceptance"
-        if train.select_temperature == 0
-        else f"expected acceptance at T={train.select_temperature}",
+        "drafter_kind": "eagle3" if isinstance(drafter, Eagle3Drafter) else "feature" if teacher.features else "slice",
+        "select_temperature": select,
+        "selection_metric": f"expected acceptance at T={select}" if select else "greedy acceptance",
         "best": next((h for h in state.history if h["step"] == state.best_step), None),
         "epochs": state.step * train.batch_size / num_train,
         "history": state.history,

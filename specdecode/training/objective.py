@@ -109,12 +109,9 @@ class Objective:
         # tells a run short of data from one short of steps or capacity (both low)
         sample = self.teacher.train_cache.sequences[:TRAIN_SAMPLE]
         self.train_indices = self._share(len(sample))
+        sampled = [sample[i] for i in self.train_indices]
         self.train_argmax = (
-            heldout_targets(target, [sample[i] for i in self.train_indices], self.draft_ids, 1.0, self.teacher.pad_id)[
-                1
-            ]
-            if self.train_indices
-            else None
+            heldout_targets(target, sampled, self.draft_ids, 1.0, self.teacher.pad_id)[1] if sampled else None
         )
         if self.teacher.features:  # the distillation teacher is the frozen head on the cached features
             self.teacher_weight, self.teacher_bias = frozen_head_rows(target.get_output_embeddings(), self.draft_ids)
@@ -148,9 +145,10 @@ class Objective:
             batch["labels"] = labels
         elif not self.teacher.features:
             # `[P, k]` in the row-major order of `positions`, as the cache stores them
-            ids = torch.cat([scored.topk_ids[scored.offsets[i] : scored.offsets[i + 1]] for i in picks])
-            logits = torch.cat([scored.topk_logits[scored.offsets[i] : scored.offsets[i + 1]] for i in picks])
-            positions, ids, logits = drop_positions_without_teacher(positions, ids, logits, self.vocab_to_draft)
+            picked = scored.select(picks)
+            positions, ids, logits = drop_positions_without_teacher(
+                positions, picked.topk_ids, picked.topk_logits, self.vocab_to_draft
+            )
             batch |= {"topk_ids": ids, "topk_logits": logits}
         return batch | {"positions": positions}
 

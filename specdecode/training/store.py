@@ -18,7 +18,7 @@ from safetensors import safe_open
 
 from specdecode.core.atomic import write_atomic
 from specdecode.training.sequences import TrainSequence
-from specdecode.training.teacher import TeacherCache, concat_caches, load_cache, sequences_only
+from specdecode.training.teacher import TeacherCache, concat_caches, sequences_only
 
 MANIFEST = "store.json"
 # Prompts per shard, in generation batches: what a writer holds in memory, and what a kill loses.
@@ -183,5 +183,4 @@ class StoredSequences(Sequence[TrainSequence]):
 def read_store(folder: Path) -> TeacherCache:
     """A whole complete store in memory (its shards concatenated): for inspection and tests, not training."""
     store = TeacherStore.open(folder)
-    parts = [load_cache(p) for p, a, b in zip(store.shards, store.starts, store.starts[1:]) if b > a]
-    return concat_caches(parts) if parts else sequences_only([])
+    return store.select(range(len(store)))

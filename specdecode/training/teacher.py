@@ -222,6 +222,7 @@ def cache_key(
 ) -> str:
     """Everything a store's sequences and logits depend on, hashed: a changed field is a new store.
     `topk` (0: sequences only) and `limit` are apart from `train`: other stores use other values."""
+    generated = train.seq_source == "target"
     fields = {
         "version": CACHE_VERSION,
         "split": split,
@@ -234,14 +235,12 @@ def cache_key(
         "max_new_tokens": train.max_new_tokens,
         "topk": topk,
         "limit": limit,
-        "seed": train.seed if train.seq_source == "target" else None,
+        "seed": train.seed if generated else None,
         # not the loss's temperature: the logits are stored raw
-        "generation_temperatures": (train.seq_temperatures or [train.temperature])
-        if train.seq_source == "target"
-        else None,
+        "generation_temperatures": (train.seq_temperatures or [train.temperature]) if generated else None,
         "features": list(features) if features is not None else None,
         # a batch's continuations draw from one seeded generator
-        "generation_batch": train.generation_batch if train.seq_source == "target" else None,
+        "generation_batch": train.generation_batch if generated else None,
         "content": content_fingerprint(target, data),
     }
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
