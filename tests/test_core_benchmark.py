@@ -11,7 +11,7 @@ from transformers import LlamaForCausalLM
 
 import specdecode.evaluation.benchmark_methods
 from specdecode.decoding.stats import GenerationResult, StepCounters
-from specdecode.evaluation.benchmark import core_report, run_core_benchmark
+from specdecode.evaluation.benchmark import run_core_benchmark
 from specdecode.evaluation.benchmark_methods import (
     CORES,
     DEFAULT_METHODS,
@@ -23,6 +23,7 @@ from specdecode.evaluation.benchmark_methods import (
     reference_of,
     time_group,
 )
+from specdecode.evaluation.benchmark_report import benchmark_results, report_markdown
 from specdecode.evaluation.benchmark_targets import llama_1b_shape
 from specdecode.evaluation.profiling import host_profile
 from tests.models_for_tests import tiny_llama
@@ -58,7 +59,7 @@ def test_the_benchmark_runs_every_method_and_reports_exact_rows() -> None:
         } <= methods
     assert (1, "transformers assisted (slice)") in methods and (3, "transformers assisted (slice)") not in methods
     assert all(r.tokens_per_s > 0 and r.exact_match == 1.0 and r.agreement == 1.0 for r in rows)
-    assert "| tiny | float32 | 3 | ours (slice), static |" in core_report(rows, "cpu")
+    assert "| tiny | float32 | 3 | ours (slice), static |" in report_markdown(benchmark_results(rows, "cpu"))
 
 
 def test_profile_prints_where_each_method_spends_its_time() -> None:

@@ -177,8 +177,3 @@ def run_core_benchmark(
             if profile:
                 profile_group(found, group[:batch_size], progress, deadline)
     return rows
-
-
-def core_report(rows: Sequence[Row], device: str) -> str:
-    """`run_core_benchmark`'s rows as `report_markdown` writes them."""
-    return report_markdown(benchmark_results(rows, device))

@@ -112,14 +112,6 @@ def grouped_batches(generators: dict[str, Generate], choices: list[str], batch_s
     return sorted(batches, key=lambda batch: batch[1][0])
 
 
-def mixed_batches(route: Route, choices: list[str], batch_size: int) -> list[Batch]:
-    """Consecutive batches of `batch_size`, each decoded in one by `route`, every prompt with its own choice."""
-    return [
-        (partial(route, choices=[choices[i] for i in members]), members)
-        for _, members in consecutive_batches(route, len(choices), batch_size)
-    ]
-
-
 def run_interleaved(
     generators: dict[str, Generate],
     prompts: list[list[int]],
@@ -142,8 +134,11 @@ def run_interleaved(
         missing = sorted(set(choices) - set(pool or {}))
         if missing:
             raise ValueError(f"{name} chooses {missing}, which the pool of generators lacks")
-        if route is not None and batch_size > 1 and name not in grouped:
-            plans[name] = mixed_batches(route, choices, batch_size)
+        if route is not None and batch_size > 1 and name not in grouped:  # each batch decoded in one by `route`
+            plans[name] = [
+                (partial(route, choices=[choices[i] for i in members]), members)
+                for _, members in consecutive_batches(route, len(choices), batch_size)
+            ]
         else:
             plans[name] = grouped_batches(pool or {}, choices, batch_size)
     results: dict[str, list[GenerationResult]] = {name: [] for name in plans}
