@@ -124,7 +124,9 @@ def _run(
     result = generate(target, *args, **options)
     if target.device.type == "cuda":
         torch.cuda.synchronize()
-    return replace(result, stats=replace(result.stats, wall_time_s=time.perf_counter() - start))
+    seconds = time.perf_counter() - start
+    tokens_per_s = result.stats.generated_tokens / seconds if seconds > 0 else 0.0
+    return replace(result, stats=replace(result.stats, wall_time_s=seconds, tokens_per_s=tokens_per_s))
 
 
 def assisted_generate(
