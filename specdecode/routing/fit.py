@@ -182,12 +182,8 @@ def run_fit(cfg: FitRouterConfig, *, progress: bool = True) -> dict[str, Any]:
         "train_domain_accuracy": sum(n == d for n, d in zip(named, tagged.values())) / len(tagged),
         "novelty": novelty,
     }
-    report["labels"] = {
-        "path": str(cfg.labels),
-        "gammas": meta["gammas"],
-        "cost_ratios": meta["cost_ratios"],
-        "verify_ratios": meta["verify_ratios"],
-        "temperature": meta["temperature"],
+    report["labels"] = {"path": str(cfg.labels)} | {
+        key: meta[key] for key in ("gammas", "cost_ratios", "verify_ratios", "temperature")
     }
     report["config"] = asdict(cfg)
     bar.update(1)
