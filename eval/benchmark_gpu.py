@@ -23,8 +23,9 @@ from pathlib import Path
 import torch
 
 import specdecode.decoding.compiled
-from specdecode.evaluation.benchmark import core_report, run_core_benchmark
+from specdecode.evaluation.benchmark import run_core_benchmark
 from specdecode.evaluation.benchmark_methods import DEFAULT_METHODS
+from specdecode.evaluation.benchmark_report import benchmark_results, report_markdown
 from specdecode.evaluation.benchmark_targets import TARGETS
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -92,7 +93,7 @@ for target in targets:
         time_limit_s=args.time_limit_s,
         step_costs=args.step_costs,
     )
-print(core_report(rows, args.device))
+print(report_markdown(benchmark_results(rows, args.device)))
 if args.out:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps([asdict(r) for r in rows], indent=2))

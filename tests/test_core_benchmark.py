@@ -10,7 +10,8 @@ import torch
 from transformers import LlamaForCausalLM
 
 import specdecode.evaluation.benchmark_methods
-from specdecode.evaluation.benchmark import core_report, run_core_benchmark
+from specdecode.decoding.stats import GenerationResult, StepCounters
+from specdecode.evaluation.benchmark import run_core_benchmark
 from specdecode.evaluation.benchmark_methods import (
     CORES,
     DEFAULT_METHODS,
@@ -22,9 +23,15 @@ from specdecode.evaluation.benchmark_methods import (
     reference_of,
     time_group,
 )
+from specdecode.evaluation.benchmark_report import benchmark_results, report_markdown
 from specdecode.evaluation.benchmark_targets import llama_1b_shape
 from specdecode.evaluation.profiling import host_profile
 from tests.models_for_tests import tiny_llama
+
+
+def timed(rows: list[list[int]], seconds: float) -> GenerationResult:
+    """A decode's result of `rows` in `seconds`, with no counts."""
+    return GenerationResult.build(rows, StepCounters(0, torch.device("cpu")), seconds)
 
 
 def test_the_benchmark_runs_every_method_and_reports_exact_rows() -> None:
@@ -52,7 +59,7 @@ def test_the_benchmark_runs_every_method_and_reports_exact_rows() -> None:
         } <= methods
     assert (1, "transformers assisted (slice)") in methods and (3, "transformers assisted (slice)") not in methods
     assert all(r.tokens_per_s > 0 and r.exact_match == 1.0 and r.agreement == 1.0 for r in rows)
-    assert "| tiny | float32 | 3 | ours (slice), static |" in core_report(rows, "cpu")
+    assert "| tiny | float32 | 3 | ours (slice), static |" in report_markdown(benchmark_results(rows, "cpu"))
 
 
 def test_profile_prints_where_each_method_spends_its_time() -> None:
@@ -128,13 +135,13 @@ def test_past_the_time_limit_no_method_or_round_starts_and_what_was_timed_is_rep
         def method(batch):
             calls.append(name)
             clock[0] += 0.05
-            return [[1, 2, 3]], 0.05, None
+            return timed([[1, 2, 3]], 0.05)
 
         return method
 
     found = {name: slow(name) for name in ("target alone, eager", "ours (slice), eager", "target alone, static")}
     lines: list[str] = []
-    measured = time_group(found, [[[1]]], rounds=3, progress=lines.append, deadline=0.07)
+    measured = time_group(found, [[1]], 1, rounds=3, progress=lines.append, deadline=0.07)
     assert list(measured) == ["target alone, eager", "ours (slice), eager"]
     assert calls == ["target alone, eager", "ours (slice), eager"] * 2
     assert (
@@ -160,8 +167,8 @@ def test_past_the_time_limit_no_target_is_built() -> None:
 
 
 def test_a_method_whose_reference_was_not_timed_reports_no_match() -> None:
-    found = {"ours (slice), compiled": lambda batch: ([[1, 2]], 1.0, None)}
-    measured = time_group(found, [[[1]]], rounds=1)["ours (slice), compiled"]
+    found = {"ours (slice), compiled": lambda batch: timed([[1, 2]], 1.0)}
+    measured = time_group(found, [[1]], 1, rounds=1)["ours (slice), compiled"]
     assert measured["exact_match"] is None and measured["agreement"] is None
 
 
@@ -202,9 +209,9 @@ def test_the_static_cores_decode_every_prompt_of_a_group_at_one_capacity(monkeyp
 
 def test_with_no_rounds_the_first_call_is_timed_and_speedup_is_over_the_reference() -> None:
     found = {
-        "target alone, eager": lambda batch: ([[1, 2]], 1.0, None),
-        "ours (slice), eager": lambda batch: ([[1, 2]], 0.5, None),
+        "target alone, eager": lambda batch: timed([[1, 2]], 1.0),
+        "ours (slice), eager": lambda batch: timed([[1, 2]], 0.5),
     }
-    measured = time_group(found, [[[1]], [[2]]], rounds=0)
+    measured = time_group(found, [[1], [2]], 1, rounds=0)
     assert measured["target alone, eager"]["tokens_per_s"] == 2.0 and measured["target alone, eager"]["speedup"] == 1.0
     assert measured["ours (slice), eager"]["speedup"] == 2.0 and measured["ours (slice), eager"]["first_call_s"] == 1.0

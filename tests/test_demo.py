@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -11,9 +12,14 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from specdecode.core.config import from_dict
-from specdecode.evaluation.report import markdown_links
 from specdecode.pipeline.config import CONF_DIR, DemoConfig
 from specdecode.pipeline.demo import demo_stages, run_demo
+
+
+def markdown_links(text: str) -> list[str]:
+    """The targets of the markdown links and images in `text`, in order."""
+    return re.findall(r"!?\[[^\]]*\]\(([^)\s]+)\)", text)
+
 
 SCHEMA = {
     "domain",

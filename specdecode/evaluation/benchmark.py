@@ -84,12 +84,12 @@ def _rows(
 ) -> list[Row]:
     """Each method at batch 1 (one prompt at a time), then at batch B, against the target alone."""
     rows: list[Row] = []
-    for batches in ([[p] for p in ids[: cfg.batch1_prompts]], [ids[: cfg.batch_size]]):
+    for prompts, batch_size in ((ids[: cfg.batch1_prompts], 1), (ids[: cfg.batch_size], cfg.batch_size)):
         found = methods(
             target,
             cfg.gamma,
             cfg.max_new_tokens,
-            len(batches[0]),
+            batch_size,
             {"drafter": drafter},
             cores=("eager",),
             auto={"drafter": adaptive},
@@ -99,8 +99,8 @@ def _rows(
             seed=cfg.seed,
         )
         found = {_label(name): m for name, m in found.items() if cfg.hf_assisted or "transformers" not in name}
-        measured = time_group(found, batches, cfg.rounds, print, reference=lambda name: "target alone")
-        rows += [Row(cfg.target.name, cfg.dtype, len(batches[0]), name, **m) for name, m in measured.items()]
+        measured = time_group(found, prompts, batch_size, cfg.rounds, print, reference=lambda name: "target alone")
+        rows += [Row(cfg.target.name, cfg.dtype, batch_size, name, **m) for name, m in measured.items()]
     return rows
 
 
@@ -163,22 +163,17 @@ def run_core_benchmark(
             costs = {kind: core_step_costs(target, d, prompts[0], new_tokens, gamma) for kind, d in drafters.items()}
             progress(f"step costs at gamma {gamma}, batch 1:\n{costs_markdown(costs)}")
         # the data writer first: it compiles one shape, where the decode groups compile several
-        groups = [(writer_batch, data_writers(target, writer_tokens), [prompts[:writer_batch]])] if writer_batch else []
+        groups = [(writer_batch, data_writers(target, writer_tokens), prompts[:writer_batch])] if writer_batch else []
         for batch_size in batch_sizes:
-            batches = [[p] for p in prompts[:prompts_at_batch_1]] if batch_size == 1 else [prompts[:batch_size]]
+            group = prompts[:prompts_at_batch_1] if batch_size == 1 else prompts[:batch_size]
             # one cache capacity for all of the group's prompts: one compiled shape per method
-            capacity = static_capacity(max(len(p) for b in batches for p in b) + new_tokens + gamma + 2)
-            groups.append((batch_size, methods(target, gamma, new_tokens, batch_size, drafters, capacity), batches))
-        for batch_size, found, batches in groups:
+            capacity = static_capacity(max(len(p) for p in group) + new_tokens + gamma + 2)
+            groups.append((batch_size, methods(target, gamma, new_tokens, batch_size, drafters, capacity), group))
+        for batch_size, found, group in groups:
             found = {name: m for name, m in found.items() if not only or any(word in name for word in only)}
-            for name, measured in time_group(found, batches, rounds, progress, deadline).items():
+            for name, measured in time_group(found, group, batch_size, rounds, progress, deadline).items():
                 rows.append(Row(target_name, dtype, batch_size, name, **measured))
                 progress(format_row(asdict(rows[-1])))
             if profile:
-                profile_group(found, batches[0], progress, deadline)
+                profile_group(found, group[:batch_size], progress, deadline)
     return rows
-
-
-def core_report(rows: Sequence[Row], device: str) -> str:
-    """`run_core_benchmark`'s rows as `report_markdown` writes them."""
-    return report_markdown(benchmark_results(rows, device))

@@ -1,5 +1,5 @@
 """The decode benchmark's methods (the target alone and ours on each core, transformers' assisted
-generation, the data writer), its one timing loop (`time_group`), and how a method's tokens compare.
+generation, the data writer), `time_group` over the evaluation's timing loop, and how a method's tokens compare.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -20,8 +20,9 @@ from transformers import PreTrainedModel
 from specdecode.decoding.adaptive import AdaptiveGamma
 from specdecode.decoding.decode import autoregressive_generate, speculative_generate
 from specdecode.decoding.lookup import PromptLookup
-from specdecode.decoding.stats import DecodeStats, GenerationResult
+from specdecode.decoding.stats import GenerationResult, StepCounters
 from specdecode.decoding.timing import CORES
+from specdecode.evaluation.records import Generate, RunRecord, rates, run_batched, run_interleaved
 from specdecode.models.drafters import derive_drafter
 from specdecode.models.feature_drafter import FeatureDrafter, derive_feature_drafter
 from specdecode.models.loading import load_drafter
@@ -38,10 +39,6 @@ DEFAULT_METHODS = (
 )
 
 Drafter = PreTrainedModel | FeatureDrafter
-# One call of a method: the generated rows, its seconds, and its decode's counts (None: none kept).
-Run = tuple[list[list[int]], float, DecodeStats | None]
-# A method decodes a batch of prompts.
-Method = Callable[[list[list[int]]], Run]
 
 
 @dataclass
@@ -87,12 +84,12 @@ def methods(
     eos: Sequence[int] = (),
     prompt_lookup: PromptLookup | None = None,
     **sampling: Any,
-) -> dict[str, Method]:
+) -> dict[str, Generate]:
     """A group's methods by name, in the order they run: on each of `cores`, the target alone, ours
     with each of `drafters` at `gamma` and with each of `auto`'s adaptive gammas; then, at batch 1
     and greedy, transformers assisted generation with each causal-LM drafter."""
     decode = sampling | dict(max_new_tokens=new_tokens, eos_token_ids=list(eos))
-    found: dict[str, Method] = {}
+    found: dict[str, Generate] = {}
     for core in cores:
         options = decode | CORES[core] | ({"capacity": capacity} if CORES[core]["static"] and capacity else {})
         found[f"target alone, {core}"] = functools.partial(_run, autoregressive_generate, target, **options)
@@ -110,7 +107,7 @@ def methods(
     return found
 
 
-def data_writers(target: PreTrainedModel, new_tokens: int) -> dict[str, Method]:
+def data_writers(target: PreTrainedModel, new_tokens: int) -> dict[str, Generate]:
     """The training-data writer on each core: the target alone keeping its last layer's features."""
     budget = dict(max_new_tokens=new_tokens, eos_token_ids=[], feature_layers=(-1,))
     return {
@@ -119,13 +116,17 @@ def data_writers(target: PreTrainedModel, new_tokens: int) -> dict[str, Method]:
     }
 
 
-def _run(generate: Callable[..., GenerationResult], target: PreTrainedModel, *args: Any, **options: Any) -> Run:
-    """`generate(target, *args, **options)`, timed to the end of its device work."""
+def _run(
+    generate: Callable[..., GenerationResult], target: PreTrainedModel, *args: Any, **options: Any
+) -> GenerationResult:
+    """`generate(target, *args, **options)`, its wall time taken to the end of its device work."""
     start = time.perf_counter()
     result = generate(target, *args, **options)
     if target.device.type == "cuda":
         torch.cuda.synchronize()
-    return result.sequences, time.perf_counter() - start, result.stats
+    seconds = time.perf_counter() - start
+    tokens_per_s = result.stats.generated_tokens / seconds if seconds > 0 else 0.0
+    return replace(result, stats=replace(result.stats, wall_time_s=seconds, tokens_per_s=tokens_per_s))
 
 
 def assisted_generate(
@@ -135,8 +136,8 @@ def assisted_generate(
     gamma: int,
     new_tokens: int,
     eos: Sequence[int] = (),
-) -> Run:
-    """transformers assisted generation of one prompt, greedy, at a fixed gamma, timed."""
+) -> GenerationResult:
+    """transformers assisted generation of one prompt, greedy, at a fixed gamma, timed (no counts kept)."""
     (prompt,) = prompts
     drafter.generation_config = copy.deepcopy(drafter.generation_config)
     drafter.generation_config.num_assistant_tokens = gamma
@@ -157,7 +158,8 @@ def assisted_generate(
     )
     if target.device.type == "cuda":
         torch.cuda.synchronize()
-    return [out[0, len(prompt) :].tolist()], time.perf_counter() - start, None
+    seconds = time.perf_counter() - start
+    return GenerationResult.build([out[0, len(prompt) :].tolist()], StepCounters(0, target.device), seconds)
 
 
 def method_names() -> list[str]:
@@ -197,74 +199,57 @@ def reference_of(method: str) -> str:
 
 
 def time_group(
-    found: Mapping[str, Method],
-    batches: Sequence[list[list[int]]],
+    found: Mapping[str, Generate],
+    prompts: list[list[int]],
+    batch_size: int,
     rounds: int,
     progress: Callable[[str], None] = lambda line: None,
     deadline: float = math.inf,
     reference: Callable[[str], str] = reference_of,
 ) -> dict[str, dict[str, Any]]:
-    """Every method over every batch, a first call each, then `rounds` rounds, methods interleaved:
-    name → `Row`'s measured fields against `reference(name)`. Nothing new starts past `deadline`."""
-    first: dict[str, list[Run]] = {}
+    """Every method on `prompts` in batches of `batch_size`, a first call each, then `rounds` rounds of
+    `run_interleaved`: name → `Row`'s measured fields against `reference(name)`. Nothing new starts
+    past `deadline`."""
+    first: dict[str, RunRecord] = {}
     skips: dict[str, int] = {}
     for name, method in found.items():
         if time.perf_counter() > deadline:
             progress(f"  {name}: not timed, past the time limit")
             continue
         before = cudagraph_skips()
-        first[name] = [method(batch) for batch in batches]
+        first[name] = run_batched(method, prompts, batch_size)
         skips[name] = cudagraph_skips() - before
         skipped = f", {skips[name]} compiled graphs not captured as CUDA graphs" if skips[name] else ""
-        progress(f"  first call of {name}: {sum(seconds for _, seconds, _ in first[name]):.1f} s{skipped}")
-    speeds: dict[str, list[float]] = {name: [] for name in first}
+        progress(f"  first call of {name}: {first[name].seconds:.1f} s{skipped}")
+    timed: list[dict[str, RunRecord]] = []
     for done in range(rounds):
         if done and time.perf_counter() > deadline:
             progress(f"  {done} of {rounds} rounds: past the time limit")
             break
-        for name in speeds:
-            speeds[name].append(_tokens_per_s([found[name](batch) for batch in batches]))
-    measured = {
-        name: _pooled(runs)
-        | {"tokens_per_s": statistics.median(speeds[name] or [_tokens_per_s(runs)]), "cudagraph_skips": skips[name]}
-        for name, runs in first.items()
-    }
+        timed.append(run_interleaved({name: found[name] for name in first}, prompts, batch_size, first=done))
+    measured: dict[str, dict[str, Any]] = {}
+    for name, record in first.items():
+        steps: Counter[int] = Counter()
+        for result in record.results:
+            steps.update(result.stats.gamma_steps)
+        measured[name] = rates(record.counts(None)) | {
+            "first_call_s": record.seconds,
+            "tokens_per_s": statistics.median(r[name].tokens / r[name].seconds for r in timed or [first]),
+            "gamma_steps": {str(g): n for g, n in sorted(steps.items())},  # JSON keys
+            "cudagraph_skips": skips[name],
+        }
     for name, row in measured.items():
         other = reference(name)
         if other not in first:  # not timed in this group: nothing to compare with
             row |= {"speedup": None, "exact_match": None, "agreement": None}
             continue
-        rows, expected = _rows(first[name]), _rows(first[other])
+        rows, expected = first[name].sequences, first[other].sequences
         row |= {
             "speedup": row["tokens_per_s"] / measured[other]["tokens_per_s"],
             "exact_match": exact_match(rows, expected),
             "agreement": agreement(rows, expected),
         }
     return measured
-
-
-def _rows(runs: Sequence[Run]) -> list[list[int]]:
-    return [row for rows, _, _ in runs for row in rows]
-
-
-def _tokens_per_s(runs: Sequence[Run]) -> float:
-    return sum(len(row) for row in _rows(runs)) / sum(seconds for _, seconds, _ in runs)
-
-
-def _pooled(runs: Sequence[Run]) -> dict[str, Any]:
-    """A method's first call over a group's batches: its seconds, and alpha, tau and steps per gamma pooled."""
-    stats = [s for _, _, s in runs if s is not None]
-    accepted, rejections = sum(s.accepted for s in stats), sum(s.rejections for s in stats)
-    row_calls = sum(s.generated_tokens / s.tau for s in stats if s.tau)
-    steps: Counter[int] = Counter()
-    for s in stats:
-        steps.update(s.gamma_steps)
-    return {
-        "first_call_s": sum(seconds for _, seconds, _ in runs),
-        "alpha": accepted / (accepted + rejections) if accepted + rejections else None,
-        "tau": sum(s.generated_tokens for s in stats) / row_calls if row_calls else None,
-        "gamma_steps": {str(g): n for g, n in sorted(steps.items())},  # JSON keys
-    }
 
 
 def cudagraph_skips() -> int:

@@ -14,6 +14,7 @@ from specdecode.core.config import (
     is_gamma,
     is_temperature,
     require,
+    require_int,
     require_ints,
 )
 from specdecode.core.tracking import Tracking
@@ -55,8 +56,7 @@ class BenchmarkConfig(Placement):
         require_ints(self, "max_new_tokens num_prompts cost_repeats")
         require_ints(self, "rounds", 0)
         for name in ("batch1_prompts", "batch_size"):
-            value = getattr(self, name)
-            require(1 <= value <= self.num_prompts, name, value, f"in [1, num_prompts={self.num_prompts}]")
+            require_int(name, getattr(self, name), 1, self.num_prompts, note=" (num_prompts)")
         require(is_temperature(self.temperature), "temperature", self.temperature, TEMPERATURE_RANGE)
 
 
@@ -115,14 +115,7 @@ class EvalConfig(Placement, Tracking):
         self._check_methods()
         require_ints(self, "prompts_per_domain max_new_tokens batched_rounds")
         require_ints(self, "token_pages", 0)
-        require(
-            self.batch1_prompts is None
-            or isinstance(self.batch1_prompts, int)
-            and 1 <= self.batch1_prompts <= self.prompts_per_domain,
-            "batch1_prompts",
-            self.batch1_prompts,
-            f"null or an int in [1, prompts_per_domain={self.prompts_per_domain}]",
-        )
+        require_int("batch1_prompts", self.batch1_prompts, 1, self.prompts_per_domain, True, " (prompts_per_domain)")
         require(
             self.gamma is None or self.gamma == AUTO or is_gamma(self.gamma),
             "gamma",
@@ -136,7 +129,7 @@ class EvalConfig(Placement, Tracking):
             require(is_temperature(t), "temperatures", t, TEMPERATURE_RANGE)
         require(bool(self.batch_sizes), "batch_sizes", self.batch_sizes, "a non-empty list of ints >= 1")
         for b in self.batch_sizes:
-            require(isinstance(b, int) and b >= 1, "batch_sizes", b, "ints >= 1")
+            require_int("batch_sizes", b, 1)
         if "oracle" in self.methods:
             require(
                 1 in self.batch_sizes,

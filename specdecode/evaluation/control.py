@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from specdecode.evaluation.report import fmt
+
 # The control's method name in the evaluation's rows, and its drafter's name in `EvalConfig.drafters`.
 CONTROL = "alldata"
 
@@ -49,7 +51,6 @@ def control_comparison(results: dict[str, Any]) -> dict[str, Any] | None:
 
 def control_section(comparison: dict[str, Any], drafter_path: str) -> list[str]:
     """report.md's lines on routing against the control, and which is the default, in plain words."""
-    fmt = lambda value, digits: "–" if value is None else f"{value:.{digits}f}"  # noqa: E731
     lines = [
         f"## Routing against the all-data drafter (`{CONTROL}`)",
         "",

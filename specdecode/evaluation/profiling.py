@@ -13,8 +13,10 @@ from pathlib import Path
 
 import torch
 
-# One decode call: (generated sequences, seconds, anything else).
-Run = Callable[[], tuple[list[list[int]], float, object]]
+from specdecode.decoding.stats import GenerationResult
+
+# One decode call.
+Run = Callable[[], GenerationResult]
 
 
 def profile_call(run: Run) -> str:
@@ -23,8 +25,8 @@ def profile_call(run: Run) -> str:
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as prof:
-        sequences, seconds, _ = run()
-    tokens = max(sum(len(row) for row in sequences), 1)
+        result = run()
+    tokens, seconds = max(result.stats.generated_tokens, 1), result.stats.wall_time_s
     events = prof.key_averages()
     kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     busy = sum(e.self_device_time_total for e in kernels) / 1e6
@@ -43,10 +45,10 @@ def host_profile(run: Run, top: int = 5) -> str:
     profiler = cProfile.Profile()
     profiler.enable()
     try:
-        sequences, seconds, _ = run()
+        result = run()
     finally:  # a failed call must not leave every later one profiled
         profiler.disable()
-    tokens = max(sum(len(row) for row in sequences), 1)
+    tokens, seconds = max(result.stats.generated_tokens, 1), result.stats.wall_time_s
     stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]  # pstats has no public table; {(file, line, function): (calls, _, own seconds, cumulative, _)}
     ranked = sorted(stats.items(), key=lambda item: item[1][2], reverse=True)[:top]
     named = "; ".join(
@@ -57,7 +59,7 @@ def host_profile(run: Run, top: int = 5) -> str:
 
 
 def profile_group(
-    methods: Mapping[str, Callable[[list[list[int]]], tuple[list[list[int]], float, object]]],
+    methods: Mapping[str, Callable[[list[list[int]]], GenerationResult]],
     batch: list[list[int]],
     progress: Callable[[str], None],
     deadline: float = math.inf,

@@ -68,6 +68,15 @@ class RunRecord:
         }
 
 
+def rates(counts: dict) -> dict[str, float | None]:
+    """alpha and tau of summed `counts` (as `DecodeStats` defines them); None where nothing was judged or called."""
+    judged = counts["accepted"] + counts["rejections"]
+    return {
+        "alpha": counts["accepted"] / judged if judged else None,
+        "tau": counts["tokens"] / counts["row_calls"] if counts["row_calls"] else None,
+    }
+
+
 def merge_counts(parts: list[dict]) -> dict:
     """Counts of one (domain, method, setting) from several concurrent processes: wall time is the slowest's."""
     merged = dict(parts[0])
@@ -103,14 +112,6 @@ def grouped_batches(generators: dict[str, Generate], choices: list[str], batch_s
     return sorted(batches, key=lambda batch: batch[1][0])
 
 
-def mixed_batches(route: Route, choices: list[str], batch_size: int) -> list[Batch]:
-    """Consecutive batches of `batch_size`, each decoded in one by `route`, every prompt with its own choice."""
-    return [
-        (partial(route, choices=[choices[i] for i in members]), members)
-        for _, members in consecutive_batches(route, len(choices), batch_size)
-    ]
-
-
 def run_interleaved(
     generators: dict[str, Generate],
     prompts: list[list[int]],
@@ -133,8 +134,11 @@ def run_interleaved(
         missing = sorted(set(choices) - set(pool or {}))
         if missing:
             raise ValueError(f"{name} chooses {missing}, which the pool of generators lacks")
-        if route is not None and batch_size > 1 and name not in grouped:
-            plans[name] = mixed_batches(route, choices, batch_size)
+        if route is not None and batch_size > 1 and name not in grouped:  # each batch decoded in one by `route`
+            plans[name] = [
+                (partial(route, choices=[choices[i] for i in members]), members)
+                for _, members in consecutive_batches(route, len(choices), batch_size)
+            ]
         else:
             plans[name] = grouped_batches(pool or {}, choices, batch_size)
     results: dict[str, list[GenerationResult]] = {name: [] for name in plans}
@@ -210,7 +214,6 @@ def finalize_rows(keyed_counts: dict[tuple, dict]) -> list[dict]:
         base = keyed_counts[(domain, "autoregressive", temperature, batch_size, 0)]
         tokens_per_s = c["tokens"] / c["seconds"] if c["seconds"] else 0.0
         base_tps = base["tokens"] / base["seconds"] if base["seconds"] else 0.0
-        judged = c["accepted"] + c["rejections"]
         rows.append(
             {
                 "domain": domain,
@@ -218,8 +221,7 @@ def finalize_rows(keyed_counts: dict[tuple, dict]) -> list[dict]:
                 "gamma": gamma if gamma is not None else c["gamma"],
                 "temperature": temperature,
                 "batch_size": batch_size,
-                "alpha": c["accepted"] / judged if judged else None,
-                "tau": c["tokens"] / c["row_calls"] if c["row_calls"] else None,
+                **rates(c),
                 "tokens_per_s": tokens_per_s,
                 "speedup": tokens_per_s / base_tps if base_tps else None,
                 "exact_match": c["matches"] / c["prompts"] if c["matches"] is not None else None,

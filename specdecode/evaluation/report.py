@@ -78,11 +78,6 @@ def merge_results(paths: Iterable[Path]) -> dict:
 _LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
 
-def markdown_links(text: str) -> list[str]:
-    """The targets of the markdown links and images in `text`, in order."""
-    return _LINK.findall(text)
-
-
 def rebase_links(text: str, source_dir: Path, dest_dir: Path) -> str:
     """`text`, a report written in `source_dir`, with its relative link targets rewritten to resolve from `dest_dir`."""
 

@@ -294,24 +294,7 @@ def _eval_domain(
             rounds = cfg.batched_rounds if batch_size > 1 else 1
             records = _run_turns(generators, methods, rows, batch_size, chosen, routing_s, route, rounds)
             if "oracle" in cfg.methods and models.candidates and oracle_choices is None:
-                # Batch 1 (EvalConfig requires it): the oracle picks from every candidate's batch-1 run.
-                pool = {
-                    n: records[n] if n in records else run_batched(generators[n], rows, 1) for n in models.candidates
-                }
-                if models.pass_costs is None and rows:
-                    # Once, after the longest prompt: a machine property.
-                    models.pass_costs = measure_pass_costs(
-                        models.target,
-                        {n: models.drafters[n] for n in models.candidates},
-                        {n: _fixed_gamma(cfg, models.drafters[n]) for n in models.candidates},
-                        max(rows, key=len),
-                    )
-                oracle_choices = pick_per_prompt(pool, models.pass_costs)
-                records["oracle"] = composed(pool, oracle_choices)
-                if routes is not None:
-                    # Every batch-1 run counts: a router may route to `undistilled`, no oracle candidate.
-                    runs = pool | {n: r for n, r in records.items() if n in generators}
-                    records[ROUTED_CHOICES] = composed(runs, routes, (routing_s or 0.0) * len(rows))
+                oracle_choices = _with_oracle(cfg, models, generators, records, rows, routes, routing_s)
             reference = records["autoregressive"].sequences if temperature == 0.0 else None
             if batch_size == sweep_batch:
                 sweep_reference = reference
@@ -327,6 +310,34 @@ def _eval_domain(
                 cfg, models, domain, decode, sweep_ids, sweep_batch, sweep_reference, sweep_routes, routing_s, progress
             )
     return local, routing_s
+
+
+def _with_oracle(
+    cfg: EvalConfig,
+    models: _Models,
+    generators: dict[str, Generate],
+    records: dict[str, RunRecord],
+    rows: list[list[int]],
+    routes: list[str] | None,
+    routing_s: float | None,
+) -> list[str]:
+    """At batch 1 (EvalConfig requires it): `records` gains the oracle's row, picked per prompt from every
+    candidate's batch-1 run, and with `routes` the router's choices scored on those runs; the oracle's choices."""
+    pool = {n: records[n] if n in records else run_batched(generators[n], rows, 1) for n in models.candidates}
+    if models.pass_costs is None:  # once, after the longest prompt: a machine property
+        models.pass_costs = measure_pass_costs(
+            models.target,
+            {n: models.drafters[n] for n in models.candidates},
+            {n: _fixed_gamma(cfg, models.drafters[n]) for n in models.candidates},
+            max(rows, key=len),
+        )
+    choices = pick_per_prompt(pool, models.pass_costs)
+    records["oracle"] = composed(pool, choices)
+    if routes is not None:
+        # Every batch-1 run counts: a router may route to `undistilled`, no oracle candidate.
+        runs = pool | {n: r for n, r in records.items() if n in generators}
+        records[ROUTED_CHOICES] = composed(runs, routes, (routing_s or 0.0) * len(rows))
+    return choices
 
 
 def _sweep(

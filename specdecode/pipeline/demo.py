@@ -31,6 +31,7 @@ from specdecode.pipeline.stages import Stage, code_fingerprint, run_stages
 from specdecode.routing.config import CollectConfig, FitRouterConfig
 from specdecode.training.config import TrainConfig, TrainJobConfig
 from specdecode.training.sequences import domain_limit, domain_parts, mix_limit, pool_size
+from specdecode.watch.watcher import demo_drafter_dir
 
 
 def _launched(app: str, accelerate: str, device: str) -> Callable[[dict, Path], None]:
@@ -98,7 +99,7 @@ def _drafter_stages(
     stages: list[Stage] = []
     mix: dict[str, Any] = {}
     from_generic = cfg.specialists_from == "generic"
-    generic_dir = str(Path(cfg.output_dir) / "distill-mix" / "drafter")
+    generic_dir = str(demo_drafter_dir(Path(cfg.output_dir), "generic"))
     for name in ("mix", *cfg.domains) if from_generic else (*cfg.domains, "mix"):
         mix_domains = [f"data.domains=[{','.join(cfg.domains)}]"] if name == "mix" else []
         config = composed(
@@ -150,9 +151,7 @@ def demo_stages(cfg: DemoConfig) -> list[Stage]:
     trained = _drafter_stages(cfg, composed, distill, control)
     stages += trained
     # the router and the evaluation list the drafters in one order; the evaluation also has the control
-    drafter_dirs = {
-        d: str(root / f"distill-{'mix' if d == 'generic' else d}" / "drafter") for d in (*cfg.domains, "generic")
-    }
+    drafter_dirs = {d: str(demo_drafter_dir(root, d)) for d in (*cfg.domains, "generic")}
     evaluated = drafter_dirs | ({"alldata": str(root / "distill-alldata" / "drafter")} if control else {})
     distills = [s.name for s in trained if s.name != "distill-alldata"]
 

@@ -15,6 +15,7 @@ from specdecode.core.config import (
     is_number,
     is_temperature,
     require,
+    require_finite,
     require_ints,
 )
 from specdecode.data.domains import DOMAINS
@@ -131,12 +132,8 @@ class CollectConfig(Placement):
             )
             require(all(is_number(c) and c > 0 for c in ratios.values()), "cost_ratios", ratios, "every ratio > 0")
             self.cost_ratios = {k: float(v) for k, v in ratios.items()}
-        require(
-            self.verify_ratio is None or (is_number(self.verify_ratio) and self.verify_ratio > 0),
-            "verify_ratio",
-            self.verify_ratio,
-            "null (measured) or > 0",
-        )
+        if self.verify_ratio is not None:
+            require_finite("verify_ratio", self.verify_ratio, 0, strict=True, note=" (null: measured)")
         require(bool(self.output) and str(self.output).endswith(".jsonl"), "output", self.output, "a .jsonl path")
 
 
@@ -214,5 +211,5 @@ class FitRouterConfig(Placement):
         )
         require(bool(self.output_dir), "output_dir", self.output_dir, "must name a folder")
         require_ints(self, "epochs latency_repeats")
-        require(is_number(self.lr) and self.lr > 0, "lr", self.lr, "> 0")
-        require(is_number(self.weight_decay) and self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
+        require_finite("lr", self.lr, 0, strict=True)
+        require_finite("weight_decay", self.weight_decay, 0)

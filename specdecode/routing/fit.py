@@ -61,37 +61,11 @@ def fit_router(
     table = torch.stack([labels[torch.tensor([d == name for d in label_domains])].float().mean(0) for name in names])
     features = features.float()
     feature_mean, feature_std = features.mean(0), feature_scale(features.std(0, unbiased=False))
-    mlp = _train_classifier(
-        (features - feature_mean) / feature_std,
-        torch.tensor([names.index(d) for d in domains]),
-        len(names),
-        hidden=hidden,
-        dropout=dropout,
-        epochs=epochs,
-        lr=lr,
-        weight_decay=weight_decay,
-        seed=seed,
-    )
-    return Router(mlp, embedder, list(drafters), names, feature_mean, feature_std, table, embedder_spec)
-
-
-def _train_classifier(
-    x: torch.Tensor,
-    classes: torch.Tensor,
-    num_classes: int,
-    *,
-    hidden: int,
-    dropout: float,
-    epochs: int,
-    lr: float,
-    weight_decay: float,
-    seed: int,
-) -> RouterMLP:
-    """An MLP from standardised `x` `[M, F]` to `[M]` `classes`: `epochs` full-batch AdamW steps, a
-    function of `seed` alone (the caller's generator is left as it was)."""
+    x, classes = (features - feature_mean) / feature_std, torch.tensor([names.index(d) for d in domains])
+    # `epochs` full-batch AdamW steps, a function of `seed` alone (the caller's generator is left as it was)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        mlp = RouterMLP(x.shape[1], num_classes, hidden, dropout)
+        mlp = RouterMLP(x.shape[1], len(names), hidden, dropout)
         optimizer = torch.optim.AdamW(mlp.parameters(), lr=lr, weight_decay=weight_decay)
         mlp.train()
         for _ in range(epochs):
@@ -99,7 +73,7 @@ def _train_classifier(
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-    return mlp.eval()
+    return Router(mlp.eval(), embedder, list(drafters), names, feature_mean, feature_std, table, embedder_spec)
 
 
 def _domain_prompts(
@@ -208,12 +182,8 @@ def run_fit(cfg: FitRouterConfig, *, progress: bool = True) -> dict[str, Any]:
         "train_domain_accuracy": sum(n == d for n, d in zip(named, tagged.values())) / len(tagged),
         "novelty": novelty,
     }
-    report["labels"] = {
-        "path": str(cfg.labels),
-        "gammas": meta["gammas"],
-        "cost_ratios": meta["cost_ratios"],
-        "verify_ratios": meta["verify_ratios"],
-        "temperature": meta["temperature"],
+    report["labels"] = {"path": str(cfg.labels)} | {
+        key: meta[key] for key in ("gammas", "cost_ratios", "verify_ratios", "temperature")
     }
     report["config"] = asdict(cfg)
     bar.update(1)

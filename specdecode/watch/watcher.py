@@ -139,17 +139,18 @@ class Watcher:
             self.decode(ids, name, max_new_tokens=8)
 
 
+def demo_drafter_dir(root: Path, name: str) -> Path:
+    """Where the demo under `root` writes drafter `name` (`generic`: the mix's job)."""
+    return root / f"distill-{'mix' if name == 'generic' else name}" / "drafter"
+
+
 def drafter_folders(cfg: WatchConfig, router: Router | None) -> dict[str, str]:
     """The drafter folders by name: `cfg.drafters`, or a demo's for the drafters its router routes to."""
     if cfg.demo_dir is None:
         return dict(cfg.drafters)
     assert router is not None
     root = Path(cfg.demo_dir)
-    folders = {
-        name: str(root / f"distill-{'mix' if name == 'generic' else name}" / "drafter")
-        for name in router.drafters
-        if name != NO_DRAFTER
-    }
+    folders = {name: str(demo_drafter_dir(root, name)) for name in router.drafters if name != NO_DRAFTER}
     for name, path in folders.items():
         require(Path(path).is_dir(), f"the drafter {name!r} of demo_dir", path, "does not exist")
     return folders
