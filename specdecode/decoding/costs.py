@@ -260,32 +260,32 @@ def measure_step_table(
     sizes = tuple(sorted(set(batch_sizes)))
     if not sizes or any(not is_int(b) or b < 1 for b in sizes):
         raise ValueError(f"batch_sizes must be one or more ints >= 1, got {list(batch_sizes)!r}")
-    with folded_gqa(target, drafter):
-        pieces = _table_pieces(target, drafter, params, sizes, range(1, max_gamma + 1), context_tokens)
-        times = time_rounds(pieces, repeats, target.device)
+    times = _table_times(target, drafter, params, sizes, range(1, max_gamma + 1), context_tokens, repeats)
     seconds = tuple(tuple(_step_s(times, b, g) for g in range(max_gamma + 1)) for b in sizes)
     drafts = tuple(tuple(times[b, "draft", g] if g else 0.0 for g in range(max_gamma + 1)) for b in sizes)
     return StepTable(sizes, seconds, context_tokens, drafts)
 
 
-def _table_pieces(
+def _table_times(
     target: PreTrainedModel,
     drafter: PreTrainedModel | FeatureDrafter,
     params: SamplingParams,
     batch_sizes: Sequence[int],
     gammas: Sequence[int],
     context_tokens: int,
-) -> dict[tuple[int, str, int], Piece]:
-    """(b, name, g) → `step_pieces`' (name, g) at each batch size b, on seeded random rows of
-    `context_tokens` committed tokens."""
+    repeats: int,
+) -> dict[tuple[int, str, int], float]:
+    """(b, name, g) → the median seconds of `step_pieces`' (name, g) at each batch size b, on seeded
+    random rows of `context_tokens` committed tokens."""
     device, capacity = target.device, context_tokens + max(gammas) + 2
     generator = torch.Generator(device=device).manual_seed(0)
     ids = torch.randint(0, target.config.vocab_size, (1, capacity), generator=generator, device=device)
     pieces: dict[tuple[int, str, int], Piece] = {}
-    for b in batch_sizes:
-        built = step_pieces(target, drafter, ids.expand(b, -1).contiguous(), context_tokens, gammas, params)
-        pieces |= {(b, name, g): piece for (name, g), piece in built.items()}
-    return pieces
+    with folded_gqa(target, drafter):
+        for b in batch_sizes:
+            built = step_pieces(target, drafter, ids.expand(b, -1).contiguous(), context_tokens, gammas, params)
+            pieces |= {(b, name, g): piece for (name, g), piece in built.items()}
+        return time_rounds(pieces, repeats, device)
 
 
 def _step_s(times: Mapping[tuple[int, str, int], float], b: int, g: int) -> float:
@@ -350,7 +350,5 @@ def spot_check(
     """Seconds of a target step and of a step of the table's widest gamma, at its smallest batch
     size and context, timed now as the table was."""
     batch, widest = table.batch_sizes[0], table.max_gamma
-    with folded_gqa(target, drafter):
-        pieces = _table_pieces(target, drafter, params, [batch], [widest], table.context_tokens)
-        times = time_rounds(pieces, repeats, target.device)
+    times = _table_times(target, drafter, params, [batch], [widest], table.context_tokens, repeats)
     return _step_s(times, batch, 0), _step_s(times, batch, widest)

@@ -1,18 +1,12 @@
-"""How each kind of drafter proposes gamma tokens inside the speculative loop of every decoder.
+"""How each kind of drafter proposes gamma tokens inside every decoder's speculative loop. Each
+strategy implements `Drafting` (as transformers' `CandidateGenerator`s do) on the KV cache its
+decoder gives it, applying prompt lookup to its drafts as they are drawn (`lookup.py`).
 
-Every strategy implements `Drafting` (as transformers' candidate generators implement
-`CandidateGenerator`): `prefill` once, then per step `propose` and `observe`, and `select_rows` when
-rows leave. It drives its drafter on the KV cache its decoder gives it (ragged or static), applies
-prompt lookup to its drafts as they are drawn (`lookup.py`), and knows nothing else of the decoder.
-
-* `SliceDrafting`: a plain causal LM whose cache holds all committed tokens but the last two; each
-  step re-feeds those two (one extra token costs almost nothing and spares a code path for steps
-  where every draft was accepted).
-* `FeatureDrafting`: a `FeatureDrafter` reading the target's hidden states, which the verify pass
-  computes anyway, kept per row in a `[B, S_cap, n·H]` buffer. Each step starts with one window of
-  fixed width over the positions whose true features are new (padding past a row's length is never
-  visible to its real queries), which yields the first draft; drafts 2..gamma feed back the
-  predicted feature.
+* `SliceDrafting`: a plain causal LM whose cache holds all committed tokens but the last two, which
+  each step re-feeds (one extra token costs almost nothing and spares a path for all-accepted steps).
+* `FeatureDrafting`: a `FeatureDrafter` reading the target's hidden states from the verify pass,
+  kept per row `[B, S_cap, n·H]`. Each step reads one fixed-width window over the positions whose
+  true features are new, which yields the first draft; drafts 2..gamma feed back the predicted feature.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel
 
-from specdecode.decoding.cache import KVCache, cached_forward_features, padded_prompts
+from specdecode.decoding.cache import KVCache, cached_forward_features
 from specdecode.decoding.static_buffers import Zeros, fresh_zeros
 
 
@@ -29,11 +29,13 @@ class RowState:
         device: torch.device,
         zeros: Zeros = fresh_zeros,
     ) -> None:
-        tokens, lengths, limits = padded_prompts(prompts, budgets, capacity)
+        tokens = torch.zeros(len(prompts), capacity, dtype=torch.long)  # on the CPU: one copy to the device
+        for i, prompt in enumerate(prompts):
+            tokens[i, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
         self.tokens = zeros("rows.tokens", tuple(tokens.shape), torch.long, device).copy_(tokens)
-        self.lengths = lengths.to(device)
-        self.limits = limits.to(device)
         self.prompt_lengths = [len(p) for p in prompts]
+        self.lengths = torch.tensor(self.prompt_lengths, dtype=torch.long, device=device)
+        self.limits = self.lengths + torch.tensor(list(budgets), dtype=torch.long, device=device)
         self.eos = torch.tensor(sorted(set(eos)), dtype=torch.long, device=device)
 
     @property
