@@ -81,10 +81,9 @@ class Drafting(ABC):
         drafts `[B, gamma]` and their distributions `[B, gamma, V]` (None when greedy)."""
         drafts = _Drafts(tokens, lengths, self.lookup, self.looked_up, params, generator, self.draft_head)
         self._draft(drafts, max_length, gamma)
-        result = drafts.result()
-        self.last_looked_up = drafts.used_mask
+        draft, q, self.last_looked_up = drafts.result()
         self.behind, self.last_gamma = 0, gamma
-        return result
+        return draft, q
 
     def skip(self, tokens: torch.Tensor, lengths: torch.Tensor, max_length: int) -> None:
         """The loop took a target-only step: every row committed one token the drafter has not read;
@@ -253,8 +252,6 @@ class _Drafts:
         self.drafts: list[torch.Tensor] = []
         self.q: list[torch.Tensor] = []
         self.used: list[torch.Tensor] = []
-        # which drafts lookup filled, `[B, gamma]` bool, once `result` ran (None without lookup)
-        self.used_mask: torch.Tensor | None = None
 
     def draw(self, logits: torch.Tensor) -> torch.Tensor:
         """Draw the next draft `[B]` from the drafter's `logits` `[B, K]` (greedy: the argmax, no q),
@@ -273,20 +270,19 @@ class _Drafts:
         self.drafts.append(draft)
         return draft
 
-    def result(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Drafts `[B, gamma]` and their distributions `[B, gamma, V]` (None when greedy); counts
-        the looked-up ones."""
+    def result(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Drafts `[B, gamma]`, their distributions `[B, gamma, V]` (None when greedy) and which ones
+        lookup filled `[B, gamma]` bool (None without lookup); counts the looked-up ones."""
         drafts = torch.stack(self.drafts, dim=1)
         used = torch.stack(self.used, dim=1) if self.used else None
-        self.used_mask = used
         if used is not None:
             self.looked_up += used.sum()
         if not self.q:
-            return drafts, None
+            return drafts, None, used
         q = torch.stack(self.q, dim=1)
         if self.head is not None:
             q = self.head.spread(q)
-        return drafts, q if used is None else override_q(q, drafts, used)
+        return drafts, q if used is None else override_q(q, drafts, used), used
 
 
 def drafting_for(
