@@ -27,26 +27,20 @@ TEMPERATURE_RANGE = f"a finite number >= {MIN_TEMPERATURE:g}, or 0 (greedy)"
 
 def from_dict(cls: type[T], data: dict[str, Any] | DictConfig, where: str = "") -> T:
     """Build dataclass `cls` from a (Hydra-composed) dict, the dataclass as OmegaConf's schema: values are
-    converted to the field's type, and an unknown key or a wrong type raises ValueError
-    `<where><dotted key>: <what is wrong>` (for an unknown key, with the known fields)."""
+    converted to the field's type, and an unknown key or a wrong type raises a one-line ValueError
+    `<where><dotted key>: <what is wrong>` (`gama: Key 'gama' not in 'BenchmarkConfig'; known: [...]`)."""
     try:
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), data))  # type: ignore[return-value]  # to_object of a structured cls builds a cls
     except OmegaConfBaseException as error:
-        raise config_error(error, where) from None
-
-
-def config_error(error: OmegaConfBaseException, where: str = "") -> ValueError:
-    """OmegaConf's composition/validation error as one line naming the dotted key: `gama: Key
-    'gama' not in 'BenchmarkConfig'; known: [...]`."""
-    message = str(getattr(error, "msg", None) or error).splitlines()[0]
-    key = f"{where}{error.full_key}" if getattr(error, "full_key", None) else where.rstrip(".") or "config"
-    owner = getattr(error, "object_type", None)
-    known = (
-        f"; known: {sorted(f.name for f in fields(owner))}"
-        if isinstance(error, ConfigKeyError) and dataclasses.is_dataclass(owner)
-        else ""
-    )
-    return ValueError(f"{key}: {message}{known}")
+        message = str(getattr(error, "msg", None) or error).splitlines()[0]
+        key = f"{where}{error.full_key}" if getattr(error, "full_key", None) else where.rstrip(".") or "config"
+        owner = getattr(error, "object_type", None)
+        known = (
+            f"; known: {sorted(f.name for f in fields(owner))}"
+            if isinstance(error, ConfigKeyError) and dataclasses.is_dataclass(owner)
+            else ""
+        )
+        raise ValueError(f"{key}: {message}{known}") from None
 
 
 def config_differences(

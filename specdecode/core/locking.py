@@ -141,10 +141,8 @@ def acquire(folder: Path) -> Path:
 
 def release(lock: Path) -> None:
     """Remove the lock file if it is still this process's."""
-    with contextlib.suppress(FileNotFoundError):
-        owner = _owner(lock.read_text())
-        if owner == (socket.gethostname(), os.getpid()):
-            lock.unlink()
+    if _owner(_read(lock) or "") == (socket.gethostname(), os.getpid()):
+        lock.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

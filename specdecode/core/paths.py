@@ -6,12 +6,5 @@ from __future__ import annotations
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parents[1]
-
-
-def _conf_dir() -> Path:
-    shipped = _PACKAGE / "conf"
-    return shipped if shipped.is_dir() else _PACKAGE.parent / "conf"
-
-
-CONF_DIR = _conf_dir()
+CONF_DIR = _PACKAGE / "conf" if (_PACKAGE / "conf").is_dir() else _PACKAGE.parent / "conf"
 """The folder holding the apps' Hydra configs (demo.yaml, distill.yaml, data/, ...)."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specdecode.core.config import require
+from specdecode.core.config import require_choice
 
 LOGGERS = ("jsonl", "wandb")
 WANDB_MODES = ("offline", "online", "disabled")
@@ -23,8 +23,8 @@ class Tracking:
     wandb_mode: str = "offline"
 
     def check_tracking(self) -> None:
-        require(self.logger in LOGGERS, "logger", self.logger, "|".join(LOGGERS))
-        require(self.wandb_mode in WANDB_MODES, "wandb_mode", self.wandb_mode, "|".join(WANDB_MODES))
+        require_choice("logger", self.logger, LOGGERS)
+        require_choice("wandb_mode", self.wandb_mode, WANDB_MODES)
 
     @property
     def log_with(self) -> str | None:

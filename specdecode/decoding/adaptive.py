@@ -1,23 +1,19 @@
 """Gamma chosen while decoding (`gamma="auto"`): each step, the eager loop drafts the gamma (0: a
-target step) of the most tokens per second for the batch as it is now, from the measured step
-costs (`costs.StepTable`) and each row's running acceptance, tracked as decayed counts of accepted
+target step) of the most expected tokens per second for the batch as it is now, from the measured
+step costs (`costs.StepTable`) and each row's acceptance, tracked as decayed counts of accepted
 drafts A and rejections R around a prior alpha_0:
 
     alpha_b = (A_b + w * alpha_0) / (A_b + R_b + w).
 
-The counts decay by `decay` each drafting step (the estimate follows the text) and by `idle_decay`
-on target steps (it drifts back to the prior, so drafting is tried again). A row expects
-min((1 - alpha^(g+1)) / (1 - alpha), its budget left) tokens at gamma g. Exactness does not depend
-on the choice, made from what happened before the step (Leviathan et al. 2023, Thm 3.5). The
-per-gamma sums ride on the loop's one host sync per step.
+The counts decay by `decay` each drafting step and by `idle_decay` on target steps (drifting back
+to the prior, so drafting is tried again). A row expects min((1 - alpha^(g+1)) / (1 - alpha), its
+budget left) tokens at gamma g. The choice uses only what happened before the step, so decoding
+stays exact (Leviathan et al. 2023, Thm 3.5); its sums ride on the loop's one host sync per step.
 
-The table is timed on pieces of a step; the loop's steps also pay what the table leaves out (prompt
-lookup, a feature drafter's catch-up, the bookkeeping and the sync) and follow the machine's load.
-So the loop times each step between its syncs (host clock only) and scales the table by a running
-ratio of measured to predicted seconds, one for target steps and one for drafting steps. Only their
-ratio moves the choice (a machine slower than its table favours neither kind), once both kinds were
-timed (`calibrate`; on for `gamma="auto"`, whose table is this machine's). With it, the gammas a seeded sampled decode
-takes, and so its tokens, can differ between runs; each run samples the target exactly.
+With `calibrate`, the loop times each step between its syncs and scales the table by running
+ratios of measured to predicted seconds, one for target steps and one for drafting steps (the
+table leaves out lookup, catch-up, bookkeeping and load); only their ratio moves the choice. A
+seeded sampled decode's gammas, and so its tokens, can then differ between runs.
 """
 
 from __future__ import annotations

@@ -189,14 +189,3 @@ def cached_call(cache: KVCache, num_new: int, dtype: torch.dtype, run: Callable[
     out = run(attention_mask=mask, position_ids=position_ids, past_key_values=cache)
     cache.advance(num_new)
     return out
-
-
-def padded_prompts(
-    prompts: Sequence[Sequence[int]], budgets: Sequence[int], capacity: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """On the CPU: `tokens` [B, capacity] (prompts left-aligned), `lengths` [B] and `limits` [B] (length + budget)."""
-    tokens = torch.zeros(len(prompts), capacity, dtype=torch.long)
-    for i, prompt in enumerate(prompts):
-        tokens[i, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
-    lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
-    return tokens, lengths, lengths + torch.tensor(list(budgets), dtype=torch.long)

@@ -1,17 +1,11 @@
-"""How long the pieces of a decode step take on this machine (the one timer), and the step table the
-adaptive gamma (`adaptive.py`) weighs against each row's running acceptance.
+"""How long the pieces of a decode step take (the one timer), and the step table the adaptive gamma
+(`adaptive.py`) weighs against each row's running acceptance.
 
-`step_pieces` builds a step's pieces as the loops run them, on any core's caches, each put back to
-its state before it runs: the target's step, a verify of g drafts (`verify_drafts`) and the
-drafter's g drafts (`Drafting.propose`). `time_rounds` times pieces taking turns within each round,
-so a machine whose speed drifts biases all alike. Every step cost is timed this way: the step
-table here, the speedup model's and the benchmarks' (`timing.py`).
-
-The step table: a step of g drafts (g = 0: a target step) at each batch size. On a CPU a verify
-grows with the batch's tokens, so the best gamma falls with the batch size: measured, not assumed.
-It is kept in `$SPECDECODE_CACHE` by machine, torch, models, sampling mode and what was timed, and
-spot-checked once per process: where a target step or the widest step is now off by more than
-`STALE_FACTOR` (same CPU name, other speed or load), it is measured again.
+`step_pieces` builds a step's pieces (target step, verify, drafts) on any core's caches, each put
+back to its state before it runs; `time_rounds` times them taking turns within each round, so a
+drifting machine biases all alike. The step table (a step of g drafts at each batch size: on a CPU
+the best gamma falls with the batch) is kept in `$SPECDECODE_CACHE` by machine, torch, models and
+sampling mode, and spot-checked once per process: off by more than `STALE_FACTOR`, it is measured again.
 """
 
 from __future__ import annotations
@@ -23,7 +17,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 import torch
@@ -238,12 +232,7 @@ class StepTable:
         return all(max(a / b, b / a) <= factor for a, b in zip(now, kept))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "batch_sizes": list(self.batch_sizes),
-            "seconds": [list(row) for row in self.seconds],
-            "context_tokens": self.context_tokens,
-            "drafts": [list(row) for row in self.drafts],
-        }
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepTable:
@@ -271,47 +260,37 @@ def measure_step_table(
     sizes = tuple(sorted(set(batch_sizes)))
     if not sizes or any(not is_int(b) or b < 1 for b in sizes):
         raise ValueError(f"batch_sizes must be one or more ints >= 1, got {list(batch_sizes)!r}")
-    with folded_gqa(target, drafter):
-        pieces = _table_pieces(target, drafter, params, sizes, range(1, max_gamma + 1), context_tokens)
-        times = time_rounds(pieces, repeats, target.device)
+    times = _table_times(target, drafter, params, sizes, range(1, max_gamma + 1), context_tokens, repeats)
     seconds = tuple(tuple(_step_s(times, b, g) for g in range(max_gamma + 1)) for b in sizes)
     drafts = tuple(tuple(times[b, "draft", g] if g else 0.0 for g in range(max_gamma + 1)) for b in sizes)
     return StepTable(sizes, seconds, context_tokens, drafts)
 
 
-def _table_pieces(
+def _table_times(
     target: PreTrainedModel,
     drafter: PreTrainedModel | FeatureDrafter,
     params: SamplingParams,
     batch_sizes: Sequence[int],
     gammas: Sequence[int],
     context_tokens: int,
-) -> dict[tuple[int, str, int], Piece]:
-    """(b, name, g) → `step_pieces`' (name, g) at each batch size b, on seeded random rows of
-    `context_tokens` committed tokens."""
+    repeats: int,
+) -> dict[tuple[int, str, int], float]:
+    """(b, name, g) → the median seconds of `step_pieces`' (name, g) at each batch size b, on seeded
+    random rows of `context_tokens` committed tokens."""
     device, capacity = target.device, context_tokens + max(gammas) + 2
     generator = torch.Generator(device=device).manual_seed(0)
     ids = torch.randint(0, target.config.vocab_size, (1, capacity), generator=generator, device=device)
     pieces: dict[tuple[int, str, int], Piece] = {}
-    for b in batch_sizes:
-        built = step_pieces(target, drafter, ids.expand(b, -1).contiguous(), context_tokens, gammas, params)
-        pieces |= {(b, name, g): piece for (name, g), piece in built.items()}
-    return pieces
+    with folded_gqa(target, drafter):
+        for b in batch_sizes:
+            built = step_pieces(target, drafter, ids.expand(b, -1).contiguous(), context_tokens, gammas, params)
+            pieces |= {(b, name, g): piece for (name, g), piece in built.items()}
+        return time_rounds(pieces, repeats, device)
 
 
 def _step_s(times: Mapping[tuple[int, str, int], float], b: int, g: int) -> float:
     """Seconds of a step of g drafts at batch b: the target's step for g = 0, else drafts + verify."""
     return times[b, "step", 0] if g == 0 else times[b, "draft", g] + times[b, "verify", g]
-
-
-def cost_key(
-    target: PreTrainedModel, drafter: PreTrainedModel | FeatureDrafter, params: SamplingParams, **timed: Any
-) -> dict[str, Any]:
-    """What a step table depends on: the machine, torch, both models, the sampling mode, what was timed."""
-    sampling = "greedy" if params.greedy else f"sampled by the CDF, top_k={params.top_k > 0} top_p={params.top_p < 1.0}"
-    return kernel_key(target, "step_costs", device=str(target.device), sampling=sampling, **timed) | {
-        "drafter": kernel_key(drafter, "drafter")
-    }
 
 
 def step_table(
@@ -326,16 +305,12 @@ def step_table(
     docstring); `remeasure` times it again."""
     sizes = tuple(measure.get("batch_sizes", COST_BATCH_SIZES))
     context = measure.get("context_tokens", COST_CONTEXT_TOKENS)
-    # `step`: a step's seconds are its drafts' and its verify's, timed apart (`_step_s`)
-    key = cost_key(
-        target,
-        drafter,
-        params,
-        batch_sizes=list(sizes),
-        max_gamma=max_gamma,
-        context_tokens=context,
-        step="draft+verify, drafts kept",
-    )
+    sampling = "greedy" if params.greedy else f"sampled by the CDF, top_k={params.top_k > 0} top_p={params.top_p < 1.0}"
+    # what a table depends on: the machine, torch, both models, the sampling mode, what was timed
+    # (`step`: a step's seconds are its drafts' and its verify's, timed apart, `_step_s`)
+    timed = dict(batch_sizes=list(sizes), max_gamma=max_gamma, context_tokens=context, step="draft+verify, drafts kept")
+    key = kernel_key(target, "step_costs", device=str(target.device), sampling=sampling, **timed)
+    key["drafter"] = kernel_key(drafter, "drafter")
     checked = f"{kernel_cache_dir()} {json.dumps(key, sort_keys=True)}"
     if not remeasure and checked in _CHECKED:
         return _CHECKED[checked]
@@ -375,7 +350,5 @@ def spot_check(
     """Seconds of a target step and of a step of the table's widest gamma, at its smallest batch
     size and context, timed now as the table was."""
     batch, widest = table.batch_sizes[0], table.max_gamma
-    with folded_gqa(target, drafter):
-        pieces = _table_pieces(target, drafter, params, [batch], [widest], table.context_tokens)
-        times = time_rounds(pieces, repeats, target.device)
+    times = _table_times(target, drafter, params, [batch], [widest], table.context_tokens, repeats)
     return _step_s(times, batch, 0), _step_s(times, batch, widest)

@@ -22,7 +22,7 @@ from specdecode.decoding.costs import COST_MAX_GAMMA, step_table
 from specdecode.decoding.decoder import Decoder, Request
 from specdecode.decoding.eager import EagerDecoder
 from specdecode.decoding.lookup import DEFAULT_LOOKUP, PromptLookup
-from specdecode.decoding.mixed import RowDrafters, check_rows, row_drafters
+from specdecode.decoding.mixed import RowDrafters, row_drafters
 from specdecode.decoding.record import StepEvent
 from specdecode.decoding.sampling import SamplingParams
 from specdecode.decoding.static import CompiledDecoder, StaticDecoder
@@ -189,7 +189,8 @@ def speculative_generate(
     decoder.check_room(request)
     models = drafting.models if isinstance(drafting, RowDrafters) else (drafting,)
     if isinstance(drafting, RowDrafters):
-        check_rows(drafting, len(request.prompts))
+        if len(drafting.owners) != len(request.prompts):
+            raise ValueError(f"assign has {len(drafting.owners)} drafter names for {len(request.prompts)} prompts")
         if not isinstance(decoder, EagerDecoder):
             raise ValueError("several drafters in one batch (assign=) need the eager decoder: static=False")
     if max(request.budgets) == 0:
@@ -197,11 +198,14 @@ def speculative_generate(
     if fixed is None and models:
         adaptive = adaptive or adaptive_gamma(target, drafting, options.params)
         if isinstance(decoder, EagerDecoder):
-            priors = _row_priors(drafting, options.temperature)
+            priors, groups = None, None
+            if isinstance(drafting, RowDrafters):  # each row starts at its drafter's alpha (0: it drafts nothing)
+                priors = tuple(
+                    0.0 if k is None else drafter_alpha(models[k], options.temperature) for k in drafting.owners
+                )
+                groups = [drafting.owners.count(k) for k in range(len(models))]
             # where no draft pays at the rows' stated acceptance, the target decodes alone
             starts = priors or (adaptive.prior_alpha,) * len(request.prompts)
-            owners = drafting.owners if isinstance(drafting, RowDrafters) else None
-            groups = None if owners is None else [owners.count(k) for k in range(len(models))]
             opening = adaptive.opening_gamma(starts, [max(b - 1, 0) for b in request.budgets], groups)
             request = dataclasses.replace(
                 request, gamma=adaptive.widest if opening else 0, adaptive=adaptive, priors=priors
@@ -216,16 +220,6 @@ def speculative_generate(
         else:
             result = decoder.speculative(target, drafting, request)
     return drafting.named(result) if isinstance(drafting, RowDrafters) else result
-
-
-def _row_priors(
-    drafter: PreTrainedModel | FeatureDrafter | RowDrafters, temperature: float
-) -> tuple[float, ...] | None:
-    """Each row's prior acceptance at `temperature` in a mixed batch (0 for a row that drafts nothing);
-    None for one drafter."""
-    if not isinstance(drafter, RowDrafters):
-        return None
-    return tuple(0.0 if k is None else drafter_alpha(drafter.models[k], temperature) for k in drafter.owners)
 
 
 def _adaptive(gamma: object) -> AdaptiveGamma | None:

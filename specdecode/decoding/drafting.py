@@ -1,18 +1,12 @@
-"""How each kind of drafter proposes gamma tokens inside the speculative loop of every decoder.
+"""How each kind of drafter proposes gamma tokens inside every decoder's speculative loop. Each
+strategy implements `Drafting` (as transformers' `CandidateGenerator`s do) on the KV cache its
+decoder gives it, applying prompt lookup to its drafts as they are drawn (`lookup.py`).
 
-Every strategy implements `Drafting` (as transformers' candidate generators implement
-`CandidateGenerator`): `prefill` once, then per step `propose` and `observe`, and `select_rows` when
-rows leave. It drives its drafter on the KV cache its decoder gives it (ragged or static), applies
-prompt lookup to its drafts as they are drawn (`lookup.py`), and knows nothing else of the decoder.
-
-* `SliceDrafting`: a plain causal LM whose cache holds all committed tokens but the last two; each
-  step re-feeds those two (one extra token costs almost nothing and spares a code path for steps
-  where every draft was accepted).
-* `FeatureDrafting`: a `FeatureDrafter` reading the target's hidden states, which the verify pass
-  computes anyway, kept per row in a `[B, S_cap, n·H]` buffer. Each step starts with one window of
-  fixed width over the positions whose true features are new (padding past a row's length is never
-  visible to its real queries), which yields the first draft; drafts 2..gamma feed back the
-  predicted feature.
+* `SliceDrafting`: a plain causal LM whose cache holds all committed tokens but the last two, which
+  each step re-feeds (one extra token costs almost nothing and spares a path for all-accepted steps).
+* `FeatureDrafting`: a `FeatureDrafter` reading the target's hidden states from the verify pass,
+  kept per row `[B, S_cap, n·H]`. Each step reads one fixed-width window over the positions whose
+  true features are new, which yields the first draft; drafts 2..gamma feed back the predicted feature.
 """
 
 from __future__ import annotations
@@ -87,10 +81,9 @@ class Drafting(ABC):
         drafts `[B, gamma]` and their distributions `[B, gamma, V]` (None when greedy)."""
         drafts = _Drafts(tokens, lengths, self.lookup, self.looked_up, params, generator, self.draft_head)
         self._draft(drafts, max_length, gamma)
-        result = drafts.result()
-        self.last_looked_up = drafts.used_mask
+        draft, q, self.last_looked_up = drafts.result()
         self.behind, self.last_gamma = 0, gamma
-        return result
+        return draft, q
 
     def skip(self, tokens: torch.Tensor, lengths: torch.Tensor, max_length: int) -> None:
         """The loop took a target-only step: every row committed one token the drafter has not read;
@@ -259,8 +252,6 @@ class _Drafts:
         self.drafts: list[torch.Tensor] = []
         self.q: list[torch.Tensor] = []
         self.used: list[torch.Tensor] = []
-        # which drafts lookup filled, `[B, gamma]` bool, once `result` ran (None without lookup)
-        self.used_mask: torch.Tensor | None = None
 
     def draw(self, logits: torch.Tensor) -> torch.Tensor:
         """Draw the next draft `[B]` from the drafter's `logits` `[B, K]` (greedy: the argmax, no q),
@@ -279,20 +270,19 @@ class _Drafts:
         self.drafts.append(draft)
         return draft
 
-    def result(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Drafts `[B, gamma]` and their distributions `[B, gamma, V]` (None when greedy); counts
-        the looked-up ones."""
+    def result(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Drafts `[B, gamma]`, their distributions `[B, gamma, V]` (None when greedy) and which ones
+        lookup filled `[B, gamma]` bool (None without lookup); counts the looked-up ones."""
         drafts = torch.stack(self.drafts, dim=1)
         used = torch.stack(self.used, dim=1) if self.used else None
-        self.used_mask = used
         if used is not None:
             self.looked_up += used.sum()
         if not self.q:
-            return drafts, None
+            return drafts, None, used
         q = torch.stack(self.q, dim=1)
         if self.head is not None:
             q = self.head.spread(q)
-        return drafts, q if used is None else override_q(q, drafts, used)
+        return drafts, q if used is None else override_q(q, drafts, used), used
 
 
 def drafting_for(

@@ -19,7 +19,7 @@ from transformers import PreTrainedModel
 from specdecode.decoding.adaptive import GammaState
 from specdecode.decoding.cache import KVCache, RaggedKVCache, cached_forward_features
 from specdecode.decoding.decoder import Decoder, Request
-from specdecode.decoding.drafting import CATCH_UP, Drafting
+from specdecode.decoding.drafting import CATCH_UP
 from specdecode.decoding.mixed import RowDrafters, ragged_drafting
 from specdecode.decoding.record import Recorder, StepEvent
 from specdecode.decoding.rows import FeatureRows, RaggedRows, prefill
@@ -129,9 +129,11 @@ class EagerDecoder(Decoder):
                 step_gamma = gamma
             if step_gamma == 0:
                 # a plain target step: no drafts pay at this batch and acceptance
-                finished = self._target_step(
-                    target, target_cache, drafting, rows, max_length, counters, recorder, request
+                layers = drafting.feature_layers
+                finished = _target_step(
+                    target, target_cache, rows, counters, recorder, request, layers, drafting.observe
                 )
+                drafting.skip(rows.tokens, rows.lengths, max_length + 1)  # the drafter falls one step behind
                 if adaptive is not None:
                     adaptive.update(None, 0)
                     if adaptive.leaves():  # no draft has paid for a while: the target alone to the end
@@ -164,26 +166,6 @@ class EagerDecoder(Decoder):
             if after:
                 steps[0] = steps.get(0, 0) + after
         return result
-
-    @staticmethod
-    def _target_step(
-        target: PreTrainedModel,
-        cache: KVCache,
-        drafting: Drafting,
-        rows: RaggedRows,
-        max_length: int,
-        counters: DeviceCounters,
-        recorder: Recorder | None,
-        request: Request,
-    ) -> torch.Tensor:
-        """A speculative decode's step without drafts: the target's token for each row; the
-        drafting observes the pass's features and falls one step behind (`Drafting.skip`)."""
-        logits, hidden = cached_forward_features(target, cache, rows.last(1), feature_layers=drafting.feature_layers)
-        drafting.observe(hidden, rows.lengths - 1)
-        token = next_tokens(logits[:, -1], request.params, request.generator)
-        finished = _commit_token(rows, token, counters, recorder)
-        drafting.skip(rows.tokens, rows.lengths, max_length + 1)
-        return finished
 
     def autoregressive(self, target: PreTrainedModel, request: Request) -> GenerationResult:
         start = time.perf_counter()
@@ -218,14 +200,30 @@ def _target_steps(
 ) -> None:
     """The target alone decodes `rows` to their ends (`finished` `[B]`: after the last commit),
     keeping each token's features in `features` where given."""
-    layers = request.feature_layers if features is not None else None
+    layers, observe = None, None
+    if features is not None:
+        layers, observe = request.feature_layers, lambda hidden, at: features.write(rows.rows, at, hidden[:, -1])
     while (max_length := finisher.step(rows, finished, (cache,))) is not None:
         cache.set_lengths(rows.lengths - 1, max_length - 1)
-        logits, hidden = cached_forward_features(target, cache, rows.last(1), feature_layers=layers)
-        if features is not None and hidden is not None:
-            features.write(rows.rows, rows.lengths - 1, hidden[:, -1])
-        token = next_tokens(logits[:, -1], request.params, request.generator)
-        finished = _commit_token(rows, token, counters, finisher.recorder)
+        finished = _target_step(target, cache, rows, counters, finisher.recorder, request, layers, observe)
+
+
+def _target_step(
+    target: PreTrainedModel,
+    cache: KVCache,
+    rows: RaggedRows,
+    counters: DeviceCounters,
+    recorder: Recorder | None,
+    request: Request,
+    layers: tuple[int, ...] | None = None,
+    observe: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+) -> torch.Tensor:
+    """One pass of the target alone, its token committed to every row → finished `[B]`; `observe`
+    gets the pass's features of `layers` `[B, 1, n·H]` and their positions `[B]`."""
+    logits, hidden = cached_forward_features(target, cache, rows.last(1), feature_layers=layers)
+    if observe is not None and hidden is not None:
+        observe(hidden, rows.lengths - 1)
+    return _commit_token(rows, next_tokens(logits[:, -1], request.params, request.generator), counters, recorder)
 
 
 def _commit_token(

@@ -50,7 +50,7 @@ def row_drafters(
     target: PreTrainedModel, drafters: object, assign: object, prompt_lookup: object = None
 ) -> RowDrafters:
     """`drafters` by name and each prompt's name in `assign` (None: the target alone), each drafter
-    checked against `target`; `check_rows` checks the count against the prompts."""
+    checked against `target` (`speculative_generate` checks the count against the prompts)."""
     if not isinstance(drafters, Mapping) or not drafters:
         raise TypeError(f"drafter must be one drafter or a non-empty mapping of names to drafters, got {drafters!r}")
     if isinstance(assign, (str, bytes)) or not isinstance(assign, Sequence):
@@ -69,12 +69,6 @@ def row_drafters(
     index = {name: k for k, name in enumerate(used)}
     owners = tuple(None if name is None else index[name] for name in assign)
     return RowDrafters(tuple(used), tuple(drafters[name] for name in used), owners)
-
-
-def check_rows(drafters: RowDrafters, num_prompts: int) -> None:
-    """Require one name in `assign` per prompt (ValueError naming both counts)."""
-    if len(drafters.owners) != num_prompts:
-        raise ValueError(f"assign has {len(drafters.owners)} drafter names for {num_prompts} prompts: give one each")
 
 
 def union_layers(layer_sets: Sequence[tuple[int, ...]], num_layers: int) -> tuple[int, ...]:

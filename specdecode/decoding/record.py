@@ -8,6 +8,7 @@ once, at the end; `on_step` costs one extra sync per step.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -165,26 +166,21 @@ def _host_rows(steps: list[_Step]) -> list[tuple[list[int], list[StepRecord]]]:
     parts: list[torch.Tensor] = []
     for s in steps:
         parts += [s.rows, s.lengths, s.target]
-        if s.draft is not None:
-            # a step with drafts has their accepted counts (`_Step`)
-            num_accepted = cast(torch.Tensor, s.accepted)
+        if s.draft is not None:  # a step with drafts has their accepted counts (`_Step`)
             looked_up = s.looked_up if s.looked_up is not None else torch.zeros_like(s.draft, dtype=torch.bool)
-            parts += [num_accepted, s.draft.flatten(), looked_up.flatten().long()]
-    flat = torch.cat([p.long() for p in parts]).tolist() if parts else []
-    out, at = [], 0
+            parts += [cast(torch.Tensor, s.accepted), s.draft.flatten(), looked_up.flatten()]
+    flat = iter(torch.cat([p.long() for p in parts]).tolist() if parts else [])
+
+    def take(n: int) -> list[int]:
+        return list(itertools.islice(flat, n))
+
+    out = []
     for s in steps:
         batch, gamma = s.rows.shape[0], 0 if s.draft is None else s.draft.shape[1]
-        rows, lengths, target = (flat[at + k * batch : at + (k + 1) * batch] for k in range(3))
-        at += 3 * batch
-        accepted = [0] * batch
-        drafts: list[list[int]] = [[] for _ in range(batch)]
-        looked: list[list[bool]] = [[] for _ in range(batch)]
-        if gamma:
-            accepted = flat[at : at + batch]
-            drafts = [flat[at + batch + b * gamma : at + batch + (b + 1) * gamma] for b in range(batch)]
-            start = at + batch + batch * gamma
-            looked = [[bool(x) for x in flat[start + b * gamma : start + (b + 1) * gamma]] for b in range(batch)]
-            at += batch + 2 * batch * gamma
+        rows, lengths, target = take(batch), take(batch), take(batch)
+        accepted = take(batch) if gamma else [0] * batch
+        drafts = [take(gamma) for _ in range(batch)]
+        looked = [[bool(x) for x in take(gamma)] for _ in range(batch)]
         records = [StepRecord(drafts[b], accepted[b], target[b], looked[b], lengths[b], s.time_s) for b in range(batch)]
         out.append((rows, records))
     return out

@@ -3,26 +3,13 @@ batch when they finish (`RaggedRows`); the static core's stay, masked (`StaticRo
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 import torch
 from transformers import PreTrainedModel
 
-from specdecode.decoding.cache import KVCache, cached_forward_features, padded_prompts
+from specdecode.decoding.cache import KVCache, cached_forward_features
 from specdecode.decoding.static_buffers import Zeros, fresh_zeros
-
-
-def kept_counts(
-    new_tokens: torch.Tensor, counts: torch.Tensor, eos: torch.Tensor, room: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The commit rule: of the first `counts[b]` of `new_tokens` `[B, W]`, a row keeps those up to its
-    first EOS id included, at most `room[b]`. Returns the kept counts `[B]` and hit-EOS `[B]` bool."""
-    offsets = torch.arange(new_tokens.shape[1], device=new_tokens.device)
-    is_eos = (offsets < counts.unsqueeze(1)) & torch.isin(new_tokens, eos)
-    hit_eos = is_eos.any(dim=1)
-    counts = torch.where(hit_eos, is_eos.long().argmax(dim=1) + 1, counts)
-    return torch.minimum(counts, room), hit_eos
 
 
 def last_tokens(tokens: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Tensor:
@@ -30,7 +17,7 @@ def last_tokens(tokens: torch.Tensor, lengths: torch.Tensor, n: int) -> torch.Te
     return tokens.gather(1, lengths.unsqueeze(1) - n + torch.arange(n, device=tokens.device))
 
 
-class RowState(ABC):
+class RowState:
     """Committed tokens `[B, S_cap]`, lengths / limits `[B]` (limit = prompt length + budget) and the EOS ids."""
 
     def __init__(
@@ -42,11 +29,13 @@ class RowState(ABC):
         device: torch.device,
         zeros: Zeros = fresh_zeros,
     ) -> None:
-        tokens, lengths, limits = padded_prompts(prompts, budgets, capacity)
+        tokens = torch.zeros(len(prompts), capacity, dtype=torch.long)  # on the CPU: one copy to the device
+        for i, prompt in enumerate(prompts):
+            tokens[i, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
         self.tokens = zeros("rows.tokens", tuple(tokens.shape), torch.long, device).copy_(tokens)
-        self.lengths = lengths.to(device)
-        self.limits = limits.to(device)
         self.prompt_lengths = [len(p) for p in prompts]
+        self.lengths = torch.tensor(self.prompt_lengths, dtype=torch.long, device=device)
+        self.limits = self.lengths + torch.tensor(list(budgets), dtype=torch.long, device=device)
         self.eos = torch.tensor(sorted(set(eos)), dtype=torch.long, device=device)
 
     @property
@@ -57,15 +46,16 @@ class RowState(ABC):
         """The last `n` committed tokens of each row, `[B, n]`."""
         return last_tokens(self.tokens, self.lengths, n)
 
-    @abstractmethod
     def commit(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Append `new_tokens[b, :counts[b]]` to each decoding row, cut at EOS and budget → finished `[B]`."""
-
-    def _append(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """`commit` for every row; whether each hit an EOS id or its budget `[B]` bool."""
-        counts, hit_eos = kept_counts(new_tokens, counts, self.eos, self.limits - self.lengths)
-        # All W entries are written (one scatter); those past the new length are never read as committed.
+        """The one commit rule: append `new_tokens[b, :counts[b]]` `[B, W]` to each row, cut after its
+        first EOS id and at its budget → whether each row finished `[B]` bool."""
         offsets = torch.arange(new_tokens.shape[1], device=new_tokens.device)
+        is_eos = (offsets < counts.unsqueeze(1)) & torch.isin(new_tokens, self.eos)
+        hit_eos = is_eos.any(dim=1)
+        counts = torch.minimum(
+            torch.where(hit_eos, is_eos.long().argmax(dim=1) + 1, counts), self.limits - self.lengths
+        )
+        # All W entries are written (one scatter); those past the new length are never read as committed.
         self.tokens.scatter_(1, self.lengths.unsqueeze(1) + offsets, new_tokens)
         self.lengths = self.lengths + counts
         return hit_eos | (self.lengths >= self.limits)
@@ -80,9 +70,6 @@ class RaggedRows(RowState):
         capacity = max(len(p) + b for p, b in zip(prompts, budgets)) + slack
         super().__init__(prompts, budgets, capacity, eos, device)
         self.rows = torch.arange(len(prompts), device=device)
-
-    def commit(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        return self._append(new_tokens, counts)
 
     def keep(self, keep: torch.Tensor) -> None:
         self.tokens = self.tokens.index_select(0, keep)
@@ -108,7 +95,7 @@ class StaticRows(RowState):
 
     def commit(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """A row that finishes stops being active; a masked row commits nothing."""
-        self.active = self.active & ~self._append(new_tokens, torch.where(self.active, counts, 0))
+        self.active = self.active & ~super().commit(new_tokens, torch.where(self.active, counts, 0))
         return ~self.active
 
     def sequences(self) -> list[list[int]]:

@@ -1,11 +1,11 @@
 """The static and compiled decoders: fixed buffers and pass widths, so the steps can be compiled.
 
-As in gpt-fast but with ragged batches: each KV cache is a fixed `[B, H_kv, S_cap, D]` buffer per
-layer read whole under a boolean mask; finished rows stay, masked; the host asks whether every row
-is done every few steps. `CompiledDecoder` runs each round (`_round`) or target step (`_step`) as
-one compiled graph per shape, its buffers pooled per shape (`static_buffers`) so later calls replay.
-Both return the eager decoder's greedy tokens (fp32) and distribution (masked rows still draw, so
-not the same draws for a seed once a row finishes).
+As in gpt-fast but with ragged batches: each layer's KV cache is a fixed `[B, H_kv, S_cap, D]` buffer
+read whole under a boolean mask; finished rows stay, masked; the host asks every few steps whether
+all are done. `CompiledDecoder` runs each round (`_round`) or target step (`_step`) as one compiled
+graph per shape, its buffers pooled per shape (`static_buffers`) so later calls replay. Both return
+the eager decoder's greedy tokens (fp32) and distribution (masked rows still draw, so a seed's
+draws differ once a row finishes).
 """
 
 from __future__ import annotations
@@ -158,8 +158,7 @@ class StaticDecoder(Decoder):
     ) -> GenerationResult:
         """In fp32 greedy is target-alone greedy; in bf16, passes of other widths round differently,
         so near-tied top logits can pick other tokens (the benchmark measures that rate)."""
-        if isinstance(drafter, RowDrafters):
-            raise ValueError("several drafters in one batch (assign=) need the eager decoder: static=False")
+        assert not isinstance(drafter, RowDrafters), "speculative_generate sends a mixed batch to the eager decoder"
         start = time.perf_counter()
         device, params, generator, batch_size = target.device, request.params, request.generator, len(request.prompts)
         gamma, lookup = request.gamma or 0, request.lookup

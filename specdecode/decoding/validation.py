@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import TypeGuard
 
 import numpy as np
 import torch
@@ -43,32 +42,29 @@ def _token_id(value: object) -> int | None:
         return None
 
 
-def _is_list(value: object) -> TypeGuard[Sequence[object]]:
-    """A sequence of items, not a string or bytes (sequences of characters, not of ids)."""
-    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+def _items(value: object) -> list[object] | None:
+    """`value` as a list of its items: a sequence (not a string or bytes) or a 1-D tensor / array; else None."""
+    if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 1:
+        return value.tolist()
+    return list(value) if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) else None
 
 
 def _token_ids(prompt: object, i: int) -> list[int]:
-    """Prompt `i` (ids, or a 1-D tensor / array) as a list of ints; errors name the first non-integer."""
-    if isinstance(prompt, (torch.Tensor, np.ndarray)) and prompt.ndim == 1:
-        prompt = prompt.tolist()
-    if not _is_list(prompt):
+    """Prompt `i` as a list of ints; errors name the first non-integer."""
+    items = _items(prompt)
+    if items is None:
         raise TypeError(f"prompt {i} must be a list of token ids, got {type(prompt).__name__}")
-    ids = [_token_id(t) for t in prompt]
+    ids = [_token_id(t) for t in items]
     if None in ids:
-        bad = prompt[ids.index(None)]
+        bad = items[ids.index(None)]
         raise ValueError(f"prompt {i} holds {bad!r} ({type(bad).__name__}): token ids are ints")
     return [t for t in ids if t is not None]
 
 
 def _eos_ids(eos_token_ids: object) -> list[int]:
     """`eos_token_ids` (one id or a sequence of them) as a list of ints; ValueError naming anything else."""
-    one = _token_id(eos_token_ids)
-    if one is not None:
-        return [one]
-    if isinstance(eos_token_ids, (torch.Tensor, np.ndarray)) and eos_token_ids.ndim == 1:
-        eos_token_ids = eos_token_ids.tolist()
-    ids = [_token_id(t) for t in eos_token_ids] if _is_list(eos_token_ids) else [None]
+    items = [eos_token_ids] if _token_id(eos_token_ids) is not None else _items(eos_token_ids)
+    ids = [_token_id(t) for t in items] if items is not None else [None]
     eos = [i for i in ids if i is not None]
     if len(eos) != len(ids):
         raise ValueError(f"eos_token_ids must be an int token id, a list of them or None, got {eos_token_ids!r}")
@@ -89,7 +85,7 @@ def check_feature_layers(feature_layers: object, num_layers: int) -> tuple[int, 
     """`feature_layers` as a tuple of the target's hidden-state indices in `[-1, num_layers]`, or None."""
     if feature_layers is None:
         return None
-    ids = [_token_id(i) for i in feature_layers] if _is_list(feature_layers) else [None]
+    ids = [_token_id(i) for i in _items(feature_layers) or [None]]
     layers = [i for i in ids if i is not None]
     if not layers or len(layers) != len(ids):
         raise TypeError(f"feature_layers must be a non-empty list of layer indices or None, got {feature_layers!r}")

@@ -71,20 +71,9 @@ def rejection_sample(
 
 
 def greedy_accept(draft_tokens: torch.Tensor, target_argmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy (temperature 0) verification: `rejection_sample` with one-hot p and q, without them.
-
-    A draft is accepted while it equals the target's argmax; the next token is the target's argmax
-    at the first mismatch, or after the last draft (the bonus token). Building one-hot
-    `[B, gamma + 1, V]` distributions for this cost ~1 ms per step on a 49k vocabulary on CPU,
-    ~3% of a SmolLM2 step.
-
-    Args:
-        draft_tokens: `[B, gamma]` int64.
-        target_argmax: `[B, gamma + 1]` int64, the target's argmax at each draft position and one past.
-
-    Returns `num_accepted` `[B]` in [0, gamma] and `next_token` `[B]`, as
-    `rejection_sample(greedy=True)`.
-    """
+    """`rejection_sample(greedy=True)` without building one-hot p and q (~1 ms a step at a 49k vocabulary):
+    drafts `[B, gamma]` are accepted while they equal the target's argmax `[B, gamma + 1]`, and the next
+    token is its argmax at the first mismatch or past the last draft → `num_accepted` `[B]`, `next_token` `[B]`."""
     gamma = draft_tokens.shape[1]
     num_accepted = (draft_tokens == target_argmax[:, :gamma]).long().cumprod(dim=1).sum(dim=1)
     return num_accepted, target_argmax.gather(1, num_accepted.unsqueeze(1)).squeeze(1)
