@@ -99,6 +99,18 @@ class KVCache(Cache, ABC):
         return self.capacity
 
 
+def write_layer(
+    keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, key_states: torch.Tensor, value_states: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write `[B, H_kv, T, D]` keys and values into a layer's `[B, H_kv, S_cap, D]` buffers at `slots` `[B, T]`."""
+    # an indexed assignment rather than `scatter_`, which copies the whole buffers on every write on the
+    # CPU (a scatter into a compiled graph's input does too); inductor writes this one in place
+    rows = torch.arange(key_states.shape[0], device=key_states.device).unsqueeze(1)
+    keys[rows, :, slots] = key_states.transpose(1, 2)
+    values[rows, :, slots] = value_states.transpose(1, 2)
+    return keys, values
+
+
 class RaggedKVCache(KVCache):
     """The eager core's cache: it reads a window as long as its longest row under an additive mask."""
 
@@ -135,10 +147,7 @@ class RaggedKVCache(KVCache):
         key_states: torch.Tensor,
         value_states: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        batch, heads, num_new, head_dim = key_states.shape
-        index = slots.view(batch, 1, num_new, 1).expand(batch, heads, num_new, head_dim)
-        keys.scatter_(2, index, key_states)
-        values.scatter_(2, index, value_states)
+        write_layer(keys, values, slots, key_states, value_states)
         return keys[:, :, : self._read_length], values[:, :, : self._read_length]
 
     def get_seq_length(self, layer_idx: int | None = 0) -> int:

@@ -209,9 +209,9 @@ class FeatureDrafting(Drafting):
         assert features is not None
         width = features.shape[1]
         index = (start.unsqueeze(1) + torch.arange(width, device=start.device)).clamp_max(self.capacity - 1)
-        self.features.scatter_(
-            1, index.unsqueeze(-1).expand(-1, -1, features.shape[-1]), features.to(self.features.dtype)
-        )
+        # an indexed assignment: a bf16 `scatter_` copies the whole buffer on the CPU
+        rows = torch.arange(features.shape[0], device=start.device).unsqueeze(1)
+        self.features[rows, index] = features.to(self.features.dtype)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         super().select_rows(rows)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from specdecode.core.config import is_int
-from specdecode.decoding.cache import KVCache
+from specdecode.decoding.cache import KVCache, write_layer
 from specdecode.decoding.static_buffers import Zeros, fresh_zeros
 
 # The capacity is rounded up to a power of two (at least this), so calls of other lengths share one
@@ -35,18 +35,6 @@ def static_capacity(slots: int, capacity: int | None = None) -> int:
             f"+ the core's slack), got {capacity!r}"
         )
     return capacity
-
-
-def write_layer(
-    keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, key_states: torch.Tensor, value_states: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Write `[B, H_kv, T, D]` keys and values into a layer's `[B, H_kv, S_cap, D]` buffers at `slots` `[B, T]`."""
-    # an indexed assignment rather than `scatter_`: inductor writes it into the buffers in place,
-    # where a scatter into a graph input costs a copy of every layer's whole buffers per pass
-    rows = torch.arange(key_states.shape[0], device=key_states.device).unsqueeze(1)
-    keys[rows, :, slots] = key_states.transpose(1, 2)
-    values[rows, :, slots] = value_states.transpose(1, 2)
-    return keys, values
 
 
 class LayerKV:
