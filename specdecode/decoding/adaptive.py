@@ -12,7 +12,8 @@ stays exact (Leviathan et al. 2023, Thm 3.5); its sums ride on the loop's one ho
 
 With `calibrate`, the loop times each step between its syncs and scales the table by running
 ratios of measured to predicted seconds, one for target steps and one for drafting steps (the
-table leaves out lookup, catch-up, bookkeeping and load); only their ratio moves the choice. A
+table leaves out lookup, catch-up, bookkeeping, load, and a mixed batch's splitting of its rows);
+only their ratio moves the choice, target steps not yet timed counting as the table says. A
 seeded sampled decode's gammas, and so its tokens, can then differ between runs.
 """
 
@@ -162,10 +163,13 @@ class GammaState:
 
     def relative(self) -> float:
         """How much dearer drafting steps run against the table than target steps do: the ratio of
-        the two kinds' `scale`, 1 until both are timed, within `CALIBRATION_BOUNDS`."""
+        the two kinds' `scale`, within `CALIBRATION_BOUNDS`; 1 until drafting is timed. Target steps
+        not yet timed count as the table says, so drafting timed dear first turns the choice to a
+        target step, whose timing then tells a slow machine (both kinds dear: ratio 1) from dear drafts."""
         target, drafting = self.scale
-        if target is None or drafting is None:
+        if drafting is None:
             return 1.0
+        target = 1.0 if target is None else target
         low, high = CALIBRATION_BOUNDS
         return min(max(drafting / target, low), high)
 
