@@ -2,14 +2,18 @@
 
     python scripts/writer_speed.py                               # the demo's writer and the alternatives
     python scripts/writer_speed.py --prompts 128 --rounds 3 --settings "bfloat16,64,eager" "bfloat16,16,eager"
+    python scripts/writer_speed.py --temperatures 0.0 0.7 --settings "bfloat16,64,apart" "bfloat16,64,eager"
 
 The target writes the continuations a `train/distill.py` job with the demo's settings writes
-(`data=<domain>`, 48 new tokens, greedy, the feature drafter's layers captured) for the domain's first
-`--prompts` training prompts, once per setting and round, the settings in turns (the order reversed
-every other round). A setting is `dtype,generation_batch,eager|compiled|speculative`; the first is
-the baseline, and each row prints its median tokens/s and its median ratio to the baseline, round by
-round. `speculative` writes with `--drafter` (the demo's code drafter) at `gamma="auto"`, without
-capturing features (the writer does not draft): it shows whether speculation would pay at that batch.
+(`data=<domain>`, 48 new tokens, the feature drafter's layers captured) for the domain's first
+`--prompts` training prompts, one continuation per prompt and `--temperatures` entry (default greedy
+only), once per setting and round, the settings in turns (the order reversed every other round).
+A setting is `dtype,generation_batch,eager|apart|compiled|speculative`; the first is the baseline,
+and each row prints its median tokens/s and its median ratio to the baseline, round by round.
+`eager` is the writer (a prompt's continuations share one prefill); `apart` writes each temperature
+in a call of its own. `speculative` writes with `--drafter` (the demo's code drafter) at
+`gamma="auto"`, without capturing features (the writer does not draft): it shows whether
+speculation would pay at that batch.
 """
 
 import argparse
@@ -38,7 +42,7 @@ SETTINGS = [
     "bfloat16,8,eager",
     "bfloat16,8,speculative",
 ]
-MODES = ("eager", "compiled", "speculative")
+MODES = ("eager", "apart", "compiled", "speculative")
 
 
 def main() -> None:
@@ -47,9 +51,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0])
     parser.add_argument(
-        "--settings", nargs="+", default=SETTINGS, help="dtype,generation_batch,eager|compiled|speculative"
+        "--settings", nargs="+", default=SETTINGS, help="dtype,generation_batch,eager|apart|compiled|speculative"
     )
     parser.add_argument("--drafter", default="outputs/demo/distill-code/drafter", help="for speculative settings")
     args = parser.parse_args()
@@ -79,6 +83,7 @@ def main() -> None:
         if mode == "speculative":
             written = [
                 seq
+                for temperature in args.temperatures
                 for i in range(0, len(prompts), batch)
                 for seq in speculative_generate(
                     models[dtype],
@@ -86,27 +91,32 @@ def main() -> None:
                     prompts[i : i + batch],
                     gamma="auto",
                     max_new_tokens=budgets[i : i + batch],
-                    temperature=args.temperature,
+                    temperature=temperature,
                     eos_token_ids=eos,
                     seed=i,
                 ).sequences
             ]
             return time.perf_counter() - start, sum(len(w) for w in written)
-        written, _ = generate_continuations(
-            models[dtype],
-            prompts,
-            train,
-            eos,
-            seed=0,
-            batch_size=batch,
-            temperature=args.temperature,
-            feature_layers=layers,
-            compile=mode == "compiled",
-        )
+        calls = [[t] for t in args.temperatures] if mode == "apart" else [args.temperatures]
+        written = [
+            seq
+            for temperatures in calls
+            for seq in generate_continuations(
+                models[dtype],
+                prompts,
+                train,
+                eos,
+                seed=0,
+                batch_size=batch,
+                temperature=temperatures,
+                feature_layers=layers,
+                compile=mode == "compiled",
+            )[0]
+        ]
         return time.perf_counter() - start, sum(len(w) for w in written)
 
     print(
-        f"{len(prompts)} {args.domain} prompts, up to {args.new_tokens} new tokens, T={args.temperature}, "
+        f"{len(prompts)} {args.domain} prompts, up to {args.new_tokens} new tokens, T={args.temperatures}, "
         f"feature layers {layers}; warm-up call per setting",
         flush=True,
     )

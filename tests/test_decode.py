@@ -74,8 +74,6 @@ def test_autoregressive_features_are_the_targets_own(target, ragged_prompts, lay
     """With `feature_layers`, target-only decoding returns the features of every token it read, as
     a forward over each row's whole text computes them (a ragged batch, per-row budgets including 0,
     rows stopped by EOS), the unread last token's row zero, and the same tokens as without."""
-    from specdecode.models.feature_drafter import target_features
-
     budgets = [9, 0, 14, 5, 11, 1, 8, 12]
     plain = autoregressive_generate(target, ragged_prompts, max_new_tokens=budgets, eos_token_ids=[])
     eos = plain.sequences[2][4]  # stops row 2 (and any row that writes it) early
@@ -86,16 +84,103 @@ def test_autoregressive_features_are_the_targets_own(target, ragged_prompts, lay
     assert result.sequences == plain.sequences and plain.features is None
     assert len(result.sequences[2]) == 5 and result.sequences[1] == []
     assert result.features is not None
-    for prompt, generated, features in zip(ragged_prompts, result.sequences, result.features):
+    _assert_the_targets_features(target, ragged_prompts, result.sequences, result.features, layers)
+
+
+def _assert_the_targets_features(target, prompts, sequences, features, layers) -> None:
+    """Each row's `features` are those a forward over its prompt and `sequences` row computes, but
+    the unread last token's, which is zero."""
+    from specdecode.models.feature_drafter import target_features
+
+    for prompt, generated, row in zip(prompts, sequences, features, strict=True):
         text = torch.tensor([prompt + generated])
         with torch.no_grad():
-            expected = target_features(target, target(input_ids=text, output_hidden_states=True).hidden_states, layers)[
-                0
-            ]
-        assert features.shape == expected.shape
+            hidden = target(input_ids=text, output_hidden_states=True).hidden_states
+        expected = target_features(target, hidden, layers)[0]
+        assert row.shape == expected.shape
         read = len(prompt) + max(len(generated) - 1, 0)
-        torch.testing.assert_close(features[:read], expected[:read], atol=1e-5, rtol=1e-4)
-        assert not generated or features[-1].eq(0).all()
+        torch.testing.assert_close(row[:read], expected[:read], atol=1e-5, rtol=1e-4)
+        assert not generated or row[-1].eq(0).all()
+
+
+def test_continuations_at_several_temperatures_share_one_prefill(target, ragged_prompts) -> None:
+    """`temperatures=[...]` continues each prompt once per temperature from one prefill (row i * n + j:
+    prompt i at the j-th): greedy rows are the target's greedy continuations token for token while
+    sampled rows around them leave early at EOS, and every row's features are its own text's."""
+    budgets = [9, 0, 14, 5, 11, 1, 8, 12]
+    eos = list(range(0, 64, 4))  # a sampled row soon writes one of these and leaves the batch
+    greedy = autoregressive_generate(target, ragged_prompts, max_new_tokens=budgets, eos_token_ids=eos)
+    result = autoregressive_generate(
+        target,
+        ragged_prompts,
+        max_new_tokens=budgets,
+        eos_token_ids=eos,
+        temperatures=[1.5, 0.0, 1.5],
+        seed=0,
+        feature_layers=(-1,),
+    )
+    assert len(result.sequences) == 3 * len(ragged_prompts)
+    assert result.sequences[1::3] == greedy.sequences
+    sampled = result.sequences[0::3] + result.sequences[2::3]
+    assert sampled != greedy.sequences * 2 and all(len(s) <= b for s, b in zip(sampled, budgets * 2))
+    # a sampled row left at EOS while its greedy sibling wrote on: rows left one by one, not in threes
+    siblings = [(s, result.sequences[k - k % 3 + 1]) for k, s in enumerate(result.sequences) if k % 3 != 1]
+    assert any(s and s[-1] in eos and len(s) < len(g) for s, g in siblings)
+    assert (
+        autoregressive_generate(target, ragged_prompts[:2], max_new_tokens=0, temperatures=[0.0, 0.7]).sequences
+        == [[]] * 4
+    )
+    assert result.features is not None
+    prompts = [p for p in ragged_prompts for _ in range(3)]
+    _assert_the_targets_features(target, prompts, result.sequences, result.features, (-1,))
+
+
+def test_continuations_at_several_temperatures_follow_the_target() -> None:
+    """The sampled rows of a fanned-out batch follow the target at their own temperature (the G-test
+    of tests/test_verify.py) and its greedy rows are its argmax path, in one batch."""
+    from specdecode.decoding.sampling import SamplingParams
+    from tests.test_verify import (
+        N_SAMPLES,
+        N_TOKENS,
+        PROMPT,
+        SIGNIFICANCE,
+        VOCAB,
+        exact_joint,
+        g_test_pvalue,
+        joint_counts,
+    )
+
+    target = tiny_llama(2, seed=11, vocab_size=VOCAB, init=0.3)
+    greedy = autoregressive_generate(target, [PROMPT], max_new_tokens=N_TOKENS, eos_token_ids=[]).sequences[0]
+    result = autoregressive_generate(
+        target,
+        [PROMPT] * (N_SAMPLES // 2),
+        max_new_tokens=N_TOKENS,
+        eos_token_ids=[],
+        temperatures=[0.7, 0.0, 0.7],
+        seed=0,
+    )
+    assert result.sequences[1::3] == [greedy] * (N_SAMPLES // 2)
+    sampled = result.sequences[0::3] + result.sequences[2::3]
+    assert g_test_pvalue(joint_counts(sampled), exact_joint(target, SamplingParams(0.7))) > SIGNIFICANCE
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(temperatures=[]), r"temperatures must be a non-empty list of temperatures, got \[\]"),
+        (dict(temperatures=0.7), r"temperatures must be a non-empty list of temperatures, got 0.7"),
+        (dict(temperatures=[0.0, -1.0]), r"temperature must be .*, got -1.0"),
+        (
+            dict(temperatures=[0.0, 0.7], temperature=0.7),
+            r"give temperature or temperatures, not both: temperature=0.7",
+        ),
+        (dict(temperatures=[0.0, 0.7], static=True, compile=False), r"need the eager decoder: static=False"),
+    ],
+)
+def test_bad_continuation_temperatures_are_named_before_any_work(target, kwargs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        autoregressive_generate(target, [[1, 2]], max_new_tokens=3, **kwargs)
 
 
 def test_batched_equals_per_row(target, ragged_prompts) -> None:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import zlib
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -1048,6 +1049,31 @@ def test_compiled_writer_batches_share_one_shape(monkeypatch) -> None:
     assert written[True][0] == written[False][0] and [len(r) for r in written[True][0]] == [6] * 6 + [4]
     for ours, eager in zip(written[True][1], written[False][1]):
         torch.testing.assert_close(ours.float(), eager.float(), atol=2e-3, rtol=2e-3)
+
+
+def test_a_writer_at_several_temperatures_prefills_each_prompt_once(monkeypatch) -> None:
+    """At several temperatures the eager writer continues each prompt at every one from one prefill:
+    batches of `batch_size` rows (`batch_size // 2` prompts), the output temperature-major, the greedy
+    continuations and their features the one-temperature writer's; compiled (`torch.compile` a no-op
+    here), one call per temperature, the greedy part again the same."""
+    import specdecode.training.sequences as sequences
+    from tests.models_for_tests import tiny_llama
+
+    shapes = spy_writer_shapes(monkeypatch)
+    target = tiny_llama(2, seed=0)
+    prompts = [[1 + i] * (2 + 3 * i) for i in range(7)]
+    train = TrainConfig(max_new_tokens=6, max_len=24, max_prompt_tokens=20)
+    write = partial(sequences.generate_continuations, target, prompts, train, [], seed=0, batch_size=4)
+    alone, alone_read = write(temperature=0.0, feature_layers=(-1,))
+    both, read = write(temperature=[0.0, 1.0], feature_layers=(-1,))
+    assert shapes == [(4, None), (3, None)] + [(2, None)] * 3 + [(1, None)]
+    assert len(both) == len(read) == 14 and both[:7] == alone and both[7:] != alone
+    for ours, one in zip(read[:7], alone_read):
+        torch.testing.assert_close(ours.float(), one.float(), atol=2e-3, rtol=2e-3)
+    with pytest.raises(ValueError, match=r"non-empty list of them, got \[\]"):
+        write(temperature=[])
+    compiled, _ = write(temperature=[0.0, 1.0], compile=True)
+    assert shapes[6:] == [(4, 32), (4, 32)] * 2 and compiled[:7] == alone and len(compiled) == 14
 
 
 @pytest.mark.parametrize("layers", ["[-1]", "[1,3,-1]"])

@@ -240,6 +240,7 @@ def autoregressive_generate(
     *,
     max_new_tokens: int | Sequence[int],
     feature_layers: Sequence[int] | None = None,
+    temperatures: Sequence[float] | None = None,
     options: DecodeOptions | None = None,
     **fields: Any,
 ) -> GenerationResult:
@@ -248,16 +249,39 @@ def autoregressive_generate(
     With `feature_layers`, `result.features[i]` `[len(prompts[i]) + len(sequences[i]), n·H]` holds
     the target's features (`target_features`) of prompt i and its continuation, taken from the
     passes that wrote it (distillation data at no second forward). The last generated token is
-    never fed, so its row is zero; a feature drafter's training never reads it."""
+    never fed, so its row is zero; a feature drafter's training never reads it.
+
+    With `temperatures` (eager decoder), each prompt is continued once per temperature from one
+    prefill of it: `result.sequences[i * n + j]` (and `features`, `record`, `on_step`'s rows) is
+    prompt i's at `temperatures[j]`."""
     options = _options(options, fields)
     decoder = options.decoder(target.device)
     layers = check_feature_layers(feature_layers, target.config.num_hidden_layers)
-    request = _request(target, prompts, max_new_tokens, options, feature_layers=layers)
+    fan_out = _check_temperatures(temperatures, options, decoder)
+    request = _request(target, prompts, max_new_tokens, options, feature_layers=layers, temperatures=fan_out)
     decoder.check_room(request)
     if max(request.budgets) == 0 and layers is None:
-        return GenerationResult.empty(request.prompts, StepCounters(0, target.device), options.record)
+        rows = [p for p in request.prompts for _ in fan_out or (None,)]
+        return GenerationResult.empty(rows, StepCounters(0, target.device), options.record)
     with folded_gqa(target):
         return decoder.autoregressive(target, request)
+
+
+def _check_temperatures(
+    temperatures: Sequence[float] | None, options: DecodeOptions, decoder: Decoder
+) -> tuple[float, ...] | None:
+    """`autoregressive_generate`'s `temperatures` as a tuple, checked (None stays None)."""
+    if temperatures is None:
+        return None
+    if isinstance(temperatures, (str, bytes)) or not isinstance(temperatures, Sequence) or not temperatures:
+        raise ValueError(f"temperatures must be a non-empty list of temperatures, got {temperatures!r}")
+    for t in temperatures:
+        SamplingParams(t)  # names a bad temperature
+    if options.temperature != 0.0:
+        raise ValueError(f"give temperature or temperatures, not both: temperature={options.temperature!r}")
+    if not isinstance(decoder, EagerDecoder):
+        raise ValueError("several continuations per prompt (temperatures=) need the eager decoder: static=False")
+    return tuple(float(t) for t in temperatures)
 
 
 def _request(

@@ -36,6 +36,9 @@ class Request:
     lookup: PromptLookup | None = None
     # the target's layers whose features a target-only decode returns (`result.features`); None: none
     feature_layers: tuple[int, ...] | None = None
+    # a target-only decode's continuations of each prompt, one per temperature from one prefill
+    # (row i * n + j: prompt i at temperatures[j]); None: one per prompt, drawn as `params` says
+    temperatures: tuple[float, ...] | None = None
 
 
 class Decoder(ABC):

@@ -23,7 +23,7 @@ from specdecode.decoding.drafting import CATCH_UP
 from specdecode.decoding.mixed import RowDrafters, ragged_drafting
 from specdecode.decoding.record import Recorder, StepEvent
 from specdecode.decoding.rows import FeatureRows, RaggedRows, prefill
-from specdecode.decoding.sampling import next_tokens
+from specdecode.decoding.sampling import next_tokens, row_tokens
 from specdecode.decoding.stats import DeviceCounters, GenerationResult, StepCounters
 from specdecode.decoding.verify import verify_drafts
 from specdecode.models.feature_drafter import FeatureDrafter
@@ -169,18 +169,23 @@ class EagerDecoder(Decoder):
 
     def autoregressive(self, target: PreTrainedModel, request: Request) -> GenerationResult:
         start = time.perf_counter()
-        feature_layers = request.feature_layers
-        params, generator, batch_size = request.params, request.generator, len(request.prompts)
+        feature_layers, batch_size = request.feature_layers, len(request.prompts)
         rows = RaggedRows(request.prompts, request.budgets, slack=1, eos=request.eos, device=target.device)
         cache = RaggedKVCache.for_model(target, batch_size, rows.capacity)
         counters = DeviceCounters(0, target.device)
-        recorder = self._recorder(rows, start)
-        finisher = Finisher(batch_size, recorder)
 
         logits, hidden = prefill(target, cache, rows, feature_layers=feature_layers)
+        temperatures = None
+        if request.temperatures is not None:  # each prompt's continuations share its prefill
+            index = rows.fan_out(len(request.temperatures))
+            cache.select_rows(index)
+            logits, hidden = logits.index_select(0, index), None if hidden is None else hidden.index_select(0, index)
+            temperatures = torch.tensor(request.temperatures * batch_size, device=target.device)
+        recorder = self._recorder(rows, start)
+        finisher = Finisher(rows.rows.numel(), recorder)
         features = FeatureRows(hidden, rows.capacity) if hidden is not None else None
-        finished = _commit_token(rows, next_tokens(logits, params, generator), counters, recorder)
-        _target_steps(target, cache, rows, finished, finisher, counters, request, features)
+        finished = _commit_token(rows, _draw(logits, rows, request, temperatures), counters, recorder)
+        _target_steps(target, cache, rows, finished, finisher, counters, request, features, temperatures)
 
         result = self._result(finisher, counters.finish(0, 0, 0), start)
         if features is not None:
@@ -197,15 +202,18 @@ def _target_steps(
     counters: DeviceCounters,
     request: Request,
     features: FeatureRows | None = None,
+    temperatures: torch.Tensor | None = None,
 ) -> None:
     """The target alone decodes `rows` to their ends (`finished` `[B]`: after the last commit),
-    keeping each token's features in `features` where given."""
+    keeping each token's features in `features` where given (`temperatures`: as `_draw`)."""
     layers, observe = None, None
     if features is not None:
         layers, observe = request.feature_layers, lambda hidden, at: features.write(rows.rows, at, hidden[:, -1])
     while (max_length := finisher.step(rows, finished, (cache,))) is not None:
         cache.set_lengths(rows.lengths - 1, max_length - 1)
-        finished = _target_step(target, cache, rows, counters, finisher.recorder, request, layers, observe)
+        finished = _target_step(
+            target, cache, rows, counters, finisher.recorder, request, layers, observe, temperatures
+        )
 
 
 def _target_step(
@@ -217,13 +225,22 @@ def _target_step(
     request: Request,
     layers: tuple[int, ...] | None = None,
     observe: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+    temperatures: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One pass of the target alone, its token committed to every row → finished `[B]`; `observe`
     gets the pass's features of `layers` `[B, 1, n·H]` and their positions `[B]`."""
     logits, hidden = cached_forward_features(target, cache, rows.last(1), feature_layers=layers)
     if observe is not None and hidden is not None:
         observe(hidden, rows.lengths - 1)
-    return _commit_token(rows, next_tokens(logits[:, -1], request.params, request.generator), counters, recorder)
+    return _commit_token(rows, _draw(logits[:, -1], rows, request, temperatures), counters, recorder)
+
+
+def _draw(logits: torch.Tensor, rows: RaggedRows, request: Request, temperatures: torch.Tensor | None) -> torch.Tensor:
+    """The target's token of each row from its `logits` `[B, V]`, drawn as `request.params` says, or
+    with `temperatures` (`[rows]`, by row number: `rows.rows`) each row at its own."""
+    if temperatures is None:
+        return next_tokens(logits, request.params, request.generator)
+    return row_tokens(logits, temperatures.index_select(0, rows.rows), request.params, request.generator)
 
 
 def _commit_token(

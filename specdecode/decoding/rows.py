@@ -71,6 +71,15 @@ class RaggedRows(RowState):
         super().__init__(prompts, budgets, capacity, eos, device)
         self.rows = torch.arange(len(prompts), device=device)
 
+    def fan_out(self, n: int) -> torch.Tensor:
+        """Each row becomes `n` rows in its place (row i → i * n .. i * n + n - 1), numbered anew →
+        the old row of each new one `[B * n]`, for the caches' `select_rows`. Before any row left."""
+        index = torch.arange(len(self.prompt_lengths), device=self.lengths.device).repeat_interleave(n)
+        self.keep(index)
+        self.prompt_lengths = [length for length in self.prompt_lengths for _ in range(n)]
+        self.rows = torch.arange(index.numel(), device=index.device)
+        return index
+
     def keep(self, keep: torch.Tensor) -> None:
         self.tokens = self.tokens.index_select(0, keep)
         self.lengths = self.lengths.index_select(0, keep)

@@ -129,3 +129,11 @@ def next_tokens(
     """One token per row of `logits` `[..., V]` → `[...]`: the argmax when greedy (no one-hot
     built), else a sample from `logits_to_probs`."""
     return logits.argmax(dim=-1) if params.greedy else sample(logits_to_probs(logits, params), generator)
+
+
+def row_tokens(logits: torch.Tensor, temperatures: torch.Tensor, params: Params, generator: Generator) -> torch.Tensor:
+    """One token per row of `logits` `[B, V]` → `[B]`, row b drawn at `temperatures[b]` `[B]` (0: its
+    argmax) with `params`' top-k and top-p: several continuations of one prompt in one batch."""
+    greedy = temperatures == 0
+    scaled = TensorTemperature(torch.where(greedy, 1.0, temperatures).unsqueeze(-1), params.top_k, params.top_p)
+    return torch.where(greedy, logits.argmax(dim=-1), sample(logits_to_probs(logits, scaled), generator))

@@ -75,7 +75,7 @@ class TrainConfig:
     max_prompt_tokens: int = 96
     max_len: int = 192
     max_new_tokens: int = 96
-    # Prompts per batch when the target writes continuations: 64 suits a CPU, 256 a GPU.
+    # Rows per pass when the target writes continuations (of generation_batch // n prompts at n temperatures).
     generation_batch: int = 64
     # The target's top-k logits kept per position (specdecode.training.teacher).
     teacher_topk: int = 64

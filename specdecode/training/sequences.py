@@ -157,29 +157,23 @@ def build_sequences(
         responses = [tokenizer(ex.response, add_special_tokens=False)["input_ids"] + stop for ex in pool]
     else:
         # one continuation per prompt and temperature: more data, around the target's own distribution
-        responses, repeated, features = [], [], [] if feature_layers is not None else None
         temperatures = train.seq_temperatures or [train.temperature]
         if compile is None:
             budgets = sum(_budget(train, p) for p in prompts) * len(temperatures)
             compile = writer_compiles(target.device, budgets)
-        for i, temperature in enumerate(temperatures):
-            written, read = generate_continuations(
-                target,
-                prompts,
-                train,
-                eos,
-                seed=train.seed + 1000 * i + first,
-                batch_size=train.generation_batch,
-                temperature=temperature,
-                feature_layers=feature_layers,
-                compile=compile,
-                capacity=capacity,
-            )
-            responses += written
-            repeated += prompts
-            if features is not None:
-                features += read  # type: ignore[arg-type]  # read is set whenever features is
-        prompts = repeated
+        responses, features = generate_continuations(
+            target,
+            prompts,
+            train,
+            eos,
+            seed=train.seed + first,
+            batch_size=train.generation_batch,
+            temperature=temperatures,
+            feature_layers=feature_layers,
+            compile=compile,
+            capacity=capacity,
+        )
+        prompts = prompts * len(temperatures)
     sequences, kept = [], []
     for i, (prompt, response) in enumerate(zip(prompts, responses)):
         tokens = (prompt + list(response))[: train.max_len]
@@ -226,20 +220,39 @@ def generate_continuations(
     eos: Sequence[int],
     seed: int,
     batch_size: int = 64,
-    temperature: float | None = None,
+    temperature: float | Sequence[float] | None = None,
     feature_layers: Sequence[int] | None = None,
     compile: bool = False,
     capacity: int | None = None,
 ) -> tuple[list[list[int]], list[torch.Tensor] | None]:
     """`model`'s continuations of `prompts` (batched, ragged), at most `max_new_tokens` each, at
     `temperature` (default `train.temperature`), and with `feature_layers` each sequence's features
-    `[L_i, n·H]` fp16 on the CPU (else None). Compiled, every batch is filled up to `batch_size`."""
+    `[L_i, n·H]` fp16 on the CPU (else None). Compiled, every batch is filled up to `batch_size`.
+    A list of n temperatures: one continuation of each prompt at each, temperature-major (output
+    j * len(prompts) + i is prompt i's at the j-th); eager, a prompt's n share one prefill and a
+    batch holds `max(1, batch_size // n)` prompts; compiled, one call per temperature."""
+    asked = list(temperature) if isinstance(temperature, Sequence) else [temperature]
+    if not asked:
+        raise ValueError("temperature must be a temperature or a non-empty list of them, got []")
+    temperatures = [train.temperature if t is None else t for t in asked]
+    if compile and len(temperatures) > 1:  # the static decoders draw one way per call: a call each
+        parts = [
+            generate_continuations(
+                model, prompts, train, eos, seed + 1000 * j, batch_size, t, feature_layers, compile, capacity
+            )
+            for j, t in enumerate(temperatures)
+        ]
+        features = None if feature_layers is None else [f for _, read in parts for f in read or []]
+        return [w for written, _ in parts for w in written], features
     was_training = model.training
     model.eval()
+    n = len(temperatures)
+    fan_out = None if n == 1 else temperatures
+    batch_size = batch_size if n == 1 else max(1, batch_size // n)
     # Similar lengths batch together (less padding); the output keeps the prompts' order.
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    by_index: dict[int, list[int]] = {}
-    features_by_index: dict[int, torch.Tensor] = {}
+    by_index: dict[tuple[int, int], list[int]] = {}
+    features_by_index: dict[tuple[int, int], torch.Tensor] = {}
     bar = tqdm(
         total=len(prompts),
         desc="target continuations" + (" and features" if feature_layers is not None else ""),
@@ -260,7 +273,8 @@ def generate_continuations(
                 model,
                 batch,
                 max_new_tokens=[budget[i] for i in picks] + [0] * filler,
-                temperature=train.temperature if temperature is None else temperature,
+                temperature=temperatures[0] if n == 1 else 0.0,
+                temperatures=fan_out,
                 eos_token_ids=list(eos) or None,
                 seed=seed + start,
                 feature_layers=feature_layers,
@@ -268,14 +282,15 @@ def generate_continuations(
                 compile=compile,
                 capacity=capacity if compile else None,
             )
-            by_index.update(zip(picks, result.sequences))
+            keys = [(j, i) for i in picks for j in range(n)]  # the rows' order (fan_out)
+            by_index.update(zip(keys, result.sequences))
             if result.features is not None:
-                features_by_index.update(zip(picks, (f.half().cpu() for f in result.features)))
+                features_by_index.update(zip(keys, (f.half().cpu() for f in result.features)))
             bar.update(len(picks))
     finally:
         # the KV buffers compiled calls keep for the next call of their shape: training wants the memory
         release_static_buffers(model)
     bar.close()
     model.train(was_training)
-    out = [by_index[i] for i in range(len(prompts))]
-    return out, ([features_by_index[i] for i in range(len(prompts))] if feature_layers is not None else None)
+    keys = [(j, i) for j in range(n) for i in range(len(prompts))]
+    return [by_index[k] for k in keys], ([features_by_index[k] for k in keys] if feature_layers is not None else None)

@@ -27,7 +27,7 @@ from specdecode.training.config import TrainConfig
 from specdecode.training.sequences import TrainSequence
 
 # In every store's key: its format and how its continuations are sampled.
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 SCORE_BATCH = 8
 
 
