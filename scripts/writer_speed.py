@@ -24,6 +24,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from specdecode.core.config import TEMPERATURE_RANGE, is_temperature
 from specdecode.core.paths import CONF_DIR
 from specdecode.data.domains import format_prompt
 from specdecode.decoding.decode import speculative_generate
@@ -60,6 +61,9 @@ def main() -> None:
     settings = [parse_setting(text, parser) for text in args.settings]
     if args.prompts < 1 or args.rounds < 1:
         parser.error(f"--prompts and --rounds must be >= 1, got {args.prompts} and {args.rounds}")
+    bad = [t for t in args.temperatures if not is_temperature(t)]
+    if bad:
+        parser.error(f"--temperatures must each be {TEMPERATURE_RANGE}, got {bad}")
     register_schemas()
     overrides = [f"data={args.domain}", "drafter=feature", f"train.max_new_tokens={args.new_tokens}"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
