@@ -449,10 +449,11 @@ def test_auto_times_each_drafter_of_a_mixed_batch_and_the_loop_passes_its_rows(
 
 
 def test_steps_slower_than_the_table_move_the_choice(monkeypatch) -> None:
-    """The decode times each step between the loop's syncs. Target steps timed as the table says, then
-    drafting steps at 3x its seconds: the choice turns back to target steps within a few steps.
-    Only the two kinds' ratio counts (a slower machine favours neither, after one probing target
-    step); uncalibrated, or with steps as the table says, the table alone decides."""
+    """The decode times each step between the loop's syncs. Calibrated, it first drafts once (the
+    table puts gamma 1 within `PROBE_SHARE` of a target step): drafting timed at 3x its seconds, it
+    takes target steps from then on, even where the table says gamma 2. Only the two kinds' ratio
+    counts (a slower machine favours neither, after one probing target step); uncalibrated, or with
+    steps as the table says, the table alone decides after the probe."""
     import specdecode.decoding.adaptive as adaptive_module
 
     now = [0.0]
@@ -469,10 +470,9 @@ def test_steps_slower_than_the_table_move_the_choice(monkeypatch) -> None:
         return chosen
 
     assert run(False, {1: 3.0}, 12) == [0] * 3 + [2] * 9
-    slowed = run(True, {1: 3.0}, 12)
-    assert slowed[:4] == [0, 0, 0, 2] and slowed[-3:] == [0] * 3 and slowed.index(0, 3) <= 5
-    assert run(True, {}, 12) == [0] * 3 + [2] * 9  # steps as the table says: the same choices
-    assert run(True, {0: 3.0, 1: 3.0}, 12) == [0] * 3 + [2] * 9  # all 3x slower: the same choices
+    assert run(True, {1: 3.0}, 12) == [1] + [0] * 11
+    assert run(True, {}, 12) == [1, 0, 0] + [2] * 9  # steps as the table says: the table's choices
+    assert run(True, {0: 3.0, 1: 3.0}, 12) == [1, 0, 0] + [2] * 9  # all 3x slower: the same choices
     # drafting timed first, at 3x: a target step is tried to weigh it against; on a machine 3x slower
     # at both kinds that step is 3x too, and drafting resumes after one probe
     state = AdaptiveGamma(table, calibrate=True).start(1, torch.device("cpu"))
@@ -482,8 +482,41 @@ def test_steps_slower_than_the_table_move_the_choice(monkeypatch) -> None:
         now[0] += 3.0 * table.at(1)[chosen[-1]]
     assert chosen == [2, 0] + [2] * 8 and state.relative() == pytest.approx(1.0)
     assert state.scale == pytest.approx([3.0, 3.0])
-    # with only drafting dear and no target step ever timed, the choice still turns to target steps
-    assert run(True, {1: 3.0}, 12)[3:] == [2] + [0] * 8
+    # with only drafting dear and no target step timed yet, the choice turns to target steps and stays
+    state = AdaptiveGamma(table, calibrate=True).start(1, torch.device("cpu"))
+    chosen = []
+    for _ in range(10):
+        chosen.append(state.choose(high, 1))
+        now[0] += table.at(1)[chosen[-1]] * (3.0 if chosen[-1] else 1.0)
+    assert chosen == [2] + [0] * 9 and state.relative() == pytest.approx(2.0)
+
+
+def test_a_calibrated_decode_drafts_once_where_the_table_is_close(target, ragged_prompts) -> None:
+    """At alpha 0.1 the table says no draft pays, but puts gamma 1 within `PROBE_SHARE` of a target
+    step: a calibrated decode drafts to time it (exactly), an uncalibrated one and a static decoder's
+    single gamma trust the table; a table where drafting is far dearer is trusted either way."""
+    close = StepTable((1, 8), ((1.0, 1.3, 1.6), (1.0, 1.3, 1.6)), 16)
+    dear = StepTable((1,), ((1.0, 2.0, 3.0),), 16)
+    assert AdaptiveGamma(close).opening_gamma([0.1, 0.1]) == 0
+    assert AdaptiveGamma(close, calibrate=True).opening_gamma([0.1, 0.1]) == 1
+    assert AdaptiveGamma(close, prior_alpha=0.1, calibrate=True).fixed_gamma(2) == 0
+    assert AdaptiveGamma(dear, calibrate=True).opening_gamma([0.1, 0.1]) == 0
+    assert AdaptiveGamma(close).probe_gamma([1.0, 1.1, 1.11], 1) == 1
+    assert AdaptiveGamma(dear).probe_gamma([1.0, 1.1, 1.11], 1) == 0
+    reference = autoregressive_generate(target, ragged_prompts, max_new_tokens=16, eos_token_ids=[]).sequences
+    for calibrate in (False, True):
+        policy = AdaptiveGamma(close, prior_alpha=0.1, calibrate=calibrate, leave_after=3)
+        result = speculative_generate(
+            target,
+            tiny_llama(1, seed=1),
+            ragged_prompts,
+            gamma=policy,
+            max_new_tokens=16,
+            eos_token_ids=[],
+            prompt_lookup=None,
+        )
+        assert result.sequences == reference
+        assert (result.stats.drafted > 0) == calibrate and (1 in result.stats.gamma_steps) == calibrate
 
 
 def test_auto_calibrates_and_a_sampled_decode_starts_at_its_temperatures_acceptance(

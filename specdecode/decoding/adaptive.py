@@ -13,7 +13,9 @@ stays exact (Leviathan et al. 2023, Thm 3.5); its sums ride on the loop's one ho
 With `calibrate`, the loop times each step between its syncs and scales the table by running
 ratios of measured to predicted seconds, one for target steps and one for drafting steps (the
 table leaves out lookup, catch-up, bookkeeping, load, and a mixed batch's splitting of its rows);
-only their ratio moves the choice, target steps not yet timed counting as the table says. A
+only their ratio moves the choice, target steps not yet timed counting as the table says. The
+table is one noisy measurement, so a calibrated decode drafts once where the table puts drafting
+within `PROBE_SHARE` of a target step's rate, and lets its own step times decide from then on. A
 seeded sampled decode's gammas, and so its tokens, can then differ between runs.
 """
 
@@ -40,6 +42,9 @@ DEFAULT_PRIOR_ALPHA = 0.5
 CALIBRATION_WEIGHT = 0.2
 # Drafting steps are weighed at most this much cheaper or dearer, against target steps, than the table says.
 CALIBRATION_BOUNDS = (0.5, 2.0)
+# A calibrated decode times a drafting step before trusting a table that puts drafting's best rate at
+# or above this share of a target step's (leaving after `leave_after` target steps where it was right).
+PROBE_SHARE = 0.75
 # Estimates stop short of 1, where the expected tokens (1 - alpha^(g+1)) / (1 - alpha) are g + 1.
 _MAX_ALPHA = 0.999
 
@@ -93,14 +98,19 @@ class AdaptiveGamma:
 
     def fixed_gamma(self, batch_size: int) -> int:
         """One gamma for a whole decode of `batch_size` rows at the prior (a static decoder)."""
-        return self.opening_gamma([self.prior_alpha] * batch_size)
+        return self._best(self._expected([self.prior_alpha] * batch_size), batch_size, None)
 
     def opening_gamma(
         self, priors: Sequence[float], budgets: Sequence[int] | None = None, groups: Sequence[int] | None = None
     ) -> int:
         """The first step's gamma for rows starting at `priors` with `budgets` tokens left (None: no
         cap; `groups` as `seconds`); 0: no draft pays at the rows' stated acceptance, so the target
-        decodes alone."""
+        decodes alone. Calibrated, it drafts where the table is close (`probe_gamma`)."""
+        expected = self._expected(priors, budgets)
+        best = self._best(expected, len(priors), groups)
+        return self.probe_gamma(expected, len(priors), groups) if best == 0 and self.calibrate else best
+
+    def _expected(self, priors: Sequence[float], budgets: Sequence[int] | None = None) -> list[float]:
         rows = budgets if budgets is not None else [None] * len(priors)
         expected = [0.0] * (self.widest + 1)
         for prior, room in zip(priors, rows):
@@ -108,16 +118,26 @@ class AdaptiveGamma:
             for g in range(self.widest + 1):
                 tokens = (1 - alpha ** (g + 1)) / (1 - alpha)
                 expected[g] += tokens if room is None else min(tokens, room)
-        return self._best(expected, len(priors), groups)
+        return expected
 
     def choose(self, expected: list[float], batch_size: int, groups: Sequence[int] | None = None) -> int:
         """The gamma of the most `expected` tokens (per gamma 0..widest, over the batch) per second
         of a step of `batch_size` rows (`seconds`); ties: the shorter drafts."""
         return self._best(expected, batch_size, groups)
 
-    def _best(self, expected: list[float], batch_size: int, groups: Sequence[int] | None) -> int:
+    def probe_gamma(self, expected: list[float], batch_size: int, groups: Sequence[int] | None = None) -> int:
+        """The drafting gamma of the most tokens per second (as `choose`) where its rate is at least
+        `PROBE_SHARE` of a target step's, else 0."""
+        rates = self._rates(expected, batch_size, groups)
+        drafting = max(range(1, len(rates)), key=lambda g: (rates[g], -g))
+        return drafting if rates[drafting] >= PROBE_SHARE * rates[0] else 0
+
+    def _rates(self, expected: list[float], batch_size: int, groups: Sequence[int] | None) -> list[float]:
         seconds = self.seconds(batch_size, groups)
-        rates = [expected[g] / seconds[g] for g in range(self.widest + 1)]
+        return [expected[g] / seconds[g] for g in range(self.widest + 1)]
+
+    def _best(self, expected: list[float], batch_size: int, groups: Sequence[int] | None) -> int:
+        rates = self._rates(expected, batch_size, groups)
         return max(range(len(rates)), key=lambda g: (rates[g], -g))
 
     def seconds(self, batch_size: int, groups: Sequence[int] | None = None) -> list[float]:
@@ -186,6 +206,8 @@ class GammaState:
         relative = self.relative()
         weighed = [tokens / (relative if g else 1.0) for g, tokens in enumerate(expected)]
         gamma = policy.choose(weighed, batch_size, groups)
+        if gamma == 0 and policy.calibrate and self.scale[1] is None:  # drafting not yet timed
+            gamma = policy.probe_gamma(weighed, batch_size, groups)
         self._target_run = 0 if gamma else self._target_run + 1
         if policy.calibrate:
             self._timing = (min(gamma, 1), policy.seconds(batch_size, groups)[gamma], now)
