@@ -35,7 +35,7 @@ NOT_DEFAULTS: dict[tuple[str, str], str] = {
     ("demo.yaml", "skinny_matmul"): "the demo measures the CPU kernel (opt-in for the apps and the library)",
     **{
         ("demo.yaml", key): "the demo's overrides of a stage's own YAML, none by default"
-        for key in ("losses", "benchmark", "distill", "distill_per_domain", "collect", "eval", "short_eval")
+        for key in ("losses", "benchmark", "distill", "distill_per_domain", "collect", "eval")
     },
 }
 
