@@ -205,7 +205,7 @@ class StaticDecoder(Decoder):
 
             self._run(rows, request.budgets, (target, drafter), run)
             # read before the buffers go back to the pool
-            stats = counters.finish(gamma, 1, drafting.looked_up)
+            stats = counters.finish(drafting.looked_up)
             return GenerationResult.build(rows.sequences(), stats, time.perf_counter() - start)
 
     def autoregressive(self, target: PreTrainedModel, request: Request) -> GenerationResult:
@@ -232,7 +232,7 @@ class StaticDecoder(Decoder):
 
             self._run(rows, request.budgets, (target,), run)
             sequences = rows.sequences()
-            result = GenerationResult.build(sequences, counters.finish(0, 0, 0), time.perf_counter() - start)
+            result = GenerationResult.build(sequences, counters.finish(), time.perf_counter() - start)
             if features is not None:
                 result.features = features.rows(rows.prompt_lengths, sequences)
             return result
