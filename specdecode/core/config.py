@@ -114,7 +114,7 @@ def is_number(value: object) -> TypeGuard[int | float]:
 
 
 def is_temperature(value: object) -> bool:
-    """A sampling temperature every entry point accepts (`TEMPERATURE_RANGE`)."""
+    """A sampling temperature every entry point accepts (`TEMPERATURE_RANGE`; NaN fails both comparisons)."""
     return is_number(value) and (value == 0 or MIN_TEMPERATURE <= value < float("inf"))
 
 
