@@ -88,12 +88,7 @@ def require_int(
 
 def require_finite(name: str, value: object, low: float, strict: bool = False, note: str = "") -> None:
     """`value` is a finite number >= low (> low where `strict`); else a ValueError ending with `note`."""
-    ok = (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and (value > low if strict else value >= low)
-    )
+    ok = is_number(value) and math.isfinite(value) and (value > low if strict else value >= low)
     require(ok, name, value, f"a finite number {'>' if strict else '>='} {low:g}{note}")
 
 
@@ -119,7 +114,7 @@ def is_number(value: object) -> TypeGuard[int | float]:
 
 
 def is_temperature(value: object) -> bool:
-    """A sampling temperature every entry point accepts (`TEMPERATURE_RANGE`)."""
+    """A sampling temperature every entry point accepts (`TEMPERATURE_RANGE`; NaN fails both comparisons)."""
     return is_number(value) and (value == 0 or MIN_TEMPERATURE <= value < float("inf"))
 
 
@@ -137,15 +132,9 @@ class Placement:
     def check_placement(self) -> None:
         self.device = check_device_name(self.device)
         self.dtype = check_dtype_name(self.dtype)
-        require(
-            self.skinny_matmul is None or isinstance(self.skinny_matmul, bool),
-            "skinny_matmul",
-            self.skinny_matmul,
-            "true, false or null (the faster kernel, measured once per machine)",
-        )
-        require(
-            self.compile is None or isinstance(self.compile, bool),
-            "compile",
-            self.compile,
-            "true, false or null (on for CUDA; on the CPU as measured faster)",
-        )
+        for name, null in (
+            ("skinny_matmul", "the faster kernel, measured once per machine"),
+            ("compile", "on for CUDA; on the CPU as measured faster"),
+        ):
+            value = getattr(self, name)
+            require(value is None or isinstance(value, bool), name, value, f"true, false or null ({null})")

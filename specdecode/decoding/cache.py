@@ -59,6 +59,14 @@ class KVCache(Cache, ABC):
         """Position ids `[B, T]` and the attention mask `[B, 1, T, S]` of a pass of `num_new` tokens
         per row: query t of row b sees exactly slots 0..lengths[b] + t."""
 
+    def _place(self, num_new: int, read: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The position ids `[B, T]` of `num_new` new tokens per row (kept as their write slots), and which
+        of the first `read` slots each may attend `[B, 1, T, read]` bool."""
+        positions = self.lengths.unsqueeze(1) + torch.arange(num_new, device=self.lengths.device)
+        self._write_slots = positions
+        slots = torch.arange(read, device=positions.device)
+        return positions, (slots.view(1, 1, -1) <= positions.unsqueeze(-1)).unsqueeze(1)
+
     def advance(self, num_new: int) -> None:
         """Count the pass's tokens as cached (a new tensor: `set_lengths`'s may be the caller's)."""
         self.lengths = self.lengths + num_new
@@ -121,15 +129,10 @@ class RaggedKVCache(KVCache):
         """The position ids and an additive mask over the S = `max_length + num_new` slots read."""
         if self.max_length + num_new > self.capacity:
             raise RuntimeError(f"KV cache overflow: {self.max_length} + {num_new} slots > capacity {self.capacity}")
-        device = self.lengths.device
-        positions = self.lengths.unsqueeze(1) + torch.arange(num_new, device=device)
-        self._write_slots = positions
         self._read_length = self.max_length + num_new
-        slots = torch.arange(self._read_length, device=device)
-        visible = slots.view(1, 1, -1) <= positions.unsqueeze(-1)
-        mask = torch.zeros(visible.shape, dtype=dtype, device=device)
-        mask.masked_fill_(~visible, torch.finfo(dtype).min)
-        return positions, mask.unsqueeze(1)
+        positions, visible = self._place(num_new, self._read_length)
+        mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+        return positions, mask.masked_fill_(~visible, torch.finfo(dtype).min)
 
     def advance(self, num_new: int) -> None:
         super().advance(num_new)

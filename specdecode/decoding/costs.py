@@ -1,11 +1,7 @@
-"""How long the pieces of a decode step take (the one timer), and the step table the adaptive gamma
-(`adaptive.py`) weighs against each row's running acceptance.
-
-`step_pieces` builds a step's pieces (target step, verify, drafts) on any core's caches, each put
-back to its state before it runs; `time_rounds` times them taking turns within each round, so a
-drifting machine biases all alike. The step table (a step of g drafts at each batch size: on a CPU
-the best gamma falls with the batch) is kept in `$SPECDECODE_CACHE` by machine, torch, models and
-sampling mode, and spot-checked once per process: off by more than `STALE_FACTOR`, it is measured again.
+"""The one timer of a decode step's pieces (`step_pieces`, `time_rounds`: the pieces take turns within
+each round, so drift biases all alike), and the step table the adaptive gamma reads: a step of g drafts
+at each batch size, kept in `$SPECDECODE_CACHE` by machine, torch, models and sampling mode, and
+measured again where a once-per-process spot check is off by more than `STALE_FACTOR`.
 """
 
 from __future__ import annotations

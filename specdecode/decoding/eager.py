@@ -159,7 +159,7 @@ class EagerDecoder(Decoder):
             # 4. trim caches: done at the top of the loop from the committed lengths (rejected drafts'
             # entries stay in their slots, masked, until overwritten).
 
-        result = self._result(finisher, counters.finish(gamma, 1, drafting.looked_up), start)
+        result = self._result(finisher, counters.finish(drafting.looked_up), start)
         if adaptive is not None:  # the steps after leaving the loop are target steps too
             steps = result.stats.gamma_steps
             after = result.stats.target_calls - 1 - sum(steps.values())
@@ -187,7 +187,7 @@ class EagerDecoder(Decoder):
         finished = _commit_token(rows, _draw(logits, rows, request, temperatures), counters, recorder)
         _target_steps(target, cache, rows, finished, finisher, counters, request, features, temperatures)
 
-        result = self._result(finisher, counters.finish(0, 0, 0), start)
+        result = self._result(finisher, counters.finish(), start)
         if features is not None:
             result.features = features.rows(rows.prompt_lengths, result.sequences)
         return result

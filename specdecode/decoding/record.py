@@ -140,29 +140,21 @@ class Recorder:
         """After the loop's host sync of a step: time-stamp it and, with `on_step`, stream it."""
         self.steps[-1].time_s = time.perf_counter() - self.start
         if self.on_step is not None:
-            ((rows, steps),) = _host_rows([self.steps[-1]])
-            tokens = []
-            for row, step in zip(rows, steps):
-                step.committed = step.committed - self._streamed[row]
-                self._streamed[row] += step.committed
-                tokens.append(step.tokens())
-            self.on_step(StepEvent(rows, tokens, self.steps[-1].time_s))
+            ((rows, steps),) = _host_rows([self.steps[-1]], self._streamed)
+            self.on_step(StepEvent(rows, [step.tokens() for step in steps], self.steps[-1].time_s))
 
     def rows(self) -> list[RowRecord]:
         """One `RowRecord` per prompt, in the caller's order (the tensors reach the host here)."""
         records = [RowRecord(n) for n in self.prompt_lengths]
-        length = list(self.prompt_lengths)
-        for rows, steps in _host_rows(self.steps):
+        for rows, steps in _host_rows(self.steps, list(self.prompt_lengths)):
             for row, step in zip(rows, steps):
-                # `committed` came back as the row's length after the step
-                step.committed, length[row] = step.committed - length[row], step.committed
                 records[row].steps.append(step)
         return records
 
 
-def _host_rows(steps: list[_Step]) -> list[tuple[list[int], list[StepRecord]]]:
-    """`steps` on the host in one transfer: per step, its rows and a `StepRecord` each (`committed`
-    holds the row's length after the step, for the caller to turn into a count)."""
+def _host_rows(steps: list[_Step], lengths: list[int]) -> list[tuple[list[int], list[StepRecord]]]:
+    """`steps` on the host in one transfer: per step, its rows and a `StepRecord` each; `lengths`, each
+    row's committed length before the first step, is moved along with them."""
     parts: list[torch.Tensor] = []
     for s in steps:
         parts += [s.rows, s.lengths, s.target]
@@ -177,10 +169,13 @@ def _host_rows(steps: list[_Step]) -> list[tuple[list[int], list[StepRecord]]]:
     out = []
     for s in steps:
         batch, gamma = s.rows.shape[0], 0 if s.draft is None else s.draft.shape[1]
-        rows, lengths, target = take(batch), take(batch), take(batch)
+        rows, after, target = take(batch), take(batch), take(batch)
         accepted = take(batch) if gamma else [0] * batch
         drafts = [take(gamma) for _ in range(batch)]
         looked = [[bool(x) for x in take(gamma)] for _ in range(batch)]
-        records = [StepRecord(drafts[b], accepted[b], target[b], looked[b], lengths[b], s.time_s) for b in range(batch)]
+        records = []
+        for b, row in enumerate(rows):
+            records.append(StepRecord(drafts[b], accepted[b], target[b], looked[b], after[b] - lengths[row], s.time_s))
+            lengths[row] = after[b]
         out.append((rows, records))
     return out

@@ -20,7 +20,6 @@ class SamplingParams:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        # NaN fails every comparison, so `< 0` alone let it through (and argmax then picked id 0).
         if not is_temperature(self.temperature):
             raise ValueError(f"temperature must be {TEMPERATURE_RANGE}, got {self.temperature!r}")
         if not is_int(self.top_k) or self.top_k < 0:

@@ -1,11 +1,10 @@
 """The static and compiled decoders: fixed buffers and pass widths, so the steps can be compiled.
 
-As in gpt-fast but with ragged batches: each layer's KV cache is a fixed `[B, H_kv, S_cap, D]` buffer
-read whole under a boolean mask; finished rows stay, masked; the host asks every few steps whether
-all are done. `CompiledDecoder` runs each round (`_round`) or target step (`_step`) as one compiled
-graph per shape, its buffers pooled per shape (`static_buffers`) so later calls replay. Both return
-the eager decoder's greedy tokens (fp32) and distribution (masked rows still draw, so a seed's
-draws differ once a row finishes).
+As in gpt-fast but with ragged batches: each layer's KV cache `[B, H_kv, S_cap, D]` is read whole
+under a boolean mask; finished rows stay, masked. `CompiledDecoder` runs each round (`_round`) or
+target step (`_step`) as one graph per shape, its buffers pooled (`static_buffers`) so later calls
+replay. Both match the eager decoder's greedy tokens (fp32) and distribution (not a seed's draws once
+a row finishes: masked rows still draw).
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from specdecode.decoding.lookup import ActiveRowsLookup
 from specdecode.decoding.mixed import RowDrafters
 from specdecode.decoding.rows import FeatureRows, StaticRows, prefill
 from specdecode.decoding.sampling import DrawnAhead, Params, SamplingParams, next_tokens, sample_draws, uniform
-from specdecode.decoding.static_buffers import static_buffers
+from specdecode.decoding.static_buffers import Lease, static_buffers
 from specdecode.decoding.static_cache import StaticKVCache, rows_capacity
 from specdecode.decoding.stats import DeviceCounters, GenerationResult
 from specdecode.decoding.verify import verify_drafts
@@ -142,6 +141,19 @@ class StaticDecoder(Decoder):
         with skipped_guards(step >= GUARDED_STEPS), outputs_copied(*state):
             yield
 
+    @contextlib.contextmanager
+    def _buffers(
+        self, target: PreTrainedModel, request: Request, gamma: int | None
+    ) -> Iterator[tuple[Lease, StaticRows, StaticKVCache, DeviceCounters]]:
+        """A call's pooled buffers (`static_buffers`), rows, target cache and counters; `gamma` None: target steps."""
+        capacity = rows_capacity(request.prompts, request.budgets, gamma, self.capacity)
+        batch_size, device = len(request.prompts), target.device
+        with static_buffers(self.compile, (batch_size, capacity)) as lease:
+            zeros = lease.zeros_for(target)
+            rows = StaticRows(request.prompts, request.budgets, capacity, request.eos, device, zeros)
+            cache = StaticKVCache.for_model(target, batch_size, capacity, zeros)
+            yield lease, rows, cache, DeviceCounters(gamma or 0, device, zeros)
+
     def _run(
         self, rows: StaticRows, budgets: list[int], models: Sequence[torch.nn.Module], run: Callable[[int], object]
     ) -> None:
@@ -162,16 +174,10 @@ class StaticDecoder(Decoder):
         start = time.perf_counter()
         device, params, generator, batch_size = target.device, request.params, request.generator, len(request.prompts)
         gamma, lookup = request.gamma or 0, request.lookup
-        capacity = rows_capacity(request.prompts, request.budgets, gamma, self.capacity)
-        with static_buffers(self.compile, (batch_size, capacity)) as lease:
-            # what a round writes in place, at the addresses earlier calls of this shape used (compiled)
-            zeros, drafter_zeros = lease.zeros_for(target), lease.zeros_for(drafter)
-            rows = StaticRows(request.prompts, request.budgets, capacity, request.eos, device, zeros)
-            target_cache = StaticKVCache.for_model(target, batch_size, capacity, zeros)
+        with self._buffers(target, request, gamma) as (lease, rows, target_cache, counters):
             row_lookup = ActiveRowsLookup(lookup) if lookup is not None else None
-            drafter_cache = StaticKVCache.for_model(drafter, batch_size, capacity, drafter_zeros)
+            drafter_cache = StaticKVCache.for_model(drafter, batch_size, rows.capacity, lease.zeros_for(drafter))
             drafting = drafting_for(drafter, drafter_cache, row_lookup, gamma)
-            counters = DeviceCounters(gamma, device, zeros)
             run_round, round_params = self._compiled(_round, params, device)
             # the generator whose draws each round makes ahead: None when greedy or unseeded
             seeded = generator if not params.greedy else None
@@ -199,27 +205,21 @@ class StaticDecoder(Decoder):
 
             self._run(rows, request.budgets, (target, drafter), run)
             # read before the buffers go back to the pool
-            stats = counters.finish(gamma, 1, drafting.looked_up)
+            stats = counters.finish(drafting.looked_up)
             return GenerationResult.build(rows.sequences(), stats, time.perf_counter() - start)
 
     def autoregressive(self, target: PreTrainedModel, request: Request) -> GenerationResult:
         """One-token passes of the whole batch, finished rows masked; seeded draws made ahead."""
         start = time.perf_counter()
-        device, params, generator, batch_size = target.device, request.params, request.generator, len(request.prompts)
+        device, params, generator = target.device, request.params, request.generator
         feature_layers = request.feature_layers
-        capacity = rows_capacity(request.prompts, request.budgets, None, self.capacity)
-        with static_buffers(self.compile, (batch_size, capacity)) as lease:
-            # what a step writes in place, at the addresses earlier calls of this shape used (compiled)
-            zeros = lease.zeros_for(target)
-            rows = StaticRows(request.prompts, request.budgets, capacity, request.eos, device, zeros)
-            cache = StaticKVCache.for_model(target, batch_size, capacity, zeros)
-            counters = DeviceCounters(0, device, zeros)
+        with self._buffers(target, request, None) as (lease, rows, cache, counters):
             run_step, step_params = self._compiled(_step, params, device)
             seeded = generator is not None and not params.greedy
 
             logits, hidden = prefill(target, cache, rows, feature_layers)
             noise_shape = tuple(logits.shape)  # [B, V]: one draw per row and token id
-            features = FeatureRows(hidden, capacity, zeros) if hidden is not None else None
+            features = FeatureRows(hidden, rows.capacity, lease.zeros_for(target)) if hidden is not None else None
             written = features.values if features is not None else None
             counters.record_target_call(torch.ones_like(rows.active))
             rows.commit(next_tokens(logits, params, generator).unsqueeze(1), torch.ones_like(rows.lengths))
@@ -232,7 +232,7 @@ class StaticDecoder(Decoder):
 
             self._run(rows, request.budgets, (target,), run)
             sequences = rows.sequences()
-            result = GenerationResult.build(sequences, counters.finish(0, 0, 0), time.perf_counter() - start)
+            result = GenerationResult.build(sequences, counters.finish(), time.perf_counter() - start)
             if features is not None:
                 result.features = features.rows(rows.prompt_lengths, sequences)
             return result

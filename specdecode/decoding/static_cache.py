@@ -8,7 +8,6 @@ import torch
 
 from specdecode.core.config import is_int
 from specdecode.decoding.cache import KVCache, write_layer
-from specdecode.decoding.static_buffers import Zeros, fresh_zeros
 
 # The capacity is rounded up to a power of two (at least this), so calls of other lengths share one
 # compiled shape; the masked slots cost little next to the weights (256 slots of SmolLM2-135M: ~6 MB).
@@ -54,17 +53,9 @@ class StaticKVCache(KVCache):
     """The static core's cache: the buffers are read whole under a boolean mask `[B, 1, T, S_cap]`,
     so a pass's shapes depend only on its batch size and width; rows never leave."""
 
-    def __init__(
-        self, num_layers: int, batch_size: int, capacity: int, device: torch.device, zeros: Zeros = fresh_zeros
-    ) -> None:
-        super().__init__(num_layers, batch_size, capacity, device, zeros)
-        self.slots = torch.arange(capacity, device=device)
-
     def prepare(self, num_new: int, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The position ids and a boolean mask (True where a query may attend); `dtype` is unused."""
-        positions = self.lengths.unsqueeze(1) + torch.arange(num_new, device=self.lengths.device)
-        self._write_slots = positions
-        return positions, (self.slots.view(1, 1, -1) <= positions.unsqueeze(-1)).unsqueeze(1)
+        return self._place(num_new, self.capacity)
 
     def set_lengths(self, lengths: torch.Tensor, max_length: int | None = None) -> None:
         self.lengths = lengths

@@ -73,24 +73,19 @@ class DeviceCounters:
         position = torch.arange(gamma, device=num_accepted.device)
         self.judged[:gamma] += ((num_accepted.unsqueeze(1) >= position) & judged.unsqueeze(1)).sum(dim=0)
 
-    def finish(
-        self, drafter_calls_per_step: int, drafter_prefill_calls: int, looked_up: torch.Tensor | int
-    ) -> StepCounters:
-        """The counts as `StepCounters` (one host sync). `drafter_calls_per_step`: per step where
-        every step drafted alike (`gamma_steps` empty)."""
+    def finish(self, looked_up: torch.Tensor | None = None) -> StepCounters:
+        """The counts as `StepCounters` (one host sync); `looked_up`: the drafting's count, None without a drafter."""
         counters = StepCounters(self.gamma, self.histogram.device)
         calls, row_calls, _, drafted, rejections = self.calls.tolist()
         counters.target_calls, counters.row_calls = calls, row_calls
-        # a drafter call per draft: gamma per step where the gamma was chosen per step
-        per_steps = sum(g * n for g, n in self.gamma_steps.items()) if self.gamma_steps else None
-        counters.drafter_calls = drafter_prefill_calls + (
-            drafter_calls_per_step * (calls - 1) if per_steps is None else per_steps
-        )
+        # the drafter's prefill, then a call per draft: `gamma` per step unless it was chosen per step
+        steps = self.gamma_steps.items() if self.gamma_steps else [(self.gamma, calls - 1)]
+        counters.drafter_calls = 0 if looked_up is None else 1 + sum(g * n for g, n in steps)
         counters.drafted, counters.rejections = drafted, rejections
         counters.histogram = self.histogram
         counters.judged = self.judged.tolist()
         counters.gamma_steps = dict(sorted(self.gamma_steps.items()))
-        counters.looked_up = looked_up
+        counters.looked_up = 0 if looked_up is None else looked_up
         return counters
 
 

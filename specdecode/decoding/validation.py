@@ -49,6 +49,13 @@ def _items(value: object) -> list[object] | None:
     return list(value) if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) else None
 
 
+def _ints(value: object) -> list[int] | None:
+    """`value`'s items as token ids (`_items`, `_token_id`), or None where it is no list of them."""
+    items = _items(value)
+    ids = None if items is None else [_token_id(t) for t in items]
+    return None if ids is None or None in ids else [i for i in ids if i is not None]
+
+
 def _token_ids(prompt: object, i: int) -> list[int]:
     """Prompt `i` as a list of ints; errors name the first non-integer."""
     items = _items(prompt)
@@ -63,10 +70,8 @@ def _token_ids(prompt: object, i: int) -> list[int]:
 
 def _eos_ids(eos_token_ids: object) -> list[int]:
     """`eos_token_ids` (one id or a sequence of them) as a list of ints; ValueError naming anything else."""
-    items = [eos_token_ids] if _token_id(eos_token_ids) is not None else _items(eos_token_ids)
-    ids = [_token_id(t) for t in items] if items is not None else [None]
-    eos = [i for i in ids if i is not None]
-    if len(eos) != len(ids):
+    eos = _ints([eos_token_ids]) or _ints(eos_token_ids)
+    if eos is None:
         raise ValueError(f"eos_token_ids must be an int token id, a list of them or None, got {eos_token_ids!r}")
     return eos
 
@@ -85,9 +90,8 @@ def check_feature_layers(feature_layers: object, num_layers: int) -> tuple[int, 
     """`feature_layers` as a tuple of the target's hidden-state indices in `[-1, num_layers]`, or None."""
     if feature_layers is None:
         return None
-    ids = [_token_id(i) for i in _items(feature_layers) or [None]]
-    layers = [i for i in ids if i is not None]
-    if not layers or len(layers) != len(ids):
+    layers = _ints(feature_layers)
+    if not layers:
         raise TypeError(f"feature_layers must be a non-empty list of layer indices or None, got {feature_layers!r}")
     bad = next((i for i in layers if not -1 <= i <= num_layers), None)
     if bad is not None:
