@@ -11,9 +11,16 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from specdecode.core.config import is_number, require, require_choice
+from specdecode.core.config import require, require_choice
 from specdecode.core.paths import CONF_DIR
-from specdecode.data.domains import CHAT_TURNS, DOMAIN_NAME, DOMAINS, SOURCES
+from specdecode.data.domains import (
+    CHAT_TURNS,
+    DOMAINS,
+    SOURCES,
+    check_domain_name,
+    check_domains,
+    check_heldout_fraction,
+)
 from specdecode.data.files import FILE_SUFFIXES, file_suffix
 
 
@@ -42,12 +49,7 @@ class DataConfig:
     members: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        require(
-            isinstance(self.name, str) and bool(DOMAIN_NAME.fullmatch(self.name)),
-            "data.name",
-            self.name,
-            "a domain name: letters, digits, '_', '.' or '-' (it names the drafter and the teacher cache)",
-        )
+        check_domain_name("data.name", self.name)
         require_choice(f"data.source (domain {self.name!r})", self.source, SOURCES)
         if self.source == "file":
             key, suffixes = f"data.path (domain {self.name!r})", ", ".join(FILE_SUFFIXES)
@@ -64,22 +66,9 @@ class DataConfig:
             bool(self.prompt_column), f"data.prompt_column (domain {self.name!r})", self.prompt_column, "a column name"
         )
         require_choice("data.chat_turns", self.chat_turns, CHAT_TURNS)
-        require(
-            is_number(self.heldout_fraction) and 0 < self.heldout_fraction < 1,
-            "data.heldout_fraction",
-            self.heldout_fraction,
-            "in (0, 1)",
-        )
+        check_heldout_fraction(self.heldout_fraction, "data.heldout_fraction")
         if self.domains is not None:
-            require(
-                isinstance(self.domains, (list, tuple))
-                and bool(self.domains)
-                and len(set(self.domains)) == len(self.domains),
-                "data.domains",
-                self.domains,
-                "null, or a non-empty list of distinct domain names",
-            )
-            self.domains = list(self.domains)
+            self.domains = check_domains(self.domains, "data.domains")
             if self.domains == [self.name]:
                 self.domains = None
         if self.is_mix:

@@ -29,6 +29,7 @@ DOMAINS = ("code", "math", "chat")
 EMBEDDED = (*DOMAINS, MIXED)
 # A domain name names folders, drafters (`specialized:<name>`) and config files.
 DOMAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+DOMAIN_NAME_RULE = "a domain name: letters, digits, '_', '.' or '-', starting with a letter or digit"
 SOURCES = ("embedded", "hf", "file", "synthetic")
 SPLITS = ("train", "heldout", "all")
 CHAT_TURNS = ("opening", "all")
@@ -45,7 +46,7 @@ def heldout_score(prompt: str) -> float:
 
 def is_heldout(prompt: str, heldout_fraction: float = 0.1) -> bool:
     """Whether `prompt` is held out: `heldout_score(prompt) < heldout_fraction`."""
-    _check_fraction(heldout_fraction)
+    check_heldout_fraction(heldout_fraction)
     return heldout_score(prompt) < heldout_fraction
 
 
@@ -53,7 +54,7 @@ def split_examples(examples: Iterable[Example], split: Split = "all", heldout_fr
     """Deduplicate by prompt and keep the examples of one split, in input order. A later turn goes
     where its conversation's opening goes; one alone (no earlier turns in `messages`) is never held out."""
     require_choice("split", split, SPLITS)
-    _check_fraction(heldout_fraction)
+    check_heldout_fraction(heldout_fraction)
     seen: set[str] = set()
     kept: list[Example] = []
     for example in examples:
@@ -131,8 +132,7 @@ def _check_arguments(
     hf_id: str | None,
 ) -> None:
     """`load_domain`'s checks, before any data is read."""
-    name_rule = "letters, digits, '_', '.' or '-', starting with a letter or digit"
-    require(isinstance(domain, str) and bool(DOMAIN_NAME.fullmatch(domain)), "domain", domain, name_rule)
+    check_domain_name("domain", domain)
     require_choice("source", source, SOURCES)
     if source == "embedded" and domain not in EMBEDDED:
         raise ValueError(
@@ -140,7 +140,7 @@ def _check_arguments(
             "give it source file (path) or hf (hf_id) in its data config"
         )
     require_choice("split", split, SPLITS)
-    _check_fraction(heldout_fraction)
+    check_heldout_fraction(heldout_fraction)
     require_int("limit", limit, 0, nullable=True)
     # A path or hub id given to the wrong source is a config mistake, not to be trained past.
     require(path is None or source == "file", "path", path, f"only read with source='file', got {source=}")
@@ -174,8 +174,28 @@ def prompts_within(tokenizer: Any, examples: Iterable[Example], max_tokens: int)
             yield example, ids
 
 
-def _check_fraction(heldout_fraction: float) -> None:
-    require(is_number(heldout_fraction) and 0 < heldout_fraction < 1, "heldout_fraction", heldout_fraction, "in (0, 1)")
+def check_heldout_fraction(value: float, key: str = "heldout_fraction") -> None:
+    """`value` is a number in (0, 1); else a ValueError naming `key`."""
+    require(is_number(value) and 0 < value < 1, key, value, "in (0, 1)")
+
+
+def check_domain_name(key: str, name: object) -> None:
+    """`name` is a domain name (`DOMAIN_NAME`); else a ValueError naming `key`."""
+    require(isinstance(name, str) and bool(DOMAIN_NAME.fullmatch(name)), key, name, DOMAIN_NAME_RULE)
+
+
+def check_domains(domains: object, key: str = "domains") -> list[str]:
+    """`domains` if it is a non-empty list of distinct domain names; otherwise a ValueError naming it."""
+    require(
+        isinstance(domains, (list, tuple))
+        and bool(domains)
+        and len(set(domains)) == len(domains)
+        and all(isinstance(d, str) and DOMAIN_NAME.fullmatch(d) for d in domains),
+        key,
+        domains,
+        "a non-empty list of distinct domain names (each defined by conf/data/<name>.yaml)",
+    )
+    return [str(d) for d in domains]  # type: ignore[attr-defined]  # `require` above checked it is a list
 
 
 def _text(value: Any) -> str | None:

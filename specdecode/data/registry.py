@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from specdecode.core.config import require
 from specdecode.data.config import DataConfig, as_synthetic, to_dict
 from specdecode.data.config import domain_data as domain_data  # re-exported: the stages look domains up here
 from specdecode.data.config import resolve_domains as resolve_domains
-from specdecode.data.domains import DOMAIN_NAME, Split, load_domain
+from specdecode.data.domains import Split, load_domain
+from specdecode.data.domains import check_domains as check_domains  # re-exported: the stage configs check here
 from specdecode.data.example import Example
 
 
@@ -38,17 +38,3 @@ def require_heldout(data: Mapping[str, Mapping[str, Any]], count: int, what: str
                 f"domain {name!r} has {have} held-out prompts but {what}={count} were asked for; "
                 f"lower {what} or give the domain more data (or a larger heldout_fraction)"
             )
-
-
-def check_domains(domains: object, key: str = "domains") -> list[str]:
-    """`domains` if it is a non-empty list of distinct domain names; otherwise a ValueError naming it."""
-    require(
-        isinstance(domains, (list, tuple))
-        and bool(domains)
-        and len(set(domains)) == len(domains)
-        and all(isinstance(d, str) and DOMAIN_NAME.fullmatch(d) for d in domains),
-        key,
-        domains,
-        "a non-empty list of distinct domain names (each defined by conf/data/<name>.yaml)",
-    )
-    return [str(d) for d in domains]  # type: ignore[attr-defined]  # `require` above checked it is a list

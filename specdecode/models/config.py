@@ -141,15 +141,15 @@ class DrafterConfig:
         if self.layout is None:
             self.layout = "eagle" if self.kind == "feature" else "specdecode"
         check_layout(self.layout, "drafter.layout")
-        if self.kind != "feature":
+        if self.kind == "feature":
+            self.feature_layers = list(check_feature_layers(self.feature_layers, name="drafter.feature_layers"))
+        else:
             require(
                 self.layout == "specdecode",
                 "drafter.layout",
                 self.layout,
                 f"is set but drafter.kind={self.kind!r} (only a feature drafter has a layout); use specdecode",
             )
-        if self.kind == "feature":
-            self.feature_layers = list(check_feature_layers(self.feature_layers, name="drafter.feature_layers"))
         if self.kind == "eagle3":
             self._check_eagle3()
         if self.kind in BUILT_KINDS:

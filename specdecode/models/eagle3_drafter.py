@@ -191,18 +191,8 @@ class Eagle3Timing(nn.Module):
     def __init__(self, drafter: Eagle3Drafter) -> None:
         super().__init__()
         self.drafter = drafter
-
-    @property
-    def config(self) -> Any:
-        return self.drafter.config
-
-    @property
-    def device(self) -> torch.device:
-        return self.drafter.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.drafter.dtype
+        # read as a causal LM's; made where the drafter is timed, so its placement is final
+        self.config, self.device, self.dtype = drafter.config, drafter.device, drafter.dtype
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         features = torch.zeros(*input_ids.shape, self.drafter.feature_width, device=self.device, dtype=self.dtype)

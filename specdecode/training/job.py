@@ -1,13 +1,7 @@
 """Drafter training jobs, the library behind train/distill.py and train/finetune.py: `run_distill`
-(token-level distillation, DistillSpec) and `run_finetune` (next-token loss).
-
-A job validates its config before any heavy work, loads the target, builds the drafter and the
-teacher data (specdecode.training.job_data), trains (specdecode.training.loop) and writes to
+(token-level distillation, DistillSpec) and `run_finetune` (next-token loss). A job writes to
 `output_dir`: `drafter/` (the step with the best held-out acceptance, not the lowest loss),
-`metrics.json`, `config.yaml`, `metrics.jsonl` and `checkpoints/`. Embeddings and LM head are
-frozen by default. On-policy steps (`train.lambda_on_policy`): the drafter writes the
-continuations and the target scores them on the spot, nothing cached.
-"""
+`metrics.json`, `config.yaml`, `metrics.jsonl` and `checkpoints/`."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from transformers import PreTrainedModel
 from specdecode.core.devices import autocast_context
 from specdecode.models.draft_vocab import DraftVocabHead
 from specdecode.training.checkpoints import LoopState, checkpoint_path, is_complete, save_checkpoint
-from specdecode.training.config import LR_DECAYS, TrainConfig
+from specdecode.training.config import TrainConfig
 
 Batch = dict[str, torch.Tensor]
 
@@ -105,11 +105,10 @@ class BudgetSchedule:
     `warmup_steps`, times `decay` of the budget's `progress` p in [0, 1] (`constant` 1, `linear`
     1 - p, `cosine` (1 + cos πp) / 2). The loop sets `progress` before each step, so a time-limited
     run decays over its minutes; an object, so that `LambdaLR.state_dict` saves it for a resume.
+    `decay` is one of `LR_DECAYS` (`TrainConfig` checks it).
     """
 
     def __init__(self, warmup_steps: int, decay: str) -> None:
-        if decay not in LR_DECAYS:
-            raise ValueError(f"lr_decay={decay!r}: expected {'|'.join(LR_DECAYS)}")
         self.warmup_steps = warmup_steps
         self.decay = decay
         self.progress = 0.0

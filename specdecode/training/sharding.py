@@ -1,11 +1,8 @@
 """The target sharded over a job's processes (`train.shard_target`), for a target that does not fit
 one device: FSDP2's `fully_shard` on each decoder layer, so each process holds 1/N of every layer and
 gathers one layer's weights at a time in a forward. The embeddings, final norm and head (small beside
-the layers; a tied head shares the embedding's weight) stay whole on every process.
-
-Every process must then run the same target forwards in the same order: the online teacher's
-training steps do (equal micro-batches); writing continuations and timing decodes do not, so a
-sharded job trains on the data's responses (`train.seq_source=data`) and chooses no gamma.
+the layers; a tied head shares the embedding's weight) stay whole on every process. Every process
+must run the same target forwards in the same order, as the online teacher's training steps do.
 """
 
 from __future__ import annotations

@@ -13,12 +13,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, overload
 
-import torch
 from safetensors import safe_open
 
 from specdecode.core.atomic import write_atomic
 from specdecode.training.sequences import TrainSequence
-from specdecode.training.teacher import TeacherCache, concat_caches, sequences_only
+from specdecode.training.teacher import TeacherCache, concat_caches, sequences_only, single_cache
 
 MANIFEST = "store.json"
 # Prompts per shard, in generation batches: what a writer holds in memory, and what a kill loses.
@@ -143,20 +142,13 @@ class TeacherStore:
     def _read(self, index: int) -> TeacherCache:
         """A one-sequence `TeacherCache` of sequence `index`."""
         local, handle, index_of = self._locate(index)
-        sequence = self.sequence(index)
         a, b = index_of["offsets"][local], index_of["offsets"][local + 1]
         features = None
         if "features" in handle.keys():
             t0, t1 = index_of["token_offsets"][local], index_of["token_offsets"][local + 1]
             features = handle.get_slice("features")[t0:t1]
-        return TeacherCache(
-            [sequence],
-            torch.tensor([0, b - a]),
-            handle.get_slice("topk_ids")[a:b],
-            handle.get_slice("topk_logits")[a:b],
-            features,
-            torch.tensor([0, len(sequence.tokens)]) if features is not None else None,
-        )
+        ids, logits = handle.get_slice("topk_ids")[a:b], handle.get_slice("topk_logits")[a:b]
+        return single_cache(self.sequence(index), ids, logits, features)
 
 
 class StoredSequences(Sequence[TrainSequence]):

@@ -57,22 +57,20 @@ class TeacherCache:
 
     def select(self, indices: Sequence[int]) -> TeacherCache:
         """A cache of sequences `indices` only, in that order (a training batch's)."""
+        return concat_caches([self._one(i) for i in indices]) if indices else sequences_only([])
 
-        def rows(table: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-            return torch.cat([table[offsets[i] : offsets[i + 1]] for i in indices]) if indices else table[:0]
+    def _one(self, index: int) -> TeacherCache:
+        a, b = self.offsets[index], self.offsets[index + 1]
+        features = self.sequence_features(index) if self.features is not None else None
+        return single_cache(self.sequences[index], self.topk_ids[a:b], self.topk_logits[a:b], features)
 
-        def counts(table_offsets: torch.Tensor) -> torch.Tensor:
-            return offsets(int(table_offsets[i + 1] - table_offsets[i]) for i in indices)
 
-        has_features = self.features is not None and self.token_offsets is not None
-        return TeacherCache(
-            [self.sequences[i] for i in indices],
-            counts(self.offsets),
-            rows(self.topk_ids, self.offsets),
-            rows(self.topk_logits, self.offsets),
-            rows(self.features, self.token_offsets) if has_features else None,  # type: ignore[arg-type]  # both set
-            counts(self.token_offsets) if has_features else None,  # type: ignore[arg-type]  # both set
-        )
+def single_cache(
+    sequence: TrainSequence, topk_ids: torch.Tensor, topk_logits: torch.Tensor, features: torch.Tensor | None
+) -> TeacherCache:
+    """A cache of one sequence: its `[P, k]` top-k ids and logits, and its `[L, n·H]` features or None."""
+    tokens = None if features is None else torch.tensor([0, len(sequence.tokens)])
+    return TeacherCache([sequence], torch.tensor([0, topk_ids.shape[0]]), topk_ids, topk_logits, features, tokens)
 
 
 def concat_caches(parts: Sequence[TeacherCache]) -> TeacherCache:
