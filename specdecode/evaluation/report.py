@@ -60,8 +60,9 @@ def merge_results(paths: Iterable[Path]) -> dict:
     multirun as one result; a ValueError for no file or another sweep's (`check_same_sweep`)."""
     merged: dict = {"rows": [], "sources": [], "router_share": []}
     runs = {str(path): json.loads(Path(path).read_text()) for path in sorted(paths)}
-    if runs:
-        check_same_sweep({path: data.get("config") for path, data in runs.items()})
+    if not runs:
+        raise ValueError("no results.json files to merge")
+    check_same_sweep({path: data.get("config") for path, data in runs.items()})
     for path, data in runs.items():
         merged["rows"] += data["rows"]
         gamma = (data.get("config") or {}).get("gamma")
@@ -69,8 +70,6 @@ def merge_results(paths: Iterable[Path]) -> dict:
         merged["sources"].append(str(path))
         merged.setdefault("config", data.get("config"))
         merged.setdefault("date", data.get("date"))
-    if not merged["sources"]:
-        raise ValueError("no results.json files to merge")
     return merged
 
 
