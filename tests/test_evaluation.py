@@ -723,7 +723,7 @@ def test_the_compile_knob_picks_the_evaluations_decode_core() -> None:
     import torch
 
     from specdecode.evaluation.config import EvalConfig
-    from specdecode.evaluation.suite import _core
+    from specdecode.evaluation.suite import _decode
 
     class Target:
         def __init__(self, device: str) -> None:
@@ -737,18 +737,18 @@ def test_the_compile_knob_picks_the_evaluations_decode_core() -> None:
     ):
         cfg = EvalConfig(methods=["autoregressive"], compile=setting, max_prompt_tokens=100, max_new_tokens=64, gamma=3)
         models = suite._Models(target=Target(device), tokenizer=None, eos=[], drafters={"generic": None})
-        core = _core(cfg, models)
+        core = _decode(cfg, models, 0.0, 1, [])
         assert {k: core[k] for k in ("static", "compile")} == {"static": expected, "compile": expected}
         # compiled, one capacity for every decode: the longest prompt + its budget + gamma + 2, rounded up
         assert core.get("capacity") == (256 if expected else None)
     # the widest gamma sets it, a swept one included: 100 + 20 + 8 + 2 slots
     cfg = EvalConfig(methods=["autoregressive"], compile=True, max_prompt_tokens=100, max_new_tokens=20, gamma=3)
     models = suite._Models(target=Target("cpu"), tokenizer=None, eos=[], drafters={"generic": None})
-    assert _core(cfg, models)["capacity"] == 128
+    assert _decode(cfg, models, 0.0, 1, [])["capacity"] == 128
     cfg = EvalConfig(
         methods=["autoregressive"], compile=True, max_prompt_tokens=100, max_new_tokens=20, gamma=3, sweep_gammas=[8]
     )
-    assert _core(cfg, models)["capacity"] == 256
+    assert _decode(cfg, models, 0.0, 1, [])["capacity"] == 256
 
 
 def test_a_call_that_compiled_decodes_again_and_its_excess_counts_as_compiling(monkeypatch) -> None:

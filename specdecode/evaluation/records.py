@@ -248,11 +248,8 @@ def router_share(rows: list[dict], singles: Sequence[str] | None = None) -> list
             if r["speedup"] is not None:
                 speedups.setdefault(r["method"], []).append(r["speedup"])
         mean = {m: sum(v) / len(v) for m, v in speedups.items() if len(v) == len(domains)}
-        candidates = (
-            list(singles)
-            if singles is not None
-            else [m for m in mean if m == "generic" or m.startswith("specialized:")]
-        )
+        trained = [m for m in mean if m == "generic" or m.startswith("specialized:")]
+        candidates = trained if singles is None else list(singles)
         if "oracle" not in mean or not candidates or any(m not in mean for m in candidates):
             continue
         if not any(chooser in mean for chooser in ("routed", ROUTED_CHOICES)):

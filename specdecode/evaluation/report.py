@@ -12,6 +12,7 @@ from typing import Any
 from specdecode.core.atomic import write_atomic
 from specdecode.core.config import config_differences
 from specdecode.evaluation.token_pages import token_page_links
+from specdecode.routing.report import percent
 
 
 def _pyplot() -> Any:
@@ -60,8 +61,9 @@ def merge_results(paths: Iterable[Path]) -> dict:
     multirun as one result; a ValueError for no file or another sweep's (`check_same_sweep`)."""
     merged: dict = {"rows": [], "sources": [], "router_share": []}
     runs = {str(path): json.loads(Path(path).read_text()) for path in sorted(paths)}
-    if runs:
-        check_same_sweep({path: data.get("config") for path, data in runs.items()})
+    if not runs:
+        raise ValueError("no results.json files to merge")
+    check_same_sweep({path: data.get("config") for path, data in runs.items()})
     for path, data in runs.items():
         merged["rows"] += data["rows"]
         gamma = (data.get("config") or {}).get("gamma")
@@ -69,8 +71,6 @@ def merge_results(paths: Iterable[Path]) -> dict:
         merged["sources"].append(str(path))
         merged.setdefault("config", data.get("config"))
         merged.setdefault("date", data.get("date"))
-    if not merged["sources"]:
-        raise ValueError("no results.json files to merge")
     return merged
 
 
@@ -119,7 +119,7 @@ def share_table(shares: list[dict]) -> str:
     ]
     for s in shares:
         cells = [
-            f"{fmt(s.get(f'{c}_speedup'), 3)}× ({fmt_share(s.get(f'{c}_share'))})" if f"{c}_speedup" in s else "–"
+            f"{fmt(s.get(f'{c}_speedup'), 3)}× ({percent(s.get(f'{c}_share'))})" if f"{c}_speedup" in s else "–"
             for c in ("routed", "routed_choices")
         ]
         lines.append(
@@ -145,11 +145,6 @@ def share_section(shares: list[dict]) -> list[str]:
         "their choices do; the routed row is the router's own run, timed apart.",
         "",
     ]
-
-
-def fmt_share(share: float | None) -> str:
-    """A share as a whole percentage; a dash where there was no gain to share."""
-    return "–" if share is None else f"{100 * share:.0f}%"
 
 
 def plot_speedup(rows: list[dict], path: Path) -> None:

@@ -160,14 +160,14 @@ def _family(name: str) -> str:
     return name if name in ("autoregressive", "undistilled", "generic", "alldata") else "specialized"
 
 
-def _core(cfg: EvalConfig, models: _Models) -> dict[str, Any]:
-    """The decode core `compile` asks for: the eager loop, or the compiled static core with one cache
-    capacity for every decode, so that they share compiled graphs."""
-    compiled = resolve_compile(cfg.compile, models.target.device)
-    if not compiled:
-        return {"static": False, "compile": False}
+def _decode(cfg: EvalConfig, models: _Models, temperature: float, max_new_tokens: int, eos: list[int]) -> dict:
+    """Every method's decode keywords, on the core `compile` asks for: the eager loop, or the compiled
+    static core with one cache capacity for every decode, so that they share compiled graphs."""
+    decode = dict(max_new_tokens=max_new_tokens, temperature=temperature, eos_token_ids=eos, seed=cfg.seed)
+    if not resolve_compile(cfg.compile, models.target.device):
+        return decode | {"static": False, "compile": False}
     slots = cfg.max_prompt_tokens + cfg.max_new_tokens + max(_widest_gammas(cfg, models), default=0) + 2
-    return {"static": True, "compile": True, "capacity": static_capacity(slots)}
+    return decode | {"static": True, "compile": True, "capacity": static_capacity(slots)}
 
 
 def _fixed_gamma(cfg: EvalConfig, drafter: Any) -> int:
@@ -271,9 +271,7 @@ def _eval_domain(
         routing_s = (time.perf_counter() - start) / max(len(texts), 1)
     sweep_batch = min(cfg.batch_sizes)
     for temperature in cfg.temperatures:
-        decode = dict(
-            max_new_tokens=cfg.max_new_tokens, temperature=temperature, eos_token_ids=models.eos, seed=cfg.seed
-        ) | _core(cfg, models)
+        decode = _decode(cfg, models, temperature, cfg.max_new_tokens, models.eos)
         generators = _generators(models, cfg.gamma, decode, cfg.prompt_lookup, _batch_shapes(cfg, ids))
         route = _route(models, cfg.gamma, decode, cfg.prompt_lookup)
         oracle_choices: list[str] | None = None
@@ -420,13 +418,8 @@ def run_eval(cfg: EvalConfig, router_loader: Callable[[str], object] | None = No
 
 def _warm_up(cfg: EvalConfig, models: _Models, prompt: list[int]) -> None:
     """Every method decodes `prompt` once at batch 1, untimed: first decodes pay one-off costs."""
-    temperature = cfg.temperatures[0] if cfg.temperatures else 0.0
-    decode = dict(
-        max_new_tokens=warm_up_tokens(cfg.max_new_tokens, _widest_gammas(cfg, models)),
-        temperature=temperature,
-        eos_token_ids=[],
-        seed=cfg.seed,
-    ) | _core(cfg, models)
+    tokens = warm_up_tokens(cfg.max_new_tokens, _widest_gammas(cfg, models))
+    decode = _decode(cfg, models, cfg.temperatures[0], tokens, eos=[])
     for generate in _generators(models, cfg.gamma, decode, cfg.prompt_lookup, cfg.batch_sizes).values():
         generate([prompt])
 

@@ -7,9 +7,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from specdecode.core.atomic import write_atomic
 from specdecode.evaluation.config import EvalConfig
 from specdecode.routing.generate import generate_with
-from specdecode.watch.render import Answer, pieces, write_token_page
+from specdecode.watch.render import Answer, pieces, token_page
 
 
 def page_methods(cfg: EvalConfig, models: Any, texts: list[str], router_key: Callable[[str], str]) -> list[str]:
@@ -43,9 +44,9 @@ def write_token_pages(
         f"Greedy, batch 1, up to {cfg.max_new_tokens} new tokens, drafter: {shown}. "
         "Tokens/s here are of these single decodes (record on), not the report's rows."
     )
-    return write_token_page(
-        Path(cfg.output_dir) / f"tokens-{domain}.html", f"How each token came: {domain}", answers, note
-    )
+    path = Path(cfg.output_dir) / f"tokens-{domain}.html"
+    write_atomic(path, token_page(f"How each token came: {domain}", answers, note))
+    return path
 
 
 def token_page_links(out_dir: Path) -> list[str]:

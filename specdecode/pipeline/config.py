@@ -7,7 +7,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from specdecode.core.config import Placement, require
+from specdecode.core.config import Placement, require, require_choice
 from specdecode.core.paths import CONF_DIR
 from specdecode.data.domains import DOMAIN_NAME, DOMAINS
 from specdecode.data.registry import check_domains
@@ -85,12 +85,7 @@ class DemoConfig(Placement):
                 bool(DOMAIN_NAME.fullmatch(str(domain))), "distill_per_domain", domain, "keys that are domain names"
             )
         require(self.launcher in LAUNCHERS, "launcher", self.launcher, f"one of {list(LAUNCHERS)}")
-        require(
-            self.specialists_from in SPECIALISTS_FROM,
-            "specialists_from",
-            self.specialists_from,
-            "|".join(SPECIALISTS_FROM),
-        )
+        require_choice("specialists_from", self.specialists_from, SPECIALISTS_FROM)
         if self.launcher == "accelerate":
             accelerate_config_file(self.accelerate_config, self.device)
 

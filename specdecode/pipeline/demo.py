@@ -102,16 +102,8 @@ def _drafter_stages(
     generic_dir = str(demo_drafter_dir(Path(cfg.output_dir), "generic"))
     for name in ("mix", *cfg.domains) if from_generic else (*cfg.domains, "mix"):
         mix_domains = [f"data.domains=[{','.join(cfg.domains)}]"] if name == "mix" else []
-        config = composed(
-            "distill",
-            [
-                f"data={name}",
-                *mix_domains,
-                f"loss={cfg.loss(name)}",
-                *cfg.distill,
-                *cfg.distill_per_domain.get(name, []),
-            ],
-        )
+        overrides = [f"data={name}", *mix_domains, f"loss={cfg.loss(name)}", *cfg.distill]
+        config = composed("distill", [*overrides, *cfg.distill_per_domain.get(name, [])])
         after: list[str] = []
         if name != "mix" and from_generic:
             config["drafter"] = asdict(DrafterConfig(kind="pretrained", path=generic_dir, draft_vocab=None))

@@ -96,11 +96,9 @@ def run_collect(cfg: CollectConfig, *, progress: bool = True) -> Path:
 def _check_drafter_paths(cfg: CollectConfig) -> None:
     """A pretrained drafter given as a local path must exist: fail before the target loads."""
     for i, drafter in enumerate(cfg.drafters):
-        if drafter.kind != "pretrained":
-            continue
         text = str(drafter.path)
-        looks_local = text.startswith(("/", "./", "../", "~", "outputs/")) or Path(text).expanduser().exists()
-        if looks_local and not Path(text).expanduser().exists():
+        local = text.startswith(("/", "./", "../", "~", "outputs/"))
+        if drafter.kind == "pretrained" and local and not Path(text).expanduser().exists():
             raise ValueError(f"drafters[{i}].path={text!r} (drafter {drafter.name!r}) does not exist")
 
 

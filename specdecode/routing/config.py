@@ -15,6 +15,7 @@ from specdecode.core.config import (
     is_number,
     is_temperature,
     require,
+    require_choice,
     require_finite,
     require_ints,
 )
@@ -150,7 +151,7 @@ class EmbedderConfig:
     max_seq_length: int | None = 64
 
     def __post_init__(self) -> None:
-        require(self.kind in EMBEDDER_KINDS, "router.embedder.kind", self.kind, "|".join(EMBEDDER_KINDS))
+        require_choice("router.embedder.kind", self.kind, EMBEDDER_KINDS)
         require(bool(self.name), "router.embedder.name", self.name, "a model name or path")
         require_ints(self, "dim batch_size", prefix="router.embedder.")
         require_ints(self, "max_seq_length", nullable=True, prefix="router.embedder.")

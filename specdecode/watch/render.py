@@ -6,11 +6,9 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
-from specdecode.core.atomic import write_atomic
 from specdecode.decoding.record import KINDS, RowRecord
 
 
@@ -142,9 +140,3 @@ def token_page(title: str, answers: Sequence[Answer], note: str = "") -> str:
         ]
     parts.append("</body></html>")
     return "\n".join(parts)
-
-
-def write_token_page(path: Path, title: str, answers: Sequence[Answer], note: str = "") -> Path:
-    """Write `token_page` to `path` (atomically); return the path."""
-    write_atomic(path, token_page(title, answers, note))
-    return path

@@ -119,7 +119,6 @@ class WatchServer:
 
         self.httpd = ThreadingHTTPServer((host, port), Handler)
         self.httpd.daemon_threads = True
-        self.thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -127,8 +126,7 @@ class WatchServer:
         return f"http://{host!s}:{port}/"
 
     def start(self) -> WatchServer:
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
         return self
 
     def stop(self, timeout_s: float = 60.0) -> None:
