@@ -126,10 +126,11 @@ def test_the_demo_declares_gamma_once() -> None:
         return {stage.name: stage.config for stage in demo_stages(from_dict(DemoConfig, resolved))}
 
     demo = stages([])
-    assert {demo[name]["gamma"] for name in ("eval", "eval-short")} == {"auto"}
+    assert demo["eval"]["gamma"] == "auto" and "eval-short" not in demo
     assert demo["collect"]["gamma"] is None and demo["benchmark"]["gamma"] == 4
     assert max(demo["eval"]["temperatures"]) > 0 and demo["eval"]["sweep_gammas"]
-    fixed = stages(["eval=['gamma=3']"])
+    assert stages(["short_eval=['max_new_tokens=32']"])["eval-short"]["gamma"] == "auto"
+    fixed = stages(["eval=['gamma=3']", "short_eval=['max_new_tokens=32']"])
     assert {fixed[name]["gamma"] for name in ("benchmark", "collect", "eval", "eval-short")} == {3}
     stored = stages(["eval=['gamma=null']"])
     assert stored["eval"]["gamma"] is None and stored["collect"]["gamma"] is None
