@@ -10,6 +10,9 @@ from transformers import PreTrainedTokenizerBase
 from specdecode.data.domains import DOMAINS, load_domain
 from specdecode.data.registry import domain_examples
 
+# Documents per domain tokenised to pick a derived drafter's truncated vocabulary.
+VOCAB_CORPUS_DOCS = 2000
+
 
 def vocab_corpus(
     tokenizer: PreTrainedTokenizerBase, docs_per_domain: int, data: Mapping[str, Any] | None = None

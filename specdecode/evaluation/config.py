@@ -18,6 +18,7 @@ from specdecode.core.config import (
     require_ints,
 )
 from specdecode.core.tracking import Tracking
+from specdecode.data.corpus import VOCAB_CORPUS_DOCS
 from specdecode.data.domains import DOMAINS
 from specdecode.data.registry import check_domains, resolve_domains
 from specdecode.decoding.decode import AUTO
@@ -47,7 +48,7 @@ class BenchmarkConfig(Placement):
     prompt_lookup: PromptLookup = field(default_factory=lambda: PromptLookup(enabled=False))
     cost_repeats: int = 10
     # Documents per domain tokenised to pick the drafter's truncated vocabulary.
-    vocab_corpus_docs: int = 2000
+    vocab_corpus_docs: int = VOCAB_CORPUS_DOCS
     output_dir: str = "outputs/benchmark"
 
     def __post_init__(self) -> None:

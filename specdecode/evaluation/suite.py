@@ -23,7 +23,7 @@ from specdecode.core.atomic import write_atomic
 from specdecode.core.devices import placed_accelerator
 from specdecode.core.locking import locks_output_dir
 from specdecode.core.tracking import check_tracker_installed, start_tracking
-from specdecode.data.corpus import vocab_corpus
+from specdecode.data.corpus import VOCAB_CORPUS_DOCS, vocab_corpus
 from specdecode.data.domains import prompts_within
 from specdecode.data.registry import domain_examples, require_heldout
 from specdecode.decoding.compiled import resolve_compile
@@ -137,7 +137,7 @@ def _load_models(cfg: EvalConfig, device: Any, router_loader: Callable[[str], ob
     target, tokenizer = load_target(cfg.target, dtype=cfg.dtype, device=device, skinny_matmul=cfg.skinny_matmul)
     drafters: dict[str, Any] = {}
     if "undistilled" in cfg.methods:
-        corpus = partial(vocab_corpus, tokenizer, 2000, cfg.data)
+        corpus = partial(vocab_corpus, tokenizer, VOCAB_CORPUS_DOCS, cfg.data)
         drafters["undistilled"] = build_drafter(cfg.undistilled, target, tokenizer, corpus)
     # The router's and the oracle's candidates load even where their own rows were not asked for.
     choosers = (_ROUTED | {"oracle"}) & set(cfg.methods)

@@ -19,6 +19,7 @@ from specdecode.core.config import (
     require_finite,
     require_ints,
 )
+from specdecode.data.corpus import VOCAB_CORPUS_DOCS
 from specdecode.data.domains import DOMAINS
 from specdecode.data.registry import check_domains, resolve_domains
 from specdecode.decoding.lookup import PromptLookup
@@ -96,7 +97,7 @@ class CollectConfig(Placement):
     verify_ratio: float | None = None
     cost_repeats: int = 10
     # Training documents tokenised to pick a derived drafter's truncated vocabulary.
-    vocab_corpus_docs: int = 2000
+    vocab_corpus_docs: int = VOCAB_CORPUS_DOCS
     seed: int = 0
     output: str = "outputs/router/labels.jsonl"
 

@@ -22,6 +22,7 @@ from specdecode.core.config import (
 )
 from specdecode.core.devices import MIXED_PRECISIONS
 from specdecode.core.tracking import Tracking
+from specdecode.data.corpus import VOCAB_CORPUS_DOCS
 from specdecode.data.config import DataConfig
 from specdecode.data.domains import DOMAIN_NAME, DOMAINS
 from specdecode.models.card import is_repo_id
@@ -115,7 +116,7 @@ class TrainConfig:
     log_every: int = 10
     seed: int = 0
     # Training documents tokenised to pick a derived drafter's truncated vocabulary.
-    vocab_corpus_docs: int = 2000
+    vocab_corpus_docs: int = VOCAB_CORPUS_DOCS
 
     def __post_init__(self) -> None:
         self._check_sequences()

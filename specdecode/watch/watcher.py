@@ -23,7 +23,7 @@ from specdecode.core.config import (
     require_ints,
 )
 from specdecode.core.devices import resolve_device
-from specdecode.data.corpus import vocab_corpus
+from specdecode.data.corpus import VOCAB_CORPUS_DOCS, vocab_corpus
 from specdecode.data.domains import format_prompt
 from specdecode.decoding.lookup import PromptLookup
 from specdecode.decoding.record import StepEvent
@@ -169,7 +169,7 @@ def load_watcher(cfg: WatchConfig, router_loader: Callable[[str], Router] | None
         match_drafters(router, drafters)
     if not drafters:
         name = str(cfg.drafter.path) if cfg.drafter.kind == "pretrained" else f"untrained {cfg.drafter.kind}"
-        drafters[name] = build_drafter(cfg.drafter, target, tokenizer, lambda: vocab_corpus(tokenizer, 2000))
+        drafters[name] = build_drafter(cfg.drafter, target, tokenizer, lambda: vocab_corpus(tokenizer, VOCAB_CORPUS_DOCS))
     watcher = Watcher(
         target,
         tokenizer,
