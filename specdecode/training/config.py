@@ -22,8 +22,8 @@ from specdecode.core.config import (
 )
 from specdecode.core.devices import MIXED_PRECISIONS
 from specdecode.core.tracking import Tracking
-from specdecode.data.corpus import VOCAB_CORPUS_DOCS
 from specdecode.data.config import DataConfig
+from specdecode.data.corpus import VOCAB_CORPUS_DOCS
 from specdecode.data.domains import DOMAIN_NAME, DOMAINS
 from specdecode.models.card import is_repo_id
 from specdecode.models.config import DrafterConfig, TargetConfig

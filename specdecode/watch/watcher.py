@@ -169,7 +169,9 @@ def load_watcher(cfg: WatchConfig, router_loader: Callable[[str], Router] | None
         match_drafters(router, drafters)
     if not drafters:
         name = str(cfg.drafter.path) if cfg.drafter.kind == "pretrained" else f"untrained {cfg.drafter.kind}"
-        drafters[name] = build_drafter(cfg.drafter, target, tokenizer, lambda: vocab_corpus(tokenizer, VOCAB_CORPUS_DOCS))
+        drafters[name] = build_drafter(
+            cfg.drafter, target, tokenizer, lambda: vocab_corpus(tokenizer, VOCAB_CORPUS_DOCS)
+        )
     watcher = Watcher(
         target,
         tokenizer,
