@@ -565,3 +565,17 @@ def test_after_leave_after_target_steps_the_target_decodes_alone(target, ragged_
     assert left < stayed and left_steps[0] > stayed_steps[0]  # the loop left: fewer drafter calls, no retry
     with pytest.raises(ValueError, match="leave_after"):
         AdaptiveGamma(table, leave_after=0)
+
+
+def test_a_row_never_accepted_is_estimated_near_zero_and_retried_after_idle_steps() -> None:
+    """The prior's weight fades with each drafting step, so thirty rejected drafts put a row at
+    alpha 0.5 near 0 (a fixed weight of 2 would hold it at 1/12); a long run of target steps brings
+    the weight and the estimate back to the prior, so drafting is tried again."""
+    state = AdaptiveGamma(FLAT, prior_alpha=0.5).start(2, torch.device("cpu"))
+    for _ in range(30):
+        state.update(torch.tensor([0, 1]), 1)
+    assert state.alpha()[0] < 0.01 and state.alpha()[1] > 0.99
+    for _ in range(500):
+        state.update(None, 0)
+    assert state.alpha() == pytest.approx([0.5, 0.5], abs=0.02)
+    assert state.weight == pytest.approx([2.0, 2.0], abs=0.02)

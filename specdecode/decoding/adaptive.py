@@ -3,10 +3,11 @@ target step) of the most expected tokens per second for the batch as it is now, 
 step costs (`costs.StepTable`) and each row's acceptance, tracked as decayed counts of accepted
 drafts A and rejections R around a prior alpha_0:
 
-    alpha_b = (A_b + w * alpha_0) / (A_b + R_b + w).
+    alpha_b = (A_b + w_b * alpha_0) / (A_b + R_b + w_b).
 
-The counts decay by `decay` each drafting step and by `idle_decay` on target steps (drifting back
-to the prior, so drafting is tried again). A row expects min((1 - alpha^(g+1)) / (1 - alpha), its
+The counts and the prior's weight w_b decay by `decay` each drafting step (a row never accepted
+is estimated near 0, not held up by the prior); on target steps the counts decay by `idle_decay`
+and w_b returns towards `prior_weight` (drifting back to the prior, so drafting is tried again). A row expects min((1 - alpha^(g+1)) / (1 - alpha), its
 budget left) tokens at gamma g. The choice uses only what happened before the step, so decoding
 stays exact (Leviathan et al. 2023, Thm 3.5); its sums ride on the loop's one host sync per step.
 
@@ -162,13 +163,15 @@ class AdaptiveGamma:
 
 
 class GammaState:
-    """One decode's per-row evidence `[B]` (accepted, rejections: decayed counts) and prior `[B]`."""
+    """One decode's per-row evidence `[B]` (accepted, rejections: decayed counts), prior `[B]` and
+    the prior's weight `[B]` (module docstring)."""
 
     def __init__(self, policy: AdaptiveGamma, prior: torch.Tensor) -> None:
         self.policy = policy
         self.prior = prior
         self.accepted = torch.zeros_like(prior)
         self.rejections = torch.zeros_like(prior)
+        self.weight = torch.full_like(prior, policy.prior_weight)
         self.gammas = torch.arange(policy.widest + 1, device=prior.device, dtype=torch.float32)
         # running measured / predicted seconds of target steps and of drafting steps (None: none timed
         # yet), and the step under way: (its kind, its predicted seconds, when it started)
@@ -215,8 +218,8 @@ class GammaState:
 
     def alpha(self) -> torch.Tensor:
         """Each row's acceptance estimate `[B]`."""
-        w = self.policy.prior_weight
-        estimate = (self.accepted + w * self.prior) / (self.accepted + self.rejections + w)
+        weighed = self.weight * self.prior
+        estimate = (self.accepted + weighed) / (self.accepted + self.rejections + self.weight)
         return estimate.clamp(0.0, _MAX_ALPHA)
 
     def update(self, num_accepted: torch.Tensor | None, gamma: int) -> None:
@@ -225,6 +228,9 @@ class GammaState:
         decay = self.policy.decay if gamma else self.policy.idle_decay
         self.accepted.mul_(decay)
         self.rejections.mul_(decay)
+        self.weight.mul_(decay)
+        if not gamma:
+            self.weight.add_(self.policy.prior_weight * (1 - decay))
         if gamma and num_accepted is not None:
             self.accepted.add_(num_accepted)
             self.rejections.add_((num_accepted < gamma).float())
@@ -242,3 +248,4 @@ class GammaState:
         self.prior = self.prior.index_select(0, rows)
         self.accepted = self.accepted.index_select(0, rows)
         self.rejections = self.rejections.index_select(0, rows)
+        self.weight = self.weight.index_select(0, rows)
