@@ -8,8 +8,9 @@ drafts A and rejections R around a prior alpha_0:
 The counts and the prior's weight w_b decay by `decay` each drafting step (a row never accepted
 is estimated near 0, not held up by the prior); on target steps the counts decay by `idle_decay`
 and w_b returns towards `prior_weight` (drifting back to the prior, so drafting is tried again).
-A row expects min((1 - alpha^(g+1)) / (1 - alpha), its budget left) tokens at gamma g. The choice uses only what happened before the step, so decoding
-stays exact (Leviathan et al. 2023, Thm 3.5); its sums ride on the loop's one host sync per step.
+A row expects min((1 - alpha^(g+1)) / (1 - alpha), its budget left) tokens at gamma g. The choice
+uses only what happened before the step, so decoding stays exact (Leviathan et al. 2023, Thm 3.5);
+its sums ride on the loop's one host sync per step.
 
 With `calibrate`, the loop times each step between its syncs and scales the table by running
 ratios of measured to predicted seconds, one for target steps and one for drafting steps (the
